@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: GPL-2.0
+/* rvbpfd's probes: one program, attached at every probe site of a CRuby VM binary (its thread-event hook sites, GC
+ * hook sites, Kernel#sleep and Mutex#lock entries). The site's BPF cookie indexes `sites`, which userspace filled
+ * with the event and where `th` lives at that instruction; the program has no Ruby-version knowledge of its own.
+ *
+ * Cost model: each hit is one int3 trap (~10 us here); the work below is a few map lookups and two user reads, well
+ * under a microsecond, and never blocks: a full ring buffer bumps a per-CPU drop counter instead. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "regs.bpf.h"
+#include "rvbpfd/abi.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Size is set by userspace before load (--ring-buffer-kb); a power of two multiple of the page size. */
+struct {
+  __uint(type, BPF_MAP_TYPE_RINGBUF);
+  __uint(max_entries, 1 << 22);
+} events SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, RV_MAX_SITES);
+  __type(key, __u32);
+  __type(value, struct rv_site);
+} sites SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, RV_MAX_BINARIES);
+  __type(key, __u32);
+  __type(value, struct rv_offsets);
+} offsets SEC(".maps");
+
+/* Processes being recorded (host tgid -> 1). The uprobes live on the VM's file, shared by every process mapping it,
+ * so this filter is what keeps other processes' events out. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u32);
+  __type(value, __u8);
+} target_pids SEC(".maps");
+
+/* Native tid -> the rb_thread_t * it last ran. Updated at every event whose th is known and which runs on the thread
+ * itself; read at sites where DWARF says th is optimized out (those events always concern the current thread). */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u32);
+  __type(value, __u64);
+} current_th SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct rv_counters);
+} counters SEC(".maps");
+
+/* Events that may run on a native thread other than the one they are about (3.3+: STARTED on the creator, READY on
+ * a waker or the timer thread). For these the tid comes from th->nt->tid. */
+static __always_inline int rv_maybe_foreign(__u8 event) {
+  return event == RV_EV_THREAD_STARTED || event == RV_EV_THREAD_READY;
+}
+
+static __always_inline int rv_handle(struct pt_regs *ctx) {
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32;
+  __u32 tid = (__u32)pid_tgid;
+  if (!bpf_map_lookup_elem(&target_pids, &tgid)) return 0;
+
+  __u32 key = (__u32)bpf_get_attach_cookie(ctx);
+  struct rv_site *site = bpf_map_lookup_elem(&sites, &key);
+  if (!site || site->event == RV_EV_NONE) return 0;
+  __u32 bin = site->binary;
+  struct rv_offsets *off = bpf_map_lookup_elem(&offsets, &bin);
+  if (!off) return 0;
+
+  struct pt_regs regs;
+  if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) != 0) return 0;
+  __u64 th = 0;
+  __u32 flags = 0;
+  switch (site->loc_kind) {
+    case RV_LOC_REG:
+      th = rv_reg_value(&regs, site->loc_reg) + (__s64)site->loc_offset;
+      break;
+    case RV_LOC_MEM: {
+      __u64 addr = rv_reg_value(&regs, site->loc_reg) + (__s64)site->loc_offset;
+      if (bpf_probe_read_user(&th, sizeof(th), (void *)addr) != 0) th = 0;
+      break;
+    }
+    case RV_LOC_CURRENT: {
+      __u64 *cur = bpf_map_lookup_elem(&current_th, &tid);
+      if (cur) th = *cur;
+      break;
+    }
+    default:
+      break;
+  }
+
+  __u32 serial = 0;
+  __u32 about_tid = tid;
+  if (th == 0) {
+    flags |= RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN;
+  } else {
+    if (!(off->flags & RV_OFF_HAS_SERIAL) ||
+        bpf_probe_read_user(&serial, sizeof(serial), (void *)(th + off->th_serial)) != 0) {
+      flags |= RV_REC_SERIAL_UNKNOWN;
+    }
+    if (rv_maybe_foreign(site->event)) {
+      __u64 nt = 0;
+      __s32 nt_tid = 0;
+      if (bpf_probe_read_user(&nt, sizeof(nt), (void *)(th + off->th_nt)) != 0 || nt == 0 ||
+          bpf_probe_read_user(&nt_tid, sizeof(nt_tid), (void *)(nt + off->nt_tid)) != 0 || nt_tid <= 0) {
+        about_tid = 0;
+        flags |= RV_REC_TID_UNKNOWN;
+      } else {
+        about_tid = (__u32)nt_tid;
+      }
+    }
+    if (about_tid == tid && site->loc_kind != RV_LOC_CURRENT) {
+      /* The event runs on the thread it is about: remember which th this native thread runs. */
+      bpf_map_update_elem(&current_th, &tid, &th, BPF_ANY);
+    }
+  }
+
+  __u32 zero = 0;
+  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
+  struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+  if (!r) {
+    if (c) c->dropped++;
+    return 0;
+  }
+  r->ts_ns = bpf_ktime_get_ns();
+  r->th = th;
+  r->serial = serial;
+  r->tid = about_tid;
+  r->probe_tid = tid;
+  r->pid = tgid;
+  r->kind = site->event;
+  r->site = (__u16)key;
+  r->flags = flags;
+  bpf_ringbuf_submit(r, 0);
+  if (c) {
+    c->events++;
+    __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+    if (avail > c->ring_high_water) c->ring_high_water = avail;
+  }
+  return 0;
+}
+
+/* Attached one link per site (kernels without multi-uprobe links). */
+SEC("uprobe")
+int rv_site_single(struct pt_regs *ctx) { return rv_handle(ctx); }
+
+/* Attached with one BPF_TRACE_UPROBE_MULTI link for many sites (kernel >= 6.6); userspace sets the expected attach
+ * type before load, since libbpf 1.1 does not know the "uprobe.multi" section. */
+SEC("uprobe")
+int rv_site_multi(struct pt_regs *ctx) { return rv_handle(ctx); }

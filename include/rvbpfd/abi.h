@@ -1,0 +1,110 @@
+/* The one ABI shared by the BPF programs (bpf/rvbpfd.bpf.c) and the C++ daemon.
+ *
+ * Everything here is fixed-width and laid out explicitly; the static_asserts at the bottom pin sizes and offsets so
+ * that clang -target bpf and the host compiler agree. Userspace computes every per-binary fact (probe sites, where
+ * `th` lives at each site, struct offsets) and hands it over through the maps declared in the BPF object; the BPF
+ * side has no version knowledge of its own. */
+#ifndef RVBPFD_INCLUDE_RVBPFD_ABI_H_
+#define RVBPFD_INCLUDE_RVBPFD_ABI_H_
+
+#ifdef __bpf__
+/* vmlinux.h provides __u8..__u64 for the BPF build. */
+#else
+#include <linux/types.h>
+#endif
+
+/* What a probe observed. Values are stable: they appear in the ring buffer records. */
+enum rv_event_kind {
+  RV_EV_NONE = 0,
+  RV_EV_THREAD_STARTED = 1,   /* RUBY_INTERNAL_THREAD_EVENT_STARTED */
+  RV_EV_THREAD_READY = 2,     /* RUBY_INTERNAL_THREAD_EVENT_READY: wants the GVL */
+  RV_EV_THREAD_RESUMED = 3,   /* RUBY_INTERNAL_THREAD_EVENT_RESUMED: got the GVL */
+  RV_EV_THREAD_SUSPENDED = 4, /* RUBY_INTERNAL_THREAD_EVENT_SUSPENDED: released the GVL */
+  RV_EV_THREAD_EXITED = 5,    /* RUBY_INTERNAL_THREAD_EVENT_EXITED */
+  RV_EV_GC_ENTER = 6,         /* RUBY_INTERNAL_EVENT_GC_ENTER */
+  RV_EV_GC_EXIT = 7,          /* RUBY_INTERNAL_EVENT_GC_EXIT */
+  RV_EV_SLEEP_ENTER = 8,      /* entry of Kernel#sleep (rb_f_sleep) */
+  RV_EV_MUTEX_LOCK_ENTER = 9, /* entry of Thread::Mutex#lock's worker (do_mutex_lock / rb_mut_lock) */
+  RV_EV_KIND_COUNT = 10,
+};
+
+/* Where the `th` (rb_thread_t *) of a site's event is, at the probed instruction. */
+enum rv_loc_kind {
+  RV_LOC_CURRENT = 0, /* not recoverable at the site: use the thread last RESUMED on this native thread */
+  RV_LOC_REG = 1,     /* th = reg + offset (offset 0: th is in the register) */
+  RV_LOC_MEM = 2,     /* th = *(u64 *)(reg + offset), e.g. a stack slot at CFA-72 expressed as rsp+N */
+  RV_LOC_NONE = 3,    /* the event has no thread (GC, probes use CURRENT; this is for completeness) */
+};
+
+/* Registers in DWARF x86-64 numbering, which is also what the site finder produces. */
+enum rv_reg {
+  RV_REG_RAX = 0, RV_REG_RDX = 1, RV_REG_RCX = 2, RV_REG_RBX = 3,
+  RV_REG_RSI = 4, RV_REG_RDI = 5, RV_REG_RBP = 6, RV_REG_RSP = 7,
+  RV_REG_R8 = 8, RV_REG_R9 = 9, RV_REG_R10 = 10, RV_REG_R11 = 11,
+  RV_REG_R12 = 12, RV_REG_R13 = 13, RV_REG_R14 = 14, RV_REG_R15 = 15,
+  RV_REG_COUNT = 16,
+};
+
+/* Maximum number of probe sites across all binaries the daemon attached (array map size). */
+#define RV_MAX_SITES 1024
+/* Maximum number of distinct VM binaries (libruby.so / static ruby) with their own struct offsets. */
+#define RV_MAX_BINARIES 64
+
+/* One probe site. Indexed by the uprobe's BPF cookie. */
+struct rv_site {
+  __u8 event;      /* enum rv_event_kind */
+  __u8 loc_kind;   /* enum rv_loc_kind */
+  __u8 loc_reg;    /* enum rv_reg */
+  __u8 binary;     /* index into the offsets map */
+  __s32 loc_offset;
+};
+
+/* Struct offsets of one VM binary, in bytes. Zero means "not available" where noted. */
+struct rv_offsets {
+  __u32 th_serial;   /* rb_thread_t.serial (u32) */
+  __u32 th_nt;       /* rb_thread_t.nt (struct rb_native_thread *) */
+  __u32 nt_tid;      /* rb_native_thread.tid (int) */
+  __u32 flags;       /* RV_OFF_* */
+};
+#define RV_OFF_HAS_SERIAL 0x1u
+
+/* Record flags. */
+#define RV_REC_TH_UNKNOWN 0x1u  /* th could not be determined (CURRENT with no RESUMED seen yet) */
+#define RV_REC_TID_UNKNOWN 0x2u /* the native tid of the thread the event is about is not known (th->nt NULL) */
+#define RV_REC_SERIAL_UNKNOWN 0x4u
+
+/* One ring buffer record: fixed size, written by every probe. */
+struct rv_record {
+  __u64 ts_ns;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC nanoseconds */
+  __u64 th;          /* rb_thread_t * of the thread the event is about (0 if unknown) */
+  __u32 serial;      /* th->serial, the VM's thread serial */
+  __u32 tid;         /* native tid of the thread the event is about (0 if unknown) */
+  __u32 probe_tid;   /* native tid that ran the probe */
+  __u32 pid;         /* tgid of the target process (host pid namespace) */
+  __u16 kind;        /* enum rv_event_kind */
+  __u16 site;        /* the cookie (index into the sites map) */
+  __u32 flags;       /* RV_REC_* */
+};
+
+/* Per-CPU counters; the daemon sums over CPUs. */
+struct rv_counters {
+  __u64 dropped;        /* ring buffer reservations that failed: each is one lost event */
+  __u64 ring_high_water; /* bytes of unconsumed data seen in the ring right after a submit (max) */
+  __u64 events;          /* records submitted */
+};
+
+#ifdef __cplusplus
+static_assert(sizeof(struct rv_site) == 8, "rv_site ABI");
+static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
+static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
+static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
+static_assert(sizeof(struct rv_counters) == 24, "rv_counters ABI");
+#else
+_Static_assert(sizeof(struct rv_site) == 8, "rv_site ABI");
+_Static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
+_Static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
+_Static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
+_Static_assert(sizeof(struct rv_counters) == 24, "rv_counters ABI");
+#endif
+
+#endif /* RVBPFD_INCLUDE_RVBPFD_ABI_H_ */

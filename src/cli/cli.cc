@@ -1,0 +1,153 @@
+#include "cli/cli.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "elf/elf_file.h"
+#include "record/recorder.h"
+#include "sites/sites.h"
+#include "target/target.h"
+#include "trace/inspect.h"
+
+namespace rvbpfd {
+namespace {
+
+constexpr const char* kDescription =
+    "rvbpfd: record CRuby's thread scheduler (GVL wants/acquired/released, thread start/exit), GC and\n"
+    "Kernel#sleep / Mutex#lock from outside the process, with eBPF uprobes on the VM's own hook sites.\n"
+    "\n"
+    "  rvbpfd --pid PID [-o FILE] [--duration SECONDS]   attach to a running Ruby process\n"
+    "  rvbpfd [-o FILE] -- COMMAND [ARGS...]             launch a program and record from its first instruction\n"
+    "  rvbpfd inspect FILE                               event table and per-thread summary of a trace\n"
+    "  rvbpfd stats FILE                                 counts by event, dropped events, ring high-water mark\n"
+    "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
+    "\n"
+    "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). Exit status: 0 ok, 2 usage, 3 no such process,\n"
+    "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
+    "during attach, 10 BPF failure, 11 bad trace file.";
+
+int Fail(const Error& e) {
+  fprintf(stderr, "%s\n", e.ToString().c_str());
+  return ExitStatus(e.code());
+}
+
+}  // namespace
+
+int RunCli(int argc, char** argv) {
+  // Everything after "--" is the command to launch; CLI11 only sees what comes before.
+  std::vector<std::string> command;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string(argv[i]) == "--") {
+      for (int j = i + 1; j < argc; ++j) command.emplace_back(argv[j]);
+      break;
+    }
+    args.push_back(argv[i]);
+  }
+
+  CLI::App app{kDescription, "rvbpfd"};
+  app.set_version_flag("--version", "rvbpfd 0.1.0");
+  RecordOptions rec;
+  app.add_option("-p,--pid", rec.pid, "Attach to this running CRuby process")->check(CLI::PositiveNumber);
+  app.add_option("-o,--output", rec.output, "Trace file to write (default rvbpfd-<pid>-<time>.rvtrace)");
+  app.add_option("-d,--duration", rec.duration_s, "Stop after this many seconds (default: until the target exits)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-overhead", rec.max_overhead_pct,
+                 "Bound the target's estimated time in probe traps to PERCENT: above it, the high-rate GVL sites "
+                 "are detached for a cool-down and the trace records tracing_paused/tracing_resumed (default: off, "
+                 "complete recording; a warning is printed above 10%)")
+      ->check(CLI::Range(0.1, 100.0));
+  app.add_option("--probe-cost-us", rec.probe_cost_us,
+                 "Cost of one uprobe hit in microseconds, for the overhead estimate (default 13, measured on a VM)")
+      ->check(CLI::Range(0.01, 1000.0));
+  app.add_option("--ring-buffer-kb", rec.ring_buffer_kb,
+                 "BPF ring buffer size in KiB, rounded up to a power of two (default 4096); events that do not fit "
+                 "are counted in events_dropped records")
+      ->check(CLI::Range(4u, 1u << 20));
+  app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached by build-id")
+      ->capture_default_str();
+  app.add_flag("--single-links", rec.force_single_links,
+               "Attach one uprobe link per site even when the kernel has multi-uprobe links");
+  bool no_status = false;
+  app.add_flag("--no-status", no_status, "No live status line on stderr");
+  app.add_flag("-q,--quiet", rec.quiet, "Only print errors");
+
+  std::string inspect_file;
+  CLI::App* inspect = app.add_subcommand("inspect", "Print the event table and per-thread summary of a trace");
+  inspect->add_option("file", inspect_file, "The .rvtrace file")->required();
+  std::string stats_file;
+  CLI::App* stats = app.add_subcommand("stats", "Print event counts, dropped events and ring high-water of a trace");
+  stats->add_option("file", stats_file, "The .rvtrace file")->required();
+  int sites_pid = 0;
+  std::string sites_binary;
+  CLI::App* sites = app.add_subcommand("sites", "List the probe sites rvbpfd finds in a CRuby VM binary");
+  sites->add_option("--pid", sites_pid, "Of the VM of this process")->check(CLI::PositiveNumber);
+  sites->add_option("--binary", sites_binary, "Of this libruby.so or static ruby executable");
+  app.require_subcommand(0, 1);
+
+  try {
+    app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fprintf(stderr, "rvbpfd: usage: %s (see rvbpfd --help)\n", e.what());
+    return ExitStatus(ErrorCode::kUsage);
+  }
+
+  if (inspect->parsed()) {
+    Status st = Inspect(inspect_file, std::cout);
+    return st ? 0 : Fail(st.error());
+  }
+  if (stats->parsed()) {
+    Status st = Stats(stats_file, std::cout);
+    return st ? 0 : Fail(st.error());
+  }
+  if (sites->parsed()) {
+    std::string path = sites_binary, version;
+    if (sites_pid > 0) {
+      Result<RubyTarget> t = DiscoverTarget(sites_pid, ProcFs());
+      if (!t) return Fail(t.error());
+      path = t->vm_host_path;
+      version = t->ruby_version;
+    } else if (!path.empty()) {
+      Result<ElfFile> elf = ElfFile::Open(path);
+      if (!elf) return Fail(elf.error());
+      auto sym = elf->FindSymbol("ruby_version");
+      auto v = sym ? elf->CStringAt(sym->value, 32) : std::nullopt;
+      if (!v) return Fail(Error(ErrorCode::kNotRuby, path + " defines no ruby_version: not a CRuby VM binary"));
+      version = *v;
+    } else {
+      return Fail(Error(ErrorCode::kUsage, "sites needs --pid PID or --binary PATH"));
+    }
+    Result<SiteSet> set = LoadOrFindSites(path, version, rec.cache_dir);
+    if (!set) return Fail(set.error());
+    std::cout << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
+              << FormatSites(*set);
+    return 0;
+  }
+
+  if (rec.pid > 0 && !command.empty()) {
+    return Fail(Error(ErrorCode::kUsage, "give either --pid PID or -- COMMAND, not both"));
+  }
+  if (rec.pid <= 0 && command.empty()) {
+    fprintf(stderr, "%s\n", app.help().c_str());
+    return Fail(Error(ErrorCode::kUsage, "nothing to record: give --pid PID or -- COMMAND [ARGS...]"));
+  }
+  rec.command = command;
+  rec.status_line = !no_status && !rec.quiet && isatty(STDERR_FILENO);
+  Result<int> r = Record(rec);
+  if (!r) return Fail(r.error());
+  return *r;
+}
+
+}  // namespace rvbpfd

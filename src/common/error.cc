@@ -1,0 +1,43 @@
+#include "common/error.h"
+
+#include <cstring>
+
+namespace rvbpfd {
+
+std::string_view ErrorCodeName(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kUsage: return "usage";
+    case ErrorCode::kNoSuchProcess: return "no-such-process";
+    case ErrorCode::kNotRuby: return "not-ruby";
+    case ErrorCode::kUnsupportedVersion: return "unsupported-version";
+    case ErrorCode::kNoSymbols: return "no-symbols";
+    case ErrorCode::kNoPrivilege: return "no-privilege";
+    case ErrorCode::kOutputUnwritable: return "output-unwritable";
+    case ErrorCode::kTargetExited: return "target-exited";
+    case ErrorCode::kBpf: return "bpf";
+    case ErrorCode::kBadTrace: return "bad-trace";
+    case ErrorCode::kIo: return "io";
+    case ErrorCode::kInternal: return "internal";
+  }
+  return "internal";
+}
+
+std::string Error::ToString() const {
+  std::string out = "rvbpfd: ";
+  out += ErrorCodeName(code_);
+  out += ": ";
+  out += message_;
+  return out;
+}
+
+std::string ErrnoMessage(std::string_view what, int err) {
+  std::string out(what);
+  out += ": ";
+  out += std::strerror(err);
+  out += " (errno ";
+  out += std::to_string(err);
+  out += ")";
+  return out;
+}
+
+}  // namespace rvbpfd

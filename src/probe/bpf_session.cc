@@ -1,0 +1,252 @@
+#include "probe/bpf_session.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/bpf.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "rvbpfd.skel.h"
+
+namespace rvbpfd {
+namespace {
+
+// BPF_TRACE_UPROBE_MULTI (kernel >= 6.6). Debian 12's uapi headers and libbpf 1.1 predate it, so the value and the
+// link_create layout below are spelled out here from the kernel ABI (they are stable uapi).
+constexpr uint32_t kBpfTraceUprobeMulti = 48;
+
+struct UprobeMultiLinkAttr {
+  uint32_t prog_fd;
+  uint32_t target_fd;
+  uint32_t attach_type;
+  uint32_t flags;
+  uint64_t path;
+  uint64_t offsets;
+  uint64_t ref_ctr_offsets;
+  uint64_t cookies;
+  uint32_t cnt;
+  uint32_t multi_flags;
+  uint32_t pid;
+};
+static_assert(offsetof(UprobeMultiLinkAttr, path) == 16);
+static_assert(offsetof(UprobeMultiLinkAttr, cnt) == 48);
+static_assert(offsetof(UprobeMultiLinkAttr, pid) == 56);
+static_assert(sizeof(UprobeMultiLinkAttr) <= sizeof(union bpf_attr));
+
+// libbpf's own diagnostics are only useful with --verbose; rvbpfd turns failures into one-line errors itself.
+bool g_libbpf_verbose = false;
+int LibbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
+  if (!g_libbpf_verbose && level != LIBBPF_WARN) return 0;
+  if (!g_libbpf_verbose) return 0;
+  return vfprintf(stderr, fmt, args);
+}
+
+Error BpfError(std::string_view step, int err) {
+  if (err == EPERM || err == EACCES) {
+    return Error(ErrorCode::kNoPrivilege,
+                 ErrnoMessage(step, err) + "; run as root or grant CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE");
+  }
+  return Error(ErrorCode::kBpf, ErrnoMessage(step, err));
+}
+
+uint32_t RoundRingSize(uint32_t bytes) {
+  const uint32_t page = static_cast<uint32_t>(sysconf(_SC_PAGESIZE));
+  uint32_t size = page;
+  while (size < bytes && size < (1u << 30)) size <<= 1;
+  return size;
+}
+
+}  // namespace
+
+SiteGroup::~SiteGroup() { Detach(); }
+
+void SiteGroup::Detach() {
+  if (multi_link_fd_ >= 0) {
+    close(multi_link_fd_);
+    multi_link_fd_ = -1;
+  }
+  for (bpf_link* link : links_) bpf_link__destroy(link);
+  links_.clear();
+}
+
+Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& options, RecordCallback on_record) {
+  g_libbpf_verbose = getenv("RVBPFD_LIBBPF_DEBUG") != nullptr;
+  libbpf_set_print(LibbpfPrint);
+  std::unique_ptr<BpfSession> session(new BpfSession());
+  session->on_record_ = std::move(on_record);
+  session->force_single_ = options.force_single_links;
+  session->ncpus_ = libbpf_num_possible_cpus();
+  if (session->ncpus_ <= 0) return BpfError("counting possible CPUs", -session->ncpus_);
+
+  // Try with the multi-uprobe program first; a kernel that does not know the attach type rejects the load, and then
+  // the object is loaded again with only the per-site program.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const bool want_multi = attempt == 0 && !options.force_single_links;
+    rvbpfd_bpf* skel = rvbpfd_bpf__open();
+    if (!skel) return BpfError("opening the BPF object", errno);
+    bpf_map__set_max_entries(skel->maps.events, RoundRingSize(options.ring_buffer_bytes));
+    if (want_multi) {
+      bpf_program__set_expected_attach_type(skel->progs.rv_site_multi,
+                                            static_cast<enum bpf_attach_type>(kBpfTraceUprobeMulti));
+    } else {
+      bpf_program__set_autoload(skel->progs.rv_site_multi, false);
+    }
+    int err = rvbpfd_bpf__load(skel);
+    if (err == 0) {
+      session->skel_ = skel;
+      session->multi_supported_ = want_multi;
+      break;
+    }
+    rvbpfd_bpf__destroy(skel);
+    if (err == -EACCES) {
+      // From BPF_PROG_LOAD, EACCES is the verifier refusing the program, not a permission problem.
+      return Error(ErrorCode::kBpf, ErrnoMessage("the kernel's BPF verifier rejected rvbpfd's program", -err) +
+                                        "; rerun with RVBPFD_LIBBPF_DEBUG=1 for the verifier log");
+    }
+    if (err == -EPERM || attempt == 1 || !want_multi) {
+      return BpfError("loading the BPF programs (rvbpfd.bpf.o)", -err);
+    }
+  }
+  if (!session->skel_) return Error(ErrorCode::kBpf, "loading the BPF programs failed");
+
+  session->ring_ = ring_buffer__new(bpf_map__fd(session->skel_->maps.events), &BpfSession::OnSample, session.get(),
+                                    nullptr);
+  if (!session->ring_) return BpfError("opening the BPF ring buffer", errno);
+  return session;
+}
+
+BpfSession::~BpfSession() {
+  if (ring_) ring_buffer__free(ring_);
+  if (skel_) rvbpfd_bpf__destroy(skel_);
+}
+
+int BpfSession::OnSample(void* ctx, void* data, size_t size) {
+  auto* self = static_cast<BpfSession*>(ctx);
+  if (size < sizeof(rv_record)) return 0;  // never produced by our program; ignore rather than misread
+  rv_record rec;
+  std::memcpy(&rec, data, sizeof(rec));
+  self->on_record_(rec);
+  return 0;
+}
+
+Result<uint8_t> BpfSession::AddBinary(const rv_offsets& offsets) {
+  if (next_binary_ >= RV_MAX_BINARIES) {
+    return Error(ErrorCode::kBpf, "too many distinct Ruby VM binaries (limit " + std::to_string(RV_MAX_BINARIES) + ")");
+  }
+  uint32_t key = next_binary_;
+  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.offsets), &key, &offsets, BPF_ANY) != 0) {
+    return BpfError("writing the struct offsets map", errno);
+  }
+  ++next_binary_;
+  return static_cast<uint8_t>(key);
+}
+
+Status BpfSession::AddPid(uint32_t pid) {
+  uint8_t one = 1;
+  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.target_pids), &pid, &one, BPF_ANY) != 0) {
+    return BpfError("adding pid " + std::to_string(pid) + " to the BPF pid filter", errno);
+  }
+  return Status::Ok();
+}
+
+Status BpfSession::RemovePid(uint32_t pid) {
+  if (bpf_map_delete_elem(bpf_map__fd(skel_->maps.target_pids), &pid) != 0 && errno != ENOENT) {
+    return BpfError("removing pid " + std::to_string(pid) + " from the BPF pid filter", errno);
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<SiteGroup>> BpfSession::Attach(const std::string& path, const std::vector<SiteSpec>& sites,
+                                                      int pid) {
+  if (sites.empty()) return Error(ErrorCode::kInternal, "no probe sites to attach in " + path);
+  if (next_cookie_ + sites.size() > RV_MAX_SITES) {
+    return Error(ErrorCode::kBpf, "too many probe sites (limit " + std::to_string(RV_MAX_SITES) + ")");
+  }
+  std::unique_ptr<SiteGroup> group(new SiteGroup());
+  group->path_ = path;
+  group->pid_ = pid;
+  const int sites_fd = bpf_map__fd(skel_->maps.sites);
+  for (const SiteSpec& spec : sites) {
+    uint32_t cookie = next_cookie_++;
+    if (bpf_map_update_elem(sites_fd, &cookie, &spec.site, BPF_ANY) != 0) {
+      return BpfError("writing the probe sites map", errno);
+    }
+    group->offsets_.push_back(spec.file_offset);
+    group->cookies_.push_back(cookie);
+  }
+  Status st = AttachGroup(*group);
+  if (!st) return st.error();
+  return group;
+}
+
+Status BpfSession::Reattach(SiteGroup& group) {
+  if (group.attached()) return Status::Ok();
+  return AttachGroup(group);
+}
+
+Status BpfSession::AttachGroup(SiteGroup& group) {
+  if (multi_supported_ && !force_single_) {
+    union bpf_attr attr;
+    std::memset(&attr, 0, sizeof(attr));
+    UprobeMultiLinkAttr multi{};
+    multi.prog_fd = static_cast<uint32_t>(bpf_program__fd(skel_->progs.rv_site_multi));
+    multi.attach_type = kBpfTraceUprobeMulti;
+    multi.path = reinterpret_cast<uint64_t>(group.path_.c_str());
+    multi.offsets = reinterpret_cast<uint64_t>(group.offsets_.data());
+    multi.cookies = reinterpret_cast<uint64_t>(group.cookies_.data());
+    multi.cnt = static_cast<uint32_t>(group.offsets_.size());
+    multi.pid = group.pid_ > 0 ? static_cast<uint32_t>(group.pid_) : 0;
+    std::memcpy(&attr, &multi, sizeof(multi));
+    int fd = static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
+    if (fd >= 0) {
+      group.multi_link_fd_ = fd;
+      return Status::Ok();
+    }
+    const int err = errno;
+    if (err == EPERM || err == EACCES || err == ESRCH || err == ENOENT) {
+      return BpfError("attaching " + std::to_string(group.offsets_.size()) + " uprobes to " + group.path_, err);
+    }
+    // EINVAL/EOPNOTSUPP: the kernel has no multi-uprobe links; use one link per site from now on.
+    multi_supported_ = false;
+  }
+  for (size_t i = 0; i < group.offsets_.size(); ++i) {
+    LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = group.cookies_[i], .retprobe = false);
+    bpf_link* link = bpf_program__attach_uprobe_opts(skel_->progs.rv_site_single, group.pid_ > 0 ? group.pid_ : -1,
+                                                     group.path_.c_str(), group.offsets_[i], &opts);
+    if (!link) {
+      const int err = errno;
+      group.Detach();
+      char hex[32];
+      snprintf(hex, sizeof(hex), "0x%llx", static_cast<unsigned long long>(group.offsets_[i]));
+      return BpfError("attaching a uprobe at " + group.path_ + "+" + hex, err);
+    }
+    group.links_.push_back(link);
+  }
+  return Status::Ok();
+}
+
+Result<int> BpfSession::Poll(int timeout_ms) {
+  int n = ring_buffer__poll(ring_, timeout_ms);
+  if (n == -EINTR) return 0;
+  if (n < 0) return BpfError("polling the BPF ring buffer", -n);
+  return n;
+}
+
+rv_counters BpfSession::ReadCounters() const {
+  rv_counters total{};
+  std::vector<rv_counters> per_cpu(static_cast<size_t>(ncpus_));
+  uint32_t zero = 0;
+  if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.counters), &zero, per_cpu.data()) != 0) return total;
+  for (const rv_counters& c : per_cpu) {
+    total.dropped += c.dropped;
+    total.events += c.events;
+    total.ring_high_water = std::max(total.ring_high_water, c.ring_high_water);
+  }
+  return total;
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,107 @@
+// BpfSession owns the loaded BPF object (skeleton), its maps, the uprobe links and the ring buffer reader.
+//
+// Threading: a BpfSession is used from one thread (the daemon's main loop); the ring buffer callback runs on that
+// thread inside Poll().
+#ifndef RVBPFD_SRC_PROBE_BPF_SESSION_H_
+#define RVBPFD_SRC_PROBE_BPF_SESSION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "rvbpfd/abi.h"
+
+struct rvbpfd_bpf;
+struct ring_buffer;
+struct bpf_link;
+
+namespace rvbpfd {
+
+struct SessionOptions {
+  // Ring buffer size in bytes; rounded up to a power of two and at least one page. 4 MiB holds ~100k records
+  // (40 bytes + 8 bytes header each), i.e. ~1 s of the heaviest transition rate we measured.
+  uint32_t ring_buffer_bytes = 4u << 20;
+  // Force one link per site even when the kernel has multi-uprobe links (tests the fallback path).
+  bool force_single_links = false;
+};
+
+// One site to attach: its file offset in the VM binary and what the BPF program needs to know about it.
+struct SiteSpec {
+  uint64_t file_offset;
+  rv_site site;
+};
+
+// A set of uprobes attached together (one multi-uprobe link, or one link per site on older kernels). Detaching and
+// reattaching a group is how --max-overhead pauses the high-rate sites.
+class SiteGroup {
+ public:
+  ~SiteGroup();
+  SiteGroup(const SiteGroup&) = delete;
+  SiteGroup& operator=(const SiteGroup&) = delete;
+  bool attached() const { return multi_link_fd_ >= 0 || !links_.empty(); }
+  size_t size() const { return offsets_.size(); }
+
+ private:
+  friend class BpfSession;
+  SiteGroup() = default;
+  void Detach();
+
+  std::string path_;
+  int pid_ = -1;
+  std::vector<uint64_t> offsets_;
+  std::vector<uint64_t> cookies_;
+  int multi_link_fd_ = -1;
+  std::vector<bpf_link*> links_;
+};
+
+class BpfSession {
+ public:
+  using RecordCallback = std::function<void(const rv_record&)>;
+
+  // Loads the BPF object. Errors: kNoPrivilege (EPERM/EACCES: needs root or CAP_BPF+CAP_PERFMON), kBpf otherwise.
+  static Result<std::unique_ptr<BpfSession>> Open(const SessionOptions& options, RecordCallback on_record);
+  ~BpfSession();
+  BpfSession(const BpfSession&) = delete;
+  BpfSession& operator=(const BpfSession&) = delete;
+
+  // Registers a VM binary's struct offsets; returns its index for rv_site.binary.
+  Result<uint8_t> AddBinary(const rv_offsets& offsets);
+  // Adds a process to the BPF pid filter.
+  Status AddPid(uint32_t pid);
+  Status RemovePid(uint32_t pid);
+
+  // Writes the sites into the sites map (assigning cookies) and attaches uprobes at their file offsets in `path`.
+  // pid > 0 restricts the uprobes to that process in the kernel as well; -1 attaches for every process mapping the
+  // file (the BPF pid filter still applies).
+  Result<std::unique_ptr<SiteGroup>> Attach(const std::string& path, const std::vector<SiteSpec>& sites, int pid);
+  // Detaches a group's uprobes (the target stops paying for the traps) and attaches them again.
+  void Detach(SiteGroup& group) { group.Detach(); }
+  Status Reattach(SiteGroup& group);
+
+  // Drains the ring buffer, waiting at most timeout_ms for data. Returns records consumed or a kBpf error.
+  Result<int> Poll(int timeout_ms);
+  // Sums the per-CPU counters.
+  rv_counters ReadCounters() const;
+  bool uses_multi_links() const { return multi_supported_; }
+
+ private:
+  BpfSession() = default;
+  Status AttachGroup(SiteGroup& group);
+  static int OnSample(void* ctx, void* data, size_t size);
+
+  rvbpfd_bpf* skel_ = nullptr;
+  ring_buffer* ring_ = nullptr;
+  RecordCallback on_record_;
+  bool multi_supported_ = false;
+  bool force_single_ = false;
+  uint32_t next_cookie_ = 0;
+  uint32_t next_binary_ = 0;
+  int ncpus_ = 1;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_PROBE_BPF_SESSION_H_

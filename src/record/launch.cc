@@ -1,0 +1,243 @@
+#include "record/launch.h"
+
+#include <elf.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "elf/elf_file.h"
+
+namespace rvbpfd {
+namespace {
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+std::vector<std::string> SplitPath(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ':')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::string LookupInPath(const std::string& name, const std::string& path_env) {
+  if (name.find('/') != std::string::npos) return name;
+  for (const std::string& dir : SplitPath(path_env)) {
+    std::string candidate = dir + "/" + name;
+    if (IsExecutableFile(candidate)) return candidate;
+  }
+  return "";
+}
+
+std::string Dirname(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Reads DT_NEEDED / DT_RUNPATH / DT_RPATH from the .dynamic section.
+void ReadDynamic(const ElfFile& elf, std::vector<std::string>* needed, std::vector<std::string>* search) {
+  auto dynamic = elf.FindSection(".dynamic");
+  auto dynstr = elf.FindSection(".dynstr");
+  if (!dynamic || !dynstr) return;
+  std::span<const uint8_t> dyn = elf.SectionData(*dynamic);
+  std::span<const uint8_t> str = elf.SectionData(*dynstr);
+  for (size_t off = 0; off + sizeof(Elf64_Dyn) <= dyn.size(); off += sizeof(Elf64_Dyn)) {
+    Elf64_Dyn d;
+    std::memcpy(&d, dyn.data() + off, sizeof(d));
+    if (d.d_tag == DT_NULL) break;
+    if (d.d_tag != DT_NEEDED && d.d_tag != DT_RUNPATH && d.d_tag != DT_RPATH) continue;
+    if (d.d_un.d_val >= str.size()) continue;
+    const char* s = reinterpret_cast<const char*>(str.data() + d.d_un.d_val);
+    size_t len = strnlen(s, str.size() - d.d_un.d_val);
+    std::string value(s, len);
+    if (d.d_tag == DT_NEEDED) {
+      needed->push_back(value);
+    } else {
+      for (const std::string& p : SplitPath(value)) search->push_back(p);
+    }
+  }
+}
+
+}  // namespace
+
+Result<LaunchPlan> PlanLaunch(const std::vector<std::string>& argv, const std::string& path_env,
+                              const std::string& ld_library_path) {
+  if (argv.empty()) return Error(ErrorCode::kUsage, "no command given after --");
+  LaunchPlan plan;
+  plan.executable = LookupInPath(argv[0], path_env);
+  if (plan.executable.empty() || !IsExecutableFile(plan.executable)) {
+    return Error(ErrorCode::kUsage, "command not found or not executable: " + argv[0]);
+  }
+  std::string elf_path = plan.executable;
+  // One level of #!: scripts such as bin/rails or `bundle` name their interpreter there.
+  {
+    std::ifstream in(elf_path, std::ios::binary);
+    char magic[2] = {0, 0};
+    in.read(magic, 2);
+    if (in && magic[0] == '#' && magic[1] == '!') {
+      std::string line;
+      std::getline(in, line);
+      std::istringstream words(line);
+      std::string interp, arg;
+      words >> interp >> arg;
+      if (interp == "/usr/bin/env" && !arg.empty()) interp = LookupInPath(arg, path_env);
+      if (interp.empty() || !IsExecutableFile(interp)) {
+        return Error(ErrorCode::kNotRuby, plan.executable + ": its #! interpreter '" + line + "' was not found");
+      }
+      elf_path = interp;
+    }
+  }
+  Result<ElfFile> exe = ElfFile::Open(elf_path);
+  if (!exe) return Error(ErrorCode::kNotRuby, elf_path + " is not a CRuby executable: " + exe.error().message());
+  if (auto sym = exe->FindSymbol("ruby_version"); sym && sym->shndx != SHN_UNDEF) {
+    plan.vm_path = elf_path;
+    plan.vm_is_shared_library = false;
+    return plan;
+  }
+  std::vector<std::string> needed, search;
+  ReadDynamic(*exe, &needed, &search);
+  std::string libruby;
+  for (const std::string& n : needed) {
+    if (n.rfind("libruby", 0) == 0) libruby = n;
+  }
+  if (libruby.empty()) {
+    return Error(ErrorCode::kNotRuby, elf_path + " neither defines ruby_version nor links libruby: not CRuby");
+  }
+  for (std::string& dir : search) {
+    size_t pos = dir.find("$ORIGIN");
+    if (pos != std::string::npos) dir.replace(pos, 7, Dirname(elf_path));
+  }
+  for (const std::string& dir : SplitPath(ld_library_path)) search.push_back(dir);
+  for (const char* dir : {"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib",
+                          "/usr/lib", "/usr/local/lib"}) {
+    search.push_back(dir);
+  }
+  for (const std::string& dir : search) {
+    std::string candidate = dir + "/" + libruby;
+    if (access(candidate.c_str(), R_OK) == 0) {
+      char resolved[PATH_MAX];
+      plan.vm_path = realpath(candidate.c_str(), resolved) ? resolved : candidate;
+      plan.vm_is_shared_library = true;
+      return plan;
+    }
+  }
+  return Error(ErrorCode::kNotRuby, elf_path + " needs " + libruby +
+                                        " but it was not found in its RUNPATH, LD_LIBRARY_PATH or the system library "
+                                        "directories; attach with --pid instead");
+}
+
+Result<HeldChild> HeldChild::Spawn(const std::vector<std::string>& argv) {
+  if (argv.empty()) return Error(ErrorCode::kUsage, "no command given after --");
+  int gate[2], err_pipe[2];
+  if (pipe2(gate, O_CLOEXEC) != 0) return Error(ErrorCode::kIo, ErrnoMessage("creating the launch gate pipe", errno));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    close(gate[0]);
+    close(gate[1]);
+    return Error(ErrorCode::kIo, ErrnoMessage("creating the exec status pipe", errno));
+  }
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    close(gate[0]);
+    close(gate[1]);
+    close(err_pipe[0]);
+    close(err_pipe[1]);
+    return Error(ErrorCode::kIo, ErrnoMessage("fork for the launched command", e));
+  }
+  if (pid == 0) {
+    // Child: wait at the gate. Only async-signal-safe calls until exec.
+    close(gate[1]);
+    close(err_pipe[0]);
+    char go = 0;
+    ssize_t n;
+    do {
+      n = read(gate[0], &go, 1);
+    } while (n < 0 && errno == EINTR);
+    if (n != 1 || go != 'g') _exit(127);  // the daemon gave up: never run unobserved
+    close(gate[0]);
+    execvp(cargv[0], cargv.data());
+    int e = errno;
+    ssize_t w = write(err_pipe[1], &e, sizeof(e));
+    (void)w;
+    _exit(127);
+  }
+  close(gate[0]);
+  close(err_pipe[1]);
+  HeldChild child;
+  child.pid_ = pid;
+  child.gate_fd_ = gate[1];
+  child.exec_err_fd_ = err_pipe[0];
+  return child;
+}
+
+HeldChild::HeldChild(HeldChild&& other) noexcept
+    : pid_(other.pid_), gate_fd_(other.gate_fd_), exec_err_fd_(other.exec_err_fd_), released_(other.released_),
+      reaped_(other.reaped_) {
+  other.pid_ = -1;
+  other.gate_fd_ = -1;
+  other.exec_err_fd_ = -1;
+}
+
+HeldChild::~HeldChild() {
+  if (gate_fd_ >= 0) close(gate_fd_);  // EOF at the gate: an unreleased child exits without exec
+  if (exec_err_fd_ >= 0) close(exec_err_fd_);
+  if (pid_ > 0 && !reaped_) {
+    if (!released_) {
+      int status;
+      waitpid(pid_, &status, 0);
+    }
+    // A released child keeps running after rvbpfd stops (e.g. on Ctrl-C it got the signal itself); not our business
+    // to kill a program the user launched.
+  }
+}
+
+Status HeldChild::Release() {
+  char go = 'g';
+  if (write(gate_fd_, &go, 1) != 1) return Error(ErrorCode::kIo, ErrnoMessage("releasing the launched command", errno));
+  close(gate_fd_);
+  gate_fd_ = -1;
+  released_ = true;
+  int e = 0;
+  ssize_t n;
+  do {
+    n = read(exec_err_fd_, &e, sizeof(e));
+  } while (n < 0 && errno == EINTR);
+  close(exec_err_fd_);
+  exec_err_fd_ = -1;
+  if (n == sizeof(e)) {
+    int status;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return Error(ErrorCode::kUsage, ErrnoMessage("executing the command", e));
+  }
+  return Status::Ok();
+}
+
+bool HeldChild::Reap(int* wait_status) {
+  if (reaped_) return true;
+  pid_t r = waitpid(pid_, wait_status, WNOHANG);
+  if (r == pid_) {
+    reaped_ = true;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,41 @@
+// The recording pipeline: target -> probe sites -> BPF session -> reorder window -> .rvtrace writer.
+//
+// Threading: everything runs on the calling thread. The main loop polls the BPF ring buffer (100 ms timeout), so the
+// ring is drained continuously and the drop counter, the target's liveness, signals, the duration and the overhead
+// budget are all checked at least ten times a second.
+#ifndef RVBPFD_SRC_RECORD_RECORDER_H_
+#define RVBPFD_SRC_RECORD_RECORDER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace rvbpfd {
+
+struct RecordOptions {
+  int pid = 0;                        // attach mode when > 0
+  std::vector<std::string> command;   // launch mode when non-empty
+  std::string output;                 // empty: rvbpfd-<pid>-<time>.rvtrace in the current directory
+  double duration_s = 0;              // 0: until the target exits or a signal
+  uint32_t ring_buffer_kb = 4096;     // BPF ring buffer size (KiB)
+  double max_overhead_pct = 0;        // 0: never pause probes (recordings are complete by default)
+  double warn_overhead_pct = 10;      // status-line warning threshold when not pausing
+  double probe_cost_us = 13;          // cost of one uprobe trap on this machine (us), for the overhead estimate
+  double cool_down_s = 1;             // how long high-rate sites stay detached once the budget is exceeded
+  std::string cache_dir = "/var/cache/rvbpfd/sites";
+  bool status_line = false;           // live status on stderr (when it is a terminal)
+  bool force_single_links = false;    // one uprobe link per site even when multi links exist
+  bool quiet = false;
+};
+
+// Runs one recording to completion. Returns the process exit status (0 on a complete recording); errors were printed.
+Result<int> Record(const RecordOptions& options);
+
+// Signals that end a recording cleanly (set from the signal handler installed by Record).
+void RequestStop();
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_RECORD_RECORDER_H_

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets everything up on a fresh Debian 12 machine, records the bundled example (examples/cpu_threads.rb: two
+# CPU-bound threads and a sleep) with rvbpfd in launch mode, and shows the result. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install-deps.sh
+bash tools/build-test-rubies.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$(nproc)" --target rvbpfd
+ruby_bin="$(bash tools/build-test-rubies.sh --print-prefix 3.4.5-static)/bin/ruby"
+out=${1:-cpu_threads.rvtrace}
+./build/rvbpfd -o "$out" -- "$ruby_bin" examples/cpu_threads.rb
+./build/rvbpfd inspect "$out"
+./build/rvbpfd stats "$out"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything rvbpfd builds and tests with, from Debian 12's packages. Idempotent.
+set -euo pipefail
+if [[ $(id -u) != 0 ]]; then
+  echo "install-deps: run as root (apt-get install)" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+pkgs=(
+  build-essential cmake pkg-config clang llvm bpftool libbpf-dev libelf-dev libdw-dev elfutils libcapstone-dev
+  libcli11-dev libgtest-dev libgmock-dev protobuf-compiler libprotobuf-dev libzstd-dev zlib1g-dev nlohmann-json3-dev
+  golang-go python3 ruby
+  # to build the test Rubies from Debian's source packages
+  autoconf bison libyaml-dev libffi-dev libssl-dev libgdbm-dev libreadline-dev xz-utils
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Sets everything up on a fresh Debian 12 machine and runs every test: unit tests, the end-to-end BPF tests against
+# the test Rubies, then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+bash tools/install-deps.sh
+bash tools/build-test-rubies.sh
+
+echo "== build (RelWithDebInfo) =="
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$jobs"
+
+echo "== tests: unit + end-to-end =="
+(cd build && ctest --output-on-failure --timeout 1500)
+
+echo "== build (ASan + UBSan) =="
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DRVBPFD_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$jobs"
+
+echo "== tests under ASan + UBSan: unit =="
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+   ctest -L unit --output-on-failure --timeout 600)
