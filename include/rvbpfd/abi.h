@@ -61,12 +61,13 @@ struct rv_site {
 
 /* Struct offsets of one VM binary, in bytes. Zero means "not available" where noted. */
 struct rv_offsets {
-  __u32 th_serial;   /* rb_thread_t.serial (u32) */
+  __u32 th_serial;   /* rb_thread_t.serial: assigned only in USE_RUBY_DEBUG_LOG builds (vm.c th_init), so BPF reads it
+                      * only when RV_OFF_HAS_SERIAL says the binary assigns it; release builds leave it 0 */
   __u32 th_nt;       /* rb_thread_t.nt (struct rb_native_thread *) */
   __u32 nt_tid;      /* rb_native_thread.tid (int) */
   __u32 flags;       /* RV_OFF_* */
 };
-#define RV_OFF_HAS_SERIAL 0x1u
+#define RV_OFF_HAS_SERIAL 0x1u /* the binary assigns th->serial (debug-log builds); the daemon numbers threads itself */
 
 /* Record flags. */
 #define RV_REC_TH_UNKNOWN 0x1u  /* th could not be determined (CURRENT with no RESUMED seen yet) */
@@ -77,7 +78,7 @@ struct rv_offsets {
 struct rv_record {
   __u64 ts_ns;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC nanoseconds */
   __u64 th;          /* rb_thread_t * of the thread the event is about (0 if unknown) */
-  __u32 serial;      /* th->serial, the VM's thread serial */
+  __u32 serial;      /* th->serial when RV_OFF_HAS_SERIAL, else 0 (see rv_offsets) */
   __u32 tid;         /* native tid of the thread the event is about (0 if unknown) */
   __u32 probe_tid;   /* native tid that ran the probe */
   __u32 pid;         /* tgid of the target process (host pid namespace) */

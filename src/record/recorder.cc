@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include "target/target.h"
 #include "trace/event.h"
 #include "trace/reorder.h"
+#include "trace/thread_ids.h"
 #include "trace/writer.h"
 
 namespace rvbpfd {
@@ -182,10 +184,10 @@ Result<int> Record(const RecordOptions& o) {
   }
 
   TraceHeader header;
-  header.pid = static_cast<uint32_t>(target.pid);
+  header.pid = target.pid;
   header.ruby_version = target.ruby_version;
   header.build_id = target.build_id;
-  header.main_thread = sites->main_thread_serial;
+  header.main_thread = ThreadIds::kMainThread;
   header.command = o.command;
   header.started_at = IsoUtcNow();
   origin_ns = MonotonicNs();
@@ -242,6 +244,7 @@ Result<int> Record(const RecordOptions& o) {
   }
 
   // Main loop.
+  ThreadIds thread_ids(static_cast<uint32_t>(target.pid));
   std::vector<TraceEvent> ready;
   rv_counters seen{};
   uint64_t window_start = MonotonicNs();
@@ -254,7 +257,7 @@ Result<int> Record(const RecordOptions& o) {
   const uint64_t deadline = o.duration_s > 0 ? origin_ns + static_cast<uint64_t>(o.duration_s * 1e9) : 0;
   int child_status = 0;
   bool target_exited = false;
-  std::string stop_reason = "target exited";
+  std::string stop_reason = "target_exited";
 
   auto now_t = [&]() { return MonotonicNs() - origin_ns; };
   auto emit_daemon = [&](EventName name, std::string reason, double pct) {
@@ -289,10 +292,20 @@ Result<int> Record(const RecordOptions& o) {
     }
     check_counters();
     reorder.PopReady(&ready);
-    for (const TraceEvent& e : ready) writer.Write(e);
+    Status wst = Status::Ok();
+    for (TraceEvent& e : ready) {
+      thread_ids.Assign(&e);
+      if (wst) wst = writer.Write(e);
+    }
     ready.clear();
+    if (wst) wst = writer.MaybeFlush(std::chrono::steady_clock::now());
+    if (!wst) {
+      // Disk full or similar: stop rather than keep recording into a file that silently lacks events.
+      fprintf(stderr, "%s\n", wst.error().Wrap("writing " + output).ToString().c_str());
+      stop_reason = "write error";
+      break;
+    }
     const uint64_t now = MonotonicNs();
-    writer.MaybeFlush(now);
 
     // Overhead estimate over half-second windows: probe hits x cost of one trap, as a share of wall time.
     if (now - window_start >= 500'000'000) {
@@ -358,7 +371,10 @@ Result<int> Record(const RecordOptions& o) {
   }
   check_counters();
   reorder.Drain(&ready);
-  for (const TraceEvent& e : ready) writer.Write(e);
+  for (TraceEvent& e : ready) {
+    thread_ids.Assign(&e);
+    if (Status st = writer.Write(e); !st) return st.error().Wrap("writing " + output);
+  }
   ready.clear();
   FinishInfo fin;
   fin.end_t_ns = now_t();

@@ -1,0 +1,299 @@
+#include "elf/elf_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace rvbpfd {
+namespace {
+
+// A VM binary with full DWARF is tens of MB; anything above this is not a plausible libruby/ruby and would only make
+// us allocate whatever an attacker-controlled file claims.
+constexpr uint64_t kMaxElfBytes = 4ull << 30;
+
+// Closes an fd on scope exit (RAII for the one fd Open() uses).
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  ~ScopedFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+bool IsDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+Error OpenError(const std::string& what, int err) {
+  if (err == EACCES || err == EPERM) {
+    return Error(ErrorCode::kNoPrivilege,
+                 ErrnoMessage(what, err) + "; run as root or grant CAP_SYS_PTRACE (and CAP_BPF/CAP_PERFMON)");
+  }
+  return Error(ErrorCode::kIo, ErrnoMessage(what, err));
+}
+
+}  // namespace
+
+bool MatchesWithCloneSuffix(std::string_view name, std::string_view base) {
+  if (name.size() < base.size() || name.substr(0, base.size()) != base) return false;
+  std::string_view rest = name.substr(base.size());
+  // Each suffix is ".cold" or ".<kind>.<digits>" with kind one of GCC's clone kinds.
+  while (!rest.empty()) {
+    if (rest.rfind(".cold", 0) == 0) {
+      rest.remove_prefix(5);
+      continue;
+    }
+    bool matched = false;
+    for (std::string_view kind : {".constprop.", ".isra.", ".part.", ".lto_priv."}) {
+      if (rest.rfind(kind, 0) != 0) continue;
+      std::string_view tail = rest.substr(kind.size());
+      size_t n = 0;
+      while (n < tail.size() && tail[n] >= '0' && tail[n] <= '9') ++n;
+      if (!IsDigits(tail.substr(0, n))) return false;
+      rest = tail.substr(n);
+      matched = true;
+      break;
+    }
+    if (!matched) return false;
+  }
+  return true;
+}
+
+Result<ElfFile> ElfFile::Open(const std::string& path) {
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return OpenError("opening ELF file " + path, errno);
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return OpenError("stat of ELF file " + path, errno);
+  if (!S_ISREG(st.st_mode)) return Error(ErrorCode::kIo, "ELF file " + path + " is not a regular file");
+  if (st.st_size <= 0 || static_cast<uint64_t>(st.st_size) > kMaxElfBytes) {
+    return Error(ErrorCode::kIo, "ELF file " + path + " has implausible size " + std::to_string(st.st_size));
+  }
+  ElfFile file;
+  file.path_ = path;
+  file.size_ = static_cast<uint64_t>(st.st_size);
+  file.data_ = std::make_unique<uint8_t[]>(file.size_);
+  uint64_t done = 0;
+  while (done < file.size_) {
+    ssize_t n = read(fd.get(), file.data_.get() + done, file.size_ - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return OpenError("reading ELF file " + path, errno);
+    if (n == 0) break;  // the file shrank while we read it: parse what we have, bounds checks cover the rest
+    done += static_cast<uint64_t>(n);
+  }
+  file.size_ = done;
+  Status parsed = file.Parse();
+  if (!parsed.ok()) return parsed.error();
+  return file;
+}
+
+ElfFile::ElfFile(ElfFile&& other) noexcept { *this = std::move(other); }
+
+ElfFile& ElfFile::operator=(ElfFile&& other) noexcept {
+  if (this == &other) return *this;
+  Reset();
+  path_ = std::move(other.path_);
+  data_ = std::move(other.data_);
+  size_ = std::exchange(other.size_, 0);
+  elf_ = std::exchange(other.elf_, nullptr);
+  build_id_ = std::move(other.build_id_);
+  has_symtab_ = other.has_symtab_;
+  elf_type_ = other.elf_type_;
+  sections_ = std::move(other.sections_);
+  segments_ = std::move(other.segments_);
+  symbols_ = std::move(other.symbols_);
+  functions_by_addr_ = std::move(other.functions_by_addr_);
+  return *this;
+}
+
+ElfFile::~ElfFile() { Reset(); }
+
+void ElfFile::Reset() {
+  if (elf_ != nullptr) elf_end(elf_);
+  elf_ = nullptr;
+}
+
+Status ElfFile::Parse() {
+  if (elf_version(EV_CURRENT) == EV_NONE) {
+    return Error(ErrorCode::kInternal, std::string("libelf initialisation failed: ") + elf_errmsg(-1));
+  }
+  static_assert(sizeof(char) == sizeof(uint8_t));
+  elf_ = elf_memory(reinterpret_cast<char*>(data_.get()), size_);
+  if (elf_ == nullptr || elf_kind(elf_) != ELF_K_ELF) {
+    return Error(ErrorCode::kIo, path_ + " is not an ELF file");
+  }
+  if (gelf_getclass(elf_) != ELFCLASS64) return Error(ErrorCode::kIo, path_ + " is not a 64-bit ELF file");
+  GElf_Ehdr ehdr;
+  if (gelf_getehdr(elf_, &ehdr) == nullptr) {
+    return Error(ErrorCode::kIo, path_ + ": bad ELF header: " + elf_errmsg(-1));
+  }
+  if (ehdr.e_ident[EI_DATA] != ELFDATA2LSB || ehdr.e_machine != EM_X86_64) {
+    return Error(ErrorCode::kIo, path_ + " is not an x86-64 little-endian ELF file");
+  }
+  elf_type_ = ehdr.e_type;
+
+  size_t phnum = 0;
+  if (elf_getphdrnum(elf_, &phnum) == 0) {
+    for (size_t i = 0; i < phnum; ++i) {
+      GElf_Phdr ph;
+      if (gelf_getphdr(elf_, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
+      segments_.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz, ph.p_memsz, ph.p_flags});
+    }
+  }
+
+  size_t shstrndx = 0;
+  if (elf_getshdrstrndx(elf_, &shstrndx) != 0) shstrndx = 0;
+  std::vector<std::pair<Elf_Scn*, GElf_Shdr>> symtabs;
+  for (Elf_Scn* scn = elf_nextscn(elf_, nullptr); scn != nullptr; scn = elf_nextscn(elf_, scn)) {
+    GElf_Shdr sh;
+    if (gelf_getshdr(scn, &sh) == nullptr) continue;
+    const char* name = shstrndx != 0 ? elf_strptr(elf_, shstrndx, sh.sh_name) : nullptr;
+    sections_.push_back({name != nullptr ? name : "", sh.sh_type, sh.sh_flags, sh.sh_addr, sh.sh_offset, sh.sh_size});
+    if (sh.sh_type == SHT_SYMTAB) has_symtab_ = true;
+    if (sh.sh_type == SHT_SYMTAB || sh.sh_type == SHT_DYNSYM) symtabs.emplace_back(scn, sh);
+    if (sh.sh_type == SHT_NOTE && build_id_.empty()) {
+      Elf_Data* data = elf_getdata(scn, nullptr);
+      if (data == nullptr) continue;
+      size_t offset = 0, name_off = 0, desc_off = 0;
+      GElf_Nhdr nhdr;
+      while ((offset = gelf_getnote(data, offset, &nhdr, &name_off, &desc_off)) > 0) {
+        if (nhdr.n_type != NT_GNU_BUILD_ID || nhdr.n_namesz != 4 || desc_off + nhdr.n_descsz > data->d_size ||
+            std::memcmp(static_cast<const char*>(data->d_buf) + name_off, "GNU", 4) != 0) {
+          continue;
+        }
+        static constexpr char kHex[] = "0123456789abcdef";
+        const auto* desc = static_cast<const uint8_t*>(data->d_buf) + desc_off;
+        for (size_t i = 0; i < nhdr.n_descsz; ++i) {
+          build_id_ += kHex[desc[i] >> 4];
+          build_id_ += kHex[desc[i] & 0xf];
+        }
+        break;
+      }
+    }
+  }
+  // .symtab before .dynsym so lookups prefer the richer table.
+  std::stable_sort(symtabs.begin(), symtabs.end(),
+                   [](const auto& a, const auto& b) { return a.second.sh_type == SHT_SYMTAB && b.second.sh_type != SHT_SYMTAB; });
+  for (auto& [scn, sh] : symtabs) {
+    Elf_Data* data = elf_getdata(scn, nullptr);
+    if (data == nullptr || sh.sh_entsize == 0) continue;
+    size_t count = data->d_size / sh.sh_entsize;
+    for (size_t i = 0; i < count; ++i) {
+      GElf_Sym sym;
+      if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr) break;
+      const char* name = elf_strptr(elf_, sh.sh_link, sym.st_name);
+      if (name == nullptr || *name == '\0') continue;
+      symbols_.push_back({name, sym.st_value, sym.st_size, static_cast<uint8_t>(GELF_ST_TYPE(sym.st_info)),
+                          static_cast<uint8_t>(GELF_ST_BIND(sym.st_info)), sym.st_shndx,
+                          sh.sh_type == SHT_SYMTAB});
+    }
+  }
+  for (size_t i = 0; i < symbols_.size(); ++i) {
+    const ElfSymbol& s = symbols_[i];
+    if (s.type == STT_FUNC && s.shndx != SHN_UNDEF && s.size > 0) functions_by_addr_.push_back(i);
+  }
+  std::sort(functions_by_addr_.begin(), functions_by_addr_.end(), [this](size_t a, size_t b) {
+    return symbols_[a].value != symbols_[b].value ? symbols_[a].value < symbols_[b].value : a < b;
+  });
+  return Status::Ok();
+}
+
+std::optional<ElfSection> ElfFile::FindSection(std::string_view name) const {
+  for (const ElfSection& s : sections_) {
+    if (s.name == name) return s;
+  }
+  return std::nullopt;
+}
+
+std::span<const uint8_t> ElfFile::SectionData(const ElfSection& section) const {
+  if (section.type == SHT_NOBITS || section.offset > size_ || section.size > size_ - section.offset) return {};
+  return {data_.get() + section.offset, section.size};
+}
+
+std::optional<ElfSymbol> ElfFile::FindSymbol(std::string_view name) const {
+  const ElfSymbol* undefined = nullptr;
+  for (const ElfSymbol& s : symbols_) {  // .symtab entries come first
+    if (s.name != name) continue;
+    if (s.shndx != SHN_UNDEF) return s;
+    if (undefined == nullptr) undefined = &s;
+  }
+  if (undefined != nullptr) return *undefined;
+  return std::nullopt;
+}
+
+std::vector<ElfSymbol> ElfFile::FindSymbolsWithPrefix(std::string_view base) const {
+  std::vector<ElfSymbol> out;
+  for (const ElfSymbol& s : symbols_) {
+    if (s.shndx == SHN_UNDEF || !MatchesWithCloneSuffix(s.name, base)) continue;
+    bool dup = std::any_of(out.begin(), out.end(),
+                           [&](const ElfSymbol& o) { return o.name == s.name && o.value == s.value; });
+    if (!dup) out.push_back(s);
+  }
+  return out;
+}
+
+std::optional<ElfSymbol> ElfFile::FunctionContaining(uint64_t vaddr) const {
+  // Functions are sorted by start; scan back from the last one starting at or before vaddr. Symbols may overlap
+  // (aliases), so keep the smallest extent containing vaddr among those starting at the nearest addresses.
+  auto it = std::upper_bound(functions_by_addr_.begin(), functions_by_addr_.end(), vaddr,
+                             [this](uint64_t v, size_t idx) { return v < symbols_[idx].value; });
+  const ElfSymbol* best = nullptr;
+  // Bounded look-back: aliases share a start, nested extents are rare; 16 is plenty and keeps this O(log n).
+  for (int steps = 0; it != functions_by_addr_.begin() && steps < 16; ++steps) {
+    --it;
+    const ElfSymbol& s = symbols_[*it];
+    if (vaddr >= s.value && vaddr - s.value < s.size && (best == nullptr || s.size < best->size)) best = &s;
+  }
+  if (best == nullptr) return std::nullopt;
+  return *best;
+}
+
+std::optional<uint64_t> ElfFile::VaddrToFileOffset(uint64_t vaddr) const {
+  for (const ElfSegment& seg : segments_) {
+    if (vaddr >= seg.vaddr && vaddr - seg.vaddr < seg.filesz) {
+      uint64_t off = seg.offset + (vaddr - seg.vaddr);
+      if (off < seg.offset || off >= size_) return std::nullopt;  // overflow or segment claims beyond the file
+      return off;
+    }
+  }
+  return std::nullopt;
+}
+
+std::span<const uint8_t> ElfFile::BytesAt(uint64_t vaddr, uint64_t len) const {
+  for (const ElfSegment& seg : segments_) {
+    if (vaddr < seg.vaddr || vaddr - seg.vaddr >= seg.filesz) continue;
+    uint64_t rel = vaddr - seg.vaddr;
+    if (len > seg.filesz - rel) return {};
+    uint64_t off = seg.offset + rel;
+    if (off < seg.offset || off > size_ || len > size_ - off) return {};
+    return {data_.get() + off, len};
+  }
+  return {};
+}
+
+std::optional<std::string> ElfFile::CStringAt(uint64_t vaddr, size_t max_len) const {
+  std::optional<uint64_t> off = VaddrToFileOffset(vaddr);
+  if (!off) return std::nullopt;
+  // Stay inside the segment that holds vaddr.
+  uint64_t limit = 0;
+  for (const ElfSegment& seg : segments_) {
+    if (vaddr >= seg.vaddr && vaddr - seg.vaddr < seg.filesz) limit = seg.filesz - (vaddr - seg.vaddr);
+  }
+  limit = std::min<uint64_t>({limit, max_len, size_ - *off});
+  const auto* p = reinterpret_cast<const char*>(data_.get() + *off);
+  const void* nul = std::memchr(p, '\0', limit);
+  if (nul == nullptr) return std::nullopt;
+  return std::string(p, static_cast<const char*>(nul) - p);
+}
+
+}  // namespace rvbpfd

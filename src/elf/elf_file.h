@@ -1,0 +1,124 @@
+// ElfFile: a read-only, bounds-checked view of one ELF file (the CRuby VM binary of a target process).
+//
+// The file comes from a process we do not trust (it is opened through /proc/PID/root), so it is read once into memory
+// and every access (section data, symbol names, bytes at a virtual address) is checked against the file size: a
+// truncated or crafted file yields an error or an empty result, never a read out of bounds. Reading into memory also
+// means a file truncated by the target while we analyse it cannot SIGBUS the daemon, as an mmap could.
+#ifndef RVBPFD_SRC_ELF_ELF_FILE_H_
+#define RVBPFD_SRC_ELF_ELF_FILE_H_
+
+#include <gelf.h>
+#include <libelf.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/error.h"
+
+namespace rvbpfd {
+
+struct ElfSymbol {
+  std::string name;
+  uint64_t value = 0;   // st_value: a virtual address for defined functions and objects
+  uint64_t size = 0;    // st_size in bytes
+  uint8_t type = 0;     // STT_*
+  uint8_t binding = 0;  // STB_*
+  uint16_t shndx = 0;   // section index; SHN_UNDEF for imports
+  bool from_symtab = false;  // true: .symtab, false: .dynsym
+};
+
+struct ElfSection {
+  std::string name;
+  uint32_t type = 0;    // SHT_*
+  uint64_t flags = 0;   // SHF_*
+  uint64_t addr = 0;    // virtual address (0 for non-allocated sections)
+  uint64_t offset = 0;  // file offset
+  uint64_t size = 0;    // bytes (in the file unless SHT_NOBITS)
+};
+
+struct ElfSegment {  // one PT_LOAD program header
+  uint64_t vaddr = 0;
+  uint64_t offset = 0;
+  uint64_t filesz = 0;
+  uint64_t memsz = 0;
+  uint32_t flags = 0;  // PF_*
+};
+
+// True when `name` is `base` or `base` followed by GCC clone suffixes (`.constprop.N`, `.isra.N`, `.part.N`,
+// `.cold`, possibly chained, e.g. `gc_rest.part.0` or `do_mutex_lock.constprop.0.cold`).
+bool MatchesWithCloneSuffix(std::string_view name, std::string_view base);
+
+class ElfFile {
+ public:
+  // Reads the whole file and parses its headers, sections, program headers, symbols and build-id.
+  // Errors: kIo when the file cannot be read; kNotRuby is not decided here (callers know the context), a file that is
+  // not a 64-bit little-endian ELF yields kIo with a message saying so.
+  static Result<ElfFile> Open(const std::string& path);
+
+  ElfFile(ElfFile&& other) noexcept;
+  ElfFile& operator=(ElfFile&& other) noexcept;
+  ElfFile(const ElfFile&) = delete;
+  ElfFile& operator=(const ElfFile&) = delete;
+  ~ElfFile();
+
+  const std::string& path() const { return path_; }
+  // Lower-case hex of NT_GNU_BUILD_ID, empty when the file has none.
+  const std::string& build_id() const { return build_id_; }
+  bool has_symtab() const { return has_symtab_; }
+  // ET_EXEC or ET_DYN (PIE executables and shared libraries are both ET_DYN).
+  uint16_t elf_type() const { return elf_type_; }
+  // The raw libelf handle, for libdw (dwarf_begin_elf). Valid as long as this object lives.
+  Elf* handle() const { return elf_; }
+
+  const std::vector<ElfSection>& sections() const { return sections_; }
+  const std::vector<ElfSegment>& load_segments() const { return segments_; }
+  // All symbols of .symtab then .dynsym, in file order.
+  const std::vector<ElfSymbol>& symbols() const { return symbols_; }
+
+  std::optional<ElfSection> FindSection(std::string_view name) const;
+  // The bytes of a section in the file; empty for SHT_NOBITS or a section whose extent lies outside the file.
+  std::span<const uint8_t> SectionData(const ElfSection& section) const;
+
+  // Exact name lookup. Prefers a defined symbol from .symtab, then a defined one from .dynsym; undefined symbols
+  // (imports) are returned only when nothing defines the name.
+  std::optional<ElfSymbol> FindSymbol(std::string_view name) const;
+  // Defined symbols whose name is `base` or `base` plus clone suffixes (see MatchesWithCloneSuffix), one per
+  // distinct (name, address), .symtab first.
+  std::vector<ElfSymbol> FindSymbolsWithPrefix(std::string_view base) const;
+  // The defined function symbol whose [value, value+size) contains vaddr (the smallest such), if any.
+  std::optional<ElfSymbol> FunctionContaining(uint64_t vaddr) const;
+
+  // Maps a virtual address to its file offset through the PT_LOAD headers; nullopt when no segment holds it in the
+  // file part (filesz), e.g. .bss.
+  std::optional<uint64_t> VaddrToFileOffset(uint64_t vaddr) const;
+  // `len` bytes at virtual address `vaddr`, all inside one segment's file part; empty span when out of bounds.
+  std::span<const uint8_t> BytesAt(uint64_t vaddr, uint64_t len) const;
+  // A NUL-terminated string at vaddr, at most max_len bytes; nullopt when unterminated or out of bounds.
+  std::optional<std::string> CStringAt(uint64_t vaddr, size_t max_len) const;
+
+ private:
+  ElfFile() = default;
+  Status Parse();
+  void Reset();
+
+  std::string path_;
+  std::unique_ptr<uint8_t[]> data_;  // the whole file; stable address for libelf's elf_memory
+  uint64_t size_ = 0;
+  Elf* elf_ = nullptr;
+  std::string build_id_;
+  bool has_symtab_ = false;
+  uint16_t elf_type_ = 0;
+  std::vector<ElfSection> sections_;
+  std::vector<ElfSegment> segments_;
+  std::vector<ElfSymbol> symbols_;
+  std::vector<size_t> functions_by_addr_;  // indices into symbols_ of defined sized functions, sorted by value
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_ELF_ELF_FILE_H_

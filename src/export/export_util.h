@@ -1,0 +1,60 @@
+// Shared by the exporters: a buffered writer (exports of a million-event trace are tens of MB, so lines are built
+// in a string and handed to the stream in large pieces) and the number formats both file formats need.
+#ifndef RVBPFD_SRC_EXPORT_EXPORT_UTIL_H_
+#define RVBPFD_SRC_EXPORT_EXPORT_UTIL_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "common/error.h"
+#include "model/model.h"
+#include "trace/json_format.h"
+
+namespace rvbpfd {
+
+class ExportSink {
+ public:
+  explicit ExportSink(std::ostream& out) : out_(out) { buffer_.reserve(kFlushBytes * 2); }
+  ExportSink(const ExportSink&) = delete;
+  ExportSink& operator=(const ExportSink&) = delete;
+
+  std::string* buffer() { return &buffer_; }
+  void Append(std::string_view s) { buffer_.append(s); }
+  // Hands the buffer to the stream once it passes kFlushBytes.
+  void MaybeFlush() {
+    if (buffer_.size() >= kFlushBytes) Flush();
+  }
+  void Flush() {
+    out_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+    buffer_.clear();
+  }
+  // Flushes and reports a stream failure (disk full, closed pipe) as kIo naming `what`.
+  Status Finish(std::string_view what) {
+    Flush();
+    out_.flush();
+    if (!out_) return Error(ErrorCode::kIo, "writing the " + std::string(what) + " export failed");
+    return Status::Ok();
+  }
+
+ private:
+  static constexpr size_t kFlushBytes = 256 * 1024;  // bytes per write to the stream
+  std::ostream& out_;
+  std::string buffer_;
+};
+
+// Appends ns as microseconds with exactly three decimals ("1234.567"), computed in integers so no precision is lost
+// for traces of any length (a double holds ns exactly only up to 2^53, about 104 days).
+inline void AppendMicros(std::string* out, uint64_t ns) {
+  AppendUint(out, ns / 1000);
+  const uint64_t frac = ns % 1000;
+  out->push_back('.');
+  out->push_back(static_cast<char>('0' + frac / 100));
+  out->push_back(static_cast<char>('0' + frac / 10 % 10));
+  out->push_back(static_cast<char>('0' + frac % 10));
+}
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_EXPORT_EXPORT_UTIL_H_

@@ -1,0 +1,267 @@
+#include "export/perfetto.h"
+
+#include <string_view>
+
+#include "export/export_util.h"
+#include "trace/event.h"
+
+namespace rvbpfd {
+namespace {
+
+class PerfettoWriter {
+ public:
+  PerfettoWriter(const Model& model, ExportSink& sink) : model_(model), sink_(sink), out_(*sink.buffer()) {}
+
+  void Write() {
+    sink_.Append("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"exporter\":\"rvbpfd\",\"ruby_version\":");
+    AppendJsonString(&out_, model_.options().ruby_version);
+    sink_.Append(",\"pid\":");
+    AppendUint(&out_, static_cast<uint64_t>(model_.options().pid));
+    sink_.Append("},\"traceEvents\":[");
+    WriteMetadata();
+    WriteOwnerLane();
+    WriteGc();
+    for (const RubyThread& thread : model_.threads()) WriteThread(thread);
+    WriteNative();
+    WriteGlobalMarkers();
+    sink_.Append("\n]}\n");
+  }
+
+ private:
+  void BeginEvent(char ph, std::string_view name, int pid, uint64_t tid, uint64_t ts_ns) {
+    out_.append(first_ ? "\n{" : ",\n{");
+    first_ = false;
+    out_.append("\"ph\":\"");
+    out_.push_back(ph);
+    out_.append("\",\"name\":");
+    AppendJsonString(&out_, name);
+    out_.append(",\"pid\":");
+    AppendUint(&out_, static_cast<uint64_t>(pid));
+    out_.append(",\"tid\":");
+    AppendUint(&out_, tid);
+    out_.append(",\"ts\":");
+    AppendMicros(&out_, ts_ns);
+  }
+  void EndEvent() {
+    out_.push_back('}');
+    sink_.MaybeFlush();
+  }
+
+  void Metadata(std::string_view what, int pid, uint64_t tid, std::string_view key, std::string_view value) {
+    BeginEvent('M', what, pid, tid, 0);
+    out_.append(",\"args\":{");
+    AppendJsonString(&out_, key);
+    out_.push_back(':');
+    AppendJsonString(&out_, value);
+    out_.push_back('}');
+    EndEvent();
+  }
+  void SortIndex(int pid, uint64_t tid, uint64_t index) {
+    BeginEvent('M', "thread_sort_index", pid, tid, 0);
+    out_.append(",\"args\":{\"sort_index\":");
+    AppendUint(&out_, index);
+    out_.push_back('}');
+    EndEvent();
+  }
+
+  void WriteMetadata() {
+    const std::string pid = std::to_string(model_.options().pid);
+    Metadata("process_name", kPerfettoRubyPid, 0, "name", "Ruby threads (pid " + pid + ")");
+    Metadata("process_name", kPerfettoNativePid, 0, "name", "native threads (pid " + pid + ")");
+    Metadata("thread_name", kPerfettoRubyPid, kPerfettoOwnerTid, "name", "GVL owner");
+    SortIndex(kPerfettoRubyPid, kPerfettoOwnerTid, 0);
+    Metadata("thread_name", kPerfettoRubyPid, kPerfettoGcTid, "name", "GC");
+    SortIndex(kPerfettoRubyPid, kPerfettoGcTid, 1);
+    Metadata("thread_name", kPerfettoRubyPid, kPerfettoMarkerTid, "name", "trace markers");
+    SortIndex(kPerfettoRubyPid, kPerfettoMarkerTid, 2);
+    uint64_t index = 3;
+    for (const RubyThread& thread : model_.threads()) {
+      const uint64_t tid = kPerfettoThreadTidBase + thread.ruby_thread;
+      Metadata("thread_name", kPerfettoRubyPid, tid, "name", model_.ThreadLabel(thread.ruby_thread));
+      SortIndex(kPerfettoRubyPid, tid, index++);
+    }
+    for (const NativeThread& n : model_.native_threads()) {
+      Metadata("thread_name", kPerfettoNativePid, n.native_tid, "name", "native " + std::to_string(n.native_tid));
+    }
+  }
+
+  // ,"opened_by":{"event":"gvl_acquired","cruby":"RUBY_INTERNAL_THREAD_EVENT_RESUMED","t_ns":123}
+  void EventArg(std::string_view key, EventRef ref) {
+    if (!ref) return;
+    const TraceEvent& e = model_.events()[*ref];
+    out_.append(",");
+    AppendJsonString(&out_, key);
+    out_.append(":{\"event\":");
+    AppendJsonString(&out_, EventNameString(e.event));
+    const std::string_view cruby = CrubyEventConstant(e.event);
+    if (!cruby.empty()) {
+      out_.append(",\"cruby\":");
+      AppendJsonString(&out_, cruby);
+    }
+    out_.append(",\"t_ns\":");
+    AppendUint(&out_, e.t_ns);
+    if (e.native_tid) {
+      out_.append(",\"native_tid\":");
+      AppendUint(&out_, *e.native_tid);
+    }
+    out_.push_back('}');
+  }
+
+  // Opens a complete event; the caller appends args and calls EndEvent().
+  void Slice(std::string_view name, Provenance provenance, int pid, uint64_t tid, uint64_t start, uint64_t end) {
+    BeginEvent('X', name, pid, tid, start);
+    out_.append(",\"dur\":");
+    AppendMicros(&out_, end - start);
+    out_.append(",\"cat\":");
+    AppendJsonString(&out_, ProvenanceString(provenance));
+  }
+
+  void CommonArgs(Provenance provenance, ModelRule rule) {
+    out_.append(",\"args\":{\"provenance\":");
+    AppendJsonString(&out_, ProvenanceString(provenance));
+    if (rule != ModelRule::kNone) {
+      out_.append(",\"rule\":");
+      AppendJsonString(&out_, ModelRuleName(rule));
+    }
+  }
+
+  void WriteOwnerLane() {
+    for (const OwnerBlock& b : model_.owner_lane()) {
+      const std::string name = b.kind == OwnerKind::kOwned ? model_.ThreadLabel(*b.owner)
+                               : b.kind == OwnerKind::kIdle ? std::string("idle")
+                                                            : std::string("unknown");
+      Slice(name, b.provenance, kPerfettoRubyPid, kPerfettoOwnerTid, b.start_ns, b.end_ns);
+      CommonArgs(b.provenance, b.rule);
+      if (b.owner) {
+        out_.append(",\"ruby_thread\":");
+        AppendUint(&out_, *b.owner);
+      }
+      out_.append(",\"ended_by\":");
+      AppendJsonString(&out_, OwnerEndName(b.end));
+      EventArg("opened_by", b.opened_by);
+      EventArg("closed_by", b.closed_by);
+      out_.push_back('}');
+      EndEvent();
+    }
+  }
+
+  void WriteGc() {
+    for (const GcSpan& gc : model_.gc_spans()) {
+      Slice("GC", Provenance::kObserved, kPerfettoRubyPid, kPerfettoGcTid, gc.start_ns, gc.end_ns);
+      CommonArgs(Provenance::kObserved, ModelRule::kNone);
+      if (gc.ruby_thread) {
+        out_.append(",\"ruby_thread\":");
+        AppendUint(&out_, *gc.ruby_thread);
+        out_.append(",\"thread_provenance\":");
+        AppendJsonString(&out_, ProvenanceString(gc.thread_provenance));
+      }
+      out_.append(gc.complete ? ",\"complete\":true" : ",\"complete\":false");
+      EventArg("opened_by", gc.opened_by);
+      EventArg("closed_by", gc.closed_by);
+      out_.push_back('}');
+      EndEvent();
+    }
+  }
+
+  void WriteThread(const RubyThread& thread) {
+    const uint64_t tid = kPerfettoThreadTidBase + thread.ruby_thread;
+    // Probe markers interleave with the slices so timestamps on the track stay in order.
+    const auto& markers = model_.markers();
+    size_t m = 0;
+    auto flush_markers = [&](uint64_t until_ns) {
+      for (; m < markers.size() && markers[m].t_ns <= until_ns; ++m) {
+        const ModelMarker& mk = markers[m];
+        if (mk.ruby_thread != thread.ruby_thread) continue;
+        if (mk.event != EventName::kSleepEnter && mk.event != EventName::kMutexLockEnter) continue;
+        BeginEvent('i', mk.event == EventName::kSleepEnter ? "Kernel#sleep" : "Thread::Mutex#lock",
+                   kPerfettoRubyPid, tid, mk.t_ns);
+        out_.append(",\"s\":\"t\",\"cat\":\"probe\",\"args\":{\"provenance\":\"observed\"");
+        EventArg("event", mk.event_index);
+        out_.append("}");
+        EndEvent();
+      }
+    };
+    for (const StateBlock& b : thread.blocks) {
+      flush_markers(b.start_ns);
+      Slice(StateBlockLabel(b), b.provenance, kPerfettoRubyPid, tid, b.start_ns, b.end_ns);
+      CommonArgs(b.provenance, b.rule);
+      out_.append(",\"state\":");
+      AppendJsonString(&out_, ThreadStateName(b.state));
+      if (b.state == ThreadState::kReleased || b.state == ThreadState::kWantsGvl) {
+        out_.append(",\"reason\":");
+        AppendJsonString(&out_, ReleaseReasonName(b.reason));
+      }
+      if (b.native_tid) {
+        out_.append(",\"native_tid\":");
+        AppendUint(&out_, *b.native_tid);
+      }
+      if (b.repeats > 0) {
+        out_.append(",\"repeated_transitions\":");
+        AppendUint(&out_, b.repeats);
+      }
+      EventArg("opened_by", b.opened_by);
+      EventArg("closed_by", b.closed_by);
+      EventArg("ready_while_running", b.ready_while_running);
+      out_.push_back('}');
+      EndEvent();
+    }
+    flush_markers(UINT64_MAX);
+  }
+
+  void WriteNative() {
+    for (const NativeThread& n : model_.native_threads()) {
+      for (const NativeSpan& s : n.spans) {
+        Slice(model_.ThreadLabel(s.ruby_thread), s.provenance, kPerfettoNativePid, n.native_tid, s.start_ns,
+              s.end_ns);
+        CommonArgs(s.provenance, ModelRule::kNone);
+        out_.append(",\"ruby_thread\":");
+        AppendUint(&out_, s.ruby_thread);
+        out_.push_back('}');
+        EndEvent();
+      }
+    }
+  }
+
+  void WriteGlobalMarkers() {
+    for (const ModelMarker& mk : model_.markers()) {
+      if (mk.event == EventName::kSleepEnter || mk.event == EventName::kMutexLockEnter) continue;
+      const TraceEvent& e = model_.events()[mk.event_index];
+      BeginEvent('i', EventNameString(mk.event), kPerfettoRubyPid, kPerfettoMarkerTid, mk.t_ns);
+      out_.append(",\"s\":\"g\",\"cat\":\"daemon\",\"args\":{");
+      bool comma = false;
+      if (mk.event == EventName::kEventsDropped) {
+        out_.append("\"count\":");
+        AppendUint(&out_, e.count);
+        comma = true;
+      }
+      if (!e.reason.empty()) {
+        if (comma) out_.push_back(',');
+        out_.append("\"reason\":");
+        AppendJsonString(&out_, e.reason);
+      }
+      out_.push_back('}');
+      EndEvent();
+    }
+  }
+
+  const Model& model_;
+  ExportSink& sink_;
+  std::string& out_;
+  bool first_ = true;
+};
+
+}  // namespace
+
+Status ExportPerfetto(const Model& model, std::ostream& out) {
+  ExportSink sink(out);
+  PerfettoWriter(model, sink).Write();
+  return sink.Finish("Perfetto");
+}
+
+Status ExportPerfetto(const std::string& trace_path, std::ostream& out) {
+  Result<Model> model = Model::FromFile(trace_path);
+  if (!model.ok()) return model.error();
+  return ExportPerfetto(*model, out);
+}
+
+}  // namespace rvbpfd

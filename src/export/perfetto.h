@@ -1,0 +1,41 @@
+// `rvbpfd export --perfetto`: the model as Chrome trace event JSON, which ui.perfetto.dev and chrome://tracing open.
+//
+// Layout. Process 1 ("Ruby threads"): a "GVL owner" track (owner slices named after the owning thread, plus "idle"
+// and "unknown"), a "GC" track, and one track per Ruby thread whose slices are the model's state blocks, with
+// instant events for the Kernel#sleep and Mutex#lock probes on the thread's track. Process 2 ("native threads"): a
+// track per native tid whose slices name the Ruby thread that ran on it. events_dropped, tracing_paused and
+// tracing_resumed are global instant events (on a "trace markers" track of their own).
+//
+// Slices are complete events ("ph":"X" with "dur"): blocks on a track are contiguous, and a complete event cannot
+// be mis-nested the way an "E" and a "B" at the same timestamp can. Timestamps are microseconds with three
+// decimals (ns precision). Each slice's args carry the block's provenance, the rule that derived it, and the CRuby
+// events that opened and closed it; its category ("cat") is the provenance, so derived blocks can be filtered.
+#ifndef RVBPFD_SRC_EXPORT_PERFETTO_H_
+#define RVBPFD_SRC_EXPORT_PERFETTO_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "common/error.h"
+#include "model/model.h"
+
+namespace rvbpfd {
+
+// Synthetic pid/tid values of the tracks (the JSON needs numbers; the real pid is in the process name and
+// "otherData").
+inline constexpr int kPerfettoRubyPid = 1;
+inline constexpr int kPerfettoNativePid = 2;
+inline constexpr uint64_t kPerfettoOwnerTid = 1;
+inline constexpr uint64_t kPerfettoGcTid = 2;
+inline constexpr uint64_t kPerfettoMarkerTid = 3;  // global instants: events_dropped, tracing_paused/resumed
+inline constexpr uint64_t kPerfettoThreadTidBase = 1000;  // + Ruby thread serial (serials start at 0 on 3.2)
+
+// Fails with kIo when the stream fails.
+Status ExportPerfetto(const Model& model, std::ostream& out);
+// Reads and models the trace first; errors are also those of Model::FromFile.
+Status ExportPerfetto(const std::string& trace_path, std::ostream& out);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_EXPORT_PERFETTO_H_

@@ -1,0 +1,85 @@
+#include "model/model_summary.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+namespace rvbpfd {
+namespace {
+
+std::string Ms(uint64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", static_cast<double>(ns) / 1e6);
+  return buf;
+}
+
+std::string PadLeft(std::string_view s, size_t width) {
+  std::string out;
+  if (s.size() < width) out.append(width - s.size(), ' ');
+  out.append(s);
+  return out;
+}
+
+std::string Pad(std::string_view s, size_t width) {
+  std::string out(s);
+  if (out.size() < width) out.append(width - out.size(), ' ');
+  return out;
+}
+
+// Reasons that only a rule can give are flagged so nobody mistakes them for something the VM said.
+bool IsDerivedReason(ReleaseReason reason) {
+  return reason == ReleaseReason::kSleeping || reason == ReleaseReason::kWaitingMutex ||
+         reason == ReleaseReason::kPreempted;
+}
+
+}  // namespace
+
+void PrintModelSummary(const Model& model, std::ostream& out) {
+  constexpr size_t kThreadWidth = 13, kNumWidth = 12, kWaitsWidth = 7;
+  out << "thread states (ms):\n";
+  out << Pad("thread", kThreadWidth) << PadLeft("running", kNumWidth) << PadLeft("wants_gvl", kNumWidth)
+      << PadLeft("released", kNumWidth) << PadLeft("gc", kNumWidth) << PadLeft("unknown", kNumWidth)
+      << PadLeft("waits", kWaitsWidth) << PadLeft("longest", kNumWidth) << "  top release reasons\n";
+  for (const RubyThread& thread : model.threads()) {
+    const ThreadTotals& t = thread.totals;
+    out << Pad(model.ThreadLabel(thread.ruby_thread), kThreadWidth) << PadLeft(Ms(t.ns(ThreadState::kRunning)), kNumWidth)
+        << PadLeft(Ms(t.wait_total_ns), kNumWidth) << PadLeft(Ms(t.ns(ThreadState::kReleased)), kNumWidth)
+        << PadLeft(Ms(t.ns(ThreadState::kGc)), kNumWidth) << PadLeft(Ms(t.ns(ThreadState::kUnknown)), kNumWidth)
+        << PadLeft(std::to_string(t.waits), kWaitsWidth) << PadLeft(Ms(t.wait_longest_ns), kNumWidth) << "  ";
+    const size_t n = std::min(kTopReleaseReasons, t.release_reasons.size());
+    if (n == 0) out << "-";
+    for (size_t i = 0; i < n; ++i) {
+      const ReasonTotal& r = t.release_reasons[i];
+      if (i > 0) out << ", ";
+      out << ReleaseReasonName(r.reason) << (IsDerivedReason(r.reason) ? "*" : "") << " " << Ms(r.ns) << " ms ("
+          << r.count << "x)";
+    }
+    out << '\n';
+  }
+  uint64_t idle_ns = 0, unknown_owner_ns = 0;
+  for (const OwnerBlock& b : model.owner_lane()) {
+    if (b.kind == OwnerKind::kIdle) idle_ns += b.duration_ns();
+    if (b.kind == OwnerKind::kUnknown) unknown_owner_ns += b.duration_ns();
+  }
+  out << "wants_gvl = GVL contention: time waiting for the lock; longest = longest single wait.\n";
+  out << "* derived from a Kernel#sleep / Mutex#lock probe or a 3.2 timeslice, not reported by the VM.\n";
+  out << "gvl: idle " << Ms(idle_ns) << " ms, owner unknown " << Ms(unknown_owner_ns) << " ms\n";
+  uint64_t dropped = 0, paused_ns = 0;
+  size_t drop_windows = 0, pauses = 0;
+  for (const UnknownWindow& w : model.unknown_windows()) {
+    if (w.cause == ModelRule::kEventsDropped) {
+      dropped += w.dropped;
+      ++drop_windows;
+    } else {
+      paused_ns += w.end_ns - w.start_ns;
+      ++pauses;
+    }
+  }
+  if (drop_windows > 0 || pauses > 0) {
+    out << "unknown spans: " << drop_windows << " with dropped events (" << dropped << " events lost), " << pauses
+        << " tracing pauses (" << Ms(paused_ns) << " ms); states there are shown as unknown\n";
+  }
+}
+
+}  // namespace rvbpfd

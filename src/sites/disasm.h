@@ -1,0 +1,54 @@
+// Thin RAII wrapper over capstone (x86-64, detail on) used by the site finder. Internal to the sites module.
+#ifndef RVBPFD_SRC_SITES_DISASM_H_
+#define RVBPFD_SRC_SITES_DISASM_H_
+
+#include <capstone/capstone.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+
+#include "common/error.h"
+#include "elf/elf_file.h"
+
+namespace rvbpfd {
+
+// x86-64 register (any width: al/ax/eax/rax) -> DWARF register number 0..16 (16 = rip), or -1.
+int CapstoneRegToDwarf(unsigned reg);
+
+class Disassembler {
+ public:
+  static Result<Disassembler> Create();
+  Disassembler(Disassembler&& other) noexcept;
+  Disassembler& operator=(Disassembler&&) = delete;
+  Disassembler(const Disassembler&) = delete;
+  Disassembler& operator=(const Disassembler&) = delete;
+  ~Disassembler();
+
+  // Decodes one instruction at `vaddr` of `elf`; the returned pointer is valid until the next call. nullptr when the
+  // bytes are not in the file or not a valid instruction.
+  const cs_insn* DecodeAt(const ElfFile& elf, uint64_t vaddr);
+
+  // Decodes [code, code+len) as if loaded at `vaddr`, calling `fn` for each instruction until it returns false or an
+  // undecodable byte is met.
+  void DecodeRange(std::span<const uint8_t> code, uint64_t vaddr, const std::function<bool(const cs_insn&)>& fn);
+
+  // DWARF numbers of the registers `insn` writes (explicit and implicit), as a bitmask over 0..16.
+  uint32_t WrittenRegs(const cs_insn& insn) const;
+
+ private:
+  Disassembler() = default;
+  csh handle_ = 0;
+  cs_insn* insn_ = nullptr;
+};
+
+// The target of a RIP-relative memory operand of insn, if it has one.
+std::optional<uint64_t> RipRelativeTarget(const cs_insn& insn);
+// The target of a direct jmp/jcc/call, if any.
+std::optional<uint64_t> DirectBranchTarget(const cs_insn& insn);
+bool IsConditionalJump(const cs_insn& insn);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_SITES_DISASM_H_

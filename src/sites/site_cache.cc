@@ -1,0 +1,150 @@
+// The per-build-id JSON cache of FindSites results. The cache lives on the host and may outlive binaries, be edited
+// or be truncated by a crash; so nothing in it is trusted: every field is range-checked, and anything odd means
+// "recompute and rewrite".
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "sites/sites.h"
+
+namespace rvbpfd {
+namespace {
+
+// Bump when the meaning of any field changes, so old caches are recomputed rather than misread.
+constexpr int kCacheFormat = 1;
+// No CRuby struct we read from is near this large; a bigger "offset" can only be corruption.
+constexpr uint32_t kMaxStructOffset = 4096;
+
+bool ValidSite(const ProbeSite& s) {
+  bool thread_event = s.event >= RV_EV_THREAD_STARTED && s.event <= RV_EV_THREAD_EXITED;
+  bool gc_event = s.event == RV_EV_GC_ENTER || s.event == RV_EV_GC_EXIT;
+  bool entry_event = s.event == RV_EV_SLEEP_ENTER || s.event == RV_EV_MUTEX_LOCK_ENTER;
+  if (!((s.method == "hook-site" && thread_event) || (s.method == "gc-hook-site" && gc_event) ||
+        (s.method == "function-entry" && entry_event))) {
+    return false;
+  }
+  auto valid_loc = [](const ThLocation& l) {
+    return (l.kind == RV_LOC_CURRENT || l.kind == RV_LOC_REG || l.kind == RV_LOC_MEM) && l.reg < RV_REG_COUNT;
+  };
+  if (!valid_loc(s.th) || (s.th_disasm && !valid_loc(*s.th_disasm))) return false;
+  return s.th_source == "dwarf" || s.th_source == "disasm" || s.th_source == "current";
+}
+
+nlohmann::json LocToJson(const ThLocation& l) { return {{"kind", l.kind}, {"reg", l.reg}, {"offset", l.offset}}; }
+
+ThLocation LocFromJson(const nlohmann::json& j) {
+  return ThLocation{j.at("kind").get<uint8_t>(), j.at("reg").get<uint8_t>(), j.at("offset").get<int32_t>()};
+}
+
+}  // namespace
+
+std::string SiteSetToJson(const SiteSet& set) {
+  nlohmann::json sites = nlohmann::json::array();
+  for (const ProbeSite& s : set.sites) {
+    nlohmann::json j = {{"vaddr", s.vaddr},       {"file_offset", s.file_offset}, {"event", s.event},
+                        {"th", LocToJson(s.th)},   {"function", s.function},       {"method", s.method},
+                        {"th_source", s.th_source}};
+    if (s.th_disasm) j["th_disasm"] = LocToJson(*s.th_disasm);
+    sites.push_back(std::move(j));
+  }
+  nlohmann::json doc = {
+      {"format", kCacheFormat},
+      {"build_id", set.build_id},
+      {"ruby_version", set.ruby_version},
+      {"main_thread_serial", set.main_thread_serial},
+      {"offsets_source", set.offsets_source},
+      {"offsets",
+       {{"th_serial", set.offsets.th_serial}, {"th_nt", set.offsets.th_nt}, {"nt_tid", set.offsets.nt_tid},
+        {"flags", set.offsets.flags}}},
+      {"sites", std::move(sites)}};
+  return doc.dump(1) + "\n";
+}
+
+Result<SiteSet> SiteSetFromJson(const std::string& text) {
+  auto bad = [](const std::string& why) { return Error(ErrorCode::kIo, "site cache: " + why); };
+  nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return bad("not a JSON object");
+  try {
+    if (doc.at("format").get<int>() != kCacheFormat) return bad("format version differs");
+    SiteSet set;
+    set.build_id = doc.at("build_id").get<std::string>();
+    set.ruby_version = doc.at("ruby_version").get<std::string>();
+    set.main_thread_serial = doc.at("main_thread_serial").get<uint32_t>();
+    set.offsets_source = doc.at("offsets_source").get<std::string>();
+    const nlohmann::json& off = doc.at("offsets");
+    set.offsets = rv_offsets{off.at("th_serial").get<uint32_t>(), off.at("th_nt").get<uint32_t>(),
+                             off.at("nt_tid").get<uint32_t>(), off.at("flags").get<uint32_t>()};
+    if (set.offsets.th_serial >= kMaxStructOffset || set.offsets.th_nt >= kMaxStructOffset ||
+        set.offsets.nt_tid >= kMaxStructOffset || set.main_thread_serial > 1 ||
+        (set.offsets_source != "dwarf" && set.offsets_source != "table")) {
+      return bad("offsets out of range");
+    }
+    const nlohmann::json& sites = doc.at("sites");
+    if (!sites.is_array() || sites.size() > RV_MAX_SITES) return bad("sites is not a bounded array");
+    for (const nlohmann::json& j : sites) {
+      ProbeSite s;
+      s.vaddr = j.at("vaddr").get<uint64_t>();
+      s.file_offset = j.at("file_offset").get<uint64_t>();
+      s.event = j.at("event").get<uint8_t>();
+      s.th = LocFromJson(j.at("th"));
+      s.function = j.at("function").get<std::string>();
+      s.method = j.at("method").get<std::string>();
+      s.th_source = j.at("th_source").get<std::string>();
+      if (j.contains("th_disasm")) s.th_disasm = LocFromJson(j.at("th_disasm"));
+      if (!ValidSite(s)) return bad("invalid site at file offset " + std::to_string(s.file_offset));
+      set.sites.push_back(std::move(s));
+    }
+    return set;
+  } catch (const nlohmann::json::exception& e) {
+    return bad(e.what());
+  }
+}
+
+Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& ruby_version,
+                                const std::string& cache_dir) {
+  Result<ElfFile> elf = ElfFile::Open(elf_path);
+  if (!elf.ok()) return elf.error();
+  const std::string& build_id = elf->build_id();
+  // Without a build-id there is no safe key: two different binaries could share a cache entry.
+  const bool cacheable = !build_id.empty() && !cache_dir.empty();
+  const std::string cache_path = cache_dir + "/" + build_id + ".json";
+  if (cacheable) {
+    std::ifstream in(cache_path);
+    if (in) {
+      std::stringstream text;
+      text << in.rdbuf();
+      Result<SiteSet> cached = SiteSetFromJson(text.str());
+      if (cached.ok() && cached->build_id == build_id && cached->ruby_version == ruby_version) {
+        bool in_file = true;
+        for (const ProbeSite& s : cached->sites) {
+          std::optional<uint64_t> off = elf->VaddrToFileOffset(s.vaddr);
+          in_file &= off.has_value() && *off == s.file_offset;
+        }
+        if (in_file) return cached;
+      }
+    }
+  }
+  Result<SiteSet> found = FindSites(*elf, ruby_version);
+  if (!found.ok() || !cacheable) return found;
+  // Best effort: a cache we cannot write only costs the next run the analysis time.
+  mkdir(cache_dir.c_str(), 0755);
+  const std::string tmp = cache_path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << SiteSetToJson(*found);
+    out.flush();
+    if (!out) {
+      unlink(tmp.c_str());
+      return found;
+    }
+  }
+  if (rename(tmp.c_str(), cache_path.c_str()) != 0) unlink(tmp.c_str());
+  return found;
+}
+
+}  // namespace rvbpfd

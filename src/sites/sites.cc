@@ -1,0 +1,531 @@
+#include "sites/sites.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include "sites/disasm.h"
+#include "sites/dwarf_info.h"
+
+namespace rvbpfd {
+namespace {
+
+// RUBY_INTERNAL_THREAD_EVENT_* bits passed as rb_thread_execute_hooks' first argument (include/ruby/thread.h).
+constexpr int64_t kThreadEventStarted = 1 << 0;
+constexpr int64_t kThreadEventReady = 1 << 1;
+constexpr int64_t kThreadEventResumed = 1 << 2;
+constexpr int64_t kThreadEventSuspended = 1 << 3;
+constexpr int64_t kThreadEventExited = 1 << 4;
+
+// RUBY_INTERNAL_EVENT_GC_ENTER (0x2000000) and GC_EXIT (0x4000000) are bits 1 and 2 of the flag word's byte 3.
+constexpr int64_t kGcEnterByteBit = 0x2;
+constexpr int64_t kGcExitByteBit = 0x4;
+constexpr uint64_t kGcFlagsByte = 3;
+
+// Bounds of the forward scans from a hook site: the jcc right after the `cmpq` is within a few instructions, and the
+// non-NULL path reaches `call rb_thread_execute_hooks` within a few dozen (it only loads two arguments).
+constexpr int kMaxInsnsToBranch = 8;
+constexpr int kMaxInsnsToCall = 64;
+// A GC hook check sits within this many instructions of the `during_gc` bit access it pairs with (§4).
+constexpr int kGcDuringGcWindow = 8;
+
+constexpr const char* kHooksSymbol = "rb_internal_thread_event_hooks";
+
+uint8_t EventFromThreadEventBit(int64_t bit) {
+  switch (bit) {
+    case kThreadEventStarted: return RV_EV_THREAD_STARTED;
+    case kThreadEventReady: return RV_EV_THREAD_READY;
+    case kThreadEventResumed: return RV_EV_THREAD_RESUMED;
+    case kThreadEventSuspended: return RV_EV_THREAD_SUSPENDED;
+    case kThreadEventExited: return RV_EV_THREAD_EXITED;
+    default: return RV_EV_NONE;
+  }
+}
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%" PRIx64, v);
+  return buf;
+}
+
+bool IsColdOrPart(const std::string& name) {
+  return name.find(".cold") != std::string::npos || name.find(".part.") != std::string::npos;
+}
+
+// Cheap superset filter: could some instruction in `code` (loaded at `vaddr`) hold a RIP-relative disp32 pointing at
+// `target`? The displacement is followed by an immediate of 0, 1, 2 or 4 bytes before the instruction ends.
+bool MayReference(std::span<const uint8_t> code, uint64_t vaddr, uint64_t target) {
+  if (code.size() < 4) return false;
+  for (size_t i = 0; i + 4 <= code.size(); ++i) {
+    int32_t disp;
+    std::memcpy(&disp, code.data() + i, sizeof(disp));
+    uint64_t end_of_disp = vaddr + i + 4;
+    uint64_t rest = target - end_of_disp - static_cast<uint64_t>(static_cast<int64_t>(disp));
+    if (rest == 0 || rest == 1 || rest == 2 || rest == 4) return true;
+  }
+  return false;
+}
+
+struct HookAnalysis {
+  uint8_t event = RV_EV_NONE;
+  std::optional<ThLocation> rsi_th;
+  std::string why;  // when event == RV_EV_NONE
+};
+
+struct Finder {
+  const ElfFile& vm;
+  Disassembler& dis;
+  DwarfInfo* dwarf;  // may be null
+  int major, minor;
+  std::set<uint64_t> execute_hooks;  // addresses of rb_thread_execute_hooks and its clones
+
+  bool ThreadHookTakesTh() const { return major > 3 || minor >= 3; }
+
+  // Follows the non-NULL branch of the hook-list test at `site` to `call rb_thread_execute_hooks`.
+  HookAnalysis AnalyzeHookSite(uint64_t site) {
+    HookAnalysis out;
+    const cs_insn* insn = dis.DecodeAt(vm, site);
+    if (insn == nullptr) {
+      out.why = "cannot decode the site instruction";
+      return out;
+    }
+    uint64_t pc = site + insn->size;
+    uint32_t written = dis.WrittenRegs(*insn);
+    uint64_t path = 0;
+    for (int i = 0; i < kMaxInsnsToBranch && path == 0; ++i) {
+      insn = dis.DecodeAt(vm, pc);
+      if (insn == nullptr) break;
+      if (IsConditionalJump(*insn)) {
+        std::optional<uint64_t> target = DirectBranchTarget(*insn);
+        if (!target) break;
+        if (insn->id == X86_INS_JNE) path = *target;                      // jne: taken when the list is non-NULL
+        else if (insn->id == X86_INS_JE) path = insn->address + insn->size;  // je: falls through when non-NULL
+        break;
+      }
+      written |= dis.WrittenRegs(*insn);
+      pc = insn->address + insn->size;
+    }
+    if (path == 0) {
+      out.why = "no je/jne after the hook-list test";
+      return out;
+    }
+    int64_t edi_imm = -1;  // the last immediate moved into edi; -1: unknown
+    std::optional<ThLocation> rsi;
+    pc = path;
+    for (int i = 0; i < kMaxInsnsToCall; ++i) {
+      insn = dis.DecodeAt(vm, pc);
+      if (insn == nullptr) break;
+      const cs_x86& x86 = insn->detail->x86;
+      uint64_t next = insn->address + insn->size;
+      if (insn->id == X86_INS_CALL || insn->id == X86_INS_JMP) {
+        std::optional<uint64_t> target = DirectBranchTarget(*insn);
+        if (target && execute_hooks.count(*target) != 0) {
+          out.event = EventFromThreadEventBit(edi_imm);
+          if (out.event == RV_EV_NONE) {
+            out.why = "the event argument (edi) is not a single RUBY_INTERNAL_THREAD_EVENT_* bit";
+          }
+          // rsi never written since the site: it already held th there (e.g. th is the caller's 2nd argument).
+          if (!rsi && ThreadHookTakesTh() && (written & (1u << RV_REG_RSI)) == 0) {
+            rsi = ThLocation{RV_LOC_REG, RV_REG_RSI, 0};
+          }
+          out.rsi_th = rsi;
+          return out;
+        }
+        if (insn->id == X86_INS_JMP) {
+          if (!target) break;
+          pc = *target;
+          continue;
+        }
+        // Another call clobbers the argument registers.
+        edi_imm = -1;
+        rsi.reset();
+        written = ~0u;
+        pc = next;
+        continue;
+      }
+      if (insn->id == X86_INS_RET) break;
+      uint32_t w = dis.WrittenRegs(*insn);
+      if ((w & (1u << RV_REG_RDI)) != 0) {
+        edi_imm = -1;
+        if (insn->id == X86_INS_MOV && x86.op_count == 2 && x86.operands[0].type == X86_OP_REG &&
+            CapstoneRegToDwarf(x86.operands[0].reg) == RV_REG_RDI && x86.operands[1].type == X86_OP_IMM) {
+          edi_imm = x86.operands[1].imm;
+        }
+      }
+      if ((w & (1u << RV_REG_RSI)) != 0) {
+        rsi.reset();
+        // Only loads whose source was untouched since the site describe `th` at the site itself.
+        if (ThreadHookTakesTh() && x86.op_count == 2 && x86.operands[0].type == X86_OP_REG &&
+            x86.operands[0].reg == X86_REG_RSI) {
+          const cs_x86_op& src = x86.operands[1];
+          if (insn->id == X86_INS_MOV && src.type == X86_OP_REG) {
+            int r = CapstoneRegToDwarf(src.reg);
+            if (r >= 0 && r < RV_REG_COUNT && (written & (1u << r)) == 0) {
+              rsi = ThLocation{RV_LOC_REG, static_cast<uint8_t>(r), 0};
+            }
+          } else if ((insn->id == X86_INS_MOV || insn->id == X86_INS_LEA) && src.type == X86_OP_MEM &&
+                     src.mem.index == X86_REG_INVALID && src.mem.segment == X86_REG_INVALID) {
+            int r = CapstoneRegToDwarf(src.mem.base);
+            if (r >= 0 && r < RV_REG_COUNT && (written & (1u << r)) == 0 && src.mem.disp >= INT32_MIN &&
+                src.mem.disp <= INT32_MAX) {
+              rsi = ThLocation{static_cast<uint8_t>(insn->id == X86_INS_LEA ? RV_LOC_REG : RV_LOC_MEM),
+                               static_cast<uint8_t>(r), static_cast<int32_t>(src.mem.disp)};
+            }
+          }
+        }
+      }
+      written |= w;
+      pc = next;
+    }
+    out.why = "no call to rb_thread_execute_hooks within " + std::to_string(kMaxInsnsToCall) + " instructions";
+    return out;
+  }
+};
+
+std::string FunctionName(const ElfFile& vm, uint64_t vaddr) {
+  std::optional<ElfSymbol> f = vm.FunctionContaining(vaddr);
+  return f ? f->name : Hex(vaddr);
+}
+
+}  // namespace
+
+bool ParseRubyVersion(const std::string& version, int* major, int* minor, int* teeny) {
+  int a = 0, b = 0, c = 0, n = 0;
+  if (std::sscanf(version.c_str(), "%d.%d.%d%n", &a, &b, &c, &n) != 3 || static_cast<size_t>(n) != version.size() ||
+      a < 0 || b < 0 || c < 0) {
+    return false;
+  }
+  *major = a;
+  *minor = b;
+  *teeny = c;
+  return true;
+}
+
+bool TableOffsets(int major, int minor, rv_offsets* offsets, uint32_t* main_thread_serial) {
+  // §6 of the reference: th->serial moved as fields were added before it; nt stayed at 40; nt->tid moved in 3.3.
+  struct Row {
+    int major, minor;
+    uint32_t serial, nt, tid, main_serial;
+  };
+  static constexpr Row kRows[] = {
+      {3, 2, 72, 40, 16, 0}, {3, 3, 200, 40, 24, 1}, {3, 4, 204, 40, 24, 1}, {4, 0, 212, 40, 24, 1}};
+  for (const Row& r : kRows) {
+    if (r.major == major && r.minor == minor) {
+      // th->serial exists in every layout but is assigned only in USE_RUBY_DEBUG_LOG builds (vm.c th_init): the
+      // daemon numbers threads itself, so BPF is told not to read it.
+      *offsets = rv_offsets{r.serial, r.nt, r.tid, 0};
+      *main_thread_serial = r.main_serial;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string EventKindName(uint8_t event) {
+  switch (event) {
+    case RV_EV_THREAD_STARTED: return "STARTED";
+    case RV_EV_THREAD_READY: return "READY";
+    case RV_EV_THREAD_RESUMED: return "RESUMED";
+    case RV_EV_THREAD_SUSPENDED: return "SUSPENDED";
+    case RV_EV_THREAD_EXITED: return "EXITED";
+    case RV_EV_GC_ENTER: return "GC_ENTER";
+    case RV_EV_GC_EXIT: return "GC_EXIT";
+    case RV_EV_SLEEP_ENTER: return "SLEEP";
+    case RV_EV_MUTEX_LOCK_ENTER: return "MUTEX_LOCK";
+    default: return "NONE";
+  }
+}
+
+std::string FormatThLocation(const ThLocation& loc) {
+  static constexpr const char* kRegs[] = {"rax", "rdx", "rcx", "rbx", "rsi", "rdi", "rbp", "rsp",
+                                          "r8",  "r9",  "r10", "r11", "r12", "r13", "r14", "r15"};
+  const char* reg = loc.reg < RV_REG_COUNT ? kRegs[loc.reg] : "?";
+  std::string off;
+  if (loc.offset != 0) off = (loc.offset > 0 ? "+" : "") + std::to_string(loc.offset);
+  switch (loc.kind) {
+    case RV_LOC_REG: return std::string("$") + reg + off;
+    case RV_LOC_MEM: return std::string("[$") + reg + off + "]";
+    case RV_LOC_CURRENT: return "current";
+    default: return "none";
+  }
+}
+
+std::string FormatSites(const SiteSet& set) {
+  std::string out;
+  char line[512];
+  for (const ProbeSite& s : set.sites) {
+    std::snprintf(line, sizeof(line), "0x%-8" PRIx64 " %-9s %-30s th: %-12s (%s, %s)\n", s.file_offset,
+                  EventKindName(s.event).c_str(), s.function.c_str(), FormatThLocation(s.th).c_str(),
+                  s.method.c_str(), s.th_source.c_str());
+    out += line;
+  }
+  return out;
+}
+
+Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
+  int major = 0, minor = 0, teeny = 0;
+  if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
+    return Error(ErrorCode::kUnsupportedVersion, "cannot parse Ruby version \"" + ruby_version + "\" of " + vm.path());
+  }
+  if (major < 3 || (major == 3 && minor < 2)) {
+    return Error(ErrorCode::kUnsupportedVersion, "CRuby " + ruby_version +
+                                                     " has no thread scheduler events (they were added in 3.2); "
+                                                     "use Ruby >= 3.2");
+  }
+  std::optional<ElfSymbol> hooks = vm.FindSymbol(kHooksSymbol);
+  if (!vm.has_symtab() || !hooks || hooks->shndx == SHN_UNDEF) {
+    return Error(ErrorCode::kNoSymbols,
+                 vm.path() + " (build-id " + (vm.build_id().empty() ? "none" : vm.build_id()) +
+                     ") has no symbol table: cannot find the VM's thread-event hook sites; install the matching debug "
+                     "symbols (e.g. the -dbgsym package) or use a Ruby built with symbols");
+  }
+  Result<Disassembler> dis = Disassembler::Create();
+  if (!dis.ok()) return dis.error();
+  std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(vm);
+  Finder finder{vm, *dis, dwarf.get(), major, minor, {}};
+  for (const ElfSymbol& s : vm.FindSymbolsWithPrefix("rb_thread_execute_hooks")) finder.execute_hooks.insert(s.value);
+  if (finder.execute_hooks.empty()) {
+    return Error(ErrorCode::kNoSymbols, vm.path() + " has no rb_thread_execute_hooks in its symbol table; install the "
+                                                    "matching debug symbols or use a Ruby built with symbols");
+  }
+
+  SiteSet set;
+  set.build_id = vm.build_id();
+  set.ruby_version = ruby_version;
+  const bool gc_flags_global = major >= 4 || minor >= 4;  // 3.4+: GC hooks test ruby_vm_event_flags (§4)
+  uint64_t gc_flags_target = 0;
+  if (gc_flags_global) {
+    std::optional<ElfSymbol> flags = vm.FindSymbol("ruby_vm_event_flags");
+    if (flags && flags->shndx != SHN_UNDEF) gc_flags_target = flags->value + kGcFlagsByte;
+  }
+
+  // Decode function by function (extents from .symtab) so data in .text never desynchronises the decoder.
+  static const std::set<std::string> kExcluded = {"rb_internal_thread_add_event_hook",
+                                                  "rb_internal_thread_remove_event_hook", "rb_thread_execute_hooks"};
+  std::set<uint64_t> seen_functions;
+  std::vector<std::pair<uint64_t, std::string>> hook_refs;          // (vaddr, function)
+  std::vector<std::pair<uint64_t, uint8_t>> gc_global_refs;        // (vaddr, event)
+  for (const ElfSymbol& sym : vm.symbols()) {
+    if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0) continue;
+    if (!seen_functions.insert(sym.value).second) continue;
+    std::span<const uint8_t> code = vm.BytesAt(sym.value, sym.size);
+    if (code.empty()) continue;
+    bool want_hooks = MayReference(code, sym.value, hooks->value);
+    bool want_gc = gc_flags_target != 0 && MayReference(code, sym.value, gc_flags_target);
+    if (!want_hooks && !want_gc) continue;
+    bool excluded = std::any_of(kExcluded.begin(), kExcluded.end(),
+                                [&](const std::string& base) { return MatchesWithCloneSuffix(sym.name, base); });
+    dis->DecodeRange(code, sym.value, [&](const cs_insn& insn) {
+      std::optional<uint64_t> target = RipRelativeTarget(insn);
+      if (!target) return true;
+      if (*target == hooks->value && !excluded) hook_refs.emplace_back(insn.address, sym.name);
+      if (gc_flags_target != 0 && *target == gc_flags_target && insn.id == X86_INS_TEST) {
+        const cs_x86& x86 = insn.detail->x86;
+        for (uint8_t i = 0; i < x86.op_count; ++i) {
+          if (x86.operands[i].type != X86_OP_IMM) continue;
+          if (x86.operands[i].imm == kGcEnterByteBit) gc_global_refs.emplace_back(insn.address, RV_EV_GC_ENTER);
+          if (x86.operands[i].imm == kGcExitByteBit) gc_global_refs.emplace_back(insn.address, RV_EV_GC_EXIT);
+        }
+      }
+      return true;
+    });
+  }
+
+  // Thread-scheduler hook sites.
+  for (const auto& [vaddr, function] : hook_refs) {
+    HookAnalysis a = finder.AnalyzeHookSite(vaddr);
+    if (a.event == RV_EV_NONE) {
+      return Error(ErrorCode::kUnsupportedVersion, "hook site " + Hex(vaddr) + " in " + function + " of " + vm.path() +
+                                                       ": cannot tell its event (" + a.why +
+                                                       "); this VM build is not supported yet");
+    }
+    ProbeSite site;
+    site.vaddr = vaddr;
+    site.event = a.event;
+    site.function = FunctionName(vm, vaddr);
+    site.method = "hook-site";
+    site.th_disasm = a.rsi_th;
+    // STARTED and READY can fire on another native thread in 3.3+, so "the current thread" would be wrong there.
+    const bool needs_explicit_th =
+        finder.ThreadHookTakesTh() && (a.event == RV_EV_THREAD_STARTED || a.event == RV_EV_THREAD_READY);
+    std::string dwarf_note;
+    bool decided = false;
+    if (dwarf) {
+      DwarfInfo::VarResult v = dwarf->LocateVariable(vaddr, "th");
+      if (v.status == DwarfInfo::VarStatus::kFound) {
+        site.th = v.loc;
+        site.th_source = "dwarf";
+        decided = true;
+      } else if (v.status == DwarfInfo::VarStatus::kOptimizedOut && !needs_explicit_th) {
+        site.th = ThLocation{RV_LOC_CURRENT, 0, 0};
+        site.th_source = "current";
+        decided = true;
+      } else {
+        if (v.status == DwarfInfo::VarStatus::kOptimizedOut) {
+          dwarf_note = "DWARF says optimized out";
+        } else if (v.status == DwarfInfo::VarStatus::kUnsupported) {
+          dwarf_note = "DWARF location unsupported: " + v.detail;
+        } else {
+          dwarf_note = "no DWARF variable th";
+        }
+      }
+    }
+    if (!decided && a.rsi_th) {
+      site.th = *a.rsi_th;
+      site.th_source = "disasm";
+      decided = true;
+    }
+    if (!decided) {
+      if (needs_explicit_th) {
+        return Error(ErrorCode::kNoSymbols,
+                     EventKindName(a.event) + " hook site " + Hex(vaddr) + " in " + site.function + " of " +
+                         vm.path() + ": cannot locate th (" + (dwarf_note.empty() ? "no DWARF" : dwarf_note) +
+                         ", no rsi load before the hook call); install the matching debug symbols (-dbgsym)");
+      }
+      site.th = ThLocation{RV_LOC_CURRENT, 0, 0};
+      site.th_source = "current";
+    }
+    set.sites.push_back(std::move(site));
+  }
+
+  // GC enter/exit hook-check sites (§4).
+  for (const auto& [vaddr, event] : gc_global_refs) {
+    set.sites.push_back({vaddr, 0, event, {RV_LOC_CURRENT, 0, 0}, FunctionName(vm, vaddr), "gc-hook-site", "current",
+                         std::nullopt});
+  }
+  if (!gc_flags_global) {
+    // 3.2/3.3: `testb $bit, hook_events+3(%objspace)` near the `during_gc` flag access on the same base register.
+    std::optional<ElfSymbol> gc_start = vm.FindSymbol("gc_start");
+    std::optional<uint32_t> hook_events, flags;
+    if (dwarf && gc_start) {
+      hook_events = dwarf->MemberOffset(gc_start->value, "rb_objspace", "hook_events");
+      flags = dwarf->MemberOffset(gc_start->value, "rb_objspace", "flags");
+    }
+    if (!hook_events && minor == 3) hook_events = 0x14;  // 3.3.8 layout (§4): the check reads byte 0x17
+    if (!flags && minor == 3) flags = 0x10;
+    if (hook_events && flags) {
+      const int64_t hook_byte = *hook_events + kGcFlagsByte;
+      static constexpr const char* kGcFunctions[] = {"gc_start",           "gc_rest",
+                                                     "gc_continue",        "gc_marks_continue",
+                                                     "gc_sweep_continue",  "rb_objspace_call_finalizer",
+                                                     "rb_memerror"};
+      std::set<uint64_t> done;
+      for (const char* base : kGcFunctions) {
+        for (const ElfSymbol& sym : vm.FindSymbolsWithPrefix(base)) {
+          if (!sym.from_symtab || sym.type != STT_FUNC || sym.size == 0 || !done.insert(sym.value).second) continue;
+          struct Seen {
+            uint64_t addr;
+            uint8_t event;   // RV_EV_GC_* when this is a hook check
+            int base;        // base register of the check / flags access
+            bool flags_ref;  // accesses objspace->flags (during_gc)
+            uint64_t branch_target;  // direct jcc target, 0 otherwise
+          };
+          std::vector<Seen> insns;
+          dis->DecodeRange(vm.BytesAt(sym.value, sym.size), sym.value, [&](const cs_insn& insn) {
+            Seen s{insn.address, RV_EV_NONE, -1, false, 0};
+            if (IsConditionalJump(insn)) s.branch_target = DirectBranchTarget(insn).value_or(0);
+            const cs_x86& x86 = insn.detail->x86;
+            int64_t imm = -1;
+            for (uint8_t i = 0; i < x86.op_count; ++i) {
+              const cs_x86_op& op = x86.operands[i];
+              if (op.type == X86_OP_IMM) imm = op.imm;
+              if (op.type != X86_OP_MEM || op.mem.index != X86_REG_INVALID) continue;
+              int b = CapstoneRegToDwarf(op.mem.base);
+              if (b < 0 || b >= RV_REG_COUNT) continue;
+              if (op.mem.disp == static_cast<int64_t>(*flags)) {
+                s.flags_ref = true;
+                s.base = b;
+              }
+              if (op.mem.disp == hook_byte && insn.id == X86_INS_TEST) s.base = b;
+            }
+            if (insn.id == X86_INS_TEST && s.base >= 0 && !s.flags_ref) {
+              if (imm == kGcEnterByteBit) s.event = RV_EV_GC_ENTER;
+              if (imm == kGcExitByteBit) s.event = RV_EV_GC_EXIT;
+            }
+            insns.push_back(s);
+            return true;
+          });
+          auto flags_ref_near = [&](size_t center, int base) {
+            size_t lo = center >= kGcDuringGcWindow ? center - kGcDuringGcWindow : 0;
+            size_t hi = std::min(insns.size(), center + kGcDuringGcWindow + 1);
+            for (size_t j = lo; j < hi; ++j) {
+              if (insns[j].flags_ref && insns[j].base == base) return true;
+            }
+            return false;
+          };
+          for (size_t i = 0; i < insns.size(); ++i) {
+            if (insns[i].event == RV_EV_NONE) continue;
+            bool near = flags_ref_near(i, insns[i].base);
+            // GCC duplicates gc_exit's tail: the check may jump back to the shared `during_gc = FALSE` store.
+            if (!near && i + 1 < insns.size() && insns[i + 1].branch_target != 0) {
+              auto it = std::find_if(insns.begin(), insns.end(),
+                                     [&](const Seen& x) { return x.addr == insns[i + 1].branch_target; });
+              near = it != insns.end() && flags_ref_near(static_cast<size_t>(it - insns.begin()), insns[i].base);
+            }
+            if (!near) continue;
+            set.sites.push_back({insns[i].addr, 0, insns[i].event, {RV_LOC_CURRENT, 0, 0},
+                                 FunctionName(vm, insns[i].addr), "gc-hook-site", "current", std::nullopt});
+          }
+        }
+      }
+    }
+  }
+
+  // Kernel#sleep and Thread::Mutex#lock: entry of their workers (§5). A `.part.N`/`.cold` piece is reached from its
+  // parent, so probing it too would count one call twice; probe it only when it is all there is.
+  auto add_entries = [&](const std::string& base, uint8_t event) {
+    std::vector<ElfSymbol> syms = vm.FindSymbolsWithPrefix(base);
+    std::erase_if(syms, [](const ElfSymbol& s) { return s.type != STT_FUNC || s.size == 0; });
+    bool has_whole = std::any_of(syms.begin(), syms.end(), [](const ElfSymbol& s) { return !IsColdOrPart(s.name); });
+    std::set<uint64_t> added;
+    for (const ElfSymbol& s : syms) {
+      if ((has_whole && IsColdOrPart(s.name)) || !added.insert(s.value).second) continue;
+      set.sites.push_back({s.value, 0, event, {RV_LOC_CURRENT, 0, 0}, s.name, "function-entry", "current",
+                           std::nullopt});
+    }
+  };
+  add_entries("rb_f_sleep", RV_EV_SLEEP_ENTER);
+  add_entries(major >= 4 ? "rb_mut_lock" : "do_mutex_lock", RV_EV_MUTEX_LOCK_ENTER);
+
+  for (ProbeSite& s : set.sites) {
+    std::optional<uint64_t> off = vm.VaddrToFileOffset(s.vaddr);
+    if (!off) {
+      return Error(ErrorCode::kInternal, "probe site " + Hex(s.vaddr) + " of " + vm.path() + " is outside the file");
+    }
+    s.file_offset = *off;
+  }
+  std::sort(set.sites.begin(), set.sites.end(),
+            [](const ProbeSite& a, const ProbeSite& b) { return a.file_offset < b.file_offset; });
+  if (set.sites.size() > RV_MAX_SITES) {
+    return Error(ErrorCode::kUnsupportedVersion, vm.path() + " yields " + std::to_string(set.sites.size()) +
+                                                     " probe sites, more than the " + std::to_string(RV_MAX_SITES) +
+                                                     " the BPF side holds");
+  }
+
+  // Struct offsets: DWARF of the CU that holds the scheduler (thread.c), else the version table.
+  bool have_table = TableOffsets(major, minor, &set.offsets, &set.main_thread_serial);
+  set.offsets_source = "table";
+  if (dwarf) {
+    uint64_t cu_pc = *finder.execute_hooks.begin();
+    std::optional<uint32_t> serial = dwarf->MemberOffset(cu_pc, "rb_thread_struct", "serial");
+    std::optional<uint32_t> nt = dwarf->MemberOffset(cu_pc, "rb_thread_struct", "nt");
+    std::optional<uint32_t> tid = dwarf->MemberOffset(cu_pc, "rb_native_thread", "tid");
+    if (serial && nt && tid) {
+      set.offsets = rv_offsets{*serial, *nt, *tid, 0};  // serial: see TableOffsets
+      set.offsets_source = "dwarf";
+      if (!have_table) set.main_thread_serial = (major == 3 && minor == 2) ? 0 : 1;
+      have_table = true;
+    }
+  }
+  if (!have_table) {
+    return Error(ErrorCode::kUnsupportedVersion, "CRuby " + ruby_version + " (" + vm.path() +
+                                                     ") has no DWARF struct layout and no built-in offset table; "
+                                                     "install its debug symbols (-dbgsym)");
+  }
+  return set;
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,81 @@
+// Probe sites of one CRuby VM binary (libruby.so or a static ruby), computed from the binary itself.
+//
+// Every place where the VM tests its thread-event hook list (`cmpq $0, rb_internal_thread_event_hooks(%rip)`) becomes
+// one uprobe, mapped to the event the VM would deliver there and to where `th` (rb_thread_t *) lives at that
+// instruction. Probing the VM's own hook sites rather than functions makes the events identical to the in-process
+// hook's whatever the compiler inlined. GC enter/exit use the equivalent GC hook-check sites, Kernel#sleep and
+// Mutex#lock the entry of their workers. See /work/shared/reference/cruby-scheduler-probe-points.md §1-§6.
+#ifndef RVBPFD_SRC_SITES_SITES_H_
+#define RVBPFD_SRC_SITES_SITES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "elf/elf_file.h"
+#include "rvbpfd/abi.h"
+
+namespace rvbpfd {
+
+struct ThLocation {
+  uint8_t kind = RV_LOC_CURRENT;  // enum rv_loc_kind
+  uint8_t reg = 0;                // enum rv_reg (DWARF x86-64 numbering); unused for CURRENT/NONE
+  int32_t offset = 0;             // bytes: REG -> th = reg + offset; MEM -> th = *(u64 *)(reg + offset)
+  bool operator==(const ThLocation&) const = default;
+};
+
+struct ProbeSite {
+  uint64_t vaddr = 0;        // virtual address of the probed instruction in the ELF
+  uint64_t file_offset = 0;  // uprobe offset in the ELF file
+  uint8_t event = RV_EV_NONE;  // enum rv_event_kind
+  ThLocation th;
+  std::string function;      // enclosing symbol (the outermost function, as in the reference tables)
+  std::string method;        // "hook-site", "gc-hook-site", "function-entry"
+  std::string th_source;     // where `th` came from: "dwarf", "disasm", "current" (for reports and tests)
+  // Hook sites of 3.3+: where the path to rb_thread_execute_hooks loads `th` into rsi, expressed at the site
+  // instruction (the second, independent source; tests cross-check it against DWARF).
+  std::optional<ThLocation> th_disasm;
+};
+
+struct SiteSet {
+  std::string build_id;
+  std::string ruby_version;
+  std::vector<ProbeSite> sites;  // sorted by file_offset
+  rv_offsets offsets{};          // th->serial, th->nt, nt->tid in bytes
+  uint32_t main_thread_serial = 1;  // 1 on 3.3+ (vm.c th_init), 0 on 3.2
+  std::string offsets_source;    // "dwarf" or "table"
+};
+
+// Parsed "X.Y.Z"; false when the string is not of that shape.
+bool ParseRubyVersion(const std::string& version, int* major, int* minor, int* teeny);
+
+// Version-table struct offsets (§6 of the reference) for major.minor; false for versions we have no table for.
+bool TableOffsets(int major, int minor, rv_offsets* offsets, uint32_t* main_thread_serial);
+
+// Computes all probe sites of `vm`. Errors: kUnsupportedVersion for Ruby < 3.2 (or unparseable), kNoSymbols when the
+// binary has no .symtab or no `rb_internal_thread_event_hooks`, or when a STARTED/READY site's `th` cannot be located.
+Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version);
+
+// FindSites with a JSON cache `<cache_dir>/<build-id>.json`. A cache file that is corrupt, of another format version,
+// for another build-id/version, or whose values are out of range is ignored and rewritten (atomically: tmp+rename).
+// A cache directory that cannot be written only costs the cache, never the result.
+Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& ruby_version,
+                                const std::string& cache_dir);
+
+// Serialisation used by the cache (exposed for tests and `rvbpfd sites`).
+std::string SiteSetToJson(const SiteSet& set);
+Result<SiteSet> SiteSetFromJson(const std::string& text);
+
+// Human-readable table, one line per site in the style of the reference tables:
+// "0x2ac90e   READY     thread_sched_to_ready_common   th: $rsi".
+std::string FormatSites(const SiteSet& set);
+// "$rsi", "$rbx-288", "[$rsp+80]", "current".
+std::string FormatThLocation(const ThLocation& loc);
+// "STARTED", "READY", ..., "GC_ENTER", "SLEEP", "MUTEX_LOCK".
+std::string EventKindName(uint8_t event);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_SITES_SITES_H_

@@ -1,0 +1,240 @@
+#include "target/target.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+
+#include "elf/elf_file.h"
+
+namespace rvbpfd {
+namespace {
+
+// /proc/PID/maps of a large Ruby process is a few hundred KB; more than this is not a maps file we should trust.
+constexpr size_t kMaxProcFileBytes = 64u << 20;
+// ruby_version is "X.Y.Z" (at most a few bytes); the bound only stops a scan through a corrupt file.
+constexpr size_t kMaxVersionLength = 32;
+
+const char* const kPrivilegeHint = "run as root or grant CAP_SYS_PTRACE and CAP_BPF/CAP_PERFMON";
+
+// Reads a whole /proc file (their st_size is 0, so read until EOF). Returns errno on failure.
+int ReadProcFile(const ProcFs& procfs, const std::string& path, std::string* out) {
+  int fd = procfs.OpenFile(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  out->clear();
+  char buf[65536];
+  int err = 0;
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      err = errno;
+      break;
+    }
+    if (n == 0) break;
+    out->append(buf, static_cast<size_t>(n));
+    if (out->size() > kMaxProcFileBytes) {
+      err = EFBIG;
+      break;
+    }
+  }
+  close(fd);
+  return err;
+}
+
+std::string_view Basename(std::string_view path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+// libruby.so, libruby.so.3.3, libruby.so.3.3.8, libruby-3.1.so.3.1, libruby-static? (no: static links into ruby).
+bool IsLibrubyName(std::string_view base) {
+  if (base.rfind("libruby.so", 0) == 0) return true;
+  return base.rfind("libruby-", 0) == 0 && base.find(".so") != std::string_view::npos;
+}
+
+Error PrivilegeError(const std::string& what, int err) {
+  return Error(ErrorCode::kNoPrivilege, ErrnoMessage(what, err) + "; " + kPrivilegeHint);
+}
+
+}  // namespace
+
+std::string ProcFs::PidPath(int pid, std::string_view rel) const {
+  std::string out = root_ + "/" + std::to_string(pid);
+  if (!rel.empty()) {
+    out += "/";
+    out += rel;
+  }
+  return out;
+}
+
+int ProcFs::OpenFile(const std::string& path, int flags) const { return open(path.c_str(), flags); }
+
+std::vector<MapsEntry> ParseMaps(std::string_view text) {
+  std::vector<MapsEntry> out;
+  while (!text.empty()) {
+    size_t nl = text.find('\n');
+    std::string line(text.substr(0, nl));
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    MapsEntry e;
+    char perms[8] = {};
+    unsigned dev_major = 0, dev_minor = 0;
+    int consumed = 0;
+    if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %x:%x %" SCNu64 "%n", &e.start, &e.end,
+                    perms, &e.offset, &dev_major, &dev_minor, &e.inode, &consumed) != 7 ||
+        e.end < e.start) {
+      continue;
+    }
+    e.perms = perms;
+    std::string_view rest = std::string_view(line).substr(static_cast<size_t>(consumed));
+    size_t first = rest.find_first_not_of(' ');
+    if (first != std::string_view::npos) {
+      std::string_view path = rest.substr(first);
+      constexpr std::string_view kDeleted = " (deleted)";
+      if (path.size() > kDeleted.size() && path.substr(path.size() - kDeleted.size()) == kDeleted) {
+        path.remove_suffix(kDeleted.size());
+        e.deleted = true;
+      }
+      e.path = std::string(path);
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
+  const std::string pid_str = std::to_string(pid);
+  struct stat st;
+  if (pid <= 0 || stat(procfs.PidPath(pid, "").c_str(), &st) != 0) {
+    if (pid > 0 && (errno == EACCES || errno == EPERM)) return PrivilegeError("stat " + procfs.PidPath(pid, ""), errno);
+    return Error(ErrorCode::kNoSuchProcess, "no process with pid " + pid_str);
+  }
+  RubyTarget target;
+  target.pid = pid;
+  if (ReadProcFile(procfs, procfs.PidPath(pid, "comm"), &target.comm) == 0) {
+    while (!target.comm.empty() && target.comm.back() == '\n') target.comm.pop_back();
+  }
+  std::string maps_text;
+  if (int err = ReadProcFile(procfs, procfs.PidPath(pid, "maps"), &maps_text); err != 0) {
+    if (err == EACCES || err == EPERM) return PrivilegeError("reading " + procfs.PidPath(pid, "maps"), err);
+    if (err == ENOENT || err == ESRCH) return Error(ErrorCode::kNoSuchProcess, "no process with pid " + pid_str);
+    return Error(ErrorCode::kIo, ErrnoMessage("reading " + procfs.PidPath(pid, "maps"), err));
+  }
+  if (maps_text.empty()) {
+    // A zombie or a kernel thread has no mappings.
+    return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target.comm + ") has no memory mappings (exited, a "
+                                      "zombie or a kernel thread)");
+  }
+  std::vector<MapsEntry> maps = ParseMaps(maps_text);
+
+  // Opens the VM file as the target sees it: through its root, else through map_files (which also reaches a
+  // deleted file, e.g. after a package upgrade).
+  auto open_vm = [&](const std::string& path) -> Result<ElfFile> {
+    const MapsEntry* mapping = nullptr;
+    for (const MapsEntry& e : maps) {
+      if (e.path == path && (mapping == nullptr || e.start < mapping->start)) mapping = &e;
+    }
+    if (mapping != nullptr) target.vm_load_start = mapping->start;
+    std::string via_root = procfs.PidPath(pid, "root") + path;
+    Result<ElfFile> elf = Error(ErrorCode::kIo, "not opened");
+    if (mapping == nullptr || !mapping->deleted) {
+      elf = ElfFile::Open(via_root);
+      if (elf.ok()) {
+        target.vm_host_path = via_root;
+        return elf;
+      }
+      if (elf.error().code() == ErrorCode::kNoPrivilege) return elf.error();
+    }
+    if (mapping != nullptr) {
+      char range[64];
+      std::snprintf(range, sizeof(range), "%" PRIx64 "-%" PRIx64, mapping->start, mapping->end);
+      std::string via_map_files = procfs.PidPath(pid, "map_files/") + range;
+      Result<ElfFile> alt = ElfFile::Open(via_map_files);
+      if (alt.ok()) {
+        target.vm_host_path = via_map_files;
+        return alt;
+      }
+      if (alt.error().code() == ErrorCode::kNoPrivilege) return alt.error();
+    }
+    return elf.ok() ? Error(ErrorCode::kIo, "cannot open " + path) : elf.error();
+  };
+
+  std::optional<ElfFile> vm;
+  for (const MapsEntry& e : maps) {
+    if (e.path.empty() || e.path[0] != '/' || !IsLibrubyName(Basename(e.path))) continue;
+    Result<ElfFile> elf = open_vm(e.path);
+    if (!elf.ok()) return elf.error().Wrap("opening the target's " + e.path);
+    target.vm_path = e.path;
+    target.vm_is_shared_library = true;
+    vm = std::move(elf.value());
+    break;
+  }
+  if (!vm) {
+    // A static ruby: the main executable itself defines the VM.
+    char exe[4096];
+    std::string exe_path;
+    ssize_t n = readlink(procfs.PidPath(pid, "exe").c_str(), exe, sizeof(exe) - 1);
+    if (n > 0) {
+      exe_path.assign(exe, static_cast<size_t>(n));
+      constexpr std::string_view kDeleted = " (deleted)";
+      if (exe_path.size() > kDeleted.size() && exe_path.ends_with(kDeleted)) exe_path.resize(exe_path.size() - kDeleted.size());
+    } else if (n < 0 && (errno == EACCES || errno == EPERM)) {
+      return PrivilegeError("reading " + procfs.PidPath(pid, "exe"), errno);
+    } else {
+      for (const MapsEntry& e : maps) {
+        if (!e.path.empty() && e.path[0] == '/' && e.offset == 0) {
+          exe_path = e.path;
+          break;
+        }
+      }
+    }
+    if (!exe_path.empty()) {
+      Result<ElfFile> elf = open_vm(exe_path);
+      if (!elf.ok() && elf.error().code() == ErrorCode::kNoPrivilege) return elf.error();
+      if (elf.ok()) {
+        std::optional<ElfSymbol> v = elf->FindSymbol("ruby_version");
+        bool defines_vm = v && v->shndx != SHN_UNDEF;
+        if (!defines_vm) {
+          std::optional<ElfSymbol> flags = elf->FindSymbol("ruby_vm_event_flags");
+          defines_vm = flags && flags->shndx != SHN_UNDEF;
+        }
+        if (defines_vm) {
+          target.vm_path = exe_path;
+          target.vm_is_shared_library = false;
+          vm = std::move(elf.value());
+        }
+      }
+    }
+  }
+  if (!vm) {
+    return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target.comm +
+                                          ") maps no CRuby VM: no libruby.so and its executable defines no "
+                                          "ruby_version");
+  }
+  target.build_id = vm->build_id();
+  std::optional<ElfSymbol> version_sym = vm->FindSymbol("ruby_version");
+  std::optional<std::string> version;
+  if (version_sym && version_sym->shndx != SHN_UNDEF) version = vm->CStringAt(version_sym->value, kMaxVersionLength);
+  int major = 0, minor = 0, teeny = 0;
+  if (!version || std::sscanf(version->c_str(), "%d.%d.%d", &major, &minor, &teeny) != 3) {
+    return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target.comm + "): " + target.vm_path +
+                                          " has no readable ruby_version string; not a CRuby VM we know");
+  }
+  target.ruby_version = *version;
+  target.major = major;
+  target.minor = minor;
+  target.teeny = teeny;
+  if (major < 3 || (major == 3 && minor < 2)) {
+    return Error(ErrorCode::kUnsupportedVersion, "CRuby " + *version +
+                                                     " has no thread scheduler events (they were added in 3.2); use "
+                                                     "Ruby >= 3.2");
+  }
+  return target;
+}
+
+}  // namespace rvbpfd

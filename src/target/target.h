@@ -1,0 +1,63 @@
+// Target discovery: from a pid, find the ELF that holds the CRuby VM and read its identity (build-id, version).
+//
+// Everything is read through an injectable /proc root so that tests can use a fake tree, and the VM binary is opened
+// through /proc/PID/root/<path> so that processes in other mount namespaces (containers) resolve to their own files.
+#ifndef RVBPFD_SRC_TARGET_TARGET_H_
+#define RVBPFD_SRC_TARGET_TARGET_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/error.h"
+
+namespace rvbpfd {
+
+// A /proc root ("/proc" by default). File access goes through OpenFile so tests can inject errors (EACCES) that a
+// root-run test could not provoke with permissions.
+class ProcFs {
+ public:
+  explicit ProcFs(std::string root = "/proc") : root_(std::move(root)) {}
+  virtual ~ProcFs() = default;
+  const std::string& root() const { return root_; }
+  // "<root>/<pid>/<rel>" (rel without a leading slash; empty rel gives the pid directory).
+  std::string PidPath(int pid, std::string_view rel) const;
+  // open(2) of an absolute path; returns an fd or -1 with errno set.
+  virtual int OpenFile(const std::string& path, int flags) const;
+
+ private:
+  std::string root_;
+};
+
+struct MapsEntry {
+  uint64_t start = 0;
+  uint64_t end = 0;
+  std::string perms;    // "r-xp"
+  uint64_t offset = 0;  // file offset of the mapping
+  uint64_t inode = 0;
+  std::string path;     // as the target sees it; " (deleted)" stripped (see deleted)
+  bool deleted = false;
+};
+
+// Parses /proc/PID/maps text; malformed lines are skipped. Paths may contain spaces.
+std::vector<MapsEntry> ParseMaps(std::string_view text);
+
+struct RubyTarget {
+  int pid = 0;
+  std::string vm_path;        // path as the target sees it (from maps)
+  std::string vm_host_path;   // path the daemon opens (/proc/PID/root/... or /proc/PID/map_files/...)
+  bool vm_is_shared_library = false;
+  std::string build_id;       // hex, empty when the binary has none
+  std::string ruby_version;   // "3.3.8", from the exported `ruby_version` string in the ELF
+  int major = 0, minor = 0, teeny = 0;
+  std::string comm;           // /proc/PID/comm
+  uint64_t vm_load_start = 0;  // lowest mapping address of the VM file (for reports; uprobes use file offsets)
+};
+
+// Errors: kNoSuchProcess, kNotRuby, kUnsupportedVersion (< 3.2), kNoPrivilege (maps/root not readable), kIo.
+Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_TARGET_TARGET_H_

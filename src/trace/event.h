@@ -1,0 +1,91 @@
+// The in-memory form of one .rvtrace event line (docs/rvtrace.md), the name tables between it and the file format,
+// and the conversion from the BPF ring buffer record (include/rvbpfd/abi.h).
+//
+// TraceEvent is copied through the reorder window and the writer at over a million events per second, so its
+// strings are views of static (or process-lifetime interned) text, never owned per event; only the rare
+// tracing_paused / tracing_resumed reason is an owned std::string.
+#ifndef RVBPFD_SRC_TRACE_EVENT_H_
+#define RVBPFD_SRC_TRACE_EVENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "rvbpfd/abi.h"
+
+namespace rvbpfd {
+
+// Values index the name tables in event.cc; keep kCount last.
+enum class EventName : uint8_t {
+  kTracingStarted,
+  kThreadStarted,   // RUBY_INTERNAL_THREAD_EVENT_STARTED
+  kWantsGvl,        // RUBY_INTERNAL_THREAD_EVENT_READY
+  kGvlAcquired,     // RUBY_INTERNAL_THREAD_EVENT_RESUMED
+  kGvlReleased,     // RUBY_INTERNAL_THREAD_EVENT_SUSPENDED
+  kThreadExited,    // RUBY_INTERNAL_THREAD_EVENT_EXITED
+  kGcEnter,         // RUBY_INTERNAL_EVENT_GC_ENTER
+  kGcExit,          // RUBY_INTERNAL_EVENT_GC_EXIT
+  kSleepEnter,      // Kernel#sleep entry probe
+  kMutexLockEnter,  // Thread::Mutex#lock entry probe
+  kEventsDropped,
+  kTracingStopped,
+  kTracingPaused,
+  kTracingResumed,
+  kCount,
+};
+inline constexpr size_t kEventNameCount = static_cast<size_t>(EventName::kCount);
+
+// How a fact was obtained (docs/rvtrace.md, "Provenance").
+enum class Provenance : uint8_t {
+  kObserved,  // reported by the VM (or the daemon itself) at the moment it happened
+  kDerived,   // computed from observed events by a documented rule
+  kInferred,  // a guess about something no event reports
+};
+
+// Source channels. Events carry views of these constants (or of InternSource()), so they are cheap to copy.
+inline constexpr std::string_view kSourceThreadHookSite = "thread_hook_site";
+inline constexpr std::string_view kSourceGcHookSite = "gc_hook_site";
+inline constexpr std::string_view kSourceProbe = "probe";
+inline constexpr std::string_view kSourceDaemon = "daemon";
+
+struct TraceEvent {
+  uint64_t t_ns = 0;                     // ns since the header's origin_ns (CLOCK_MONOTONIC)
+  std::optional<uint32_t> ruby_thread;   // VM thread serial; nullopt when not known or not about a thread
+  std::optional<uint32_t> native_tid;    // native tid of the thread the event is about; nullopt when not known
+  std::optional<uint32_t> probe_tid;     // tid that ran the probe (differs for READY from a waker, STARTED on creator)
+  uint64_t th = 0;                       // the VM's rb_thread_t * (0: unknown); ThreadIds turns it into ruby_thread
+  EventName event = EventName::kTracingStarted;
+  Provenance provenance = Provenance::kObserved;
+  std::string_view source = kSourceDaemon;  // channel; must outlive the event (static or InternSource())
+  uint64_t count = 0;                    // events_dropped only: events lost since the previous events_dropped
+  std::string reason;                    // tracing_paused / tracing_resumed / tracing_stopped only; empty = absent
+  double overhead_pct = -1;              // tracing_paused / tracing_resumed only; negative = absent (percent)
+};
+
+// "gvl_acquired" etc. The result is a static string.
+std::string_view EventNameString(EventName event);
+// Inverse of EventNameString; nullopt for names this version does not know.
+std::optional<EventName> ParseEventName(std::string_view name);
+// "RUBY_INTERNAL_THREAD_EVENT_RESUMED" etc., or an empty view for events with no CRuby constant (written as null).
+std::string_view CrubyEventConstant(EventName event);
+std::string_view ProvenanceString(Provenance provenance);
+std::optional<Provenance> ParseProvenance(std::string_view name);
+
+// Returns a view with process lifetime that equals `source`: the static constant for the known channels, otherwise
+// a copy kept for the life of the process (readers of foreign traces meet few distinct channel names).
+std::string_view InternSource(std::string_view source);
+
+// True for the rv_event_kind values FromRecord decodes.
+bool IsKnownRecordKind(uint16_t kind);
+
+// Converts one ring buffer record. Timestamps before origin_ns (a record from a CPU whose clock read raced the
+// origin) clamp to 0. A record with an unknown kind, which only an ABI mismatch between the BPF object and the
+// daemon can produce, becomes an events_dropped with count 1 from the daemon: the trace says an event was lost
+// instead of inventing one.
+TraceEvent FromRecord(const rv_record& record, uint64_t origin_ns);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_TRACE_EVENT_H_

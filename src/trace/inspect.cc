@@ -1,0 +1,148 @@
+#include "trace/inspect.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string_view>
+
+namespace rvbpfd {
+namespace {
+
+// The CRuby column: the hook constant, or for the two Ruby-level probes the method they sit on (no CRuby event
+// exists for those; the JSON field stays null).
+std::string_view CrubyLabel(EventName event) {
+  switch (event) {
+    case EventName::kSleepEnter: return "Kernel#sleep";
+    case EventName::kMutexLockEnter: return "Thread::Mutex#lock";
+    default: break;
+  }
+  const std::string_view constant = CrubyEventConstant(event);
+  return constant.empty() ? std::string_view("-") : constant;
+}
+
+std::string FormatMs(double ms) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.3f ms", ms);
+  return buf;
+}
+
+std::string NsToMs(uint64_t ns) { return FormatMs(static_cast<double>(ns) / 1e6); }
+
+std::string Pad(std::string_view s, size_t width) {
+  std::string out(s);
+  if (out.size() < width) out.append(width - out.size(), ' ');
+  return out;
+}
+
+std::string PadLeft(std::string_view s, size_t width) {
+  std::string out;
+  if (s.size() < width) out.append(width - s.size(), ' ');
+  out.append(s);
+  return out;
+}
+
+std::string OptionalNumber(std::optional<uint32_t> v) { return v ? std::to_string(*v) : "-"; }
+
+uint64_t LastEventNs(const TraceFile& trace) {
+  uint64_t last = 0;
+  for (const TraceEvent& e : trace.events) last = std::max(last, e.t_ns);
+  return last;
+}
+
+}  // namespace
+
+std::string RubyThreadLabel(const TraceFile& trace, std::optional<uint32_t> ruby_thread) {
+  if (!ruby_thread) return "-";
+  if (trace.IsMain(ruby_thread)) return "main";
+  return "Thread #" + std::to_string(*ruby_thread);
+}
+
+std::vector<ThreadSummary> ThreadSummaries(const TraceFile& trace) {
+  if (trace.summary && trace.summary_has_threads) return trace.summary->threads;
+  ThreadAccounting accounting(trace.header.main_thread);
+  for (const ThreadLine& t : trace.threads) {
+    if (t.main) accounting.MarkMain(t.ruby_thread);
+  }
+  for (const TraceEvent& e : trace.events) accounting.Observe(e);
+  return accounting.Summarize(LastEventNs(trace));
+}
+
+void PrintInspect(const TraceFile& trace, std::ostream& out) {
+  constexpr size_t kTimeWidth = 14, kThreadWidth = 13, kNativeWidth = 9, kEventWidth = 18, kCrubyWidth = 39;
+  out << PadLeft("time", kTimeWidth) << "  " << Pad("ruby_thread", kThreadWidth) << Pad("native", kNativeWidth)
+      << Pad("event", kEventWidth) << Pad("cruby event", kCrubyWidth) << "source\n";
+  for (const TraceEvent& e : trace.events) {
+    out << PadLeft(NsToMs(e.t_ns), kTimeWidth) << "  " << Pad(RubyThreadLabel(trace, e.ruby_thread), kThreadWidth)
+        << Pad(OptionalNumber(e.native_tid), kNativeWidth) << Pad(EventNameString(e.event), kEventWidth)
+        << Pad(CrubyLabel(e.event), kCrubyWidth) << (e.source.empty() ? std::string_view("-") : e.source);
+    if (e.event == EventName::kEventsDropped) out << "  count=" << e.count;
+    if (!e.reason.empty()) out << "  reason=" << e.reason;
+    if (e.overhead_pct >= 0) out << "  overhead=" << e.overhead_pct << "%";
+    out << '\n';
+  }
+  out << "threads:";
+  if (!trace.summary || !trace.summary_has_threads) out << " (not in the summary: computed from the events)";
+  out << '\n';
+  for (const ThreadSummary& t : ThreadSummaries(trace)) {
+    std::string natives;
+    for (uint32_t tid : t.native_tids) {
+      if (!natives.empty()) natives += ',';
+      natives += std::to_string(tid);
+    }
+    out << "  " << (t.main ? std::string("main") : "Thread #" + std::to_string(t.ruby_thread))
+        << " id=" << t.ruby_thread << " native=" << (natives.empty() ? "-" : natives)
+        << " running=" << FormatMs(t.running_ms) << '\n';
+  }
+  if (trace.truncated_last_line) out << "note: the last line was cut while being written and was skipped\n";
+}
+
+void PrintStats(const TraceFile& trace, std::ostream& out) {
+  const TraceHeader& h = trace.header;
+  out << "recorder: " << h.recorder << ' ' << h.recorder_version << " (pid " << h.pid << ", ruby "
+      << (h.ruby_version.empty() ? "?" : h.ruby_version) << ")\n";
+  const double duration_ms =
+      trace.summary ? trace.summary->duration_ms : static_cast<double>(LastEventNs(trace)) / 1e6;
+  out << "duration: " << FormatMs(duration_ms) << '\n';
+
+  // Counted from the lines present, so a trace cut before its summary still gets exact counts.
+  std::array<uint64_t, kEventNameCount> counts{};
+  uint64_t dropped = 0, drop_records = 0;
+  for (const TraceEvent& e : trace.events) {
+    counts[static_cast<size_t>(e.event)]++;
+    if (e.event == EventName::kEventsDropped) {
+      dropped += e.count;
+      ++drop_records;
+    }
+  }
+  out << "events: " << trace.events.size() << '\n';
+  for (size_t i = 0; i < kEventNameCount; ++i) {
+    if (counts[i] == 0) continue;
+    out << "  " << Pad(EventNameString(static_cast<EventName>(i)), 18) << counts[i] << '\n';
+  }
+  out << "events dropped: " << dropped << " (in " << drop_records << " events_dropped records)\n";
+  if (trace.summary) {
+    out << "ring buffer high-water mark: " << trace.summary->ring_high_water_bytes << " bytes\n";
+    out << "late (reordered) events: " << trace.summary->late_events << '\n';
+  } else {
+    out << "ring buffer high-water mark: unknown (no summary line: the recording did not finish)\n";
+    out << "late (reordered) events: unknown (no summary line: the recording did not finish)\n";
+  }
+  out << "out-of-order events in the file: " << trace.out_of_order_events << '\n';
+  if (trace.unknown_event_lines > 0) out << "events of unknown type (skipped): " << trace.unknown_event_lines << '\n';
+  if (trace.truncated_last_line) out << "note: the last line was cut while being written and was skipped\n";
+}
+
+Status Inspect(const std::string& path, std::ostream& out) {
+  Result<TraceFile> trace = TraceReader::ReadFile(path);
+  if (!trace.ok()) return trace.error();
+  PrintInspect(*trace, out);
+  return Status::Ok();
+}
+
+Status Stats(const std::string& path, std::ostream& out) {
+  Result<TraceFile> trace = TraceReader::ReadFile(path);
+  if (!trace.ok()) return trace.error();
+  PrintStats(*trace, out);
+  return Status::Ok();
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,264 @@
+#include "trace/reader.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace rvbpfd {
+namespace {
+
+using nlohmann::json;
+
+// Thrown inside Parse only, turned into kBadTrace with the line number at one place.
+struct LineError {
+  std::string what;
+};
+
+uint64_t GetUint64(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end()) throw LineError{std::string("missing \"") + key + "\""};
+  if (!it->is_number_unsigned()) {
+    // nlohmann stores non-negative integers as unsigned; anything else (negative, float, string) is wrong here.
+    throw LineError{std::string("\"") + key + "\" must be a non-negative integer"};
+  }
+  return it->get<uint64_t>();
+}
+
+std::optional<uint32_t> GetOptionalUint32(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_unsigned() || it->get<uint64_t>() > UINT32_MAX) {
+    throw LineError{std::string("\"") + key + "\" must be null or an integer in 0..4294967295"};
+  }
+  return it->get<uint32_t>();
+}
+
+std::string GetString(const json& obj, const char* key, const std::string& fallback) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_string()) throw LineError{std::string("\"") + key + "\" must be a string"};
+  return it->get<std::string>();
+}
+
+double GetDouble(const json& obj, const char* key, double fallback) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_number()) throw LineError{std::string("\"") + key + "\" must be a number"};
+  return it->get<double>();
+}
+
+std::vector<std::string> GetStringArray(const json& obj, const char* key) {
+  std::vector<std::string> out;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return out;
+  if (!it->is_array()) throw LineError{std::string("\"") + key + "\" must be an array of strings"};
+  for (const json& v : *it) {
+    if (!v.is_string()) throw LineError{std::string("\"") + key + "\" must be an array of strings"};
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+TraceHeader ParseHeader(const json& obj) {
+  const uint64_t version = GetUint64(obj, "rvtrace");
+  if (version != kRvtraceVersion) {
+    throw LineError{"unsupported rvtrace version " + std::to_string(version) + " (this rvbpfd reads version " +
+                    std::to_string(kRvtraceVersion) + ")"};
+  }
+  TraceHeader h;
+  h.recorder = GetString(obj, "recorder", "");
+  if (h.recorder.empty()) throw LineError{"missing \"recorder\""};
+  h.recorder_version = GetString(obj, "recorder_version", "");
+  if (auto it = obj.find("pid"); it != obj.end() && !it->is_null()) {
+    if (!it->is_number_integer()) throw LineError{"\"pid\" must be an integer"};
+    h.pid = it->get<int64_t>();
+  }
+  h.ruby_version = GetString(obj, "ruby_version", "");
+  h.clock = GetString(obj, "clock", "monotonic");
+  h.origin_ns = obj.contains("origin_ns") ? GetUint64(obj, "origin_ns") : 0;
+  h.started_at = GetString(obj, "started_at", "");
+  h.channels = GetStringArray(obj, "channels");
+  // Absent main_thread: the thread lines say which thread is main.
+  h.main_thread = GetOptionalUint32(obj, "main_thread");
+  h.command = GetStringArray(obj, "command");
+  h.build_id = GetString(obj, "build_id", "");
+  return h;
+}
+
+// Returns nullopt for an event name this version does not know.
+std::optional<TraceEvent> ParseEvent(const json& obj) {
+  TraceEvent e;
+  // A recorder that stamps an event before taking its origin writes a negative offset; clamp it like FromRecord.
+  if (const json& t = obj.at("t_ns"); t.is_number_integer() && !t.is_number_unsigned()) {
+    e.t_ns = 0;
+  } else {
+    e.t_ns = GetUint64(obj, "t_ns");
+  }
+  auto name_it = obj.find("event");
+  if (name_it == obj.end() || !name_it->is_string()) throw LineError{"\"event\" must be a string"};
+  std::optional<EventName> name = ParseEventName(name_it->get_ref<const std::string&>());
+  if (!name) return std::nullopt;
+  e.event = *name;
+  e.ruby_thread = GetOptionalUint32(obj, "ruby_thread");
+  e.native_tid = GetOptionalUint32(obj, "native_tid");
+  e.probe_tid = GetOptionalUint32(obj, "probe_tid");
+  if (auto th = obj.find("th"); th != obj.end() && th->is_string()) {
+    e.th = std::strtoull(th->get_ref<const std::string&>().c_str(), nullptr, 16);
+  }
+  e.source = InternSource(GetString(obj, "source", ""));
+  const std::string provenance = GetString(obj, "provenance", "observed");
+  std::optional<Provenance> p = ParseProvenance(provenance);
+  if (!p) throw LineError{"unknown provenance \"" + provenance + "\" (expected observed, derived or inferred)"};
+  e.provenance = *p;
+  if (e.event == EventName::kEventsDropped) e.count = GetUint64(obj, "count");
+  e.reason = GetString(obj, "reason", "");
+  e.overhead_pct = GetDouble(obj, "overhead_pct", -1);
+  return e;
+}
+
+// The summary is informational (the events are the data) and other recorders write their own keys in it (the
+// in-process recorder writes "counts", and "threads" as a number), so keys of an unexpected type are skipped
+// rather than rejected. Only the per-thread list is trusted when it has our shape; *threads_valid says so.
+TraceSummary ParseSummary(const json& obj, bool* threads_valid) {
+  if (!obj.is_object()) throw LineError{"\"summary\" must be an object"};
+  TraceSummary s;
+  for (const char* key : {"event_counts", "counts"}) {
+    auto it = obj.find(key);
+    if (it == obj.end() || !it->is_object()) continue;
+    for (auto& [name, count] : it->items()) {
+      std::optional<EventName> event = ParseEventName(name);
+      if (!event || !count.is_number_unsigned()) continue;  // a newer recorder's event: nothing to count it as
+      s.event_counts[static_cast<size_t>(*event)] = count.get<uint64_t>();
+    }
+    break;
+  }
+  auto uint_or_zero = [&](const char* key) -> uint64_t {
+    auto it = obj.find(key);
+    return it != obj.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+  };
+  s.events_dropped = uint_or_zero("events_dropped");
+  s.drop_records = uint_or_zero("drop_records");
+  s.ring_high_water_bytes = uint_or_zero("ring_high_water_bytes");
+  s.late_events = uint_or_zero("late_events");
+  if (auto it = obj.find("duration_ms"); it != obj.end() && it->is_number()) s.duration_ms = it->get<double>();
+  *threads_valid = false;
+  if (auto it = obj.find("threads"); it != obj.end() && it->is_array()) {
+    for (const json& t : *it) {
+      if (!t.is_object()) throw LineError{"each of \"threads\" must be an object"};
+      ThreadSummary ts;
+      ts.ruby_thread = static_cast<uint32_t>(GetUint64(t, "ruby_thread"));
+      if (auto m = t.find("main"); m != t.end() && !m->is_null()) {
+        if (!m->is_boolean()) throw LineError{"\"main\" must be true or false"};
+        ts.main = m->get<bool>();
+      }
+      if (auto n = t.find("native_tids"); n != t.end() && !n->is_null()) {
+        if (!n->is_array()) throw LineError{"\"native_tids\" must be an array"};
+        for (const json& tid : *n) {
+          if (!tid.is_number_unsigned()) throw LineError{"\"native_tids\" must hold integers"};
+          ts.native_tids.push_back(tid.get<uint32_t>());
+        }
+      }
+      ts.running_ms = GetDouble(t, "running_ms", 0);
+      s.threads.push_back(std::move(ts));
+    }
+    *threads_valid = true;
+  }
+  return s;
+}
+
+}  // namespace
+
+bool TraceFile::IsMain(std::optional<uint32_t> ruby_thread) const {
+  if (!ruby_thread) return false;
+  if (header.main_thread && *header.main_thread == *ruby_thread) return true;
+  for (const ThreadLine& t : threads) {
+    if (t.ruby_thread == *ruby_thread) return t.main;
+  }
+  return false;
+}
+
+Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& name) {
+  TraceFile file;
+  bool have_header = false;
+  bool have_prev_event = false;
+  uint64_t prev_t_ns = 0;
+  size_t pos = 0;
+  size_t line_no = 0;
+  while (pos < text.size()) {
+    const size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) {
+      // No terminating newline: the writer was cut inside this line. Every line the writer finishes ends in '\n',
+      // so even a prefix that happens to parse is not trusted.
+      file.truncated_last_line = true;
+      break;
+    }
+    const std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    auto bad = [&](const std::string& what) {
+      return Error(ErrorCode::kBadTrace, "reading trace " + name + ": line " + std::to_string(line_no) + ": " + what);
+    };
+    json obj = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+    if (obj.is_discarded()) return bad("not valid JSON");
+    if (!obj.is_object()) return bad("not a JSON object");
+    ++file.lines;
+    try {
+      if (!have_header) {
+        if (!obj.contains("rvtrace")) return bad("not an .rvtrace file: the first line is not a header");
+        file.header = ParseHeader(obj);
+        have_header = true;
+      } else if (auto t = obj.find("t_ns"); t != obj.end()) {
+        std::optional<TraceEvent> event = ParseEvent(obj);
+        if (!event) {
+          ++file.unknown_event_lines;
+          continue;
+        }
+        if (have_prev_event && event->t_ns < prev_t_ns) ++file.out_of_order_events;
+        prev_t_ns = event->t_ns;
+        have_prev_event = true;
+        file.events.push_back(std::move(*event));
+      } else if (auto th = obj.find("thread"); th != obj.end()) {
+        if (!th->is_object()) return bad("\"thread\" must be an object");
+        ThreadLine tl;
+        tl.ruby_thread = static_cast<uint32_t>(GetUint64(*th, "ruby_thread"));
+        if (auto m = th->find("main"); m != th->end() && m->is_boolean()) tl.main = m->get<bool>();
+        file.threads.push_back(tl);
+      } else if (auto s = obj.find("summary"); s != obj.end()) {
+        file.summary = ParseSummary(*s, &file.summary_has_threads);
+      } else if (obj.contains("rvtrace")) {
+        return bad("a second header line");
+      } else {
+        ++file.unknown_lines;
+      }
+    } catch (const LineError& e) {
+      return bad(e.what);
+    } catch (const json::exception& e) {
+      return bad(e.what());
+    }
+  }
+  if (!have_header) {
+    return Error(ErrorCode::kBadTrace, "reading trace " + name + ": no complete header line (empty or cut file)");
+  }
+  return file;
+}
+
+Result<TraceFile> TraceReader::ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    return Error(ErrorCode::kIo, ErrnoMessage("opening trace " + path, err) + "; check the path and permissions");
+  }
+  std::ostringstream content;
+  content << in.rdbuf();
+  if (in.bad()) {
+    const int err = errno;
+    return Error(ErrorCode::kIo, ErrnoMessage("reading trace " + path, err));
+  }
+  return Parse(content.view(), path);
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,52 @@
+// Reads an .rvtrace file, written by rvbpfd or by the in-process recorder ("recorder":"in-process"), finished or cut
+// short by a crash (docs/rvtrace.md, "Crash safety").
+#ifndef RVBPFD_SRC_TRACE_READER_H_
+#define RVBPFD_SRC_TRACE_READER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/error.h"
+#include "trace/event.h"
+#include "trace/summary.h"
+#include "trace/writer.h"
+
+namespace rvbpfd {
+
+struct ThreadLine {
+  uint32_t ruby_thread = 0;
+  bool main = false;
+};
+
+struct TraceFile {
+  TraceHeader header;                 // started_at is kept as written; missing optional keys keep their defaults
+  std::vector<ThreadLine> threads;    // in file order
+  std::vector<TraceEvent> events;     // in file order; sources are interned (InternSource)
+  std::optional<TraceSummary> summary;  // absent when the recording did not finish
+  bool summary_has_threads = false;     // the summary carried a per-thread list of the documented shape
+  // A last line without its '\n' was cut while being written: it is not parsed, only reported.
+  bool truncated_last_line = false;
+  size_t lines = 0;                   // complete lines read
+  size_t unknown_event_lines = 0;     // events with a name this version does not know (skipped)
+  size_t unknown_lines = 0;           // complete JSON objects of no known line type (skipped, for forward compat)
+  size_t out_of_order_events = 0;     // events whose t_ns is below the previous event's
+
+  bool IsMain(std::optional<uint32_t> ruby_thread) const;
+};
+
+class TraceReader {
+ public:
+  // Errors: kBadTrace with the line number for a complete line that is not a valid .rvtrace line, a missing
+  // header or an unsupported version; kIo when the file cannot be read.
+  static Result<TraceFile> ReadFile(const std::string& path);
+  // `name` is used in error messages only.
+  static Result<TraceFile> Parse(std::string_view text, const std::string& name);
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_TRACE_READER_H_

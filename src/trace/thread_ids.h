@@ -1,0 +1,38 @@
+// ThreadIds numbers Ruby threads the way an in-process recorder does: the main thread is 1 and every other thread
+// gets the next number when it first appears, because CRuby release builds have no thread serial of their own
+// (rb_thread_t.serial is assigned only with USE_RUBY_DEBUG_LOG).
+//
+// Identity comes from the rb_thread_t pointer, which the VM reuses after a thread is freed, so a thread_started always
+// opens a new number and a thread_exited retires the pointer. The main thread is the one that runs on the process's
+// initial native thread (native tid == pid); it never gets STARTED or EXITED events.
+//
+// Must see events in timestamp order (after the Reorderer): STARTED has to precede the new thread's other events.
+#ifndef RVBPFD_SRC_TRACE_THREAD_IDS_H_
+#define RVBPFD_SRC_TRACE_THREAD_IDS_H_
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "trace/event.h"
+
+namespace rvbpfd {
+
+class ThreadIds {
+ public:
+  static constexpr uint32_t kMainThread = 1;
+
+  explicit ThreadIds(uint32_t pid) : pid_(pid) {}
+  // Sets event->ruby_thread from event->th (nothing when th is unknown).
+  void Assign(TraceEvent* event);
+  uint32_t threads_seen() const { return next_id_ - 2 + (main_th_ != 0 ? 1 : 0); }
+
+ private:
+  uint32_t pid_;
+  uint64_t main_th_ = 0;
+  uint32_t next_id_ = 2;
+  std::unordered_map<uint64_t, uint32_t> ids_;  // live rb_thread_t * -> number
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_TRACE_THREAD_IDS_H_

@@ -1,0 +1,354 @@
+#include "trace/writer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <utility>
+
+#include "trace/json_format.h"
+
+namespace rvbpfd {
+namespace {
+
+// Writes all of [data, data+size), retrying short writes and EINTR. Returns 0 or the errno.
+int WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+void AppendOptionalUint(std::string* out, const std::optional<uint32_t>& value) {
+  if (value) {
+    AppendUint(out, *value);
+  } else {
+    out->append("null");
+  }
+}
+
+}  // namespace
+
+std::string FormatIso8601Utc(std::chrono::system_clock::time_point time) {
+  const auto since_epoch = time.time_since_epoch();
+  const auto secs = std::chrono::floor<std::chrono::seconds>(since_epoch);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs).count();
+  const std::time_t t = static_cast<std::time_t>(secs.count());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(micros));
+  return buf;
+}
+
+TraceWriter::TraceWriter(std::string path, int fd, const TraceHeader& header)
+    : path_(std::move(path)),
+      fd_(fd),
+      last_timed_flush_(std::chrono::steady_clock::now()),
+      accounting_(header.main_thread) {
+  buffer_.reserve(kFlushBytes + 4096);
+}
+
+TraceWriter::TraceWriter(TraceWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      finished_(other.finished_),
+      remove_on_abandon_(other.remove_on_abandon_),
+      buffer_(std::move(other.buffer_)),
+      last_timed_flush_(other.last_timed_flush_),
+      accounting_(std::move(other.accounting_)),
+      counts_(other.counts_),
+      events_written_(other.events_written_),
+      dropped_total_(other.dropped_total_),
+      last_t_ns_(other.last_t_ns_) {
+  other.finished_ = true;
+  other.remove_on_abandon_ = false;
+  other.buffer_.clear();
+}
+
+TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
+  if (this != &other) {
+    Close();
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    finished_ = other.finished_;
+    remove_on_abandon_ = other.remove_on_abandon_;
+    buffer_ = std::move(other.buffer_);
+    last_timed_flush_ = other.last_timed_flush_;
+    accounting_ = std::move(other.accounting_);
+    counts_ = other.counts_;
+    events_written_ = other.events_written_;
+    dropped_total_ = other.dropped_total_;
+    last_t_ns_ = other.last_t_ns_;
+    other.finished_ = true;
+    other.remove_on_abandon_ = false;
+    other.buffer_.clear();
+  }
+  return *this;
+}
+
+TraceWriter::~TraceWriter() { Close(); }
+
+void TraceWriter::Close() {
+  if (fd_ < 0) return;
+  if (!buffer_.empty()) {
+    // Best effort: a destructor cannot report, and what reaches the file is whole lines either way.
+    (void)Flush();
+  }
+  ::close(fd_);
+  fd_ = -1;
+}
+
+Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHeader& header) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return Error(ErrorCode::kOutputUnwritable,
+                 ErrnoMessage("cannot create output file " + path, errno) + "; choose another path with -o");
+  }
+  struct stat st{};
+  // Only a regular file is ours to delete on Abandon: -o /dev/stdout or a FIFO must survive a failed recording.
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  TraceWriter writer(path, fd, header);
+  writer.remove_on_abandon_ = regular;
+  writer.AppendHeader(header);
+  TraceEvent started;
+  started.event = EventName::kTracingStarted;
+  started.source = kSourceDaemon;
+  started.provenance = Provenance::kObserved;
+  started.t_ns = 0;
+  writer.AppendEvent(started);
+  const int err = WriteAll(writer.fd_, writer.buffer_.data(), writer.buffer_.size());
+  if (err != 0) {
+    writer.buffer_.clear();
+    writer.Abandon();
+    return Error(ErrorCode::kOutputUnwritable,
+                 ErrnoMessage("cannot write output file " + path, err) + "; choose another path with -o");
+  }
+  writer.buffer_.clear();
+  return writer;
+}
+
+void TraceWriter::AppendHeader(const TraceHeader& header) {
+  std::string& b = buffer_;
+  b.append("{\"rvtrace\":");
+  AppendUint(&b, kRvtraceVersion);
+  b.append(",\"recorder\":");
+  AppendJsonString(&b, header.recorder);
+  b.append(",\"recorder_version\":");
+  AppendJsonString(&b, header.recorder_version);
+  b.append(",\"pid\":");
+  b.append(std::to_string(header.pid));
+  b.append(",\"ruby_version\":");
+  AppendJsonString(&b, header.ruby_version);
+  b.append(",\"clock\":");
+  AppendJsonString(&b, header.clock);
+  b.append(",\"origin_ns\":");
+  AppendUint(&b, header.origin_ns);
+  b.append(",\"started_at\":");
+  AppendJsonString(&b, header.started_at.empty() ? FormatIso8601Utc(std::chrono::system_clock::now())
+                                                 : header.started_at);
+  b.append(",\"channels\":[");
+  for (size_t i = 0; i < header.channels.size(); ++i) {
+    if (i > 0) b.push_back(',');
+    AppendJsonString(&b, header.channels[i]);
+  }
+  b.append("],\"main_thread\":");
+  AppendOptionalUint(&b, header.main_thread);
+  if (!header.command.empty()) {
+    b.append(",\"command\":[");
+    for (size_t i = 0; i < header.command.size(); ++i) {
+      if (i > 0) b.push_back(',');
+      AppendJsonString(&b, header.command[i]);
+    }
+    b.push_back(']');
+  }
+  if (!header.build_id.empty()) {
+    b.append(",\"build_id\":");
+    AppendJsonString(&b, header.build_id);
+  }
+  b.append("}\n");
+}
+
+void TraceWriter::AppendEvent(const TraceEvent& event) {
+  std::string& b = buffer_;
+  if (accounting_.Observe(event)) {
+    b.append("{\"thread\":{\"ruby_thread\":");
+    AppendUint(&b, *event.ruby_thread);
+    b.append(accounting_.IsMain(*event.ruby_thread) ? ",\"main\":true}}\n" : ",\"main\":false}}\n");
+  }
+  b.append("{\"t_ns\":");
+  AppendUint(&b, event.t_ns);
+  b.append(",\"ruby_thread\":");
+  AppendOptionalUint(&b, event.ruby_thread);
+  b.append(",\"native_tid\":");
+  AppendOptionalUint(&b, event.native_tid);
+  b.append(",\"probe_tid\":");
+  AppendOptionalUint(&b, event.probe_tid);
+  if (event.th != 0) {
+    b.append(",\"th\":");
+    AppendHexString(&b, event.th);
+  }
+  b.append(",\"event\":\"");
+  b.append(EventNameString(event.event));  // static names need no escaping
+  const std::string_view cruby = CrubyEventConstant(event.event);
+  if (cruby.empty()) {
+    b.append("\",\"cruby_event\":null");
+  } else {
+    b.append("\",\"cruby_event\":\"");
+    b.append(cruby);
+    b.push_back('"');
+  }
+  b.append(",\"source\":");
+  AppendJsonString(&b, event.source);
+  b.append(",\"provenance\":\"");
+  b.append(ProvenanceString(event.provenance));
+  b.push_back('"');
+  if (event.event == EventName::kEventsDropped) {
+    b.append(",\"count\":");
+    AppendUint(&b, event.count);
+  }
+  if (!event.reason.empty()) {
+    b.append(",\"reason\":");
+    AppendJsonString(&b, event.reason);
+  }
+  if (event.overhead_pct >= 0) {
+    b.append(",\"overhead_pct\":");
+    AppendDouble(&b, event.overhead_pct);
+  }
+  b.append("}\n");
+
+  counts_[static_cast<size_t>(event.event)]++;
+  if (event.event == EventName::kEventsDropped) dropped_total_ += event.count;
+  if (event.t_ns > last_t_ns_) last_t_ns_ = event.t_ns;
+  ++events_written_;
+}
+
+Status TraceWriter::Write(const TraceEvent& event) {
+  if (finished_ || fd_ < 0) {
+    return Error(ErrorCode::kInternal, "writing trace event to " + path_ + ": the writer is already finished");
+  }
+  AppendEvent(event);
+  if (buffer_.size() >= kFlushBytes) return Flush();
+  return Status::Ok();
+}
+
+Status TraceWriter::MaybeFlush(std::chrono::steady_clock::time_point now) {
+  // Time is measured between MaybeFlush calls rather than per line, which keeps clock reads off the per-event path.
+  if (now - last_timed_flush_ < kFlushInterval) return Status::Ok();
+  last_timed_flush_ = now;
+  return Flush();
+}
+
+Status TraceWriter::Flush() {
+  if (buffer_.empty() || fd_ < 0) return Status::Ok();
+  const int err = WriteAll(fd_, buffer_.data(), buffer_.size());
+  buffer_.clear();
+  if (err != 0) {
+    return Error(ErrorCode::kIo, ErrnoMessage("writing trace file " + path_, err) +
+                                     "; free space there or choose another path with -o");
+  }
+  return Status::Ok();
+}
+
+TraceSummary TraceWriter::CurrentSummary(uint64_t end_t_ns) const {
+  TraceSummary summary;
+  summary.event_counts = counts_;
+  summary.events_dropped = dropped_total_;
+  summary.drop_records = counts_[static_cast<size_t>(EventName::kEventsDropped)];
+  summary.threads = accounting_.Summarize(end_t_ns);
+  summary.duration_ms = static_cast<double>(end_t_ns) / 1e6;
+  return summary;
+}
+
+void TraceWriter::AppendSummary(const TraceSummary& summary) {
+  std::string& b = buffer_;
+  b.append("{\"summary\":{\"event_counts\":{");
+  bool first = true;
+  for (size_t i = 0; i < kEventNameCount; ++i) {
+    if (summary.event_counts[i] == 0) continue;
+    if (!first) b.push_back(',');
+    first = false;
+    b.push_back('"');
+    b.append(EventNameString(static_cast<EventName>(i)));
+    b.append("\":");
+    AppendUint(&b, summary.event_counts[i]);
+  }
+  b.append("},\"events_dropped\":");
+  AppendUint(&b, summary.events_dropped);
+  b.append(",\"drop_records\":");
+  AppendUint(&b, summary.drop_records);
+  b.append(",\"ring_high_water_bytes\":");
+  AppendUint(&b, summary.ring_high_water_bytes);
+  b.append(",\"threads\":[");
+  for (size_t i = 0; i < summary.threads.size(); ++i) {
+    const ThreadSummary& t = summary.threads[i];
+    if (i > 0) b.push_back(',');
+    b.append("{\"ruby_thread\":");
+    AppendUint(&b, t.ruby_thread);
+    b.append(t.main ? ",\"main\":true" : ",\"main\":false");
+    b.append(",\"native_tids\":[");
+    for (size_t k = 0; k < t.native_tids.size(); ++k) {
+      if (k > 0) b.push_back(',');
+      AppendUint(&b, t.native_tids[k]);
+    }
+    b.append("],\"running_ms\":");
+    AppendFixed(&b, t.running_ms, 6);  // ns resolution
+    b.push_back('}');
+  }
+  b.append("],\"duration_ms\":");
+  AppendFixed(&b, summary.duration_ms, 6);
+  b.append(",\"late_events\":");
+  AppendUint(&b, summary.late_events);
+  b.append("}}\n");
+}
+
+Status TraceWriter::Finish(const FinishInfo& info) {
+  if (finished_ || fd_ < 0) {
+    return Error(ErrorCode::kInternal, "finishing trace file " + path_ + ": the writer is already finished");
+  }
+  TraceEvent stopped;
+  stopped.event = EventName::kTracingStopped;
+  stopped.source = kSourceDaemon;
+  stopped.provenance = Provenance::kObserved;
+  // The stop line is the last event, so it cannot be older than what was written before it.
+  stopped.t_ns = std::max(info.end_t_ns, last_t_ns_);
+  stopped.reason = info.stop_reason;
+  AppendEvent(stopped);
+  TraceSummary summary = CurrentSummary(stopped.t_ns);
+  summary.ring_high_water_bytes = info.ring_high_water_bytes;
+  summary.late_events = info.late_events;
+  AppendSummary(summary);
+  finished_ = true;
+  Status flushed = Flush();
+  const int rc = ::close(fd_);
+  const int close_errno = errno;
+  fd_ = -1;
+  if (!flushed.ok()) return flushed;
+  if (rc != 0) {
+    return Error(ErrorCode::kIo, ErrnoMessage("closing trace file " + path_, close_errno) +
+                                     "; free space there or choose another path with -o");
+  }
+  return Status::Ok();
+}
+
+void TraceWriter::Abandon() {
+  buffer_.clear();
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  finished_ = true;
+  if (remove_on_abandon_ && !path_.empty()) ::unlink(path_.c_str());
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,108 @@
+// Writes an .rvtrace file (docs/rvtrace.md): header, thread lines, events in the order given, tracing_stopped and
+// the summary.
+//
+// Crash safety: lines are built in a memory buffer and only whole lines are handed to write(2), so a daemon that
+// dies leaves a file whose every complete line is valid (at worst the last line is cut inside a write, which the
+// reader ignores and reports).
+#ifndef RVBPFD_SRC_TRACE_WRITER_H_
+#define RVBPFD_SRC_TRACE_WRITER_H_
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "trace/event.h"
+#include "trace/summary.h"
+
+namespace rvbpfd {
+
+inline constexpr int kRvtraceVersion = 1;
+
+struct TraceHeader {
+  std::string recorder = "rvbpfd";       // "rvbpfd" or "in-process"
+  std::string recorder_version = "0.1.0";
+  int64_t pid = 0;                       // target pid (host pid namespace)
+  std::string ruby_version;              // "3.4.5"
+  std::string clock = "monotonic";       // CLOCK_MONOTONIC
+  uint64_t origin_ns = 0;                // CLOCK_MONOTONIC ns that every event's t_ns counts from
+  std::string started_at;                // ISO-8601 UTC wall time of origin; empty: Create fills in "now"
+  std::vector<std::string> channels = {"thread_hook_site", "gc_hook_site", "probe"};
+  std::optional<uint32_t> main_thread = 1;  // serial of the main Ruby thread (0 on 3.2, 1 on 3.3+)
+  std::vector<std::string> command;      // launch mode only; written only when non-empty
+  std::string build_id;                  // hex GNU build-id of the VM binary; written only when non-empty
+};
+
+// What only the caller knows at the end of a recording.
+struct FinishInfo {
+  uint64_t end_t_ns = 0;               // ns since origin when recording stopped (clamped to the last event)
+  uint64_t ring_high_water_bytes = 0;  // from the BPF counters
+  uint64_t late_events = 0;            // Reorderer::late()
+  std::string stop_reason;             // optional "reason" on tracing_stopped ("signal", "duration", "target_exited")
+};
+
+// "2025-01-31T12:34:56.789012Z".
+std::string FormatIso8601Utc(std::chrono::system_clock::time_point time);
+
+class TraceWriter {
+ public:
+  // Flush thresholds: a buffer past kFlushBytes is written at once; MaybeFlush writes anything older than
+  // kFlushInterval so a reader following the file (tail -f, a crash) lags by at most that much.
+  static constexpr size_t kFlushBytes = 64 * 1024;
+  static constexpr std::chrono::milliseconds kFlushInterval{100};
+
+  // Creates (truncates) `path`, writes the header and the tracing_started line, and flushes them. Fails with
+  // kOutputUnwritable naming the path and errno; nothing is left behind on failure.
+  static Result<TraceWriter> Create(const std::string& path, const TraceHeader& header);
+
+  TraceWriter(TraceWriter&& other) noexcept;
+  TraceWriter& operator=(TraceWriter&& other) noexcept;
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+  // Writes out buffered whole lines and closes the file (no summary: the trace reads like one cut by a crash).
+  ~TraceWriter();
+
+  // Appends one event line (preceded by a thread line the first time a Ruby thread appears). Fails only when a
+  // flush it triggers fails (kIo, e.g. disk full).
+  Status Write(const TraceEvent& event);
+  // Flushes when kFlushInterval has passed since the last timed flush. Calling it at least every 100 ms bounds how
+  // long a line can sit in memory (what a crash loses and a follower of the file waits for) to about 200 ms.
+  Status MaybeFlush(std::chrono::steady_clock::time_point now);
+  Status Flush();
+  // Writes tracing_stopped and the summary line, flushes, and closes. The writer accepts nothing afterwards.
+  Status Finish(const FinishInfo& info);
+  // Closes and deletes the file: for recordings that fail before anything useful was written. Outputs that are not
+  // regular files (-o /dev/stdout, a FIFO) are closed but not deleted.
+  void Abandon();
+
+  const std::string& path() const { return path_; }
+  uint64_t events_written() const { return events_written_; }
+  // The summary as it stands (Finish writes this with the FinishInfo fields filled in).
+  TraceSummary CurrentSummary(uint64_t end_t_ns) const;
+
+ private:
+  TraceWriter(std::string path, int fd, const TraceHeader& header);
+  void AppendHeader(const TraceHeader& header);
+  void AppendEvent(const TraceEvent& event);
+  void AppendSummary(const TraceSummary& summary);
+  void Close();
+
+  std::string path_;
+  int fd_ = -1;  // owned
+  bool finished_ = false;
+  bool remove_on_abandon_ = false;  // a regular file this writer created (never a device or FIFO)
+  std::string buffer_;  // whole lines not yet written
+  std::chrono::steady_clock::time_point last_timed_flush_;  // last flush done by MaybeFlush (or Create)
+  ThreadAccounting accounting_;
+  std::array<uint64_t, kEventNameCount> counts_{};
+  uint64_t events_written_ = 0;
+  uint64_t dropped_total_ = 0;
+  uint64_t last_t_ns_ = 0;  // largest t_ns written
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_TRACE_WRITER_H_

@@ -1,0 +1,252 @@
+#include "elf/elf_file.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "elf/elf_fixtures.h"
+
+namespace rvbpfd {
+namespace {
+
+using testing::CompileC;
+using testing::TempDir;
+
+// A shared library with a known build-id, an exported version string, a .bss object and GCC-style clone names
+// (assembler names with dots, as GCC gives its clones).
+constexpr const char* kLibSource = R"(
+const char ruby_version[] = "3.3.8";
+char big_bss[4096];
+__attribute__((noinline, used)) static int worker(int x) { return x * 3 + 1; }
+__attribute__((noinline, used)) int worker_clone(int x) __asm__("do_mutex_lock.constprop.0");
+int worker_clone(int x) { return x + 7; }
+__attribute__((noinline, used)) int worker_cold(int x) __asm__("do_mutex_lock.constprop.0.cold");
+int worker_cold(int x) { return x - 7; }
+__attribute__((noinline, used)) int worker_main(int x) __asm__("do_mutex_lock");
+int worker_main(int x) { return worker(x) + 2; }
+__attribute__((noinline, used)) int worker_other(int x) __asm__("do_mutex_lock_other");
+int worker_other(int x) { return x ^ 5; }
+int exported_entry(int x) { return worker(x) + big_bss[x & 7]; }
+)";
+constexpr const char* kBuildId = "0123456789abcdef0123456789abcdef01234567";
+
+class ElfFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    lib_ = dir_.Join("libfixture.so");
+    ASSERT_TRUE(CompileC(kLibSource, lib_, std::string("-shared -fPIC -O2 -Wl,--build-id=0x") + kBuildId));
+  }
+  TempDir dir_;
+  std::string lib_;
+};
+
+TEST(CloneSuffixTest, AcceptsGccCloneSuffixesOnly) {
+  EXPECT_TRUE(MatchesWithCloneSuffix("do_mutex_lock", "do_mutex_lock"));
+  EXPECT_TRUE(MatchesWithCloneSuffix("do_mutex_lock.constprop.0", "do_mutex_lock"));
+  EXPECT_TRUE(MatchesWithCloneSuffix("do_mutex_lock.constprop.0.cold", "do_mutex_lock"));
+  EXPECT_TRUE(MatchesWithCloneSuffix("gc_rest.part.0", "gc_rest"));
+  EXPECT_TRUE(MatchesWithCloneSuffix("foo.isra.12", "foo"));
+  EXPECT_TRUE(MatchesWithCloneSuffix("thread_start_func_2.cold", "thread_start_func_2"));
+  EXPECT_FALSE(MatchesWithCloneSuffix("do_mutex_lock_other", "do_mutex_lock"));
+  EXPECT_FALSE(MatchesWithCloneSuffix("do_mutex_locked", "do_mutex_lock"));
+  EXPECT_FALSE(MatchesWithCloneSuffix("do_mutex_lock.constprop.", "do_mutex_lock"));
+  EXPECT_FALSE(MatchesWithCloneSuffix("do_mutex_lock.constprop.x", "do_mutex_lock"));
+  EXPECT_FALSE(MatchesWithCloneSuffix("do_mutex", "do_mutex_lock"));
+}
+
+TEST(ElfFileOpenTest, MissingFileIsAnIoErrorWithErrno) {
+  Result<ElfFile> elf = ElfFile::Open("/nonexistent/rvbpfd/libruby.so");
+  ASSERT_FALSE(elf.ok());
+  EXPECT_EQ(elf.error().code(), ErrorCode::kIo);
+  EXPECT_NE(elf.error().message().find("errno 2"), std::string::npos) << elf.error().message();
+}
+
+TEST(ElfFileOpenTest, NonElfFileIsRejected) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("text"), "this is not an ELF file at all, just text\n");
+  Result<ElfFile> elf = ElfFile::Open(dir.Join("text"));
+  ASSERT_FALSE(elf.ok());
+  EXPECT_EQ(elf.error().code(), ErrorCode::kIo);
+  EXPECT_NE(elf.error().message().find("not an ELF"), std::string::npos) << elf.error().message();
+}
+
+TEST_F(ElfFileTest, ReadsBuildIdSymbolsAndVersionString) {
+  Result<ElfFile> elf = ElfFile::Open(lib_);
+  ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+  EXPECT_EQ(elf->build_id(), kBuildId);
+  EXPECT_TRUE(elf->has_symtab());
+  EXPECT_EQ(elf->elf_type(), ET_DYN);
+
+  std::optional<ElfSymbol> version = elf->FindSymbol("ruby_version");
+  ASSERT_TRUE(version.has_value());
+  EXPECT_EQ(version->type, STT_OBJECT);
+  EXPECT_EQ(version->binding, STB_GLOBAL);
+  EXPECT_EQ(version->size, 6u);
+  EXPECT_EQ(elf->CStringAt(version->value, 32), "3.3.8");
+  // A bound shorter than the string means "unterminated": no partial string.
+  EXPECT_FALSE(elf->CStringAt(version->value, 3).has_value());
+
+  std::optional<ElfSymbol> worker = elf->FindSymbol("worker");  // static: .symtab only
+  ASSERT_TRUE(worker.has_value());
+  EXPECT_TRUE(worker->from_symtab);
+  EXPECT_EQ(worker->binding, STB_LOCAL);
+  EXPECT_EQ(worker->type, STT_FUNC);
+  EXPECT_FALSE(elf->FindSymbol("no_such_symbol").has_value());
+}
+
+TEST_F(ElfFileTest, PrefixLookupFindsClonesButNotOtherNames) {
+  Result<ElfFile> elf = ElfFile::Open(lib_);
+  ASSERT_TRUE(elf.ok());
+  std::vector<ElfSymbol> syms = elf->FindSymbolsWithPrefix("do_mutex_lock");
+  std::vector<std::string> names;
+  for (const ElfSymbol& s : syms) names.push_back(s.name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"do_mutex_lock", "do_mutex_lock.constprop.0",
+                                             "do_mutex_lock.constprop.0.cold"}));
+}
+
+TEST_F(ElfFileTest, VaddrToFileOffsetAgreesWithSectionHeaders) {
+  Result<ElfFile> elf = ElfFile::Open(lib_);
+  ASSERT_TRUE(elf.ok());
+  std::optional<ElfSection> text = elf->FindSection(".text");
+  ASSERT_TRUE(text.has_value());
+  std::optional<ElfSymbol> fn = elf->FindSymbol("exported_entry");
+  ASSERT_TRUE(fn.has_value());
+  ASSERT_GE(fn->value, text->addr);
+  std::optional<uint64_t> off = elf->VaddrToFileOffset(fn->value);
+  ASSERT_TRUE(off.has_value());
+  EXPECT_EQ(*off, text->offset + (fn->value - text->addr));
+
+  // The bytes at the function's address are the bytes of .text at the same place.
+  std::span<const uint8_t> via_vaddr = elf->BytesAt(fn->value, fn->size);
+  std::span<const uint8_t> section = elf->SectionData(*text);
+  ASSERT_EQ(via_vaddr.size(), fn->size);
+  ASSERT_LE(fn->value - text->addr + fn->size, section.size());
+  EXPECT_EQ(std::memcmp(via_vaddr.data(), section.data() + (fn->value - text->addr), fn->size), 0);
+
+  std::optional<ElfSymbol> containing = elf->FunctionContaining(fn->value + fn->size / 2);
+  ASSERT_TRUE(containing.has_value());
+  EXPECT_EQ(containing->name, "exported_entry");
+}
+
+TEST_F(ElfFileTest, ReadsOutsideTheFileFailCleanly) {
+  Result<ElfFile> elf = ElfFile::Open(lib_);
+  ASSERT_TRUE(elf.ok());
+  std::optional<ElfSymbol> bss = elf->FindSymbol("big_bss");
+  ASSERT_TRUE(bss.has_value());
+  EXPECT_FALSE(elf->VaddrToFileOffset(bss->value).has_value()) << ".bss has no file bytes";
+  EXPECT_TRUE(elf->BytesAt(bss->value, 4).empty());
+  EXPECT_TRUE(elf->BytesAt(0xffffffffffff0000ull, 16).empty());
+  EXPECT_TRUE(elf->BytesAt(UINT64_MAX - 2, 8).empty()) << "address overflow must not wrap";
+  std::optional<ElfSymbol> fn = elf->FindSymbol("exported_entry");
+  ASSERT_TRUE(fn.has_value());
+  EXPECT_TRUE(elf->BytesAt(fn->value, 1ull << 40).empty()) << "length beyond the segment";
+  EXPECT_FALSE(elf->CStringAt(0xdeadbeef000ull, 16).has_value());
+}
+
+TEST_F(ElfFileTest, StrippedFileHasNoSymtabButKeepsDynsym) {
+  std::string stripped = dir_.Join("libstripped.so");
+  ASSERT_TRUE(CompileC(kLibSource, stripped, "-shared -fPIC -O2 -s"));
+  Result<ElfFile> elf = ElfFile::Open(stripped);
+  ASSERT_TRUE(elf.ok());
+  EXPECT_FALSE(elf->has_symtab());
+  EXPECT_FALSE(elf->FindSymbol("worker").has_value()) << "static functions live only in .symtab";
+  std::optional<ElfSymbol> version = elf->FindSymbol("ruby_version");
+  ASSERT_TRUE(version.has_value());
+  EXPECT_FALSE(version->from_symtab);
+  EXPECT_EQ(elf->CStringAt(version->value, 32), "3.3.8");
+}
+
+TEST_F(ElfFileTest, TruncatedFilesNeverReadOutOfBounds) {
+  std::string full = testing::ReadFile(lib_);
+  ASSERT_GT(full.size(), 4096u);
+  // Cut at several points: inside the ELF header, the program headers, the middle, and just before the section
+  // header table. Each must either fail to open or answer every query without touching bytes past the end.
+  int opened = 0;
+  for (size_t cut : {size_t{20}, size_t{100}, size_t{1000}, full.size() / 2, full.size() - 64}) {
+    std::string path = dir_.Join("cut-" + std::to_string(cut));
+    testing::WriteFile(path, full.substr(0, cut));
+    Result<ElfFile> elf = ElfFile::Open(path);
+    if (!elf.ok()) {
+      EXPECT_EQ(elf.error().code(), ErrorCode::kIo) << cut;
+      continue;
+    }
+    ++opened;
+    for (const ElfSection& s : elf->sections()) {
+      std::span<const uint8_t> data = elf->SectionData(s);
+      if (!data.empty()) {
+        EXPECT_LE(s.offset + s.size, cut) << s.name;
+      }
+    }
+    for (const ElfSymbol& s : elf->symbols()) {
+      std::span<const uint8_t> bytes = elf->BytesAt(s.value, s.size);
+      if (!bytes.empty()) {
+        std::optional<uint64_t> off = elf->VaddrToFileOffset(s.value);
+        ASSERT_TRUE(off.has_value());
+        EXPECT_LE(*off + s.size, cut) << s.name;
+      }
+    }
+  }
+  EXPECT_GT(opened, 0) << "no truncated copy parsed: the bounds checks were not exercised";
+  std::printf("truncated copies that still parsed: %d of 5\n", opened);
+}
+
+// A crafted program header whose executable segment claims far more file bytes than exist: reads must be limited
+// by the real file size, not by what the header says.
+TEST_F(ElfFileTest, LyingProgramHeaderIsBoundedByTheFileSize) {
+  std::string bytes = testing::ReadFile(lib_);
+  Elf64_Ehdr ehdr;
+  ASSERT_GE(bytes.size(), sizeof(ehdr));
+  std::memcpy(&ehdr, bytes.data(), sizeof(ehdr));
+  bool patched = false;
+  for (int i = 0; i < ehdr.e_phnum; ++i) {
+    size_t at = ehdr.e_phoff + static_cast<size_t>(i) * ehdr.e_phentsize;
+    ASSERT_LE(at + sizeof(Elf64_Phdr), bytes.size());
+    Elf64_Phdr ph;
+    std::memcpy(&ph, bytes.data() + at, sizeof(ph));
+    if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+    ph.p_filesz = ph.p_memsz = 1ull << 40;
+    std::memcpy(bytes.data() + at, &ph, sizeof(ph));
+    patched = true;
+  }
+  ASSERT_TRUE(patched);
+  std::string path = dir_.Join("liar.so");
+  testing::WriteFile(path, bytes);
+  Result<ElfFile> elf = ElfFile::Open(path);
+  ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+  std::optional<ElfSymbol> fn = elf->FindSymbol("exported_entry");
+  ASSERT_TRUE(fn.has_value());
+  EXPECT_FALSE(elf->BytesAt(fn->value, 16).empty()) << "bytes inside the file are still readable";
+  EXPECT_TRUE(elf->BytesAt(fn->value, bytes.size()).empty()) << "a read past the end of the file must fail";
+  std::optional<uint64_t> off = elf->VaddrToFileOffset(fn->value + bytes.size());
+  EXPECT_FALSE(off.has_value()) << "an address mapped by the lie but beyond the file has no file offset";
+}
+
+TEST_F(ElfFileTest, MovedFileStaysUsable) {
+  Result<ElfFile> elf = ElfFile::Open(lib_);
+  ASSERT_TRUE(elf.ok());
+  ElfFile moved = std::move(elf.value());
+  ElfFile again = std::move(moved);
+  EXPECT_EQ(again.build_id(), kBuildId);
+  ASSERT_NE(again.handle(), nullptr);
+  std::optional<ElfSymbol> version = again.FindSymbol("ruby_version");
+  ASSERT_TRUE(version.has_value());
+  EXPECT_EQ(again.CStringAt(version->value, 32), "3.3.8");
+}
+
+TEST(ElfFileRealTest, DebianLibruby31IsStrippedWithKnownBuildId) {
+  const std::string path = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1";
+  if (!testing::FileExists(path)) GTEST_SKIP() << path << " absent (Debian's ruby3.1 package not installed)";
+  Result<ElfFile> elf = ElfFile::Open(path);
+  ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+  EXPECT_FALSE(elf->has_symtab());
+  EXPECT_EQ(elf->build_id().substr(0, 8), "862794fb");  // reference §0
+  std::optional<ElfSymbol> version = elf->FindSymbol("ruby_version");
+  ASSERT_TRUE(version.has_value());
+  EXPECT_EQ(elf->CStringAt(version->value, 32).value_or("").substr(0, 4), "3.1.");
+}
+
+}  // namespace
+}  // namespace rvbpfd

@@ -1,0 +1,305 @@
+#include "target/target.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "elf/elf_file.h"
+#include "elf/elf_fixtures.h"
+
+namespace rvbpfd {
+namespace {
+
+using testing::CompileC;
+using testing::TempDir;
+using testing::WriteFile;
+
+constexpr int kPid = 4242;
+
+std::string VersionLib(const std::string& version) {
+  return "const char ruby_version[] = \"" + version + "\";\nint ruby_vm_event_flags;\n";
+}
+
+// Builds a fake /proc/<kPid> tree: comm, maps (one line per path), exe symlink, and root/<path> files.
+class FakeProc {
+ public:
+  FakeProc() : procfs_(dir_.path()) {}
+  const ProcFs& procfs() const { return procfs_; }
+  std::string PidDir() const { return dir_.Join(std::to_string(kPid)); }
+  // Places a compiled fixture at root/<target_path> (as the target sees it).
+  bool AddFile(const std::string& target_path, const std::string& source, const std::string& flags) {
+    return CompileC(source, PidDir() + "/root" + target_path, flags);
+  }
+  void SetMaps(const std::vector<std::string>& paths, const std::string& suffix = "") {
+    std::string text;
+    uint64_t addr = 0x7f0000000000;
+    for (const std::string& p : paths) {
+      char line[512];
+      std::snprintf(line, sizeof(line), "%lx-%lx r-xp 00000000 08:01 1234 %s%s\n", addr, addr + 0x1000, p.c_str(),
+                    suffix.c_str());
+      text += line;
+      addr += 0x10000;
+    }
+    text += "7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0 [stack]\n";
+    WriteFile(PidDir() + "/maps", text);
+  }
+  void SetComm(const std::string& comm) { WriteFile(PidDir() + "/comm", comm + "\n"); }
+  void SetExe(const std::string& target_path) {
+    std::filesystem::create_directories(PidDir());
+    std::filesystem::create_symlink(target_path, PidDir() + "/exe");
+  }
+  TempDir dir_;
+
+ private:
+  ProcFs procfs_;
+};
+
+TEST(ParseMapsTest, ParsesPathsWithSpacesDeletedMarkersAndAnonymousMappings) {
+  std::vector<MapsEntry> maps = ParseMaps(
+      "55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 42 /usr/bin/ruby\n"
+      "7f00aa000000-7f00aa100000 r-xp 0004a000 08:01 77 /opt/my ruby/lib/libruby.so.3.3.8 (deleted)\n"
+      "garbage line\n"
+      "7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0                          [stack]\n"
+      "7ffd00000000-7ffd00001000 rw-p 00000000 00:00 0\n");
+  ASSERT_EQ(maps.size(), 4u);
+  EXPECT_EQ(maps[0].path, "/usr/bin/ruby");
+  EXPECT_EQ(maps[0].start, 0x55d0c0a00000u);
+  EXPECT_EQ(maps[0].inode, 42u);
+  EXPECT_FALSE(maps[0].deleted);
+  EXPECT_EQ(maps[1].path, "/opt/my ruby/lib/libruby.so.3.3.8");
+  EXPECT_TRUE(maps[1].deleted);
+  EXPECT_EQ(maps[1].offset, 0x4a000u);
+  EXPECT_EQ(maps[1].perms, "r-xp");
+  EXPECT_EQ(maps[2].path, "[stack]");
+  EXPECT_EQ(maps[3].path, "");
+}
+
+TEST(DiscoverTargetTest, MissingPidIsNoSuchProcess) {
+  FakeProc proc;
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), ErrorCode::kNoSuchProcess);
+  EXPECT_EQ(t.error().message(), "no process with pid 4242");
+  EXPECT_EQ(DiscoverTarget(0, proc.procfs()).error().code(), ErrorCode::kNoSuchProcess);
+  EXPECT_EQ(DiscoverTarget(-7, proc.procfs()).error().code(), ErrorCode::kNoSuchProcess);
+}
+
+// Root can read any file, so permission errors are injected rather than provoked with chmod.
+class DenyingProcFs : public ProcFs {
+ public:
+  using ProcFs::ProcFs;
+  int OpenFile(const std::string& path, int flags) const override {
+    if (path.ends_with("/maps")) {
+      errno = EACCES;
+      return -1;
+    }
+    return ProcFs::OpenFile(path, flags);
+  }
+};
+
+TEST(DiscoverTargetTest, UnreadableMapsIsNoPrivilegeWithTheFix) {
+  FakeProc proc;
+  proc.SetComm("ruby");
+  proc.SetMaps({"/usr/lib/libruby.so.3.3.8"});
+  DenyingProcFs denying(proc.dir_.path());
+  Result<RubyTarget> t = DiscoverTarget(kPid, denying);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), ErrorCode::kNoPrivilege);
+  EXPECT_NE(t.error().message().find("errno 13"), std::string::npos) << t.error().message();
+  EXPECT_NE(t.error().message().find("CAP_SYS_PTRACE"), std::string::npos) << t.error().message();
+  EXPECT_NE(t.error().message().find("root"), std::string::npos) << t.error().message();
+}
+
+TEST(DiscoverTargetTest, ProcessWithoutVmIsNotRuby) {
+  FakeProc proc;
+  proc.SetComm("python3");
+  ASSERT_TRUE(proc.AddFile("/usr/bin/python3", "int main(void) { return 0; }\n", "-O1"));
+  ASSERT_TRUE(proc.AddFile("/usr/lib/libc.so.6", "int not_ruby;\n", "-shared -fPIC"));
+  proc.SetMaps({"/usr/bin/python3", "/usr/lib/libc.so.6"});
+  proc.SetExe("/usr/bin/python3");
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), ErrorCode::kNotRuby);
+  EXPECT_EQ(t.error().message(),
+            "pid 4242 (python3) maps no CRuby VM: no libruby.so and its executable defines no ruby_version");
+}
+
+TEST(DiscoverTargetTest, FindsSharedLibrubyThroughTheTargetRoot) {
+  FakeProc proc;
+  proc.SetComm("ruby");
+  ASSERT_TRUE(proc.AddFile("/usr/bin/ruby", "int main(void) { return 0; }\n", "-O1"));
+  ASSERT_TRUE(proc.AddFile("/usr/lib/libruby.so.3.3.8", VersionLib("3.3.8"),
+                           "-shared -fPIC -Wl,--build-id=0xfeedface00112233"));
+  proc.SetMaps({"/usr/bin/ruby", "/usr/lib/libruby.so.3.3.8"});
+  proc.SetExe("/usr/bin/ruby");
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_TRUE(t.ok()) << t.error().ToString();
+  EXPECT_EQ(t->pid, kPid);
+  EXPECT_EQ(t->comm, "ruby");
+  EXPECT_EQ(t->vm_path, "/usr/lib/libruby.so.3.3.8");
+  EXPECT_EQ(t->vm_host_path, proc.PidDir() + "/root/usr/lib/libruby.so.3.3.8");
+  EXPECT_TRUE(t->vm_is_shared_library);
+  EXPECT_EQ(t->build_id, "feedface00112233");
+  EXPECT_EQ(t->ruby_version, "3.3.8");
+  EXPECT_EQ(t->major, 3);
+  EXPECT_EQ(t->minor, 3);
+  EXPECT_EQ(t->teeny, 8);
+  EXPECT_EQ(t->vm_load_start, 0x7f0000010000u);
+}
+
+TEST(DiscoverTargetTest, FindsStaticRubyExecutable) {
+  FakeProc proc;
+  proc.SetComm("ruby");
+  ASSERT_TRUE(proc.AddFile("/opt/ruby/bin/ruby", VersionLib("3.4.5") + "int main(void) { return 0; }\n", "-O1"));
+  proc.SetMaps({"/opt/ruby/bin/ruby", "/usr/lib/x86_64-linux-gnu/libc.so.6"});
+  proc.SetExe("/opt/ruby/bin/ruby");
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_TRUE(t.ok()) << t.error().ToString();
+  EXPECT_EQ(t->vm_path, "/opt/ruby/bin/ruby");
+  EXPECT_FALSE(t->vm_is_shared_library);
+  EXPECT_EQ(t->ruby_version, "3.4.5");
+  EXPECT_EQ(t->minor, 4);
+}
+
+TEST(DiscoverTargetTest, RubyOlderThan32IsUnsupported) {
+  FakeProc proc;
+  proc.SetComm("ruby3.1");
+  ASSERT_TRUE(proc.AddFile("/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1", VersionLib("3.1.2"), "-shared -fPIC"));
+  proc.SetMaps({"/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1"});
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), ErrorCode::kUnsupportedVersion);
+  EXPECT_EQ(t.error().message(),
+            "CRuby 3.1.2 has no thread scheduler events (they were added in 3.2); use Ruby >= 3.2");
+}
+
+TEST(DiscoverTargetTest, DeletedLibraryIsOpenedThroughMapFiles) {
+  FakeProc proc;
+  proc.SetComm("ruby");
+  // The file is gone from the target's root (upgraded away) but still mapped: map_files/<range> reaches it.
+  ASSERT_TRUE(CompileC(VersionLib("3.3.8"), proc.PidDir() + "/map_files/7f0000000000-7f0000001000",
+                       "-shared -fPIC"));
+  proc.SetMaps({"/usr/lib/libruby.so.3.3.8"}, " (deleted)");
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_TRUE(t.ok()) << t.error().ToString();
+  EXPECT_EQ(t->vm_path, "/usr/lib/libruby.so.3.3.8");
+  EXPECT_EQ(t->vm_host_path, proc.PidDir() + "/map_files/7f0000000000-7f0000001000");
+  EXPECT_EQ(t->ruby_version, "3.3.8");
+}
+
+TEST(DiscoverTargetTest, LibrubyWithoutVersionStringIsNotRuby) {
+  FakeProc proc;
+  proc.SetComm("fake");
+  ASSERT_TRUE(proc.AddFile("/usr/lib/libruby.so.9", "int something_else;\n", "-shared -fPIC"));
+  proc.SetMaps({"/usr/lib/libruby.so.9"});
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), ErrorCode::kNotRuby);
+  EXPECT_NE(t.error().message().find("ruby_version"), std::string::npos);
+}
+
+// --- Against real processes (the test Rubies and Debian's ruby), skipped when absent -------------------------------
+
+// Runs `ruby -e 'sleep 5'` and kills it on destruction.
+class RubyChild {
+ public:
+  explicit RubyChild(const std::string& ruby) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      int devnull = open("/dev/null", O_RDWR);
+      dup2(devnull, 1);
+      dup2(devnull, 2);
+      execl(ruby.c_str(), ruby.c_str(), "-e", "sleep 5", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~RubyChild() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  int pid() const { return pid_; }
+
+ private:
+  int pid_ = -1;
+};
+
+// Polls until the child has exec'd and loaded the VM (its comm becomes "ruby"), at most 5 s.
+Result<RubyTarget> DiscoverWhenReady(int pid) {
+  Result<RubyTarget> t = Error(ErrorCode::kInternal, "not tried");
+  for (int i = 0; i < 100; ++i) {
+    t = DiscoverTarget(pid, ProcFs());
+    if (t.ok() || t.error().code() == ErrorCode::kUnsupportedVersion) return t;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return t;
+}
+
+TEST(DiscoverTargetRealTest, SharedRuby338) {
+  std::string dir = testing::TestRuby("3.3.8-shared");
+  if (dir.empty()) GTEST_SKIP() << "test Ruby 3.3.8-shared not built (tools/build-test-rubies.sh)";
+  RubyChild child(dir + "/bin/ruby");
+  Result<RubyTarget> t = DiscoverWhenReady(child.pid());
+  ASSERT_TRUE(t.ok()) << t.error().ToString();
+  EXPECT_EQ(t->ruby_version, "3.3.8");
+  EXPECT_TRUE(t->vm_is_shared_library);
+  EXPECT_EQ(t->vm_path, dir + "/lib/libruby.so.3.3.8");
+  EXPECT_EQ(t->vm_host_path, "/proc/" + std::to_string(child.pid()) + "/root" + dir + "/lib/libruby.so.3.3.8");
+  Result<ElfFile> direct = ElfFile::Open(dir + "/lib/libruby.so.3.3.8");
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(t->build_id, direct->build_id());
+  EXPECT_EQ(t->comm, "ruby");
+}
+
+TEST(DiscoverTargetRealTest, StaticRuby345) {
+  std::string dir = testing::TestRuby("3.4.5-static");
+  if (dir.empty()) GTEST_SKIP() << "test Ruby 3.4.5-static not built (tools/build-test-rubies.sh)";
+  RubyChild child(dir + "/bin/ruby");
+  Result<RubyTarget> t = DiscoverWhenReady(child.pid());
+  ASSERT_TRUE(t.ok()) << t.error().ToString();
+  EXPECT_EQ(t->ruby_version, "3.4.5");
+  EXPECT_FALSE(t->vm_is_shared_library);
+  EXPECT_EQ(t->vm_path, dir + "/bin/ruby");
+  EXPECT_FALSE(t->build_id.empty());
+}
+
+TEST(DiscoverTargetRealTest, DebianRuby31IsUnsupported) {
+  if (!testing::FileExists("/usr/bin/ruby") ||
+      !testing::FileExists("/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1")) {
+    GTEST_SKIP() << "Debian's ruby 3.1 is not installed";
+  }
+  RubyChild child("/usr/bin/ruby");
+  Result<RubyTarget> t = DiscoverWhenReady(child.pid());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), ErrorCode::kUnsupportedVersion);
+  EXPECT_NE(t.error().message().find("CRuby 3.1."), std::string::npos) << t.error().message();
+}
+
+TEST(DiscoverTargetRealTest, NonRubyProcessIsNotRuby) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sleep", "sleep", "5", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  Result<RubyTarget> t = Error(ErrorCode::kInternal, "not tried");
+  for (int i = 0; i < 100; ++i) {  // until exec has replaced the forked test binary
+    t = DiscoverTarget(pid, ProcFs());
+    if (!t.ok() && t.error().message().find("(sleep)") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code(), ErrorCode::kNotRuby) << t.error().ToString();
+}
+
+}  // namespace
+}  // namespace rvbpfd

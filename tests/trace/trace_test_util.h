@@ -1,0 +1,50 @@
+// Shared helpers for the trace module's tests: a scratch directory removed at the end, and file helpers.
+#ifndef RVBPFD_TESTS_TRACE_TRACE_TEST_UTIL_H_
+#define RVBPFD_TESTS_TRACE_TRACE_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace rvbpfd::testing {
+
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = ::testing::TempDir() + "rvtrace-test-XXXXXX";
+    char* made = mkdtemp(tmpl.data());
+    EXPECT_NE(made, nullptr) << "mkdtemp " << tmpl;
+    path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+inline std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline void WriteAll(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+}
+
+}  // namespace rvbpfd::testing
+
+#endif  // RVBPFD_TESTS_TRACE_TRACE_TEST_UTIL_H_
