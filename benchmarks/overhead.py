@@ -2,7 +2,7 @@
 """Overhead benchmark (not a test): how much rvbpfd slows a Ruby program, measured as ratios within one run.
 
 For each test Ruby and each workload (benchmarks/workloads: cpu4 = four CPU-bound threads, io_heavy = two threads
-passing 20,000 bytes through a pipe one at a time), runs 5 interleaved rounds untraced and traced in attach mode (so
+passing 400,000 bytes through a pipe one at a time), runs 5 interleaved rounds untraced and traced in attach mode (so
 Ruby's boot is not counted: the workload waits on stdin until rvbpfd says it is attached) and prints the median
 elapsed time of the workload itself, the ratio, the traced events and the cost per probe hit. The bare cost of one
 uprobe hit is measured in the same run (bench_uprobe_cost), so "cost per event / bare hit" is comparable across
@@ -66,7 +66,7 @@ def run_once(ruby, workload, rvbpfd=None, extra=(), tmp="/tmp"):
 
 
 def probe_hits(summary):
-    counts = summary.get("counts", summary.get("events", {}))
+    counts = summary["event_counts"]
     hits = sum(v for k, v in counts.items() if k not in ("tracing_started", "tracing_stopped", "events_dropped",
                                                          "tracing_paused", "tracing_resumed"))
     return hits + summary.get("events_dropped", 0)

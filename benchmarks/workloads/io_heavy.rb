@@ -5,7 +5,7 @@ $stdout.flush
 $stdin.gets
 t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 r, w = IO.pipe
-n = 20_000
+n = 400_000
 writer = Thread.new { n.times { w.write("x") }; w.close }
 reader = Thread.new { got = 0; got += 1 while r.read(1); got }
 writer.join

@@ -57,6 +57,12 @@ struct rv_site {
   __u8 loc_reg;    /* enum rv_reg */
   __u8 binary;     /* index into the offsets map */
   __s32 loc_offset;
+  /* Function-entry sites only: a hit whose return address lies in [exclude_caller_start, exclude_caller_end)
+   * (ELF virtual addresses) is not an event. Mutex#lock's function is also called by the C API
+   * rb_mutex_synchronize (IO write locks), which is not a Ruby-level Mutex#lock. 0/0: no exclusion. */
+  __u64 vaddr;     /* the site's own ELF virtual address: ip - vaddr is the load bias */
+  __u64 exclude_caller_start;
+  __u64 exclude_caller_end;
 };
 
 /* Struct offsets of one VM binary, in bytes. Zero means "not available" where noted. */
@@ -95,13 +101,13 @@ struct rv_counters {
 };
 
 #ifdef __cplusplus
-static_assert(sizeof(struct rv_site) == 8, "rv_site ABI");
+static_assert(sizeof(struct rv_site) == 32, "rv_site ABI");
 static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
 static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
 static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
 static_assert(sizeof(struct rv_counters) == 24, "rv_counters ABI");
 #else
-_Static_assert(sizeof(struct rv_site) == 8, "rv_site ABI");
+_Static_assert(sizeof(struct rv_site) == 32, "rv_site ABI");
 _Static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
 _Static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
 _Static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");

@@ -230,10 +230,13 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
 }
 
 Result<int> BpfSession::Poll(int timeout_ms) {
+  // BPF wakes the epoll only when the ring is a quarter full (bpf/rvbpfd.bpf.c), so the wait is mostly a timed sleep
+  // and the records are taken with consume(), which reads whatever is there without waiting for a wakeup.
   int n = ring_buffer__poll(ring_, timeout_ms);
-  if (n == -EINTR) return 0;
-  if (n < 0) return BpfError("polling the BPF ring buffer", -n);
-  return n;
+  if (n < 0 && n != -EINTR) return BpfError("polling the BPF ring buffer", -n);
+  int m = ring_buffer__consume(ring_);
+  if (m < 0) return BpfError("reading the BPF ring buffer", -m);
+  return (n > 0 ? n : 0) + m;
 }
 
 rv_counters BpfSession::ReadCounters() const {

@@ -19,6 +19,7 @@
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "record/launch.h"
+#include "record/overhead_budget.h"
 #include "sites/sites.h"
 #include "target/target.h"
 #include "trace/event.h"
@@ -207,7 +208,8 @@ Result<int> Record(const RecordOptions& o) {
   if (Status st = session->AddPid(static_cast<uint32_t>(target.pid)); !st) return fail(st.error());
   std::vector<SiteSpec> low, high;
   for (const ProbeSite& ps : sites->sites) {
-    SiteSpec spec{ps.file_offset, rv_site{ps.event, ps.th.kind, ps.th.reg, *bin, ps.th.offset}};
+    SiteSpec spec{ps.file_offset, rv_site{ps.event, ps.th.kind, ps.th.reg, *bin, ps.th.offset, ps.vaddr,
+                                          ps.exclude_caller_start, ps.exclude_caller_end}};
     (IsHighRate(ps.event) ? high : low).push_back(spec);
   }
   TargetWatch watch = TargetWatch::ForPid(target.pid);
@@ -247,20 +249,29 @@ Result<int> Record(const RecordOptions& o) {
   ThreadIds thread_ids(static_cast<uint32_t>(target.pid));
   std::vector<TraceEvent> ready;
   rv_counters seen{};
-  uint64_t window_start = MonotonicNs();
-  uint64_t window_hits = 0;
+  OverheadBudget budget(o.max_overhead_pct, o.probe_cost_us);
   uint64_t last_status = 0;
-  uint64_t paused_until = 0;
-  double cool_down_s = o.cool_down_s;
-  double last_estimate = 0;
   bool warned = false;
+  bool stop_now = false;
+  // With a budget the counters are checked every 5 ms, so a burst overshoots it by at most ~5 ms of traps;
+  // otherwise every 20 ms, which also bounds how long records wait in the ring (BPF does not wake us per record).
+  const int poll_ms = o.max_overhead_pct > 0 ? 5 : 20;
   const uint64_t deadline = o.duration_s > 0 ? origin_ns + static_cast<uint64_t>(o.duration_s * 1e9) : 0;
   int child_status = 0;
   bool target_exited = false;
   std::string stop_reason = "target_exited";
 
   auto now_t = [&]() { return MonotonicNs() - origin_ns; };
+  // The daemon's own events are stamped "now"; everything the probes recorded before now must be in the reorder
+  // window first, or those records would arrive after a newer timestamp and be written out of order.
+  auto drain_ring = [&]() {
+    for (int i = 0; i < 64; ++i) {
+      Result<int> n = session->Poll(0);
+      if (!n || *n == 0) break;
+    }
+  };
   auto emit_daemon = [&](EventName name, std::string reason, double pct) {
+    drain_ring();
     TraceEvent e;
     e.t_ns = now_t();
     e.event = name;
@@ -272,6 +283,7 @@ Result<int> Record(const RecordOptions& o) {
   auto check_counters = [&]() {
     rv_counters c = session->ReadCounters();
     if (c.dropped > seen.dropped) {
+      drain_ring();
       TraceEvent e;
       e.t_ns = now_t();
       e.event = EventName::kEventsDropped;
@@ -279,12 +291,11 @@ Result<int> Record(const RecordOptions& o) {
       e.count = c.dropped - seen.dropped;
       reorder.Push(std::move(e));
     }
-    window_hits += (c.events - seen.events) + (c.dropped - seen.dropped);
     seen = c;
   };
 
   for (;;) {
-    Result<int> n = session->Poll(100);
+    Result<int> n = session->Poll(poll_ms);
     if (!n) {
       fprintf(stderr, "%s\n", n.error().ToString().c_str());
       stop_reason = "error";
@@ -307,44 +318,40 @@ Result<int> Record(const RecordOptions& o) {
     }
     const uint64_t now = MonotonicNs();
 
-    // Overhead estimate over half-second windows: probe hits x cost of one trap, as a share of wall time.
-    if (now - window_start >= 500'000'000) {
-      const double secs = static_cast<double>(now - window_start) / 1e9;
-      last_estimate = static_cast<double>(window_hits) * o.probe_cost_us / 1e6 / secs * 100.0;
-      window_hits = 0;
-      window_start = now;
-      if (o.max_overhead_pct > 0 && high_group && high_group->attached() && last_estimate > o.max_overhead_pct) {
-        session->Detach(*high_group);
-        emit_daemon(EventName::kTracingPaused, "max-overhead", last_estimate);
-        paused_until = now + static_cast<uint64_t>(cool_down_s * 1e9);
-        cool_down_s = std::min(cool_down_s * 2, 30.0);  // back off while the program stays this busy
-      } else if (o.max_overhead_pct > 0 && last_estimate <= o.max_overhead_pct / 2 && high_group &&
-                 high_group->attached()) {
-        cool_down_s = o.cool_down_s;  // calm again: the next pause starts from the short cool-down
-      }
-      if (o.max_overhead_pct <= 0 && last_estimate > o.warn_overhead_pct && !warned && !o.quiet) {
-        warned = true;
-        fprintf(stderr, "%srvbpfd: warning: probes cost the target an estimated %.1f%% (%.0f probe hits/s); "
-                "bound it with --max-overhead PERCENT\n", o.status_line ? "\r\033[K" : "", last_estimate,
-                last_estimate * 1e4 / o.probe_cost_us);
-      }
+    // Overhead: probe hits x cost of one trap, against the --max-overhead budget (see OverheadBudget).
+    const uint64_t hits = seen.events + seen.dropped;
+    switch (budget.Update(now, hits)) {
+      case OverheadBudget::Action::kPause:
+        if (high_group && high_group->attached()) {
+          session->Detach(*high_group);
+          emit_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, hits));
+        }
+        break;
+      case OverheadBudget::Action::kResume:
+        if (high_group && !high_group->attached()) {
+          if (Status st = session->Reattach(*high_group); st) {
+            emit_daemon(EventName::kTracingResumed, "budget window over", budget.last_window_pct());
+          } else if (!(!launch && watch.Exited())) {
+            fprintf(stderr, "%s\n", st.error().ToString().c_str());
+            stop_reason = "error";
+            stop_now = true;
+          }
+        }
+        break;
+      case OverheadBudget::Action::kNone:
+        break;
     }
-    if (high_group && !high_group->attached() && paused_until && now >= paused_until) {
-      if (Status st = session->Reattach(*high_group); st) {
-        emit_daemon(EventName::kTracingResumed, "cool-down over", last_estimate);
-        paused_until = 0;
-      } else if (!launch && watch.Exited()) {
-        target_exited = true;
-      } else {
-        fprintf(stderr, "%s\n", st.error().ToString().c_str());
-        paused_until = now + static_cast<uint64_t>(cool_down_s * 1e9);
-      }
+    if (o.max_overhead_pct <= 0 && budget.last_window_pct() > o.warn_overhead_pct && !warned && !o.quiet) {
+      warned = true;
+      fprintf(stderr, "%srvbpfd: warning: probes cost the target an estimated %.1f%% of its time (%.0f probe "
+              "hits/s); bound it with --max-overhead PERCENT\n", o.status_line ? "\r\033[K" : "",
+              budget.last_window_pct(), budget.last_window_pct() * 1e4 / o.probe_cost_us);
     }
     if (o.status_line && now - last_status >= 500'000'000) {
       last_status = now;
       fprintf(stderr, "\r\033[Krvbpfd: pid %d  %llu events  %llu dropped  est. overhead %.1f%%%s", target.pid,
               static_cast<unsigned long long>(seen.events), static_cast<unsigned long long>(seen.dropped),
-              last_estimate, high_group && !high_group->attached() ? "  (high-rate probes paused)" : "");
+              budget.last_window_pct(), high_group && !high_group->attached() ? "  (high-rate probes paused)" : "");
       fflush(stderr);
     }
 
@@ -353,7 +360,7 @@ Result<int> Record(const RecordOptions& o) {
     } else if (watch.Exited()) {
       target_exited = true;
     }
-    if (target_exited) break;
+    if (target_exited || stop_now) break;
     if (g_stop.load()) {
       stop_reason = "signal";
       break;
@@ -365,10 +372,7 @@ Result<int> Record(const RecordOptions& o) {
   }
 
   // Drain what the ring still holds, then the final drop count.
-  for (int i = 0; i < 1000; ++i) {
-    Result<int> n = session->Poll(0);
-    if (!n || *n == 0) break;
-  }
+  drain_ring();
   check_counters();
   reorder.Drain(&ready);
   for (TraceEvent& e : ready) {

@@ -1,8 +1,8 @@
 // The recording pipeline: target -> probe sites -> BPF session -> reorder window -> .rvtrace writer.
 //
-// Threading: everything runs on the calling thread. The main loop polls the BPF ring buffer (100 ms timeout), so the
-// ring is drained continuously and the drop counter, the target's liveness, signals, the duration and the overhead
-// budget are all checked at least ten times a second.
+// Threading: everything runs on the calling thread. The main loop polls the BPF ring buffer every 20 ms (5 ms with
+// --max-overhead), so the ring is drained continuously and the drop counter, the target's liveness, signals, the
+// duration and the overhead budget are checked at that period.
 #ifndef RVBPFD_SRC_RECORD_RECORDER_H_
 #define RVBPFD_SRC_RECORD_RECORDER_H_
 
@@ -23,7 +23,6 @@ struct RecordOptions {
   double max_overhead_pct = 0;        // 0: never pause probes (recordings are complete by default)
   double warn_overhead_pct = 10;      // status-line warning threshold when not pausing
   double probe_cost_us = 13;          // cost of one uprobe trap on this machine (us), for the overhead estimate
-  double cool_down_s = 1;             // how long high-rate sites stay detached once the budget is exceeded
   std::string cache_dir = "/var/cache/rvbpfd/sites";
   bool status_line = false;           // live status on stderr (when it is a terminal)
   bool force_single_links = false;    // one uprobe link per site even when multi links exist

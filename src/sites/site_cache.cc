@@ -16,7 +16,7 @@ namespace rvbpfd {
 namespace {
 
 // Bump when the meaning of any field changes, so old caches are recomputed rather than misread.
-constexpr int kCacheFormat = 1;
+constexpr int kCacheFormat = 2;  // 2: exclude_caller range on function-entry sites
 // No CRuby struct we read from is near this large; a bigger "offset" can only be corruption.
 constexpr uint32_t kMaxStructOffset = 4096;
 
@@ -50,6 +50,9 @@ std::string SiteSetToJson(const SiteSet& set) {
                         {"th", LocToJson(s.th)},   {"function", s.function},       {"method", s.method},
                         {"th_source", s.th_source}};
     if (s.th_disasm) j["th_disasm"] = LocToJson(*s.th_disasm);
+    if (s.exclude_caller_end != 0) {
+      j["exclude_caller"] = {s.exclude_caller_start, s.exclude_caller_end};
+    }
     sites.push_back(std::move(j));
   }
   nlohmann::json doc = {
@@ -96,6 +99,11 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
       s.method = j.at("method").get<std::string>();
       s.th_source = j.at("th_source").get<std::string>();
       if (j.contains("th_disasm")) s.th_disasm = LocFromJson(j.at("th_disasm"));
+      if (j.contains("exclude_caller")) {
+        s.exclude_caller_start = j.at("exclude_caller").at(0).get<uint64_t>();
+        s.exclude_caller_end = j.at("exclude_caller").at(1).get<uint64_t>();
+        if (s.exclude_caller_end <= s.exclude_caller_start) return bad("empty exclude_caller range");
+      }
       if (!ValidSite(s)) return bad("invalid site at file offset " + std::to_string(s.file_offset));
       set.sites.push_back(std::move(s));
     }

@@ -488,7 +488,26 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     }
   };
   add_entries("rb_f_sleep", RV_EV_SLEEP_ENTER);
-  add_entries(major >= 4 ? "rb_mut_lock" : "do_mutex_lock", RV_EV_MUTEX_LOCK_ENTER);
+  if (major >= 4) {
+    // 4.0: Mutex#lock and #synchronize are Ruby methods reaching the builtin rb_mut_lock.
+    add_entries("rb_mut_lock", RV_EV_MUTEX_LOCK_ENTER);
+  } else {
+    // 3.2-3.4: Mutex#lock is the cfunc rb_mutex_lock and Mutex#synchronize is rb_mutex_synchronize_m. The worker
+    // do_mutex_lock also serves C-level locks (every IO#write takes its write_lock through rb_mutex_synchronize),
+    // which an in-process Mutex#lock probe never sees, so the probe is on the method functions, and a call of
+    // rb_mutex_lock made from rb_mutex_synchronize (the C API; in a shared libruby it goes through the PLT) is
+    // excluded by its return address. Static builds inline rb_mutex_lock there, so the exclusion is moot.
+    add_entries("rb_mutex_lock", RV_EV_MUTEX_LOCK_ENTER);
+    add_entries("rb_mutex_synchronize_m", RV_EV_MUTEX_LOCK_ENTER);
+    if (std::optional<ElfSymbol> sync = vm.FindSymbol("rb_mutex_synchronize"); sync && sync->size > 0) {
+      for (ProbeSite& s : set.sites) {
+        if (s.event == RV_EV_MUTEX_LOCK_ENTER && s.function == "rb_mutex_lock") {
+          s.exclude_caller_start = sync->value;
+          s.exclude_caller_end = sync->value + sync->size;
+        }
+      }
+    }
+  }
 
   for (ProbeSite& s : set.sites) {
     std::optional<uint64_t> off = vm.VaddrToFileOffset(s.vaddr);

@@ -37,6 +37,9 @@ struct ProbeSite {
   // Hook sites of 3.3+: where the path to rb_thread_execute_hooks loads `th` into rsi, expressed at the site
   // instruction (the second, independent source; tests cross-check it against DWARF).
   std::optional<ThLocation> th_disasm;
+  // Function-entry sites: calls whose return address is in [start, end) (ELF vaddrs) are not events (rv_site).
+  uint64_t exclude_caller_start = 0;
+  uint64_t exclude_caller_end = 0;
 };
 
 struct SiteSet {

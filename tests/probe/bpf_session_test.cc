@@ -24,11 +24,24 @@ struct FakeThread {
 volatile uint64_t g_sink;
 extern "C" __attribute__((noinline)) void RvProbeTargetReg(FakeThread* th) { g_sink = g_sink + th->serial; }
 extern "C" __attribute__((noinline)) void RvProbeTargetMem(FakeThread** slot) { g_sink = g_sink + (*slot)->serial; }
+// Calls the probed function from a caller whose hits the site excludes by return address.
+extern "C" __attribute__((noinline)) void RvProbeExcludedCaller(FakeThread* th) {
+  RvProbeTargetReg(th);
+  g_sink = g_sink + 1;  // keeps the call from becoming a tail jump (the return address must point in here)
+}
 
 std::string SkipReason() {
   if (geteuid() != 0) return "not root: BPF and uprobes need root (or CAP_BPF+CAP_PERFMON)";
   if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) return "kernel has no BTF (/sys/kernel/btf/vmlinux)";
   return "";
+}
+
+ElfSymbol SymbolOf(const char* name) {
+  Result<ElfFile> self = ElfFile::Open("/proc/self/exe");
+  EXPECT_TRUE(self.ok());
+  auto sym = self->FindSymbol(name);
+  EXPECT_TRUE(sym.has_value()) << name;
+  return sym.value_or(ElfSymbol{});
 }
 
 uint64_t FileOffsetOf(const char* name) {
@@ -164,6 +177,28 @@ TEST_P(BpfSessionTest, FullRingCountsDropsInsteadOfBlocking) {
   EXPECT_EQ(c.events, received);
   EXPECT_GT(c.ring_high_water, 0u);
   EXPECT_LE(c.ring_high_water, 4096u);
+}
+
+TEST_P(BpfSessionTest, CallsFromAnExcludedCallerAreNotEvents) {
+  std::vector<rv_record> got;
+  SessionOptions opts;
+  opts.force_single_links = GetParam();
+  auto session = BpfSession::Open(opts, [&](const rv_record& r) { got.push_back(r); });
+  ASSERT_TRUE(session.ok()) << session.error().ToString();
+  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  const ElfSymbol target = SymbolOf("RvProbeTargetReg");
+  const ElfSymbol caller = SymbolOf("RvProbeExcludedCaller");
+  ASSERT_GT(caller.size, 0u);
+  rv_site site{RV_EV_MUTEX_LOCK_ENTER, RV_LOC_REG, RV_REG_RDI, *bin, 0, target.value, caller.value,
+               caller.value + caller.size};
+  auto group = (*session)->Attach(SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), site}}, getpid());
+  ASSERT_TRUE(group.ok()) << group.error().ToString();
+  FakeThread th{0, 9, 0};
+  for (int i = 0; i < 20; ++i) RvProbeExcludedCaller(&th);
+  for (int i = 0; i < 5; ++i) RvProbeTargetReg(&th);
+  ASSERT_TRUE((*session)->Poll(100).ok());
+  EXPECT_EQ(got.size(), 5u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, BpfSessionTest, ::testing::Values(false, true),

@@ -38,7 +38,9 @@ void fx_suspended(struct rb_thread_struct *th) { HOOK(8, th); }
 void fx_exited(struct rb_thread_struct *th) { HOOK(16, th); }
 int fx_layout(struct rb_thread_struct *th) { return th->nt->tid + (int)th->serial; }
 void rb_f_sleep(void) { rv_sink = 0; }
-void do_mutex_lock(void) { rv_sink = 0; }
+void rb_mutex_lock(void) { rv_sink = 0; }
+void rb_mutex_synchronize(void) { rb_mutex_lock(); rv_sink = 0; }
+void rb_mutex_synchronize_m(void) { rb_mutex_synchronize(); rv_sink = 0; }
 #ifdef RV_BAD_EVENT
 void fx_bad(struct rb_thread_struct *th) { HOOK(3, th); }
 #endif
@@ -81,10 +83,11 @@ constexpr ThLocation kRsi{RV_LOC_REG, RV_REG_RSI, 0};
 constexpr ThLocation kCurrent{RV_LOC_CURRENT, 0, 0};
 
 TEST_F(FixtureTest, FindsEveryHookSiteWithItsEventAndThFromDwarf) {
-  Result<SiteSet> set = Find(Build("libfx.so", "-g"), "3.3.0");
+  const std::string fixture_path = Build("libfx.so", "-g");
+  Result<SiteSet> set = Find(fixture_path, "3.3.0");
   ASSERT_TRUE(set.ok()) << set.error().ToString();
   auto by_fn = ByFunction(*set);
-  EXPECT_EQ(set->sites.size(), 7u) << FormatSites(*set);
+  EXPECT_EQ(set->sites.size(), 8u) << FormatSites(*set);  // 5 hook sites, sleep, Mutex#lock, #synchronize
   ASSERT_TRUE(by_fn.count("fx_started"));
   EXPECT_EQ(by_fn["fx_started"]->event, RV_EV_THREAD_STARTED);
   EXPECT_EQ(by_fn["fx_started"]->th, kRdi);
@@ -115,8 +118,21 @@ TEST_F(FixtureTest, FindsEveryHookSiteWithItsEventAndThFromDwarf) {
   ASSERT_TRUE(by_fn.count("rb_f_sleep"));
   EXPECT_EQ(by_fn["rb_f_sleep"]->event, RV_EV_SLEEP_ENTER);
   EXPECT_EQ(by_fn["rb_f_sleep"]->method, "function-entry");
-  ASSERT_TRUE(by_fn.count("do_mutex_lock"));
-  EXPECT_EQ(by_fn["do_mutex_lock"]->event, RV_EV_MUTEX_LOCK_ENTER);
+  ASSERT_TRUE(by_fn.count("rb_mutex_lock"));
+  EXPECT_EQ(by_fn["rb_mutex_lock"]->event, RV_EV_MUTEX_LOCK_ENTER);
+  ASSERT_TRUE(by_fn.count("rb_mutex_synchronize_m"));
+  EXPECT_EQ(by_fn["rb_mutex_synchronize_m"]->event, RV_EV_MUTEX_LOCK_ENTER);
+  EXPECT_EQ(by_fn.count("rb_mutex_synchronize"), 0u) << "the C API is not Mutex#lock";
+  {
+    // Calls of rb_mutex_lock from rb_mutex_synchronize (the C API) are excluded by return address.
+    Result<ElfFile> fx = ElfFile::Open(fixture_path);
+    ASSERT_TRUE(fx.ok());
+    auto sync = fx->FindSymbol("rb_mutex_synchronize");
+    ASSERT_TRUE(sync.has_value());
+    EXPECT_EQ(by_fn["rb_mutex_lock"]->exclude_caller_start, sync->value);
+    EXPECT_EQ(by_fn["rb_mutex_lock"]->exclude_caller_end, sync->value + sync->size);
+    EXPECT_EQ(by_fn["rb_mutex_synchronize_m"]->exclude_caller_end, 0u);
+  }
   EXPECT_EQ(set->offsets.th_serial, 200u);
   EXPECT_EQ(set->offsets.th_nt, 40u);
   EXPECT_EQ(set->offsets.nt_tid, 24u);
@@ -250,7 +266,7 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   ASSERT_NE(at, std::string::npos) << out_of_range;
   out_of_range.replace(at, 10, "\"event\": 99");
   std::string stale_format = good_json;
-  at = stale_format.find("\"format\": 1");
+  at = stale_format.find("\"format\": 2");
   ASSERT_NE(at, std::string::npos);
   stale_format.replace(at, 11, "\"format\": 0");
   std::string huge_offset = good_json;
@@ -379,8 +395,9 @@ struct RealBinary {
   const std::vector<uint64_t>* gc_enter;
   const std::vector<uint64_t>* gc_exit;
   uint64_t sleep_entry;
-  const char* mutex_symbol;
-  uint64_t mutex_entry;
+  uint64_t mutex_entry;        // rb_mutex_lock
+  uint64_t synchronize_entry;  // rb_mutex_synchronize_m
+  uint64_t synchronize_c_api;  // rb_mutex_synchronize (excluded caller)
   uint32_t serial_offset;
 };
 
@@ -443,9 +460,13 @@ TEST_P(RealBinaryTest, ReproducesTheReferenceTables) {
   ASSERT_EQ(sleep.size(), 1u);
   EXPECT_EQ(sleep[0]->file_offset, b.sleep_entry);
   EXPECT_EQ(sleep[0]->function, "rb_f_sleep");
-  ASSERT_EQ(mutex.size(), 1u) << "one entry: .cold/.part pieces must not double-count";
-  EXPECT_EQ(mutex[0]->function, b.mutex_symbol);
+  // Mutex#lock (rb_mutex_lock) and Mutex#synchronize (rb_mutex_synchronize_m): the Ruby-level methods.
+  ASSERT_EQ(mutex.size(), 2u);
+  EXPECT_EQ(mutex[0]->function, "rb_mutex_lock");
   EXPECT_EQ(mutex[0]->file_offset, b.mutex_entry);
+  EXPECT_EQ(mutex[1]->function, "rb_mutex_synchronize_m");
+  EXPECT_EQ(mutex[1]->file_offset, b.synchronize_entry);
+  EXPECT_EQ(mutex[0]->exclude_caller_start, b.synchronize_c_api);
 
   // Struct offsets: DWARF and the built-in table must agree.
   EXPECT_EQ(set->offsets_source, "dwarf");
@@ -480,9 +501,9 @@ TEST_P(RealBinaryTest, CachedResultEqualsFreshResult) {
 INSTANTIATE_TEST_SUITE_P(
     TestRubies, RealBinaryTest,
     ::testing::Values(RealBinary{"3.3.8-shared", "lib/libruby.so.3.3.8", "3.3.8", &kRef338, &kGcEnter338,
-                                 &kGcExit338, 0x204cb0, "do_mutex_lock", 0x2b3da0, 200},
+                                 &kGcExit338, 0x204cb0, 0x2b4260, 0x2b42a0, 0x2b4270, 200},
                       RealBinary{"3.4.5-static", "bin/ruby", "3.4.5", &kRef345, &kGcEnter345, &kGcExit345, 0x11ad30,
-                                 "do_mutex_lock.constprop.0", 0x1c9a70, 204}),
+                                 0x1c9ec0, 0x1c9ed0, 0x1cc0f0, 204}),
     [](const ::testing::TestParamInfo<RealBinary>& info) {
       return std::string(info.param.version[2] == '3' ? "Ruby338Shared" : "Ruby345Static");
     });
