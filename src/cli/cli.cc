@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <functional>
+#include <cerrno>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -13,7 +16,12 @@
 #include "record/recorder.h"
 #include "sites/sites.h"
 #include "target/target.h"
+#include "export/perfetto.h"
+#include "export/speedscope.h"
+#include "model/model.h"
+#include "model/model_summary.h"
 #include "trace/inspect.h"
+#include "trace/reader.h"
 
 namespace rvbpfd {
 namespace {
@@ -26,6 +34,7 @@ constexpr const char* kDescription =
     "  rvbpfd [-o FILE] -- COMMAND [ARGS...]             launch a program and record from its first instruction\n"
     "  rvbpfd inspect FILE                               event table and per-thread summary of a trace\n"
     "  rvbpfd stats FILE                                 counts by event, dropped events, ring high-water mark\n"
+    "  rvbpfd export --perfetto|--speedscope FILE -o OUT  Chrome trace JSON (ui.perfetto.dev) or speedscope\n"
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
     "\n"
     "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). Exit status: 0 ok, 2 usage, 3 no such process,\n"
@@ -35,6 +44,22 @@ constexpr const char* kDescription =
 int Fail(const Error& e) {
   fprintf(stderr, "%s\n", e.ToString().c_str());
   return ExitStatus(e.code());
+}
+
+// Writes through a temporary file renamed into place, so a failed export never leaves a partial file behind.
+Status WriteOutput(const std::string& path, const std::function<Status(std::ostream&)>& write) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    return Error(ErrorCode::kOutputUnwritable,
+                 ErrnoMessage("cannot create output file " + path, errno) + "; choose another path with -o");
+  }
+  Status st = write(out);
+  out.close();
+  if (st && !out) st = Error(ErrorCode::kIo, ErrnoMessage("writing " + path, errno));
+  if (st && rename(tmp.c_str(), path.c_str()) != 0) st = Error(ErrorCode::kIo, ErrnoMessage("renaming to " + path, errno));
+  if (!st) unlink(tmp.c_str());
+  return st;
 }
 
 }  // namespace
@@ -84,6 +109,15 @@ int RunCli(int argc, char** argv) {
   std::string stats_file;
   CLI::App* stats = app.add_subcommand("stats", "Print event counts, dropped events and ring high-water of a trace");
   stats->add_option("file", stats_file, "The .rvtrace file")->required();
+  std::string export_file, export_out;
+  bool export_perfetto = false, export_speedscope = false;
+  CLI::App* exp = app.add_subcommand("export", "Convert a trace for other viewers");
+  exp->add_option("file", export_file, "The .rvtrace file")->required();
+  exp->add_option("-o,--output", export_out, "Output file")->required();
+  auto* perfetto_flag = exp->add_flag("--perfetto", export_perfetto,
+                                      "Chrome trace event JSON for ui.perfetto.dev and chrome://tracing");
+  exp->add_flag("--speedscope", export_speedscope, "speedscope's file format, one profile per Ruby thread")
+      ->excludes(perfetto_flag);
   int sites_pid = 0;
   std::string sites_binary;
   CLI::App* sites = app.add_subcommand("sites", "List the probe sites rvbpfd finds in a CRuby VM binary");
@@ -105,7 +139,24 @@ int RunCli(int argc, char** argv) {
   }
 
   if (inspect->parsed()) {
-    Status st = Inspect(inspect_file, std::cout);
+    Result<TraceFile> trace = TraceReader::ReadFile(inspect_file);
+    if (!trace) return Fail(trace.error());
+    PrintInspect(*trace, std::cout);
+    Result<Model> model = Model::FromTrace(std::move(trace.value()));
+    if (!model) return Fail(model.error());
+    std::cout << "\n";
+    PrintModelSummary(*model, std::cout);
+    return 0;
+  }
+  if (exp->parsed()) {
+    if (!export_perfetto && !export_speedscope) {
+      return Fail(Error(ErrorCode::kUsage, "export needs --perfetto or --speedscope"));
+    }
+    Result<Model> model = Model::FromFile(export_file);
+    if (!model) return Fail(model.error());
+    Status st = WriteOutput(export_out, [&](std::ostream& out) {
+      return export_perfetto ? ExportPerfetto(*model, out) : ExportSpeedscope(*model, out);
+    });
     return st ? 0 : Fail(st.error());
   }
   if (stats->parsed()) {
