@@ -112,6 +112,11 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u32 about_tid = tid;
   if (th == 0) {
     flags |= RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN;
+    /* Without th, a possibly-foreign event's subject tid is unknown; the others run on their own thread. */
+    if (rv_maybe_foreign(site->event)) {
+      about_tid = 0;
+      flags |= RV_REC_TID_UNKNOWN;
+    }
   } else {
     if (!(off->flags & RV_OFF_HAS_SERIAL) ||
         bpf_probe_read_user(&serial, sizeof(serial), (void *)(th + off->th_serial)) != 0) {

@@ -64,7 +64,7 @@ for spec in "${rubies[@]}"; do
   log "$name: configure ($extra)"
   (cd "$src" && ./configure --prefix="$prefix" --without-baseruby --disable-install-doc $extra >"$work/configure.log" 2>&1) ||
     { tail -n 30 "$work/configure.log" >&2; exit 1; }
-  log "$name: make -j$jobs (about 10 minutes on 2 cores)"
+  log "$name: make -j$jobs (a few minutes on 2 cores)"
   (cd "$src" && make -j"$jobs" >"$work/make.log" 2>&1) || { tail -n 40 "$work/make.log" >&2; exit 1; }
   log "$name: make install"
   (cd "$src" && make install HAVE_BASERUBY=no >"$work/install.log" 2>&1) || { tail -n 40 "$work/install.log" >&2; exit 1; }

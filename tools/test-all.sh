@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 bash tools/install-deps.sh
+bash tools/install-browser-deps.sh
 bash tools/build-test-rubies.sh
 
 echo "== build (RelWithDebInfo) =="

@@ -20,6 +20,7 @@
 #include "export/speedscope.h"
 #include "model/model.h"
 #include "model/model_summary.h"
+#include "report/report.h"
 #include "trace/inspect.h"
 #include "trace/reader.h"
 
@@ -34,12 +35,13 @@ constexpr const char* kDescription =
     "  rvbpfd [-o FILE] -- COMMAND [ARGS...]             launch a program and record from its first instruction\n"
     "  rvbpfd inspect FILE                               event table and per-thread summary of a trace\n"
     "  rvbpfd stats FILE                                 counts by event, dropped events, ring high-water mark\n"
+    "  rvbpfd report FILE [-o report.html]               self-contained HTML timeline (opens from disk)\n"
     "  rvbpfd export --perfetto|--speedscope FILE -o OUT  Chrome trace JSON (ui.perfetto.dev) or speedscope\n"
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
     "\n"
     "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). Exit status: 0 ok, 2 usage, 3 no such process,\n"
     "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
-    "during attach, 10 BPF failure, 11 bad trace file.";
+    "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error.";
 
 int Fail(const Error& e) {
   fprintf(stderr, "%s\n", e.ToString().c_str());
@@ -109,6 +111,10 @@ int RunCli(int argc, char** argv) {
   std::string stats_file;
   CLI::App* stats = app.add_subcommand("stats", "Print event counts, dropped events and ring high-water of a trace");
   stats->add_option("file", stats_file, "The .rvtrace file")->required();
+  std::string report_file, report_out;
+  CLI::App* report = app.add_subcommand("report", "Write a self-contained HTML timeline of a trace");
+  report->add_option("file", report_file, "The .rvtrace file")->required();
+  report->add_option("-o,--output", report_out, "HTML file to write (default: the trace's name with .html)");
   std::string export_file, export_out;
   bool export_perfetto = false, export_speedscope = false;
   CLI::App* exp = app.add_subcommand("export", "Convert a trace for other viewers");
@@ -146,6 +152,17 @@ int RunCli(int argc, char** argv) {
     if (!model) return Fail(model.error());
     std::cout << "\n";
     PrintModelSummary(*model, std::cout);
+    return 0;
+  }
+  if (report->parsed()) {
+    if (report_out.empty()) {
+      const size_t dot = report_file.rfind(".rvtrace");
+      report_out = (dot != std::string::npos && dot + 8 == report_file.size() ? report_file.substr(0, dot)
+                                                                                : report_file) + ".html";
+    }
+    Status st = WriteReport(report_file, report_out);
+    if (!st) return Fail(st.error());
+    fprintf(stderr, "rvbpfd: wrote %s\n", report_out.c_str());
     return 0;
   }
   if (exp->parsed()) {

@@ -67,6 +67,25 @@ bool IsHighRate(uint8_t event) {
   return event == RV_EV_THREAD_READY || event == RV_EV_THREAD_RESUMED || event == RV_EV_THREAD_SUSPENDED;
 }
 
+bool ProcessGone(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = fopen(path, "r");
+  if (!f) return true;
+  int p;
+  char state = 0;
+  char comm[256];
+  bool zombie = fscanf(f, "%d %255s %c", &p, comm, &state) == 3 && state == 'Z';
+  fclose(f);
+  return zombie;
+}
+
+Error TargetExitedError(int pid) {
+  return Error(ErrorCode::kTargetExited,
+               "pid " + std::to_string(pid) + " exited while the probes were being attached; nothing was recorded");
+}
+
 // Watches for the end of the target: a pidfd becomes readable when the process exits (attach mode); the launched
 // child is reaped with waitpid (launch mode).
 class TargetWatch {
@@ -86,18 +105,7 @@ class TargetWatch {
       pollfd p{pidfd_, POLLIN, 0};
       return poll(&p, 1, 0) > 0;
     }
-    // No pidfd (old kernel): a zombie still answers kill(0), so also look at /proc state.
-    if (kill(pid_, 0) != 0 && errno == ESRCH) return true;
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid_);
-    FILE* f = fopen(path, "r");
-    if (!f) return true;
-    int p;
-    char state = 0;
-    char comm[256];
-    bool zombie = fscanf(f, "%d %255s %c", &p, comm, &state) == 3 && state == 'Z';
-    fclose(f);
-    return zombie;
+    return ProcessGone(pid_);  // no pidfd (old kernel): a zombie still answers kill(0), so /proc state decides
   }
 
  private:
@@ -152,7 +160,11 @@ Result<int> Record(const RecordOptions& o) {
     target.build_id = vm->build_id();
   } else {
     Result<RubyTarget> t = DiscoverTarget(o.pid, ProcFs());
-    if (!t) return t.error();
+    if (!t) {
+      // A target that dies while we read its maps or ELF shows up as a vanished file: say what happened.
+      if (t.error().code() != ErrorCode::kNoSuchProcess && ProcessGone(o.pid)) return TargetExitedError(o.pid);
+      return t.error();
+    }
     target.pid = o.pid;
     target.vm_path = t->vm_host_path;
     target.ruby_version = t->ruby_version;
@@ -160,7 +172,10 @@ Result<int> Record(const RecordOptions& o) {
   }
 
   Result<SiteSet> sites = LoadOrFindSites(target.vm_path, target.ruby_version, o.cache_dir);
-  if (!sites) return sites.error();
+  if (!sites) {
+    if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
+    return sites.error();
+  }
 
   // Everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than the
   // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
@@ -219,23 +234,13 @@ Result<int> Record(const RecordOptions& o) {
     if (list->empty()) continue;
     Result<std::unique_ptr<SiteGroup>> g = session->Attach(target.vm_path, *list, target.pid);
     if (!g) {
-      if (!launch && watch.Exited()) {
-        return fail(Error(ErrorCode::kTargetExited, "pid " + std::to_string(target.pid) +
-                                                        " exited while the probes were being attached"));
-      }
-      if (g.error().message().find("No such process") != std::string::npos) {
-        return fail(Error(ErrorCode::kTargetExited, "pid " + std::to_string(target.pid) +
-                                                        " exited while the probes were being attached"));
-      }
+      if (!launch && (watch.Exited() || ProcessGone(target.pid))) return fail(TargetExitedError(target.pid));
       return fail(g.error().Wrap("attaching probes"));
     }
     (list == &low ? low_group : high_group) = std::move(g.value());
   }
   const double attach_ms = static_cast<double>(MonotonicNs() - attach_start) / 1e6;
-  if (!launch && watch.Exited()) {
-    return fail(Error(ErrorCode::kTargetExited,
-                      "pid " + std::to_string(target.pid) + " exited while the probes were being attached"));
-  }
+  if (!launch && watch.Exited()) return fail(TargetExitedError(target.pid));
   if (!o.quiet) {
     fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s, in %.0f ms; writing %s\n",
             sites->sites.size(), session->uses_multi_links() ? "multi-uprobe links" : "one link per site",

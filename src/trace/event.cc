@@ -119,7 +119,9 @@ TraceEvent FromRecord(const rv_record& record, uint64_t origin_ns) {
   }
   // ruby_thread is assigned later by ThreadIds from th, in timestamp order (release builds have no VM serial).
   if ((record.flags & RV_REC_TH_UNKNOWN) == 0) event.th = record.th;
-  if ((record.flags & (RV_REC_TH_UNKNOWN | RV_REC_TID_UNKNOWN)) == 0) event.native_tid = record.tid;
+  // BPF sets RV_REC_TID_UNKNOWN whenever the subject's tid is not known (th->nt NULL, or no th for an event that can
+  // fire on another thread); events that run on their own thread carry the tid even when th is unknown.
+  if ((record.flags & RV_REC_TID_UNKNOWN) == 0 && record.tid != 0) event.native_tid = record.tid;
   // tid 0 is the idle task, never a thread of the target: the probe did not record it.
   if (record.probe_tid != 0) event.probe_tid = record.probe_tid;
   return event;

@@ -3,7 +3,13 @@
 namespace rvbpfd {
 
 void ThreadIds::Assign(TraceEvent* e) {
-  if (e->th == 0) return;
+  if (e->th == 0) {
+    // th unknown (a site where DWARF has no th, before this native thread reported one): the process's initial
+    // native thread only ever runs the main Ruby thread (it keeps a dedicated native thread even under M:N), so
+    // such an event on it is main's. Other native threads can host several Ruby threads: left unknown.
+    if (e->native_tid && *e->native_tid == pid_) e->ruby_thread = kMainThread;
+    return;
+  }
   if (main_th_ == 0 && e->native_tid && *e->native_tid == pid_ && e->event != EventName::kThreadStarted) {
     main_th_ = e->th;
     ids_.erase(e->th);  // numbered before it was recognised (a foreign READY with no tid): it is main from now on

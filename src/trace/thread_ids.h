@@ -4,7 +4,8 @@
 //
 // Identity comes from the rb_thread_t pointer, which the VM reuses after a thread is freed, so a thread_started always
 // opens a new number and a thread_exited retires the pointer. The main thread is the one that runs on the process's
-// initial native thread (native tid == pid); it never gets STARTED or EXITED events.
+// initial native thread (native tid == pid); it never gets STARTED or EXITED events. An event with no th on that
+// native thread is main's too (CRuby never runs another Ruby thread there).
 //
 // Must see events in timestamp order (after the Reorderer): STARTED has to precede the new thread's other events.
 #ifndef RVBPFD_SRC_TRACE_THREAD_IDS_H_

@@ -114,7 +114,7 @@ TEST(FromRecord, MapsEveryKind) {
 TEST(FromRecord, FlagsMakeFieldsUnknown) {
   const TraceEvent no_th = FromRecord(MakeRecord(10, RV_EV_THREAD_RESUMED, 7, 55, 56, RV_REC_TH_UNKNOWN), 0);
   EXPECT_EQ(no_th.th, 0u);
-  EXPECT_FALSE(no_th.native_tid.has_value());  // the tid is th->nt->tid: no th, no tid
+  EXPECT_EQ(no_th.native_tid, std::optional<uint32_t>(55));  // runs on its own thread: the tid is known
   EXPECT_EQ(no_th.probe_tid, std::optional<uint32_t>(56));
 
   const TraceEvent no_tid = FromRecord(MakeRecord(10, RV_EV_THREAD_READY, 7, 0, 56, RV_REC_TID_UNKNOWN), 0);

@@ -52,11 +52,17 @@ TEST(ThreadIds, MainRecognisedLateTakesNumberOne) {
   EXPECT_EQ(IdOf(ids, EventName::kGvlAcquired, 0xd0, 777), 3u);
 }
 
-TEST(ThreadIds, UnknownThreadStaysUnknown) {
+TEST(ThreadIds, UnknownThOnTheInitialNativeThreadIsMain) {
   ThreadIds ids(kPid);
-  TraceEvent e = Ev(EventName::kGvlReleased, 0, kPid);
-  ids.Assign(&e);
-  EXPECT_FALSE(e.ruby_thread.has_value());
+  TraceEvent boot = Ev(EventName::kGcEnter, 0, kPid);  // launch mode: GC during boot, before any RESUMED
+  ids.Assign(&boot);
+  EXPECT_EQ(boot.ruby_thread, std::optional<uint32_t>(1));
+  TraceEvent other = Ev(EventName::kGvlReleased, 0, 777);
+  ids.Assign(&other);
+  EXPECT_FALSE(other.ruby_thread.has_value());
+  TraceEvent no_tid = Ev(EventName::kWantsGvl, 0, std::nullopt);
+  ids.Assign(&no_tid);
+  EXPECT_FALSE(no_tid.ruby_thread.has_value());
 }
 
 }  // namespace

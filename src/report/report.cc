@@ -1,0 +1,64 @@
+#include "report/report.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <string_view>
+
+#include "report/report_data.h"
+#include "report/report_template.h"
+
+namespace rvbpfd {
+namespace {
+
+constexpr size_t kWriteChunk = 1 << 20;  // bytes per write to the stream, so a 50 MB page is not one huge write
+
+void WriteChunked(std::ostream& out, std::string_view s) {
+  for (size_t at = 0; at < s.size() && out; at += kWriteChunk) {
+    const size_t n = std::min(kWriteChunk, s.size() - at);
+    out.write(s.data() + at, static_cast<std::streamsize>(n));
+  }
+}
+
+}  // namespace
+
+Status WriteReportHtml(const Model& model, const ReportOptions& options, std::ostream& out) {
+  const std::string_view page = kReportTemplate;
+  const size_t slot = page.find(kReportDataSlot);
+  if (slot == std::string_view::npos) return Error(ErrorCode::kInternal, "the report template has no data slot");
+  std::string data;
+  // About 45 bytes per event for the events and the blocks they produce; reserving avoids repeated copies of a
+  // string that reaches tens of MB.
+  data.reserve(4096 + model.events().size() * 48);
+  AppendReportData(model, options, &data);
+  WriteChunked(out, page.substr(0, slot));
+  WriteChunked(out, data);
+  WriteChunked(out, page.substr(slot + kReportDataSlot.size()));
+  out.flush();
+  if (!out) return Error(ErrorCode::kIo, "writing the report failed");
+  return Status::Ok();
+}
+
+Status WriteReport(const std::string& trace_path, const std::string& out_path) {
+  Result<Model> model = Model::FromFile(trace_path);
+  if (!model.ok()) return model.error();
+  std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    return Error(ErrorCode::kOutputUnwritable,
+                 ErrnoMessage("cannot create the report " + out_path, errno) + "; choose another path with -o");
+  }
+  ReportOptions options;
+  options.title = std::filesystem::path(trace_path).filename().string();
+  const Status status = WriteReportHtml(*model, options, out);
+  out.close();
+  if (!status.ok() || !out) {
+    std::error_code ignored;
+    std::filesystem::remove(out_path, ignored);
+    if (!status.ok()) return status.error().Wrap(out_path);
+    return Error(ErrorCode::kIo, "writing the report " + out_path + " failed");
+  }
+  return Status::Ok();
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,406 @@
+#include "report/report_data.h"
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "trace/event.h"
+#include "trace/json_format.h"
+
+namespace rvbpfd {
+namespace {
+
+// The last enumerators, so the name tables cover every value the columns can hold.
+constexpr auto kLastRule = ModelRule::kTracingPaused;
+constexpr auto kLastOwnerEnd = OwnerEnd::kGap;
+constexpr auto kLastOwnerKind = OwnerKind::kUnknown;
+constexpr auto kLastProvenance = Provenance::kInferred;
+
+template <typename E>
+uint64_t Idx(E e) {
+  return static_cast<uint64_t>(e);
+}
+
+void AppendInt(std::string* out, int64_t v) {
+  if (v < 0) {
+    out->push_back('-');
+    // Negating INT64_MIN overflows; go through unsigned arithmetic.
+    AppendUint(out, ~static_cast<uint64_t>(v) + 1);
+  } else {
+    AppendUint(out, static_cast<uint64_t>(v));
+  }
+}
+
+uint64_t RefPlusOne(EventRef ref) { return ref ? *ref + 1 : 0; }
+uint64_t OptPlusOne(std::optional<uint32_t> v) { return v ? static_cast<uint64_t>(*v) + 1 : 0; }
+
+class DataWriter {
+ public:
+  DataWriter(const Model& model, const ReportOptions& options, std::string* out)
+      : model_(model), options_(options), out_(*out) {}
+
+  void Write() {
+    IndexTids();
+    out_.append("{\"v\":");
+    AppendUint(&out_, kReportDataVersion);
+    WriteMeta();
+    WriteNames();
+    out_.append(",\"tids\":[");
+    for (size_t i = 0; i < tids_.size(); ++i) {
+      if (i > 0) out_.push_back(',');
+      AppendUint(&out_, tids_[i]);
+    }
+    out_.push_back(']');
+    WriteThreads();
+    WriteOwner();
+    WriteGc();
+    WriteUnknown();
+    WriteNative();
+    WriteMarkers();
+    WriteEvents();
+    out_.append("}");
+  }
+
+ private:
+  // Native tids repeat millions of times; the columns hold a small index into this table instead.
+  void IndexTid(std::optional<uint32_t> tid) {
+    if (!tid) return;
+    if (tid_index_.emplace(*tid, tids_.size()).second) tids_.push_back(*tid);
+  }
+  void IndexTids() {
+    for (const TraceEvent& e : model_.events()) {
+      IndexTid(e.native_tid);
+      IndexTid(e.probe_tid);
+    }
+    for (const RubyThread& t : model_.threads()) {
+      for (const StateBlock& b : t.blocks) IndexTid(b.native_tid);
+    }
+  }
+  uint64_t TidPlusOne(std::optional<uint32_t> tid) const { return tid ? tid_index_.at(*tid) + 1 : 0; }
+
+  void Key(std::string_view key) {
+    out_.push_back('"');
+    out_.append(key);
+    out_.append("\":");
+  }
+  void Str(std::string_view s) { AppendScriptSafeJsonString(&out_, s); }
+
+  // "key":[f(row0),f(row1),...]
+  template <typename Rows, typename F>
+  void Column(std::string_view key, const Rows& rows, F value, bool comma = true) {
+    if (comma) out_.push_back(',');
+    Key(key);
+    out_.push_back('[');
+    bool first = true;
+    for (const auto& row : rows) {
+      if (!first) out_.push_back(',');
+      first = false;
+      AppendUint(&out_, static_cast<uint64_t>(value(row)));
+    }
+    out_.push_back(']');
+  }
+  // As Column, each value written as the difference to the previous row's (the first as is).
+  template <typename Rows, typename F>
+  void DeltaColumn(std::string_view key, const Rows& rows, F value, bool comma = true) {
+    if (comma) out_.push_back(',');
+    Key(key);
+    out_.push_back('[');
+    uint64_t prev = 0;
+    bool first = true;
+    for (const auto& row : rows) {
+      if (!first) out_.push_back(',');
+      first = false;
+      const uint64_t v = static_cast<uint64_t>(value(row));
+      AppendInt(&out_, static_cast<int64_t>(v - prev));
+      prev = v;
+    }
+    out_.push_back(']');
+  }
+  // Start (delta-encoded) and duration columns of a span type.
+  template <typename Rows>
+  void SpanColumns(const Rows& rows) {
+    DeltaColumn("s", rows, [](const auto& r) { return r.start_ns; }, false);
+    Column("d", rows, [](const auto& r) { return r.end_ns - r.start_ns; });
+  }
+
+  void WriteMeta() {
+    const ModelOptions& o = model_.options();
+    out_.append(",\"meta\":{\"title\":");
+    Str(options_.title);
+    out_.append(",\"ruby_version\":");
+    Str(o.ruby_version);
+    out_.append(",\"pid\":");
+    AppendInt(&out_, o.pid);
+    out_.append(",\"main_thread\":");
+    if (o.main_thread) {
+      AppendUint(&out_, *o.main_thread);
+    } else {
+      out_.append("null");
+    }
+    out_.append(model_.is_ruby_3_2() ? ",\"ruby_3_2\":true" : ",\"ruby_3_2\":false");
+    out_.append(",\"start_ns\":");
+    AppendUint(&out_, model_.start_ns());
+    out_.append(",\"end_ns\":");
+    AppendUint(&out_, model_.end_ns());
+    out_.append(",\"event_count\":");
+    AppendUint(&out_, model_.events().size());
+    out_.append(",\"unattributed_events\":");
+    AppendUint(&out_, model_.unattributed_events());
+    out_.append(",\"samples\":0}");  // the format carries no stack samples yet: the page says so
+  }
+
+  template <typename E, typename F>
+  void NameTable(std::string_view key, E last, F name) {
+    out_.push_back(',');
+    Key(key);
+    out_.push_back('[');
+    for (uint64_t i = 0; i <= Idx(last); ++i) {
+      if (i > 0) out_.push_back(',');
+      Str(name(static_cast<E>(i)));
+    }
+    out_.push_back(']');
+  }
+
+  void WriteNames() {
+    out_.append(",\"names\":{");
+    Key("state");
+    out_.push_back('[');
+    for (size_t i = 0; i < kThreadStateCount; ++i) {
+      if (i > 0) out_.push_back(',');
+      Str(ThreadStateName(static_cast<ThreadState>(i)));
+    }
+    out_.push_back(']');
+    NameTable("reason", static_cast<ReleaseReason>(kReleaseReasonCount - 1), ReleaseReasonName);
+    NameTable("rule", kLastRule, ModelRuleName);
+    NameTable("prov", kLastProvenance, ProvenanceString);
+    NameTable("event", static_cast<EventName>(kEventNameCount - 1), EventNameString);
+    NameTable("cruby", static_cast<EventName>(kEventNameCount - 1), CrubyEventConstant);
+    NameTable("owner_kind", kLastOwnerKind, [](OwnerKind k) -> std::string_view {
+      switch (k) {
+        case OwnerKind::kOwned: return "owned";
+        case OwnerKind::kIdle: return "idle";
+        case OwnerKind::kUnknown: return "unknown";
+      }
+      return "unknown";
+    });
+    NameTable("owner_end", kLastOwnerEnd, OwnerEndName);
+    // Sources are opaque labels (foreign recorders name their own channels): a table of the distinct ones.
+    out_.append(",\"source\":[");
+    for (const TraceEvent& e : model_.events()) {
+      if (source_index_.emplace(e.source, source_index_.size()).second) {
+        if (source_index_.size() > 1) out_.push_back(',');
+        Str(e.source);
+      }
+    }
+    out_.append("]}");
+  }
+
+  void WriteThreads() {
+    out_.append(",\"threads\":[");
+    bool first = true;
+    for (const RubyThread& t : model_.threads()) {
+      if (!first) out_.push_back(',');
+      first = false;
+      out_.append("{\"id\":");
+      AppendUint(&out_, t.ruby_thread);
+      out_.append(",\"label\":");
+      Str(model_.ThreadLabel(t.ruby_thread));
+      out_.append(t.main ? ",\"main\":true" : ",\"main\":false");
+      out_.append(",\"tids\":[");
+      for (size_t i = 0; i < t.native_tids.size(); ++i) {
+        if (i > 0) out_.push_back(',');
+        AppendUint(&out_, t.native_tids[i]);
+      }
+      out_.append("],\"totals\":{\"state_ns\":[");
+      for (size_t i = 0; i < kThreadStateCount; ++i) {
+        if (i > 0) out_.push_back(',');
+        AppendUint(&out_, t.totals.ns_by_state[i]);
+      }
+      out_.append("],\"wait_total_ns\":");
+      AppendUint(&out_, t.totals.wait_total_ns);
+      out_.append(",\"wait_longest_ns\":");
+      AppendUint(&out_, t.totals.wait_longest_ns);
+      out_.append(",\"waits\":");
+      AppendUint(&out_, t.totals.waits);
+      out_.append(",\"acquisitions\":");
+      AppendUint(&out_, t.totals.acquisitions);
+      out_.append(",\"reasons\":[");
+      for (size_t i = 0; i < t.totals.release_reasons.size(); ++i) {
+        const ReasonTotal& r = t.totals.release_reasons[i];
+        if (i > 0) out_.push_back(',');
+        out_.push_back('[');
+        AppendUint(&out_, Idx(r.reason));
+        out_.push_back(',');
+        AppendUint(&out_, r.ns);
+        out_.push_back(',');
+        AppendUint(&out_, r.count);
+        out_.push_back(']');
+      }
+      out_.append("]},\"blocks\":{");
+      const auto& b = t.blocks;
+      SpanColumns(b);
+      Column("st", b, [](const StateBlock& x) { return Idx(x.state); });
+      Column("rs", b, [](const StateBlock& x) { return Idx(x.reason); });
+      Column("pv", b, [](const StateBlock& x) { return Idx(x.provenance); });
+      Column("ru", b, [](const StateBlock& x) { return Idx(x.rule); });
+      DeltaColumn("o", b, [](const StateBlock& x) { return RefPlusOne(x.opened_by); });
+      DeltaColumn("c", b, [](const StateBlock& x) { return RefPlusOne(x.closed_by); });
+      Column("nt", b, [this](const StateBlock& x) { return TidPlusOne(x.native_tid); });
+      Column("rp", b, [](const StateBlock& x) { return x.repeats; });
+      Column("rw", b, [](const StateBlock& x) { return RefPlusOne(x.ready_while_running); });
+      out_.append("}}");
+    }
+    out_.push_back(']');
+  }
+
+  void WriteOwner() {
+    const auto& b = model_.owner_lane();
+    out_.append(",\"owner\":{");
+    SpanColumns(b);
+    Column("k", b, [](const OwnerBlock& x) { return Idx(x.kind); });
+    Column("ow", b, [](const OwnerBlock& x) { return OptPlusOne(x.owner); });
+    Column("pv", b, [](const OwnerBlock& x) { return Idx(x.provenance); });
+    Column("ru", b, [](const OwnerBlock& x) { return Idx(x.rule); });
+    Column("en", b, [](const OwnerBlock& x) { return Idx(x.end); });
+    DeltaColumn("o", b, [](const OwnerBlock& x) { return RefPlusOne(x.opened_by); });
+    DeltaColumn("c", b, [](const OwnerBlock& x) { return RefPlusOne(x.closed_by); });
+    out_.push_back('}');
+  }
+
+  void WriteGc() {
+    const auto& g = model_.gc_spans();
+    out_.append(",\"gc\":{");
+    SpanColumns(g);
+    Column("th", g, [](const GcSpan& x) { return OptPlusOne(x.ruby_thread); });
+    Column("tp", g, [](const GcSpan& x) { return Idx(x.thread_provenance); });
+    Column("ok", g, [](const GcSpan& x) { return x.complete ? 1 : 0; });
+    DeltaColumn("o", g, [](const GcSpan& x) { return RefPlusOne(x.opened_by); });
+    DeltaColumn("c", g, [](const GcSpan& x) { return RefPlusOne(x.closed_by); });
+    out_.push_back('}');
+  }
+
+  void WriteUnknown() {
+    const auto& u = model_.unknown_windows();
+    out_.append(",\"unknown\":{");
+    SpanColumns(u);
+    Column("ru", u, [](const UnknownWindow& x) { return Idx(x.cause); });
+    Column("ev", u, [](const UnknownWindow& x) { return RefPlusOne(x.event); });
+    Column("n", u, [](const UnknownWindow& x) { return x.dropped; });
+    out_.push_back('}');
+  }
+
+  void WriteNative() {
+    out_.append(",\"native\":[");
+    bool first = true;
+    for (const NativeThread& n : model_.native_threads()) {
+      if (!first) out_.push_back(',');
+      first = false;
+      out_.append("{\"tid\":");
+      AppendUint(&out_, n.native_tid);
+      out_.append(",\"threads\":[");
+      for (size_t i = 0; i < n.ruby_threads.size(); ++i) {
+        if (i > 0) out_.push_back(',');
+        AppendUint(&out_, n.ruby_threads[i]);
+      }
+      out_.append("],\"spans\":{");
+      SpanColumns(n.spans);
+      Column("th", n.spans, [](const NativeSpan& x) { return x.ruby_thread; });
+      Column("pv", n.spans, [](const NativeSpan& x) { return Idx(x.provenance); });
+      out_.append("}}");
+    }
+    out_.push_back(']');
+  }
+
+  void WriteMarkers() {
+    const auto& m = model_.markers();
+    out_.append(",\"markers\":{");
+    DeltaColumn("t", m, [](const ModelMarker& x) { return x.t_ns; }, false);
+    Column("e", m, [](const ModelMarker& x) { return Idx(x.event); });
+    Column("th", m, [](const ModelMarker& x) { return OptPlusOne(x.ruby_thread); });
+    DeltaColumn("ev", m, [](const ModelMarker& x) { return x.event_index; });
+    out_.push_back('}');
+  }
+
+  void WriteEvents() {
+    const auto& e = model_.events();
+    out_.append(",\"events\":{");
+    DeltaColumn("t", e, [](const TraceEvent& x) { return x.t_ns; }, false);
+    Column("e", e, [](const TraceEvent& x) { return Idx(x.event); });
+    Column("th", e, [](const TraceEvent& x) { return OptPlusOne(x.ruby_thread); });
+    Column("nt", e, [this](const TraceEvent& x) { return TidPlusOne(x.native_tid); });
+    Column("pt", e, [this](const TraceEvent& x) { return TidPlusOne(x.probe_tid); });
+    Column("pv", e, [](const TraceEvent& x) { return Idx(x.provenance); });
+    Column("src", e, [this](const TraceEvent& x) { return source_index_.at(x.source); });
+    out_.append("},\"extra\":[");
+    // The few fields only daemon events carry, keyed by event index, instead of a mostly-empty column each.
+    bool first = true;
+    for (size_t i = 0; i < e.size(); ++i) {
+      const TraceEvent& x = e[i];
+      const bool has_count = x.event == EventName::kEventsDropped;
+      if (!has_count && x.reason.empty() && x.overhead_pct < 0) continue;
+      if (!first) out_.push_back(',');
+      first = false;
+      out_.push_back('[');
+      AppendUint(&out_, i);
+      out_.append(",{");
+      bool comma = false;
+      if (has_count) {
+        out_.append("\"count\":");
+        AppendUint(&out_, x.count);
+        comma = true;
+      }
+      if (!x.reason.empty()) {
+        if (comma) out_.push_back(',');
+        out_.append("\"reason\":");
+        Str(x.reason);
+        comma = true;
+      }
+      if (x.overhead_pct >= 0) {
+        if (comma) out_.push_back(',');
+        out_.append("\"overhead_pct\":");
+        AppendFixed(&out_, x.overhead_pct, 3);
+      }
+      out_.append("}]");
+    }
+    out_.push_back(']');
+  }
+
+  const Model& model_;
+  const ReportOptions& options_;
+  std::string& out_;
+  std::vector<uint32_t> tids_;
+  std::unordered_map<uint32_t, uint64_t> tid_index_;
+  std::unordered_map<std::string_view, uint64_t> source_index_;
+};
+
+}  // namespace
+
+void AppendScriptSafeJsonString(std::string* out, std::string_view s) {
+  const size_t from = out->size();
+  AppendJsonString(out, s);
+  // Rare in practice: only rewrite when one of the three characters is present.
+  if (out->find_first_of("<>&", from) == std::string::npos) return;
+  std::string escaped;
+  escaped.reserve(out->size() - from + 16);
+  for (size_t i = from; i < out->size(); ++i) {
+    const char c = (*out)[i];
+    if (c == '<') {
+      escaped.append("\\u003c");
+    } else if (c == '>') {
+      escaped.append("\\u003e");
+    } else if (c == '&') {
+      escaped.append("\\u0026");
+    } else {
+      escaped.push_back(c);
+    }
+  }
+  out->resize(from);
+  out->append(escaped);
+}
+
+void AppendReportData(const Model& model, const ReportOptions& options, std::string* out) {
+  DataWriter(model, options, out).Write();
+}
+
+}  // namespace rvbpfd

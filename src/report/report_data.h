@@ -1,0 +1,37 @@
+// The data the report page draws: the model as one JSON object of packed columns, small enough that a trace of a
+// million events loads in a browser in a few seconds (a JSON object per block would be several times larger and
+// slower to parse).
+//
+// Layout (version 1; the page's decoder in report_template.h is the other half of this contract):
+//   {"v":1,"meta":{...},"names":{...},"tids":[native tids],
+//    "threads":[{"id","label","main","tids":[..],"totals":{..},"blocks":{columns}}],
+//    "owner":{columns},"gc":{columns},"unknown":{columns},"native":[{"tid","threads","spans":{columns}}],
+//    "markers":{columns},"events":{columns},"extra":[[event index,{"count","reason","overhead_pct"}]]}
+// A column is an array with one value per row. Columns of times and event references are delta-encoded (each
+// value is the difference to the previous row's; the first is absolute) because consecutive values are close and
+// short numbers parse faster. Times are ns since the trace's origin_ns. Optional values are stored as value + 1
+// with 0 for "none": event references ("o", "c", "rw", "ev"), Ruby threads ("th", "ow") and native tids ("nt",
+// "pt", as index + 1 into "tids"). Enums are indexes into the "names" tables.
+#ifndef RVBPFD_SRC_REPORT_REPORT_DATA_H_
+#define RVBPFD_SRC_REPORT_REPORT_DATA_H_
+
+#include <string>
+#include <string_view>
+
+#include "model/model.h"
+#include "report/report.h"
+
+namespace rvbpfd {
+
+inline constexpr int kReportDataVersion = 1;
+
+// Appends `s` as a JSON string that is also safe as raw text of an HTML <script> element: '<', '>' and '&' become
+// \u003c, \u003e and \u0026 (so "</script>" and "<!--" cannot appear), besides AppendJsonString's escaping.
+void AppendScriptSafeJsonString(std::string* out, std::string_view s);
+
+// Appends the data object described above.
+void AppendReportData(const Model& model, const ReportOptions& options, std::string* out);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_REPORT_REPORT_DATA_H_

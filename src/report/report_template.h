@@ -1,0 +1,872 @@
+// The report page: HTML, CSS and JavaScript of `rvbpfd report`, compiled into the binary as one raw string so the
+// binary needs no data files and the page needs no network (no external script, style, font or image).
+//
+// Everything between R"rvhtml( and )rvhtml" is the page, verbatim; edit it as HTML. WriteReportHtml replaces the
+// one occurrence of kReportDataSlot with the data object of report_data.h. The page:
+//   - decodes the packed columns into typed arrays once, then draws on <canvas>, visiting per lane only the blocks
+//     in the visible range and at most about one block per pixel column (binary search skips the sub-pixel ones),
+//     so a million-event trace pans and zooms as fast as a small one;
+//   - puts trace text into the DOM only through textContent (never innerHTML), so a hostile string in a trace is
+//     shown, never run;
+//   - exposes stable hooks for tests: [data-lane="thread-N" | "gvl-owner" | "gc" | "markers" | "native-TID"] label
+//     elements, #range (data-start-ns / data-end-ns of the visible range), #card (data-cruby-event,
+//     data-provenance, data-rule, data-lane, data-index), and window.rvReport (view, lane geometry, drawn rects).
+#ifndef RVBPFD_SRC_REPORT_REPORT_TEMPLATE_H_
+#define RVBPFD_SRC_REPORT_REPORT_TEMPLATE_H_
+
+#include <string_view>
+
+namespace rvbpfd {
+
+inline constexpr std::string_view kReportDataSlot = "@@RVBPFD_REPORT_DATA@@";
+
+inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">
+<title>rvbpfd report</title>
+<style>
+  :root { --bg: #fbfbfc; --fg: #1d232b; --muted: #6a7280; --line: #d8dce2; --panel: #ffffff; --accent: #2f6fd0; }
+  * { box-sizing: border-box; }
+  body { margin: 0; background: var(--bg); color: var(--fg); font: 13px/1.4 system-ui, sans-serif; }
+  header { padding: 10px 16px 4px; }
+  header h1 { font-size: 16px; margin: 0; }
+  #meta { color: var(--muted); font-size: 12px; }
+  #toolbar { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; padding: 6px 16px;
+             border-bottom: 1px solid var(--line); position: sticky; top: 0; background: var(--bg); z-index: 3; }
+  #toolbar button, #toolbar select { font: inherit; padding: 2px 8px; border: 1px solid var(--line);
+             background: var(--panel); border-radius: 4px; cursor: pointer; }
+  #toolbar button:hover { border-color: var(--accent); }
+  #range, #cursor-time { font-family: ui-monospace, monospace; font-size: 12px; }
+  #range { margin-left: 8px; }
+  #cursor-time { color: var(--muted); }
+  #legend { display: flex; flex-wrap: wrap; gap: 10px; padding: 4px 16px; font-size: 12px; color: var(--muted); }
+  .swatch { display: inline-block; width: 14px; height: 10px; margin-right: 4px; vertical-align: -1px;
+            border: 1px solid rgba(0,0,0,.15); }
+  .swatch.derived { background-image: repeating-linear-gradient(135deg, rgba(255,255,255,.6) 0 2px, transparent 2px 5px);
+            border-style: dashed; border-color: #333; }
+  .swatch.inferred { opacity: .4; }
+  #timeline { display: flex; position: relative; padding: 0 16px; user-select: none; }
+  #labels { position: relative; width: 190px; flex: none; }
+  .lane-label { position: absolute; left: 0; right: 6px; overflow: hidden; white-space: nowrap; text-overflow: ellipsis;
+                font-size: 12px; display: flex; align-items: center; justify-content: flex-end; padding-right: 4px; }
+  .lane-label.section { justify-content: flex-start; font-weight: 600; color: var(--muted); }
+  .lane-label small { color: var(--muted); margin-left: 4px; }
+  #plot { position: relative; flex: 1; min-width: 200px; }
+  #plot canvas { position: absolute; left: 0; top: 0; }
+  #canvas { cursor: crosshair; }
+  #overlay { pointer-events: none; }
+  #tooltip { position: absolute; pointer-events: none; background: rgba(20,24,30,.92); color: #fff; padding: 5px 8px;
+             border-radius: 4px; font-size: 12px; white-space: pre; z-index: 4; font-family: ui-monospace, monospace; }
+  #bottom { display: grid; grid-template-columns: minmax(320px, 420px) 1fr; gap: 12px; padding: 12px 16px; }
+  #card { background: var(--panel); border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px;
+          align-self: start; }
+  #card h2 { font-size: 14px; margin: 0 0 6px; }
+  #card table { border-collapse: collapse; width: 100%; }
+  #card td { padding: 2px 4px; vertical-align: top; font-size: 12px; }
+  #card td:first-child { color: var(--muted); white-space: nowrap; }
+  #card .mono, #events .mono { font-family: ui-monospace, monospace; }
+  #card .badge { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 11px; border: 1px solid; }
+  .badge.observed { color: #1e7a3c; } .badge.derived { color: #a35c00; border-style: dashed; } .badge.inferred { color: #777; }
+  #card .empty { color: var(--muted); }
+  #events { background: var(--panel); border: 1px solid var(--line); border-radius: 6px; max-height: 360px; overflow: auto; }
+  #events table { border-collapse: collapse; width: 100%; font-size: 12px; }
+  #events th { position: sticky; top: 0; background: #f0f2f5; text-align: left; padding: 3px 6px; font-weight: 600; }
+  #events td { padding: 1px 6px; white-space: nowrap; }
+  #events tr.at { background: #fff4c2; }
+  #events tr { cursor: pointer; }
+  #summary { padding: 0 16px 16px; }
+  #summary table { border-collapse: collapse; font-size: 12px; }
+  #summary th, #summary td { border-bottom: 1px solid var(--line); padding: 3px 8px; text-align: right; }
+  #summary th:first-child, #summary td:first-child { text-align: left; }
+  #notes { color: var(--muted); font-size: 12px; padding: 0 16px 24px; }
+  #error { color: #b00020; padding: 16px; }
+</style>
+</head>
+<body>
+<header>
+  <h1 id="title">rvbpfd report</h1>
+  <div id="meta"></div>
+</header>
+<div id="toolbar">
+  <button id="zoom-fit" title="Whole trace (Home)">Fit</button>
+  <button id="zoom-out" title="Zoom out (-)">&minus;</button>
+  <button id="zoom-in" title="Zoom in (+)">+</button>
+  <button id="pan-left" title="Pan left (&larr;)">&larr;</button>
+  <button id="pan-right" title="Pan right (&rarr;)">&rarr;</button>
+  <button id="step-prev" title="Previous event (,)">&#9664; event</button>
+  <button id="step-next" title="Next event (.)">event &#9654;</button>
+  <button id="play" title="Replay from the cursor (space)">&#9654; replay</button>
+  <select id="speed" title="Replay speed">
+    <option value="0.1">0.1x</option><option value="0.5">0.5x</option><option value="1" selected>1x</option>
+    <option value="2">2x</option><option value="10">10x</option>
+  </select>
+  <span id="range"></span>
+  <span id="cursor-time"></span>
+</div>
+<div id="legend"></div>
+<div id="timeline">
+  <div id="labels"></div>
+  <div id="plot">
+    <canvas id="canvas"></canvas>
+    <canvas id="overlay"></canvas>
+    <div id="tooltip" hidden></div>
+  </div>
+</div>
+<section id="bottom">
+  <aside id="card" data-cruby-event="" data-provenance="" data-rule="" data-lane="" data-index="">
+    <h2>Inspector</h2>
+    <div class="empty">Click a block on the timeline: the card names the CRuby event behind it, how the state is
+      known (observed, derived by a rule, or inferred) and the events that opened and closed it.</div>
+  </aside>
+  <div id="events">
+    <table>
+      <thead><tr><th>time (ms)</th><th>ruby thread</th><th>native</th><th>event</th><th>CRuby event</th><th>provenance</th></tr></thead>
+      <tbody id="event-rows"></tbody>
+    </table>
+  </div>
+</section>
+<section id="summary"></section>
+<div id="notes"></div>
+<script id="rv-data" type="application/json">@@RVBPFD_REPORT_DATA@@</script>
+<script>
+"use strict";
+(function () {
+  const loadStart = performance.now();
+  const $ = (id) => document.getElementById(id);
+  // Builds an element; children that are strings become text nodes, so trace text is never parsed as markup.
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    if (attrs) for (const k of Object.keys(attrs)) {
+      if (k === "class") e.className = attrs[k]; else if (k === "style") e.style.cssText = attrs[k];
+      else e.setAttribute(k, attrs[k]);
+    }
+    for (const c of children) {
+      if (c === null || c === undefined) continue;
+      e.appendChild(typeof c === "string" || typeof c === "number" ? document.createTextNode(String(c)) : c);
+    }
+    return e;
+  }
+
+  let D;
+  try {
+    D = JSON.parse($("rv-data").textContent);
+  } catch (err) {
+    document.body.appendChild(el("div", { id: "error" }, "The report's data could not be read: " + err));
+    return;
+  }
+  const N = D.names;
+  const stateIdx = (name) => N.state.indexOf(name);
+  const S = { running: stateIdx("running"), wants: stateIdx("wants_gvl"), released: stateIdx("released"),
+              gc: stateIdx("gc"), unknown: stateIdx("unknown"), notStarted: stateIdx("not_started"),
+              exited: stateIdx("exited") };
+  const PROV = { observed: N.prov.indexOf("observed"), derived: N.prov.indexOf("derived"),
+                 inferred: N.prov.indexOf("inferred") };
+  const EV = Object.fromEntries(N.event.map((n, i) => [n, i]));
+
+  // ---- decoding: packed columns -> typed arrays ------------------------------------------------------------------
+  function undelta(a) {
+    const r = new Float64Array(a.length);
+    let v = 0;
+    for (let i = 0; i < a.length; i++) { v += a[i]; r[i] = v; }
+    return r;
+  }
+  function ints(a) { return Int32Array.from(a); }
+  // Optional values are stored as value + 1 (0 = none): back to value, -1 for none.
+  function minusOne(a) { const r = new Int32Array(a.length); for (let i = 0; i < a.length; i++) r[i] = a[i] - 1; return r; }
+  function spans(c) {
+    const s = undelta(c.s), e = new Float64Array(s.length);
+    for (let i = 0; i < s.length; i++) e[i] = s[i] + c.d[i];
+    return { n: s.length, s, e };
+  }
+  function refs(a) { const u = undelta(a); const r = new Int32Array(u.length); for (let i = 0; i < u.length; i++) r[i] = u[i] - 1; return r; }
+
+  const events = {
+    n: D.events.t.length, t: undelta(D.events.t), e: Uint8Array.from(D.events.e), th: minusOne(D.events.th),
+    nt: minusOne(D.events.nt), pt: minusOne(D.events.pt), pv: Uint8Array.from(D.events.pv), src: ints(D.events.src),
+  };
+  const extra = new Map(D.extra.map(([i, x]) => [i, x]));
+  const threads = D.threads.map((t) => {
+    const b = t.blocks, sp = spans(b);
+    return Object.assign(sp, { id: t.id, label: t.label, main: t.main, tids: t.tids, totals: t.totals,
+      st: Uint8Array.from(b.st), rs: Uint8Array.from(b.rs), pv: Uint8Array.from(b.pv), ru: Uint8Array.from(b.ru),
+      o: refs(b.o), c: refs(b.c), nt: minusOne(b.nt), rp: ints(b.rp), rw: minusOne(b.rw), markers: [] });
+  });
+  const threadById = new Map(threads.map((t) => [t.id, t]));
+  const owner = Object.assign(spans(D.owner), { k: Uint8Array.from(D.owner.k), ow: minusOne(D.owner.ow),
+    pv: Uint8Array.from(D.owner.pv), ru: Uint8Array.from(D.owner.ru), en: Uint8Array.from(D.owner.en),
+    o: refs(D.owner.o), c: refs(D.owner.c) });
+  const gc = Object.assign(spans(D.gc), { th: minusOne(D.gc.th), tp: Uint8Array.from(D.gc.tp), ok: Uint8Array.from(D.gc.ok),
+    o: refs(D.gc.o), c: refs(D.gc.c) });
+  const unknown = Object.assign(spans(D.unknown), { ru: Uint8Array.from(D.unknown.ru), ev: minusOne(D.unknown.ev), n: D.unknown.n });
+  const natives = D.native.map((n) => Object.assign(spans(n.spans), { tid: n.tid, threads: n.threads,
+    th: ints(n.spans.th), pv: Uint8Array.from(n.spans.pv) }));
+  const markers = { n: D.markers.t.length, t: undelta(D.markers.t), e: Uint8Array.from(D.markers.e),
+                    th: minusOne(D.markers.th), ev: undelta(D.markers.ev) };
+  // Per-lane marker lists (indexes into `markers`), in time order.
+  const globalMarkers = [];
+  for (let i = 0; i < markers.n; i++) {
+    const name = N.event[markers.e[i]];
+    if ((name === "sleep_enter" || name === "mutex_lock_enter") && threadById.has(markers.th[i])) {
+      threadById.get(markers.th[i]).markers.push(i);
+    } else {
+      globalMarkers.push(i);
+    }
+  }
+  for (const t of threads) t.markerT = Float64Array.from(t.markers, (i) => markers.t[i]);
+  const globalMarkerT = Float64Array.from(globalMarkers, (i) => markers.t[i]);
+
+  const M = D.meta;
+  const T0 = M.start_ns, T1 = Math.max(M.end_ns, M.start_ns + 1000);
+  const threadLabel = (id) => { const t = threadById.get(id); return t ? t.label : "Thread #" + id; };
+
+  // ---- formatting ------------------------------------------------------------------------------------------------
+  function ms(t, digits) { return (t / 1e6).toFixed(digits === undefined ? 6 : digits); }
+  function dur(ns) {
+    if (ns >= 1e9) return (ns / 1e9).toFixed(3) + " s";
+    if (ns >= 1e6) return (ns / 1e6).toFixed(3) + " ms";
+    if (ns >= 1e3) return (ns / 1e3).toFixed(3) + " µs";
+    return Math.round(ns) + " ns";
+  }
+
+  // ---- colours ---------------------------------------------------------------------------------------------------
+  const STATE_COLOR = { running: "#2e9d4f", wants_gvl: "#e8a33a", released: "#a7b6c8", gc: "#8e44ad",
+                        not_started: null, exited: null, unknown: "#c9c9c9" };
+  const REASON_COLOR = { sleeping: "#5b86c5", waiting_mutex: "#d35454", starting: "#cfd8e3", preempted: "#e07b2a" };
+  function blockColor(t, i) {
+    const st = N.state[t.st[i]];
+    if ((st === "released" || st === "wants_gvl") && REASON_COLOR[N.reason[t.rs[i]]]) return REASON_COLOR[N.reason[t.rs[i]]];
+    return STATE_COLOR[st];
+  }
+  // A colour per Ruby thread (owner lane, native view), spread around the hue circle by the golden angle.
+  const threadColor = new Map();
+  threads.forEach((t, k) => threadColor.set(t.id, `hsl(${Math.round((k * 137.508 + 200) % 360)}, 55%, 52%)`));
+  const colorOfThread = (id) => threadColor.get(id) || "#888";
+
+  // ---- lanes -----------------------------------------------------------------------------------------------------
+  const AXIS_H = 26;
+  const lanes = [];  // {id, kind, label, sub, y, h, ...}
+  let y = AXIS_H;
+  function addLane(lane) { lane.y = y; y += lane.h; lanes.push(lane); return lane; }
+  addLane({ id: "gvl-owner", kind: "owner", label: "GVL owner", sub: "idle drawn", h: 24 });
+  addLane({ id: "gc", kind: "gc", label: "GC", h: 14 });
+  addLane({ id: "markers", kind: "markers", label: "lost / paused", h: 14 });
+  addLane({ id: "section-threads", kind: "section", label: "Ruby threads", h: 18 });
+  for (const t of threads) {
+    addLane({ id: "thread-" + t.id, kind: "thread", label: t.label, sub: "id " + t.id, h: 24, thread: t });
+  }
+  addLane({ id: "section-native", kind: "section", label: "Native threads", sub: "Ruby threads run", h: 18 });
+  for (const n of natives) {
+    addLane({ id: "native-" + n.tid, kind: "native", label: "tid " + n.tid,
+              sub: n.threads.map((id) => threadLabel(id).replace("Thread #", "T")).join(", "), h: 16, native: n });
+  }
+  const TOTAL_H = y + 6;
+  const laneById = new Map(lanes.map((l) => [l.id, l]));
+
+  // ---- static DOM: title, meta, legend, labels, summary ------------------------------------------------------------
+  document.title = (M.title ? M.title + " · " : "") + "rvbpfd report";
+  $("title").textContent = M.title || "rvbpfd report";
+  $("meta").textContent = `Ruby ${M.ruby_version || "?"} · pid ${M.pid} · ${M.event_count} events · ` +
+      `${threads.length} Ruby threads · ${natives.length} native threads · ${dur(T1 - T0)}` +
+      (M.unattributed_events ? ` · ${M.unattributed_events} events not attributed to a thread` : "");
+  const legend = $("legend");
+  const sw = (color, cls, text) => el("span", null, el("span", { class: "swatch " + (cls || ""), style: "background-color:" + color }), text);
+  legend.append(sw(STATE_COLOR.running, "", "running (holds the GVL)"), sw(STATE_COLOR.wants_gvl, "", "wants GVL"),
+      sw(REASON_COLOR.preempted, "derived", "preempted (3.2)"), sw(STATE_COLOR.released, "", "released"),
+      sw(REASON_COLOR.sleeping, "derived", "sleeping"), sw(REASON_COLOR.waiting_mutex, "derived", "waiting mutex"),
+      sw(STATE_COLOR.gc, "", "GC"), sw("#eef0f3", "", "GVL idle"), sw("#c9c9c9", "derived", "unknown (lost / paused)"),
+      sw("#999", "derived", "derived: hatched, dashed"), sw("#999", "inferred", "inferred: faded"));
+  const labels = $("labels");
+  labels.style.height = TOTAL_H + "px";
+  for (const l of lanes) {
+    const d = el("div", { class: "lane-label" + (l.kind === "section" ? " section" : ""), "data-lane": l.id,
+                          style: `top:${l.y}px;height:${l.h}px` }, l.label, l.sub ? el("small", null, l.sub) : null);
+    labels.appendChild(d);
+  }
+  (function summary() {
+    const head = el("tr", null, el("th", null, "Ruby thread"), el("th", null, "native tids"),
+        ...["running", "wants_gvl", "released", "gc", "unknown"].map((s) => el("th", null, s)),
+        el("th", null, "waits"), el("th", null, "longest wait"), el("th", null, "top release reason"));
+    const rows = threads.map((t) => {
+      const tot = t.totals, top = tot.reasons[0];
+      return el("tr", null, el("td", null, t.label), el("td", null, t.tids.join(", ")),
+          ...["running", "wants_gvl", "released", "gc", "unknown"].map((s) => el("td", null, dur(tot.state_ns[stateIdx(s)]))),
+          el("td", null, String(tot.waits)), el("td", null, dur(tot.wait_longest_ns)),
+          el("td", null, top ? `${N.reason[top[0]]} (${dur(top[1])}, ${top[2]}x)` : "-"));
+    });
+    $("summary").append(el("table", null, el("thead", null, head), el("tbody", null, ...rows)));
+    $("notes").textContent = "Flame graph: this trace has no stack samples (the .rvtrace format does not record " +
+        "samples yet), so none is shown. Wheel or +/- zooms, drag or arrow keys pan, click a block for its card.";
+  })();
+
+  // ---- canvas and view -------------------------------------------------------------------------------------------
+  const canvas = $("canvas"), overlay = $("overlay"), plot = $("plot"), tooltip = $("tooltip");
+  const ctx = canvas.getContext("2d"), octx = overlay.getContext("2d");
+  let W = 800, dpr = 1;
+  const view = { t0: T0, t1: T1 };
+  const MIN_SPAN = 1000;  // ns: the narrowest view, one microsecond across the plot
+  let cursorT = null;     // ns, or null when the mouse is not over the plot
+  const drawn = { owner: [] };  // rects of the owner lane in the last frame, for tests: [x0, x1, ownerId or -1]
+
+  function resize() {
+    dpr = window.devicePixelRatio || 1;
+    W = Math.max(200, Math.floor(plot.clientWidth));
+    for (const c of [canvas, overlay]) {
+      c.width = Math.floor(W * dpr); c.height = Math.floor(TOTAL_H * dpr);
+      c.style.width = W + "px"; c.style.height = TOTAL_H + "px";
+    }
+    plot.style.height = TOTAL_H + "px";
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0); octx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    requestDraw();
+  }
+  const X = (t) => (t - view.t0) / (view.t1 - view.t0) * W;
+  const Tx = (x) => view.t0 + x / W * (view.t1 - view.t0);
+
+  function setView(t0, t1) {
+    let span = Math.max(MIN_SPAN, t1 - t0);
+    const full = T1 - T0;
+    if (span >= full) { t0 = T0; span = full; }
+    t0 = Math.min(Math.max(t0, T0), T1 - span);
+    view.t0 = t0; view.t1 = t0 + span;
+    const r = $("range");
+    r.dataset.startNs = String(Math.round(view.t0)); r.dataset.endNs = String(Math.round(view.t1));
+    r.textContent = `${ms(view.t0, 3)} – ${ms(view.t1, 3)} ms (${dur(view.t1 - view.t0)} visible)`;
+    requestDraw();
+  }
+  function zoomAt(factor, atT) {
+    const t = atT === undefined ? (view.t0 + view.t1) / 2 : atT;
+    setView(t - (t - view.t0) * factor, t + (view.t1 - t) * factor);
+  }
+  function pan(fraction) { const d = (view.t1 - view.t0) * fraction; setView(view.t0 + d, view.t1 + d); }
+
+  // First index with arr[i] > v (arr sorted ascending).
+  function upper(arr, v, n) { let lo = 0, hi = n; while (lo < hi) { const m = (lo + hi) >> 1; if (arr[m] <= v) lo = m + 1; else hi = m; } return lo; }
+  function lower(arr, v, n) { let lo = 0, hi = n; while (lo < hi) { const m = (lo + hi) >> 1; if (arr[m] < v) lo = m + 1; else hi = m; } return lo; }
+
+  // Hatching for derived blocks and unknown windows: a small repeating pattern.
+  function makeHatch(color, bg) {
+    const c = document.createElement("canvas"); c.width = 6; c.height = 6;
+    const g = c.getContext("2d");
+    if (bg) { g.fillStyle = bg; g.fillRect(0, 0, 6, 6); }
+    g.strokeStyle = color; g.lineWidth = 1.5;
+    g.beginPath(); g.moveTo(-1, 7); g.lineTo(7, -1); g.moveTo(5, 7); g.lineTo(7, 5); g.moveTo(-1, 1); g.lineTo(1, -1); g.stroke();
+    return ctx.createPattern(c, "repeat");
+  }
+  const HATCH_DERIVED = makeHatch("rgba(255,255,255,0.65)");
+  const HATCH_UNKNOWN = makeHatch("rgba(200,40,40,0.35)");
+  const HATCH_PAUSED = makeHatch("rgba(90,90,90,0.35)");
+
+  // Visits the spans of `sp` that intersect the view, at most about one per pixel column: a span narrower than a
+  // pixel is drawn one pixel wide and the spans starting inside that pixel are skipped by binary search. Drawn
+  // rects never overlap (each starts at or after the previous one's right edge). fn(i, x0, x1) draws span i.
+  function visitSpans(sp, fn) {
+    const n = sp.n;
+    if (n === 0) return;
+    let i = upper(sp.e, view.t0, n);
+    if (i > 0 && sp.e[i - 1] > view.t0) i--;
+    let xMin = -1;
+    while (i < n && sp.s[i] < view.t1) {
+      let x0 = Math.max(X(sp.s[i]), xMin, 0), x1 = Math.min(X(sp.e[i]), W);
+      if (x1 - x0 < 1) {
+        x0 = Math.max(Math.floor(x0), xMin); x1 = x0 + 1;
+        if (x1 > xMin && x0 < W) { fn(i, x0, x1); xMin = x1; }
+        const j = upper(sp.s, Tx(x1), n) - 1;  // the span covering the next pixel column (may be long)
+        i = Math.max(i + 1, j);
+        continue;
+      }
+      if (x1 > x0) { fn(i, x0, x1); xMin = x1; }
+      i++;
+    }
+  }
+
+  let drawPending = false;
+  function requestDraw() { if (!drawPending) { drawPending = true; requestAnimationFrame(draw); } }
+
+  function drawAxis() {
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, AXIS_H);
+    const span = view.t1 - view.t0;
+    const raw = span / Math.max(1, W / 110);
+    const p = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 5, 10].map((k) => k * p).find((s) => s >= raw);
+    const digits = Math.max(0, Math.min(6, Math.ceil(-Math.log10(step / 1e6))));
+    ctx.strokeStyle = "#e4e7ec"; ctx.fillStyle = "#59616d"; ctx.font = "11px ui-monospace, monospace"; ctx.textBaseline = "middle";
+    ctx.beginPath();
+    for (let t = Math.ceil(view.t0 / step) * step; t <= view.t1; t += step) {
+      const x = Math.round(X(t)) + 0.5;
+      ctx.moveTo(x, AXIS_H - 6); ctx.lineTo(x, TOTAL_H);
+      ctx.fillText(ms(t, digits) + " ms", x + 3, AXIS_H / 2);
+    }
+    ctx.stroke();
+  }
+
+  function drawThreadLane(l) {
+    const t = l.thread, top = l.y + 3, h = l.h - 6;
+    visitSpans(t, (i, x0, x1) => {
+      const color = blockColor(t, i);
+      if (!color) { ctx.fillStyle = "#e9ecf0"; ctx.fillRect(x0, top + h / 2, x1 - x0, 1); return; }
+      const prov = t.pv[i];
+      ctx.globalAlpha = prov === PROV.inferred ? 0.4 : 1;
+      ctx.fillStyle = color; ctx.fillRect(x0, top, x1 - x0, h);
+      if (t.st[i] === S.unknown) { ctx.fillStyle = HATCH_UNKNOWN; ctx.fillRect(x0, top, x1 - x0, h); }
+      else if (prov === PROV.derived && x1 - x0 >= 3) {
+        ctx.fillStyle = HATCH_DERIVED; ctx.fillRect(x0, top, x1 - x0, h);
+        ctx.setLineDash([3, 2]); ctx.strokeStyle = "rgba(0,0,0,.55)"; ctx.strokeRect(x0 + 0.5, top + 0.5, x1 - x0 - 1, h - 1); ctx.setLineDash([]);
+      } else if (prov === PROV.inferred && x1 - x0 >= 3) {
+        ctx.setLineDash([1, 2]); ctx.strokeStyle = "rgba(0,0,0,.6)"; ctx.strokeRect(x0 + 0.5, top + 0.5, x1 - x0 - 1, h - 1); ctx.setLineDash([]);
+      }
+      ctx.globalAlpha = 1;
+      if (x1 - x0 > 70) {
+        ctx.fillStyle = "rgba(0,0,0,.75)"; ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "middle";
+        const st = N.state[t.st[i]], rs = N.reason[t.rs[i]];
+        const text = (st === "released" || st === "wants_gvl") && rs !== "unknown" ? st + ": " + rs : st;
+        ctx.save(); ctx.beginPath(); ctx.rect(x0, top, x1 - x0, h); ctx.clip();
+        ctx.fillText(text, x0 + 4, top + h / 2); ctx.restore();
+      }
+    });
+    // Probe markers: small triangles on top of the lane (sleep blue, mutex red).
+    const a = lower(t.markerT, view.t0, t.markerT.length), b = upper(t.markerT, view.t1, t.markerT.length);
+    let lastX = -10;
+    for (let k = a; k < b; k++) {
+      const x = X(t.markerT[k]);
+      if (x - lastX < 2) continue;
+      lastX = x;
+      const name = N.event[markers.e[t.markers[k]]];
+      ctx.fillStyle = name === "sleep_enter" ? "#1f4f99" : "#a01919";
+      ctx.beginPath(); ctx.moveTo(x - 3.5, l.y); ctx.lineTo(x + 3.5, l.y); ctx.lineTo(x, l.y + 6); ctx.fill();
+    }
+  }
+
+  function drawOwnerLane(l) {
+    const top = l.y + 3, h = l.h - 6;
+    drawn.owner = [];
+    visitSpans(owner, (i, x0, x1) => {
+      const kind = N.owner_kind[owner.k[i]];
+      drawn.owner.push([x0, x1, kind === "owned" ? owner.ow[i] : -1]);
+      if (kind === "owned") ctx.fillStyle = colorOfThread(owner.ow[i]);
+      else if (kind === "idle") ctx.fillStyle = "#eef0f3";
+      else ctx.fillStyle = HATCH_UNKNOWN;
+      ctx.fillRect(x0, top, x1 - x0, h);
+      if (kind === "owned" && x1 - x0 > 50) {
+        ctx.fillStyle = "#fff"; ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "middle";
+        ctx.save(); ctx.beginPath(); ctx.rect(x0, top, x1 - x0, h); ctx.clip();
+        ctx.fillText(threadLabel(owner.ow[i]), x0 + 4, top + h / 2); ctx.restore();
+      } else if (kind === "idle" && x1 - x0 > 40) {
+        ctx.fillStyle = "#8a93a0"; ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "middle";
+        ctx.save(); ctx.beginPath(); ctx.rect(x0, top, x1 - x0, h); ctx.clip();
+        ctx.fillText("idle", x0 + 4, top + h / 2); ctx.restore();
+      }
+    });
+  }
+
+  function drawGcLane(l) {
+    visitSpans(gc, (i, x0, x1) => {
+      ctx.fillStyle = STATE_COLOR.gc; ctx.globalAlpha = gc.ok[i] ? 1 : 0.5;
+      ctx.fillRect(x0, l.y + 2, x1 - x0, l.h - 4); ctx.globalAlpha = 1;
+    });
+  }
+
+  function drawNativeLane(l) {
+    const n = l.native;
+    visitSpans(n, (i, x0, x1) => {
+      ctx.fillStyle = colorOfThread(n.th[i]); ctx.globalAlpha = n.pv[i] === PROV.observed ? 1 : 0.6;
+      ctx.fillRect(x0, l.y + 2, x1 - x0, l.h - 4); ctx.globalAlpha = 1;
+      if (x1 - x0 > 40) {
+        ctx.fillStyle = "#fff"; ctx.font = "10px system-ui, sans-serif"; ctx.textBaseline = "middle";
+        ctx.save(); ctx.beginPath(); ctx.rect(x0, l.y, x1 - x0, l.h); ctx.clip();
+        ctx.fillText(threadLabel(n.th[i]), x0 + 3, l.y + l.h / 2); ctx.restore();
+      }
+    });
+  }
+
+  function drawMarkersLane(l) {
+    const a = lower(globalMarkerT, view.t0, globalMarkerT.length), b = upper(globalMarkerT, view.t1, globalMarkerT.length);
+    let lastX = -10;
+    for (let k = a; k < b; k++) {
+      const x = X(globalMarkerT[k]);
+      if (x - lastX < 2) continue;
+      lastX = x;
+      const name = N.event[markers.e[globalMarkers[k]]];
+      ctx.fillStyle = name === "events_dropped" ? "#c62828" : "#555";
+      ctx.beginPath(); ctx.moveTo(x - 4, l.y + l.h - 1); ctx.lineTo(x + 4, l.y + l.h - 1); ctx.lineTo(x, l.y + 2); ctx.fill();
+    }
+  }
+
+  // Unknown windows (lost events, paused tracing) are hatched across every lane: no state is claimed there.
+  function drawUnknownOverlay() {
+    const top = AXIS_H, bottom = TOTAL_H;
+    visitSpans(unknown, (i, x0, x1) => {
+      const paused = N.rule[unknown.ru[i]] === "tracing_paused";
+      ctx.fillStyle = paused ? HATCH_PAUSED : HATCH_UNKNOWN;
+      ctx.fillRect(x0, top, Math.max(1, x1 - x0), bottom - top);
+      ctx.fillStyle = paused ? "#555" : "#c62828"; ctx.fillRect(x0, top, 1, bottom - top);
+    });
+  }
+
+  function draw() {
+    drawPending = false;
+    ctx.clearRect(0, 0, W, TOTAL_H);
+    drawAxis();
+    for (const l of lanes) {
+      if (l.kind === "section") {
+        ctx.fillStyle = "#f0f2f5"; ctx.fillRect(0, l.y + 4, W, l.h - 6);
+        continue;
+      }
+      if (l.kind === "thread") drawThreadLane(l);
+      else if (l.kind === "owner") drawOwnerLane(l);
+      else if (l.kind === "gc") drawGcLane(l);
+      else if (l.kind === "native") drawNativeLane(l);
+      else if (l.kind === "markers") drawMarkersLane(l);
+    }
+    drawUnknownOverlay();
+    drawOverlay();
+  }
+
+  // ---- hit testing, hover, card ----------------------------------------------------------------------------------
+  function laneAtY(py) { for (const l of lanes) if (py >= l.y && py < l.y + l.h) return l; return null; }
+  // Index of the span of `sp` covering time t, widened by `slack` ns for spans too thin to hit; -1 if none.
+  function spanAt(sp, t, slack) {
+    const i = upper(sp.s, t, sp.n) - 1;
+    if (i >= 0 && sp.e[i] >= t) return i;
+    if (slack > 0) {
+      if (i >= 0 && t - sp.e[i] <= slack) return i;
+      if (i + 1 < sp.n && sp.s[i + 1] - t <= slack) return i + 1;
+    }
+    return -1;
+  }
+  function nearestMarker(list, arr, t, slack) {
+    if (arr.length === 0) return -1;
+    const k = lower(arr, t, arr.length);
+    let best = -1, bd = slack;
+    for (const j of [k - 1, k]) if (j >= 0 && j < arr.length && Math.abs(arr[j] - t) <= bd) { best = j; bd = Math.abs(arr[j] - t); }
+    return best < 0 ? -1 : list[best];
+  }
+  // What is under (px, py): {lane, kind, index} or null.
+  function hit(px, py) {
+    const l = laneAtY(py);
+    if (!l || l.kind === "section") return null;
+    const t = Tx(px), slack = 2 * (view.t1 - view.t0) / W;
+    if (l.kind === "thread") {
+      if (py < l.y + 7) {
+        const m = nearestMarker(l.thread.markers, l.thread.markerT, t, slack * 2);
+        if (m >= 0) return { lane: l, kind: "marker", index: m };
+      }
+      const i = spanAt(l.thread, t, slack); return i < 0 ? null : { lane: l, kind: "block", index: i };
+    }
+    if (l.kind === "owner") { const i = spanAt(owner, t, slack); return i < 0 ? null : { lane: l, kind: "owner", index: i }; }
+    if (l.kind === "gc") { const i = spanAt(gc, t, slack); return i < 0 ? null : { lane: l, kind: "gc", index: i }; }
+    if (l.kind === "native") { const i = spanAt(l.native, t, slack); return i < 0 ? null : { lane: l, kind: "native", index: i }; }
+    if (l.kind === "markers") {
+      const m = nearestMarker(globalMarkers, globalMarkerT, t, slack * 3);
+      if (m >= 0) return { lane: l, kind: "marker", index: m };
+      const u = spanAt(unknown, t, 0); return u < 0 ? null : { lane: l, kind: "unknown", index: u };
+    }
+    return null;
+  }
+  function spanOf(h) {
+    if (h.kind === "block") return h.lane.thread;
+    if (h.kind === "owner") return owner;
+    if (h.kind === "gc") return gc;
+    if (h.kind === "native") return h.lane.native;
+    if (h.kind === "unknown") return unknown;
+    return null;
+  }
+  function hitTitle(h) {
+    const i = h.index;
+    if (h.kind === "block") {
+      const t = h.lane.thread, st = N.state[t.st[i]], rs = N.reason[t.rs[i]];
+      return `${t.label} · ${(st === "released" || st === "wants_gvl") && rs !== "unknown" ? st + ": " + rs : st}`;
+    }
+    if (h.kind === "owner") {
+      const k = N.owner_kind[owner.k[i]];
+      return "GVL owner · " + (k === "owned" ? threadLabel(owner.ow[i]) : k);
+    }
+    if (h.kind === "gc") return "GC" + (gc.th[i] >= 0 ? " on " + threadLabel(gc.th[i]) : "");
+    if (h.kind === "native") return `native ${h.lane.native.tid} · ${threadLabel(h.lane.native.th[i])}`;
+    if (h.kind === "unknown") return N.rule[unknown.ru[i]] === "tracing_paused" ? "tracing paused" : `events dropped (${unknown.n[i]})`;
+    if (h.kind === "marker") return markerTitle(h.index);
+    return "";
+  }
+  function markerTitle(m) {
+    const name = N.event[markers.e[m]];
+    const label = { sleep_enter: "Kernel#sleep probe", mutex_lock_enter: "Thread::Mutex#lock probe",
+                    events_dropped: "events dropped", tracing_paused: "tracing paused", tracing_resumed: "tracing resumed" }[name] || name;
+    const x = extra.get(markers.ev[m]);
+    return label + (markers.th[m] >= 0 ? " · " + threadLabel(markers.th[m]) : "") + (x && x.count !== undefined ? ` (${x.count} lost)` : "");
+  }
+
+  function eventLine(ei) {
+    if (ei < 0 || ei >= events.n) return null;
+    const name = N.event[events.e[ei]], cruby = N.cruby[events.e[ei]];
+    const nt = events.nt[ei] >= 0 ? D.tids[events.nt[ei]] : null;
+    return { name, cruby, t: events.t[ei], nt, th: events.th[ei], prov: N.prov[events.pv[ei]], src: N.source[events.src[ei]] };
+  }
+
+  const RULE_TEXT = {
+    before_first_event: "Inferred: no event reports a thread's state before its first event; this is the state that event implies.",
+    sleep_probe: "Derived: the release fell after a Kernel#sleep entry probe of this thread and before it ran again.",
+    mutex_probe: "Derived: the release fell after a Thread::Mutex#lock entry probe of this thread and before it ran again.",
+    preempted_by_resume: "Derived: another thread's RESUMED arrived while this thread had not released (Ruby 3.2 timeslice).",
+    owner_replaced: "Derived: another thread's RESUMED replaced this owner; on 3.3+ that means a SUSPENDED was lost.",
+    implicit_resume: "Derived: activity of a thread whose last transition was SUSPENDED, with no RESUMED reported.",
+    gc_on_owner: "Derived: a GC event that names no thread ran on the thread holding the GVL.",
+    owner_from_acquire: "Derived: the GVL owner is the last gvl_acquired (RESUMED) not yet followed by a release.",
+    exit_releases: "Derived: EXITED ends the thread's ownership (3.3+ reports no SUSPENDED at exit).",
+    events_dropped: "Unknown: events were lost here, so no state is claimed.",
+    tracing_paused: "Unknown: tracing was paused here, so no state is claimed.",
+  };
+  const PROV_TEXT = { observed: "reported by the VM at the moment it happened",
+                      derived: "computed from observed events by a documented rule",
+                      inferred: "a guess about something no event reports" };
+
+  function eventCell(ei) {
+    const e = eventLine(ei);
+    if (!e) return el("span", { class: "empty" }, "none (the trace starts or ends here)");
+    return el("span", null, el("span", { class: "mono" }, e.cruby || e.name), e.cruby ? ` (${e.name})` : "",
+        ` at ${ms(e.t)} ms`, e.nt !== null ? `, native ${e.nt}` : "", e.th >= 0 ? `, ${threadLabel(e.th)}` : "");
+  }
+
+  function showCard(h) {
+    const card = $("card");
+    const i = h.index, rows = [];
+    const row = (k, ...v) => rows.push(el("tr", null, el("td", null, k), el("td", null, ...v)));
+    let prov = "observed", rule = "", opened = -1, closed = -1, sp = spanOf(h);
+    if (sp) { row("start", `${ms(sp.s[i])} ms`); row("end", `${ms(sp.e[i])} ms`); row("duration", dur(sp.e[i] - sp.s[i])); }
+    if (h.kind === "block") {
+      const t = h.lane.thread;
+      prov = N.prov[t.pv[i]]; rule = N.rule[t.ru[i]]; opened = t.o[i]; closed = t.c[i];
+      row("state", N.state[t.st[i]]);
+      if (t.st[i] === S.released || t.st[i] === S.wants) row("reason", N.reason[t.rs[i]]);
+      if (t.nt[i] >= 0) row("native thread", String(D.tids[t.nt[i]]));
+      if (t.rp[i] > 0) row("repeats", `${t.rp[i]} repeated transition(s) absorbed into this block`);
+      if (t.rw[i] >= 0) row("READY while running", eventCell(t.rw[i]));
+    } else if (h.kind === "owner") {
+      prov = N.prov[owner.pv[i]]; rule = N.rule[owner.ru[i]]; opened = owner.o[i]; closed = owner.c[i];
+      row("owner", N.owner_kind[owner.k[i]] === "owned" ? threadLabel(owner.ow[i]) : N.owner_kind[owner.k[i]]);
+      row("ended", N.owner_end[owner.en[i]]);
+    } else if (h.kind === "gc") {
+      opened = gc.o[i]; closed = gc.c[i];
+      row("thread", gc.th[i] >= 0 ? `${threadLabel(gc.th[i])} (${N.prov[gc.tp[i]]})` : "unknown");
+      row("complete", gc.ok[i] ? "yes (gc_exit seen)" : "no (cut by lost events, a pause or the end)");
+    } else if (h.kind === "native") {
+      const n = h.lane.native;
+      prov = N.prov[n.pv[i]];
+      row("native tid", String(n.tid)); row("Ruby thread", threadLabel(n.th[i]));
+    } else if (h.kind === "unknown") {
+      prov = "observed"; rule = N.rule[unknown.ru[i]]; opened = unknown.ev[i];
+      if (N.rule[unknown.ru[i]] === "events_dropped") row("lost events", String(unknown.n[i]));
+    } else if (h.kind === "marker") {
+      opened = markers.ev[h.index];
+      row("time", `${ms(markers.t[h.index])} ms`);
+      const x = extra.get(opened);
+      if (x) for (const k of Object.keys(x)) row(k, String(x[k]));
+    }
+    const ev = eventLine(opened >= 0 ? opened : closed);
+    const cruby = ev ? (ev.cruby || ev.name) : "";
+    card.dataset.crubyEvent = cruby;
+    card.dataset.provenance = prov;
+    card.dataset.rule = rule;
+    card.dataset.lane = h.lane.id;
+    card.dataset.kind = h.kind;
+    card.dataset.index = String(i);
+    // The event behind a block is the one that opened it; an inferred block has none, so its closing event is named.
+    row(opened >= 0 || !ev ? "CRuby event" : "CRuby event (closing)",
+        ev ? el("span", { class: "mono" }, cruby) : el("span", { class: "empty" }, "none: no event opened or closed this block"));
+    row("provenance", el("span", { class: "badge " + prov }, prov), " ", PROV_TEXT[prov] || "");
+    if (rule) row("rule", el("span", { class: "mono" }, rule), el("div", null, RULE_TEXT[rule] || ""));
+    if (h.kind !== "marker") { row("opened by", eventCell(opened)); row("closed by", eventCell(closed)); }
+    else row("event", eventCell(opened));
+    row("stack", el("span", { class: "empty" }, "not recorded (the trace carries no stacks)"));
+    card.replaceChildren(el("h2", null, hitTitle(h)), el("table", null, el("tbody", null, ...rows)));
+    card.hidden = false;
+    selected = h;
+    drawOverlay();
+  }
+  let selected = null;
+
+  // ---- overlay: cursor line and selection ------------------------------------------------------------------------
+  function drawOverlay() {
+    octx.clearRect(0, 0, W, TOTAL_H);
+    if (selected) {
+      const sp = spanOf(selected);
+      const l = selected.lane;
+      if (sp) {
+        const x0 = Math.max(-2, X(sp.s[selected.index])), x1 = Math.min(W + 2, X(sp.e[selected.index]));
+        octx.strokeStyle = "#1d232b"; octx.lineWidth = 2;
+        octx.strokeRect(x0, l.y + 1, Math.max(2, x1 - x0), l.h - 2);
+      }
+    }
+    if (cursorT !== null && cursorT >= view.t0 && cursorT <= view.t1) {
+      const x = Math.round(X(cursorT)) + 0.5;
+      octx.strokeStyle = "rgba(47,111,208,.8)"; octx.lineWidth = 1;
+      octx.beginPath(); octx.moveTo(x, 0); octx.lineTo(x, TOTAL_H); octx.stroke();
+    }
+  }
+
+  // ---- event list that follows the cursor ------------------------------------------------------------------------
+  const ROWS_BEFORE = 12, ROWS_AFTER = 28;
+  let listAt = -1;
+  function updateEventList(t) {
+    if (events.n === 0) return;
+    let k = upper(events.t, t, events.n) - 1;
+    if (k < 0) k = 0;
+    if (k === listAt) return;
+    listAt = k;
+    const from = Math.max(0, k - ROWS_BEFORE), to = Math.min(events.n, k + ROWS_AFTER);
+    const rows = [];
+    for (let i = from; i < to; i++) {
+      const e = eventLine(i);
+      const x = extra.get(i);
+      const tr = el("tr", { "data-event": String(i), class: i === k ? "at" : "" },
+          el("td", { class: "mono" }, ms(e.t)), el("td", null, e.th >= 0 ? threadLabel(e.th) : "-"),
+          el("td", { class: "mono" }, e.nt !== null ? String(e.nt) : "-"),
+          el("td", null, e.name + (x && x.count !== undefined ? ` (${x.count})` : "") + (x && x.reason ? ` (${x.reason})` : "")),
+          el("td", { class: "mono" }, e.cruby || "-"), el("td", null, e.prov));
+      rows.push(tr);
+    }
+    $("event-rows").replaceChildren(...rows);
+    const at = $("event-rows").querySelector("tr.at");
+    if (at) { const box = $("events"); box.scrollTop = Math.max(0, at.offsetTop - box.clientHeight / 3); }
+  }
+  $("event-rows").addEventListener("click", (ev) => {
+    const tr = ev.target.closest("tr[data-event]");
+    if (!tr) return;
+    setCursor(events.t[Number(tr.dataset.event)], true);
+  });
+  function setCursor(t, follow) {
+    cursorT = t;
+    $("cursor-time").textContent = t === null ? "" : `cursor ${ms(t)} ms`;
+    if (t !== null) {
+      updateEventList(t);
+      if (follow && (t < view.t0 || t > view.t1)) { const span = view.t1 - view.t0; setView(t - span / 2, t + span / 2); }
+    }
+    drawOverlay();
+  }
+
+  // ---- input -----------------------------------------------------------------------------------------------------
+  const localXY = (ev) => { const r = canvas.getBoundingClientRect(); return [ev.clientX - r.left, ev.clientY - r.top]; };
+  let drag = null;
+  canvas.addEventListener("mousedown", (ev) => {
+    if (ev.button !== 0) return;
+    const [px] = localXY(ev);
+    drag = { x: px, t0: view.t0, t1: view.t1, moved: false };
+  });
+  window.addEventListener("mousemove", (ev) => {
+    const [px, py] = localXY(ev);
+    if (drag) {
+      const dx = px - drag.x;
+      if (Math.abs(dx) > 3) drag.moved = true;
+      if (drag.moved) {
+        const dt = dx / W * (drag.t1 - drag.t0);
+        setView(drag.t0 - dt, drag.t1 - dt);
+      }
+    }
+    if (px < 0 || px > W || py < 0 || py > TOTAL_H) { tooltip.hidden = true; return; }
+    setCursor(Tx(px), false);
+    const h = hit(px, py);
+    if (!h) { tooltip.hidden = true; return; }
+    const sp = spanOf(h);
+    let text = hitTitle(h);
+    if (sp) text += `\n${ms(sp.s[h.index])} – ${ms(sp.e[h.index])} ms\n${dur(sp.e[h.index] - sp.s[h.index])}`;
+    else if (h.kind === "marker") text += `\n${ms(markers.t[h.index])} ms`;
+    text += `\ncursor ${ms(Tx(px))} ms`;
+    tooltip.textContent = text;
+    tooltip.hidden = false;
+    const tx = px + 14 + 260 > W ? px - 14 - tooltip.offsetWidth : px + 14;
+    tooltip.style.left = tx + "px"; tooltip.style.top = (py + 14) + "px";
+  });
+  window.addEventListener("mouseup", (ev) => {
+    if (!drag) return;
+    const wasDrag = drag.moved;
+    drag = null;
+    if (wasDrag) return;
+    const [px, py] = localXY(ev);
+    const h = hit(px, py);
+    if (h) showCard(h);
+  });
+  canvas.addEventListener("mouseleave", () => { tooltip.hidden = true; });
+  canvas.addEventListener("wheel", (ev) => {
+    ev.preventDefault();
+    const [px] = localXY(ev);
+    if (ev.shiftKey || Math.abs(ev.deltaX) > Math.abs(ev.deltaY)) { pan((ev.deltaX || ev.deltaY) / W); return; }
+    zoomAt(Math.pow(1.0015, ev.deltaY), Tx(px));
+  }, { passive: false });
+  $("zoom-in").addEventListener("click", () => zoomAt(0.5, cursorT !== null && cursorT >= view.t0 && cursorT <= view.t1 ? cursorT : undefined));
+  $("zoom-out").addEventListener("click", () => zoomAt(2));
+  $("zoom-fit").addEventListener("click", () => setView(T0, T1));
+  $("pan-left").addEventListener("click", () => pan(-0.25));
+  $("pan-right").addEventListener("click", () => pan(0.25));
+  function step(dir) {
+    if (events.n === 0) return;
+    const t = cursorT === null ? view.t0 : cursorT;
+    const k = dir > 0 ? upper(events.t, t, events.n) : lower(events.t, t, events.n) - 1;
+    if (k >= 0 && k < events.n) setCursor(events.t[k], true);
+  }
+  $("step-prev").addEventListener("click", () => step(-1));
+  $("step-next").addEventListener("click", () => step(1));
+  // Replay: the cursor moves through trace time at the chosen speed; the view follows and the event list with it.
+  let playing = null;
+  function togglePlay() {
+    if (playing) { cancelAnimationFrame(playing.raf); playing = null; $("play").textContent = "▶ replay"; return; }
+    let t = cursorT === null || cursorT >= T1 ? view.t0 : cursorT;
+    let last = performance.now();
+    const tick = (now) => {
+      t += (now - last) * 1e6 * Number($("speed").value);
+      last = now;
+      if (t >= T1) { setCursor(T1, true); togglePlay(); return; }
+      setCursor(t, true);
+      playing.raf = requestAnimationFrame(tick);
+    };
+    playing = { raf: requestAnimationFrame(tick) };
+    $("play").textContent = "❚❚ pause";
+  }
+  $("play").addEventListener("click", togglePlay);
+  document.addEventListener("keydown", (ev) => {
+    if (ev.target && (ev.target.tagName === "SELECT" || ev.target.tagName === "INPUT")) return;
+    const k = ev.key;
+    if (k === "+" || k === "=") zoomAt(0.5);
+    else if (k === "-" || k === "_") zoomAt(2);
+    else if (k === "ArrowLeft") pan(-0.1);
+    else if (k === "ArrowRight") pan(0.1);
+    else if (k === "Home" || k === "0") setView(T0, T1);
+    else if (k === ",") step(-1);
+    else if (k === ".") step(1);
+    else if (k === " ") togglePlay();
+    else return;
+    ev.preventDefault();
+  });
+  window.addEventListener("resize", resize);
+
+  // ---- hooks for tests -------------------------------------------------------------------------------------------
+  window.rvReport = {
+    data: { threads, owner, gc, unknown, natives, markers, events, names: N, meta: M, tids: D.tids },
+    view: () => ({ t0: view.t0, t1: view.t1 }),
+    setView,
+    // The lane's rect in client (viewport) coordinates, and the x of time t in the same coordinates.
+    laneRect: (id) => {
+      const l = laneById.get(id), r = canvas.getBoundingClientRect();
+      return l ? { x: r.left, y: r.top + l.y, width: W, height: l.h } : null;
+    },
+    clientX: (t) => canvas.getBoundingClientRect().left + X(t),
+    drawn: () => drawn,
+    eventName: (i) => (i >= 0 ? N.event[events.e[i]] : null),
+    crubyName: (i) => (i >= 0 ? N.cruby[events.e[i]] : null),
+    drawNow: () => { drawPending = false; draw(); },
+  };
+
+  resize();
+  setView(T0, T1);
+  draw();
+  updateEventList(T0);
+  window.rvReportLoadMs = performance.now() - loadStart;
+  document.body.dataset.ready = "1";
+})();
+</script>
+</body>
+</html>
+)rvhtml";
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_REPORT_REPORT_TEMPLATE_H_

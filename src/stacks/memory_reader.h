@@ -1,0 +1,103 @@
+// Reading a Ruby process's memory from outside: live (process_vm_readv) or from an ELF coredump.
+//
+// The walker and the symbolizer read memory that belongs to a process we do not trust and that may change under us,
+// so every read is bounded (kMaxReadBytes), either fully succeeds or fails, and never faults the daemon.
+#ifndef RVBPFD_SRC_STACKS_MEMORY_READER_H_
+#define RVBPFD_SRC_STACKS_MEMORY_READER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace rvbpfd {
+
+class MemoryReader {
+ public:
+  // Largest single read, in bytes. The walker reads words and the symbolizer reads strings capped far below this;
+  // a larger request is a bug or a corrupt length and fails instead of allocating.
+  static constexpr size_t kMaxReadBytes = 1 << 20;
+
+  virtual ~MemoryReader() = default;
+  // Copies len bytes at addr into dst. False (dst contents unspecified) when any byte is unreadable or len is 0 or
+  // above kMaxReadBytes.
+  virtual bool Read(uint64_t addr, void* dst, size_t len) = 0;
+
+  template <typename T>
+  bool ReadValue(uint64_t addr, T* out) {
+    return Read(addr, out, sizeof(T));
+  }
+};
+
+// Live process memory through process_vm_readv (needs ptrace access to the target).
+class ProcessMemoryReader : public MemoryReader {
+ public:
+  explicit ProcessMemoryReader(int pid) : pid_(pid) {}
+  bool Read(uint64_t addr, void* dst, size_t len) override;
+  int pid() const { return pid_; }
+
+ private:
+  int pid_;
+};
+
+// One NT_FILE entry of a coredump: [start, end) of the process mapped `path` at file offset `offset` (bytes).
+struct CoreFileMapping {
+  uint64_t start = 0;
+  uint64_t end = 0;
+  uint64_t offset = 0;
+  std::string path;
+};
+
+// An ELF core file (ET_CORE), plain or gzip-compressed (detected by its magic). Memory comes from the PT_LOAD
+// segments; bytes a segment declares (p_memsz) but does not carry (beyond p_filesz) come from the original file named
+// by NT_FILE when one covers them (kernel and gdb cores omit read-only file-backed pages), else read as zeros (an
+// anonymous page that was never touched).
+class CoreFileReader : public MemoryReader {
+ public:
+  struct Options {
+    // Prefix for NT_FILE paths when opening original files ("" = as recorded; "/proc/PID/root" style roots work).
+    std::string file_root;
+    // When false, bytes missing from the core are never read from the original files (a self-contained case must
+    // not depend on them).
+    bool use_original_files = true;
+  };
+  static Result<std::unique_ptr<CoreFileReader>> Open(const std::string& path, const Options& options);
+  ~CoreFileReader() override;
+
+  bool Read(uint64_t addr, void* dst, size_t len) override;
+  const std::vector<CoreFileMapping>& file_mappings() const { return files_; }
+  // Reads that needed an original file (bytes the core did not carry).
+  uint64_t original_file_reads() const { return original_file_reads_; }
+
+ private:
+  struct Segment {
+    uint64_t vaddr = 0;
+    uint64_t memsz = 0;
+    uint64_t offset = 0;  // in data_
+    uint64_t filesz = 0;
+  };
+  CoreFileReader() = default;
+  Status Parse();
+  // Copies [addr, addr+len) that lies inside one segment; false if unreadable.
+  bool ReadFromSegment(const Segment& seg, uint64_t addr, uint8_t* dst, size_t len);
+  bool ReadFromOriginalFile(uint64_t addr, uint8_t* dst, size_t len, bool* covered);
+
+  Options options_;
+  std::string path_;
+  std::vector<uint8_t> data_;
+  std::vector<Segment> segments_;  // sorted by vaddr
+  std::vector<CoreFileMapping> files_;
+  std::map<std::string, int> fds_;  // original files opened on demand
+  uint64_t original_file_reads_ = 0;
+};
+
+// Reads a whole file, inflating it when it is gzip-compressed. Bounded by max_bytes.
+Result<std::vector<uint8_t>> ReadMaybeGzipFile(const std::string& path, size_t max_bytes);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_STACKS_MEMORY_READER_H_

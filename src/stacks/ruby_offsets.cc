@@ -1,0 +1,163 @@
+#include "stacks/ruby_offsets.h"
+
+#include <elf.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+
+#include "sites/dwarf_info.h"
+
+namespace rvbpfd {
+
+Result<RubyOffsets> RubyOffsets::ForVersion(int major, int minor) {
+  RubyOffsets o;
+  o.major = major;
+  o.minor = minor;
+  const int v = major * 100 + minor;
+  if (v < 302 || v > 400) {
+    return Error(ErrorCode::kUnsupportedVersion,
+                 "no frame-walker offsets for CRuby " + std::to_string(major) + "." + std::to_string(minor) +
+                     " (3.2 - 4.0 are known)");
+  }
+  rv_ruby_walk_offsets& w = o.walk;
+  w.ec_vm_stack = 0;
+  w.ec_vm_stack_size = 8;
+  w.ec_cfp = 16;
+  w.cfp_pc = 0;
+  w.cfp_iseq = 16;
+  w.cfp_ep = 32;
+  w.cme_def = 16;
+  w.svar_cref_or_me = 8;
+  if (v == 302) {
+    // 3.2 still has __bp__ before jit_return; the class path is a hidden ivar, not a struct field.
+    w.cfp_jit_return = 56;
+    w.cfp_size = 64;
+    w.flags = 0;  // 3.2's thread_profile_frames has no jit_return rule
+    o.klass_attached_object = 0;
+    o.klass_classpath = 0;
+    o.last_op_id = 169;
+  } else {
+    w.cfp_jit_return = 48;
+    w.cfp_size = 56;
+    w.flags = RV_RB_WALK_F_HAS_JIT_RETURN;
+  }
+  if (v == 303) o.last_op_id = 169;
+  if (v >= 304) {
+    o.fl_singleton = 0x2000;
+    o.singleton_requires_t_class = true;
+    o.last_op_id = v == 304 ? 170 : 171;
+  }
+  if (v >= 400) {
+    // 4.0: RClass = RBasic + object_id; the classext follows it and holds super.
+    o.body_local_iseq = 176;
+    o.klass_super = 32;
+    o.klass_attached_object = 136;
+    o.klass_classpath = 152;
+  }
+  return o;
+}
+
+namespace {
+
+// Overrides `*field` with the DWARF value when there is one, noting a disagreement with the table.
+void Apply(std::optional<uint32_t> dwarf, uint32_t* field, const char* name, OffsetsReport* report) {
+  if (!dwarf) return;
+  report->from_dwarf++;
+  if (*dwarf != *field) {
+    report->mismatches.push_back(std::string(name) + ": table " + std::to_string(*field) + ", dwarf " +
+                          std::to_string(*dwarf));
+  }
+  *field = *dwarf;
+}
+
+std::optional<uint32_t> Add(std::optional<uint32_t> a, uint32_t b) {
+  if (!a) return std::nullopt;
+  return *a + b;
+}
+
+}  // namespace
+
+Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, OffsetsReport* report) {
+  OffsetsReport scratch;
+  if (report == nullptr) report = &scratch;
+  Result<RubyOffsets> table = RubyOffsets::ForVersion(major, minor);
+  if (!table.ok()) return table.error();
+  RubyOffsets o = table.value();
+  std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(elf);
+  if (!dwarf) return o;
+  // Struct layouts are looked up in the CU of a function whose file uses them: vm_backtrace.c (frames, iseqs, method
+  // entries) and variable.c (classes).
+  std::optional<ElfSymbol> backtrace = elf.FindSymbol("rb_profile_frames");
+  std::optional<ElfSymbol> variable = elf.FindSymbol("rb_class_path");
+  if (backtrace) {
+    const uint64_t pc = backtrace->value;
+    auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
+    rv_ruby_walk_offsets& w = o.walk;
+    Apply(m("rb_execution_context_struct", "vm_stack"), &w.ec_vm_stack, "ec.vm_stack", report);
+    Apply(m("rb_execution_context_struct", "vm_stack_size"), &w.ec_vm_stack_size, "ec.vm_stack_size", report);
+    Apply(m("rb_execution_context_struct", "cfp"), &w.ec_cfp, "ec.cfp", report);
+    Apply(m("rb_control_frame_struct", "pc"), &w.cfp_pc, "cfp.pc", report);
+    Apply(m("rb_control_frame_struct", "iseq"), &w.cfp_iseq, "cfp.iseq", report);
+    Apply(m("rb_control_frame_struct", "ep"), &w.cfp_ep, "cfp.ep", report);
+    std::optional<uint32_t> jit_return = m("rb_control_frame_struct", "jit_return");
+    Apply(jit_return, &w.cfp_jit_return, "cfp.jit_return", report);
+    // jit_return is the last member in 3.2 - 4.0, so the frame ends one pointer after it.
+    Apply(Add(jit_return, 8), &w.cfp_size, "sizeof(rb_control_frame_t)", report);
+    Apply(m("rb_callable_method_entry_struct", "def"), &w.cme_def, "cme.def", report);
+    o.cme_def = w.cme_def;
+    Apply(m("rb_callable_method_entry_struct", "defined_class"), &o.cme_defined_class, "cme.defined_class", report);
+    Apply(m("rb_method_definition_struct", "original_id"), &o.def_original_id, "def.original_id", report);
+    Apply(m("rb_method_definition_struct", "body"), &o.def_iseqptr, "def.body", report);
+    Apply(m("vm_svar", "cref_or_me"), &w.svar_cref_or_me, "svar.cref_or_me", report);
+    Apply(m("rb_thread_struct", "ec"), &o.thread_ec, "thread.ec", report);
+    Apply(m("rb_iseq_struct", "body"), &o.iseq_body, "iseq.body", report);
+    Apply(m("rb_iseq_constant_body", "type"), &o.body_type, "body.type", report);
+    Apply(m("rb_iseq_constant_body", "iseq_size"), &o.body_iseq_size, "body.iseq_size", report);
+    Apply(m("rb_iseq_constant_body", "iseq_encoded"), &o.body_iseq_encoded, "body.iseq_encoded", report);
+    Apply(m("rb_iseq_constant_body", "location"), &o.body_location, "body.location", report);
+    std::optional<uint32_t> insns_info = m("rb_iseq_constant_body", "insns_info");
+    // insns_info = {body, positions, size, succ_index_table} (pointer, pointer, u32 + pad, pointer).
+    Apply(insns_info, &o.body_insns_info_body, "body.insns_info", report);
+    Apply(Add(insns_info, 16), &o.body_insns_info_size, "body.insns_info.size", report);
+    Apply(Add(insns_info, 24), &o.body_succ_index_table, "body.insns_info.succ_index_table",
+          report);
+    Apply(m("rb_iseq_constant_body", "local_iseq"), &o.body_local_iseq, "body.local_iseq", report);
+    Apply(m("rb_iseq_location_struct", "pathobj"), &o.loc_pathobj, "location.pathobj", report);
+    Apply(m("rb_iseq_location_struct", "base_label"), &o.loc_base_label, "location.base_label", report);
+    Apply(m("rb_iseq_location_struct", "label"), &o.loc_label, "location.label", report);
+    Apply(m("rb_iseq_location_struct", "first_lineno"), &o.loc_first_lineno, "location.first_lineno", report);
+  }
+  if (variable && o.klass_classpath != 0 && o.major * 100 + o.minor < 400) {
+    const uint64_t pc = variable->value;
+    auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
+    // 3.3/3.4: the classext sits right after struct RClass {basic(16), super, m_tbl} = 32 bytes.
+    constexpr uint32_t kRClassSize = 32;
+    Apply(m("RClass", "super"), &o.klass_super, "RClass.super", report);
+    Apply(Add(m("rb_classext_struct", "classpath"), kRClassSize), &o.klass_classpath, "classext.classpath",
+          report);
+    // as.singleton_class.attached_object is the first word of the `as` union.
+    Apply(Add(m("rb_classext_struct", "as"), kRClassSize), &o.klass_attached_object,
+          "classext.as.singleton_class.attached_object", report);
+  }
+  return o;
+}
+
+Result<uint64_t> FindGlobalSymbolsVaddr(const ElfFile& elf) {
+  std::optional<ElfSymbol> sym = elf.FindSymbol("ruby_global_symbols");
+  if (!sym || sym->shndx == SHN_UNDEF) {
+    return Error(ErrorCode::kNoSymbols, elf.path() + " has no ruby_global_symbols symbol (stripped binary?): C "
+                                                     "function names cannot be resolved");
+  }
+  return sym->value;
+}
+
+uint64_t LoadBiasFromLowestMapping(const ElfFile& elf, uint64_t lowest_mapping_start) {
+  uint64_t lowest = UINT64_MAX;
+  for (const ElfSegment& s : elf.load_segments()) lowest = std::min(lowest, s.vaddr);
+  if (lowest == UINT64_MAX) return 0;
+  constexpr uint64_t kPage = 4096;
+  return lowest_mapping_start - (lowest & ~(kPage - 1));
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,376 @@
+#include "stacks/symbolizer.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+namespace rvbpfd {
+
+namespace {
+
+// RBasic.flags builtin types (ruby/internal/value_type.h).
+constexpr uint64_t kTString = 0x05;
+constexpr uint64_t kTArray = 0x07;
+constexpr uint64_t kTClass = 0x02;
+constexpr uint64_t kTModule = 0x03;
+constexpr uint64_t kTIClass = 0x1c;
+constexpr uint64_t kImemoIseq = 7;
+// RSTRING_NOEMBED and RARRAY_EMBED_FLAG are both FL_USER1; the embedded array length is in FL_USER3..9.
+constexpr uint64_t kFlUser1 = 0x2000;
+constexpr int kArrayEmbedLenShift = 15;
+constexpr uint64_t kArrayEmbedLenMask = 0x7f;
+constexpr uint32_t kIseqTypeMethod = 1;  // ISEQ_TYPE_METHOD
+// rb_symbols_t: IDs are stored in chunks of ID_ENTRY_UNIT serials, ID_ENTRY_SIZE slots each (String, Symbol).
+constexpr uint64_t kIdEntryUnit = 512;
+constexpr uint64_t kIdEntrySize = 2;
+constexpr int kIdScopeShift = 4;  // RUBY_ID_SCOPE_SHIFT
+// Succinct bitvector (iseq.c): 54 positions are encoded in imm_part[6] (9 x 7-bit ranks per word), the rest in
+// 80-byte blocks of 512 bits: {u32 rank, pad, u64 small_block_ranks (7 x 9 bits), u64 bits[8]}.
+constexpr uint64_t kImmediateTableSize = 54;
+constexpr uint64_t kSuccPartOffset = 48;
+constexpr uint64_t kSuccBlockBytes = 80;
+constexpr uint64_t kInsnInfoEntryBytes = 12;
+// Nesting bound for rb_tmp_class_path's recursion through an anonymous module's class.
+constexpr int kMaxClassPathDepth = 8;
+// rb_class_real's walk up singleton classes and iclasses.
+constexpr int kMaxSuperHops = 64;
+
+bool IsHeapObject(uint64_t v) {
+  // Special constants (nil, true, false, undef, Fixnums, Flonums, static Symbols) are small or tagged.
+  return v >= 4096 && (v & 7) == 0;
+}
+
+}  // namespace
+
+std::string RubyPointerString(uint64_t value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, value);
+  return buf;
+}
+
+std::optional<uint64_t> Symbolizer::Flags(uint64_t obj) {
+  uint64_t flags = 0;
+  if (!IsHeapObject(obj) || !ReadWord(obj, &flags)) return std::nullopt;
+  return flags;
+}
+
+bool Symbolizer::IsType(uint64_t obj, uint64_t type) {
+  std::optional<uint64_t> f = Flags(obj);
+  return f && (*f & RV_RB_T_MASK) == type;
+}
+
+bool Symbolizer::IsImemo(uint64_t obj, uint64_t imemo_type) {
+  std::optional<uint64_t> f = Flags(obj);
+  return f && (*f & RV_RB_T_MASK) == RV_RB_T_IMEMO && ((*f >> RV_RB_IMEMO_SHIFT) & RV_RB_IMEMO_MASK) == imemo_type;
+}
+
+std::optional<std::string> Symbolizer::ReadString(uint64_t value) {
+  std::optional<uint64_t> flags = Flags(value);
+  if (!flags || (*flags & RV_RB_T_MASK) != kTString) return std::nullopt;
+  int64_t len = 0;
+  if (!mem_->ReadValue(value + 16, &len) || len < 0 || static_cast<uint64_t>(len) > kMaxStringBytes) {
+    return std::nullopt;
+  }
+  if (len == 0) return std::string();
+  uint64_t ptr = value + 24;  // embedded bytes
+  if (*flags & kFlUser1) {    // RSTRING_NOEMBED: as.heap.ptr
+    if (!ReadWord(value + 24, &ptr) || ptr == 0) return std::nullopt;
+  }
+  std::string s(static_cast<size_t>(len), '\0');
+  if (!mem_->Read(ptr, s.data(), s.size())) return std::nullopt;
+  return s;
+}
+
+std::optional<uint64_t> Symbolizer::ArrayEntry(uint64_t ary, uint64_t index) {
+  std::optional<uint64_t> flags = Flags(ary);
+  if (!flags || (*flags & RV_RB_T_MASK) != kTArray) return std::nullopt;
+  uint64_t len = 0, elems = 0;
+  if (*flags & kFlUser1) {  // RARRAY_EMBED_FLAG
+    len = (*flags >> kArrayEmbedLenShift) & kArrayEmbedLenMask;
+    elems = ary + 16;
+  } else if (!ReadWord(ary + 16, &len) || !ReadWord(ary + 32, &elems) || elems == 0) {
+    return std::nullopt;
+  }
+  // rb_ary_entry returns nil past the end; callers treat "absent" the same way.
+  if (index >= len) return std::nullopt;
+  uint64_t v = 0;
+  if (!ReadWord(elems + index * 8, &v)) return std::nullopt;
+  return v;
+}
+
+std::optional<std::string> Symbolizer::IdToString(uint64_t id) {
+  if (id == 0 || global_symbols_ == 0) return std::nullopt;
+  // rb_id_to_serial: operator IDs (up to tLAST_OP_ID) are their own serial, others carry scope bits.
+  const uint64_t serial = id > off_.last_op_id ? id >> kIdScopeShift : id;
+  uint32_t last_id = 0;
+  uint64_t ids = 0;
+  if (!mem_->ReadValue(global_symbols_ + off_.symbols_last_id, &last_id) ||
+      !ReadWord(global_symbols_ + off_.symbols_ids, &ids)) {
+    return std::nullopt;
+  }
+  if (serial == 0 || serial > last_id) return std::nullopt;
+  std::optional<uint64_t> chunk = ArrayEntry(ids, serial / kIdEntryUnit);
+  if (!chunk) return std::nullopt;
+  std::optional<uint64_t> str = ArrayEntry(*chunk, (serial % kIdEntryUnit) * kIdEntrySize);
+  if (!str) return std::nullopt;
+  return ReadString(*str);
+}
+
+std::optional<int> Symbolizer::LineNumber(uint64_t iseq, uint64_t pc) {
+  if (!IsImemo(iseq, kImemoIseq)) return std::nullopt;
+  uint64_t body = 0, encoded = 0, insns = 0, table = 0;
+  uint32_t iseq_size = 0, size = 0;
+  if (!ReadWord(iseq + off_.iseq_body, &body) || body == 0 || !ReadWord(body + off_.body_iseq_encoded, &encoded) ||
+      !mem_->ReadValue(body + off_.body_iseq_size, &iseq_size) ||
+      !mem_->ReadValue(body + off_.body_insns_info_size, &size) ||
+      !ReadWord(body + off_.body_insns_info_body, &insns)) {
+    return std::nullopt;
+  }
+  // pos = (pc - iseq_encoded) in words, minus one when non-zero: pc already points past the current instruction.
+  if (pc < encoded || (pc - encoded) % 8 != 0 || (pc - encoded) / 8 > iseq_size) return std::nullopt;
+  uint64_t pos = (pc - encoded) / 8;
+  if (pos > 0) pos--;
+  if (size == 0) return 0;  // no line information: rb_iseq_line_no returns 0
+  uint64_t index = 1;
+  if (size > 1) {
+    if (!ReadWord(body + off_.body_succ_index_table, &table) || table == 0) return std::nullopt;
+    if (pos < kImmediateTableSize) {
+      uint64_t imm = 0;
+      if (!ReadWord(table + (pos / 9) * 8, &imm)) return std::nullopt;
+      index = (imm >> (7 * (pos % 9))) & 0x7f;
+    } else {
+      const uint64_t x = pos - kImmediateTableSize;
+      struct {
+        uint32_t rank;
+        uint32_t pad;
+        uint64_t small_block_ranks;
+        uint64_t bits[8];
+      } block;
+      static_assert(sizeof(block) == kSuccBlockBytes);
+      if (!mem_->Read(table + kSuccPartOffset + (x / 512) * kSuccBlockBytes, &block, sizeof(block))) {
+        return std::nullopt;
+      }
+      const uint64_t bit = x % 512, small = bit / 64;
+      const uint64_t small_rank = small == 0 ? 0 : (block.small_block_ranks >> (9 * (small - 1))) & 0x1ff;
+      index = block.rank + small_rank + __builtin_popcountll(block.bits[small] << (63 - bit % 64));
+    }
+  }
+  if (index < 1 || index > size) return std::nullopt;  // CRuby would index insns_info[-1]: a corrupt table
+  int32_t line = 0;
+  if (!mem_->ReadValue(insns + (index - 1) * kInsnInfoEntryBytes, &line)) return std::nullopt;
+  return line;
+}
+
+bool Symbolizer::IsSingleton(uint64_t klass) {
+  std::optional<uint64_t> f = Flags(klass);
+  if (!f || !(*f & off_.fl_singleton)) return false;
+  return !off_.singleton_requires_t_class || (*f & RV_RB_T_MASK) == kTClass;
+}
+
+std::optional<uint64_t> Symbolizer::RealClass(uint64_t klass) {
+  for (int i = 0; i < kMaxSuperHops; i++) {
+    if (klass == 0) return klass;
+    std::optional<uint64_t> f = Flags(klass);
+    if (!f) return std::nullopt;
+    if (!IsSingleton(klass) && (*f & RV_RB_T_MASK) != kTIClass) return klass;
+    if (!ReadWord(klass + off_.klass_super, &klass)) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> Symbolizer::ClassPath(uint64_t klass, int depth) {
+  if (depth > kMaxClassPathDepth) return std::nullopt;
+  std::optional<uint64_t> f = Flags(klass);
+  if (!f) return std::nullopt;
+  const uint64_t type = *f & RV_RB_T_MASK;
+  if (type != kTClass && type != kTModule && type != kTIClass) return std::nullopt;
+  uint64_t classpath = 0;
+  if (!ReadWord(klass + off_.klass_classpath, &classpath)) return std::nullopt;
+  // classname(): a permanent or temporary path when one was assigned.
+  if (classpath != 0) return ReadString(classpath);
+  // make_temporary_path(): "#<Class:%p>", "#<Module:%p>" (a plain Module instance) or "#<ClassPath:%p>" (an instance
+  // of a Module subclass, named after its class).
+  if (type == kTModule) {
+    uint64_t meta = 0;
+    if (!ReadWord(klass + 8, &meta)) return std::nullopt;  // RBASIC(klass)->klass
+    std::optional<uint64_t> real = RealClass(meta);
+    if (!real) return std::nullopt;
+    // rb_obj_class(klass) == rb_cModule: the only class whose permanent path is "Module" is rb_cModule itself.
+    uint64_t real_path = 0;
+    if (*real != 0 && ReadWord(*real + off_.klass_classpath, &real_path) && real_path != 0) {
+      std::optional<std::string> name = ReadString(real_path);
+      if (name && *name == "Module") return "#<Module:" + RubyPointerString(klass) + ">";
+    }
+    std::optional<std::string> parent = ClassPath(meta, depth + 1);
+    if (!parent) return std::nullopt;
+    return "#<" + *parent + ":" + RubyPointerString(klass) + ">";
+  }
+  return "#<Class:" + RubyPointerString(klass) + ">";
+}
+
+Symbolizer::MaybeString Symbolizer::Classpath(uint64_t cme) {
+  MaybeString r;
+  if (off_.klass_classpath == 0) return {false, std::nullopt};  // 3.2: class paths are not struct fields
+  uint64_t klass = 0;
+  if (!ReadWord(cme + off_.cme_defined_class, &klass)) return {false, std::nullopt};
+  if (!IsHeapObject(klass)) return r;  // 0 or nil: no class path
+  std::optional<uint64_t> f = Flags(klass);
+  if (!f) return {false, std::nullopt};
+  if ((*f & RV_RB_T_MASK) == kTIClass) {
+    if (!ReadWord(klass + 8, &klass)) return {false, std::nullopt};  // the included/prepended module
+  } else if (IsSingleton(klass)) {
+    uint64_t attached = 0;
+    if (!ReadWord(klass + off_.klass_attached_object, &attached)) return {false, std::nullopt};
+    std::optional<uint64_t> af = Flags(attached);
+    if (!af) return {false, std::nullopt};
+    const uint64_t at = *af & RV_RB_T_MASK;
+    if (at != kTClass && at != kTModule) {
+      // A singleton method of a plain object: "#<" + rb_class2name(rb_obj_class(obj)) + ":" + %p + ">".
+      uint64_t obj_klass = 0;
+      if (!ReadWord(attached + 8, &obj_klass)) return {false, std::nullopt};
+      std::optional<uint64_t> real = RealClass(obj_klass);
+      if (!real || *real == 0) return {false, std::nullopt};
+      std::optional<std::string> name = ClassPath(*real, 0);
+      if (!name) return {false, std::nullopt};
+      r.value = "#<" + *name + ":" + RubyPointerString(attached) + ">";
+      return r;
+    }
+    klass = attached;
+  }
+  std::optional<std::string> path = ClassPath(klass, 0);
+  if (!path) return {false, std::nullopt};
+  r.value = std::move(path);
+  return r;
+}
+
+bool Symbolizer::IsSingletonOwner(uint64_t cme) {
+  uint64_t klass = 0;
+  return ReadWord(cme + off_.cme_defined_class, &klass) && IsHeapObject(klass) && IsSingleton(klass);
+}
+
+std::optional<uint64_t> Symbolizer::MethodIseq(uint64_t cme) {
+  uint64_t def = 0, iseq = 0;
+  uint32_t type = 0;
+  if (!IsImemo(cme, RV_RB_IMEMO_MENT) || !ReadWord(cme + off_.cme_def, &def) || def == 0 ||
+      !mem_->ReadValue(def, &type) || (type & RV_RB_METHOD_TYPE_MASK) != RV_RB_METHOD_TYPE_ISEQ ||
+      !ReadWord(def + off_.def_iseqptr, &iseq) || !IsImemo(iseq, kImemoIseq)) {
+    return std::nullopt;
+  }
+  return iseq;
+}
+
+SymbolizedFrame Symbolizer::Unresolved(const rv_ruby_frame& frame, const std::string& why) {
+  SymbolizedFrame s;
+  s.resolved = false;
+  s.full_label = "<unresolved " + why + " " + RubyPointerString(frame.addr) + ">";
+  return s;
+}
+
+SymbolizedFrame Symbolizer::Symbolize(const rv_ruby_frame& frame) {
+  SymbolizedFrame s;
+  switch (frame.kind) {
+    case RV_RB_FRAME_CME_CFUNC: {
+      uint64_t def = 0, original_id = 0;
+      uint32_t type = 0;
+      if (!IsImemo(frame.addr, RV_RB_IMEMO_MENT) || !ReadWord(frame.addr + off_.cme_def, &def) || def == 0 ||
+          !mem_->ReadValue(def, &type) || (type & RV_RB_METHOD_TYPE_MASK) != RV_RB_METHOD_TYPE_CFUNC ||
+          !ReadWord(def + off_.def_original_id, &original_id)) {
+        return Unresolved(frame, "cfunc");
+      }
+      std::optional<std::string> name = IdToString(original_id);
+      if (!name) return Unresolved(frame, "cfunc name");
+      MaybeString classpath = Classpath(frame.addr);
+      if (!classpath.ok) return Unresolved(frame, "cfunc class");
+      s.full_label = classpath.value ? *classpath.value + (IsSingletonOwner(frame.addr) ? "." : "#") + *name : *name;
+      s.absolute_path = "<cfunc>";
+      s.line = 0;
+      return s;
+    }
+    case RV_RB_FRAME_CME_ISEQ:
+    case RV_RB_FRAME_ISEQ:
+      break;
+    default:
+      return Unresolved(frame, "frame");
+  }
+  // frame2iseq: the method's iseq for a CME, the frame's own iseq otherwise.
+  uint64_t iseq = 0;
+  if (frame.kind == RV_RB_FRAME_CME_ISEQ) {
+    iseq = MethodIseq(frame.addr).value_or(0);
+  } else if (IsImemo(frame.addr, kImemoIseq)) {
+    iseq = frame.addr;
+  }
+  if (iseq == 0) return Unresolved(frame, "iseq");
+  uint64_t body = 0, label_v = 0, base_label_v = 0, pathobj = 0, local = 0, local_body = 0;
+  int32_t first_lineno = 0;
+  const uint64_t loc = off_.body_location;
+  if (!ReadWord(iseq + off_.iseq_body, &body) || body == 0 || !ReadWord(body + loc + off_.loc_label, &label_v) ||
+      !ReadWord(body + loc + off_.loc_base_label, &base_label_v) ||
+      !ReadWord(body + loc + off_.loc_pathobj, &pathobj) ||
+      !mem_->ReadValue(body + loc + off_.loc_first_lineno, &first_lineno) ||
+      !ReadWord(body + off_.body_local_iseq, &local) || !IsImemo(local, kImemoIseq) ||
+      !ReadWord(local + off_.iseq_body, &local_body) || local_body == 0) {
+    return Unresolved(frame, "iseq body");
+  }
+  std::optional<std::string> label = ReadString(label_v);
+  std::optional<std::string> base_label = ReadString(base_label_v);
+  if (!label || !base_label) return Unresolved(frame, "label");
+  // pathobj: a String (path == realpath) or a frozen [path, realpath-or-nil] Array.
+  if (IsType(pathobj, kTString)) {
+    s.path = ReadString(pathobj);
+    s.absolute_path = s.path;
+    if (!s.path) return Unresolved(frame, "path");
+  } else if (IsType(pathobj, kTArray)) {
+    std::optional<uint64_t> p = ArrayEntry(pathobj, 0), rp = ArrayEntry(pathobj, 1);
+    if (!p || !(s.path = ReadString(*p))) return Unresolved(frame, "path");
+    if (rp && IsHeapObject(*rp)) {
+      s.absolute_path = ReadString(*rp);
+      if (!s.absolute_path) return Unresolved(frame, "realpath");
+    }
+  } else {
+    return Unresolved(frame, "pathobj");
+  }
+  s.first_lineno = first_lineno;
+
+  // rb_iseq_method_name: the local iseq's base_label when the local iseq is a method, else nil.
+  uint32_t local_type = 0;
+  if (!mem_->ReadValue(local_body + off_.body_type, &local_type)) return Unresolved(frame, "local iseq");
+  std::optional<uint64_t> method_name_v;
+  if (local_type == kIseqTypeMethod) {
+    uint64_t v = 0;
+    if (!ReadWord(local_body + loc + off_.loc_base_label, &v)) return Unresolved(frame, "method name");
+    method_name_v = v;
+  }
+  // rb_profile_frame_full_label: label, unless a qualified method name differs from base_label (VALUE identity in
+  // CRuby: without a class path the qualified name IS the method-name object), in which case the label's prefix
+  // ("block in ", ...) is kept and the qualified name replaces base_label.
+  std::optional<std::string> qualified;
+  bool qualified_is_base_label = false;
+  if (method_name_v) {
+    std::optional<std::string> method_name = ReadString(*method_name_v);
+    if (!method_name) return Unresolved(frame, "method name");
+    MaybeString classpath =
+        frame.kind == RV_RB_FRAME_CME_ISEQ ? Classpath(frame.addr) : MaybeString{true, std::nullopt};
+    if (!classpath.ok) return Unresolved(frame, "class");
+    if (classpath.value) {
+      qualified = *classpath.value + (IsSingletonOwner(frame.addr) ? "." : "#") + *method_name;
+    } else {
+      qualified = *method_name;
+      qualified_is_base_label = *method_name_v == base_label_v;
+    }
+  }
+  if (!qualified || qualified_is_base_label) {
+    s.full_label = *label;
+  } else {
+    const size_t prefix = label->size() >= base_label->size() ? label->size() - base_label->size() : 0;
+    s.full_label = label->substr(0, prefix) + *qualified;
+  }
+  if (frame.flags & RV_RB_FRAME_F_LINE_ZERO) {
+    s.line = 0;
+  } else {
+    std::optional<int> line = LineNumber(frame.cfp_iseq, frame.pc);
+    if (!line) return Unresolved(frame, "line");
+    s.line = *line;
+  }
+  return s;
+}
+
+}  // namespace rvbpfd

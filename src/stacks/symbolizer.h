@@ -1,0 +1,78 @@
+// Userspace symbolizer for walker frames: labels, paths and line numbers exactly as CRuby's
+// rb_profile_frame_full_label / rb_profile_frame_path / rb_profile_frame_absolute_path / rb_profile_frame_first_lineno
+// and the line numbers of rb_profile_frames compute them (vm_backtrace.c, iseq.c, variable.c, symbol.c; 3.3 - 4.0).
+//
+// Everything is read from target memory: every object's type is checked before it is interpreted, string and array
+// reads are bounded, and a frame that cannot be resolved gets a visible "<unresolved ...>" label instead of a guess.
+#ifndef RVBPFD_SRC_STACKS_SYMBOLIZER_H_
+#define RVBPFD_SRC_STACKS_SYMBOLIZER_H_
+
+#include <linux/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "../../bpf/ruby_walker_types.h"
+#include "stacks/memory_reader.h"
+#include "stacks/ruby_offsets.h"
+
+namespace rvbpfd {
+
+// std::nullopt stands for Ruby's nil (rb_profile_frame_path of a cfunc, first_lineno of a cfunc, ...).
+struct SymbolizedFrame {
+  std::optional<std::string> full_label;     // rb_profile_frame_full_label
+  std::optional<std::string> path;           // rb_profile_frame_path
+  std::optional<std::string> absolute_path;  // rb_profile_frame_absolute_path ("<cfunc>" for C functions)
+  std::optional<int> first_lineno;           // rb_profile_frame_first_lineno
+  int line = 0;                              // the line rb_profile_frames reports
+  bool resolved = true;                      // false: full_label is "<unresolved ...>" and the rest is empty
+};
+
+class Symbolizer {
+ public:
+  // Longest string read from the target (labels, paths, class names), in bytes. Longer ones are unresolved.
+  static constexpr size_t kMaxStringBytes = 64 * 1024;
+
+  // `global_symbols` is the runtime address of ruby_global_symbols (0: C function names are unresolved).
+  Symbolizer(MemoryReader* mem, const RubyOffsets& offsets, uint64_t global_symbols)
+      : mem_(mem), off_(offsets), global_symbols_(global_symbols) {}
+
+  SymbolizedFrame Symbolize(const rv_ruby_frame& frame);
+
+  // Pieces, public for tests. Each returns nullopt when the target memory does not hold what it should.
+  std::optional<std::string> ReadString(uint64_t value);       // a T_STRING's bytes
+  std::optional<int> LineNumber(uint64_t iseq, uint64_t pc);  // calc_lineno(iseq, pc)
+  // rb_id2str: the String of an ID through the global symbol table (nullopt when absent).
+  std::optional<std::string> IdToString(uint64_t id);
+
+ private:
+  // A read value that may also be Ruby's nil; `ok == false` means the memory was unusable.
+  struct MaybeString {
+    bool ok = true;
+    std::optional<std::string> value;
+  };
+  bool ReadWord(uint64_t addr, uint64_t* out) { return mem_->ReadValue(addr, out); }
+  std::optional<uint64_t> Flags(uint64_t obj);
+  bool IsType(uint64_t obj, uint64_t type);
+  bool IsImemo(uint64_t obj, uint64_t imemo_type);
+  std::optional<uint64_t> ArrayEntry(uint64_t ary, uint64_t index);  // Qnil-like results come back as is
+  bool IsSingleton(uint64_t klass);
+  std::optional<uint64_t> RealClass(uint64_t klass);                  // rb_class_real
+  std::optional<std::string> ClassPath(uint64_t klass, int depth);    // rb_class_path
+  MaybeString Classpath(uint64_t cme);                                // rb_profile_frame_classpath
+  bool IsSingletonOwner(uint64_t cme);  // rb_profile_frame_singleton_method_p
+  std::optional<uint64_t> MethodIseq(uint64_t cme);                   // def->body.iseq.iseqptr
+  SymbolizedFrame Unresolved(const rv_ruby_frame& frame, const std::string& why);
+
+  MemoryReader* mem_;
+  RubyOffsets off_;
+  uint64_t global_symbols_;
+};
+
+// "0x" + 16 lower-case hex digits: rb_sprintf's %p, as used in "#<Class:%p>".
+std::string RubyPointerString(uint64_t value);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_STACKS_SYMBOLIZER_H_

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""`rvbpfd inspect FILE` and `rvbpfd stats FILE` on recorded traces agree with the file.
+
+Traces: mutex_contention on 3.4.5-static and many_threads (41 threads) on 3.3.8-shared, recorded in attach mode with
+the reference running too, so each run gives an rvbpfd trace and an in-process trace (the same format, which
+rvbpfd's tools must read as well). For each trace:
+  inspect: exit 0; the event table has one row per event (for each event name, the number of rows - lines that
+           start with a time - naming it equals the count in the file) and each row starts with the event's time in
+           ms; the per-thread
+           summary lists every Ruby thread with its native tid, and its running time in ms (sum of
+           gvl_acquired -> gvl_released intervals) for every non-main thread;
+  stats:   exit 0; for each event name a line with its count; a line about dropped events with the file's total;
+           a line about the ring buffer high-water mark (with the summary's value when the summary has one).
+Also: inspect on a trace cut in the middle (as after a crash: no summary line) still exits 0 and shows its events.
+"""
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rvlib  # noqa: E402
+
+TABLE_EVENTS = rvlib.RECORDED_EVENTS + ("tracing_started", "tracing_stopped", "events_dropped")
+ROW_START = re.compile(r"^\s*-?\d+(?:\.\d+)?\s*(?:ms)?\s")
+NUM = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+
+
+def run_tool(rvbpfd, sub, path):
+    try:
+        p = subprocess.run([rvbpfd, sub, path], capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return None, "", "timed out"
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def normalize(line):
+    return re.sub(r"(?<=\d)[,_](?=\d{3})", "", line)
+
+
+def word(w):
+    return re.compile(rf"(?<![\w#]){re.escape(str(w))}(?!\w)")
+
+
+def running_ms(trace):
+    """Per thread: sum of gvl_acquired -> next gvl_released, in ms; None for a thread with an open interval."""
+    out, since = {}, {}
+    for e in trace.named(rvlib.SCHED_EVENTS):
+        tid = e.get("ruby_thread")
+        if e["event"] == "gvl_acquired":
+            since[tid] = e["t_ns"]
+        elif e["event"] in ("gvl_released", "thread_exited") and tid in since:
+            out[tid] = out.get(tid, 0) + (e["t_ns"] - since.pop(tid))
+    return {t: v / 1e6 for t, v in out.items()}
+
+
+def check_inspect(trace, out):
+    p = []
+    lines = [normalize(l) for l in out.splitlines()]
+    pats = {name: word(name) for name in TABLE_EVENTS}
+    # Event table rows start with the time; other lines (headers, legends, per-thread tables) may name events too.
+    table = [l for l in lines if ROW_START.match(l)]
+    rows = {name: [l for l in table if pats[name].search(l)] for name in TABLE_EVENTS}
+    for name in TABLE_EVENTS:
+        evs = [e for e in trace.events if e.get("event") == name]
+        if len(rows[name]) != len(evs):
+            p.append(f"{name}: {len(rows[name])} event table rows (lines starting with a time) name it, the file "
+                     f"has {len(evs)} events")
+            continue
+        for e, row in zip(evs, rows[name]):
+            nums = NUM.findall(row)
+            t_ms = e["t_ns"] / 1e6
+            if not nums or abs(float(nums[0]) - t_ms) > max(0.0015, 1e-6 * abs(t_ms)):
+                p.append(f"{name} row {row.strip()!r}: first number is not the event time {t_ms:.3f} ms")
+                break
+    summary_lines = [l for l in lines if not ROW_START.match(l)]
+    native = {}
+    for e in trace.events:
+        if e.get("event") in rvlib.OWN_THREAD_EVENTS and isinstance(e.get("native_tid"), int):
+            native.setdefault(e.get("ruby_thread"), e["native_tid"])
+    run_ms = running_ms(trace)
+    ids = sorted({e.get("ruby_thread") for e in trace.named(rvlib.RECORDED_EVENTS)}, key=lambda x: (x is None, x))
+    for tid in ids:
+        cand = [l for l in summary_lines if word(tid).search(l)]
+        if tid in native:
+            cand = [l for l in cand if word(native[tid]).search(l)]
+        if not cand:
+            p.append(f"per-thread summary: no line with ruby_thread {tid} and native tid {native.get(tid)}")
+            continue
+        main = trace.threads.get(tid, {}).get("main")
+        if not main and tid in run_ms:
+            want = run_ms[tid]
+            ok = any(abs(float(x) - want) <= max(0.0015, 0.01 * want) for l in cand for x in NUM.findall(l))
+            if not ok:
+                p.append(f"per-thread summary of {tid}: no running time of {want:.3f} ms in {cand[0].strip()!r}")
+    return p
+
+
+def check_stats(trace, out):
+    p = []
+    lines = [normalize(l) for l in out.splitlines()]
+    counts = {}
+    for e in trace.events:
+        counts[e.get("event")] = counts.get(e.get("event"), 0) + 1
+    for name in rvlib.RECORDED_EVENTS:
+        c = counts.get(name, 0)
+        if c == 0:
+            continue
+        if not any(word(name).search(l) and word(c).search(l) for l in lines):
+            p.append(f"no line with {name} and its count {c}")
+    dropped = sum(int(e.get("count", 0)) for e in trace.dropped_records())
+    if trace.recorder == "in-process":
+        dropped = int(trace.summary.get("events_dropped", 0))
+    if not any(re.search(r"drop", l, re.I) and word(dropped).search(l) for l in lines):
+        p.append(f"no line about dropped events with the total {dropped}")
+    hw = [v for k, v in trace.summary.items() if "high" in k.lower() and isinstance(v, int)]
+    hl = [l for l in lines if re.search(r"high", l, re.I)]
+    if not hl:
+        p.append("no line about the ring buffer high-water mark")
+    elif hw and not any(word(hw[0]).search(l) for l in hl):
+        p.append(f"high-water line(s) {hl[:2]} do not show the summary's value {hw[0]}")
+    return p
+
+
+def main():
+    args = rvlib.parse_args(__doc__)
+    rvlib.require_bpf_environment()
+    res = rvlib.Results()
+    try:
+        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
+        rubies = {r.name: r for r in rvlib.setup_rubies(args)}
+    except rvlib.Fatal as e:
+        res.check("setup (rvbpfd binary, test Rubies, rvref)", [str(e)])
+        res.finish()
+    outdir = rvlib.make_outdir(args, "inspect")
+    for rname, wl in (("3.4.5-static", "mutex_contention"), ("3.3.8-shared", "many_threads")):
+        if rname not in rubies:
+            continue
+        try:
+            run = rvlib.run_workload(rubies[rname], wl, "attach", outdir, ref=True, probes=True, rvbpfd=rvbpfd)
+        except rvlib.RunError as e:
+            res.check(f"record {rname} {wl}", [str(e)])
+            continue
+        if run.problems or run.rv is None:
+            res.check(f"record {rname} {wl}", run.problems or ["no rvbpfd trace"])
+            continue
+        for label, trace in (("rvbpfd trace", run.rv), ("in-process trace", run.ref)):
+            for sub, fn in (("inspect", check_inspect), ("stats", check_stats)):
+                rc, out, err = run_tool(rvbpfd, sub, trace.path)
+                name = f"{sub} {rname} {wl} ({label})"
+                if rc != 0:
+                    res.check(name, [f"exit {rc}; stderr: {err[-1000:]}"])
+                    continue
+                res.check(name, fn(trace, out))
+        # A trace cut in the middle, as a crash leaves it.
+        with open(run.rv.path) as f:
+            lines = f.read().splitlines(True)
+        cut = os.path.join(outdir, f"{rname}-{wl}-cut.rvtrace")
+        with open(cut, "w") as f:
+            f.writelines(lines[: max(2, len(lines) // 2)])
+        t = rvlib.Trace(cut)
+        rc, out, err = run_tool(rvbpfd, "inspect", cut)
+        name = f"inspect {rname} {wl} (trace cut in half, no summary)"
+        if rc != 0:
+            res.check(name, [f"exit {rc}; stderr: {err[-1000:]}"])
+        else:
+            p = []
+            for ev in ("gvl_acquired", "gvl_released"):
+                n = sum(1 for e in t.events if e.get("event") == ev)
+                got = sum(1 for l in out.splitlines() if ROW_START.match(l) and word(ev).search(l))
+                if got != n:
+                    p.append(f"{ev}: {got} lines, the cut file has {n}")
+            res.check(name, p)
+    rvlib.cleanup_outdir(args, outdir)
+    res.finish()
+
+
+if __name__ == "__main__":
+    main()
