@@ -1,0 +1,18 @@
+# rvbpfd container image (multi-stage, Debian 12). Run with the host's pid namespace and BPF privileges, e.g.
+#   docker run --rm --pid=host --privileged -v /sys/kernel:/sys/kernel:ro -v "$PWD:/out" rvbpfd --pid 1234 -o /out/x.rvtrace
+# (--privileged can be narrowed to --cap-add BPF --cap-add PERFMON --cap-add SYS_PTRACE --cap-add SYS_RESOURCE.)
+FROM debian:bookworm AS build
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+      build-essential cmake pkg-config clang llvm bpftool libbpf-dev libelf-dev libdw-dev libcapstone-dev \
+      libcli11-dev libgtest-dev libgmock-dev zlib1g-dev nlohmann-json3-dev python3 ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# vmlinux.h comes from the build host's BTF (/sys/kernel/btf/vmlinux); BPF CO-RE relocates it to the run host's kernel.
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build -j"$(nproc)" --target rvbpfd
+
+FROM debian:bookworm-slim
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends libbpf1 libelf1 libdw1 libcapstone4 zlib1g \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/build/rvbpfd /usr/sbin/rvbpfd
+ENTRYPOINT ["/usr/sbin/rvbpfd"]
