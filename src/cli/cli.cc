@@ -86,9 +86,9 @@ int RunCli(int argc, char** argv) {
   app.add_option("-d,--duration", rec.duration_s, "Stop after this many seconds (default: until the target exits)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-overhead", rec.max_overhead_pct,
-                 "Bound the target's estimated time in probe traps to PERCENT: above it, the high-rate GVL sites "
-                 "are detached for a cool-down and the trace records tracing_paused/tracing_resumed (default: off, "
-                 "complete recording; a warning is printed above 10%)")
+                 "Bound the target's estimated time in probe traps to PERCENT of each 1 s window: once spent, the "
+                 "high-rate GVL sites are detached until the window ends and the trace records "
+                 "tracing_paused/tracing_resumed (default: off, complete recording; a warning is printed above 10%)")
       ->check(CLI::Range(0.1, 100.0));
   app.add_option("--probe-cost-us", rec.probe_cost_us,
                  "Cost of one uprobe hit in microseconds, for the overhead estimate (default 13, measured on a VM)")

@@ -25,17 +25,15 @@ struct Seg {
 std::vector<uint8_t> BuildCore(const std::vector<Seg>& segs, uint64_t file_start, uint64_t file_end,
                                uint64_t file_pgoff, const std::string& file_path) {
   std::vector<uint8_t> desc(16 + 24);
-  uint64_t hdr[2] = {1, 4096}, ent[3] = {file_start, file_end, file_pgoff};
-  std::memcpy(desc.data(), hdr, 16);
-  std::memcpy(desc.data() + 16, ent, 24);
-  desc.insert(desc.end(), file_path.begin(), file_path.end());
+  uint64_t words[5] = {1, 4096, file_start, file_end, file_pgoff};
+  std::memcpy(desc.data(), words, sizeof(words));
+  for (char c : file_path) desc.push_back(static_cast<uint8_t>(c));
   desc.push_back(0);
   while (desc.size() % 4) desc.push_back(0);
-  std::vector<uint8_t> note(12);
+  std::vector<uint8_t> note(20, 0);  // header (12) + "CORE\0" padded to 8
   uint32_t nh[3] = {5, static_cast<uint32_t>(desc.size()), NT_FILE};
   std::memcpy(note.data(), nh, 12);
-  const char name[8] = "CORE";
-  note.insert(note.end(), name, name + 8);
+  std::memcpy(note.data() + 12, "CORE", 4);
   note.insert(note.end(), desc.begin(), desc.end());
 
   const size_t phnum = 1 + segs.size();
@@ -58,8 +56,9 @@ std::vector<uint8_t> BuildCore(const std::vector<Seg>& segs, uint64_t file_start
   eh.e_ehsize = sizeof(Elf64_Ehdr);
   eh.e_phentsize = sizeof(Elf64_Phdr);
   eh.e_phnum = static_cast<uint16_t>(phnum);
-  std::vector<uint8_t> out(reinterpret_cast<uint8_t*>(&eh), reinterpret_cast<uint8_t*>(&eh) + sizeof(eh));
-  out.insert(out.end(), reinterpret_cast<uint8_t*>(ph.data()), reinterpret_cast<uint8_t*>(ph.data() + phnum));
+  std::vector<uint8_t> out(sizeof(eh) + phnum * sizeof(Elf64_Phdr));
+  std::memcpy(out.data(), &eh, sizeof(eh));
+  std::memcpy(out.data() + sizeof(eh), ph.data(), phnum * sizeof(Elf64_Phdr));
   out.insert(out.end(), note.begin(), note.end());
   for (const Seg& s : segs) out.insert(out.end(), s.data.begin(), s.data.end());
   return out;

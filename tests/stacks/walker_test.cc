@@ -14,7 +14,7 @@ using testing::FakeMemory;
 
 constexpr uint64_t kEc = 0x1000;
 constexpr uint64_t kVmStack = 0x100000;
-constexpr uint64_t kVmStackWords = 0x4000;  // 128 KiB
+constexpr uint64_t kVmStackWords = 0x10000;  // 512 KiB: room for 6,000 56-byte frames
 constexpr uint64_t kHeap = 0x800000;
 constexpr uint64_t kMagicMethod = 0x11110001, kMagicBlock = 0x22220001, kMagicCfunc = 0x55550001,
                    kMagicIfunc = 0x66660001, kMagicDummy = 0x79990001;
