@@ -88,8 +88,13 @@ def main():
     for name in args.rubies.split(","):
         ruby = os.path.join(ruby_prefix(name), "bin", "ruby")
         res = {}
-        for workload, variants in (("cpu4", [("traced", [])]),
-                                   ("io_heavy", [("traced", []), ("budget5", ["--max-overhead", "5"])])):
+        # "traced" is the default recording (stacks at every gvl_released, 99 Hz sampling); the other variants split
+        # the cost: no stacks at all, stacks at release only, sampling only.
+        nostacks = ["--stacks=off", "--hz", "0"]
+        for workload, variants in (("cpu4", [("traced", []), ("nostacks", nostacks), ("release", ["--hz", "0"]),
+                                             ("sample99", ["--stacks=off"])]),
+                                   ("io_heavy", [("traced", []), ("nostacks", nostacks),
+                                                 ("budget5", ["--max-overhead", "5"])])):
             times = {"untraced": []}
             hits = {}
             attach = []

@@ -10,6 +10,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "regs.bpf.h"
+#include "ruby_stack.bpf.h"
 #include "rvbpfd/abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -59,6 +60,73 @@ struct {
   __type(value, struct rv_counters);
 } counters SEC(".maps");
 
+/* Which VM binary the thread in current_th runs (index into offsets / walk_config): samples have no site to say. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u32);
+  __type(value, __u32);
+} current_bin SEC(".maps");
+
+/* Native tids between GC_ENTER and GC_EXIT (tid -> 1): samples there get the GC pseudo-frame. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u32);
+  __type(value, __u8);
+} in_gc SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, RV_MAX_BINARIES);
+  __type(key, __u32);
+  __type(value, struct rv_walk_config);
+} walk_config SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct rv_config);
+} rv_cfg SEC(".maps");
+
+/* Two 128 KiB stack-record slots per CPU (a PERCPU_ARRAY value is limited to 32 KiB, so this is a plain array; userspace
+ * sets max_entries to 2 x possible CPUs): slot 2*cpu for uprobes, 2*cpu+1 for samples. The perf_event program runs
+ * from the timer interrupt and can interrupt a uprobe program in the middle of its walk on the same CPU (uprobe
+ * programs do not take the bpf_prog_active guard that perf_event programs check), so the two must not share a slot;
+ * neither nests with itself. */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct rv_stack_record);
+} stack_scratch SEC(".maps");
+
+/* Submits a stack entry (record + header + frames, `size` bytes) from the scratch slot. Events count in
+ * events/dropped like single records; samples in their own counters, so a lost sample is never reported as a lost
+ * event. */
+static __always_inline void rv_output_stack(struct rv_stack_record *s, __u32 size, int is_sample) {
+  __u32 zero = 0;
+  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
+  __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+  __u64 ring = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+  if (size > sizeof(*s)) size = sizeof(*s);
+  /* Same wakeup rule as single records (see rv_handle): only when the ring is a quarter full. */
+  if (bpf_ringbuf_output(&events, s, size, avail + size >= ring / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP) != 0) {
+    if (c) {
+      if (is_sample) c->samples_dropped++;
+      else c->dropped++;
+    }
+    return;
+  }
+  if (c) {
+    if (is_sample) c->samples++;
+    else c->events++;
+    avail += size;
+    if (avail > c->ring_high_water) c->ring_high_water = avail;
+  }
+}
+
 /* Events that may run on a native thread other than the one they are about (3.3+: STARTED on the creator, READY on
  * a waker or the timer thread). For these the tid comes from th->nt->tid. */
 static __always_inline int rv_maybe_foreign(__u8 event) {
@@ -77,6 +145,11 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u32 bin = site->binary;
   struct rv_offsets *off = bpf_map_lookup_elem(&offsets, &bin);
   if (!off) return 0;
+
+  /* GC state for samples. Cleared before the event's time is read and set after it, so a sample that interrupts this
+   * program is flagged only if its time lies inside [gc_enter, gc_exit] (a sample at the very edge loses the flag
+   * rather than gaining a wrong one). */
+  if (site->event == RV_EV_GC_EXIT) bpf_map_delete_elem(&in_gc, &tid);
 
   /* The event's time: read first, so neither the checks below nor a full ring skew it. */
   __u64 ts = bpf_ktime_get_ns();
@@ -136,10 +209,37 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
     if (about_tid == tid && site->loc_kind != RV_LOC_CURRENT) {
       /* The event runs on the thread it is about: remember which th this native thread runs. */
       bpf_map_update_elem(&current_th, &tid, &th, BPF_ANY);
+      bpf_map_update_elem(&current_bin, &tid, &bin, BPF_ANY);
+    }
+  }
+  if (site->event == RV_EV_GC_ENTER) {
+    __u8 one = 1;
+    bpf_map_update_elem(&in_gc, &tid, &one, BPF_ANY);
+  }
+
+  /* Events configured to carry a stack (gvl_released by default): the thread giving up the lock is the one running
+   * this probe, so its VM stack is stable while we walk it. */
+  __u32 zero = 0;
+  struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
+  if (cfg && th != 0 && about_tid == tid && (cfg->stack_events & (1u << (site->event & 31)))) {
+    struct rv_walk_config *wc = bpf_map_lookup_elem(&walk_config, &bin);
+    __u32 slot = bpf_get_smp_processor_id() * 2;
+    struct rv_stack_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
+    if (wc && wc->valid && s) {
+      s->rec.ts_ns = ts;
+      s->rec.th = th;
+      s->rec.serial = serial;
+      s->rec.tid = about_tid;
+      s->rec.probe_tid = tid;
+      s->rec.pid = tgid;
+      s->rec.kind = site->event;
+      s->rec.site = (__u16)key;
+      s->rec.flags = flags | RV_REC_HAS_STACK;
+      rv_output_stack(s, rv_walk_thread_stack(wc, th, s), 0);
+      return 0;
     }
   }
 
-  __u32 zero = 0;
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
   if (!r) {
@@ -176,3 +276,40 @@ int rv_site_single(struct pt_regs *ctx) { return rv_handle(ctx); }
  * type before load, since libbpf 1.1 does not know the "uprobe.multi" section. */
 SEC("uprobe")
 int rv_site_multi(struct pt_regs *ctx) { return rv_handle(ctx); }
+
+/* On-CPU sampling: attached to a software cpu-clock perf event on every CPU at --hz. A sample is kept only when the
+ * interrupted task belongs to a target and its native thread has run a Ruby thread (current_th); the stack is that
+ * thread's, read through th->ec. Between GC_ENTER and GC_EXIT the sample is flagged so the daemon adds a GC frame. */
+SEC("perf_event")
+int rv_sample(struct bpf_perf_event_data *ctx) {
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32;
+  __u32 tid = (__u32)pid_tgid;
+  __u32 zero = 0;
+  (void)ctx;
+  if (!bpf_map_lookup_elem(&target_pids, &tgid)) return 0;
+  struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
+  if (!cfg || !cfg->sampling) return 0;
+  __u64 ts = bpf_ktime_get_ns();
+  __u64 *thp = bpf_map_lookup_elem(&current_th, &tid);
+  __u32 *binp = bpf_map_lookup_elem(&current_bin, &tid);
+  if (!thp || !binp || *thp == 0) return 0; /* not (yet) a known Ruby thread: the timer thread, native helpers */
+  __u32 bin = *binp;
+  struct rv_walk_config *wc = bpf_map_lookup_elem(&walk_config, &bin);
+  __u32 slot = bpf_get_smp_processor_id() * 2 + 1;
+  struct rv_stack_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
+  if (!wc || !wc->valid || !s) return 0;
+  __u32 flags = RV_REC_HAS_STACK | RV_REC_SERIAL_UNKNOWN;
+  if (bpf_map_lookup_elem(&in_gc, &tid)) flags |= RV_REC_IN_GC;
+  s->rec.ts_ns = ts;
+  s->rec.th = *thp;
+  s->rec.serial = 0;
+  s->rec.tid = tid;
+  s->rec.probe_tid = tid;
+  s->rec.pid = tgid;
+  s->rec.kind = RV_EV_SAMPLE;
+  s->rec.site = 0xffff;
+  s->rec.flags = flags;
+  rv_output_stack(s, rv_walk_thread_stack(wc, *thp, s), 1);
+  return 0;
+}

@@ -26,6 +26,9 @@ enum rv_event_kind {
   RV_EV_SLEEP_ENTER = 8,      /* entry of Kernel#sleep (rb_f_sleep) */
   RV_EV_MUTEX_LOCK_ENTER = 9, /* entry of Thread::Mutex#lock's worker (do_mutex_lock / rb_mut_lock) */
   RV_EV_KIND_COUNT = 10,
+  /* Not a site event: an on-CPU sample taken by the perf_event program (rv_sample). Kept outside RV_EV_KIND_COUNT
+   * because no probe site carries it; the daemon decodes it before the scheduler-event conversion. */
+  RV_EV_SAMPLE = 32,
 };
 
 /* Where the `th` (rb_thread_t *) of a site's event is, at the probed instruction. */
@@ -79,6 +82,8 @@ struct rv_offsets {
 #define RV_REC_TH_UNKNOWN 0x1u  /* th could not be determined (CURRENT with no RESUMED seen yet) */
 #define RV_REC_TID_UNKNOWN 0x2u /* the native tid of the thread the event is about is not known (th->nt NULL) */
 #define RV_REC_SERIAL_UNKNOWN 0x4u
+#define RV_REC_HAS_STACK 0x8u /* an rv_stack_header and its frames follow the rv_record in the same ring entry */
+#define RV_REC_IN_GC 0x10u    /* samples: the native thread was between GC_ENTER and GC_EXIT */
 
 /* One ring buffer record: fixed size, written by every probe. */
 struct rv_record {
@@ -93,11 +98,56 @@ struct rv_record {
   __u32 flags;       /* RV_REC_* */
 };
 
+/* ---- Stacks ----------------------------------------------------------------------------------------------------
+ * A stack travels in the same ring entry as its event: struct rv_record (flags has RV_REC_HAS_STACK), then
+ * struct rv_stack_header, then nframes struct rv_ruby_frame (bpf/ruby_walker_types.h), newest frame first. The whole
+ * entry is written with one bpf_ringbuf_output from a per-CPU scratch slot, so an event and its stack are never
+ * separated and a full ring drops both together (one drop counted). */
+#include "../../bpf/ruby_walker_types.h"
+
+/* Frames per stack (>= 4096 so deep recursion unwinds completely); a deeper stack is cut and flagged truncated.
+ * A power of two: the BPF side masks indexes with it. */
+#define RV_MAX_STACK_FRAMES 4096
+/* Control frames visited per walk: C frames CRuby skips (IFUNC, dummy) also cost a bpf_loop iteration. */
+#define RV_MAX_STACK_STEPS (2 * RV_MAX_STACK_FRAMES)
+
+#define RV_STACK_F_TRUNCATED 0x1u /* more frames than RV_MAX_STACK_FRAMES (or steps): the oldest ones are missing */
+#define RV_STACK_F_NO_EC 0x2u     /* th->ec could not be read: no frames */
+
+struct rv_stack_header {
+  __u32 nframes;     /* frames that follow */
+  __u32 walk_status; /* enum rv_ruby_walk_status of the walk */
+  __u32 visited;     /* control frames visited */
+  __u32 flags;       /* RV_STACK_F_* */
+};
+
+/* The full ring entry as the scratch slot holds it. Only the used prefix is submitted. */
+struct rv_stack_record {
+  struct rv_record rec;
+  struct rv_stack_header hdr;
+  struct rv_ruby_frame frames[RV_MAX_STACK_FRAMES];
+};
+
+/* Per-binary walker layout (indexed like `offsets`). */
+struct rv_walk_config {
+  struct rv_ruby_walk_offsets walk;
+  __u32 thread_ec; /* rb_thread_t.ec */
+  __u32 valid;     /* 1 once userspace filled it; 0: stacks are not taken for this binary */
+};
+
+/* Global switches, one entry (key 0), written by userspace before attaching. */
+struct rv_config {
+  __u32 stack_events; /* bit (1 << rv_event_kind): events that carry the stack of the thread they are about */
+  __u32 sampling;     /* 1: the perf_event program records samples */
+};
+
 /* Per-CPU counters; the daemon sums over CPUs. */
 struct rv_counters {
   __u64 dropped;        /* ring buffer reservations that failed: each is one lost event */
   __u64 ring_high_water; /* bytes of unconsumed data seen in the ring right after a submit (max) */
   __u64 events;          /* records submitted */
+  __u64 samples;         /* perf_event samples submitted (not events: they are not in `events`) */
+  __u64 samples_dropped; /* samples lost to a full ring (kept apart from `dropped`, which counts lost events) */
 };
 
 #ifdef __cplusplus
@@ -105,13 +155,27 @@ static_assert(sizeof(struct rv_site) == 32, "rv_site ABI");
 static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
 static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
 static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
-static_assert(sizeof(struct rv_counters) == 24, "rv_counters ABI");
+static_assert(sizeof(struct rv_counters) == 40, "rv_counters ABI");
+static_assert(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
+static_assert(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
+static_assert(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
+static_assert(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
+static_assert(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets ABI");
+static_assert(sizeof(struct rv_walk_config) == 56, "rv_walk_config ABI");
+static_assert(sizeof(struct rv_config) == 8, "rv_config ABI");
 #else
 _Static_assert(sizeof(struct rv_site) == 32, "rv_site ABI");
 _Static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
 _Static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
 _Static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
-_Static_assert(sizeof(struct rv_counters) == 24, "rv_counters ABI");
+_Static_assert(sizeof(struct rv_counters) == 40, "rv_counters ABI");
+_Static_assert(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
+_Static_assert(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
+_Static_assert(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
+_Static_assert(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
+_Static_assert(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets ABI");
+_Static_assert(sizeof(struct rv_walk_config) == 56, "rv_walk_config ABI");
+_Static_assert(sizeof(struct rv_config) == 8, "rv_config ABI");
 #endif
 
 #endif /* RVBPFD_INCLUDE_RVBPFD_ABI_H_ */

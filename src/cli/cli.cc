@@ -16,7 +16,9 @@
 #include "record/recorder.h"
 #include "sites/sites.h"
 #include "target/target.h"
+#include "export/folded.h"
 #include "export/perfetto.h"
+#include "export/pprof.h"
 #include "export/speedscope.h"
 #include "model/model.h"
 #include "model/model_summary.h"
@@ -37,6 +39,7 @@ constexpr const char* kDescription =
     "  rvbpfd stats FILE                                 counts by event, dropped events, ring high-water mark\n"
     "  rvbpfd report FILE [-o report.html]               self-contained HTML timeline (opens from disk)\n"
     "  rvbpfd export --perfetto|--speedscope FILE -o OUT  Chrome trace JSON (ui.perfetto.dev) or speedscope\n"
+    "  rvbpfd export --pprof|--folded FILE -o OUT        gzipped pprof (CPU + GVL wait by stack) or folded stacks\n"
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
     "\n"
     "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). Exit status: 0 ok, 2 usage, 3 no such process,\n"
@@ -86,9 +89,10 @@ int RunCli(int argc, char** argv) {
   app.add_option("-d,--duration", rec.duration_s, "Stop after this many seconds (default: until the target exits)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-overhead", rec.max_overhead_pct,
-                 "Bound the target's estimated time in probe traps to PERCENT of each 1 s window: once spent, the "
-                 "high-rate GVL sites are detached until the window ends and the trace records "
-                 "tracing_paused/tracing_resumed (default: off, complete recording; a warning is printed above 10%)")
+                 "Bound the target's estimated time in probe traps to PERCENT of each budget window (1 s, doubled up "
+                 "to 8 s while the program stays busy): once spent, the high-rate GVL sites are detached until the "
+                 "window ends and the trace records tracing_paused/tracing_resumed (default: off, complete "
+                 "recording; a warning is printed above 10%)")
       ->check(CLI::Range(0.1, 100.0));
   app.add_option("--probe-cost-us", rec.probe_cost_us,
                  "Cost of one uprobe hit in microseconds, for the overhead estimate (default 13, measured on a VM)")
@@ -97,6 +101,19 @@ int RunCli(int argc, char** argv) {
                  "BPF ring buffer size in KiB, rounded up to a power of two (default 4096); events that do not fit "
                  "are counted in events_dropped records")
       ->check(CLI::Range(4u, 1u << 20));
+  app.add_option("--stacks", rec.stacks,
+                 "Which events carry the Ruby stack of their thread: release (gvl_released, default), "
+                 "release,ready (also wants_gvl), off")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "release" || v == "release,ready" || v == "ready,release" || v == "off") return "";
+            return "--stacks must be release, release,ready or off";
+          },
+          "MODE"));
+  app.add_option("--hz", rec.hz,
+                 "On-CPU sampling frequency of the target's threads, samples per second of CPU time (default 99; "
+                 "0: no sampling)")
+      ->check(CLI::Range(0, 1000));
   app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached by build-id")
       ->capture_default_str();
   app.add_flag("--single-links", rec.force_single_links,
@@ -116,14 +133,28 @@ int RunCli(int argc, char** argv) {
   report->add_option("file", report_file, "The .rvtrace file")->required();
   report->add_option("-o,--output", report_out, "HTML file to write (default: the trace's name with .html)");
   std::string export_file, export_out;
-  bool export_perfetto = false, export_speedscope = false;
+  bool export_perfetto = false, export_speedscope = false, export_pprof = false, export_folded = false;
+  std::string folded_weight = "cpu";
   CLI::App* exp = app.add_subcommand("export", "Convert a trace for other viewers");
   exp->add_option("file", export_file, "The .rvtrace file")->required();
   exp->add_option("-o,--output", export_out, "Output file")->required();
   auto* perfetto_flag = exp->add_flag("--perfetto", export_perfetto,
                                       "Chrome trace event JSON for ui.perfetto.dev and chrome://tracing");
-  exp->add_flag("--speedscope", export_speedscope, "speedscope's file format, one profile per Ruby thread")
-      ->excludes(perfetto_flag);
+  auto* speedscope_flag =
+      exp->add_flag("--speedscope", export_speedscope, "speedscope's file format, one profile per Ruby thread")
+          ->excludes(perfetto_flag);
+  auto* pprof_flag = exp->add_flag("--pprof", export_pprof,
+                                   "gzipped pprof profile: CPU samples and GVL wait time by Ruby stack "
+                                   "(go tool pprof, Pyroscope, Parca)")
+                         ->excludes(perfetto_flag)
+                         ->excludes(speedscope_flag);
+  auto* folded_flag = exp->add_flag("--folded", export_folded, "collapsed stacks for flame graphs (root first)")
+                          ->excludes(perfetto_flag)
+                          ->excludes(speedscope_flag)
+                          ->excludes(pprof_flag);
+  exp->add_option("--weight", folded_weight, "With --folded: cpu (samples) or gvl_wait (ns waiting for the GVL)")
+      ->check(CLI::IsMember({"cpu", "gvl_wait"}))
+      ->needs(folded_flag);
   int sites_pid = 0;
   std::string sites_binary;
   CLI::App* sites = app.add_subcommand("sites", "List the probe sites rvbpfd finds in a CRuby VM binary");
@@ -166,8 +197,18 @@ int RunCli(int argc, char** argv) {
     return 0;
   }
   if (exp->parsed()) {
-    if (!export_perfetto && !export_speedscope) {
-      return Fail(Error(ErrorCode::kUsage, "export needs --perfetto or --speedscope"));
+    if (!export_perfetto && !export_speedscope && !export_pprof && !export_folded) {
+      return Fail(Error(ErrorCode::kUsage, "export needs --perfetto, --speedscope, --pprof or --folded"));
+    }
+    if (export_pprof || export_folded) {
+      // Stack-based formats read the trace's frame and stack dictionaries directly (the model has no stacks).
+      Result<TraceFile> trace = TraceReader::ReadFile(export_file);
+      if (!trace) return Fail(trace.error());
+      const FoldedWeight weight = folded_weight == "gvl_wait" ? FoldedWeight::kGvlWaitNs : FoldedWeight::kCpuSamples;
+      Status st = WriteOutput(export_out, [&](std::ostream& out) {
+        return export_pprof ? ExportPprof(*trace, out) : ExportFolded(*trace, out, weight);
+      });
+      return st ? 0 : Fail(st.error());
     }
     Result<Model> model = Model::FromFile(export_file);
     if (!model) return Fail(model.error());

@@ -303,7 +303,14 @@ void ModelBuilder::OnReleased(Work& w, uint32_t serial, const TraceEvent& e, siz
     StateBlock next;
     next.state = ThreadState::kReleased;
     next.opened_by = idx;
-    if (held && w.pending_reason != ReleaseReason::kUnknown) {
+    // A reason derived from the released stack names the blocking call itself, so it wins over a probe entry
+    // seen earlier (which only says the thread was somewhere inside Kernel#sleep / Mutex#lock).
+    const ReleaseReason from_stack = e.reason.empty() ? ReleaseReason::kUnknown : ParseStackReleaseReason(e.reason);
+    if (from_stack != ReleaseReason::kUnknown) {
+      next.reason = from_stack;
+      next.provenance = Provenance::kDerived;
+      next.rule = ModelRule::kStackReason;
+    } else if (held && w.pending_reason != ReleaseReason::kUnknown) {
       next.reason = w.pending_reason;
       next.provenance = Provenance::kDerived;
       next.rule = w.pending_rule;
@@ -467,6 +474,7 @@ void ModelBuilder::Run() {
     switch (e.event) {
       case EventName::kTracingStarted:
       case EventName::kTracingStopped:
+      case EventName::kSample:  // CPU samples say where a thread was, not a state change; exporters read them
       case EventName::kCount:
         break;
       case EventName::kEventsDropped: {
@@ -699,6 +707,21 @@ std::string_view ThreadStateName(ThreadState state) {
   return "?";
 }
 
+ReleaseReason ParseStackReleaseReason(std::string_view name) {
+  // The trace's vocabulary (docs/rvtrace.md) to the model's; "unknown" and names from a newer recorder stay unknown.
+  if (name == "sleep") return ReleaseReason::kSleeping;
+  if (name == "mutex") return ReleaseReason::kWaitingMutex;
+  if (name == "io") return ReleaseReason::kIo;
+  if (name == "queue") return ReleaseReason::kQueue;
+  if (name == "condition_variable") return ReleaseReason::kConditionVariable;
+  if (name == "join") return ReleaseReason::kJoin;
+  if (name == "pass") return ReleaseReason::kPass;
+  if (name == "process_wait") return ReleaseReason::kProcessWait;
+  if (name == "timeslice") return ReleaseReason::kTimeslice;
+  if (name == "exit") return ReleaseReason::kExit;
+  return ReleaseReason::kUnknown;
+}
+
 std::string_view ReleaseReasonName(ReleaseReason reason) {
   switch (reason) {
     case ReleaseReason::kUnknown: return "unknown";
@@ -706,6 +729,14 @@ std::string_view ReleaseReasonName(ReleaseReason reason) {
     case ReleaseReason::kSleeping: return "sleeping";
     case ReleaseReason::kWaitingMutex: return "waiting_mutex";
     case ReleaseReason::kPreempted: return "preempted";
+    case ReleaseReason::kIo: return "io";
+    case ReleaseReason::kQueue: return "queue";
+    case ReleaseReason::kConditionVariable: return "condition_variable";
+    case ReleaseReason::kJoin: return "join";
+    case ReleaseReason::kPass: return "pass";
+    case ReleaseReason::kProcessWait: return "process_wait";
+    case ReleaseReason::kTimeslice: return "timeslice";
+    case ReleaseReason::kExit: return "exit";
     case ReleaseReason::kCount: break;
   }
   return "?";
@@ -725,6 +756,8 @@ std::string_view ModelRuleName(ModelRule rule) {
     case ModelRule::kExitReleases: return "exit_releases";
     case ModelRule::kEventsDropped: return "events_dropped";
     case ModelRule::kTracingPaused: return "tracing_paused";
+    case ModelRule::kStackReason: return "stack_reason";
+    case ModelRule::kCount: break;
   }
   return "?";
 }

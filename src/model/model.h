@@ -45,6 +45,15 @@ enum class ReleaseReason : uint8_t {
   kSleeping,      // the release fell inside a Kernel#sleep probe
   kWaitingMutex,  // the release fell inside a Thread::Mutex#lock probe
   kPreempted,     // 3.2 timeslice: another thread's RESUMED while this one had not released
+  // From the stack the recorder took at the release (gvl_released "reason", docs/rvtrace.md "Release reasons"):
+  kIo,
+  kQueue,
+  kConditionVariable,
+  kJoin,
+  kPass,
+  kProcessWait,
+  kTimeslice,
+  kExit,
   kCount,
 };
 inline constexpr size_t kReleaseReasonCount = static_cast<size_t>(ReleaseReason::kCount);
@@ -63,6 +72,8 @@ enum class ModelRule : uint8_t {
   kExitReleases,        // derived: EXITED ends the thread's ownership (3.3+ reports no SUSPENDED at exit)
   kEventsDropped,       // unknown: events were lost here
   kTracingPaused,       // unknown: tracing was paused here
+  kStackReason,         // derived: the gvl_released carried a reason the recorder derived from the thread's stack
+  kCount,               // keep last: name tables (the report's) are sized from it
 };
 
 // An index into Model::events(); nullopt when no event applies (e.g. a block still open at the end of the trace).
@@ -237,7 +248,9 @@ class Model {
 
 // Stable lower-case names, used in exports and summaries: "running", "wants_gvl", "released", "gc", ...
 std::string_view ThreadStateName(ThreadState state);
-std::string_view ReleaseReasonName(ReleaseReason reason);  // "unknown", "starting", "sleeping", "waiting_mutex", ...
+std::string_view ReleaseReasonName(ReleaseReason reason);
+// A gvl_released "reason" from the trace (stack-derived vocabulary) as a ReleaseReason; kUnknown when not one.
+ReleaseReason ParseStackReleaseReason(std::string_view name);  // "unknown", "starting", "sleeping", "waiting_mutex", ...
 std::string_view ModelRuleName(ModelRule rule);            // "" for kNone, else e.g. "sleep_probe"
 std::string_view OwnerEndName(OwnerEnd end);
 // "running", "released: sleeping", "wants_gvl: preempted": the label a viewer shows for a block.

@@ -29,8 +29,7 @@ std::string Pad(std::string_view s, size_t width) {
 
 // Reasons that only a rule can give are flagged so nobody mistakes them for something the VM said.
 bool IsDerivedReason(ReleaseReason reason) {
-  return reason == ReleaseReason::kSleeping || reason == ReleaseReason::kWaitingMutex ||
-         reason == ReleaseReason::kPreempted;
+  return reason != ReleaseReason::kUnknown && reason != ReleaseReason::kStarting;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <linux/bpf.h>
+#include <linux/perf_event.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -89,6 +90,8 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
     rvbpfd_bpf* skel = rvbpfd_bpf__open();
     if (!skel) return BpfError("opening the BPF object", errno);
     bpf_map__set_max_entries(skel->maps.events, RoundRingSize(options.ring_buffer_bytes));
+    // Two stack scratch slots per possible CPU, uprobes and samples apart (bpf/rvbpfd.bpf.c says why).
+    bpf_map__set_max_entries(skel->maps.stack_scratch, 2 * static_cast<uint32_t>(session->ncpus_));
     if (want_multi) {
       bpf_program__set_expected_attach_type(skel->progs.rv_site_multi,
                                             static_cast<enum bpf_attach_type>(kBpfTraceUprobeMulti));
@@ -120,6 +123,8 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
 }
 
 BpfSession::~BpfSession() {
+  for (bpf_link* link : perf_links_) bpf_link__destroy(link);
+  for (int fd : perf_fds_) close(fd);
   if (ring_) ring_buffer__free(ring_);
   if (skel_) rvbpfd_bpf__destroy(skel_);
 }
@@ -129,8 +134,64 @@ int BpfSession::OnSample(void* ctx, void* data, size_t size) {
   if (size < sizeof(rv_record)) return 0;  // never produced by our program; ignore rather than misread
   rv_record rec;
   std::memcpy(&rec, data, sizeof(rec));
+  if (rec.flags & RV_REC_HAS_STACK) {
+    const size_t fixed = sizeof(rv_record) + sizeof(rv_stack_header);
+    if (size >= fixed && self->on_stack_) {
+      rv_stack_header hdr;
+      std::memcpy(&hdr, static_cast<const uint8_t*>(data) + sizeof(rv_record), sizeof(hdr));
+      // Trust the entry size over the header's count: never read past what the ring holds.
+      const size_t n = std::min<size_t>(hdr.nframes, (size - fixed) / sizeof(rv_ruby_frame));
+      // Ring entries are 8-byte aligned and the frames start at offset 56, so they can be viewed in place.
+      const auto* frames = reinterpret_cast<const rv_ruby_frame*>(static_cast<const uint8_t*>(data) + fixed);
+      self->on_stack_(rec, hdr, std::span<const rv_ruby_frame>(frames, n));
+      return 0;
+    }
+    if (rec.kind == RV_EV_SAMPLE) return 0;  // nobody wants samples
+  }
   self->on_record_(rec);
   return 0;
+}
+
+Status BpfSession::SetWalkConfig(uint8_t binary, const rv_walk_config& config) {
+  uint32_t key = binary;
+  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.walk_config), &key, &config, BPF_ANY) != 0) {
+    return BpfError("writing the stack walker offsets map", errno);
+  }
+  return Status::Ok();
+}
+
+Status BpfSession::SetConfig(const rv_config& config) {
+  uint32_t key = 0;
+  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.rv_cfg), &key, &config, BPF_ANY) != 0) {
+    return BpfError("writing the BPF configuration map", errno);
+  }
+  return Status::Ok();
+}
+
+Status BpfSession::StartSampling(int hz) {
+  if (hz <= 0 || hz > 10000) return Error(ErrorCode::kInternal, "sampling frequency out of range");
+  const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
+  for (long cpu = 0; cpu < ncpu; ++cpu) {
+    perf_event_attr attr{};
+    attr.size = sizeof(attr);
+    attr.type = PERF_TYPE_SOFTWARE;
+    attr.config = PERF_COUNT_SW_CPU_CLOCK;
+    // cpu-clock counts nanoseconds of CPU time, so a fixed period of 1e9/hz ns samples a busy CPU exactly hz times a
+    // second (a frequency-mode event would let the kernel adapt the period).
+    attr.sample_period = 1'000'000'000ull / static_cast<uint64_t>(hz);
+    attr.disabled = 0;
+    int fd = static_cast<int>(syscall(__NR_perf_event_open, &attr, -1, static_cast<int>(cpu), -1, PERF_FLAG_FD_CLOEXEC));
+    if (fd < 0) {
+      if (errno == ENODEV) continue;  // offline CPU
+      return BpfError("opening a cpu-clock perf event on CPU " + std::to_string(cpu), errno);
+    }
+    perf_fds_.push_back(fd);
+    bpf_link* link = bpf_program__attach_perf_event(skel_->progs.rv_sample, fd);
+    if (!link) return BpfError("attaching the sampling program on CPU " + std::to_string(cpu), errno);
+    perf_links_.push_back(link);
+  }
+  if (perf_links_.empty()) return Error(ErrorCode::kBpf, "no CPU accepted a cpu-clock perf event");
+  return Status::Ok();
 }
 
 Result<uint8_t> BpfSession::AddBinary(const rv_offsets& offsets) {
@@ -247,6 +308,8 @@ rv_counters BpfSession::ReadCounters() const {
   for (const rv_counters& c : per_cpu) {
     total.dropped += c.dropped;
     total.events += c.events;
+    total.samples += c.samples;
+    total.samples_dropped += c.samples_dropped;
     total.ring_high_water = std::max(total.ring_high_water, c.ring_high_water);
   }
   return total;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,10 @@ class SiteGroup {
 class BpfSession {
  public:
   using RecordCallback = std::function<void(const rv_record&)>;
+  // A record that carries a stack (RV_REC_HAS_STACK: gvl_released with --stacks, samples). `frames` points into the
+  // ring buffer and is valid only during the call.
+  using StackCallback =
+      std::function<void(const rv_record&, const rv_stack_header&, std::span<const rv_ruby_frame> frames)>;
 
   // Loads the BPF object. Errors: kNoPrivilege (EPERM/EACCES: needs root or CAP_BPF+CAP_PERFMON), kBpf otherwise.
   static Result<std::unique_ptr<BpfSession>> Open(const SessionOptions& options, RecordCallback on_record);
@@ -69,6 +74,16 @@ class BpfSession {
 
   // Registers a VM binary's struct offsets; returns its index for rv_site.binary.
   Result<uint8_t> AddBinary(const rv_offsets& offsets);
+  // Per-binary walker layout (index from AddBinary). Without it no stacks are taken for that binary.
+  Status SetWalkConfig(uint8_t binary, const rv_walk_config& config);
+  // Which events carry stacks and whether samples are kept (rv_config).
+  Status SetConfig(const rv_config& config);
+  // Records with a stack go to `on_stack` instead of the record callback (without one, the stack is ignored and
+  // samples are dropped).
+  void SetStackCallback(StackCallback on_stack) { on_stack_ = std::move(on_stack); }
+  // Opens a software cpu-clock perf event on every online CPU firing `hz` times per second of CPU time and attaches
+  // the sampling program to each. The BPF side keeps only the targets' threads (pid filter).
+  Status StartSampling(int hz);
   // Adds a process to the BPF pid filter.
   Status AddPid(uint32_t pid);
   Status RemovePid(uint32_t pid);
@@ -95,6 +110,9 @@ class BpfSession {
   rvbpfd_bpf* skel_ = nullptr;
   ring_buffer* ring_ = nullptr;
   RecordCallback on_record_;
+  StackCallback on_stack_;
+  std::vector<int> perf_fds_;          // owned: one cpu-clock event per CPU
+  std::vector<bpf_link*> perf_links_;  // owned
   bool multi_supported_ = false;
   bool force_single_ = false;
   uint32_t next_cookie_ = 0;

@@ -23,8 +23,10 @@ OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, uint64_t hits_tot
     window_start_hits_ = hits_total;
     if (paused_) {
       paused_ = false;
+      window_ns_ = std::min(window_ns_ * 2, base_window_ns_ * 8);
       return Action::kResume;
     }
+    window_ns_ = base_window_ns_;
     return Action::kNone;
   }
   if (budget_pct_ <= 0 || paused_) return Action::kNone;

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -13,14 +14,21 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <optional>
+#include <sstream>
+#include <unordered_set>
 
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "record/launch.h"
 #include "record/overhead_budget.h"
+#include "record/release_reason.h"
+#include "record/stack_resolver.h"
 #include "sites/sites.h"
+#include "stacks/memory_reader.h"
+#include "stacks/ruby_offsets.h"
 #include "target/target.h"
 #include "trace/event.h"
 #include "trace/reorder.h"
@@ -129,6 +137,53 @@ Result<std::string> ReadRubyVersionFromElf(const ElfFile& elf) {
   return *s;
 }
 
+// Lowest start address of the mappings of `path` (matched by inode, so a /proc/PID/root/... host path and the
+// target's own view of the file agree) in the target's /proc/PID/maps; nullopt when it is not mapped (yet).
+std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  std::optional<uint64_t> lowest;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string range, perms, offset, dev;
+    uint64_t inode = 0;
+    if (!(in >> range >> perms >> offset >> dev >> inode) || inode != st.st_ino) continue;
+    const uint64_t start = std::stoull(range, nullptr, 16);
+    if (!lowest || start < *lowest) lowest = start;
+  }
+  return lowest;
+}
+
+// Everything the daemon needs to turn stack records into trace frames: built once per recording, before attach.
+struct StackSetup {
+  RubyOffsets offsets;
+  uint64_t global_symbols_vaddr = 0;  // ELF vaddr of ruby_global_symbols (0: C function names unresolved)
+};
+
+Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& ruby_version) {
+  int major = 0, minor = 0;
+  if (std::sscanf(ruby_version.c_str(), "%d.%d", &major, &minor) != 2) {
+    return Error(ErrorCode::kUnsupportedVersion, "cannot parse ruby_version " + ruby_version);
+  }
+  Result<ElfFile> elf = ElfFile::Open(vm_path);
+  if (!elf) return elf.error();
+  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, nullptr);
+  if (!off) return off.error();
+  StackSetup s;
+  s.offsets = *off;
+  if (Result<uint64_t> g = FindGlobalSymbolsVaddr(*elf); g) s.global_symbols_vaddr = *g;
+  return s;
+}
+
+// The rvtrace header's name for a --stacks value.
+std::string StacksModeName(const std::string& option) {
+  if (option == "off") return "off";
+  if (option.find("ready") != std::string::npos) return "release+wants";
+  return "release";
+}
+
 }  // namespace
 
 void RequestStop() { g_stop.store(true); }
@@ -180,6 +235,7 @@ Result<int> Record(const RecordOptions& o) {
   // Everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than the
   // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
   uint64_t origin_ns = 0;
+  uint64_t gc_epoch = 0;  // GC_ENTER records seen (and drops): the stack resolver's cache generation
   Reorderer reorder(20'000'000);
   std::unique_ptr<BpfSession> session;
   {
@@ -187,7 +243,11 @@ Result<int> Record(const RecordOptions& o) {
     so.ring_buffer_bytes = o.ring_buffer_kb * 1024u;
     so.force_single_links = o.force_single_links;
     Result<std::unique_ptr<BpfSession>> s =
-        BpfSession::Open(so, [&](const rv_record& r) { reorder.Push(FromRecord(r, origin_ns)); });
+        BpfSession::Open(so, [&](const rv_record& r) {
+          // Objects move or die only inside GC: the stack resolver's cache is revalidated after each one.
+          if (r.kind == RV_EV_GC_ENTER) ++gc_epoch;
+          reorder.Push(FromRecord(r, origin_ns));
+        });
     if (!s) return s.error();
     session = std::move(s.value());
   }
@@ -199,6 +259,23 @@ Result<int> Record(const RecordOptions& o) {
     target.pid = child->pid();
   }
 
+  // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
+  const bool stacks_on = o.stacks != "off";
+  const bool sampling = o.hz > 0;
+  std::optional<StackSetup> stack_setup;
+  if (stacks_on || sampling) {
+    Result<StackSetup> ss = PrepareStacks(target.vm_path, target.ruby_version);
+    if (!ss) {
+      // Attach mode reads the VM through /proc/PID/root: a target that died meanwhile is the error to report.
+      if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
+      if (!o.quiet) {
+        fprintf(stderr, "rvbpfd: warning: no Ruby stacks: %s\n", ss.error().ToString().c_str());
+      }
+    } else {
+      stack_setup = std::move(ss.value());
+    }
+  }
+
   TraceHeader header;
   header.pid = target.pid;
   header.ruby_version = target.ruby_version;
@@ -208,6 +285,13 @@ Result<int> Record(const RecordOptions& o) {
   header.started_at = IsoUtcNow();
   origin_ns = MonotonicNs();
   header.origin_ns = origin_ns;
+  if (stack_setup) {
+    header.stacks = StacksModeName(o.stacks);
+    if (sampling) {
+      header.sample_hz = static_cast<uint32_t>(o.hz);
+      header.channels.push_back(std::string(kSourcePerfEvent));
+    }
+  }
   const std::string output = o.output.empty() ? DefaultOutput(target.pid) : o.output;
   Result<TraceWriter> writer_or = TraceWriter::Create(output, header);
   if (!writer_or) return writer_or.error();
@@ -220,13 +304,87 @@ Result<int> Record(const RecordOptions& o) {
   };
   Result<uint8_t> bin = session->AddBinary(sites->offsets);
   if (!bin) return fail(bin.error());
+
+  // Stack records: symbolized as they come out of the ring (the objects they point to are as fresh as they will ever
+  // be), interned into the writer's dictionaries, and pushed through the reorder window like any event.
+  std::vector<std::string> site_functions;  // cookie -> enclosing function (for the release-reason rule)
+  std::unique_ptr<StackResolver> resolver;
+  std::optional<uint64_t> vm_lowest_mapping;
+  std::vector<FrameInfo> frame_infos;
+  std::vector<uint32_t> frame_ids;
+  if (stack_setup) {
+    rv_walk_config wc{};
+    wc.walk = stack_setup->offsets.walk;
+    wc.thread_ec = stack_setup->offsets.thread_ec;
+    wc.valid = 1;
+    if (Status st = session->SetWalkConfig(*bin, wc); !st) return fail(st.error());
+    rv_config cfg{};
+    if (stacks_on) {
+      cfg.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
+      if (o.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
+    }
+    cfg.sampling = sampling ? 1 : 0;
+    if (Status st = session->SetConfig(cfg); !st) return fail(st.error());
+    session->SetStackCallback([&](const rv_record& r, const rv_stack_header& h,
+                                  std::span<const rv_ruby_frame> frames) {
+      TraceEvent e;
+      if (r.kind == RV_EV_SAMPLE) {
+        e.t_ns = r.ts_ns > origin_ns ? r.ts_ns - origin_ns : 0;
+        e.event = EventName::kSample;
+        e.source = kSourcePerfEvent;
+        e.provenance = Provenance::kObserved;
+        e.th = r.th;
+        e.native_tid = r.tid;
+        e.probe_tid = r.probe_tid;
+      } else {
+        e = FromRecord(r, origin_ns);
+      }
+      if (!resolver) {
+        // The VM's load address is known once the target has mapped it (launch mode: after exec).
+        if (!vm_lowest_mapping) vm_lowest_mapping = LowestMappingOf(target.pid, target.vm_path);
+        uint64_t gsym = 0;
+        if (vm_lowest_mapping && stack_setup->global_symbols_vaddr != 0) {
+          Result<ElfFile> elf = ElfFile::Open(target.vm_path);
+          if (elf) gsym = stack_setup->global_symbols_vaddr + LoadBiasFromLowestMapping(*elf, *vm_lowest_mapping);
+        }
+        resolver = std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(target.pid),
+                                                   stack_setup->offsets, gsym);
+      }
+      resolver->set_epoch(gc_epoch);
+      resolver->Resolve(frames, &frame_infos);
+      if (r.flags & RV_REC_IN_GC) {
+        frame_infos.insert(frame_infos.begin(), FrameInfo{"(garbage collection)", "", 0, FrameKind::kGc});
+      }
+      // A stack that is not complete says so at its oldest end rather than passing for a whole one: cut at
+      // RV_MAX_STACK_FRAMES, or the walk could not read a frame (e.g. a page not resident during a sample).
+      if (h.flags & RV_STACK_F_TRUNCATED) {
+        frame_infos.push_back(FrameInfo{"<truncated>", "", 0, FrameKind::kUnresolved});
+      } else if (h.walk_status != RV_WALK_OK || (h.flags & RV_STACK_F_NO_EC)) {
+        frame_infos.push_back(FrameInfo{"<incomplete stack>", "", 0, FrameKind::kUnresolved});
+      }
+      frame_ids.clear();
+      for (const FrameInfo& f : frame_infos) frame_ids.push_back(writer.InternFrame(f));
+      e.stack = writer.InternStack(frame_ids);
+      if (e.event == EventName::kGvlReleased) {
+        const std::string& fn = r.site < site_functions.size() ? site_functions[r.site] : std::string();
+        e.reason = std::string(ReleaseReasonString(DeriveReleaseReason(frame_infos, ClassifyReleaseSite(fn))));
+        e.reason_provenance = Provenance::kDerived;
+      }
+      reorder.Push(std::move(e));
+    });
+  }
   if (Status st = session->AddPid(static_cast<uint32_t>(target.pid)); !st) return fail(st.error());
   std::vector<SiteSpec> low, high;
+  std::vector<std::string> low_fn, high_fn;
   for (const ProbeSite& ps : sites->sites) {
     SiteSpec spec{ps.file_offset, rv_site{ps.event, ps.th.kind, ps.th.reg, *bin, ps.th.offset, ps.vaddr,
                                           ps.exclude_caller_start, ps.exclude_caller_end}};
     (IsHighRate(ps.event) ? high : low).push_back(spec);
+    (IsHighRate(ps.event) ? high_fn : low_fn).push_back(ps.function);
   }
+  // BpfSession assigns cookies in attach order (low group, then high group), starting at 0 for this session.
+  site_functions = low_fn;
+  site_functions.insert(site_functions.end(), high_fn.begin(), high_fn.end());
   TargetWatch watch = TargetWatch::ForPid(target.pid);
   const uint64_t attach_start = MonotonicNs();
   std::unique_ptr<SiteGroup> low_group, high_group;
@@ -238,6 +396,9 @@ Result<int> Record(const RecordOptions& o) {
       return fail(g.error().Wrap("attaching probes"));
     }
     (list == &low ? low_group : high_group) = std::move(g.value());
+  }
+  if (stack_setup && sampling) {
+    if (Status st = session->StartSampling(o.hz); !st) return fail(st.error().Wrap("starting on-CPU sampling"));
   }
   const double attach_ms = static_cast<double>(MonotonicNs() - attach_start) / 1e6;
   if (!launch && watch.Exited()) return fail(TargetExitedError(target.pid));
@@ -252,10 +413,24 @@ Result<int> Record(const RecordOptions& o) {
 
   // Main loop.
   ThreadIds thread_ids(static_cast<uint32_t>(target.pid));
+  // A native thread keeps its last th in BPF's current_th after that Ruby thread exited (until it runs another), so
+  // a sample can name a dead thread; such samples are dropped rather than reviving its id.
+  std::unordered_set<uint64_t> exited_th;
+  auto KeepEvent = [&](const TraceEvent& e) {
+    if (e.th == 0) return true;
+    if (e.event == EventName::kSample) return exited_th.count(e.th) == 0;
+    if (e.event == EventName::kThreadExited) {
+      exited_th.insert(e.th);
+    } else {
+      exited_th.erase(e.th);
+    }
+    return true;
+  };
   std::vector<TraceEvent> ready;
   rv_counters seen{};
   OverheadBudget budget(o.max_overhead_pct, o.probe_cost_us);
-  uint64_t last_status = 0;
+  uint64_t last_status = 0;    // monotonic ns of the last status line
+  uint64_t status_events = 0;  // seen.events at that line, for the events/s figure
   bool warned = false;
   bool stop_now = false;
   // With a budget the counters are checked every 5 ms, so a burst overshoots it by at most ~5 ms of traps;
@@ -288,6 +463,7 @@ Result<int> Record(const RecordOptions& o) {
   auto check_counters = [&]() {
     rv_counters c = session->ReadCounters();
     if (c.dropped > seen.dropped) {
+      ++gc_epoch;  // a lost record may have been a GC_ENTER: revalidate cached frames
       drain_ring();
       TraceEvent e;
       e.t_ns = now_t();
@@ -310,6 +486,7 @@ Result<int> Record(const RecordOptions& o) {
     reorder.PopReady(&ready);
     Status wst = Status::Ok();
     for (TraceEvent& e : ready) {
+      if (!KeepEvent(e)) continue;
       thread_ids.Assign(&e);
       if (wst) wst = writer.Write(e);
     }
@@ -353,10 +530,15 @@ Result<int> Record(const RecordOptions& o) {
               budget.last_window_pct(), budget.last_window_pct() * 1e4 / o.probe_cost_us);
     }
     if (o.status_line && now - last_status >= 500'000'000) {
+      const double rate = last_status ? static_cast<double>(seen.events - status_events) * 1e9 /
+                                            static_cast<double>(now - last_status)
+                                      : 0;
       last_status = now;
-      fprintf(stderr, "\r\033[Krvbpfd: pid %d  %llu events  %llu dropped  est. overhead %.1f%%%s", target.pid,
-              static_cast<unsigned long long>(seen.events), static_cast<unsigned long long>(seen.dropped),
-              budget.last_window_pct(), high_group && !high_group->attached() ? "  (high-rate probes paused)" : "");
+      status_events = seen.events;
+      fprintf(stderr, "\r\033[Krvbpfd: pid %d  %llu events (%.0f/s)  %llu dropped  est. overhead %.1f%%%s",
+              target.pid, static_cast<unsigned long long>(seen.events), rate,
+              static_cast<unsigned long long>(seen.dropped), budget.last_window_pct(),
+              high_group && !high_group->attached() ? "  (high-rate probes paused)" : "");
       fflush(stderr);
     }
 
@@ -381,6 +563,7 @@ Result<int> Record(const RecordOptions& o) {
   check_counters();
   reorder.Drain(&ready);
   for (TraceEvent& e : ready) {
+    if (!KeepEvent(e)) continue;
     thread_ids.Assign(&e);
     if (Status st = writer.Write(e); !st) return st.error().Wrap("writing " + output);
   }
@@ -396,6 +579,10 @@ Result<int> Record(const RecordOptions& o) {
     fprintf(stderr, "rvbpfd: %s; %llu events, %llu dropped; wrote %s\n", stop_reason.c_str(),
             static_cast<unsigned long long>(seen.events), static_cast<unsigned long long>(seen.dropped),
             output.c_str());
+    if (stack_setup && sampling) {
+      fprintf(stderr, "rvbpfd: %llu samples, %llu lost to a full ring\n",
+              static_cast<unsigned long long>(seen.samples), static_cast<unsigned long long>(seen.samples_dropped));
+    }
     if (child && target_exited) {
       if (WIFEXITED(child_status)) {
         fprintf(stderr, "rvbpfd: command exited with status %d\n", WEXITSTATUS(child_status));

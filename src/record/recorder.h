@@ -27,6 +27,8 @@ struct RecordOptions {
   bool status_line = false;           // live status on stderr (when it is a terminal)
   bool force_single_links = false;    // one uprobe link per site even when multi links exist
   bool quiet = false;
+  std::string stacks = "release";     // --stacks: "release", "release,ready" or "off"
+  int hz = 99;                        // --hz: perf_event samples per second of CPU time; 0 = no sampling
 };
 
 // Runs one recording to completion. Returns the process exit status (0 on a complete recording); errors were printed.

@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <fstream>
 #include <string_view>
+#include <utility>
 
 #include "report/report_data.h"
 #include "report/report_template.h"
+#include "trace/reader.h"
 
 namespace rvbpfd {
 namespace {
@@ -41,7 +43,13 @@ Status WriteReportHtml(const Model& model, const ReportOptions& options, std::os
 }
 
 Status WriteReport(const std::string& trace_path, const std::string& out_path) {
-  Result<Model> model = Model::FromFile(trace_path);
+  Result<TraceFile> trace = TraceReader::ReadFile(trace_path);
+  if (!trace.ok()) return trace.error();
+  // The model keeps the events (with their stack ids); the dictionaries they index stay here for the page.
+  const std::unordered_map<uint32_t, FrameInfo> frames = std::move(trace->frames);
+  const std::unordered_map<uint32_t, std::vector<uint32_t>> stacks = std::move(trace->stacks);
+  const std::optional<uint32_t> sample_hz = trace->header.sample_hz;
+  Result<Model> model = Model::FromTrace(std::move(trace).value());
   if (!model.ok()) return model.error();
   std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
   if (!out) {
@@ -50,6 +58,9 @@ Status WriteReport(const std::string& trace_path, const std::string& out_path) {
   }
   ReportOptions options;
   options.title = std::filesystem::path(trace_path).filename().string();
+  options.frames = &frames;
+  options.stacks = &stacks;
+  options.sample_hz = sample_hz;
   const Status status = WriteReportHtml(*model, options, out);
   out.close();
   if (!status.ok() || !out) {

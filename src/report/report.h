@@ -1,6 +1,8 @@
 // `rvbpfd report`: the thread-state model as one self-contained HTML file, a timeline that opens from disk with no
 // network: a lane per Ruby thread, the GVL owner lane (idle drawn explicitly), GC spans, probe and lost-event
-// markers, a native-threads view, an inspector card per block and an event list that follows the cursor.
+// markers, a native-threads view, an inspector card per block (with the stacks of its events and the release reason
+// when the trace recorded them), an event list that follows the cursor, and a flame graph of the CPU samples when
+// the trace has any.
 //
 // The page is src/report/report_template.h (HTML, CSS and JS, drawn on <canvas>); this module fills its one data
 // slot with the model, as packed JSON columns (see report_data.h), inside a <script type="application/json">
@@ -10,24 +12,35 @@
 #ifndef RVBPFD_SRC_REPORT_REPORT_H_
 #define RVBPFD_SRC_REPORT_REPORT_H_
 
+#include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "common/error.h"
 #include "model/model.h"
+#include "trace/stacks.h"
 
 namespace rvbpfd {
 
 struct ReportOptions {
   std::string title;  // shown as the page title and heading; usually the trace file's name (trace-controlled text)
+  // The trace's frame and stack dictionaries (TraceFile::frames / stacks), which the events' `stack` ids index.
+  // Only the stacks some event uses, and their frames, are embedded. Null: no stacks are shown (an event's stack id
+  // that is not in the dictionary is treated the same way).
+  const std::unordered_map<uint32_t, FrameInfo>* frames = nullptr;
+  const std::unordered_map<uint32_t, std::vector<uint32_t>>* stacks = nullptr;
+  std::optional<uint32_t> sample_hz;  // the header's sample_hz: the flame graph shows CPU time next to counts
 };
 
 // Writes the report page of `model` to `out`. Fails with kIo when the stream fails.
 Status WriteReportHtml(const Model& model, const ReportOptions& options, std::ostream& out);
 
-// Reads and models `trace_path` (errors are Model::FromFile's) and writes the report to `out_path`. Fails with
-// kOutputUnwritable when `out_path` cannot be created and kIo when writing it fails; a partly written file is
-// removed so a failed run never leaves a report that looks complete.
+// Reads and models `trace_path` (errors are Model::FromFile's), with its frames, stacks and samples, and writes
+// the report to `out_path`. Fails with kOutputUnwritable when `out_path` cannot be created and kIo when writing it
+// fails; a partly written file is removed so a failed run never leaves a report that looks complete.
 Status WriteReport(const std::string& trace_path, const std::string& out_path);
 
 }  // namespace rvbpfd

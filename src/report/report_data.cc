@@ -6,13 +6,14 @@
 #include <vector>
 
 #include "trace/event.h"
+#include "trace/stacks.h"
 #include "trace/json_format.h"
 
 namespace rvbpfd {
 namespace {
 
 // The last enumerators, so the name tables cover every value the columns can hold.
-constexpr auto kLastRule = ModelRule::kTracingPaused;
+constexpr auto kLastRule = static_cast<ModelRule>(static_cast<int>(ModelRule::kCount) - 1);
 constexpr auto kLastOwnerEnd = OwnerEnd::kGap;
 constexpr auto kLastOwnerKind = OwnerKind::kUnknown;
 constexpr auto kLastProvenance = Provenance::kInferred;
@@ -42,6 +43,7 @@ class DataWriter {
 
   void Write() {
     IndexTids();
+    IndexStacksAndReasons();
     out_.append("{\"v\":");
     AppendUint(&out_, kReportDataVersion);
     WriteMeta();
@@ -59,6 +61,7 @@ class DataWriter {
     WriteNative();
     WriteMarkers();
     WriteEvents();
+    WriteStacks();
     out_.append("}");
   }
 
@@ -78,6 +81,46 @@ class DataWriter {
     }
   }
   uint64_t TidPlusOne(std::optional<uint32_t> tid) const { return tid ? tid_index_.at(*tid) + 1 : 0; }
+
+  // A gvl_released's release reason travels in the "rr"/"rp" event columns; other events' reasons in "extra".
+  static bool HasReleaseReason(const TraceEvent& e) {
+    return e.event == EventName::kGvlReleased && !e.reason.empty();
+  }
+
+  // The stacks the events use, densely renumbered in order of first use, with their frames and the frames' paths;
+  // dictionary entries no event uses are left out. Also numbers the distinct release reasons and counts samples.
+  void IndexStacksAndReasons() {
+    for (const TraceEvent& e : model_.events()) {
+      if (e.event == EventName::kSample) ++samples_;
+      if (HasReleaseReason(e) && reason_index_.emplace(e.reason, reasons_.size()).second) {
+        reasons_.push_back(e.reason);
+      }
+      if (!e.stack || options_.stacks == nullptr || options_.frames == nullptr) continue;
+      if (stack_index_.contains(*e.stack)) continue;
+      const auto st = options_.stacks->find(*e.stack);
+      if (st == options_.stacks->end()) continue;
+      // A stack naming a frame the dictionary lacks (only a hand-built dictionary can) is shown without it.
+      std::vector<uint32_t> frames;
+      frames.reserve(st->second.size());
+      for (uint32_t frame_id : st->second) {
+        const auto fr = options_.frames->find(frame_id);
+        if (fr == options_.frames->end()) continue;
+        auto [it, is_new] = frame_index_.emplace(frame_id, frames_.size());
+        if (is_new) {
+          frames_.push_back(&fr->second);
+          if (path_index_.emplace(fr->second.path, paths_.size()).second) paths_.push_back(fr->second.path);
+        }
+        frames.push_back(it->second);
+      }
+      stack_index_.emplace(*e.stack, stacks_.size());
+      stacks_.push_back(std::move(frames));
+    }
+  }
+  uint64_t StackPlusOne(const TraceEvent& e) const {
+    if (!e.stack) return 0;
+    const auto it = stack_index_.find(*e.stack);
+    return it == stack_index_.end() ? 0 : it->second + 1;
+  }
 
   void Key(std::string_view key) {
     out_.push_back('"');
@@ -147,7 +190,17 @@ class DataWriter {
     AppendUint(&out_, model_.events().size());
     out_.append(",\"unattributed_events\":");
     AppendUint(&out_, model_.unattributed_events());
-    out_.append(",\"samples\":0}");  // the format carries no stack samples yet: the page says so
+    out_.append(",\"samples\":");
+    AppendUint(&out_, samples_);
+    out_.append(",\"sample_hz\":");
+    if (options_.sample_hz) {
+      AppendUint(&out_, *options_.sample_hz);
+    } else {
+      out_.append("null");
+    }
+    out_.append(",\"stacks\":");
+    AppendUint(&out_, stacks_.size());
+    out_.push_back('}');
   }
 
   template <typename E, typename F>
@@ -185,6 +238,7 @@ class DataWriter {
       return "unknown";
     });
     NameTable("owner_end", kLastOwnerEnd, OwnerEndName);
+    NameTable("frame_kind", FrameKind::kUnresolved, FrameKindString);
     // Sources are opaque labels (foreign recorders name their own channels): a table of the distinct ones.
     out_.append(",\"source\":[");
     for (const TraceEvent& e : model_.events()) {
@@ -332,13 +386,20 @@ class DataWriter {
     Column("pt", e, [this](const TraceEvent& x) { return TidPlusOne(x.probe_tid); });
     Column("pv", e, [](const TraceEvent& x) { return Idx(x.provenance); });
     Column("src", e, [this](const TraceEvent& x) { return source_index_.at(x.source); });
+    // Columns only traces with stacks or release reasons need (a trace without them pays nothing).
+    if (!stacks_.empty()) Column("sk", e, [this](const TraceEvent& x) { return StackPlusOne(x); });
+    if (!reasons_.empty()) {
+      Column("rr", e, [this](const TraceEvent& x) { return HasReleaseReason(x) ? reason_index_.at(x.reason) + 1 : 0; });
+      Column("rp", e, [](const TraceEvent& x) { return HasReleaseReason(x) ? Idx(x.reason_provenance) : 0; });
+    }
     out_.append("},\"extra\":[");
     // The few fields only daemon events carry, keyed by event index, instead of a mostly-empty column each.
     bool first = true;
     for (size_t i = 0; i < e.size(); ++i) {
       const TraceEvent& x = e[i];
       const bool has_count = x.event == EventName::kEventsDropped;
-      if (!has_count && x.reason.empty() && x.overhead_pct < 0) continue;
+      const bool has_reason = !x.reason.empty() && !HasReleaseReason(x);
+      if (!has_count && !has_reason && x.overhead_pct < 0) continue;
       if (!first) out_.push_back(',');
       first = false;
       out_.push_back('[');
@@ -350,7 +411,7 @@ class DataWriter {
         AppendUint(&out_, x.count);
         comma = true;
       }
-      if (!x.reason.empty()) {
+      if (has_reason) {
         if (comma) out_.push_back(',');
         out_.append("\"reason\":");
         Str(x.reason);
@@ -366,12 +427,62 @@ class DataWriter {
     out_.push_back(']');
   }
 
+  // "reasons":[release reason strings],"paths":[..],"frames":{"l":[labels],"p":[path index],"ln":[lines],
+  // "k":[kind]},"stacks":{"n":[frame count],"f":[frame indexes of every stack, concatenated, leaf first]}
+  void WriteStacks() {
+    out_.append(",\"reasons\":[");
+    for (size_t i = 0; i < reasons_.size(); ++i) {
+      if (i > 0) out_.push_back(',');
+      Str(reasons_[i]);
+    }
+    out_.append("],\"paths\":[");
+    for (size_t i = 0; i < paths_.size(); ++i) {
+      if (i > 0) out_.push_back(',');
+      Str(paths_[i]);
+    }
+    out_.append("],\"frames\":{\"l\":[");
+    for (size_t i = 0; i < frames_.size(); ++i) {
+      if (i > 0) out_.push_back(',');
+      Str(frames_[i]->label);
+    }
+    out_.push_back(']');
+    Column("p", frames_, [this](const FrameInfo* f) { return path_index_.at(f->path); });
+    out_.append(",\"ln\":[");
+    for (size_t i = 0; i < frames_.size(); ++i) {
+      if (i > 0) out_.push_back(',');
+      AppendInt(&out_, frames_[i]->line);
+    }
+    out_.push_back(']');
+    Column("k", frames_, [](const FrameInfo* f) { return Idx(f->kind); });
+    out_.append("},\"stacks\":{");
+    Column("n", stacks_, [](const std::vector<uint32_t>& st) { return st.size(); }, false);
+    out_.append(",\"f\":[");
+    bool first = true;
+    for (const std::vector<uint32_t>& st : stacks_) {
+      for (uint32_t f : st) {
+        if (!first) out_.push_back(',');
+        first = false;
+        AppendUint(&out_, f);
+      }
+    }
+    out_.append("]}");
+  }
+
   const Model& model_;
   const ReportOptions& options_;
   std::string& out_;
   std::vector<uint32_t> tids_;
   std::unordered_map<uint32_t, uint64_t> tid_index_;
   std::unordered_map<std::string_view, uint64_t> source_index_;
+  uint64_t samples_ = 0;
+  std::vector<std::string_view> reasons_;  // views of the model's events' reasons
+  std::unordered_map<std::string_view, uint64_t> reason_index_;
+  std::unordered_map<uint32_t, uint32_t> stack_index_;  // trace stack id -> index in stacks_
+  std::vector<std::vector<uint32_t>> stacks_;           // frame indexes (into frames_), leaf first
+  std::unordered_map<uint32_t, uint32_t> frame_index_;  // trace frame id -> index in frames_
+  std::vector<const FrameInfo*> frames_;
+  std::unordered_map<std::string_view, uint64_t> path_index_;
+  std::vector<std::string_view> paths_;
 };
 
 }  // namespace

@@ -2,16 +2,23 @@
 // million events loads in a browser in a few seconds (a JSON object per block would be several times larger and
 // slower to parse).
 //
-// Layout (version 1; the page's decoder in report_template.h is the other half of this contract):
-//   {"v":1,"meta":{...},"names":{...},"tids":[native tids],
+// Layout (version 2; the page's decoder in report_template.h is the other half of this contract):
+//   {"v":2,"meta":{...,"samples","sample_hz","stacks"},"names":{...},"tids":[native tids],
 //    "threads":[{"id","label","main","tids":[..],"totals":{..},"blocks":{columns}}],
 //    "owner":{columns},"gc":{columns},"unknown":{columns},"native":[{"tid","threads","spans":{columns}}],
-//    "markers":{columns},"events":{columns},"extra":[[event index,{"count","reason","overhead_pct"}]]}
+//    "markers":{columns},"events":{columns},"extra":[[event index,{"count","reason","overhead_pct"}]],
+//    "reasons":[release reasons],"paths":[frame paths],"frames":{columns},"stacks":{"n":[..],"f":[..]}}
 // A column is an array with one value per row. Columns of times and event references are delta-encoded (each
 // value is the difference to the previous row's; the first is absolute) because consecutive values are close and
 // short numbers parse faster. Times are ns since the trace's origin_ns. Optional values are stored as value + 1
-// with 0 for "none": event references ("o", "c", "rw", "ev"), Ruby threads ("th", "ow") and native tids ("nt",
-// "pt", as index + 1 into "tids"). Enums are indexes into the "names" tables.
+// with 0 for "none": event references ("o", "c", "rw", "ev"), Ruby threads ("th", "ow"), native tids ("nt",
+// "pt", as index + 1 into "tids"), an event's stack ("sk", index + 1 into "stacks") and a gvl_released's release
+// reason ("rr", index + 1 into "reasons", with its provenance in "rp"). Enums are indexes into the "names" tables.
+//
+// Stacks are a dictionary, like the trace's: only the stacks some event uses are embedded, each once, renumbered
+// densely in order of first use, with only their frames. Stack k is frames "f"[sum of "n"[0..k) ...] (leaf first);
+// frame j is "frames"."l"[j] (label), "paths"["frames"."p"[j]], "frames"."ln"[j] (0: none) and
+// names.frame_kind["frames"."k"[j]]. The "sk", "rr" and "rp" columns are absent when no event needs them.
 #ifndef RVBPFD_SRC_REPORT_REPORT_DATA_H_
 #define RVBPFD_SRC_REPORT_REPORT_DATA_H_
 
@@ -23,7 +30,7 @@
 
 namespace rvbpfd {
 
-inline constexpr int kReportDataVersion = 1;
+inline constexpr int kReportDataVersion = 2;
 
 // Appends `s` as a JSON string that is also safe as raw text of an HTML <script> element: '<', '>' and '&' become
 // \u003c, \u003e and \u0026 (so "</script>" and "<!--" cannot appear), besides AppendJsonString's escaping.

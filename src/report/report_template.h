@@ -10,7 +10,9 @@
 //     shown, never run;
 //   - exposes stable hooks for tests: [data-lane="thread-N" | "gvl-owner" | "gc" | "markers" | "native-TID"] label
 //     elements, #range (data-start-ns / data-end-ns of the visible range), #card (data-cruby-event,
-//     data-provenance, data-rule, data-lane, data-index), and window.rvReport (view, lane geometry, drawn rects).
+//     data-provenance, data-rule, data-lane, data-index, data-stacks, data-release-reason), #card ol.stack (one per
+//     stack shown, data-event / data-which), #flame (data-thread, data-zoom, data-total; hidden without samples),
+//     #flame-tip, and window.rvReport (view, lane geometry, drawn rects; .flame: the flame graph's drawn frames).
 #ifndef RVBPFD_SRC_REPORT_REPORT_TEMPLATE_H_
 #define RVBPFD_SRC_REPORT_REPORT_TEMPLATE_H_
 
@@ -60,17 +62,38 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
   #overlay { pointer-events: none; }
   #tooltip { position: absolute; pointer-events: none; background: rgba(20,24,30,.92); color: #fff; padding: 5px 8px;
              border-radius: 4px; font-size: 12px; white-space: pre; z-index: 4; font-family: ui-monospace, monospace; }
-  #bottom { display: grid; grid-template-columns: minmax(320px, 420px) 1fr; gap: 12px; padding: 12px 16px; }
+  #bottom { display: grid; grid-template-columns: minmax(340px, 480px) minmax(0, 1fr); gap: 12px; padding: 12px 16px; }
   #card { background: var(--panel); border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px;
           align-self: start; }
   #card h2 { font-size: 14px; margin: 0 0 6px; }
-  #card table { border-collapse: collapse; width: 100%; }
-  #card td { padding: 2px 4px; vertical-align: top; font-size: 12px; }
-  #card td:first-child { color: var(--muted); white-space: nowrap; }
+  #card { min-width: 0; }
+  #card table { border-collapse: collapse; width: 100%; table-layout: fixed; }
+  #card td { padding: 2px 4px; vertical-align: top; font-size: 12px; overflow-wrap: anywhere; }
+  #card td:first-child { color: var(--muted); width: 118px; overflow-wrap: normal; }
   #card .mono, #events .mono { font-family: ui-monospace, monospace; }
   #card .badge { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 11px; border: 1px solid; }
   .badge.observed { color: #1e7a3c; } .badge.derived { color: #a35c00; border-style: dashed; } .badge.inferred { color: #777; }
   #card .empty { color: var(--muted); }
+  #card ol.stack { margin: 2px 0 0; padding-left: 24px; font-family: ui-monospace, monospace; font-size: 11.5px;
+                   max-height: 280px; overflow: auto; }
+  #card ol.stack li { overflow-wrap: anywhere; }
+  #card ol.stack li.k-cfunc { color: #23657a; } #card ol.stack li.k-gc { color: #7a3e9d; }
+  #card ol.stack li.k-unresolved { color: var(--muted); font-style: italic; }
+  #card button.more { font: inherit; font-size: 11px; margin-top: 2px; border: 1px solid var(--line);
+                      background: var(--panel); border-radius: 4px; cursor: pointer; }
+  #flame { padding: 0 16px 12px; }
+  #flame-head { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; padding: 4px 0 6px; }
+  #flame-head h2 { font-size: 14px; margin: 0; }
+  #flame-head button, #flame-head select { font: inherit; padding: 2px 8px; border: 1px solid var(--line);
+                      background: var(--panel); border-radius: 4px; cursor: pointer; }
+  #flame-info { color: var(--muted); font-size: 12px; }
+  #flame-path { color: var(--muted); font-size: 12px; font-family: ui-monospace, monospace; overflow: hidden;
+                text-overflow: ellipsis; white-space: nowrap; max-width: 100%; }
+  #flame-plot { position: relative; background: var(--panel); border: 1px solid var(--line); border-radius: 6px;
+                overflow: hidden; }
+  #flame-canvas { display: block; cursor: pointer; }
+  #flame-tip { position: absolute; pointer-events: none; background: rgba(20,24,30,.92); color: #fff; padding: 5px 8px;
+               border-radius: 4px; font-size: 12px; white-space: pre; z-index: 4; font-family: ui-monospace, monospace; }
   #events { background: var(--panel); border: 1px solid var(--line); border-radius: 6px; max-height: 360px; overflow: auto; }
   #events table { border-collapse: collapse; width: 100%; font-size: 12px; }
   #events th { position: sticky; top: 0; background: #f0f2f5; text-align: left; padding: 3px 6px; font-weight: 600; }
@@ -126,6 +149,19 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
       <thead><tr><th>time (ms)</th><th>ruby thread</th><th>native</th><th>event</th><th>CRuby event</th><th>provenance</th></tr></thead>
       <tbody id="event-rows"></tbody>
     </table>
+  </div>
+</section>
+<section id="flame" hidden data-thread="" data-zoom="" data-total="0">
+  <div id="flame-head">
+    <h2>Flame graph</h2>
+    <span id="flame-info"></span>
+    <label>thread <select id="flame-thread" title="Samples of one Ruby thread, or of all"></select></label>
+    <button id="flame-reset" title="Show every frame again">Reset zoom</button>
+  </div>
+  <div id="flame-path"></div>
+  <div id="flame-plot">
+    <canvas id="flame-canvas"></canvas>
+    <div id="flame-tip" hidden></div>
   </div>
 </section>
 <section id="summary"></section>
@@ -188,6 +224,28 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
     nt: minusOne(D.events.nt), pt: minusOne(D.events.pt), pv: Uint8Array.from(D.events.pv), src: ints(D.events.src),
   };
   const extra = new Map(D.extra.map(([i, x]) => [i, x]));
+  // Stacks: a dictionary of the stacks the events use (leaf first), their frames and the frames' paths.
+  const FR = D.frames || { l: [], p: [], ln: [], k: [] };
+  const PATHS = D.paths || [], REASONS = D.reasons || [];
+  const STK = D.stacks || { n: [], f: [] };
+  const stackOff = new Int32Array(STK.n.length + 1);
+  for (let k = 0; k < STK.n.length; k++) stackOff[k + 1] = stackOff[k] + STK.n[k];
+  const stackFrames = Int32Array.from(STK.f);
+  events.sk = D.events.sk ? minusOne(D.events.sk) : null;
+  events.rr = D.events.rr ? minusOne(D.events.rr) : null;
+  events.rp = D.events.rp ? Uint8Array.from(D.events.rp) : null;
+  const stackOfEvent = (ei) => (events.sk && ei >= 0 && ei < events.n ? events.sk[ei] : -1);
+  // The release reason a gvl_released carries ({reason, prov}), or null.
+  function releaseReasonOf(ei) {
+    if (!events.rr || ei < 0 || ei >= events.n || events.rr[ei] < 0) return null;
+    return { reason: REASONS[events.rr[ei]], prov: N.prov[events.rp[ei]] };
+  }
+  // "label (path:line)"; without the path or line when the frame has none.
+  function frameText(f) {
+    const path = PATHS[FR.p[f]] || "", line = FR.ln[f];
+    return FR.l[f] + (path ? ` (${path}${line > 0 ? ":" + line : ""})` : line > 0 ? ` (line ${line})` : "");
+  }
+  const leafLabel = (s) => (stackOff[s + 1] > stackOff[s] ? FR.l[stackFrames[stackOff[s]]] : "(empty stack)");
   const threads = D.threads.map((t) => {
     const b = t.blocks, sp = spans(b);
     return Object.assign(sp, { id: t.id, label: t.label, main: t.main, tids: t.tids, totals: t.totals,
@@ -234,7 +292,9 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
   // ---- colours ---------------------------------------------------------------------------------------------------
   const STATE_COLOR = { running: "#2e9d4f", wants_gvl: "#e8a33a", released: "#a7b6c8", gc: "#8e44ad",
                         not_started: null, exited: null, unknown: "#c9c9c9" };
-  const REASON_COLOR = { sleeping: "#5b86c5", waiting_mutex: "#d35454", starting: "#cfd8e3", preempted: "#e07b2a" };
+  const REASON_COLOR = { sleeping: "#5b86c5", waiting_mutex: "#d35454", starting: "#cfd8e3", preempted: "#e07b2a",
+                         io: "#7aa6a1", queue: "#b08fc7", condition_variable: "#c79fb8", join: "#9aa36b",
+                         pass: "#c4b16a", process_wait: "#8f9bb3", timeslice: "#d99a5b", exit: "#b5b5b5" };
   function blockColor(t, i) {
     const st = N.state[t.st[i]];
     if ((st === "released" || st === "wants_gvl") && REASON_COLOR[N.reason[t.rs[i]]]) return REASON_COLOR[N.reason[t.rs[i]]];
@@ -297,8 +357,8 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
           el("td", null, top ? `${N.reason[top[0]]} (${dur(top[1])}, ${top[2]}x)` : "-"));
     });
     $("summary").append(el("table", null, el("thead", null, head), el("tbody", null, ...rows)));
-    $("notes").textContent = "Flame graph: this trace has no stack samples (the .rvtrace format does not record " +
-        "samples yet), so none is shown. Wheel or +/- zooms, drag or arrow keys pan, click a block for its card.";
+    $("notes").textContent = (M.samples ? "" : "Flame graph: this trace has no CPU samples, so none is shown. ") +
+        "Wheel or +/- zooms, drag or arrow keys pan, click a block for its card.";
   })();
 
   // ---- canvas and view -------------------------------------------------------------------------------------------
@@ -607,6 +667,7 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
     before_first_event: "Inferred: no event reports a thread's state before its first event; this is the state that event implies.",
     sleep_probe: "Derived: the release fell after a Kernel#sleep entry probe of this thread and before it ran again.",
     mutex_probe: "Derived: the release fell after a Thread::Mutex#lock entry probe of this thread and before it ran again.",
+    stack_reason: "Derived: the recorder matched the stack it took at this release against the release-reason rule (docs/design.md).",
     preempted_by_resume: "Derived: another thread's RESUMED arrived while this thread had not released (Ruby 3.2 timeslice).",
     owner_replaced: "Derived: another thread's RESUMED replaced this owner; on 3.3+ that means a SUSPENDED was lost.",
     implicit_resume: "Derived: activity of a thread whose last transition was SUSPENDED, with no RESUMED reported.",
@@ -637,7 +698,10 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
       const t = h.lane.thread;
       prov = N.prov[t.pv[i]]; rule = N.rule[t.ru[i]]; opened = t.o[i]; closed = t.c[i];
       row("state", N.state[t.st[i]]);
-      if (t.st[i] === S.released || t.st[i] === S.wants) row("reason", N.reason[t.rs[i]]);
+      // The model's reason (from the sleep / mutex probes); an unknown one gives way to the recorded release reason.
+      if ((t.st[i] === S.released || t.st[i] === S.wants) && (N.reason[t.rs[i]] !== "unknown" || !releaseReasonOf(t.o[i]))) {
+        row("reason", N.reason[t.rs[i]]);
+      }
       if (t.nt[i] >= 0) row("native thread", String(D.tids[t.nt[i]]));
       if (t.rp[i] > 0) row("repeats", `${t.rp[i]} repeated transition(s) absorbed into this block`);
       if (t.rw[i] >= 0) row("READY while running", eventCell(t.rw[i]));
@@ -677,13 +741,55 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
     if (rule) row("rule", el("span", { class: "mono" }, rule), el("div", null, RULE_TEXT[rule] || ""));
     if (h.kind !== "marker") { row("opened by", eventCell(opened)); row("closed by", eventCell(closed)); }
     else row("event", eventCell(opened));
-    row("stack", el("span", { class: "empty" }, "not recorded (the trace carries no stacks)"));
+    // The release reason and the stacks of the events behind the block, when the trace recorded them.
+    const behind = [[opened, "opening"], [closed, "closing"]].filter(([ei]) => ei >= 0);
+    let reasonShown = null, stacksShown = 0;
+    for (const [ei, which] of behind) {
+      const r = releaseReasonOf(ei);
+      if (!r) continue;
+      row(which === "opening" ? "release reason" : "release reason (closing event)", el("span", { class: "mono" }, r.reason),
+          " ", el("span", { class: "badge " + r.prov }, r.prov), " ", PROV_TEXT[r.prov] || "");
+      if (!reasonShown) reasonShown = r;
+    }
+    for (const [ei, which] of behind) {
+      if (stackOfEvent(ei) < 0) continue;
+      row("stack at " + N.event[events.e[ei]], el("div", { class: "empty" }, `${which} event, leaf first`), stackList(ei, which));
+      stacksShown++;
+    }
+    if (!stacksShown) {
+      row("stack", el("span", { class: "empty" },
+          M.stacks ? "not recorded for the events of this block" : "not recorded (the trace carries no stacks)"));
+    }
+    card.dataset.stacks = String(stacksShown);
+    card.dataset.releaseReason = reasonShown ? reasonShown.reason : "";
+    card.dataset.releaseReasonProvenance = reasonShown ? reasonShown.prov : "";
     card.replaceChildren(el("h2", null, hitTitle(h)), el("table", null, el("tbody", null, ...rows)));
     card.hidden = false;
     selected = h;
     drawOverlay();
   }
   let selected = null;
+  // The frames of event ei's stack, leaf first; very deep stacks show their first frames and a button for the rest.
+  const STACK_SHOWN = 60;
+  function stackList(ei, which) {
+    const s = stackOfEvent(ei), a = stackOff[s], b = stackOff[s + 1];
+    const ol = el("ol", { class: "stack", "data-event": String(ei), "data-which": which });
+    const add = (from, to) => {
+      for (let k = from; k < to; k++) {
+        const f = stackFrames[k];
+        ol.appendChild(el("li", { class: "k-" + N.frame_kind[FR.k[f]] }, frameText(f)));
+      }
+    };
+    add(a, Math.min(b, a + STACK_SHOWN));
+    const box = el("div", null, ol);
+    if (a === b) box.appendChild(el("span", { class: "empty" }, "(the stack has no frames)"));
+    if (b - a > STACK_SHOWN) {
+      const more = el("button", { type: "button", class: "more" }, `show ${b - a - STACK_SHOWN} more frames`);
+      more.addEventListener("click", () => { more.remove(); add(a + STACK_SHOWN, b); });
+      box.appendChild(more);
+    }
+    return box;
+  }
 
   // ---- overlay: cursor line and selection ------------------------------------------------------------------------
   function drawOverlay() {
@@ -721,7 +827,9 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
       const tr = el("tr", { "data-event": String(i), class: i === k ? "at" : "" },
           el("td", { class: "mono" }, ms(e.t)), el("td", null, e.th >= 0 ? threadLabel(e.th) : "-"),
           el("td", { class: "mono" }, e.nt !== null ? String(e.nt) : "-"),
-          el("td", null, e.name + (x && x.count !== undefined ? ` (${x.count})` : "") + (x && x.reason ? ` (${x.reason})` : "")),
+          el("td", null, e.name + (x && x.count !== undefined ? ` (${x.count})` : "") + (x && x.reason ? ` (${x.reason})` : "") +
+              (releaseReasonOf(i) ? ` (${releaseReasonOf(i).reason})` : "") +
+              (e.name === "sample" && stackOfEvent(i) >= 0 ? " · " + leafLabel(stackOfEvent(i)) : "")),
           el("td", { class: "mono" }, e.cruby || "-"), el("td", null, e.prov));
       rows.push(tr);
     }
@@ -838,6 +946,199 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
   });
   window.addEventListener("resize", resize);
 
+  // ---- flame graph of the CPU samples ----------------------------------------------------------------------------
+  // An icicle: the selection's samples as the top row, callees below, each frame as wide as its share of the
+  // samples. Frames of one function (label and path) under one parent are merged whatever their line (the lines seen
+  // are listed on hover). Click a frame to zoom into it; click a row above it (its callers) or Reset to zoom out.
+  const flame = (function () {
+    if (!M.samples) return null;
+    $("flame").hidden = false;
+    const fnOfFrame = new Int32Array(FR.l.length), fnKey = new Map();
+    for (let f = 0; f < FR.l.length; f++) {
+      const key = FR.l[f] + "\u0000" + FR.p[f];
+      if (!fnKey.has(key)) fnKey.set(key, fnKey.size);
+      fnOfFrame[f] = fnKey.get(key);
+    }
+    // Sample counts per Ruby thread (-1: none named) and stack (-1: a sample without a stack).
+    const byThread = new Map();
+    let total = 0;
+    for (let i = 0; i < events.n; i++) {
+      if (events.e[i] !== EV.sample) continue;
+      const th = events.th[i], s = stackOfEvent(i);
+      let m = byThread.get(th);
+      if (!m) { m = new Map(); byThread.set(th, m); }
+      m.set(s, (m.get(s) || 0) + 1);
+      total++;
+    }
+    const NO_STACK = -2;
+    const mk = (fn, frame, parent) => ({ fn, frame, parent, n: 0, self: 0, kids: new Map(), sorted: null, height: 1,
+                                         line: frame >= 0 ? FR.ln[frame] : 0, lines: null });
+    let sel = "all", root = null, zoom = null, rects = [], FW = 800;
+    const selLabel = () => (sel === "all" ? "all threads" : threadLabel(sel));
+    const labelOf = (n) => (n.fn === -1 ? selLabel() : n.fn === NO_STACK ? "(no stack recorded)" : FR.l[n.frame]);
+    function build() {
+      const r = mk(-1, -1, null);
+      for (const [th, m] of byThread) {
+        if (sel !== "all" && th !== sel) continue;
+        for (const [s, c] of m) {
+          r.n += c;
+          let cur = r;
+          const from = s >= 0 ? stackOff[s + 1] - 1 : -1, to = s >= 0 ? stackOff[s] : 0;
+          if (s < 0) {
+            let child = cur.kids.get(NO_STACK);
+            if (!child) { child = mk(NO_STACK, -1, cur); cur.kids.set(NO_STACK, child); }
+            child.n += c; cur = child;
+          }
+          for (let k = from; k >= to; k--) {  // root frame first
+            const f = stackFrames[k], fn = fnOfFrame[f];
+            let child = cur.kids.get(fn);
+            if (!child) { child = mk(fn, f, cur); cur.kids.set(fn, child); }
+            else if (FR.ln[f] !== child.line) {
+              if (!child.lines) child.lines = [child.line];
+              if (child.lines.length < 8 && !child.lines.includes(FR.ln[f])) child.lines.push(FR.ln[f]);
+            }
+            child.n += c; cur = child;
+          }
+          cur.self += c;
+        }
+      }
+      // Children hot first; heights (rows below and including a node) size the canvas. Iterative: stacks are deep.
+      const order = [r];
+      for (let i = 0; i < order.length; i++) {
+        const n = order[i];
+        n.sorted = [...n.kids.values()].sort((a, b) => b.n - a.n || (labelOf(a) < labelOf(b) ? -1 : 1));
+        for (const k of n.sorted) order.push(k);
+      }
+      for (let i = order.length - 1; i > 0; i--) { const n = order[i]; n.parent.height = Math.max(n.parent.height, n.height + 1); }
+      return r;
+    }
+    function color(n) {
+      if (n.fn < 0) return "#c9ced6";
+      const kind = N.frame_kind[FR.k[n.frame]], label = FR.l[n.frame];
+      let h = 0;
+      for (let i = 0; i < label.length; i++) h = (h * 31 + label.charCodeAt(i)) | 0;
+      const r = ((h >>> 0) % 997) / 997;
+      if (kind === "cfunc") return `hsl(${Math.round(185 + r * 35)}, 45%, ${Math.round(64 + r * 10)}%)`;
+      if (kind === "gc") return "hsl(280, 40%, 66%)";
+      if (kind === "unresolved") return "#bdbdbd";
+      return `hsl(${Math.round(8 + r * 40)}, ${Math.round(72 + r * 15)}%, ${Math.round(58 + r * 8)}%)`;
+    }
+    const fcanvas = $("flame-canvas"), fplot = $("flame-plot"), ftip = $("flame-tip"), fctx = fcanvas.getContext("2d");
+    const ROW = 18, MIN_W = 0.35;  // px: frames narrower than this are not drawn (nor their callees)
+    const chainOf = (n) => { const c = []; for (let x = n; x; x = x.parent) c.unshift(x); return c; };
+    function draw() {
+      const dpr = window.devicePixelRatio || 1;
+      FW = Math.max(200, Math.floor(fplot.clientWidth));
+      const chain = chainOf(zoom), H = (chain.length - 1 + zoom.height) * ROW;
+      fcanvas.width = Math.floor(FW * dpr); fcanvas.height = Math.floor(H * dpr);
+      fcanvas.style.width = FW + "px"; fcanvas.style.height = H + "px";
+      fctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      fctx.clearRect(0, 0, FW, H);
+      fctx.font = "11px system-ui, sans-serif"; fctx.textBaseline = "middle";
+      rects = [];
+      const box = (n, x0, x1, row, caller) => {
+        const y = row * ROW, w = x1 - x0;
+        fctx.globalAlpha = caller ? 0.5 : 1;
+        fctx.fillStyle = color(n);
+        fctx.fillRect(x0, y, w > 2 ? w - 1 : Math.max(w, 0.5), ROW - 1);
+        fctx.globalAlpha = 1;
+        if (w > 30) {
+          fctx.save(); fctx.beginPath(); fctx.rect(x0, y, w - 1, ROW); fctx.clip();
+          fctx.fillStyle = "#1d232b";
+          fctx.fillText(n.fn === -1 ? `${labelOf(n)} (${n.n} samples)` : labelOf(n), x0 + 3, y + ROW / 2);
+          fctx.restore();
+        }
+        rects.push({ x0, x1, row, node: n, caller });
+      };
+      for (let d = 0; d < chain.length - 1; d++) box(chain[d], 0, FW, d, true);
+      const scale = FW / zoom.n;
+      // Explicit stack instead of recursion: Ruby stacks can be hundreds of frames deep.
+      const todo = [[zoom, 0, chain.length - 1]];
+      while (todo.length) {
+        const [n, x0, row] = todo.pop();
+        box(n, x0, x0 + n.n * scale, row, false);
+        let x = x0;
+        for (const k of n.sorted) {
+          const w = k.n * scale;
+          if (w < MIN_W) break;  // hot first: the rest are narrower still
+          todo.push([k, x, row + 1]);
+          x += w;
+        }
+      }
+      const sec = $("flame");
+      sec.dataset.thread = String(sel); sec.dataset.zoom = labelOf(zoom); sec.dataset.total = String(root.n);
+      sec.dataset.zoomSamples = String(zoom.n);
+      $("flame-path").textContent = chain.length > 1 ? "zoomed: " + chain.map(labelOf).join(" › ") : "";
+      $("flame-info").textContent = `${root.n} CPU samples of ${selLabel()}` +
+          (M.sample_hz ? ` at ${M.sample_hz} Hz (≈ ${dur(root.n * 1e9 / M.sample_hz)} on CPU)` : "") +
+          " · click a frame to zoom, hover for counts";
+    }
+    const pct = (a, b) => { const p = b > 0 ? 100 * a / b : 0; return p.toFixed(p > 0 && p < 1 ? 2 : 1) + "%"; };
+    function describe(n) {
+      const lines = [labelOf(n)];
+      if (n.frame >= 0) {
+        const path = PATHS[FR.p[n.frame]] || "";
+        const ls = (n.lines || [n.line]).filter((l) => l > 0);
+        if (path || ls.length) lines.push(path + (ls.length ? ":" + ls.join(", ") : ""));
+      }
+      let share = `${n.n} samples · ${pct(n.n, root.n)} of ${selLabel()}`;
+      if (zoom !== root && n !== zoom && zoom.n > 0 && chainOf(n).includes(zoom)) share += ` · ${pct(n.n, zoom.n)} of the zoomed frame`;
+      lines.push(share);
+      if (n.fn !== -1) lines.push(`self ${n.self} samples (${pct(n.self, root.n)})`);
+      if (M.sample_hz) lines.push(`≈ ${dur(n.n * 1e9 / M.sample_hz)} on CPU`);
+      return lines.join("\n");
+    }
+    function hitAt(ev) {
+      const r = fcanvas.getBoundingClientRect(), x = ev.clientX - r.left, y = ev.clientY - r.top, row = Math.floor(y / ROW);
+      for (let i = rects.length - 1; i >= 0; i--) {
+        const q = rects[i];
+        if (q.row === row && x >= q.x0 && x < Math.max(q.x1, q.x0 + 1)) return q;
+      }
+      return null;
+    }
+    function zoomTo(n) { zoom = n; ftip.hidden = true; draw(); }
+    function select(v) {
+      sel = v === "all" ? "all" : Number(v);
+      $("flame-thread").value = String(sel);
+      root = build(); zoom = root; draw();
+    }
+    fcanvas.addEventListener("mousemove", (ev) => {
+      const q = hitAt(ev);
+      if (!q) { ftip.hidden = true; return; }
+      ftip.textContent = describe(q.node);
+      ftip.dataset.samples = String(q.node.n);
+      ftip.dataset.label = labelOf(q.node);
+      ftip.hidden = false;
+      const r = fcanvas.getBoundingClientRect(), px = ev.clientX - r.left, py = ev.clientY - r.top;
+      ftip.style.left = (px + 14 + ftip.offsetWidth > FW ? Math.max(0, px - 14 - ftip.offsetWidth) : px + 14) + "px";
+      ftip.style.top = (py + 14) + "px";
+    });
+    fcanvas.addEventListener("mouseleave", () => { ftip.hidden = true; });
+    fcanvas.addEventListener("click", (ev) => { const q = hitAt(ev); if (q) zoomTo(q.node); });
+    $("flame-reset").addEventListener("click", () => zoomTo(root));
+    const opts = [el("option", { value: "all" }, `all threads (${total} samples)`)];
+    for (const t of threads) {
+      const m = byThread.get(t.id);
+      if (!m) continue;
+      let c = 0;
+      for (const v of m.values()) c += v;
+      opts.push(el("option", { value: String(t.id) }, `${t.label} (${c} samples)`));
+    }
+    $("flame-thread").replaceChildren(...opts);
+    $("flame-thread").addEventListener("change", (ev) => select(ev.target.value));
+    root = build(); zoom = root;
+    return {
+      draw, select, zoomTo,
+      // Test hooks: the drawn frames, in canvas coordinates ({x0, x1, row, label, path, samples, self, caller}).
+      rects: () => rects.map((q) => ({ x0: q.x0, x1: q.x1, row: q.row, label: labelOf(q.node), caller: q.caller,
+                                       path: q.node.frame >= 0 ? PATHS[FR.p[q.node.frame]] : "", samples: q.node.n,
+                                       self: q.node.self })),
+      state: () => ({ thread: sel, zoom: labelOf(zoom), zoomSamples: zoom.n, total: root.n, width: FW, rowHeight: ROW }),
+      canvasRect: () => { const r = fcanvas.getBoundingClientRect(); return { x: r.left, y: r.top, width: r.width, height: r.height }; },
+    };
+  })();
+  window.addEventListener("resize", () => { if (flame) flame.draw(); });
+
   // ---- hooks for tests -------------------------------------------------------------------------------------------
   window.rvReport = {
     data: { threads, owner, gc, unknown, natives, markers, events, names: N, meta: M, tids: D.tids },
@@ -853,11 +1154,15 @@ inline constexpr std::string_view kReportTemplate = R"rvhtml(<!DOCTYPE html>
     eventName: (i) => (i >= 0 ? N.event[events.e[i]] : null),
     crubyName: (i) => (i >= 0 ? N.cruby[events.e[i]] : null),
     drawNow: () => { drawPending = false; draw(); },
+    flame,
+    stackOf: (i) => { const s = stackOfEvent(i); return s < 0 ? null : Array.from(stackFrames.subarray(stackOff[s], stackOff[s + 1]), frameText); },
+    releaseReason: releaseReasonOf,
   };
 
   resize();
   setView(T0, T1);
   draw();
+  if (flame) flame.draw();
   updateEventList(T0);
   window.rvReportLoadMs = performance.now() - loadStart;
   document.body.dataset.ready = "1";

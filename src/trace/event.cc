@@ -30,6 +30,7 @@ constexpr std::array<EventNameRow, kEventNameCount> kEventNames = {{
     {EventName::kTracingStopped, "tracing_stopped", ""},
     {EventName::kTracingPaused, "tracing_paused", ""},
     {EventName::kTracingResumed, "tracing_resumed", ""},
+    {EventName::kSample, "sample", ""},
 }};
 
 constexpr bool TableInOrder() {
@@ -76,7 +77,8 @@ std::optional<Provenance> ParseProvenance(std::string_view name) {
 }
 
 std::string_view InternSource(std::string_view source) {
-  for (std::string_view known : {kSourceThreadHookSite, kSourceGcHookSite, kSourceProbe, kSourceDaemon}) {
+  for (std::string_view known :
+       {kSourceThreadHookSite, kSourceGcHookSite, kSourceProbe, kSourceDaemon, kSourcePerfEvent}) {
     if (source == known) return known;
   }
   // Leaked on purpose: events anywhere in the process may hold views into it. std::set nodes never move.

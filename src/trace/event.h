@@ -33,6 +33,7 @@ enum class EventName : uint8_t {
   kTracingStopped,
   kTracingPaused,
   kTracingResumed,
+  kSample,          // on-CPU stack sample (perf_event), or a GC pseudo-sample; no CRuby constant
   kCount,
 };
 inline constexpr size_t kEventNameCount = static_cast<size_t>(EventName::kCount);
@@ -49,6 +50,7 @@ inline constexpr std::string_view kSourceThreadHookSite = "thread_hook_site";
 inline constexpr std::string_view kSourceGcHookSite = "gc_hook_site";
 inline constexpr std::string_view kSourceProbe = "probe";
 inline constexpr std::string_view kSourceDaemon = "daemon";
+inline constexpr std::string_view kSourcePerfEvent = "perf_event";  // timer-driven CPU samples
 
 struct TraceEvent {
   uint64_t t_ns = 0;                     // ns since the header's origin_ns (CLOCK_MONOTONIC)
@@ -60,7 +62,12 @@ struct TraceEvent {
   Provenance provenance = Provenance::kObserved;
   std::string_view source = kSourceDaemon;  // channel; must outlive the event (static or InternSource())
   uint64_t count = 0;                    // events_dropped only: events lost since the previous events_dropped
-  std::string reason;                    // tracing_paused / tracing_resumed / tracing_stopped only; empty = absent
+  // tracing_paused / tracing_resumed / tracing_stopped, and gvl_released (the release-reason vocabulary in
+  // docs/rvtrace.md: "sleep", "io", ...). Empty = absent. Every release reason fits the small-string buffer except
+  // "condition_variable", so the per-event cost stays a copy, not an allocation, in the common case.
+  std::string reason;
+  Provenance reason_provenance = Provenance::kObserved;  // gvl_released only: how `reason` was obtained
+  std::optional<uint32_t> stack;         // id of a stack dictionary line (trace/stacks.h) written before this event
   double overhead_pct = -1;              // tracing_paused / tracing_resumed only; negative = absent (percent)
 };
 

@@ -75,7 +75,18 @@ void PrintInspect(const TraceFile& trace, std::ostream& out) {
         << Pad(OptionalNumber(e.native_tid), kNativeWidth) << Pad(EventNameString(e.event), kEventWidth)
         << Pad(CrubyLabel(e.event), kCrubyWidth) << (e.source.empty() ? std::string_view("-") : e.source);
     if (e.event == EventName::kEventsDropped) out << "  count=" << e.count;
-    if (!e.reason.empty()) out << "  reason=" << e.reason;
+    if (!e.reason.empty()) {
+      out << "  reason=" << e.reason;
+      if (e.event == EventName::kGvlReleased) out << " (" << ProvenanceString(e.reason_provenance) << ')';
+    }
+    if (e.stack) {
+      // The leaf frame is what a reader scanning the table wants; the full stack is in the dictionary line.
+      out << "  stack=" << *e.stack;
+      const std::vector<uint32_t>* frames = trace.Stack(*e.stack);
+      if (frames != nullptr && !frames->empty()) {
+        if (const FrameInfo* leaf = trace.Frame(frames->front()); leaf != nullptr) out << " at " << leaf->label;
+      }
+    }
     if (e.overhead_pct >= 0) out << "  overhead=" << e.overhead_pct << "%";
     out << '\n';
   }
@@ -118,6 +129,11 @@ void PrintStats(const TraceFile& trace, std::ostream& out) {
     if (counts[i] == 0) continue;
     out << "  " << Pad(EventNameString(static_cast<EventName>(i)), 18) << counts[i] << '\n';
   }
+  uint64_t with_stack = 0;
+  for (const TraceEvent& e : trace.events) with_stack += e.stack ? 1 : 0;
+  out << "samples: " << counts[static_cast<size_t>(EventName::kSample)] << '\n';
+  out << "stacks: " << trace.stacks.size() << " distinct (" << trace.frames.size() << " frames), on "
+      << with_stack << " events\n";
   out << "events dropped: " << dropped << " (in " << drop_records << " events_dropped records)\n";
   if (trace.summary) {
     out << "ring buffer high-water mark: " << trace.summary->ring_high_water_bytes << " bytes\n";

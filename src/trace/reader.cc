@@ -85,6 +85,8 @@ TraceHeader ParseHeader(const json& obj) {
   h.main_thread = GetOptionalUint32(obj, "main_thread");
   h.command = GetStringArray(obj, "command");
   h.build_id = GetString(obj, "build_id", "");
+  if (auto hz = GetOptionalUint32(obj, "sample_hz"); hz && *hz > 0) h.sample_hz = hz;
+  h.stacks = GetString(obj, "stacks", "");
   return h;
 }
 
@@ -115,6 +117,13 @@ std::optional<TraceEvent> ParseEvent(const json& obj) {
   e.provenance = *p;
   if (e.event == EventName::kEventsDropped) e.count = GetUint64(obj, "count");
   e.reason = GetString(obj, "reason", "");
+  if (auto rp = obj.find("reason_provenance"); rp != obj.end() && !rp->is_null()) {
+    if (!rp->is_string()) throw LineError{"\"reason_provenance\" must be a string"};
+    std::optional<Provenance> p = ParseProvenance(rp->get_ref<const std::string&>());
+    if (!p) throw LineError{"unknown reason_provenance \"" + rp->get<std::string>() + "\""};
+    e.reason_provenance = *p;
+  }
+  e.stack = GetOptionalUint32(obj, "stack");
   e.overhead_pct = GetDouble(obj, "overhead_pct", -1);
   return e;
 }
@@ -143,6 +152,8 @@ TraceSummary ParseSummary(const json& obj, bool* threads_valid) {
   s.drop_records = uint_or_zero("drop_records");
   s.ring_high_water_bytes = uint_or_zero("ring_high_water_bytes");
   s.late_events = uint_or_zero("late_events");
+  s.frames = uint_or_zero("frames");
+  s.stacks = uint_or_zero("stacks");
   if (auto it = obj.find("duration_ms"); it != obj.end() && it->is_number()) s.duration_ms = it->get<double>();
   *threads_valid = false;
   if (auto it = obj.find("threads"); it != obj.end() && it->is_array()) {
@@ -169,7 +180,59 @@ TraceSummary ParseSummary(const json& obj, bool* threads_valid) {
   return s;
 }
 
+FrameInfo ParseFrame(const json& obj, uint32_t* id) {
+  if (!obj.is_object()) throw LineError{"\"frame\" must be an object"};
+  const uint64_t raw_id = GetUint64(obj, "id");
+  if (raw_id > UINT32_MAX) throw LineError{"frame \"id\" out of range"};
+  *id = static_cast<uint32_t>(raw_id);
+  FrameInfo f;
+  f.label = GetString(obj, "label", "");
+  f.path = GetString(obj, "path", "");
+  if (auto l = obj.find("line"); l != obj.end() && !l->is_null()) {
+    if (!l->is_number_integer()) throw LineError{"frame \"line\" must be an integer"};
+    f.line = static_cast<int32_t>(l->get<int64_t>());
+  }
+  const std::string kind = GetString(obj, "kind", "ruby");
+  std::optional<FrameKind> k = ParseFrameKind(kind);
+  // A newer recorder's frame kind still has a label worth showing.
+  f.kind = k ? *k : FrameKind::kUnresolved;
+  return f;
+}
+
+std::vector<uint32_t> ParseStack(const json& obj, const TraceFile& file, uint32_t* id) {
+  if (!obj.is_object()) throw LineError{"\"stack\" must be an object"};
+  const uint64_t raw_id = GetUint64(obj, "id");
+  if (raw_id > UINT32_MAX) throw LineError{"stack \"id\" out of range"};
+  *id = static_cast<uint32_t>(raw_id);
+  auto it = obj.find("frames");
+  if (it == obj.end() || !it->is_array()) throw LineError{"stack \"frames\" must be an array of frame ids"};
+  std::vector<uint32_t> ids;
+  ids.reserve(it->size());
+  for (const json& v : *it) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > UINT32_MAX) {
+      throw LineError{"stack \"frames\" must be an array of frame ids"};
+    }
+    const auto fid = v.get<uint32_t>();
+    if (!file.frames.contains(fid)) {
+      throw LineError{"stack " + std::to_string(*id) + " uses frame " + std::to_string(fid) +
+                      " before its frame line"};
+    }
+    ids.push_back(fid);
+  }
+  return ids;
+}
+
 }  // namespace
+
+const std::vector<uint32_t>* TraceFile::Stack(uint32_t id) const {
+  auto it = stacks.find(id);
+  return it == stacks.end() ? nullptr : &it->second;
+}
+
+const FrameInfo* TraceFile::Frame(uint32_t id) const {
+  auto it = frames.find(id);
+  return it == frames.end() ? nullptr : &it->second;
+}
 
 bool TraceFile::IsMain(std::optional<uint32_t> ruby_thread) const {
   if (!ruby_thread) return false;
@@ -217,6 +280,9 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
           ++file.unknown_event_lines;
           continue;
         }
+        if (event->stack && !file.stacks.contains(*event->stack)) {
+          return bad("event uses stack " + std::to_string(*event->stack) + " before its stack line");
+        }
         if (have_prev_event && event->t_ns < prev_t_ns) ++file.out_of_order_events;
         prev_t_ns = event->t_ns;
         have_prev_event = true;
@@ -227,6 +293,16 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
         tl.ruby_thread = static_cast<uint32_t>(GetUint64(*th, "ruby_thread"));
         if (auto m = th->find("main"); m != th->end() && m->is_boolean()) tl.main = m->get<bool>();
         file.threads.push_back(tl);
+      } else if (auto fr = obj.find("frame"); fr != obj.end()) {
+        uint32_t id = 0;
+        FrameInfo f = ParseFrame(*fr, &id);
+        auto [it, inserted] = file.frames.try_emplace(id, f);
+        if (!inserted && !(it->second == f)) return bad("frame " + std::to_string(id) + " defined twice, differently");
+      } else if (auto st = obj.find("stack"); st != obj.end() && st->is_object()) {
+        uint32_t id = 0;
+        std::vector<uint32_t> ids = ParseStack(*st, file, &id);
+        auto [it, inserted] = file.stacks.try_emplace(id, ids);
+        if (!inserted && it->second != ids) return bad("stack " + std::to_string(id) + " defined twice, differently");
       } else if (auto s = obj.find("summary"); s != obj.end()) {
         file.summary = ParseSummary(*s, &file.summary_has_threads);
       } else if (obj.contains("rvtrace")) {

@@ -8,10 +8,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/error.h"
 #include "trace/event.h"
+#include "trace/stacks.h"
 #include "trace/summary.h"
 #include "trace/writer.h"
 
@@ -25,7 +27,11 @@ struct ThreadLine {
 struct TraceFile {
   TraceHeader header;                 // started_at is kept as written; missing optional keys keep their defaults
   std::vector<ThreadLine> threads;    // in file order
-  std::vector<TraceEvent> events;     // in file order; sources are interned (InternSource)
+  std::vector<TraceEvent> events;     // in file order (samples included); sources are interned (InternSource)
+  // Dictionaries by id. Every id an event or stack uses is defined here: the reader rejects a use before its
+  // definition (the writer always emits the dictionary line first, so only a corrupt file has one).
+  std::unordered_map<uint32_t, FrameInfo> frames;
+  std::unordered_map<uint32_t, std::vector<uint32_t>> stacks;  // frame ids, leaf first
   std::optional<TraceSummary> summary;  // absent when the recording did not finish
   bool summary_has_threads = false;     // the summary carried a per-thread list of the documented shape
   // A last line without its '\n' was cut while being written: it is not parsed, only reported.
@@ -36,6 +42,9 @@ struct TraceFile {
   size_t out_of_order_events = 0;     // events whose t_ns is below the previous event's
 
   bool IsMain(std::optional<uint32_t> ruby_thread) const;
+  // The frames of stack `id`, leaf first; nullptr when the id is not defined.
+  const std::vector<uint32_t>* Stack(uint32_t id) const;
+  const FrameInfo* Frame(uint32_t id) const;
 };
 
 class TraceReader {

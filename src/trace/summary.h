@@ -29,6 +29,8 @@ struct TraceSummary {
   std::vector<ThreadSummary> threads;   // sorted by ruby_thread
   double duration_ms = 0;               // origin to tracing_stopped, milliseconds
   uint64_t late_events = 0;             // events that reached the reorder window after newer ones were written
+  uint64_t frames = 0;                  // frame dictionary lines written (0 in traces without stacks)
+  uint64_t stacks = 0;                  // stack dictionary lines written
 
   uint64_t count(EventName event) const { return event_counts[static_cast<size_t>(event)]; }
 };

@@ -67,6 +67,7 @@ TraceWriter::TraceWriter(TraceWriter&& other) noexcept
       buffer_(std::move(other.buffer_)),
       last_timed_flush_(other.last_timed_flush_),
       accounting_(std::move(other.accounting_)),
+      stacks_(std::move(other.stacks_)),
       counts_(other.counts_),
       events_written_(other.events_written_),
       dropped_total_(other.dropped_total_),
@@ -86,6 +87,7 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
     buffer_ = std::move(other.buffer_);
     last_timed_flush_ = other.last_timed_flush_;
     accounting_ = std::move(other.accounting_);
+    stacks_ = std::move(other.stacks_);
     counts_ = other.counts_;
     events_written_ = other.events_written_;
     dropped_total_ = other.dropped_total_;
@@ -176,6 +178,14 @@ void TraceWriter::AppendHeader(const TraceHeader& header) {
     b.append(",\"build_id\":");
     AppendJsonString(&b, header.build_id);
   }
+  if (header.sample_hz) {
+    b.append(",\"sample_hz\":");
+    AppendUint(&b, *header.sample_hz);
+  }
+  if (!header.stacks.empty()) {
+    b.append(",\"stacks\":");
+    AppendJsonString(&b, header.stacks);
+  }
   b.append("}\n");
 }
 
@@ -220,6 +230,15 @@ void TraceWriter::AppendEvent(const TraceEvent& event) {
   if (!event.reason.empty()) {
     b.append(",\"reason\":");
     AppendJsonString(&b, event.reason);
+    if (event.event == EventName::kGvlReleased) {
+      b.append(",\"reason_provenance\":\"");
+      b.append(ProvenanceString(event.reason_provenance));
+      b.push_back('"');
+    }
+  }
+  if (event.stack) {
+    b.append(",\"stack\":");
+    AppendUint(&b, *event.stack);
   }
   if (event.overhead_pct >= 0) {
     b.append(",\"overhead_pct\":");
@@ -237,9 +256,52 @@ Status TraceWriter::Write(const TraceEvent& event) {
   if (finished_ || fd_ < 0) {
     return Error(ErrorCode::kInternal, "writing trace event to " + path_ + ": the writer is already finished");
   }
+  if (event.stack && stacks_.stack(*event.stack) == nullptr) {
+    return Error(ErrorCode::kInternal, "writing trace event to " + path_ + ": stack " +
+                                           std::to_string(*event.stack) + " was never interned");
+  }
   AppendEvent(event);
   if (buffer_.size() >= kFlushBytes) return Flush();
   return Status::Ok();
+}
+
+uint32_t TraceWriter::InternFrame(const FrameInfo& frame) {
+  const InternResult r = stacks_.InternFrame(frame);
+  if (r.is_new) AppendFrameLine(r.id, frame);
+  return r.id;
+}
+
+uint32_t TraceWriter::InternStack(std::span<const uint32_t> frame_ids) {
+  const InternResult r = stacks_.InternStack(frame_ids);
+  if (r.is_new) AppendStackLine(r.id, frame_ids);
+  return r.id;
+}
+
+void TraceWriter::AppendFrameLine(uint32_t id, const FrameInfo& frame) {
+  std::string& b = buffer_;
+  b.append("{\"frame\":{\"id\":");
+  AppendUint(&b, id);
+  b.append(",\"label\":");
+  AppendJsonString(&b, frame.label);
+  b.append(",\"path\":");
+  AppendJsonString(&b, frame.path);
+  b.append(",\"line\":");
+  b.append(std::to_string(frame.line));
+  b.append(",\"kind\":\"");
+  b.append(FrameKindString(frame.kind));
+  b.append("\"}}\n");
+}
+
+void TraceWriter::AppendStackLine(uint32_t id, std::span<const uint32_t> frame_ids) {
+  std::string& b = buffer_;
+  b.append("{\"stack\":{\"id\":");
+  AppendUint(&b, id);
+  b.append(",\"frames\":[");
+  for (size_t i = 0; i < frame_ids.size(); ++i) {
+    if (i > 0) b.push_back(',');
+    AppendUint(&b, frame_ids[i]);
+  }
+  b.append("]}}\n");
 }
 
 Status TraceWriter::MaybeFlush(std::chrono::steady_clock::time_point now) {
@@ -267,6 +329,8 @@ TraceSummary TraceWriter::CurrentSummary(uint64_t end_t_ns) const {
   summary.drop_records = counts_[static_cast<size_t>(EventName::kEventsDropped)];
   summary.threads = accounting_.Summarize(end_t_ns);
   summary.duration_ms = static_cast<double>(end_t_ns) / 1e6;
+  summary.frames = stacks_.frame_count();
+  summary.stacks = stacks_.stack_count();
   return summary;
 }
 
@@ -309,6 +373,12 @@ void TraceWriter::AppendSummary(const TraceSummary& summary) {
   AppendFixed(&b, summary.duration_ms, 6);
   b.append(",\"late_events\":");
   AppendUint(&b, summary.late_events);
+  if (summary.frames > 0 || summary.stacks > 0) {
+    b.append(",\"frames\":");
+    AppendUint(&b, summary.frames);
+    b.append(",\"stacks\":");
+    AppendUint(&b, summary.stacks);
+  }
   b.append("}}\n");
 }
 

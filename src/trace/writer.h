@@ -11,11 +11,13 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "trace/event.h"
+#include "trace/stacks.h"
 #include "trace/summary.h"
 
 namespace rvbpfd {
@@ -34,6 +36,11 @@ struct TraceHeader {
   std::optional<uint32_t> main_thread = 1;  // serial of the main Ruby thread (0 on 3.2, 1 on 3.3+)
   std::vector<std::string> command;      // launch mode only; written only when non-empty
   std::string build_id;                  // hex GNU build-id of the VM binary; written only when non-empty
+  // perf_event CPU sampling frequency in Hz (samples per second per thread on CPU); written only when sampling was
+  // on. Exporters weigh each sample as 1e9 / sample_hz ns of CPU time.
+  std::optional<uint32_t> sample_hz;
+  // Stack capture mode ("release", "release+wants", "off"); written only when non-empty.
+  std::string stacks;
 };
 
 // What only the caller knows at the end of a recording.
@@ -66,8 +73,17 @@ class TraceWriter {
   ~TraceWriter();
 
   // Appends one event line (preceded by a thread line the first time a Ruby thread appears). Fails only when a
-  // flush it triggers fails (kIo, e.g. disk full).
+  // flush it triggers fails (kIo, e.g. disk full), or with kInternal when event.stack names a stack this writer
+  // never interned (the line would be unreadable).
   Status Write(const TraceEvent& event);
+
+  // Returns the id of `frame`, appending its {"frame":...} dictionary line the first time it is seen. The line goes
+  // into the same buffer as events, so it reaches the file before any stack or event that uses the id.
+  uint32_t InternFrame(const FrameInfo& frame);
+  // Returns the id of the stack made of `frame_ids` (leaf first, ids from InternFrame), appending its
+  // {"stack":...} dictionary line the first time it is seen. Set TraceEvent::stack to the id.
+  uint32_t InternStack(std::span<const uint32_t> frame_ids);
+  const StackTable& stack_table() const { return stacks_; }
   // Flushes when kFlushInterval has passed since the last timed flush. Calling it at least every 100 ms bounds how
   // long a line can sit in memory (what a crash loses and a follower of the file waits for) to about 200 ms.
   Status MaybeFlush(std::chrono::steady_clock::time_point now);
@@ -88,6 +104,8 @@ class TraceWriter {
   void AppendHeader(const TraceHeader& header);
   void AppendEvent(const TraceEvent& event);
   void AppendSummary(const TraceSummary& summary);
+  void AppendFrameLine(uint32_t id, const FrameInfo& frame);
+  void AppendStackLine(uint32_t id, std::span<const uint32_t> frame_ids);
   void Close();
 
   std::string path_;
@@ -97,6 +115,7 @@ class TraceWriter {
   std::string buffer_;  // whole lines not yet written
   std::chrono::steady_clock::time_point last_timed_flush_;  // last flush done by MaybeFlush (or Create)
   ThreadAccounting accounting_;
+  StackTable stacks_;
   std::array<uint64_t, kEventNameCount> counts_{};
   uint64_t events_written_ = 0;
   uint64_t dropped_total_ = 0;

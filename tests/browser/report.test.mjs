@@ -248,6 +248,87 @@ test("zooming and panning change the visible range; hover shows timestamps and m
   assert.ok(Number(second) > Number(first), `event list follows the cursor: ${first} -> ${second}`);
 });
 
+// The trace's stack dictionaries, event stacks (in the model's order: stably sorted by t_ns) and samples, read from
+// the file independently of rvbpfd.
+function stacksOf(trace) {
+  const frames = new Map(), stacks = new Map(), events = [];
+  for (const line of readFileSync(trace, "utf8").split("\n")) {
+    if (!line) continue;
+    const o = JSON.parse(line);
+    if (o.frame) frames.set(o.frame.id, o.frame);
+    else if (o.stack && typeof o.stack === "object") stacks.set(o.stack.id, o.stack.frames);
+    else if (o.t_ns !== undefined) events.push(o);
+  }
+  events.sort((a, b) => a.t_ns - b.t_ns);  // Array.prototype.sort is stable
+  const text = (f) => f.label + (f.path ? ` (${f.path}${f.line > 0 ? ":" + f.line : ""})` : f.line > 0 ? ` (line ${f.line})` : "");
+  const stackText = (id) => stacks.get(id).map((f) => text(frames.get(f)));
+  return { frames, stacks, events, stackText };
+}
+
+test("a recorded trace's stacks: a released block's card lists its stack, the flame graph its samples", async (t) => {
+  const meta = await page.evaluate(() => window.rvReport.data.meta);
+  if (!meta.stacks) { t.skip("the trace has no stacks (recorded with --stacks=off?)"); return; }
+  const st = stacksOf(tracePath);
+  // The widest released block whose gvl_released has a stack with frames. Main's Thread#join releases always have
+  // one; the workers' only sometimes (they may run to completion without a timeslice switch).
+  const pick = await page.evaluate(() => {
+    const R = window.rvReport, d = R.data;
+    let best = null;
+    for (const t of d.threads) {
+      for (let i = 0; i < t.n; i++) {
+        const o = t.o[i];
+        if (o < 0 || R.eventName(o) !== "gvl_released" || !R.stackOf(o) || R.stackOf(o).length === 0) continue;
+        if (!best || t.e[i] - t.s[i] > best.w) best = { lane: "thread-" + t.id, i, o, w: t.e[i] - t.s[i] };
+      }
+    }
+    return best;
+  });
+  assert.ok(pick, "a released block with a stack");
+  const ev = st.events[pick.o];
+  assert.equal(ev.event, "gvl_released");
+  assert.ok(ev.stack !== undefined, JSON.stringify(ev));
+  const card = await clickBlock(pick.lane, "block", pick.i);
+  assert.equal(card.crubyEvent, SUSPENDED);
+  assert.ok(Number(card.stacks) >= 1);
+  const shown = await page.$$eval('#card ol.stack[data-which="opening"] li', (lis) => lis.map((li) => li.textContent));
+  assert.deepEqual(shown, st.stackText(ev.stack).slice(0, 60));
+  if (ev.reason) {
+    assert.equal(card.releaseReason, ev.reason);
+    assert.equal(card.releaseReasonProvenance, ev.reason_provenance);
+  }
+
+  const samples = st.events.filter((e) => e.event === "sample");
+  assert.equal(meta.samples, samples.length);
+  if (samples.length === 0) return;
+  assert.equal(await page.$eval("#flame", (f) => f.hidden), false);
+  const flame = await page.evaluate(() => window.rvReport.flame.state());
+  assert.equal(flame.total, samples.length);
+  // Where the samples are, by leaf function: when one holds most of them, it is the widest frame doing work.
+  const leaf = new Map();
+  for (const e of samples) {
+    if (e.stack === undefined || st.stacks.get(e.stack).length === 0) continue;
+    const f = st.frames.get(st.stacks.get(e.stack)[0]);
+    leaf.set(f.label, (leaf.get(f.label) || 0) + 1);
+  }
+  const rects = await page.evaluate(() => window.rvReport.flame.rects().filter((r) => !r.caller));
+  const [topLabel, topCount] = [...leaf].sort((a, b) => b[1] - a[1])[0] || [null, 0];
+  if (topCount > samples.length / 2) {
+    // Real frames only: the root (the thread selector's row) and pseudo frames have no path, and the root holds the
+    // samples taken while a thread had no Ruby frame as its own "self".
+    const widest = rects.filter((r) => r.self > 0 && r.path !== "").sort((a, b) => (b.x1 - b.x0) - (a.x1 - a.x0))[0];
+    assert.equal(widest.label, topLabel);
+  }
+  // When every sample is at least a pixel wide, every frame is drawn: the samples ending in each function add up.
+  if (samples.length <= flame.width) {
+    const self = new Map();
+    for (const r of rects) if (r.self > 0 && r.path !== "") self.set(r.label, (self.get(r.label) || 0) + r.self);
+    for (const [label, n] of leaf) {
+      if (st.frames.size && [...st.frames.values()].some((f) => f.label === label && f.path === "")) continue;  // pseudo frames
+      assert.equal(self.get(label), n, `samples ending in ${label}`);
+    }
+  }
+});
+
 test("screenshot for CI", async () => {
   await page.click("#zoom-fit");
   const picks = await page.evaluate(() => {

@@ -217,6 +217,8 @@ class Trace:
         self.threads = {}       # ruby_thread -> thread object
         self.thread_line_index = {}  # ruby_thread -> index in file of its thread line
         self.events = []
+        self.frames = {}        # frame id -> frame object (dictionary lines, docs/rvtrace.md "Frames and stacks")
+        self.stacks = {}        # stack id -> [frame id, ...], leaf first
         self.summary = None
         self.problems = []      # format problems found while reading
         self.lines = 0
@@ -259,7 +261,19 @@ class Trace:
                 continue
             if "event" in obj:
                 obj["_line"] = i
+                if "stack" in obj and obj["stack"] not in self.stacks:
+                    self.problems.append(f"line {i + 1}: stack {obj['stack']} used before its definition")
                 self.events.append(obj)
+                continue
+            if "frame" in obj and isinstance(obj["frame"], dict):
+                self.frames[obj["frame"].get("id")] = obj["frame"]
+                continue
+            if "stack" in obj and isinstance(obj["stack"], dict):
+                st = obj["stack"]
+                missing = [f for f in st.get("frames", []) if f not in self.frames]
+                if missing:
+                    self.problems.append(f"line {i + 1}: stack {st.get('id')} uses undefined frames {missing[:5]}")
+                self.stacks[st.get("id")] = st.get("frames", [])
                 continue
             self.problems.append(f"line {i + 1}: unknown line kind: {line[:200]}")
         if self.header is None or self.header.get("rvtrace") != 1:
@@ -275,6 +289,15 @@ class Trace:
         for e in self.events:
             t = e.get("t_ns")
             e["abs"] = self.origin + t if isinstance(t, int) else None
+
+    def stack_frames(self, e):
+        """The frame objects of event e's stack, leaf first ([] when it has none)."""
+        if "stack" not in e:
+            return []
+        return [self.frames[f] for f in self.stacks.get(e["stack"], [])]
+
+    def stack_labels(self, e):
+        return [f.get("label") for f in self.stack_frames(e)]
 
     @property
     def recorder(self):

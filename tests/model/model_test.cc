@@ -115,6 +115,44 @@ TEST(ModelTimeslice, PreemptedWithoutReadyIsReleasedNotWaiting) {
 }
 
 // The seed's 3.2 sleep: thread_sched_to_waiting and native_sleep both report SUSPENDED.
+TEST(ModelStackReasons, ReasonFromTheReleasedStackLabelsTheBlockAndBeatsAProbe) {
+  EventSeq s;
+  s.Add(0, EventName::kGvlAcquired, kT2, 11);
+  s.Add(1 * kMs, EventName::kMutexLockEnter, kT2, 11);  // an uncontended lock earlier...
+  const size_t io = s.ReleasedWithReason(2 * kMs, kT2, 11, "io");  // ...then a release the stack shows is IO
+  s.Add(3 * kMs, EventName::kWantsGvl, kT2, 11);
+  s.Add(3 * kMs + 5 * kUs, EventName::kGvlAcquired, kT2, 11);
+  s.ReleasedWithReason(4 * kMs, kT2, 11, "condition_variable");
+  s.Add(5 * kMs, EventName::kWantsGvl, kT2, 11);
+  s.Add(5 * kMs + 5 * kUs, EventName::kGvlAcquired, kT2, 11);
+  s.ReleasedWithReason(6 * kMs, kT2, 11, "unknown");
+  s.Add(7 * kMs, EventName::kTracingStopped);
+  const Model model = s.Build("3.4.5", 1);
+  ExpectAllLanesContiguous(model);
+  const StateBlock* b = BlockAt(model, kT2, 2500 * kUs);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->state, ThreadState::kReleased);
+  EXPECT_EQ(b->reason, ReleaseReason::kIo);
+  EXPECT_EQ(b->provenance, Provenance::kDerived);
+  EXPECT_EQ(b->rule, ModelRule::kStackReason);
+  EXPECT_EQ(b->opened_by, io);
+  EXPECT_EQ(BlockAt(model, kT2, 4500 * kUs)->reason, ReleaseReason::kConditionVariable);
+  const StateBlock* unknown = BlockAt(model, kT2, 6500 * kUs);
+  EXPECT_EQ(unknown->reason, ReleaseReason::kUnknown);
+  EXPECT_EQ(unknown->provenance, Provenance::kObserved);
+}
+
+TEST(ModelStackReasons, EveryTraceReasonNameParses) {
+  for (const char* name : {"sleep", "io", "mutex", "queue", "condition_variable", "join", "pass", "process_wait",
+                           "timeslice", "exit"}) {
+    const ReleaseReason r = ParseStackReleaseReason(name);
+    EXPECT_NE(r, ReleaseReason::kUnknown) << name;
+    EXPECT_FALSE(ReleaseReasonName(r).empty());
+  }
+  EXPECT_EQ(ParseStackReleaseReason("unknown"), ReleaseReason::kUnknown);
+  EXPECT_EQ(ParseStackReleaseReason("from-the-future"), ReleaseReason::kUnknown);
+}
+
 TEST(ModelRepeats, DoubleSuspendedOpensOneSleepingBlock) {
   EventSeq s;
   const size_t resumed = s.Add(0, EventName::kGvlAcquired, kT2, 11);

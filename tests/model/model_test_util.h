@@ -36,6 +36,13 @@ class EventSeq {
     events_.push_back(e);
     return events_.size() - 1;
   }
+  // A gvl_released carrying a reason the recorder derived from the thread's stack.
+  size_t ReleasedWithReason(uint64_t t_ns, uint32_t thread, uint32_t native_tid, const std::string& reason) {
+    const size_t i = Add(t_ns, EventName::kGvlReleased, thread, native_tid);
+    events_[i].reason = reason;
+    events_[i].reason_provenance = Provenance::kDerived;
+    return i;
+  }
   size_t Dropped(uint64_t t_ns, uint64_t count) {
     const size_t i = Add(t_ns, EventName::kEventsDropped);
     events_[i].count = count;

@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "model/model_test_util.h"
 #include "report/report_data.h"
@@ -350,6 +353,182 @@ TEST(Report, OverlapCheckCatchesOverlappingOwners) {
   EXPECT_FALSE(OwnerProblems(two_running).empty());
 }
 
+// Stacks as the reader leaves them: dictionaries by id, and events naming stack ids.
+struct StackDicts {
+  std::unordered_map<uint32_t, FrameInfo> frames;
+  std::unordered_map<uint32_t, std::vector<uint32_t>> stacks;
+};
+
+std::string RenderWithStacks(const Model& model, const StackDicts& dicts, std::optional<uint32_t> sample_hz = 997) {
+  std::ostringstream out;
+  ReportOptions options;
+  options.title = "stacks.rvtrace";
+  options.frames = &dicts.frames;
+  options.stacks = &dicts.stacks;
+  options.sample_hz = sample_hz;
+  const Status status = WriteReportHtml(model, options, out);
+  EXPECT_TRUE(status.ok()) << status.error().ToString();
+  return out.str();
+}
+
+// The stack of event `i` as the page decodes it: "label|path|line|kind" per frame, leaf first; empty for none.
+std::vector<std::string> DecodedStack(const json& data, size_t i) {
+  std::vector<std::string> out;
+  if (!data["events"].contains("sk")) return out;
+  const uint64_t sk = data["events"]["sk"][i];
+  if (sk == 0) return out;
+  const json& n = data["stacks"]["n"];
+  size_t from = 0;
+  for (size_t k = 0; k + 1 < sk; ++k) from += n[k].get<size_t>();
+  const json& frames = data["frames"];
+  for (size_t k = from; k < from + n[sk - 1].get<size_t>(); ++k) {
+    const size_t f = data["stacks"]["f"][k];
+    const std::string& path = data["paths"][frames["p"][f].get<size_t>()].get_ref<const std::string&>();
+    const std::string& kind = data["names"]["frame_kind"][frames["k"][f].get<size_t>()].get_ref<const std::string&>();
+    out.push_back(frames["l"][f].get<std::string>() + "|" + path + "|" + std::to_string(frames["ln"][f].get<int>()) +
+                  "|" + kind);
+  }
+  return out;
+}
+
+class ReportStacks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dicts_.frames[1] = {"<main>", "/app/main.rb", 1, FrameKind::kRuby};
+    dicts_.frames[2] = {"Worker#run", "/app/worker.rb", 10, FrameKind::kRuby};
+    dicts_.frames[3] = {"IO#read", "<cfunc>", 0, FrameKind::kCfunc};
+    dicts_.frames[4] = {"Worker#hot", "/app/worker.rb", 20, FrameKind::kRuby};
+    dicts_.frames[5] = {"(garbage collection)", "", 0, FrameKind::kGc};
+    dicts_.frames[9] = {"Unused#frame", "/app/unused.rb", 99, FrameKind::kRuby};
+    dicts_.stacks[10] = {3, 2, 1};  // leaf first
+    dicts_.stacks[11] = {4, 2, 1};
+    dicts_.stacks[12] = {9, 1};     // no event uses it
+    dicts_.stacks[13] = {5};
+    s_.Add(0, EventName::kTracingStarted);
+    s_.Add(10 * kUs, EventName::kGvlAcquired, 1, 100);
+    for (int k = 0; k < 3; ++k) samples_.push_back(Sample(20 * kUs + k, 1, 11));
+    samples_.push_back(Sample(30 * kUs, 1, 10));
+    samples_.push_back(Sample(31 * kUs, 1, 13));
+    samples_.push_back(Sample(32 * kUs, 1, std::nullopt));
+    release_ = s_.Add(40 * kUs, EventName::kGvlReleased, 1, 100);
+    unknown_stack_ = s_.Add(50 * kUs, EventName::kGvlAcquired, 1, 100);
+    s_.Add(60 * kUs, EventName::kTracingStopped);
+  }
+  size_t Sample(uint64_t t, uint32_t thread, std::optional<uint32_t> stack) {
+    const size_t i = s_.Add(t, EventName::kSample, thread, 100);
+    stack_of_[i] = stack;
+    return i;
+  }
+  Model Build(const std::string& reason = "io") {
+    std::vector<TraceEvent> events = s_.events();
+    for (const auto& [i, stack] : stack_of_) {
+      events[i].stack = stack;
+      events[i].source = kSourcePerfEvent;
+    }
+    events[release_].stack = 10;
+    events[release_].reason = reason;
+    events[release_].reason_provenance = Provenance::kDerived;
+    events[unknown_stack_].stack = 77;  // not in the dictionary: shown as no stack
+    ModelOptions options;
+    options.ruby_version = "3.4.5";
+    options.main_thread = 1;
+    Result<Model> model = Model::Build(events, options);
+    EXPECT_TRUE(model.ok()) << model.error().ToString();
+    return std::move(model).value();
+  }
+
+  EventSeq s_;
+  StackDicts dicts_;
+  std::map<size_t, std::optional<uint32_t>> stack_of_;
+  std::vector<size_t> samples_;
+  size_t release_ = 0;
+  size_t unknown_stack_ = 0;
+};
+
+TEST_F(ReportStacks, EmbedsTheUsedStacksOnceLeafFirst) {
+  const Model model = Build();
+  const json data = EmbeddedData(RenderWithStacks(model, dicts_));
+  // Only the stacks events use (10, 11, 13), each once, with only their frames (1-5, not 9).
+  EXPECT_EQ(data["stacks"]["n"], json::array({3, 3, 1}));
+  EXPECT_EQ(data["frames"]["l"].size(), 5u);
+  EXPECT_EQ(data["meta"]["stacks"], 3);
+  for (const json& label : data["frames"]["l"]) EXPECT_NE(label, "Unused#frame");
+  // Each path once.
+  std::set<std::string> paths;
+  for (const json& p : data["paths"]) EXPECT_TRUE(paths.insert(p.get<std::string>()).second) << p;
+  EXPECT_EQ(paths.size(), 4u);  // main.rb, worker.rb, <cfunc>, ""
+
+  const std::vector<std::string> released = {"IO#read|<cfunc>|0|cfunc", "Worker#run|/app/worker.rb|10|ruby",
+                                             "<main>|/app/main.rb|1|ruby"};
+  EXPECT_EQ(DecodedStack(data, release_), released);
+  const std::vector<std::string> hot = {"Worker#hot|/app/worker.rb|20|ruby", "Worker#run|/app/worker.rb|10|ruby",
+                                        "<main>|/app/main.rb|1|ruby"};
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(DecodedStack(data, samples_[k]), hot) << k;
+  EXPECT_EQ(DecodedStack(data, samples_[3]), released);
+  EXPECT_EQ(DecodedStack(data, samples_[4]), std::vector<std::string>{"(garbage collection)||0|gc"});
+  EXPECT_TRUE(DecodedStack(data, samples_[5]).empty());
+  EXPECT_TRUE(DecodedStack(data, unknown_stack_).empty());
+  EXPECT_TRUE(DecodedStack(data, 0).empty());
+  // The samples are counted for the flame graph, with the sampling rate.
+  EXPECT_EQ(data["meta"]["samples"], 6);
+  EXPECT_EQ(data["meta"]["sample_hz"], 997);
+  for (size_t i : samples_) EXPECT_EQ(data["names"]["event"][data["events"]["e"][i].get<size_t>()], "sample");
+}
+
+TEST_F(ReportStacks, ReleaseReasonTravelsWithItsProvenance) {
+  const Model model = Build("condition_variable");
+  const json data = EmbeddedData(RenderWithStacks(model, dicts_, std::nullopt));
+  const json& ev = data["events"];
+  ASSERT_TRUE(ev.contains("rr"));
+  for (size_t i = 0; i < model.events().size(); ++i) {
+    if (i == release_) {
+      ASSERT_GT(ev["rr"][i].get<size_t>(), 0u);
+      EXPECT_EQ(data["reasons"][ev["rr"][i].get<size_t>() - 1], "condition_variable");
+      EXPECT_EQ(data["names"]["prov"][ev["rp"][i].get<size_t>()], "derived");
+    } else {
+      EXPECT_EQ(ev["rr"][i], 0) << i;
+    }
+  }
+  // Not also in "extra", which is for the daemon events' fields.
+  for (const json& x : data["extra"]) EXPECT_NE(x[0].get<size_t>(), release_);
+  EXPECT_TRUE(data["meta"]["sample_hz"].is_null());
+}
+
+TEST_F(ReportStacks, HostileFrameStringsAreEscaped) {
+  const std::string hostile = "</script><script>alert(1)</script><!-- & \xff";
+  dicts_.frames[4].label = "Worker#" + hostile;
+  dicts_.frames[2].path = "/app/" + hostile + ".rb";
+  const Model model = Build(hostile);
+  const std::string html = RenderWithStacks(model, dicts_);
+  auto count = [](std::string_view text, std::string_view what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(html, "<script"), count(kReportTemplate, "<script"));
+  EXPECT_EQ(count(html, "</script"), count(kReportTemplate, "</script"));
+  EXPECT_EQ(count(html, "<!--"), count(kReportTemplate, "<!--"));
+  EXPECT_EQ(html.find("<script>alert(1)"), std::string::npos);  // only as \u003c-escaped JSON
+  EXPECT_NE(html.find("\\u003cscript\\u003ealert(1)"), std::string::npos);
+  const json data = EmbeddedData(html);
+  const std::vector<std::string> hot = DecodedStack(data, samples_[0]);
+  ASSERT_EQ(hot.size(), 3u);
+  EXPECT_EQ(hot[0].rfind("Worker#</script><script>alert(1)</script><!-- & ", 0), 0u) << hot[0];
+  EXPECT_NE(hot[1].find("|/app/</script><script>alert(1)</script>"), std::string::npos) << hot[1];
+  EXPECT_EQ(data["reasons"][0].get<std::string>().rfind("</script><script>alert(1)", 0), 0u);
+}
+
+TEST(Report, TraceWithoutStacksHasNoStackColumns) {
+  const json data = EmbeddedData(RenderHtml(EveryRuleSequence().Build("3.2.5", 0)));
+  EXPECT_FALSE(data["events"].contains("sk"));
+  EXPECT_FALSE(data["events"].contains("rr"));
+  EXPECT_FALSE(data["events"].contains("rp"));
+  EXPECT_TRUE(data["stacks"]["n"].empty());
+  EXPECT_TRUE(data["frames"]["l"].empty());
+  EXPECT_EQ(data["meta"]["samples"], 0);
+  EXPECT_EQ(data["meta"]["stacks"], 0);
+}
+
 class WriteReportFile : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -381,6 +560,34 @@ TEST_F(WriteReportFile, WritesTheReport) {
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
   EXPECT_EQ(EmbeddedData(html)["meta"]["title"], "t.rvtrace");
   EXPECT_NE(html.find("</html>"), std::string::npos);
+}
+
+TEST_F(WriteReportFile, EmbedsTheTracesFramesStacksAndSamples) {
+  {
+    std::ofstream f(trace_, std::ios::app);
+    f << R"({"frame":{"id":1,"label":"<main>","path":"/app/main.rb","line":3,"kind":"ruby"}})" << "\n"
+      << R"({"frame":{"id":2,"label":"Kernel#sleep","path":"<cfunc>","line":0,"kind":"cfunc"}})" << "\n"
+      << R"({"frame":{"id":3,"label":"Unused","path":"/x.rb","line":1,"kind":"ruby"}})" << "\n"
+      << R"({"stack":{"id":1,"frames":[2,1]}})" << "\n"
+      << R"({"stack":{"id":2,"frames":[3]}})" << "\n"
+      << R"({"t_ns":600,"ruby_thread":1,"native_tid":7,"probe_tid":7,"event":"gvl_released","cruby_event":"RUBY_INTERNAL_THREAD_EVENT_SUSPENDED","source":"thread_hook_site","provenance":"observed","reason":"sleep","reason_provenance":"derived","stack":1})"
+      << "\n"
+      << R"({"t_ns":700,"ruby_thread":1,"native_tid":7,"probe_tid":7,"event":"sample","cruby_event":null,"source":"perf_event","provenance":"observed","stack":1})"
+      << "\n";
+  }
+  const std::string out = (dir_ / "r.html").string();
+  const Status status = WriteReport(trace_, out);
+  ASSERT_TRUE(status.ok()) << status.error().ToString();
+  std::ifstream in(out);
+  const json data = EmbeddedData(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  EXPECT_EQ(data["meta"]["samples"], 1);
+  EXPECT_EQ(data["meta"]["stacks"], 1);  // stack 2 is defined but unused
+  const std::vector<std::string> want = {"Kernel#sleep|<cfunc>|0|cfunc", "<main>|/app/main.rb|3|ruby"};
+  // Events: tracing_started, gvl_released (500), gvl_released (600), sample (700).
+  EXPECT_TRUE(DecodedStack(data, 1).empty());
+  EXPECT_EQ(DecodedStack(data, 2), want);
+  EXPECT_EQ(DecodedStack(data, 3), want);
+  EXPECT_EQ(data["reasons"], json::array({"sleep"}));
 }
 
 TEST_F(WriteReportFile, UnwritableOutputIsOutputUnwritable) {

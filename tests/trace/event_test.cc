@@ -39,7 +39,8 @@ TEST(EventNames, DocumentedSpellings) {
   // The list, in the order of EventName, spelled out independently of the table under test.
   const char* expected[] = {"tracing_started", "thread_started", "wants_gvl",       "gvl_acquired", "gvl_released",
                             "thread_exited",   "gc_enter",       "gc_exit",         "sleep_enter",  "mutex_lock_enter",
-                            "events_dropped",  "tracing_stopped", "tracing_paused", "tracing_resumed"};
+                            "events_dropped",  "tracing_stopped", "tracing_paused", "tracing_resumed",
+                            "sample"};
   ASSERT_EQ(std::size(expected), kEventNameCount);
   for (size_t i = 0; i < kEventNameCount; ++i) EXPECT_EQ(EventNameString(static_cast<EventName>(i)), expected[i]);
 }
@@ -54,7 +55,7 @@ TEST(EventNames, CrubyConstants) {
   EXPECT_EQ(CrubyEventConstant(EventName::kGcExit), "RUBY_INTERNAL_EVENT_GC_EXIT");
   for (EventName e : {EventName::kTracingStarted, EventName::kSleepEnter, EventName::kMutexLockEnter,
                       EventName::kEventsDropped, EventName::kTracingStopped, EventName::kTracingPaused,
-                      EventName::kTracingResumed}) {
+                      EventName::kTracingResumed, EventName::kSample}) {
     EXPECT_TRUE(CrubyEventConstant(e).empty()) << EventNameString(e);
   }
 }

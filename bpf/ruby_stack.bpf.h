@@ -1,0 +1,78 @@
+/* BPF-only helper: walks the Ruby stack of one thread into a ring-entry scratch slot (struct rv_stack_record).
+ *
+ * The walk is ruby_walker.h's step function driven by bpf_loop, one control frame per iteration, so the verifier sees
+ * one bounded step body and the depth is limited by RV_MAX_STACK_FRAMES (4096), not by the instruction budget.
+ * Cost: about 5 user-memory reads per control frame plus the env-chain hops of block frames. */
+#ifndef RVBPFD_BPF_RUBY_STACK_BPF_H_
+#define RVBPFD_BPF_RUBY_STACK_BPF_H_
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+#include "rvbpfd/abi.h"
+
+#define RV_WALKER_INLINE static __always_inline
+#define RV_WALKER_READ(ctx, dst, len, addr) bpf_probe_read_user((dst), (len), (const void *)(unsigned long)(addr))
+#include "ruby_walker.h"
+
+struct rv_stack_loop {
+  const struct rv_ruby_walk_offsets *off;
+  struct rv_stack_record *out;
+  struct rv_ruby_walk walk;
+  __u32 done; /* the walk reached the end of the VM stack or failed: not truncated by our bounds */
+};
+
+static long rv_stack_step_cb(__u64 index, void *data) {
+  struct rv_stack_loop *c = data;
+  struct rv_ruby_frame frame = {};
+  __u32 n;
+  int r;
+  (void)index;
+  r = rv_ruby_walk_step((void *)0, c->off, &c->walk, &frame);
+  if (r == RV_STEP_SKIP) return 0;
+  if (r != RV_STEP_FRAME) {
+    c->done = 1;
+    return 1;
+  }
+  /* The count lives in the map value, not in this struct on the stack: a stack constant that grows each iteration
+   * would keep the verifier from ever finding two equal states of the callback. */
+  n = c->out->hdr.nframes;
+  if (n >= RV_MAX_STACK_FRAMES) return 1; /* a frame that does not fit: truncated */
+  c->out->frames[n & (RV_MAX_STACK_FRAMES - 1)] = frame;
+  c->out->hdr.nframes = n + 1;
+  return 0;
+}
+
+/* Fills out->hdr and out->frames with the stack of the thread at th; returns the ring entry size in bytes
+ * (record + header + frames). out->rec is left to the caller. */
+static __always_inline __u32 rv_walk_thread_stack(const struct rv_walk_config *cfg, __u64 th,
+                                                  struct rv_stack_record *out) {
+  struct rv_stack_loop c = {};
+  __u64 ec = 0;
+  __u32 n;
+  out->hdr.nframes = 0;
+  out->hdr.walk_status = RV_WALK_OK;
+  out->hdr.visited = 0;
+  out->hdr.flags = 0;
+  if (th == 0 || bpf_probe_read_user(&ec, sizeof(ec), (const void *)(unsigned long)(th + cfg->thread_ec)) != 0 ||
+      ec == 0) {
+    out->hdr.flags = RV_STACK_F_NO_EC;
+    return sizeof(struct rv_record) + sizeof(struct rv_stack_header);
+  }
+  c.off = &cfg->walk;
+  c.out = out;
+  if (rv_ruby_walk_begin((void *)0, &cfg->walk, ec, &c.walk) == 0) {
+    bpf_loop(RV_MAX_STACK_STEPS, rv_stack_step_cb, &c, 0);
+  } else {
+    c.done = 1;
+  }
+  n = out->hdr.nframes;
+  if (n > RV_MAX_STACK_FRAMES) n = RV_MAX_STACK_FRAMES;
+  out->hdr.nframes = n;
+  out->hdr.walk_status = c.walk.status;
+  out->hdr.visited = c.walk.visited;
+  if (!c.done) out->hdr.flags |= RV_STACK_F_TRUNCATED;
+  return sizeof(struct rv_record) + sizeof(struct rv_stack_header) + n * sizeof(struct rv_ruby_frame);
+}
+
+#endif /* RVBPFD_BPF_RUBY_STACK_BPF_H_ */

@@ -1,0 +1,34 @@
+// `rvbpfd export --folded`: collapsed stacks for flame graph tools (flamegraph.pl, inferno, speedscope's import):
+// one line per distinct stack, frames root first joined by ';', a space, then the weight:
+//   <main>;Foo.run;Integer#times;block in Foo.run;Foo#hot 812
+// Lines are sorted, so equal traces give byte-identical files. Stacks and weights are those of the pprof export
+// (export/pprof.h, AggregateStacks), summed over threads.
+#ifndef RVBPFD_SRC_EXPORT_FOLDED_H_
+#define RVBPFD_SRC_EXPORT_FOLDED_H_
+
+#include <ostream>
+#include <string>
+
+#include "common/error.h"
+#include "trace/reader.h"
+
+namespace rvbpfd {
+
+enum class FoldedWeight {
+  kCpuSamples,  // number of CPU samples (the default: what a CPU flame graph shows)
+  kGvlWaitNs,   // ns spent waiting for the GVL
+};
+
+// A frame's name in a folded line: its label, with ';' (the frame separator) replaced by ':' and line breaks by
+// spaces so a line always splits back into the same frames.
+std::string FoldedFrameName(const std::string& label);
+
+// Stacks with zero weight are left out. Fails with kIo when the stream fails.
+Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weight = FoldedWeight::kCpuSamples);
+// Reads the trace first; errors are also those of TraceReader::ReadFile.
+Status ExportFolded(const std::string& trace_path, std::ostream& out,
+                    FoldedWeight weight = FoldedWeight::kCpuSamples);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_EXPORT_FOLDED_H_

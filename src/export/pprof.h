@@ -1,0 +1,66 @@
+// `rvbpfd export --pprof`: a trace's Ruby stacks as a gzipped pprof profile (schema: proto/profile.proto), and the
+// aggregation it shares with `--folded` (export/folded.h).
+//
+// Two kinds of weight are attributed to stacks:
+//   - CPU: each `sample` event counts once, and as 1e9 / sample_hz ns of CPU time (the header's "sample_hz").
+//   - GVL wait: the ns from a thread's wants_gvl to its next gvl_acquired, attributed to the waiter's stack: the
+//     wants_gvl's own stack when it carries one, else the stack of the gvl_released that began the thread's time off
+//     the lock (what it was doing when it gave the lock up, hence what it waits to continue; not an older release
+//     followed by a gvl_acquired, as in 3.2's timeslices), else the stack of its latest sample, else a "[no stack]"
+//     frame. A wait open across lost events (events_dropped) or a tracing pause is not
+//     counted: its end points may belong to different waits.
+// Samples and waits are aggregated per (stack, Ruby thread); each pprof sample is labelled with the thread.
+#ifndef RVBPFD_SRC_EXPORT_PPROF_H_
+#define RVBPFD_SRC_EXPORT_PPROF_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "common/error.h"
+#include "trace/reader.h"
+
+namespace rvbpfd {
+
+// Sampling rate assumed for a trace that has samples but no "sample_hz" in its header (rvbpfd's --hz default).
+inline constexpr uint32_t kDefaultSampleHz = 99;
+// The label of the frame standing in for a weight whose thread had no known stack.
+inline constexpr std::string_view kNoStackFrame = "[no stack]";
+
+struct StackWeights {
+  uint64_t samples = 0;      // CPU samples
+  uint64_t gvl_wait_ns = 0;  // GVL wait, ns
+};
+
+struct StackProfile {
+  // Key: (stack id, or 0 for "no stack"; Ruby thread serial, or UINT32_MAX for samples about no known thread).
+  std::map<std::pair<uint32_t, uint32_t>, StackWeights> weights;
+  uint64_t period_ns = 0;       // CPU ns one sample stands for
+  bool period_assumed = false;  // the header had no sample_hz: kDefaultSampleHz was used
+  uint64_t total_samples = 0;
+  uint64_t total_gvl_wait_ns = 0;
+  uint64_t waits = 0;          // wants_gvl -> gvl_acquired pairs counted
+  uint64_t waits_skipped = 0;  // waits dropped because lost events or a pause fell inside them
+};
+inline constexpr uint32_t kNoThread = UINT32_MAX;
+
+// Pure function of the trace: events are taken in time order (stable for equal t_ns).
+StackProfile AggregateStacks(const TraceFile& trace);
+
+// The serialized, uncompressed Profile message (exposed for tests and for other encoders).
+std::string BuildPprofProfile(const TraceFile& trace);
+// Writes the gzipped profile. Fails with kIo when the stream fails, kInternal if zlib fails.
+Status ExportPprof(const TraceFile& trace, std::ostream& out);
+// Reads the trace first; errors are also those of TraceReader::ReadFile.
+Status ExportPprof(const std::string& trace_path, std::ostream& out);
+
+// gzip (RFC 1952) of `data`, for the export and its tests.
+Result<std::string> Gzip(std::string_view data);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_EXPORT_PPROF_H_

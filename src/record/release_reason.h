@@ -1,0 +1,48 @@
+// Why a thread gave up the GVL, derived from the stack it had at gvl_released and from the probe site
+// (docs/design.md, "Release reasons"). An in-process recorder only sees "suspended"; the stack says why.
+#ifndef RVBPFD_SRC_RECORD_RELEASE_REASON_H_
+#define RVBPFD_SRC_RECORD_RELEASE_REASON_H_
+
+#include <span>
+#include <string_view>
+
+#include "trace/stacks.h"
+
+namespace rvbpfd {
+
+enum class ReleaseReason : uint8_t {
+  kUnknown,
+  kSleep,
+  kIo,
+  kMutex,
+  kQueue,
+  kConditionVariable,
+  kJoin,
+  kPass,
+  kProcessWait,
+  kTimeslice,
+  kExit,
+};
+
+// "sleep", "io", "mutex", "queue", "condition_variable", "join", "pass", "process_wait", "timeslice", "exit",
+// "unknown": the vocabulary of the gvl_released "reason" field (docs/rvtrace.md).
+std::string_view ReleaseReasonString(ReleaseReason reason);
+
+// Where a SUSPENDED hook site is, as far as the rule cares.
+enum class ReleaseSite : uint8_t {
+  kOther,      // blocking regions, sleeps, waits: the stack decides
+  kYield,      // rb_thread_schedule_limits: the thread yields to a waiting thread (Thread.pass or the timer's slice)
+  kThreadEnd,  // thread_start_func_2: the thread's block returned; thread_exited follows
+};
+
+// Classifies a SUSPENDED site by its enclosing function (ProbeSite::function).
+ReleaseSite ClassifyReleaseSite(std::string_view function);
+
+// The rule. `frames` is the released thread's stack, leaf first. Only the frames above the innermost frame of
+// program code are looked at (C frames and <internal:...> builtins: the library call the program is blocked in);
+// the first of those that names a known blocking method decides.
+ReleaseReason DeriveReleaseReason(std::span<const FrameInfo> frames, ReleaseSite site);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_RECORD_RELEASE_REASON_H_

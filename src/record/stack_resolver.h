@@ -1,0 +1,89 @@
+// Turns walker frames from the BPF ring (rv_ruby_frame) into trace frames (FrameInfo) by symbolizing them against
+// the target's live memory (src/stacks' Symbolizer over process_vm_readv), with a cache.
+//
+// Cache safety: a frame's label, path and line are a function of the objects its rv_ruby_frame points to (the CME or
+// iseq at addr, the cfp's iseq for the line) and of pc. The cache is keyed by the whole frame (kind, addr, pc,
+// cfp_iseq, flags) and each entry keeps a snapshot of the head of those objects (flags word, class and definition
+// pointers). CRuby frees and moves objects only inside GC, so an entry validated in the current GC epoch (the
+// recorder counts GC_ENTER records; a drop also starts a new epoch) is used as is; in a later epoch the heads are
+// re-read from the target first, and an object that was freed or moved and whose slot was reused has a different
+// head, so the symbolizer's type checks run again. Unresolved frames are never cached. Known gap: an anonymous class
+// that is later assigned to a constant keeps its cached "#<Class:0x...>" label.
+//
+// Threading: used from the daemon's main loop only.
+#ifndef RVBPFD_SRC_RECORD_STACK_RESOLVER_H_
+#define RVBPFD_SRC_RECORD_STACK_RESOLVER_H_
+
+#include <linux/types.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "rvbpfd/abi.h"
+#include "stacks/memory_reader.h"
+#include "stacks/ruby_offsets.h"
+#include "stacks/symbolizer.h"
+#include "trace/stacks.h"
+
+namespace rvbpfd {
+
+class StackResolver {
+ public:
+  // Entries kept before the cache is cleared (bounds the daemon's memory on programs that generate code forever).
+  static constexpr size_t kMaxCacheEntries = 1 << 18;
+
+  // `global_symbols` is the runtime address of ruby_global_symbols (0: C function names are unresolved).
+  StackResolver(std::unique_ptr<MemoryReader> mem, const RubyOffsets& offsets, uint64_t global_symbols);
+
+  // Symbolizes `frames` (newest first, as the walker produced them) into `out` (cleared first), leaf first.
+  void Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out);
+  FrameInfo ResolveFrame(const rv_ruby_frame& frame);
+
+  // The GC epoch the next Resolve runs in (see above).
+  void set_epoch(uint64_t epoch) { epoch_ = epoch; }
+  uint64_t cache_hits() const { return hits_; }
+  uint64_t revalidations() const { return revalidations_; }
+  uint64_t cache_misses() const { return misses_; }
+
+ private:
+  struct Key {
+    uint64_t addr, pc, cfp_iseq;
+    uint32_t kind, flags;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
+  struct Heads {
+    std::array<uint64_t, 5> head{};       // first words of the object at addr (CME: flags, defined_class, def,
+                                          // called_id, owner; iseq: flags, wrapper, body, ...)
+    std::array<uint64_t, 3> iseq_head{};  // flags, wrapper, body of cfp_iseq
+    bool operator==(const Heads&) const = default;
+  };
+  struct Entry {
+    FrameInfo info;
+    Heads heads;
+    uint64_t epoch = 0;  // last GC epoch in which heads were seen unchanged
+  };
+  // False when the objects cannot be read (the frame then goes to the symbolizer, which reports it unresolved).
+  bool ReadHeads(const rv_ruby_frame& frame, Heads* heads);
+
+  std::unique_ptr<MemoryReader> mem_;
+  Symbolizer symbolizer_;
+  std::unordered_map<Key, Entry, KeyHash> cache_;
+  uint64_t epoch_ = 0;
+  uint64_t hits_ = 0;
+  uint64_t revalidations_ = 0;
+  uint64_t misses_ = 0;
+};
+
+// Converts one symbolizer result into a trace frame of the walker frame's kind.
+FrameInfo ToFrameInfo(const rv_ruby_frame& frame, const SymbolizedFrame& symbolized);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_RECORD_STACK_RESOLVER_H_

@@ -1,0 +1,128 @@
+// StackResolver's cache: a hit costs no target reads within a GC epoch, a later epoch revalidates against the
+// objects' heads, and an object whose slot was reused is symbolized again (never served the stale name).
+#include "record/stack_resolver.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "stacks/fake_memory.h"
+
+namespace rvbpfd {
+namespace {
+
+using testing::FakeMemory;
+
+constexpr uint64_t kHeap = 0x800000;
+constexpr uint64_t kTString = 0x05;
+constexpr uint64_t kImemoIseqFlags = RV_RB_T_IMEMO | (7ull << RV_RB_IMEMO_SHIFT);
+
+class StackResolverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto o = RubyOffsets::ForVersion(3, 4);
+    ASSERT_TRUE(o.ok());
+    off_ = o.value();
+    auto mem = std::make_unique<FakeMemory>();
+    mem_ = mem.get();
+    mem_->Map(kHeap, 0x10000);
+    iseq_ = MakeTopIseq("<main>", "/app/main.rb");
+    resolver_ = std::make_unique<StackResolver>(std::move(mem), off_, 0);
+  }
+  uint64_t Alloc(size_t n) {
+    uint64_t a = next_;
+    next_ += (n + 15) & ~size_t{15};
+    return a;
+  }
+  uint64_t String(const std::string& s) {
+    uint64_t str = Alloc(24 + s.size() + 1);
+    mem_->Put64(str, kTString);  // embedded
+    mem_->Put64(str + 16, s.size());
+    mem_->Put(str + 24, s.data(), s.size());
+    return str;
+  }
+  // A top-level iseq (ISEQ_TYPE_TOP, its own local iseq) with no line table: label as given, line 0.
+  uint64_t MakeTopIseq(const std::string& label, const std::string& path) {
+    uint64_t iseq = Alloc(64), body = Alloc(400), encoded = Alloc(64);
+    mem_->Put64(iseq, kImemoIseqFlags);
+    mem_->Put64(iseq + off_.iseq_body, body);
+    mem_->Put32(body + off_.body_type, 0);
+    mem_->Put64(body + off_.body_iseq_encoded, encoded);
+    mem_->Put32(body + off_.body_iseq_size, 8);
+    mem_->Put32(body + off_.body_insns_info_size, 0);
+    const uint64_t l = String(label);
+    mem_->Put64(body + off_.body_location + off_.loc_label, l);
+    mem_->Put64(body + off_.body_location + off_.loc_base_label, l);
+    mem_->Put64(body + off_.body_location + off_.loc_pathobj, String(path));
+    mem_->Put64(body + off_.body_local_iseq, iseq);
+    encoded_ = encoded;
+    return iseq;
+  }
+  rv_ruby_frame Frame() const { return rv_ruby_frame{iseq_, encoded_, iseq_, RV_RB_FRAME_ISEQ, 0}; }
+
+  RubyOffsets off_;
+  FakeMemory* mem_ = nullptr;
+  std::unique_ptr<StackResolver> resolver_;
+  uint64_t next_ = kHeap;
+  uint64_t iseq_ = 0, encoded_ = 0;
+};
+
+TEST_F(StackResolverTest, ResolvesAndCachesWithinAnEpoch) {
+  FrameInfo f = resolver_->ResolveFrame(Frame());
+  EXPECT_EQ(f.label, "<main>");
+  EXPECT_EQ(f.path, "/app/main.rb");
+  EXPECT_EQ(f.kind, FrameKind::kRuby);
+  const uint64_t reads = mem_->reads();
+  FrameInfo again = resolver_->ResolveFrame(Frame());
+  EXPECT_EQ(again, f);
+  EXPECT_EQ(mem_->reads(), reads) << "a hit in the same GC epoch must not read the target";
+  EXPECT_EQ(resolver_->cache_hits(), 1u);
+}
+
+TEST_F(StackResolverTest, LaterEpochRevalidatesCheaply) {
+  FrameInfo f = resolver_->ResolveFrame(Frame());
+  resolver_->set_epoch(1);
+  const uint64_t reads = mem_->reads();
+  EXPECT_EQ(resolver_->ResolveFrame(Frame()), f);
+  EXPECT_EQ(resolver_->revalidations(), 1u);
+  EXPECT_LE(mem_->reads() - reads, 2u) << "revalidation reads only the object heads";
+}
+
+TEST_F(StackResolverTest, ReusedSlotIsNeverServedFromTheCache) {
+  EXPECT_EQ(resolver_->ResolveFrame(Frame()).label, "<main>");
+  // GC freed the iseq and the slot now holds a String: the frame's addr no longer names an iseq.
+  mem_->Put64(iseq_, kTString);
+  resolver_->set_epoch(1);
+  FrameInfo f = resolver_->ResolveFrame(Frame());
+  EXPECT_EQ(f.kind, FrameKind::kUnresolved);
+  EXPECT_NE(f.label, "<main>");
+  // And a new iseq in the same slot with another name is symbolized again, not served the old one.
+  mem_->Put64(iseq_, kImemoIseqFlags);
+  const uint64_t body = Alloc(400);
+  mem_->Put64(iseq_ + off_.iseq_body, body);
+  mem_->Put32(body + off_.body_type, 0);
+  mem_->Put64(body + off_.body_iseq_encoded, encoded_);
+  mem_->Put32(body + off_.body_iseq_size, 8);
+  const uint64_t l = String("<top (required)>");
+  mem_->Put64(body + off_.body_location + off_.loc_label, l);
+  mem_->Put64(body + off_.body_location + off_.loc_base_label, l);
+  mem_->Put64(body + off_.body_location + off_.loc_pathobj, String("/app/lib.rb"));
+  mem_->Put64(body + off_.body_local_iseq, iseq_);
+  resolver_->set_epoch(2);
+  FrameInfo g = resolver_->ResolveFrame(Frame());
+  EXPECT_EQ(g.label, "<top (required)>");
+  EXPECT_EQ(g.path, "/app/lib.rb");
+}
+
+TEST_F(StackResolverTest, UnreadableFrameIsUnresolvedAndNotCached) {
+  rv_ruby_frame bad{0x10, 0, 0, RV_RB_FRAME_CME_ISEQ, 0};
+  EXPECT_EQ(resolver_->ResolveFrame(bad).kind, FrameKind::kUnresolved);
+  EXPECT_EQ(resolver_->ResolveFrame(bad).kind, FrameKind::kUnresolved);
+  EXPECT_EQ(resolver_->cache_hits(), 0u);
+  rv_ruby_frame walker_unresolved{0x900000, 0, 0, RV_RB_FRAME_UNRESOLVED, 0};
+  EXPECT_EQ(resolver_->ResolveFrame(walker_unresolved).kind, FrameKind::kUnresolved);
+}
+
+}  // namespace
+}  // namespace rvbpfd
