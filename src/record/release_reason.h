@@ -10,7 +10,10 @@
 
 namespace rvbpfd {
 
-enum class ReleaseReason : uint8_t {
+// The recorder's side of the release-reason vocabulary: what the rule derives from a stack, written into the trace as
+// the strings of ReleaseReasonString. (The thread-state model reads those strings into its own ReleaseReason, which
+// also holds reasons no stack gives, such as a 3.2 preemption.)
+enum class StackReleaseReason : uint8_t {
   kUnknown,
   kSleep,
   kIo,
@@ -26,7 +29,7 @@ enum class ReleaseReason : uint8_t {
 
 // "sleep", "io", "mutex", "queue", "condition_variable", "join", "pass", "process_wait", "timeslice", "exit",
 // "unknown": the vocabulary of the gvl_released "reason" field (docs/rvtrace.md).
-std::string_view ReleaseReasonString(ReleaseReason reason);
+std::string_view ReleaseReasonString(StackReleaseReason reason);
 
 // Where a SUSPENDED hook site is, as far as the rule cares.
 enum class ReleaseSite : uint8_t {
@@ -41,7 +44,7 @@ ReleaseSite ClassifyReleaseSite(std::string_view function);
 // The rule. `frames` is the released thread's stack, leaf first. Only the frames above the innermost frame of
 // program code are looked at (C frames and <internal:...> builtins: the library call the program is blocked in);
 // the first of those that names a known blocking method decides.
-ReleaseReason DeriveReleaseReason(std::span<const FrameInfo> frames, ReleaseSite site);
+StackReleaseReason DeriveReleaseReason(std::span<const FrameInfo> frames, ReleaseSite site);
 
 }  // namespace rvbpfd
 
