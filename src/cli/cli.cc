@@ -210,10 +210,8 @@ int RunCli(int argc, char** argv) {
       });
       return st ? 0 : Fail(st.error());
     }
-    Result<Model> model = Model::FromFile(export_file);
-    if (!model) return Fail(model.error());
     Status st = WriteOutput(export_out, [&](std::ostream& out) {
-      return export_perfetto ? ExportPerfetto(*model, out) : ExportSpeedscope(*model, out);
+      return export_perfetto ? ExportPerfetto(export_file, out) : ExportSpeedscope(export_file, out);
     });
     return st ? 0 : Fail(st.error());
   }

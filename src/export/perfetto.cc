@@ -4,13 +4,15 @@
 
 #include "export/export_util.h"
 #include "trace/event.h"
+#include "trace/reader.h"
 
 namespace rvbpfd {
 namespace {
 
 class PerfettoWriter {
  public:
-  PerfettoWriter(const Model& model, ExportSink& sink) : model_(model), sink_(sink), out_(*sink.buffer()) {}
+  PerfettoWriter(const Model& model, ExportSink& sink, PerfettoStacks stacks)
+      : model_(model), stacks_(stacks), sink_(sink), out_(*sink.buffer()) {}
 
   void Write() {
     sink_.Append("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"exporter\":\"rvbpfd\",\"ruby_version\":");
@@ -104,7 +106,34 @@ class PerfettoWriter {
       out_.append(",\"native_tid\":");
       AppendUint(&out_, *e.native_tid);
     }
+    if (e.event == EventName::kGvlReleased && !e.reason.empty()) {
+      out_.append(",\"reason\":");
+      AppendJsonString(&out_, e.reason);
+      out_.append(",\"reason_provenance\":");
+      AppendJsonString(&out_, ProvenanceString(e.reason_provenance));
+    }
+    StackArg(e);
     out_.push_back('}');
+  }
+
+  // ,"stack":["Integer#times (<internal:numeric>:237)", ...] leaf first; nothing when the trace has no stacks.
+  void StackArg(const TraceEvent& e) {
+    if (!e.stack || !stacks_.stacks || !stacks_.frames) return;
+    auto it = stacks_.stacks->find(*e.stack);
+    if (it == stacks_.stacks->end()) return;
+    out_.append(",\"stack\":[");
+    bool first = true;
+    for (uint32_t id : it->second) {
+      auto f = stacks_.frames->find(id);
+      std::string text = f == stacks_.frames->end() ? "<undefined frame>" : f->second.label;
+      if (f != stacks_.frames->end() && !f->second.path.empty()) {
+        text += " (" + f->second.path + ":" + std::to_string(f->second.line) + ")";
+      }
+      if (!first) out_.push_back(',');
+      first = false;
+      AppendJsonString(&out_, text);
+    }
+    out_.push_back(']');
   }
 
   // Opens a complete event; the caller appends args and calls EndEvent().
@@ -245,6 +274,7 @@ class PerfettoWriter {
   }
 
   const Model& model_;
+  PerfettoStacks stacks_;
   ExportSink& sink_;
   std::string& out_;
   bool first_ = true;
@@ -252,16 +282,21 @@ class PerfettoWriter {
 
 }  // namespace
 
-Status ExportPerfetto(const Model& model, std::ostream& out) {
+Status ExportPerfetto(const Model& model, std::ostream& out, PerfettoStacks stacks) {
   ExportSink sink(out);
-  PerfettoWriter(model, sink).Write();
+  PerfettoWriter(model, sink, stacks).Write();
   return sink.Finish("Perfetto");
 }
 
 Status ExportPerfetto(const std::string& trace_path, std::ostream& out) {
-  Result<Model> model = Model::FromFile(trace_path);
+  Result<TraceFile> trace = TraceReader::ReadFile(trace_path);
+  if (!trace.ok()) return trace.error();
+  // The model takes the events; the stack dictionaries stay here for the args.
+  const std::unordered_map<uint32_t, FrameInfo> frames = std::move(trace->frames);
+  const std::unordered_map<uint32_t, std::vector<uint32_t>> stacks = std::move(trace->stacks);
+  Result<Model> model = Model::FromTrace(std::move(trace.value()));
   if (!model.ok()) return model.error();
-  return ExportPerfetto(*model, out);
+  return ExportPerfetto(*model, out, PerfettoStacks{&frames, &stacks});
 }
 
 }  // namespace rvbpfd

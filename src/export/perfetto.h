@@ -9,16 +9,21 @@
 // Slices are complete events ("ph":"X" with "dur"): blocks on a track are contiguous, and a complete event cannot
 // be mis-nested the way an "E" and a "B" at the same timestamp can. Timestamps are microseconds with three
 // decimals (ns precision). Each slice's args carry the block's provenance, the rule that derived it, and the CRuby
-// events that opened and closed it; its category ("cat") is the provenance, so derived blocks can be filtered.
+// events that opened and closed it; its category ("cat") is the provenance, so derived blocks can be filtered. When
+// the trace recorded stacks, an opening/closing event's arg also carries its stack (leaf first, "label (path:line)")
+// and, for gvl_released, the derived release reason.
 #ifndef RVBPFD_SRC_EXPORT_PERFETTO_H_
 #define RVBPFD_SRC_EXPORT_PERFETTO_H_
 
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "common/error.h"
 #include "model/model.h"
+#include "trace/stacks.h"
 
 namespace rvbpfd {
 
@@ -31,8 +36,14 @@ inline constexpr uint64_t kPerfettoGcTid = 2;
 inline constexpr uint64_t kPerfettoMarkerTid = 3;  // global instants: events_dropped, tracing_paused/resumed
 inline constexpr uint64_t kPerfettoThreadTidBase = 1000;  // + Ruby thread serial (serials start at 0 on 3.2)
 
+// The trace's stack dictionaries (TraceFile::frames / stacks), for the stack args; absent: no stack args.
+struct PerfettoStacks {
+  const std::unordered_map<uint32_t, FrameInfo>* frames = nullptr;
+  const std::unordered_map<uint32_t, std::vector<uint32_t>>* stacks = nullptr;
+};
+
 // Fails with kIo when the stream fails.
-Status ExportPerfetto(const Model& model, std::ostream& out);
+Status ExportPerfetto(const Model& model, std::ostream& out, PerfettoStacks stacks = {});
 // Reads and models the trace first; errors are also those of Model::FromFile.
 Status ExportPerfetto(const std::string& trace_path, std::ostream& out);
 

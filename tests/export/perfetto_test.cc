@@ -1,6 +1,9 @@
 #include "export/perfetto.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <map>
 #include <nlohmann/json.hpp>
@@ -8,6 +11,7 @@
 #include <sstream>
 
 #include "export/format_checks.h"
+#include "trace/writer.h"
 #include "model/model_test_util.h"
 
 namespace rvbpfd {
@@ -169,6 +173,54 @@ TEST(PerfettoExport, StreamFailureIsAnIoError) {
   const Status status = ExportPerfetto(model, out);
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.error().code(), ErrorCode::kIo);
+}
+
+TEST(PerfettoExport, ReleasedBlocksCarryTheStackAndDerivedReasonOfTheirEvent) {
+  char dir[] = "/tmp/rvperfetto-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/s.rvtrace";
+  {
+    TraceHeader header;
+    header.pid = 42;
+    header.ruby_version = "3.4.5";
+    Result<TraceWriter> w = TraceWriter::Create(path, header);
+    ASSERT_TRUE(w.ok()) << w.error().ToString();
+    const uint32_t sleep = w->InternFrame(FrameInfo{"Kernel#sleep", "<cfunc>", 0, FrameKind::kCfunc});
+    const uint32_t top = w->InternFrame(FrameInfo{"<main>", "/app/x.rb", 3, FrameKind::kRuby});
+    const uint32_t frames[] = {sleep, top};
+    const uint32_t stack = w->InternStack(frames);
+    TraceEvent acquired;
+    acquired.t_ns = 1000;
+    acquired.ruby_thread = 1;
+    acquired.native_tid = 42;
+    acquired.event = EventName::kGvlAcquired;
+    acquired.source = kSourceThreadHookSite;
+    ASSERT_TRUE(w->Write(acquired).ok());
+    TraceEvent released = acquired;
+    released.t_ns = 5000;
+    released.event = EventName::kGvlReleased;
+    released.stack = stack;
+    released.reason = "sleep";
+    released.reason_provenance = Provenance::kDerived;
+    ASSERT_TRUE(w->Write(released).ok());
+    ASSERT_TRUE(w->Finish(FinishInfo{9000, 0, 0, "duration"}).ok());
+  }
+  std::ostringstream out;
+  ASSERT_TRUE(ExportPerfetto(path, out).ok());
+  const json doc = json::parse(out.str());
+  bool found = false;
+  for (const json& e : EventsOn(doc, kPerfettoRubyPid, kPerfettoThreadTidBase + 1, "X")) {
+    if (!e["args"].contains("opened_by") || e["args"]["opened_by"]["event"] != "gvl_released") continue;
+    found = true;
+    const json& opened = e["args"]["opened_by"];
+    EXPECT_EQ(opened["reason"], "sleep");
+    EXPECT_EQ(opened["reason_provenance"], "derived");
+    ASSERT_TRUE(opened.contains("stack"));
+    EXPECT_EQ(opened["stack"], json::array({"Kernel#sleep (<cfunc>:0)", "<main> (/app/x.rb:3)"}));
+  }
+  EXPECT_TRUE(found) << out.str();
+  std::remove(path.c_str());
+  rmdir(dir);
 }
 
 TEST(PerfettoExport, MissingTraceFileFails) {
