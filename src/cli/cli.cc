@@ -216,8 +216,13 @@ int RunCli(int argc, char** argv) {
     return st ? 0 : Fail(st.error());
   }
   if (stats->parsed()) {
-    Status st = Stats(stats_file, std::cout);
-    return st ? 0 : Fail(st.error());
+    Result<TraceFile> trace = TraceReader::ReadFile(stats_file);
+    if (!trace) return Fail(trace.error());
+    PrintStats(*trace, std::cout);
+    Result<Model> model = Model::FromTrace(std::move(trace.value()));
+    if (!model) return Fail(model.error());
+    PrintContentionSummary(*model, std::cout);
+    return 0;
   }
   if (sites->parsed()) {
     std::string path = sites_binary, version;

@@ -81,4 +81,30 @@ void PrintModelSummary(const Model& model, std::ostream& out) {
   }
 }
 
+void PrintContentionSummary(const Model& model, std::ostream& out) {
+  uint64_t wait_ns = 0, longest_ns = 0, waits = 0;
+  std::optional<uint32_t> longest_thread;
+  for (const RubyThread& t : model.threads()) {
+    wait_ns += t.totals.wait_total_ns;
+    waits += t.totals.waits;
+    if (t.totals.wait_longest_ns > longest_ns) {
+      longest_ns = t.totals.wait_longest_ns;
+      longest_thread = t.ruby_thread;
+    }
+  }
+  uint64_t owned_ns = 0, idle_ns = 0, unknown_ns = 0;
+  for (const OwnerBlock& b : model.owner_lane()) {
+    const uint64_t d = b.end_ns - b.start_ns;
+    (b.kind == OwnerKind::kOwned ? owned_ns : b.kind == OwnerKind::kIdle ? idle_ns : unknown_ns) += d;
+  }
+  char line[256];
+  snprintf(line, sizeof(line), "gvl contention: %.3f ms waiting in %llu waits, longest %.3f ms", wait_ns / 1e6,
+           static_cast<unsigned long long>(waits), longest_ns / 1e6);
+  out << line;
+  if (longest_thread) out << " (" << model.ThreadLabel(*longest_thread) << ")";
+  snprintf(line, sizeof(line), "\ngvl: held %.3f ms, idle %.3f ms, unknown %.3f ms\n", owned_ns / 1e6,
+           idle_ns / 1e6, unknown_ns / 1e6);
+  out << line;
+}
+
 }  // namespace rvbpfd

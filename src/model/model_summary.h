@@ -16,6 +16,10 @@ inline constexpr size_t kTopReleaseReasons = 3;
 // GVL's idle time and the unknown windows. Derived labels (sleeping, waiting_mutex, preempted) are marked as such.
 void PrintModelSummary(const Model& model, std::ostream& out);
 
+// Two lines for `rvbpfd stats`: GVL contention over all threads (total wait, number of waits, longest wait and whose)
+// and how long the GVL was held, idle and unknown.
+void PrintContentionSummary(const Model& model, std::ostream& out);
+
 }  // namespace rvbpfd
 
 #endif  // RVBPFD_SRC_MODEL_MODEL_SUMMARY_H_

@@ -65,3 +65,32 @@ TEST(ModelSummary, ReportsUnknownSpansAndIdleGvl) {
 
 }  // namespace
 }  // namespace rvbpfd
+
+namespace rvbpfd {
+namespace {
+
+TEST(ContentionSummary, TotalsWaitsOverThreadsAndSplitsTheGvlTime) {
+  using testing::EventSeq;
+  using testing::kMs;
+  EventSeq s;
+  s.Add(0, EventName::kGvlAcquired, 1, 100);
+  s.Add(1 * kMs, EventName::kWantsGvl, 2, 101);       // T2 waits 4 ms
+  s.Add(5 * kMs, EventName::kGvlReleased, 1, 100);
+  s.Add(5 * kMs, EventName::kGvlAcquired, 2, 101);
+  s.Add(6 * kMs, EventName::kWantsGvl, 1, 100);       // main waits 1 ms
+  s.Add(7 * kMs, EventName::kGvlReleased, 2, 101);
+  s.Add(7 * kMs, EventName::kGvlAcquired, 1, 100);
+  s.Add(8 * kMs, EventName::kGvlReleased, 1, 100);    // then idle 2 ms
+  s.Add(10 * kMs, EventName::kTracingStopped);
+  const Model model = s.Build("3.4.5", 1);
+  std::ostringstream out;
+  PrintContentionSummary(model, out);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("gvl contention: 5.000 ms waiting in 2 waits, longest 4.000 ms (Thread #2)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gvl: held 8.000 ms, idle 2.000 ms, unknown 0.000 ms"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace rvbpfd
