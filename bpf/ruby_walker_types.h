@@ -42,7 +42,10 @@ struct rv_ruby_walk_offsets {
   __u32 flags;             /* RV_RB_WALK_F_* */
   __u32 reserved;
 };
-#define RV_RB_WALK_F_HAS_JIT_RETURN 0x1u /* cfp_jit_return is meaningful (3.3+) */
+#define RV_RB_WALK_F_HAS_JIT_RETURN 0x1u
+/* Capacity in words of the buffer one control frame is read into: rb_control_frame_t is 56 (3.3+) or 64 (3.2)
+ * bytes; a power of two so field indexes can be masked for the verifier. */
+#define RV_RB_CFP_WORDS 8 /* cfp_jit_return is meaningful (3.3+) */
 
 /* What a reported frame holds in addr. Values are stable: they travel through the ring buffer. */
 enum rv_ruby_frame_kind {
