@@ -234,8 +234,7 @@ int RunCli(int argc, char** argv) {
     } else if (!path.empty()) {
       Result<ElfFile> elf = ElfFile::Open(path);
       if (!elf) return Fail(elf.error());
-      auto sym = elf->FindSymbol("ruby_version");
-      auto v = sym ? elf->CStringAt(sym->value, 32) : std::nullopt;
+      std::optional<std::string> v = ReadRubyVersion(*elf);
       if (!v) return Fail(Error(ErrorCode::kNotRuby, path + " defines no ruby_version: not a CRuby VM binary"));
       version = *v;
     } else {

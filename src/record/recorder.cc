@@ -129,14 +129,6 @@ struct Target {
   std::string build_id;
 };
 
-Result<std::string> ReadRubyVersionFromElf(const ElfFile& elf) {
-  auto sym = elf.FindSymbol("ruby_version");
-  if (!sym || sym->shndx == 0) return Error(ErrorCode::kNotRuby, elf.path() + " defines no ruby_version");
-  auto s = elf.CStringAt(sym->value, 32);
-  if (!s) return Error(ErrorCode::kNotRuby, elf.path() + ": ruby_version is unreadable");
-  return *s;
-}
-
 // Lowest start address of the mappings of `path` (matched by inode, so a /proc/PID/root/... host path and the
 // target's own view of the file agree) in the target's /proc/PID/maps; nullopt when it is not mapped (yet).
 std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path) {
@@ -163,8 +155,8 @@ struct StackSetup {
 };
 
 Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& ruby_version) {
-  int major = 0, minor = 0;
-  if (std::sscanf(ruby_version.c_str(), "%d.%d", &major, &minor) != 2) {
+  int major = 0, minor = 0, teeny = 0;
+  if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
     return Error(ErrorCode::kUnsupportedVersion, "cannot parse ruby_version " + ruby_version);
   }
   Result<ElfFile> elf = ElfFile::Open(vm_path);
@@ -208,8 +200,10 @@ Result<int> Record(const RecordOptions& o) {
     if (!plan) return plan.error();
     Result<ElfFile> vm = ElfFile::Open(plan->vm_path);
     if (!vm) return Error(ErrorCode::kNotRuby, vm.error().message());
-    Result<std::string> version = ReadRubyVersionFromElf(*vm);
-    if (!version) return version.error();
+    std::optional<std::string> version = ReadRubyVersion(*vm);
+    if (!version) {
+      return Error(ErrorCode::kNotRuby, plan->vm_path + " has no readable ruby_version string: not a CRuby VM");
+    }
     target.vm_path = plan->vm_path;
     target.ruby_version = *version;
     target.build_id = vm->build_id();

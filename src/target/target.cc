@@ -217,9 +217,7 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
                                           "ruby_version");
   }
   target.build_id = vm->build_id();
-  std::optional<ElfSymbol> version_sym = vm->FindSymbol("ruby_version");
-  std::optional<std::string> version;
-  if (version_sym && version_sym->shndx != SHN_UNDEF) version = vm->CStringAt(version_sym->value, kMaxVersionLength);
+  std::optional<std::string> version = ReadRubyVersion(*vm);
   int major = 0, minor = 0, teeny = 0;
   if (!version || std::sscanf(version->c_str(), "%d.%d.%d", &major, &minor, &teeny) != 3) {
     return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target.comm + "): " + target.vm_path +
@@ -235,6 +233,12 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
                                                      "Ruby >= 3.2");
   }
   return target;
+}
+
+std::optional<std::string> ReadRubyVersion(const ElfFile& vm) {
+  std::optional<ElfSymbol> sym = vm.FindSymbol("ruby_version");
+  if (!sym || sym->shndx == SHN_UNDEF) return std::nullopt;
+  return vm.CStringAt(sym->value, kMaxVersionLength);
 }
 
 }  // namespace rvbpfd

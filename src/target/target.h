@@ -6,11 +6,13 @@
 #define RVBPFD_SRC_TARGET_TARGET_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/error.h"
+#include "elf/elf_file.h"
 
 namespace rvbpfd {
 
@@ -54,6 +56,11 @@ struct RubyTarget {
   std::string comm;           // /proc/PID/comm
   uint64_t vm_load_start = 0;  // lowest mapping address of the VM file (for reports; uprobes use file offsets)
 };
+
+// The VM's version string ("3.3.8") from the exported `ruby_version` array of a VM binary (the executable of a
+// static ruby or libruby.so); nullopt when the binary defines none or it is not a short NUL-terminated string.
+// The one place rvbpfd reads it: discovery, launch mode and `rvbpfd sites --binary` all call this.
+std::optional<std::string> ReadRubyVersion(const ElfFile& vm);
 
 // Errors: kNoSuchProcess, kNotRuby, kUnsupportedVersion (< 3.2), kNoPrivilege (maps/root not readable), kIo.
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs);
