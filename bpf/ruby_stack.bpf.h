@@ -43,19 +43,16 @@ static long rv_stack_step_cb(__u64 index, void *data) {
   return 0;
 }
 
-/* Fills out->hdr and out->frames with the stack of the thread at th; returns the ring entry size in bytes
+/* Fills out->hdr and out->frames with the stack of the execution context at ec; returns the ring entry size in bytes
  * (record + header + frames). out->rec is left to the caller. */
-static __always_inline __u32 rv_walk_thread_stack(const struct rv_walk_config *cfg, __u64 th,
-                                                  struct rv_stack_record *out) {
+static __always_inline __u32 rv_walk_ec_stack(const struct rv_walk_config *cfg, __u64 ec, struct rv_stack_record *out) {
   struct rv_stack_loop c = {};
-  __u64 ec = 0;
   __u32 n;
   out->hdr.nframes = 0;
   out->hdr.walk_status = RV_WALK_OK;
   out->hdr.visited = 0;
   out->hdr.flags = 0;
-  if (th == 0 || bpf_probe_read_user(&ec, sizeof(ec), (const void *)(unsigned long)(th + cfg->thread_ec)) != 0 ||
-      ec == 0) {
+  if (ec == 0) {
     out->hdr.flags = RV_STACK_F_NO_EC;
     return sizeof(struct rv_record) + sizeof(struct rv_stack_header);
   }
@@ -73,6 +70,14 @@ static __always_inline __u32 rv_walk_thread_stack(const struct rv_walk_config *c
   out->hdr.visited = c.walk.visited;
   if (!c.done) out->hdr.flags |= RV_STACK_F_TRUNCATED;
   return sizeof(struct rv_record) + sizeof(struct rv_stack_header) + n * sizeof(struct rv_ruby_frame);
+}
+
+/* The same for the thread at th, through th->ec (the scheduler sites know th, not the EC). */
+static __always_inline __u32 rv_walk_thread_stack(const struct rv_walk_config *cfg, __u64 th,
+                                                  struct rv_stack_record *out) {
+  __u64 ec = 0;
+  if (th == 0 || bpf_probe_read_user(&ec, sizeof(ec), (const void *)(unsigned long)(th + cfg->thread_ec)) != 0) ec = 0;
+  return rv_walk_ec_stack(cfg, ec, out);
 }
 
 #endif /* RVBPFD_BPF_RUBY_STACK_BPF_H_ */

@@ -1,7 +1,8 @@
 /* CRuby control-frame walker, shared by the BPF programs and the host (userspace tests, coredump suite).
  *
- * It reproduces vm_backtrace.c's thread_profile_frames (CRuby 3.2 - 4.0): frames are visited from ec->cfp towards the
- * oldest frame and stop before the dummy frame th_init pushes at the very end of the VM stack. A frame is a "Ruby
+ * It reproduces vm_backtrace.c's thread_profile_frames (CRuby 3.2 - 4.0; 3.1's rb_profile_frames through the
+ * RV_RB_WALK_F_* flags): frames are visited from ec->cfp towards the oldest frame and stop before the dummy frame
+ * th_init pushes at the very end of the VM stack. A frame is a "Ruby
  * frame" when its env flags lack VM_FRAME_FLAG_CFRAME and its pc is non-zero; it is reported with its callable method
  * entry (CME) when rb_vm_frame_method_entry finds one of type ISEQ, else with cfp->iseq. Any other frame is reported
  * only when a CME of type CFUNC is found; IFUNC, dummy and bmethod C frames are skipped exactly as CRuby skips them.
@@ -13,7 +14,7 @@
  * Optionally RV_WALKER_INLINE (default: static inline; BPF builds use __always_inline).
  *
  * No version #ifdefs: every layout fact comes from struct rv_ruby_walk_offsets, filled by userspace per VM binary.
- * The flag constants below are identical in 3.2 - 4.0 (vm_core.h, internal/imemo.h, method.h).
+ * The flag constants below are identical in 3.1 - 4.0 (vm_core.h, internal/imemo.h, method.h).
  *
  * Driving it: rv_ruby_walk_begin() once, then rv_ruby_walk_step() until it returns RV_STEP_DONE or RV_STEP_ERROR.
  * One step visits one control frame, so the BPF side calls it from a bpf_loop callback and the number of frames is
@@ -59,7 +60,7 @@ RV_WALKER_INLINE int rv_ruby_walk_begin(void *ctx, const struct rv_ruby_walk_off
   }
   walk->cfp = cfp;
   walk->top_cfp = cfp;
-  walk->end_cfp = end - off->cfp_size;
+  walk->end_cfp = (off->flags & RV_RB_WALK_F_INCLUDE_END_FRAME) ? end : end - off->cfp_size;
   return 0;
 }
 
@@ -163,7 +164,7 @@ RV_WALKER_INLINE int rv_ruby_walk_step(void *ctx, const struct rv_ruby_walk_offs
   out->pc = pc;
   out->cfp_iseq = iseq;
   out->flags = 0;
-  if (!(env[2] & RV_RB_VM_FRAME_FLAG_CFRAME) && pc != 0) {
+  if (!(env[2] & RV_RB_VM_FRAME_FLAG_CFRAME) && (pc != 0 || (off->flags & RV_RB_WALK_F_NULL_PC_IS_RUBY_FRAME))) {
     /* Ruby frame: always reported. An unreadable env chain still yields a frame (unresolved), so the depth matches. */
     if (me_status != 0) {
       out->kind = RV_RB_FRAME_UNRESOLVED;

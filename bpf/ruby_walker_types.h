@@ -36,13 +36,20 @@ struct rv_ruby_walk_offsets {
   __u32 cfp_iseq;          /* rb_control_frame_t.iseq */
   __u32 cfp_ep;            /* rb_control_frame_t.ep */
   __u32 cfp_jit_return;    /* rb_control_frame_t.jit_return (3.3+: topmost frame reports line 0 when set) */
-  __u32 cfp_size;          /* sizeof(rb_control_frame_t): 64 (3.2), 56 (3.3 - 4.0) */
+  __u32 cfp_size;          /* sizeof(rb_control_frame_t): 64 (3.1, 3.2), 56 (3.3 - 4.0) */
   __u32 cme_def;           /* rb_callable_method_entry_t.def */
   __u32 svar_cref_or_me;   /* struct vm_svar.cref_or_me */
   __u32 flags;             /* RV_RB_WALK_F_* */
   __u32 reserved;
 };
 #define RV_RB_WALK_F_HAS_JIT_RETURN 0x1u
+/* 3.1: rb_profile_frames has no `pc != 0` test, so a non-CFRAME frame with pc 0 is a Ruby frame (line: 0 for a TOP
+ * iseq, else first_lineno); 3.2+ skip it unless it has a CFUNC CME. */
+#define RV_RB_WALK_F_NULL_PC_IS_RUBY_FRAME 0x2u
+/* 3.1: rb_profile_frames ends at RUBY_VM_END_CONTROL_FRAME, so it also visits the frame th_init pushed at the very end
+ * of the VM stack; on the main thread Init_VM turned that one into the "<main>" TOP frame (line 0). 3.2+ stop one
+ * frame earlier. */
+#define RV_RB_WALK_F_INCLUDE_END_FRAME 0x4u
 /* Capacity in words of the buffer one control frame is read into: rb_control_frame_t is 56 (3.3+) or 64 (3.2)
  * bytes; a power of two so field indexes can be masked for the verifier. */
 #define RV_RB_CFP_WORDS 8 /* cfp_jit_return is meaningful (3.3+) */
@@ -76,7 +83,7 @@ enum rv_ruby_walk_status {
 
 struct rv_ruby_walk {
   __u64 cfp;     /* next control frame to visit */
-  __u64 end_cfp; /* the dummy frame at the end of the VM stack: not visited */
+  __u64 end_cfp; /* the dummy frame at the end of the VM stack (the end itself with INCLUDE_END_FRAME): not visited */
   __u64 top_cfp; /* ec->cfp when the walk began */
   __u32 status;  /* enum rv_ruby_walk_status */
   __u32 visited; /* control frames visited so far */

@@ -9,8 +9,11 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#include <bpf/bpf_core_read.h>
+
 #include "regs.bpf.h"
 #include "ruby_stack.bpf.h"
+#include "ruby_ec.h"
 #include "rvbpfd/abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -60,6 +63,15 @@ struct {
   __type(value, struct rv_counters);
 } counters SEC(".maps");
 
+/* Probe hits per site (cookie -> hits, per CPU), including hits that are discarded: the daemon sums them per attach
+ * group to see which sites cost the target its traps (OverheadBudget). One per-CPU increment per hit. */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, RV_MAX_SITES);
+  __type(key, __u32);
+  __type(value, __u64);
+} site_hits SEC(".maps");
+
 /* Which VM binary the thread in current_th runs (index into offsets / walk_config): samples have no site to say. */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -89,6 +101,15 @@ struct {
   __type(key, __u32);
   __type(value, struct rv_config);
 } rv_cfg SEC(".maps");
+
+/* How samples of a process find their EC (host tgid -> rv_proc_ec), filled by userspace once the VM is mapped and
+ * relocated in that process (bpf/ruby_ec.h). A process without an entry uses only current_th. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u32);
+  __type(value, struct rv_proc_ec);
+} proc_ec SEC(".maps");
 
 /* Two 128 KiB stack-record slots per CPU (a PERCPU_ARRAY value is limited to 32 KiB, so this is a plain array; userspace
  * sets max_entries to 2 x possible CPUs): slot 2*cpu for uprobes, 2*cpu+1 for samples. The perf_event program runs
@@ -133,18 +154,31 @@ static __always_inline int rv_maybe_foreign(__u8 event) {
   return event == RV_EV_THREAD_STARTED || event == RV_EV_THREAD_READY;
 }
 
+/* A hit that becomes no record: the trap was paid all the same, so it is counted. */
+static __always_inline int rv_discard(struct rv_counters *c) {
+  if (c) c->hits_discarded++;
+  return 0;
+}
+
 static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32;
   __u32 tid = (__u32)pid_tgid;
   if (!bpf_map_lookup_elem(&target_pids, &tgid)) return 0;
 
+  /* Every hit past the pid filter is one trap the target paid for, whatever happens below: counted first, in total
+   * and per site. */
+  __u32 zero = 0;
+  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
+  if (c) c->probe_hits++;
   __u32 key = (__u32)bpf_get_attach_cookie(ctx);
+  __u64 *site_hit = bpf_map_lookup_elem(&site_hits, &key);
+  if (site_hit) (*site_hit)++;
   struct rv_site *site = bpf_map_lookup_elem(&sites, &key);
-  if (!site || site->event == RV_EV_NONE) return 0;
+  if (!site || site->event == RV_EV_NONE) return rv_discard(c);
   __u32 bin = site->binary;
   struct rv_offsets *off = bpf_map_lookup_elem(&offsets, &bin);
-  if (!off) return 0;
+  if (!off) return rv_discard(c);
 
   /* GC state for samples. Cleared before the event's time is read and set after it, so a sample that interrupts this
    * program is flagged only if its time lies inside [gc_enter, gc_exit] (a sample at the very edge loses the flag
@@ -154,12 +188,12 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   /* The event's time: read first, so neither the checks below nor a full ring skew it. */
   __u64 ts = bpf_ktime_get_ns();
   struct pt_regs regs;
-  if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) != 0) return 0;
+  if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) != 0) return rv_discard(c);
   if (site->exclude_caller_end != 0) {
     __u64 ret = 0;
-    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)regs.sp) != 0) return 0;
+    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)regs.sp) != 0) return rv_discard(c);
     __u64 caller = ret - (regs.ip - site->vaddr); /* runtime address -> ELF vaddr */
-    if (caller >= site->exclude_caller_start && caller < site->exclude_caller_end) return 0;
+    if (caller >= site->exclude_caller_start && caller < site->exclude_caller_end) return rv_discard(c);
   }
   __u64 th = 0;
   __u32 flags = 0;
@@ -219,7 +253,6 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
 
   /* Events configured to carry a stack (gvl_released by default): the thread giving up the lock is the one running
    * this probe, so its VM stack is stable while we walk it. */
-  __u32 zero = 0;
   struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
   if (cfg && th != 0 && about_tid == tid && (cfg->stack_events & (1u << (site->event & 31)))) {
     struct rv_walk_config *wc = bpf_map_lookup_elem(&walk_config, &bin);
@@ -240,7 +273,6 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
     }
   }
 
-  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
   if (!r) {
     if (c) c->dropped++;
@@ -278,8 +310,11 @@ SEC("uprobe")
 int rv_site_multi(struct pt_regs *ctx) { return rv_handle(ctx); }
 
 /* On-CPU sampling: attached to a software cpu-clock perf event on every CPU at --hz. A sample is kept only when the
- * interrupted task belongs to a target and its native thread has run a Ruby thread (current_th); the stack is that
- * thread's, read through th->ec. Between GC_ENTER and GC_EXIT the sample is flagged so the daemon adds a GC frame. */
+ * interrupted task belongs to a target and runs Ruby. Its EC comes from the thread's own ruby_current_ec (TLS), else
+ * from the main ractor's running EC when this native thread holds the GVL (bpf/ruby_ec.h), else, only while the TLS
+ * route cannot be evaluated for this process (not set up yet, unreadable), from current_th, the thread the last
+ * scheduler event on this native thread named. The counters say which route each sample took. Between GC_ENTER and
+ * GC_EXIT the sample is flagged so the daemon adds a GC frame. */
 SEC("perf_event")
 int rv_sample(struct bpf_perf_event_data *ctx) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -291,18 +326,50 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
   if (!cfg || !cfg->sampling) return 0;
   __u64 ts = bpf_ktime_get_ns();
-  __u64 *thp = bpf_map_lookup_elem(&current_th, &tid);
-  __u32 *binp = bpf_map_lookup_elem(&current_bin, &tid);
-  if (!thp || !binp || *thp == 0) return 0; /* not (yet) a known Ruby thread: the timer thread, native helpers */
-  __u32 bin = *binp;
-  struct rv_walk_config *wc = bpf_map_lookup_elem(&walk_config, &bin);
+  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
+  __u64 ec = 0, th = 0;
+  __u32 bin = 0;
+  __u32 route = RV_EC_ROUTE_NONE;
+  int tls_unavailable = 1;
+  struct rv_walk_config *wc = 0;
+  struct rv_proc_ec *pe = bpf_map_lookup_elem(&proc_ec, &tgid);
+  if (pe) {
+    bin = pe->binary;
+    wc = bpf_map_lookup_elem(&walk_config, &bin);
+    struct rv_offsets *off = bpf_map_lookup_elem(&offsets, &bin);
+    if (wc && wc->valid && off) {
+      /* The thread pointer of the interrupted task: glibc sets it with arch_prctl/clone, which record it here. */
+      struct task_struct *task = bpf_get_current_task_btf();
+      __u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
+      route = rv_find_ec((void *)0, pe, wc, off->th_nt, off->nt_tid, fsbase, tid, &ec, &th, &tls_unavailable);
+    }
+  }
+  if (route == RV_EC_ROUTE_NONE && tls_unavailable) {
+    __u64 *thp = bpf_map_lookup_elem(&current_th, &tid);
+    __u32 *binp = bpf_map_lookup_elem(&current_bin, &tid);
+    if (thp && binp && *thp != 0) {
+      th = *thp;
+      bin = *binp;
+      wc = bpf_map_lookup_elem(&walk_config, &bin);
+      if (wc && bpf_probe_read_user(&ec, sizeof(ec), (const void *)(unsigned long)(th + wc->thread_ec)) == 0 && ec)
+        route = RV_EC_ROUTE_CURRENT_TH;
+    }
+  }
+  if (c) {
+    if (route == RV_EC_ROUTE_TLS) c->samples_ec_tls++;
+    else if (route == RV_EC_ROUTE_RACTOR) c->samples_ec_ractor++;
+    else if (route == RV_EC_ROUTE_CURRENT_TH) c->samples_ec_current_th++;
+    else c->samples_no_ec++;
+  }
+  /* No EC: the timer thread, a C library's own thread, or a native thread between Ruby threads. */
+  if (route == RV_EC_ROUTE_NONE || !wc || !wc->valid) return 0;
   __u32 slot = bpf_get_smp_processor_id() * 2 + 1;
   struct rv_stack_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
-  if (!wc || !wc->valid || !s) return 0;
+  if (!s) return 0;
   __u32 flags = RV_REC_HAS_STACK | RV_REC_SERIAL_UNKNOWN;
   if (bpf_map_lookup_elem(&in_gc, &tid)) flags |= RV_REC_IN_GC;
   s->rec.ts_ns = ts;
-  s->rec.th = *thp;
+  s->rec.th = th;
   s->rec.serial = 0;
   s->rec.tid = tid;
   s->rec.probe_tid = tid;
@@ -310,6 +377,82 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   s->rec.kind = RV_EV_SAMPLE;
   s->rec.site = 0xffff;
   s->rec.flags = flags;
-  rv_output_stack(s, rv_walk_thread_stack(wc, *thp, s), 1);
+  rv_output_stack(s, rv_walk_ec_stack(wc, ec, s), 1);
+  return 0;
+}
+
+/* ---- Fleet agent: process lifecycle ------------------------------------------------------------------------------
+ * Loaded and attached only when the daemon asks (BpfSession::WatchProcesses); the single-process recorder never
+ * loads them. Each writes one fixed-size rv_record, counted in events/dropped like a probe record, with the same
+ * wakeup rule (only once the ring is a quarter full): the agent polls the ring every ~50 ms anyway. They are raw
+ * tracepoints on sched_process_exec / sched_process_exit: attaching needs no tracefs (often not mounted on hosts
+ * and never inside a DaemonSet's container), and both run in the context of the task concerned, so
+ * bpf_get_current_pid_tgid() is all they read. */
+static __always_inline void rv_output_proc(__u16 kind, __u32 tgid, __u32 tid) {
+  __u32 zero = 0;
+  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
+  struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+  if (!r) {
+    if (c) c->dropped++; /* the agent rescans /proc after any drop, so a lost exec is found late, not never */
+    return;
+  }
+  r->ts_ns = bpf_ktime_get_ns();
+  r->th = 0;
+  r->serial = 0;
+  r->tid = tid;
+  r->probe_tid = tid;
+  r->pid = tgid;
+  r->kind = kind;
+  r->site = 0xffff;
+  r->flags = RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN;
+  __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+  __u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+  bpf_ringbuf_submit(r, avail >= size / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+  if (c) {
+    c->events++;
+    if (avail > c->ring_high_water) c->ring_high_water = avail;
+  }
+}
+
+/* Every exec on the host (the new image is mapped, its dynamic loader has not run yet): the agent inspects the
+ * process, several times with backoff, since a dynamically linked ruby maps libruby only after this point. The pid
+ * is the host tgid whatever pid namespace the process lives in. */
+SEC("raw_tp/sched_process_exec")
+int rv_proc_exec(void *ctx) {
+  __u32 zero = 0;
+  (void)ctx;
+  struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
+  if (!cfg || !cfg->watch_exec) return 0;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  rv_output_proc(RV_EV_PROC_EXEC, pid_tgid >> 32, (__u32)pid_tgid);
+  return 0;
+}
+
+/* Exit of a watched process: only its group leader (pid == tgid) reports, and the pid leaves the filter here so no
+ * sample or event of the dying process is recorded after its exit record. */
+SEC("raw_tp/sched_process_exit")
+int rv_proc_exit(void *ctx) {
+  (void)ctx;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32;
+  __u32 tid = (__u32)pid_tgid;
+  if (tgid != tid || !bpf_map_lookup_elem(&target_pids, &tgid)) return 0;
+  bpf_map_delete_elem(&target_pids, &tgid);
+  bpf_map_delete_elem(&proc_ec, &tgid); /* a reused pid must not inherit this process's EC route */
+  rv_output_proc(RV_EV_PROC_EXIT, tgid, tid);
+  return 0;
+}
+
+/* A new process forked by a watched one (Puma/Unicorn workers are forked from the booted master and never exec):
+ * the agent watches it too. Threads (CLONE_THREAD: child pid != tgid) are not processes. Runs in the parent. */
+SEC("raw_tp/sched_process_fork")
+int rv_proc_fork(struct bpf_raw_tracepoint_args *ctx) {
+  __u32 parent = bpf_get_current_pid_tgid() >> 32;
+  if (!bpf_map_lookup_elem(&target_pids, &parent)) return 0;
+  struct task_struct *child = (struct task_struct *)ctx->args[1];
+  __u32 child_pid = BPF_CORE_READ(child, pid);
+  __u32 child_tgid = BPF_CORE_READ(child, tgid);
+  if (child_pid != child_tgid) return 0;
+  rv_output_proc(RV_EV_PROC_FORK, child_tgid, child_pid);
   return 0;
 }

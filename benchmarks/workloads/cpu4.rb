@@ -9,5 +9,10 @@ $stdout.puts "ready"
 $stdout.flush
 $stdin.gets
 t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-4.times.map { Thread.new { work(2_500_000) } }.each(&:join)
-puts "elapsed=#{Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0}"
+c0 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+# ~3 s on a quiet 2-core VM: long enough that a 1-3% cost is not lost in run-to-run noise.
+4.times.map { Thread.new { work(15_000_000) } }.each(&:join)
+# cpu: CPU time of the whole process (all threads, user + system): traps and BPF programs run in the target's
+# context and count here, while time lost waiting for a CPU on a loaded machine does not.
+puts "elapsed=#{Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0} " \
+     "cpu=#{Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - c0}"

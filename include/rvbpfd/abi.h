@@ -29,6 +29,12 @@ enum rv_event_kind {
   /* Not a site event: an on-CPU sample taken by the perf_event program (rv_sample). Kept outside RV_EV_KIND_COUNT
    * because no probe site carries it; the daemon decodes it before the scheduler-event conversion. */
   RV_EV_SAMPLE = 32,
+  /* Not site events either: process lifecycle records of the fleet agent (tracepoints, loaded only when the daemon
+   * asks for them). rv_record.pid is the host tgid; th, serial and site are 0. */
+  RV_EV_PROC_EXEC = 33, /* sched/sched_process_exec, every exec on the host while rv_config.watch_exec is 1 */
+  RV_EV_PROC_EXIT = 34, /* sched/sched_process_exit of a group leader whose tgid was in target_pids */
+  RV_EV_PROC_FORK = 35, /* sched/sched_process_fork of a new process (not a thread) by a process in target_pids
+                         * (a preforking server's workers never exec); pid is the CHILD's tgid */
 };
 
 /* Where the `th` (rb_thread_t *) of a site's event is, at the probed instruction. */
@@ -133,12 +139,53 @@ struct rv_walk_config {
   struct rv_ruby_walk_offsets walk;
   __u32 thread_ec; /* rb_thread_t.ec */
   __u32 valid;     /* 1 once userspace filled it; 0: stacks are not taken for this binary */
+  /* How a sample gets from an EC to its thread, and the ractor route (bpf/ruby_ec.h). 0 = not available. */
+  __u32 ec_thread_ptr;     /* rb_execution_context_t.thread_ptr */
+  __u32 vm_main_ractor;    /* rb_vm_t.ractor.main_ractor */
+  __u32 ractor_running_ec; /* rb_ractor_t.threads.running_ec: the EC holding the ractor's GVL */
+  __u32 ec_reserved;
+};
+
+/* ---- How a sample finds the execution context (EC) of the thread it interrupted (bpf/ruby_ec.h) -----------------
+ * The route is decided per process by userspace (src/stacks/ec_route.cc) from the VM binary and, where ld.so decides
+ * the numbers, from the process's memory; BPF only follows it. */
+enum rv_ec_tls_mode {
+  RV_EC_TLS_NONE = 0,      /* not known (yet): only the ractor and current_th fallbacks */
+  RV_EC_TLS_TP_OFFSET = 1, /* &ruby_current_ec = fsbase + tp_offset: local-exec in a static ruby, or a TLSDESC that
+                            * ld.so resolved to static TLS */
+  RV_EC_TLS_DTV = 2,       /* &ruby_current_ec = DTV[dtv_module].val + tls_offset, DTV = *(fsbase + dtv_offset):
+                            * general-dynamic TLS in a shared libruby (glibc's dtv_t layout) */
+};
+
+/* Per process (map proc_ec, key: host tgid). */
+struct rv_proc_ec {
+  __u32 binary;         /* index into offsets / walk_config: samples have no probe site to say which VM runs */
+  __u32 mode;           /* enum rv_ec_tls_mode */
+  __s64 tp_offset;      /* RV_EC_TLS_TP_OFFSET, bytes (negative on x86-64: TLS blocks lie below the thread pointer) */
+  __u64 dtv_module;     /* RV_EC_TLS_DTV: the VM binary's TLS module id, as ld.so assigned it in this process */
+  __u64 tls_offset;     /* RV_EC_TLS_DTV: offset of ruby_current_ec in the module's TLS block, bytes */
+  __u32 dtv_offset;     /* RV_EC_TLS_DTV: the DTV pointer's offset from the thread pointer (glibc x86-64: 8) */
+  __u32 dtv_entry_size; /* RV_EC_TLS_DTV: bytes per DTV entry (glibc dtv_t: 16) */
+  __u64 vm_ptr;         /* runtime address of ruby_current_vm_ptr (0: no ractor route) */
+};
+
+/* Largest module id accepted (it is read from a target's memory): glibc numbers modules from 1, a process has at
+ * most a few thousand. */
+#define RV_EC_MAX_DTV_MODULE (1ull << 20)
+
+/* Which route gave a sample its EC (the per-CPU counters count each). */
+enum rv_ec_route {
+  RV_EC_ROUTE_NONE = 0,       /* no EC: the sample is dropped */
+  RV_EC_ROUTE_TLS = 1,        /* the interrupted native thread's ruby_current_ec */
+  RV_EC_ROUTE_RACTOR = 2,     /* main ractor's running_ec, whose thread runs on this native thread (the GVL holder) */
+  RV_EC_ROUTE_CURRENT_TH = 3, /* the rb_thread_t the last scheduler event on this native thread named */
 };
 
 /* Global switches, one entry (key 0), written by userspace before attaching. */
 struct rv_config {
   __u32 stack_events; /* bit (1 << rv_event_kind): events that carry the stack of the thread they are about */
   __u32 sampling;     /* 1: the perf_event program records samples */
+  __u32 watch_exec;   /* 1: the exec tracepoint (fleet agent) records every exec on the host */
 };
 
 /* Per-CPU counters; the daemon sums over CPUs. */
@@ -148,6 +195,17 @@ struct rv_counters {
   __u64 events;          /* records submitted */
   __u64 samples;         /* perf_event samples submitted (not events: they are not in `events`) */
   __u64 samples_dropped; /* samples lost to a full ring (kept apart from `dropped`, which counts lost events) */
+  /* Samples of target threads by the route that found their EC (enum rv_ec_route); counted before the ring write. */
+  __u64 samples_ec_tls;
+  __u64 samples_ec_ractor;
+  __u64 samples_ec_current_th;
+  __u64 samples_no_ec; /* dropped: no route gave an EC (a native thread that runs no Ruby, e.g. the timer thread) */
+  /* Uprobe hits of a target process (past the pid filter): each one int3 trap the target paid for, whether or not it
+   * became a record. The --max-overhead budget's input (records undercount traps, see hits_discarded). */
+  __u64 probe_hits;
+  /* Of those, hits that are not events: a function-entry site reached from an excluded caller (rb_mutex_lock called
+   * by rb_mutex_synchronize, i.e. every IO#write in a shared libruby), an unreadable register set. */
+  __u64 hits_discarded;
 };
 
 #ifdef __cplusplus
@@ -155,27 +213,31 @@ static_assert(sizeof(struct rv_site) == 32, "rv_site ABI");
 static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
 static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
 static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
-static_assert(sizeof(struct rv_counters) == 40, "rv_counters ABI");
+static_assert(sizeof(struct rv_counters) == 88, "rv_counters ABI");
 static_assert(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
 static_assert(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
 static_assert(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
 static_assert(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
 static_assert(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets ABI");
-static_assert(sizeof(struct rv_walk_config) == 56, "rv_walk_config ABI");
-static_assert(sizeof(struct rv_config) == 8, "rv_config ABI");
+static_assert(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
+static_assert(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
+static_assert(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
+static_assert(sizeof(struct rv_config) == 12, "rv_config ABI");
 #else
 _Static_assert(sizeof(struct rv_site) == 32, "rv_site ABI");
 _Static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
 _Static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
 _Static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
-_Static_assert(sizeof(struct rv_counters) == 40, "rv_counters ABI");
+_Static_assert(sizeof(struct rv_counters) == 88, "rv_counters ABI");
 _Static_assert(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
 _Static_assert(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
 _Static_assert(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
 _Static_assert(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
 _Static_assert(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets ABI");
-_Static_assert(sizeof(struct rv_walk_config) == 56, "rv_walk_config ABI");
-_Static_assert(sizeof(struct rv_config) == 8, "rv_config ABI");
+_Static_assert(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
+_Static_assert(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
+_Static_assert(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
+_Static_assert(sizeof(struct rv_config) == 12, "rv_config ABI");
 #endif
 
 #endif /* RVBPFD_INCLUDE_RVBPFD_ABI_H_ */

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent_main.h"
 #include "common/error.h"
+#include "ops/agent_config.h"
 #include "elf/elf_file.h"
 #include "record/recorder.h"
 #include "sites/sites.h"
@@ -41,6 +43,8 @@ constexpr const char* kDescription =
     "  rvbpfd export --perfetto|--speedscope FILE -o OUT  Chrome trace JSON (ui.perfetto.dev) or speedscope\n"
     "  rvbpfd export --pprof|--folded FILE -o OUT        gzipped pprof (CPU + GVL wait by stack) or folded stacks\n"
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
+    "  rvbpfd agent (--output-dir DIR | --push-url URL)  fleet mode: profile every Ruby process on the host\n"
+    "                                                    continuously (cpu, GVL wait/held, GC pprof per --interval)\n"
     "\n"
     "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). Exit status: 0 ok, 2 usage, 3 no such process,\n"
     "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
@@ -89,10 +93,10 @@ int RunCli(int argc, char** argv) {
   app.add_option("-d,--duration", rec.duration_s, "Stop after this many seconds (default: until the target exits)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-overhead", rec.max_overhead_pct,
-                 "Bound the target's estimated time in probe traps to PERCENT of each budget window (1 s, doubled up "
-                 "to 8 s while the program stays busy): once spent, the high-rate GVL sites are detached until the "
-                 "window ends and the trace records tracing_paused/tracing_resumed (default: off, complete "
-                 "recording; a warning is printed above 10%)")
+                 "Bound the target's estimated time in probe traps (every uprobe hit, including those that write "
+                 "no event) to PERCENT of each 250 ms budget window: once spent, the high-rate sites (GVL "
+                 "transitions, Kernel#sleep, Mutex#lock) are detached until the window ends and the trace records "
+                 "tracing_paused/tracing_resumed (default: off, complete recording; a warning is printed above 10%)")
       ->check(CLI::Range(0.1, 100.0));
   app.add_option("--probe-cost-us", rec.probe_cost_us,
                  "Cost of one uprobe hit in microseconds, for the overhead estimate (default 13, measured on a VM)")
@@ -116,6 +120,11 @@ int RunCli(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached by build-id")
       ->capture_default_str();
+  app.add_option("--gc-probes", rec.gc_probes,
+                 "Diagnostic: how GC enter/exit are probed. auto (default): the VM's GC hook checks, entry/return of "
+                 "the GC functions only in a binary that has none; fallback: always the GC functions (to test that "
+                 "path; docs/design.md lists how it differs)")
+      ->check(CLI::IsMember({"auto", "fallback"}));
   app.add_flag("--single-links", rec.force_single_links,
                "Attach one uprobe link per site even when the kernel has multi-uprobe links");
   bool no_status = false;
@@ -160,6 +169,51 @@ int RunCli(int argc, char** argv) {
   CLI::App* sites = app.add_subcommand("sites", "List the probe sites rvbpfd finds in a CRuby VM binary");
   sites->add_option("--pid", sites_pid, "Of the VM of this process")->check(CLI::PositiveNumber);
   sites->add_option("--binary", sites_binary, "Of this libruby.so or static ruby executable");
+  // Fleet mode. Every flag is also a key of the --config file; flags given on the command line win over the file.
+  AgentConfig agent_flags;
+  CLI::App* agent = app.add_subcommand(
+      "agent", "Fleet mode: profile every CRuby process on this host continuously and ship pprof profiles to "
+               "--output-dir and/or a Pyroscope-compatible --push-url (docs/deploy.md)");
+  agent->add_option("--config", agent_flags.config_file,
+                    "JSON config file whose keys are these flags' long names without \"--\"; reloaded on SIGHUP");
+  std::vector<CLI::Option*> agent_opts;
+  agent_opts.push_back(agent->add_option("--interval", agent_flags.interval_s,
+                                         "Profile period in seconds (default 15)"));
+  agent_opts.push_back(agent->add_option("--hz", agent_flags.hz,
+                                         "On-CPU samples per second of CPU time per thread (default 19)"));
+  agent_opts.push_back(agent->add_option("--stacks", agent_flags.stacks,
+                                         "Stacks on gvl_released: release (default), release,ready, off"));
+  agent_opts.push_back(agent->add_option("--max-overhead", agent_flags.max_overhead_pct,
+                                         "Bound each probed process's estimated time in probe traps to PERCENT of "
+                                         "each budget window by pausing the high-rate GVL probes (default 5; 0: "
+                                         "never pause)"));
+  agent_opts.push_back(agent->add_option("--output-dir", agent_flags.output_dir,
+                                         "Write profiles as <dir>/<service>/<type>-<pid>-<from>-<until>.pb.gz"));
+  agent_opts.push_back(agent->add_option("--output-max-mb", agent_flags.output_max_mb,
+                                         "Cap of --output-dir's total size in MiB; the oldest files go first "
+                                         "(default 1024)"));
+  agent_opts.push_back(agent->add_option("--push-url", agent_flags.push_url,
+                                         "Pyroscope base URL to push profiles to (POST <url>/ingest), e.g. "
+                                         "http://pyroscope:4040"));
+  agent_opts.push_back(agent->add_option("--push-queue", agent_flags.push_queue,
+                                         "Profiles kept while the push backend is down; beyond it the oldest are "
+                                         "dropped (default 256)"));
+  agent_opts.push_back(agent->add_option("--metrics-listen", agent_flags.metrics_listen,
+                                         "Prometheus /metrics endpoint, ADDR:PORT (default 127.0.0.1:9464; off: "
+                                         "none)"));
+  agent_opts.push_back(agent->add_option("--include", agent_flags.include,
+                                         "Only processes matching RULE: comm:GLOB, cgroup:PREFIX, "
+                                         "label:service=GLOB, label:container=GLOB (repeatable)"));
+  agent_opts.push_back(agent->add_option("--exclude", agent_flags.exclude,
+                                         "Never processes matching RULE (same syntax, repeatable; wins over "
+                                         "--include)"));
+  agent_opts.push_back(agent->add_option("--log-format", agent_flags.log_format,
+                                         "Structured logs on stderr: json (default) or text"));
+  agent_opts.push_back(agent->add_option("--host", agent_flags.host, "The host label (default: the hostname)"));
+  agent_opts.push_back(agent->add_option("--ring-buffer-kb", agent_flags.ring_buffer_kb,
+                                         "BPF ring buffer size in KiB (default 8192)"));
+  agent_opts.push_back(agent->add_option("--cache-dir", agent_flags.cache_dir,
+                                         "Where probe sites are cached by build-id (default /var/cache/rvbpfd/sites)"));
   app.require_subcommand(0, 1);
 
   try {
@@ -175,6 +229,49 @@ int RunCli(int argc, char** argv) {
     return ExitStatus(ErrorCode::kUsage);
   }
 
+  if (agent->parsed()) {
+    // Defaults, then the config file, then the flags given on the command line. SIGHUP runs the same again.
+    auto build_config = [&]() -> Result<AgentConfig> {
+      AgentConfig config;
+      if (!agent_flags.config_file.empty()) {
+        Result<AgentConfig> f = ApplyConfigFile(config, agent_flags.config_file);
+        if (!f) return f.error();
+        config = std::move(f.value());
+      }
+      AgentConfig flags_only = agent_flags;
+      for (CLI::Option* opt : agent_opts) {
+        if (opt->count() == 0) continue;
+        const std::string name = opt->get_name();
+        if (name == "--interval") config.interval_s = flags_only.interval_s;
+        else if (name == "--hz") config.hz = flags_only.hz;
+        else if (name == "--stacks") config.stacks = flags_only.stacks;
+        else if (name == "--max-overhead") config.max_overhead_pct = flags_only.max_overhead_pct;
+        else if (name == "--output-dir") config.output_dir = flags_only.output_dir;
+        else if (name == "--output-max-mb") config.output_max_mb = flags_only.output_max_mb;
+        else if (name == "--push-url") config.push_url = flags_only.push_url;
+        else if (name == "--push-queue") config.push_queue = flags_only.push_queue;
+        else if (name == "--metrics-listen") config.metrics_listen = flags_only.metrics_listen;
+        else if (name == "--include") config.include = flags_only.include;
+        else if (name == "--exclude") config.exclude = flags_only.exclude;
+        else if (name == "--log-format") config.log_format = flags_only.log_format;
+        else if (name == "--host") config.host = flags_only.host;
+        else if (name == "--ring-buffer-kb") config.ring_buffer_kb = flags_only.ring_buffer_kb;
+        else if (name == "--cache-dir") config.cache_dir = flags_only.cache_dir;
+      }
+      config.config_file = agent_flags.config_file;
+      if (Status st = ValidateAgentConfig(config); !st) return st.error();
+      if (config.output_dir.empty() && config.push_url.empty()) {
+        return Error(ErrorCode::kUsage, "agent needs somewhere to send profiles: give --output-dir DIR and/or "
+                                        "--push-url URL (or output-dir/push-url in the --config file)");
+      }
+      return config;
+    };
+    Result<AgentConfig> config = build_config();
+    if (!config) return Fail(config.error());
+    Result<int> r = RunAgent(*config, build_config);
+    if (!r) return Fail(r.error());
+    return *r;
+  }
   if (inspect->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(inspect_file);
     if (!trace) return Fail(trace.error());

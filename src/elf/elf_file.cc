@@ -111,6 +111,8 @@ ElfFile& ElfFile::operator=(ElfFile&& other) noexcept {
   elf_type_ = other.elf_type_;
   sections_ = std::move(other.sections_);
   segments_ = std::move(other.segments_);
+  tls_ = std::move(other.tls_);
+  has_interp_ = other.has_interp_;
   symbols_ = std::move(other.symbols_);
   functions_by_addr_ = std::move(other.functions_by_addr_);
   return *this;
@@ -146,7 +148,10 @@ Status ElfFile::Parse() {
   if (elf_getphdrnum(elf_, &phnum) == 0) {
     for (size_t i = 0; i < phnum; ++i) {
       GElf_Phdr ph;
-      if (gelf_getphdr(elf_, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
+      if (gelf_getphdr(elf_, static_cast<int>(i), &ph) == nullptr) continue;
+      if (ph.p_type == PT_TLS && !tls_) tls_ = ElfTlsSegment{ph.p_vaddr, ph.p_filesz, ph.p_memsz, ph.p_align};
+      if (ph.p_type == PT_INTERP) has_interp_ = true;
+      if (ph.p_type != PT_LOAD) continue;
       segments_.push_back({ph.p_vaddr, ph.p_offset, ph.p_filesz, ph.p_memsz, ph.p_flags});
     }
   }
@@ -206,6 +211,46 @@ Status ElfFile::Parse() {
     return symbols_[a].value != symbols_[b].value ? symbols_[a].value < symbols_[b].value : a < b;
   });
   return Status::Ok();
+}
+
+std::vector<ElfRelocation> ElfFile::DynamicRelocations(uint32_t type) const {
+  std::vector<ElfRelocation> out;
+  if (elf_ == nullptr) return out;
+  for (Elf_Scn* scn = elf_nextscn(elf_, nullptr); scn != nullptr; scn = elf_nextscn(elf_, scn)) {
+    GElf_Shdr sh;
+    if (gelf_getshdr(scn, &sh) == nullptr || sh.sh_type != SHT_RELA || (sh.sh_flags & SHF_ALLOC) == 0 ||
+        sh.sh_entsize == 0) {
+      continue;
+    }
+    Elf_Data* data = elf_getdata(scn, nullptr);
+    if (data == nullptr) continue;
+    // The symbol table the entries index (.dynsym), for names; absent or unreadable: names stay empty.
+    Elf_Scn* symscn = sh.sh_link != 0 ? elf_getscn(elf_, sh.sh_link) : nullptr;
+    GElf_Shdr symsh;
+    Elf_Data* symdata = nullptr;
+    if (symscn != nullptr && gelf_getshdr(symscn, &symsh) != nullptr && symsh.sh_entsize != 0) {
+      symdata = elf_getdata(symscn, nullptr);
+    }
+    const size_t count = data->d_size / sh.sh_entsize;
+    for (size_t i = 0; i < count; ++i) {
+      GElf_Rela rela;
+      if (gelf_getrela(data, static_cast<int>(i), &rela) == nullptr) break;
+      if (GELF_R_TYPE(rela.r_info) != type) continue;
+      ElfRelocation r;
+      r.offset = rela.r_offset;
+      r.type = static_cast<uint32_t>(GELF_R_TYPE(rela.r_info));
+      r.symbol = static_cast<uint32_t>(GELF_R_SYM(rela.r_info));
+      r.addend = rela.r_addend;
+      GElf_Sym sym;
+      if (r.symbol != 0 && symdata != nullptr && r.symbol < symdata->d_size / symsh.sh_entsize &&
+          gelf_getsym(symdata, static_cast<int>(r.symbol), &sym) != nullptr) {
+        const char* name = elf_strptr(elf_, symsh.sh_link, sym.st_name);
+        if (name != nullptr) r.symbol_name = name;
+      }
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
 }
 
 std::optional<ElfSection> ElfFile::FindSection(std::string_view name) const {

@@ -49,6 +49,23 @@ struct ElfSegment {  // one PT_LOAD program header
   uint32_t flags = 0;  // PF_*
 };
 
+// The PT_TLS program header: the object's thread-local storage template (bytes).
+struct ElfTlsSegment {
+  uint64_t vaddr = 0;
+  uint64_t filesz = 0;  // initialized part (.tdata)
+  uint64_t memsz = 0;   // whole block (.tdata + .tbss)
+  uint64_t align = 0;   // p_align (0 or 1: no alignment)
+};
+
+// One entry of an allocated SHT_RELA section (.rela.dyn, .rela.plt): a relocation ld.so applies at load time.
+struct ElfRelocation {
+  uint64_t offset = 0;      // r_offset: the virtual address ld.so writes
+  uint32_t type = 0;        // R_X86_64_*
+  uint32_t symbol = 0;      // index into the section's symbol table (.dynsym); 0: none (the object's own module)
+  std::string symbol_name;  // "" when symbol is 0
+  int64_t addend = 0;
+};
+
 // True when `name` is `base` or `base` followed by GCC clone suffixes (`.constprop.N`, `.isra.N`, `.part.N`,
 // `.cold`, possibly chained, e.g. `gc_rest.part.0` or `do_mutex_lock.constprop.0.cold`).
 bool MatchesWithCloneSuffix(std::string_view name, std::string_view base);
@@ -74,6 +91,15 @@ class ElfFile {
   uint16_t elf_type() const { return elf_type_; }
   // The raw libelf handle, for libdw (dwarf_begin_elf). Valid as long as this object lives.
   Elf* handle() const { return elf_; }
+
+  // The PT_TLS header, if the object has thread-local storage.
+  const std::optional<ElfTlsSegment>& tls_segment() const { return tls_; }
+  // True when the file has a PT_INTERP header: an executable started through ld.so (PIE or not), as opposed to a
+  // shared library. Its TLS block is the first one (local-exec offsets are fixed at link time).
+  bool has_interp() const { return has_interp_; }
+  // The dynamic relocations of `type` (R_X86_64_*), from every allocated SHT_RELA section, in file order. Bounded by
+  // the section sizes; a malformed section yields what could be read.
+  std::vector<ElfRelocation> DynamicRelocations(uint32_t type) const;
 
   const std::vector<ElfSection>& sections() const { return sections_; }
   const std::vector<ElfSegment>& load_segments() const { return segments_; }
@@ -115,6 +141,8 @@ class ElfFile {
   uint16_t elf_type_ = 0;
   std::vector<ElfSection> sections_;
   std::vector<ElfSegment> segments_;
+  std::optional<ElfTlsSegment> tls_;
+  bool has_interp_ = false;
   std::vector<ElfSymbol> symbols_;
   std::vector<size_t> functions_by_addr_;  // indices into symbols_ of defined sized functions, sorted by value
 };

@@ -9,89 +9,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "export/pprof_builder.h"
 #include "trace/inspect.h"
 
 namespace rvbpfd {
 namespace {
-
-// --- Protobuf wire format (https://protobuf.dev/programming-guides/encoding/) -----------------------------------
-// Only what Profile needs: varint fields (wire type 0) and length-delimited fields (wire type 2), including packed
-// repeated varints. Nested messages are built in their own buffer and appended with their length.
-class ProtoBuffer {
- public:
-  void Varint(uint64_t v) {
-    while (v >= 0x80) {
-      out_.push_back(static_cast<char>((v & 0x7f) | 0x80));
-      v >>= 7;
-    }
-    out_.push_back(static_cast<char>(v));
-  }
-  void Tag(uint32_t field, uint32_t wire_type) { Varint((static_cast<uint64_t>(field) << 3) | wire_type); }
-  // int64 fields are varints of the two's complement value; proto3 leaves zero values out.
-  void IntField(uint32_t field, int64_t v) {
-    if (v == 0) return;
-    Tag(field, 0);
-    Varint(static_cast<uint64_t>(v));
-  }
-  void BoolField(uint32_t field, bool v) {
-    if (!v) return;
-    Tag(field, 0);
-    Varint(1);
-  }
-  void BytesField(uint32_t field, std::string_view bytes) {
-    Tag(field, 2);
-    Varint(bytes.size());
-    out_.append(bytes);
-  }
-  void MessageField(uint32_t field, const ProtoBuffer& message) { BytesField(field, message.out_); }
-  template <typename Int>
-  void PackedField(uint32_t field, const std::vector<Int>& values) {
-    if (values.empty()) return;
-    ProtoBuffer packed;
-    for (Int v : values) packed.Varint(static_cast<uint64_t>(v));
-    BytesField(field, packed.out_);
-  }
-  const std::string& bytes() const { return out_; }
-  std::string Take() { return std::move(out_); }
-  void Clear() { out_.clear(); }
-
- private:
-  std::string out_;
-};
-
-// Field numbers of proto/profile.proto.
-namespace field {
-constexpr uint32_t kProfileSampleType = 1, kProfileSample = 2, kProfileMapping = 3, kProfileLocation = 4,
-                   kProfileFunction = 5, kProfileStringTable = 6, kProfileTimeNanos = 9, kProfileDurationNanos = 10,
-                   kProfilePeriodType = 11, kProfilePeriod = 12, kProfileComment = 13,
-                   kProfileDefaultSampleType = 14;
-constexpr uint32_t kValueTypeType = 1, kValueTypeUnit = 2;
-constexpr uint32_t kSampleLocationId = 1, kSampleValue = 2, kSampleLabel = 3;
-constexpr uint32_t kLabelKey = 1, kLabelStr = 2, kLabelNum = 3;
-constexpr uint32_t kMappingId = 1, kMappingFilename = 5, kMappingBuildId = 6, kMappingHasFunctions = 7,
-                   kMappingHasFilenames = 8, kMappingHasLineNumbers = 9;
-constexpr uint32_t kLocationId = 1, kLocationMappingId = 2, kLocationLine = 4;
-constexpr uint32_t kLineFunctionId = 1, kLineLine = 2;
-constexpr uint32_t kFunctionId = 1, kFunctionName = 2, kFunctionFilename = 4;
-}  // namespace field
-
-class StringTable {
- public:
-  StringTable() { Index(""); }  // pprof requires string_table[0] == ""
-  int64_t Index(std::string_view s) {
-    auto it = index_.find(std::string(s));
-    if (it != index_.end()) return it->second;
-    const auto i = static_cast<int64_t>(strings_.size());
-    strings_.emplace_back(s);
-    index_.emplace(strings_.back(), i);
-    return i;
-  }
-  const std::vector<std::string>& strings() const { return strings_; }
-
- private:
-  std::vector<std::string> strings_;
-  std::unordered_map<std::string, int64_t> index_;
-};
 
 // "2025-01-31T12:34:56.789012Z" -> ns since the Unix epoch; nullopt for anything else.
 std::optional<int64_t> ParseIso8601Utc(const std::string& s) {
@@ -202,143 +124,78 @@ StackProfile AggregateStacks(const TraceFile& trace) {
 
 std::string BuildPprofProfile(const TraceFile& trace) {
   const StackProfile agg = AggregateStacks(trace);
-  StringTable strings;
-  ProtoBuffer profile;
-  ProtoBuffer msg;
-  auto value_type = [&](std::string_view type, std::string_view unit) {
-    ProtoBuffer vt;
-    vt.IntField(field::kValueTypeType, strings.Index(type));
-    vt.IntField(field::kValueTypeUnit, strings.Index(unit));
-    return vt;
-  };
+  PprofBuilder b;
   // Value order: samples/count, cpu/nanoseconds, gvl_wait/nanoseconds (proto/profile.proto).
-  profile.MessageField(field::kProfileSampleType, value_type("samples", "count"));
-  profile.MessageField(field::kProfileSampleType, value_type("cpu", "nanoseconds"));
-  profile.MessageField(field::kProfileSampleType, value_type("gvl_wait", "nanoseconds"));
+  b.AddSampleType("samples", "count");
+  b.AddSampleType("cpu", "nanoseconds");
+  b.AddSampleType("gvl_wait", "nanoseconds");
+  const std::string_view thread_key = "thread";
+  const std::string_view serial_key = "ruby_thread";
+  // Interned before the samples' label values so the string table keeps its order.
+  b.String(thread_key);
+  b.String(serial_key);
 
-  // Functions are (label, path); locations are frames (a label at a line), so pprof's line-level views work.
-  constexpr uint64_t kMappingIdVm = 1;
-  std::map<std::pair<std::string, std::string>, uint64_t> function_ids;
-  std::vector<std::pair<std::string, std::string>> functions;  // id - 1 -> (label, path)
-  std::unordered_map<uint32_t, uint64_t> location_of_frame;    // trace frame id -> location id
-  struct LocationRow {
-    uint64_t function_id;
-    int64_t line;
-  };
-  std::vector<LocationRow> locations;  // id - 1 -> row
-  auto function_id = [&](const std::string& label, const std::string& path) {
-    auto [it, inserted] = function_ids.try_emplace({label, path}, functions.size() + 1);
-    if (inserted) functions.emplace_back(label, path);
-    return it->second;
-  };
+  // Locations are frames (a label at a line), so pprof's line-level views work. Trace frame ids map 1:1 to
+  // FrameInfo (the writer interns them), so caching by id only saves hashing the strings again.
+  std::unordered_map<uint32_t, uint64_t> location_of_frame;  // trace frame id -> location id
   auto location_for_frame = [&](uint32_t frame_id) {
     auto it = location_of_frame.find(frame_id);
     if (it != location_of_frame.end()) return it->second;
     const FrameInfo* f = trace.Frame(frame_id);
-    const uint64_t fn = f != nullptr ? function_id(f->label, f->path)
-                                     : function_id("<unresolved frame " + std::to_string(frame_id) + ">", "");
-    locations.push_back({fn, f != nullptr ? std::max<int64_t>(f->line, 0) : 0});
-    location_of_frame.emplace(frame_id, locations.size());
-    return static_cast<uint64_t>(locations.size());
+    const uint64_t id =
+        f != nullptr ? b.Location(*f)
+                     : b.Location(FrameInfo{"<unresolved frame " + std::to_string(frame_id) + ">", "", 0,
+                                            FrameKind::kUnresolved});
+    location_of_frame.emplace(frame_id, id);
+    return id;
   };
-  uint64_t no_stack_location = 0;
-  auto no_stack = [&] {
-    if (no_stack_location == 0) {
-      locations.push_back({function_id(std::string(kNoStackFrame), ""), 0});
-      no_stack_location = locations.size();
-    }
-    return no_stack_location;
-  };
+  const FrameInfo no_stack_frame{std::string(kNoStackFrame), "", 0, FrameKind::kUnresolved};
 
-  const int64_t thread_key = strings.Index("thread");
-  const int64_t serial_key = strings.Index("ruby_thread");
   std::vector<uint64_t> location_ids;
-  std::vector<int64_t> values;
+  std::vector<PprofLabel> labels;
   for (const auto& [key, w] : agg.weights) {
     const auto [stack_id, serial] = key;
     location_ids.clear();
     if (const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr; frames != nullptr) {
       for (uint32_t f : *frames) location_ids.push_back(location_for_frame(f));  // leaf first, as pprof wants
     }
-    if (location_ids.empty()) location_ids.push_back(no_stack());
-    values = {static_cast<int64_t>(w.samples), static_cast<int64_t>(w.samples * agg.period_ns),
-              static_cast<int64_t>(w.gvl_wait_ns)};
-    msg.Clear();
-    msg.PackedField(field::kSampleLocationId, location_ids);
-    msg.PackedField(field::kSampleValue, values);
+    if (location_ids.empty()) location_ids.push_back(b.Location(no_stack_frame));
+    const int64_t values[] = {static_cast<int64_t>(w.samples), static_cast<int64_t>(w.samples * agg.period_ns),
+                              static_cast<int64_t>(w.gvl_wait_ns)};
+    labels.clear();
+    std::string thread_name;
     if (serial != kNoThread) {
-      ProtoBuffer label;
-      label.IntField(field::kLabelKey, thread_key);
-      label.IntField(field::kLabelStr, strings.Index(RubyThreadLabel(trace, serial)));
-      msg.MessageField(field::kSampleLabel, label);
-      label.Clear();
-      label.IntField(field::kLabelKey, serial_key);
-      // A numeric label of 0 would be left out by the proto3 rule; main on 3.2 is serial 0, so write it anyway.
-      label.Tag(field::kLabelNum, 0);
-      label.Varint(serial);
-      msg.MessageField(field::kSampleLabel, label);
+      thread_name = RubyThreadLabel(trace, serial);
+      labels.push_back(PprofLabel{.key = thread_key, .str = thread_name});
+      // Numeric, written even when 0: main on 3.2 is serial 0.
+      labels.push_back(PprofLabel{.key = serial_key, .num = static_cast<int64_t>(serial)});
     }
-    profile.MessageField(field::kProfileSample, msg);
+    // Cannot fail: three values for three sample types, ids from Location.
+    (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
 
-  ProtoBuffer mapping;
-  mapping.IntField(field::kMappingId, kMappingIdVm);
-  mapping.IntField(field::kMappingFilename,
-                   strings.Index(trace.header.ruby_version.empty() ? "ruby" : "ruby " + trace.header.ruby_version));
-  if (!trace.header.build_id.empty()) mapping.IntField(field::kMappingBuildId, strings.Index(trace.header.build_id));
-  // Every location carries its function and line already: tools must not try to symbolize addresses.
-  mapping.BoolField(field::kMappingHasFunctions, true);
-  mapping.BoolField(field::kMappingHasFilenames, true);
-  mapping.BoolField(field::kMappingHasLineNumbers, true);
-  profile.MessageField(field::kProfileMapping, mapping);
-
-  for (size_t i = 0; i < locations.size(); ++i) {
-    msg.Clear();
-    msg.IntField(field::kLocationId, static_cast<int64_t>(i + 1));
-    msg.IntField(field::kLocationMappingId, kMappingIdVm);
-    ProtoBuffer line;
-    line.IntField(field::kLineFunctionId, static_cast<int64_t>(locations[i].function_id));
-    line.IntField(field::kLineLine, locations[i].line);
-    msg.MessageField(field::kLocationLine, line);
-    profile.MessageField(field::kProfileLocation, msg);
-  }
-  for (size_t i = 0; i < functions.size(); ++i) {
-    msg.Clear();
-    msg.IntField(field::kFunctionId, static_cast<int64_t>(i + 1));
-    // system_name stays empty on purpose: pprof treats a function whose name equals its system name as not yet
-    // demangled, and its C++ heuristics then cut "<main>", "block in <main>" or "#<Class:0x...>#hi" at the '<'.
-    msg.IntField(field::kFunctionName, strings.Index(functions[i].first));
-    msg.IntField(field::kFunctionFilename, strings.Index(functions[i].second));
-    profile.MessageField(field::kProfileFunction, msg);
-  }
-
-  if (std::optional<int64_t> wall = ParseIso8601Utc(trace.header.started_at)) {
-    profile.IntField(field::kProfileTimeNanos, *wall);
-  }
+  b.SetMapping(trace.header.ruby_version.empty() ? "ruby" : "ruby " + trace.header.ruby_version,
+               trace.header.build_id);
+  if (std::optional<int64_t> wall = ParseIso8601Utc(trace.header.started_at)) b.SetTimeNanos(*wall);
   uint64_t duration_ns = 0;
   if (trace.summary) {
     duration_ns = static_cast<uint64_t>(trace.summary->duration_ms * 1e6);
   } else {
     for (const TraceEvent& e : trace.events) duration_ns = std::max(duration_ns, e.t_ns);
   }
-  profile.IntField(field::kProfileDurationNanos, static_cast<int64_t>(duration_ns));
-  profile.MessageField(field::kProfilePeriodType, value_type("cpu", "nanoseconds"));
-  profile.IntField(field::kProfilePeriod, static_cast<int64_t>(agg.period_ns));
-  std::vector<std::string> comments = {"rvbpfd export of pid " + std::to_string(trace.header.pid) + " (" +
-                                       trace.header.recorder + ", ruby " + trace.header.ruby_version + ")"};
+  b.SetDurationNanos(static_cast<int64_t>(duration_ns));
+  b.SetPeriod("cpu", "nanoseconds", static_cast<int64_t>(agg.period_ns));
+  b.AddComment("rvbpfd export of pid " + std::to_string(trace.header.pid) + " (" + trace.header.recorder +
+               ", ruby " + trace.header.ruby_version + ")");
   if (agg.period_assumed && agg.total_samples > 0) {
-    comments.push_back("the trace has no sample_hz: " + std::to_string(kDefaultSampleHz) + " Hz assumed");
+    b.AddComment("the trace has no sample_hz: " + std::to_string(kDefaultSampleHz) + " Hz assumed");
   }
   if (agg.waits_skipped > 0) {
-    comments.push_back(std::to_string(agg.waits_skipped) +
-                       " GVL waits not counted: events were lost or tracing paused during them");
+    b.AddComment(std::to_string(agg.waits_skipped) +
+                 " GVL waits not counted: events were lost or tracing paused during them");
   }
-  for (const std::string& c : comments) profile.IntField(field::kProfileComment, strings.Index(c));
-  profile.IntField(field::kProfileDefaultSampleType, strings.Index("cpu"));
-
-  // The string table goes last: only now is every string known. Field order does not matter to decoders.
-  for (const std::string& s : strings.strings()) profile.BytesField(field::kProfileStringTable, s);
-  return profile.Take();
+  b.SetDefaultSampleType("cpu");
+  return b.Build();
 }
 
 Result<std::string> Gzip(std::string_view data) {

@@ -9,7 +9,8 @@
 //     followed by a gvl_acquired, as in 3.2's timeslices), else the stack of its latest sample, else a "[no stack]"
 //     frame. A wait open across lost events (events_dropped) or a tracing pause is not
 //     counted: its end points may belong to different waits.
-// Samples and waits are aggregated per (stack, Ruby thread); each pprof sample is labelled with the thread.
+// Samples and waits are aggregated per (stack, Ruby thread); each pprof sample is labelled with the thread. The
+// Profile message is encoded by PprofBuilder (export/pprof_builder.h), which the fleet agent's profiles share.
 #ifndef RVBPFD_SRC_EXPORT_PPROF_H_
 #define RVBPFD_SRC_EXPORT_PPROF_H_
 

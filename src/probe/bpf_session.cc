@@ -19,6 +19,8 @@ namespace {
 // BPF_TRACE_UPROBE_MULTI (kernel >= 6.6). Debian 12's uapi headers and libbpf 1.1 predate it, so the value and the
 // link_create layout below are spelled out here from the kernel ABI (they are stable uapi).
 constexpr uint32_t kBpfTraceUprobeMulti = 48;
+// link_create.uprobe_multi.flags (multi_flags below): the link's probes are return probes.
+constexpr uint32_t kBpfFUprobeMultiReturn = 1;
 
 struct UprobeMultiLinkAttr {
   uint32_t prog_fd;
@@ -70,6 +72,10 @@ void SiteGroup::Detach() {
     close(multi_link_fd_);
     multi_link_fd_ = -1;
   }
+  if (multi_ret_link_fd_ >= 0) {
+    close(multi_ret_link_fd_);
+    multi_ret_link_fd_ = -1;
+  }
   for (bpf_link* link : links_) bpf_link__destroy(link);
   links_.clear();
 }
@@ -80,6 +86,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
   std::unique_ptr<BpfSession> session(new BpfSession());
   session->on_record_ = std::move(on_record);
   session->force_single_ = options.force_single_links;
+  session->watch_processes_ = options.watch_processes;
   session->ncpus_ = libbpf_num_possible_cpus();
   if (session->ncpus_ <= 0) return BpfError("counting possible CPUs", -session->ncpus_);
 
@@ -92,6 +99,11 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
     bpf_map__set_max_entries(skel->maps.events, RoundRingSize(options.ring_buffer_bytes));
     // Two stack scratch slots per possible CPU, uprobes and samples apart (bpf/rvbpfd.bpf.c says why).
     bpf_map__set_max_entries(skel->maps.stack_scratch, 2 * static_cast<uint32_t>(session->ncpus_));
+    if (!options.watch_processes) {
+      bpf_program__set_autoload(skel->progs.rv_proc_exec, false);
+      bpf_program__set_autoload(skel->progs.rv_proc_exit, false);
+      bpf_program__set_autoload(skel->progs.rv_proc_fork, false);
+    }
     if (want_multi) {
       bpf_program__set_expected_attach_type(skel->progs.rv_site_multi,
                                             static_cast<enum bpf_attach_type>(kBpfTraceUprobeMulti));
@@ -123,6 +135,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
 }
 
 BpfSession::~BpfSession() {
+  for (bpf_link* link : proc_links_) bpf_link__destroy(link);
   for (bpf_link* link : perf_links_) bpf_link__destroy(link);
   for (int fd : perf_fds_) close(fd);
   if (ring_) ring_buffer__free(ring_);
@@ -218,6 +231,17 @@ Status BpfSession::RemovePid(uint32_t pid) {
   if (bpf_map_delete_elem(bpf_map__fd(skel_->maps.target_pids), &pid) != 0 && errno != ENOENT) {
     return BpfError("removing pid " + std::to_string(pid) + " from the BPF pid filter", errno);
   }
+  // A reused pid must not inherit this process's EC route.
+  if (bpf_map_delete_elem(bpf_map__fd(skel_->maps.proc_ec), &pid) != 0 && errno != ENOENT) {
+    return BpfError("removing pid " + std::to_string(pid) + " from the BPF proc_ec map", errno);
+  }
+  return Status::Ok();
+}
+
+Status BpfSession::SetProcEc(uint32_t pid, const rv_proc_ec& route) {
+  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.proc_ec), &pid, &route, BPF_ANY) != 0) {
+    return BpfError("setting the EC route of pid " + std::to_string(pid), errno);
+  }
   return Status::Ok();
 }
 
@@ -238,6 +262,7 @@ Result<std::unique_ptr<SiteGroup>> BpfSession::Attach(const std::string& path, c
     }
     group->offsets_.push_back(spec.file_offset);
     group->cookies_.push_back(cookie);
+    group->return_probe_.push_back(spec.return_probe);
   }
   Status st = AttachGroup(*group);
   if (!st) return st.error();
@@ -249,25 +274,63 @@ Status BpfSession::Reattach(SiteGroup& group) {
   return AttachGroup(group);
 }
 
+Status BpfSession::Reattach(SiteGroup& group, const std::string& path) {
+  if (group.attached()) return Status::Ok();
+  group.path_ = path;
+  return AttachGroup(group);
+}
+
+Status BpfSession::WatchProcesses() {
+  if (!watch_processes_) return Error(ErrorCode::kInternal, "the session was opened without watch_processes");
+  if (!proc_links_.empty()) return Status::Ok();
+  for (bpf_program* prog : {skel_->progs.rv_proc_exec, skel_->progs.rv_proc_exit, skel_->progs.rv_proc_fork}) {
+    bpf_link* link = bpf_program__attach(prog);
+    if (!link) {
+      const int err = errno;
+      for (bpf_link* l : proc_links_) bpf_link__destroy(l);
+      proc_links_.clear();
+      return BpfError(std::string("attaching the ") + bpf_program__name(prog) +
+                          " raw tracepoint (sched_process_exec, sched_process_exit, sched_process_fork)",
+                      err);
+    }
+    proc_links_.push_back(link);
+  }
+  return Status::Ok();
+}
+
 Status BpfSession::AttachGroup(SiteGroup& group) {
   if (multi_supported_ && !force_single_) {
-    union bpf_attr attr;
-    std::memset(&attr, 0, sizeof(attr));
-    UprobeMultiLinkAttr multi{};
-    multi.prog_fd = static_cast<uint32_t>(bpf_program__fd(skel_->progs.rv_site_multi));
-    multi.attach_type = kBpfTraceUprobeMulti;
-    multi.path = reinterpret_cast<uint64_t>(group.path_.c_str());
-    multi.offsets = reinterpret_cast<uint64_t>(group.offsets_.data());
-    multi.cookies = reinterpret_cast<uint64_t>(group.cookies_.data());
-    multi.cnt = static_cast<uint32_t>(group.offsets_.size());
-    multi.pid = group.pid_ > 0 ? static_cast<uint32_t>(group.pid_) : 0;
-    std::memcpy(&attr, &multi, sizeof(multi));
-    int fd = static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
-    if (fd >= 0) {
-      group.multi_link_fd_ = fd;
-      return Status::Ok();
+    // A multi link is all entry probes or all return probes (BPF_F_UPROBE_MULTI_RETURN is per link): one of each.
+    int err = 0;
+    for (bool ret : {false, true}) {
+      std::vector<uint64_t> offsets, cookies;
+      for (size_t i = 0; i < group.offsets_.size(); ++i) {
+        if (group.return_probe_[i] != ret) continue;
+        offsets.push_back(group.offsets_[i]);
+        cookies.push_back(group.cookies_[i]);
+      }
+      if (offsets.empty()) continue;
+      union bpf_attr attr;
+      std::memset(&attr, 0, sizeof(attr));
+      UprobeMultiLinkAttr multi{};
+      multi.prog_fd = static_cast<uint32_t>(bpf_program__fd(skel_->progs.rv_site_multi));
+      multi.attach_type = kBpfTraceUprobeMulti;
+      multi.multi_flags = ret ? kBpfFUprobeMultiReturn : 0;
+      multi.path = reinterpret_cast<uint64_t>(group.path_.c_str());
+      multi.offsets = reinterpret_cast<uint64_t>(offsets.data());
+      multi.cookies = reinterpret_cast<uint64_t>(cookies.data());
+      multi.cnt = static_cast<uint32_t>(offsets.size());
+      multi.pid = group.pid_ > 0 ? static_cast<uint32_t>(group.pid_) : 0;
+      std::memcpy(&attr, &multi, sizeof(multi));
+      int fd = static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
+      if (fd < 0) {
+        err = errno;
+        group.Detach();
+        break;
+      }
+      (ret ? group.multi_ret_link_fd_ : group.multi_link_fd_) = fd;
     }
-    const int err = errno;
+    if (err == 0) return Status::Ok();
     if (err == EPERM || err == EACCES || err == ESRCH || err == ENOENT) {
       return BpfError("attaching " + std::to_string(group.offsets_.size()) + " uprobes to " + group.path_, err);
     }
@@ -275,7 +338,8 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
     multi_supported_ = false;
   }
   for (size_t i = 0; i < group.offsets_.size(); ++i) {
-    LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = group.cookies_[i], .retprobe = false);
+    const bool ret = group.return_probe_[i];
+    LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = group.cookies_[i], .retprobe = ret);
     bpf_link* link = bpf_program__attach_uprobe_opts(skel_->progs.rv_site_single, group.pid_ > 0 ? group.pid_ : -1,
                                                      group.path_.c_str(), group.offsets_[i], &opts);
     if (!link) {
@@ -283,7 +347,9 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
       group.Detach();
       char hex[32];
       snprintf(hex, sizeof(hex), "0x%llx", static_cast<unsigned long long>(group.offsets_[i]));
-      return BpfError("attaching a uprobe at " + group.path_ + "+" + hex, err);
+      return BpfError(std::string("attaching a ") + (ret ? "return probe" : "uprobe") + " at " + group.path_ + "+" +
+                          hex,
+                      err);
     }
     group.links_.push_back(link);
   }
@@ -310,9 +376,43 @@ rv_counters BpfSession::ReadCounters() const {
     total.events += c.events;
     total.samples += c.samples;
     total.samples_dropped += c.samples_dropped;
+    total.samples_ec_tls += c.samples_ec_tls;
+    total.samples_ec_ractor += c.samples_ec_ractor;
+    total.samples_ec_current_th += c.samples_ec_current_th;
+    total.samples_no_ec += c.samples_no_ec;
+    total.probe_hits += c.probe_hits;
+    total.hits_discarded += c.hits_discarded;
     total.ring_high_water = std::max(total.ring_high_water, c.ring_high_water);
   }
   return total;
+}
+
+std::vector<uint64_t> BpfSession::ReadSiteHits() const {
+  // The recorder reads this at every budget check (every 1-5 ms), so one batch syscall for all assigned cookies;
+  // one lookup per cookie only if the kernel refuses batches.
+  const uint32_t n = next_cookie_;
+  const size_t ncpu = static_cast<size_t>(ncpus_);
+  std::vector<uint64_t> hits(n, 0);
+  if (n == 0) return hits;
+  const int fd = bpf_map__fd(skel_->maps.site_hits);
+  std::vector<uint32_t> keys(n);
+  std::vector<uint64_t> values(n * ncpu);  // per key, one u64 per possible CPU
+  uint32_t out_batch = 0, count = n;
+  LIBBPF_OPTS(bpf_map_batch_opts, opts);
+  const int err = bpf_map_lookup_batch(fd, nullptr, &out_batch, keys.data(), values.data(), &count, &opts);
+  if ((err == 0 || err == -ENOENT) && count == n) {
+    for (uint32_t i = 0; i < count; ++i) {
+      if (keys[i] >= n) continue;
+      for (size_t c = 0; c < ncpu; ++c) hits[keys[i]] += values[i * ncpu + c];
+    }
+    return hits;
+  }
+  std::vector<uint64_t> per_cpu(ncpu);
+  for (uint32_t cookie = 0; cookie < n; ++cookie) {
+    if (bpf_map_lookup_elem(fd, &cookie, per_cpu.data()) != 0) return {};
+    for (uint64_t v : per_cpu) hits[cookie] += v;
+  }
+  return hits;
 }
 
 }  // namespace rvbpfd

@@ -27,12 +27,19 @@ struct SessionOptions {
   uint32_t ring_buffer_bytes = 4u << 20;
   // Force one link per site even when the kernel has multi-uprobe links (tests the fallback path).
   bool force_single_links = false;
+  // Load the process lifecycle tracepoints (exec, exit of a watched process) for the fleet agent; the
+  // single-process recorder leaves them out of the kernel entirely. WatchProcesses() attaches them.
+  bool watch_processes = false;
 };
 
 // One site to attach: its file offset in the VM binary and what the BPF program needs to know about it.
 struct SiteSpec {
   uint64_t file_offset;
   rv_site site;
+  // A return probe (uretprobe) on the function starting at file_offset, instead of a probe on the instruction. Used
+  // only for functions that never block or switch native threads (the GC fallback sites, src/sites): under M:N a
+  // function that returns on another native thread makes the kernel SIGILL the target.
+  bool return_probe = false;
 };
 
 // A set of uprobes attached together (one multi-uprobe link, or one link per site on older kernels). Detaching and
@@ -42,8 +49,10 @@ class SiteGroup {
   ~SiteGroup();
   SiteGroup(const SiteGroup&) = delete;
   SiteGroup& operator=(const SiteGroup&) = delete;
-  bool attached() const { return multi_link_fd_ >= 0 || !links_.empty(); }
+  bool attached() const { return multi_link_fd_ >= 0 || multi_ret_link_fd_ >= 0 || !links_.empty(); }
   size_t size() const { return offsets_.size(); }
+  // The BPF cookies of the group's sites (indexes into BpfSession::ReadSiteHits).
+  const std::vector<uint64_t>& cookies() const { return cookies_; }
 
  private:
   friend class BpfSession;
@@ -54,7 +63,9 @@ class SiteGroup {
   int pid_ = -1;
   std::vector<uint64_t> offsets_;
   std::vector<uint64_t> cookies_;
+  std::vector<bool> return_probe_;  // per site (SiteSpec::return_probe)
   int multi_link_fd_ = -1;
+  int multi_ret_link_fd_ = -1;  // the group's return probes, when it has any (a multi link is all entry or all return)
   std::vector<bpf_link*> links_;
 };
 
@@ -84,6 +95,9 @@ class BpfSession {
   // Opens a software cpu-clock perf event on every online CPU firing `hz` times per second of CPU time and attaches
   // the sampling program to each. The BPF side keeps only the targets' threads (pid filter).
   Status StartSampling(int hz);
+  // How samples of process `pid` find their EC (proc_ec map, bpf/ruby_ec.h; src/stacks/ec_route.h computes it).
+  // Without it that process's samples use only current_th. RemovePid removes it too.
+  Status SetProcEc(uint32_t pid, const rv_proc_ec& route);
   // Adds a process to the BPF pid filter.
   Status AddPid(uint32_t pid);
   Status RemovePid(uint32_t pid);
@@ -95,11 +109,20 @@ class BpfSession {
   // Detaches a group's uprobes (the target stops paying for the traps) and attaches them again.
   void Detach(SiteGroup& group) { group.Detach(); }
   Status Reattach(SiteGroup& group);
+  // The same at another path to the same file (the fleet agent attaches through /proc/self/fd/N of an O_PATH fd it
+  // holds, since the /proc/PID/root path of the process that brought the binary dies with that process).
+  Status Reattach(SiteGroup& group, const std::string& path);
+  // Attaches the exec, exit and fork tracepoints (needs SessionOptions::watch_processes). Exec records also need
+  // rv_config.watch_exec. Records arrive through the record callback with kind RV_EV_PROC_EXEC / _EXIT / _FORK.
+  Status WatchProcesses();
 
   // Drains the ring buffer, waiting at most timeout_ms for data. Returns records consumed or a kBpf error.
   Result<int> Poll(int timeout_ms);
   // Sums the per-CPU counters.
   rv_counters ReadCounters() const;
+  // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
+  // BPF discarded. Empty when the map cannot be read.
+  std::vector<uint64_t> ReadSiteHits() const;
   bool uses_multi_links() const { return multi_supported_; }
 
  private:
@@ -113,6 +136,8 @@ class BpfSession {
   StackCallback on_stack_;
   std::vector<int> perf_fds_;          // owned: one cpu-clock event per CPU
   std::vector<bpf_link*> perf_links_;  // owned
+  std::vector<bpf_link*> proc_links_;  // owned: the lifecycle tracepoints (WatchProcesses)
+  bool watch_processes_ = false;
   bool multi_supported_ = false;
   bool force_single_ = false;
   uint32_t next_cookie_ = 0;

@@ -1,51 +1,122 @@
 // OverheadBudget decides when --max-overhead pauses the high-rate probe sites.
 //
-// The target pays one int3 trap per probe hit (about 10-13 us on a VM), so its time lost to probes is estimated as
-// hits x cost_per_hit. Time is cut into windows (1 s by default); within a window the probes may cost at most
-// budget% of the window. Once the window's allowance is spent, the high-rate sites are detached until the window
-// ends, then reattached: over each window the estimated cost stays within the budget plus what accrues between two
-// checks (the daemon checks every 5 ms while a budget is set). Detaching and reattaching uprobes is itself costly for
-// the target (breakpoints are written into its text pages under its mmap lock), so while the program stays busy
-// each paused window is followed by one twice as long (up to 8x the base); a window that ends without a pause resets
-// the length.
+// What the target pays: one int3 trap per probe hit (about 10-15 us on a VM), whether or not the hit becomes a
+// record. The input is therefore the trap count BPF keeps before any filtering (rv_counters.probe_hits), not the
+// records: in a shared libruby the Mutex#lock site is also entered by every IO#write (rb_mutex_synchronize calls
+// rb_mutex_lock through the PLT) and BPF discards those hits by caller, so "records written + dropped" undercounted
+// the traps by one per write. With that site also left attached while paused, the budget overran on a shared
+// libruby (io_heavy with --max-overhead 5: 1.46x); the recorder now pauses it with the GVL sites.
+//
+// The estimate is traps x cost_per_trap plus charged costs. Time is cut into windows (250 ms by default); within a
+// window the probes may cost at most budget% of it. Once the window's allowance is spent the pausable sites are
+// detached until the window ends, then reattached. Short windows bound what a short run can overspend: a run of T s
+// pays at most one window's allowance more than budget% x T (the allowance is spent at the start of a window).
+// Between two checks the daemon does not see traps, so the budget predicts when the allowance will run out at the
+// current trap rate and asks to be checked again then (NextCheckNs, 1-5 ms, earlier by the lateness its recent
+// wakeups showed: a loaded machine wakes the daemon late), and pauses early when the allowance would run out before
+// the soonest next check. What a window still spends beyond its allowance (traps while the detach takes effect:
+// ~3 ms on a busy 2-core VM, the breakpoints go one site at a time under the target's mmap lock) is carried into the
+// next window (at most one allowance), so over a long run the budget holds and a short run overspends by at most
+// about one window's allowance plus one overshoot.
+//
+// Detaching and reattaching: uprobe (un)registration writes the breakpoints into the target's text pages (a COW
+// copy per probed page, under its mmap lock) and costs the daemon ~0.05-0.2 ms of CPU per group
+// (benchmarks/reattach_cost.cc; the detach also waits ~40 ms for an RCU grace period, which blocks only the daemon).
+// A shared libruby costs no more than a static ruby here: the kernel writes breakpoints only into the mm the link
+// is filtered to (the target). It does take, per site and per (un)registration, the mmap write lock of every process
+// mapping the file, so each pause and resume briefly holds up mmap/munmap/page faults of other processes using the
+// same libruby (or the same static ruby executable); the probed text is not written there. The target-side part is
+// below what that benchmark resolves on a 2-core VM, so the daemon charges what it can measure: its own CPU time
+// for each detach and reattach (Charge), which on a machine whose cores are all busy competes with the target one
+// for one.
+//
+// The sites that stay attached while paused (thread start/exit, GC) keep trapping; with unpausable traps passed to
+// Update, floor_pct() says what they alone cost over the last window, so the recorder can say when no pause can hold
+// the budget.
 //
 // Pure logic with the clock passed in, so it is unit-tested without BPF. Not thread-safe; used by the main loop.
 #ifndef RVBPFD_SRC_RECORD_OVERHEAD_BUDGET_H_
 #define RVBPFD_SRC_RECORD_OVERHEAD_BUDGET_H_
 
 #include <cstdint>
+#include <vector>
+
+#include "rvbpfd/abi.h"
 
 namespace rvbpfd {
+
+// The budget's inputs, from BPF's counters: every trap of the target (probe_hits, which includes the hits BPF
+// discarded; never records written + dropped, which miss those), and the traps of the sites that stay attached while
+// paused (per-site hits summed over their cookies; cookies beyond site_hits count 0).
+struct TrapCounts {
+  uint64_t total = 0;
+  uint64_t unpausable = 0;
+};
+TrapCounts CountTraps(const rv_counters& counters, const std::vector<uint64_t>& site_hits,
+                      const std::vector<uint64_t>& unpausable_cookies);
 
 class OverheadBudget {
  public:
   enum class Action { kNone, kPause, kResume };
 
-  // budget_pct <= 0: never pauses (estimates only). cost_us: one probe hit, microseconds.
-  OverheadBudget(double budget_pct, double cost_us, uint64_t window_ns = 1'000'000'000)
-      : budget_pct_(budget_pct), cost_ns_(cost_us * 1000.0), base_window_ns_(window_ns), window_ns_(window_ns) {}
+  static constexpr uint64_t kDefaultWindowNs = 250'000'000;
+  // Bounds of NextCheckNs: never later than the daemon's usual 5 ms check, never sooner than 1 ms (poll granularity).
+  static constexpr uint64_t kMaxCheckNs = 5'000'000;
+  static constexpr uint64_t kMinCheckNs = 1'000'000;
 
-  // now_ns: monotonic time; hits_total: cumulative probe hits (records written + dropped) since the start.
-  Action Update(uint64_t now_ns, uint64_t hits_total);
+  // budget_pct <= 0: never pauses (estimates only). cost_us: one probe trap, microseconds.
+  OverheadBudget(double budget_pct, double cost_us, uint64_t window_ns = kDefaultWindowNs)
+      : budget_pct_(budget_pct), cost_ns_(cost_us * 1000.0), window_ns_(window_ns) {}
+
+  // now_ns: monotonic time. traps_total: cumulative probe traps of the target since the start (BPF probe_hits: every
+  // hit, including those BPF discarded). unpausable_total: the part of traps_total taken at sites that stay attached
+  // while paused (0 when unknown).
+  Action Update(uint64_t now_ns, uint64_t traps_total, uint64_t unpausable_total = 0);
+  Action Update(uint64_t now_ns, const TrapCounts& traps) { return Update(now_ns, traps.total, traps.unpausable); }
+
+  // Target time the probes cost outside their traps (ns), charged to the current window: the daemon's CPU time for
+  // detaching and reattaching a group.
+  void Charge(double cost_ns) { charged_ns_ += cost_ns; }
+
+  // When to call Update next (ns from now_ns): at the predicted exhaustion of the allowance at the trap rate seen
+  // between the last two updates, less the lateness of recent wakeups, within [kMinCheckNs, kMaxCheckNs];
+  // kMaxCheckNs while paused or without a budget; capped at the end of the window. The next Update measures how
+  // late it came against this answer.
+  uint64_t NextCheckNs(uint64_t now_ns);
 
   bool paused() const { return paused_; }
-  // Estimated share of wall time the target spent in probe traps during the last complete window (percent).
-  double last_window_pct() const { return last_window_pct_; }
-  // Length of the current window (ns): the base length, doubled after each window that ended paused.
   uint64_t window_ns() const { return window_ns_; }
+  // Estimated share of wall time the target spent in probe traps (and charges) during the last complete window (%).
+  double last_window_pct() const { return last_window_pct_; }
+  // The same for the unpausable sites alone (%): above the budget, pausing cannot hold it.
+  double floor_pct() const { return floor_pct_; }
   // The same for the current window so far (percent).
-  double current_pct(uint64_t now_ns, uint64_t hits_total) const;
+  double current_pct(uint64_t now_ns, uint64_t traps_total) const;
+  // Windows that have ended so far.
+  uint64_t windows() const { return windows_; }
 
  private:
+  double SpentNs(uint64_t traps_total) const;
+
   double budget_pct_;
   double cost_ns_;
-  uint64_t base_window_ns_;
   uint64_t window_ns_;
   bool started_ = false;
   bool paused_ = false;
   uint64_t window_start_ns_ = 0;
-  uint64_t window_start_hits_ = 0;
+  uint64_t window_start_traps_ = 0;
+  uint64_t window_start_unpausable_ = 0;
+  double charged_ns_ = 0;  // charges in the current window, including carried_ns_
+  double carried_ns_ = 0;  // the previous window's overspend, owed by this one
+  uint64_t requested_at_ns_ = 0;  // when NextCheckNs was last asked, and what it answered (0: not since Update)
+  uint64_t requested_ns_ = 0;
+  double lateness_ns_ = 0;  // how much later than asked the daemon's checks came, recently
+  uint64_t last_ns_ = 0;   // previous Update
+  uint64_t last_traps_ = 0;
+  double rate_ = 0;  // trap cost per ns of wall time between the last two updates (unitless share)
   double last_window_pct_ = 0;
+  double floor_pct_ = 0;
+  uint64_t windows_ = 0;
 };
 
 }  // namespace rvbpfd

@@ -23,9 +23,11 @@
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "record/launch.h"
+#include "record/ec_install.h"
 #include "record/overhead_budget.h"
 #include "record/release_reason.h"
 #include "record/stack_resolver.h"
+#include "record/vm_binary.h"
 #include "sites/sites.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
@@ -41,6 +43,13 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
+
+// CPU time of the calling thread (ns): what detaching/reattaching probes cost the daemon, charged to the budget.
+uint64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
 
 uint64_t MonotonicNs() {
   timespec ts;
@@ -67,12 +76,6 @@ std::string DefaultOutput(int pid) {
   snprintf(buf, sizeof(buf), "rvbpfd-%d-%04d%02d%02d-%02d%02d%02d.rvtrace", pid, local.tm_year + 1900,
            local.tm_mon + 1, local.tm_mday, local.tm_hour, local.tm_min, local.tm_sec);
   return buf;
-}
-
-// Scheduler events that fire on every GVL hand-off: the sites --max-overhead detaches. The rest (thread start/exit,
-// GC, sleep, mutex) are rare enough to stay attached, so a paused window still shows threads and GC.
-bool IsHighRate(uint8_t event) {
-  return event == RV_EV_THREAD_READY || event == RV_EV_THREAD_RESUMED || event == RV_EV_THREAD_SUSPENDED;
 }
 
 bool ProcessGone(int pid) {
@@ -129,46 +132,6 @@ struct Target {
   std::string build_id;
 };
 
-// Lowest start address of the mappings of `path` (matched by inode, so a /proc/PID/root/... host path and the
-// target's own view of the file agree) in the target's /proc/PID/maps; nullopt when it is not mapped (yet).
-std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return std::nullopt;
-  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-  std::string line;
-  std::optional<uint64_t> lowest;
-  while (std::getline(maps, line)) {
-    std::istringstream in(line);
-    std::string range, perms, offset, dev;
-    uint64_t inode = 0;
-    if (!(in >> range >> perms >> offset >> dev >> inode) || inode != st.st_ino) continue;
-    const uint64_t start = std::stoull(range, nullptr, 16);
-    if (!lowest || start < *lowest) lowest = start;
-  }
-  return lowest;
-}
-
-// Everything the daemon needs to turn stack records into trace frames: built once per recording, before attach.
-struct StackSetup {
-  RubyOffsets offsets;
-  uint64_t global_symbols_vaddr = 0;  // ELF vaddr of ruby_global_symbols (0: C function names unresolved)
-};
-
-Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& ruby_version) {
-  int major = 0, minor = 0, teeny = 0;
-  if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
-    return Error(ErrorCode::kUnsupportedVersion, "cannot parse ruby_version " + ruby_version);
-  }
-  Result<ElfFile> elf = ElfFile::Open(vm_path);
-  if (!elf) return elf.error();
-  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, nullptr);
-  if (!off) return off.error();
-  StackSetup s;
-  s.offsets = *off;
-  if (Result<uint64_t> g = FindGlobalSymbolsVaddr(*elf); g) s.global_symbols_vaddr = *g;
-  return s;
-}
-
 // The rvtrace header's name for a --stacks value.
 std::string StacksModeName(const std::string& option) {
   if (option == "off") return "off";
@@ -220,11 +183,22 @@ Result<int> Record(const RecordOptions& o) {
     target.build_id = t->build_id;
   }
 
-  Result<SiteSet> sites = LoadOrFindSites(target.vm_path, target.ruby_version, o.cache_dir);
-  if (!sites) {
+  // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
+  const bool stacks_on = o.stacks != "off";
+  const bool sampling = o.hz > 0;
+  Result<PreparedBinary> prepared = PrepareVmBinary(target.vm_path, target.ruby_version, o.cache_dir,
+                                                    stacks_on || sampling);
+  if (!prepared) {
     if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
-    return sites.error();
+    return prepared.error();
   }
+  if (o.gc_probes == "fallback") {
+    // Diagnostic: the function-level GC probes even where the binary has GC hook-check sites (src/sites).
+    Result<ElfFile> vm_elf = ElfFile::Open(target.vm_path);
+    if (!vm_elf) return vm_elf.error();
+    if (Status st = UseGcFunctionProbes(*vm_elf, &prepared->sites); !st) return st.error();
+  }
+  const SiteSet* sites = &prepared->sites;
 
   // Everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than the
   // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
@@ -253,20 +227,12 @@ Result<int> Record(const RecordOptions& o) {
     target.pid = child->pid();
   }
 
-  // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
-  const bool stacks_on = o.stacks != "off";
-  const bool sampling = o.hz > 0;
-  std::optional<StackSetup> stack_setup;
-  if (stacks_on || sampling) {
-    Result<StackSetup> ss = PrepareStacks(target.vm_path, target.ruby_version);
-    if (!ss) {
-      // Attach mode reads the VM through /proc/PID/root: a target that died meanwhile is the error to report.
-      if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
-      if (!o.quiet) {
-        fprintf(stderr, "rvbpfd: warning: no Ruby stacks: %s\n", ss.error().ToString().c_str());
-      }
-    } else {
-      stack_setup = std::move(ss.value());
+  std::optional<StackSetup> stack_setup = prepared->stacks;
+  if (prepared->stacks_error) {
+    // Attach mode reads the VM through /proc/PID/root: a target that died meanwhile is the error to report.
+    if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
+    if (!o.quiet) {
+      fprintf(stderr, "rvbpfd: warning: no Ruby stacks: %s\n", prepared->stacks_error->ToString().c_str());
     }
   }
 
@@ -299,18 +265,31 @@ Result<int> Record(const RecordOptions& o) {
   Result<uint8_t> bin = session->AddBinary(sites->offsets);
   if (!bin) return fail(bin.error());
 
+  // How samples find their EC (src/stacks/ec_route.h): installed as soon as the VM is mapped and relocated (at once
+  // when attaching; after exec in launch mode, retried from the main loop and, while pending, on every stack record,
+  // since symbolizing the first stacks can hold the loop for ~100 ms). Until then samples use current_th.
+  std::optional<ProcessEcInstaller> ec_installer;
+  uint64_t ec_last_poll_ns = 0;
+  auto poll_ec_route = [&]() {
+    if (!ec_installer || ec_installer->state() != ProcessEcInstaller::State::kPending) return;
+    const uint64_t now = MonotonicNs();
+    if (now - ec_last_poll_ns < 1'000'000) return;  // at most one /proc/PID/maps scan per ms while pending
+    ec_last_poll_ns = now;
+    const ProcessEcInstaller::State st = ec_installer->Poll(*session);
+    if (st == ProcessEcInstaller::State::kFailed && !o.quiet) {
+      fprintf(stderr, "rvbpfd: warning: samples find their thread only through scheduler events: %s\n",
+              ec_installer->error().c_str());
+    }
+  };
+
   // Stack records: symbolized as they come out of the ring (the objects they point to are as fresh as they will ever
   // be), interned into the writer's dictionaries, and pushed through the reorder window like any event.
   std::vector<std::string> site_functions;  // cookie -> enclosing function (for the release-reason rule)
   std::unique_ptr<StackResolver> resolver;
-  std::optional<uint64_t> vm_lowest_mapping;
   std::vector<FrameInfo> frame_infos;
   std::vector<uint32_t> frame_ids;
   if (stack_setup) {
-    rv_walk_config wc{};
-    wc.walk = stack_setup->offsets.walk;
-    wc.thread_ec = stack_setup->offsets.thread_ec;
-    wc.valid = 1;
+    rv_walk_config wc = WalkConfigFor(*stack_setup);
     if (Status st = session->SetWalkConfig(*bin, wc); !st) return fail(st.error());
     rv_config cfg{};
     if (stacks_on) {
@@ -321,6 +300,7 @@ Result<int> Record(const RecordOptions& o) {
     if (Status st = session->SetConfig(cfg); !st) return fail(st.error());
     session->SetStackCallback([&](const rv_record& r, const rv_stack_header& h,
                                   std::span<const rv_ruby_frame> frames) {
+      poll_ec_route();
       TraceEvent e;
       if (r.kind == RV_EV_SAMPLE) {
         e.t_ns = r.ts_ns > origin_ns ? r.ts_ns - origin_ns : 0;
@@ -335,27 +315,14 @@ Result<int> Record(const RecordOptions& o) {
       }
       if (!resolver) {
         // The VM's load address is known once the target has mapped it (launch mode: after exec).
-        if (!vm_lowest_mapping) vm_lowest_mapping = LowestMappingOf(target.pid, target.vm_path);
-        uint64_t gsym = 0;
-        if (vm_lowest_mapping && stack_setup->global_symbols_vaddr != 0) {
-          Result<ElfFile> elf = ElfFile::Open(target.vm_path);
-          if (elf) gsym = stack_setup->global_symbols_vaddr + LoadBiasFromLowestMapping(*elf, *vm_lowest_mapping);
-        }
-        resolver = std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(target.pid),
-                                                   stack_setup->offsets, gsym);
+        resolver = MakeStackResolver(target.pid, target.vm_path, *stack_setup);
       }
       resolver->set_epoch(gc_epoch);
       resolver->Resolve(frames, &frame_infos);
       if (r.flags & RV_REC_IN_GC) {
         frame_infos.insert(frame_infos.begin(), FrameInfo{"(garbage collection)", "", 0, FrameKind::kGc});
       }
-      // A stack that is not complete says so at its oldest end rather than passing for a whole one: cut at
-      // RV_MAX_STACK_FRAMES, or the walk could not read a frame (e.g. a page not resident during a sample).
-      if (h.flags & RV_STACK_F_TRUNCATED) {
-        frame_infos.push_back(FrameInfo{"<truncated>", "", 0, FrameKind::kUnresolved});
-      } else if (h.walk_status != RV_WALK_OK || (h.flags & RV_STACK_F_NO_EC)) {
-        frame_infos.push_back(FrameInfo{"<incomplete stack>", "", 0, FrameKind::kUnresolved});
-      }
+      AppendStackEndMarker(h, &frame_infos);
       frame_ids.clear();
       for (const FrameInfo& f : frame_infos) frame_ids.push_back(writer.InternFrame(f));
       e.stack = writer.InternStack(frame_ids);
@@ -368,17 +335,19 @@ Result<int> Record(const RecordOptions& o) {
     });
   }
   if (Status st = session->AddPid(static_cast<uint32_t>(target.pid)); !st) return fail(st.error());
-  std::vector<SiteSpec> low, high;
-  std::vector<std::string> low_fn, high_fn;
-  for (const ProbeSite& ps : sites->sites) {
-    SiteSpec spec{ps.file_offset, rv_site{ps.event, ps.th.kind, ps.th.reg, *bin, ps.th.offset, ps.vaddr,
-                                          ps.exclude_caller_start, ps.exclude_caller_end}};
-    (IsHighRate(ps.event) ? high : low).push_back(spec);
-    (IsHighRate(ps.event) ? high_fn : low_fn).push_back(ps.function);
+  if (stack_setup && sampling) {
+    ec_installer.emplace(target.pid, target.vm_path, stack_setup->ec_route, *bin);
+    poll_ec_route();
   }
+  if (stack_setup && sampling) {
+    ec_installer.emplace(target.pid, target.vm_path, stack_setup->ec_route, *bin);
+    poll_ec_route();
+  }
+  SplitSiteSpecs split = SplitSites(*sites, *bin);
+  std::vector<SiteSpec>& low = split.low;
+  std::vector<SiteSpec>& high = split.high;
   // BpfSession assigns cookies in attach order (low group, then high group), starting at 0 for this session.
-  site_functions = low_fn;
-  site_functions.insert(site_functions.end(), high_fn.begin(), high_fn.end());
+  site_functions = split.functions;
   TargetWatch watch = TargetWatch::ForPid(target.pid);
   const uint64_t attach_start = MonotonicNs();
   std::unique_ptr<SiteGroup> low_group, high_group;
@@ -422,14 +391,19 @@ Result<int> Record(const RecordOptions& o) {
   };
   std::vector<TraceEvent> ready;
   rv_counters seen{};
-  OverheadBudget budget(o.max_overhead_pct, o.probe_cost_us);
+  // With a budget, short windows bound what a short run can overspend; estimating only, 1 s windows keep the
+  // warning from firing on a brief burst.
+  OverheadBudget budget(o.max_overhead_pct, o.probe_cost_us,
+                        o.max_overhead_pct > 0 ? OverheadBudget::kDefaultWindowNs : 1'000'000'000);
+  bool floor_warned = false;
   uint64_t last_status = 0;    // monotonic ns of the last status line
   uint64_t status_events = 0;  // seen.events at that line, for the events/s figure
   bool warned = false;
   bool stop_now = false;
-  // With a budget the counters are checked every 5 ms, so a burst overshoots it by at most ~5 ms of traps;
-  // otherwise every 20 ms, which also bounds how long records wait in the ring (BPF does not wake us per record).
-  const int poll_ms = o.max_overhead_pct > 0 ? 5 : 20;
+  // With a budget the counters are checked when the budget asks (1-5 ms: sooner when its allowance is about to run
+  // out at the current trap rate); otherwise every 20 ms, which also bounds how long records wait in the ring (BPF
+  // does not wake us per record).
+  const int poll_ms = 20;
   const uint64_t deadline = o.duration_s > 0 ? origin_ns + static_cast<uint64_t>(o.duration_s * 1e9) : 0;
   int child_status = 0;
   bool target_exited = false;
@@ -470,13 +444,17 @@ Result<int> Record(const RecordOptions& o) {
   };
 
   for (;;) {
-    Result<int> n = session->Poll(poll_ms);
+    const int timeout_ms = o.max_overhead_pct > 0
+                               ? static_cast<int>(budget.NextCheckNs(MonotonicNs()) / 1'000'000)
+                               : poll_ms;
+    Result<int> n = session->Poll(timeout_ms);
     if (!n) {
       fprintf(stderr, "%s\n", n.error().ToString().c_str());
       stop_reason = "error";
       break;
     }
     check_counters();
+    poll_ec_route();
     reorder.PopReady(&ready);
     Status wst = Status::Ok();
     for (TraceEvent& e : ready) {
@@ -494,18 +472,27 @@ Result<int> Record(const RecordOptions& o) {
     }
     const uint64_t now = MonotonicNs();
 
-    // Overhead: probe hits x cost of one trap, against the --max-overhead budget (see OverheadBudget).
-    const uint64_t hits = seen.events + seen.dropped;
-    switch (budget.Update(now, hits)) {
+    // Overhead: every trap the target paid (BPF's probe_hits, discarded hits included) x the cost of one, plus the
+    // daemon's CPU time to detach and reattach, against the --max-overhead budget (see OverheadBudget). Per-site hits
+    // (one map read) say what the sites that stay attached cost; only needed with a budget.
+    const TrapCounts traps =
+        CountTraps(seen, o.max_overhead_pct > 0 ? session->ReadSiteHits() : std::vector<uint64_t>{},
+                   low_group ? low_group->cookies() : std::vector<uint64_t>{});
+    switch (budget.Update(now, traps)) {
       case OverheadBudget::Action::kPause:
         if (high_group && high_group->attached()) {
+          const uint64_t cpu0 = ThreadCpuNs();
           session->Detach(*high_group);
-          emit_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, hits));
+          budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
+          emit_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, traps.total));
         }
         break;
       case OverheadBudget::Action::kResume:
         if (high_group && !high_group->attached()) {
-          if (Status st = session->Reattach(*high_group); st) {
+          const uint64_t cpu0 = ThreadCpuNs();
+          Status st = session->Reattach(*high_group);
+          budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
+          if (st) {
             emit_daemon(EventName::kTracingResumed, "budget window over", budget.last_window_pct());
           } else if (!(!launch && watch.Exited())) {
             fprintf(stderr, "%s\n", st.error().ToString().c_str());
@@ -516,6 +503,12 @@ Result<int> Record(const RecordOptions& o) {
         break;
       case OverheadBudget::Action::kNone:
         break;
+    }
+    if (o.max_overhead_pct > 0 && budget.floor_pct() > o.max_overhead_pct && !floor_warned && !o.quiet) {
+      floor_warned = true;
+      fprintf(stderr, "%srvbpfd: warning: --max-overhead %g%% cannot hold: the probes that stay attached while "
+              "paused (thread start/exit, GC) alone cost an estimated %.1f%%\n", o.status_line ? "\r\033[K" : "",
+              o.max_overhead_pct, budget.floor_pct());
     }
     if (o.max_overhead_pct <= 0 && budget.last_window_pct() > o.warn_overhead_pct && !warned && !o.quiet) {
       warned = true;
@@ -567,15 +560,27 @@ Result<int> Record(const RecordOptions& o) {
   fin.ring_high_water_bytes = seen.ring_high_water;
   fin.late_events = reorder.late();
   fin.stop_reason = stop_reason;
+  fin.probe_hits = seen.probe_hits;
+  fin.hits_discarded = seen.hits_discarded;
+  if (stack_setup && sampling) {
+    fin.sample_ec_routes = SampleEcRoutes{seen.samples_ec_tls, seen.samples_ec_ractor, seen.samples_ec_current_th,
+                                          seen.samples_no_ec};
+  }
   if (o.status_line) fprintf(stderr, "\r\033[K");
   if (Status st = writer.Finish(fin); !st) return st.error();
   if (!o.quiet) {
-    fprintf(stderr, "rvbpfd: %s; %llu events, %llu dropped; wrote %s\n", stop_reason.c_str(),
-            static_cast<unsigned long long>(seen.events), static_cast<unsigned long long>(seen.dropped),
-            output.c_str());
+    fprintf(stderr, "rvbpfd: %s; %llu events, %llu dropped; %llu probe hits (%llu not events); wrote %s\n",
+            stop_reason.c_str(), static_cast<unsigned long long>(seen.events),
+            static_cast<unsigned long long>(seen.dropped), static_cast<unsigned long long>(seen.probe_hits),
+            static_cast<unsigned long long>(seen.hits_discarded), output.c_str());
     if (stack_setup && sampling) {
-      fprintf(stderr, "rvbpfd: %llu samples, %llu lost to a full ring\n",
-              static_cast<unsigned long long>(seen.samples), static_cast<unsigned long long>(seen.samples_dropped));
+      fprintf(stderr, "rvbpfd: %llu samples, %llu lost to a full ring; EC by TLS %llu, ractor %llu, current_th %llu, "
+              "none (dropped) %llu\n",
+              static_cast<unsigned long long>(seen.samples), static_cast<unsigned long long>(seen.samples_dropped),
+              static_cast<unsigned long long>(seen.samples_ec_tls),
+              static_cast<unsigned long long>(seen.samples_ec_ractor),
+              static_cast<unsigned long long>(seen.samples_ec_current_th),
+              static_cast<unsigned long long>(seen.samples_no_ec));
     }
     if (child && target_exited) {
       if (WIFEXITED(child_status)) {

@@ -29,6 +29,9 @@ struct RecordOptions {
   bool quiet = false;
   std::string stacks = "release";     // --stacks: "release", "release,ready" or "off"
   int hz = 99;                        // --hz: perf_event samples per second of CPU time; 0 = no sampling
+  // --gc-probes (diagnostic): "auto" = the GC hook-check sites, entry/return of the GC functions only where a binary
+  // has none; "fallback" = the function-level GC probes always (src/sites UseGcFunctionProbes).
+  std::string gc_probes = "auto";
 };
 
 // Runs one recording to completion. Returns the process exit status (0 on a complete recording); errors were printed.

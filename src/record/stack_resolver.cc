@@ -1,8 +1,14 @@
 #include "record/stack_resolver.h"
 
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace rvbpfd {
+
+// The stack memo compares raw frames with memcmp: no padding bytes allowed.
+static_assert(std::has_unique_object_representations_v<rv_ruby_frame>);
 
 FrameInfo ToFrameInfo(const rv_ruby_frame& frame, const SymbolizedFrame& s) {
   FrameInfo f;
@@ -25,7 +31,10 @@ FrameInfo ToFrameInfo(const rv_ruby_frame& frame, const SymbolizedFrame& s) {
 }
 
 StackResolver::StackResolver(std::unique_ptr<MemoryReader> mem, const RubyOffsets& offsets, uint64_t global_symbols)
-    : mem_(std::move(mem)), symbolizer_(mem_.get(), offsets, global_symbols) {}
+    : mem_(std::move(mem)),
+      symbolizer_(mem_.get(), offsets, global_symbols),
+      front_(kFrontSlots),
+      stack_memo_(kStackMemoSlots) {}
 
 size_t StackResolver::KeyHash::operator()(const Key& k) const {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
@@ -47,34 +56,60 @@ bool StackResolver::ReadHeads(const rv_ruby_frame& frame, Heads* heads) {
   return true;
 }
 
-FrameInfo StackResolver::ResolveFrame(const rv_ruby_frame& frame) {
+size_t StackResolver::FrontIndex(const Key& k) {
+  // The FNV hash's low bits depend only on the keys' low bits: take the top bits of a multiplicative mix instead.
+  const uint64_t h = KeyHash()(k);
+  return static_cast<size_t>(((h ^ (h >> 32)) * 0x9e3779b97f4a7c15ull) >> 54);  // 10 bits: kFrontSlots
+}
+
+StackResolver::Entry* StackResolver::Find(const Key& key, FrontSlot& slot) {
+  if (slot.entry != nullptr && slot.key == key) return slot.entry;
+  auto it = cache_.find(key);
+  if (it == cache_.end()) return nullptr;
+  slot.key = key;
+  slot.entry = &it->second;
+  return slot.entry;
+}
+
+FrameInfo StackResolver::ResolveFrame(const rv_ruby_frame& frame) { return *ResolveFrameShared(frame); }
+
+SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
   const bool cacheable = frame.kind != RV_RB_FRAME_UNRESOLVED && frame.kind != RV_RB_FRAME_NONE;
   const Key key{frame.addr, frame.pc, frame.cfp_iseq, frame.kind, frame.flags};
   Heads heads;
   bool have_heads = false;
+  FrontSlot* slot = nullptr;
   if (cacheable) {
-    auto it = cache_.find(key);
-    if (it != cache_.end()) {
-      if (it->second.epoch == epoch_) {
+    slot = &front_[FrontIndex(key)];
+    if (Entry* e = Find(key, *slot)) {
+      if (e->epoch == epoch_) {
         ++hits_;
-        return it->second.info;
+        return e->info;
       }
       have_heads = ReadHeads(frame, &heads);
-      if (have_heads && heads == it->second.heads) {
+      if (have_heads && heads == e->heads) {
         ++revalidations_;
-        it->second.epoch = epoch_;
-        return it->second.info;
+        e->epoch = epoch_;
+        return e->info;
       }
-      cache_.erase(it);
+      slot->entry = nullptr;
+      cache_.erase(key);
     }
   }
   ++misses_;
   if (cacheable && !have_heads) have_heads = ReadHeads(frame, &heads);
-  FrameInfo info = ToFrameInfo(frame, symbolizer_.Symbolize(frame));
+  SharedFrame info = std::make_shared<const FrameInfo>(ToFrameInfo(frame, symbolizer_.Symbolize(frame)));
   // The heads are read before symbolizing: if the object changed in between, the entry fails validation later.
-  if (cacheable && have_heads && info.kind != FrameKind::kUnresolved) {
-    if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-    cache_.emplace(key, Entry{info, heads, epoch_});
+  if (cacheable && have_heads && info->kind != FrameKind::kUnresolved) {
+    if (cache_.size() >= kMaxCacheEntries) {
+      cache_.clear();
+      std::fill(front_.begin(), front_.end(), FrontSlot{});
+      for (StackMemo& m : stack_memo_) m.raw.clear();
+      ++cache_clears_;
+    }
+    auto it = cache_.emplace(key, Entry{info, heads, epoch_}).first;
+    slot->key = key;
+    slot->entry = &it->second;
   }
   return info;
 }
@@ -82,7 +117,42 @@ FrameInfo StackResolver::ResolveFrame(const rv_ruby_frame& frame) {
 void StackResolver::Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out) {
   out->clear();
   out->reserve(frames.size());
-  for (const rv_ruby_frame& f : frames) out->push_back(ResolveFrame(f));
+  for (const rv_ruby_frame& f : frames) out->push_back(*ResolveFrameShared(f));
+}
+
+void StackResolver::ResolveShared(std::span<const rv_ruby_frame> frames, std::vector<SharedFrame>* out) {
+  StackMemo* memo = nullptr;
+  if (!frames.empty() && frames.size() <= kMemoMaxFrames) {
+    uint64_t h = frames.size();
+    for (const rv_ruby_frame& f : frames) h = (h ^ KeyHash()(Key{f.addr, f.pc, f.cfp_iseq, f.kind, f.flags})) * 31;
+    memo = &stack_memo_[((h ^ (h >> 32)) * 0x9e3779b97f4a7c15ull) >> 57];  // 7 bits: kStackMemoSlots
+    if (memo->epoch == epoch_ && memo->raw.size() == frames.size() &&
+        std::memcmp(memo->raw.data(), frames.data(), frames.size_bytes()) == 0) {
+      hits_ += frames.size();
+      out->assign(memo->frames.begin(), memo->frames.end());
+      return;
+    }
+  }
+  out->clear();
+  out->reserve(frames.size());
+  bool all_cached = true;
+  const uint64_t clears = cache_clears_;
+  for (const rv_ruby_frame& f : frames) {
+    const uint64_t misses = misses_;
+    out->push_back(ResolveFrameShared(f));
+    // A miss that was cached is as good as a hit from now on; an uncached frame is symbolized anew every time.
+    if (misses_ != misses) all_cached = all_cached && IsCached(f, out->back());
+  }
+  if (memo != nullptr && all_cached && cache_clears_ == clears) {
+    memo->raw.assign(frames.begin(), frames.end());
+    memo->frames.assign(out->begin(), out->end());
+    memo->epoch = epoch_;
+  }
+}
+
+bool StackResolver::IsCached(const rv_ruby_frame& f, const SharedFrame& info) {
+  auto it = cache_.find(Key{f.addr, f.pc, f.cfp_iseq, f.kind, f.flags});
+  return it != cache_.end() && it->second.info == info;
 }
 
 }  // namespace rvbpfd

@@ -10,6 +10,9 @@
 // head, so the symbolizer's type checks run again. Unresolved frames are never cached. Known gap: an anonymous class
 // that is later assigned to a constant keeps its cached "#<Class:0x...>" label.
 //
+// Resolved frames are shared and immutable (SharedFrame): a cache hit hands out a reference to the cached frame
+// instead of copying its strings, and a frame stays valid for its holders after its cache entry is dropped.
+//
 // Threading: used from the daemon's main loop only.
 #ifndef RVBPFD_SRC_RECORD_STACK_RESOLVER_H_
 #define RVBPFD_SRC_RECORD_STACK_RESOLVER_H_
@@ -31,6 +34,9 @@
 
 namespace rvbpfd {
 
+// A resolved frame, shared between the resolver's cache and the records that named it; never modified once made.
+using SharedFrame = std::shared_ptr<const FrameInfo>;
+
 class StackResolver {
  public:
   // Entries kept before the cache is cleared (bounds the daemon's memory on programs that generate code forever).
@@ -42,6 +48,9 @@ class StackResolver {
   // Symbolizes `frames` (newest first, as the walker produced them) into `out` (cleared first), leaf first.
   void Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out);
   FrameInfo ResolveFrame(const rv_ruby_frame& frame);
+  // The same, without copying: cached frames are shared (the agent's per-record path).
+  void ResolveShared(std::span<const rv_ruby_frame> frames, std::vector<SharedFrame>* out);
+  SharedFrame ResolveFrameShared(const rv_ruby_frame& frame);
 
   // The GC epoch the next Resolve runs in (see above).
   void set_epoch(uint64_t epoch) { epoch_ = epoch; }
@@ -65,16 +74,43 @@ class StackResolver {
     bool operator==(const Heads&) const = default;
   };
   struct Entry {
-    FrameInfo info;
+    SharedFrame info;
     Heads heads;
     uint64_t epoch = 0;  // last GC epoch in which heads were seen unchanged
   };
+  // A direct-mapped index in front of cache_ (slot = key hash mod kFrontSlots): most lookups are hits on a few
+  // hundred hot frames, and one compare here is several times cheaper than the hash map's find. A slot points at a
+  // cache_ node (stable across rehashes) and is reset whenever that node is erased.
+  static constexpr size_t kFrontSlots = 1024;  // = 1 << 10, FrontIndex's bits
+  struct FrontSlot {
+    Key key{};
+    Entry* entry = nullptr;
+  };
+
   // False when the objects cannot be read (the frame then goes to the symbolizer, which reports it unresolved).
   bool ReadHeads(const rv_ruby_frame& frame, Heads* heads);
+  // Whole stacks resolved in one epoch with every frame from the cache: the same raw frames in the same epoch give
+  // the same shared frames (cache entries are only erased in a later epoch, or all at once, which clears these too),
+  // so a repeated stack costs one hash and one compare. Direct-mapped by stack hash; stacks of up to
+  // kMemoMaxFrames frames (at most ~kStackMemoSlots * kMemoMaxFrames * 48 bytes = 390 KB, ~100 KB typical).
+  static constexpr size_t kStackMemoSlots = 128;
+  static constexpr size_t kMemoMaxFrames = 64;
+  struct StackMemo {
+    std::vector<rv_ruby_frame> raw;
+    std::vector<SharedFrame> frames;
+    uint64_t epoch = 0;
+  };
+
+  static size_t FrontIndex(const Key& key);
+  bool IsCached(const rv_ruby_frame& frame, const SharedFrame& info);
+  Entry* Find(const Key& key, FrontSlot& slot);
 
   std::unique_ptr<MemoryReader> mem_;
   Symbolizer symbolizer_;
   std::unordered_map<Key, Entry, KeyHash> cache_;
+  std::vector<FrontSlot> front_;  // kFrontSlots entries (40 KB)
+  std::vector<StackMemo> stack_memo_;  // kStackMemoSlots entries
+  uint64_t cache_clears_ = 0;
   uint64_t epoch_ = 0;
   uint64_t hits_ = 0;
   uint64_t revalidations_ = 0;

@@ -210,4 +210,63 @@ std::optional<uint32_t> DwarfInfo::MemberOffset(uint64_t cu_pc, const char* stru
   return std::nullopt;
 }
 
+std::optional<uint32_t> DwarfInfo::MemberPathOffset(uint64_t cu_pc, const char* struct_name,
+                                                    std::initializer_list<const char*> path) {
+  if (path.size() == 0) return std::nullopt;
+  Dwarf_Die cudie;
+  if (!CuDieFor(cu_pc, &cudie)) return std::nullopt;
+  Dwarf_Die type;
+  bool found = false;
+  if (dwarf_child(&cudie, &type) != 0) return std::nullopt;
+  do {
+    if (dwarf_tag(&type) != DW_TAG_structure_type || dwarf_hasattr(&type, DW_AT_declaration)) continue;
+    const char* n = dwarf_diename(&type);
+    if (n != nullptr && std::strcmp(n, struct_name) == 0) {
+      found = true;
+      break;
+    }
+  } while (dwarf_siblingof(&type, &type) == 0);
+  if (!found) return std::nullopt;
+  uint64_t total = 0;
+  size_t depth = 0;
+  for (const char* member : path) {
+    Dwarf_Die m;
+    if (dwarf_child(&type, &m) != 0) return std::nullopt;
+    bool hit = false;
+    do {
+      if (dwarf_tag(&m) != DW_TAG_member) continue;
+      const char* mn = dwarf_diename(&m);
+      if (mn != nullptr && std::strcmp(mn, member) == 0) {
+        hit = true;
+        break;
+      }
+    } while (dwarf_siblingof(&m, &m) == 0);
+    if (!hit) return std::nullopt;
+    Dwarf_Attribute attr;
+    Dwarf_Word off = 0;
+    if (dwarf_attr(&m, DW_AT_data_member_location, &attr) == nullptr || dwarf_formudata(&attr, &off) != 0) {
+      return std::nullopt;
+    }
+    total += off;
+    if (total > UINT32_MAX) return std::nullopt;
+    if (++depth == path.size()) break;
+    // Descend into the member's struct type; a handful of typedef/qualifier hops at most in real code.
+    Dwarf_Attribute type_attr;
+    if (dwarf_attr_integrate(&m, DW_AT_type, &type_attr) == nullptr ||
+        dwarf_formref_die(&type_attr, &type) == nullptr) {
+      return std::nullopt;
+    }
+    for (int hops = 0; hops < 8; ++hops) {
+      const int tag = dwarf_tag(&type);
+      if (tag != DW_TAG_typedef && tag != DW_TAG_const_type && tag != DW_TAG_volatile_type) break;
+      if (dwarf_attr_integrate(&type, DW_AT_type, &type_attr) == nullptr ||
+          dwarf_formref_die(&type_attr, &type) == nullptr) {
+        return std::nullopt;
+      }
+    }
+    if (dwarf_tag(&type) != DW_TAG_structure_type) return std::nullopt;
+  }
+  return static_cast<uint32_t>(total);
+}
+
 }  // namespace rvbpfd

@@ -6,6 +6,7 @@
 #include <elfutils/libdw.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,10 @@ class DwarfInfo {
 
   // Byte offset of `member` in `struct struct_name` as defined in the compilation unit that covers `cu_pc`.
   std::optional<uint32_t> MemberOffset(uint64_t cu_pc, const char* struct_name, const char* member);
+  // The same for a member of a member, following the members' struct types (typedefs and qualifiers stripped), e.g.
+  // {"ractor", "main_ractor"} in rb_vm_struct, whose `ractor` is an anonymous struct. Offsets add up.
+  std::optional<uint32_t> MemberPathOffset(uint64_t cu_pc, const char* struct_name,
+                                           std::initializer_list<const char*> path);
 
   // CFA at pc as "reg + offset" from .eh_frame (then .debug_frame); false if there is no rule or an unsupported one.
   bool CfaAt(uint64_t pc, int* reg, int64_t* offset);

@@ -16,7 +16,8 @@ namespace rvbpfd {
 namespace {
 
 // Bump when the meaning of any field changes, so old caches are recomputed rather than misread.
-constexpr int kCacheFormat = 2;  // 2: exclude_caller range on function-entry sites
+// 2: exclude_caller range on function-entry sites. 3: function-level GC probes where a binary has no GC hook check.
+constexpr int kCacheFormat = 3;
 // No CRuby struct we read from is near this large; a bigger "offset" can only be corruption.
 constexpr uint32_t kMaxStructOffset = 4096;
 
@@ -25,9 +26,13 @@ bool ValidSite(const ProbeSite& s) {
   bool gc_event = s.event == RV_EV_GC_ENTER || s.event == RV_EV_GC_EXIT;
   bool entry_event = s.event == RV_EV_SLEEP_ENTER || s.event == RV_EV_MUTEX_LOCK_ENTER;
   if (!((s.method == "hook-site" && thread_event) || (s.method == "gc-hook-site" && gc_event) ||
-        (s.method == "function-entry" && entry_event))) {
+        (s.method == "function-entry" && entry_event) ||
+        (s.method == "gc-function-entry" && s.event == RV_EV_GC_ENTER) ||
+        (s.method == "gc-function-return" && s.event == RV_EV_GC_EXIT))) {
     return false;
   }
+  // Return probes only where the site finder puts them (GC functions: they never switch native threads).
+  if (s.return_probe != (s.method == "gc-function-return")) return false;
   auto valid_loc = [](const ThLocation& l) {
     return (l.kind == RV_LOC_CURRENT || l.kind == RV_LOC_REG || l.kind == RV_LOC_MEM) && l.reg < RV_REG_COUNT;
   };
@@ -98,6 +103,7 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
       s.function = j.at("function").get<std::string>();
       s.method = j.at("method").get<std::string>();
       s.th_source = j.at("th_source").get<std::string>();
+      s.return_probe = s.method == "gc-function-return";
       if (j.contains("th_disasm")) s.th_disasm = LocFromJson(j.at("th_disasm"));
       if (j.contains("exclude_caller")) {
         s.exclude_caller_start = j.at("exclude_caller").at(0).get<uint64_t>();

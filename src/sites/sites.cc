@@ -190,6 +190,24 @@ std::string FunctionName(const ElfFile& vm, uint64_t vaddr) {
   return f ? f->name : Hex(vaddr);
 }
 
+// Probe offsets in the file, then the order the cache and the tables use (an entry before the return probe at the
+// same function).
+Status AssignFileOffsetsAndSort(const ElfFile& vm, std::vector<ProbeSite>* sites) {
+  for (ProbeSite& s : *sites) {
+    std::optional<uint64_t> off = vm.VaddrToFileOffset(s.vaddr);
+    if (!off) {
+      return Error(ErrorCode::kInternal, "probe site " + Hex(s.vaddr) + " of " + vm.path() + " is outside the file");
+    }
+    s.file_offset = *off;
+  }
+  std::sort(sites->begin(), sites->end(), [](const ProbeSite& a, const ProbeSite& b) {
+    return a.file_offset != b.file_offset ? a.file_offset < b.file_offset : a.return_probe < b.return_probe;
+  });
+  return Status::Ok();
+}
+
+bool IsGcEvent(uint8_t event) { return event == RV_EV_GC_ENTER || event == RV_EV_GC_EXIT; }
+
 }  // namespace
 
 bool ParseRubyVersion(const std::string& version, int* major, int* minor, int* teeny) {
@@ -474,6 +492,17 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     }
   }
 
+  // Without both GC hook checks (another compiler's shape, a build whose objspace layout we cannot read), GC
+  // enter/exit come from the GC functions themselves.
+  const bool has_gc_enter = std::any_of(set.sites.begin(), set.sites.end(),
+                                        [](const ProbeSite& s) { return s.event == RV_EV_GC_ENTER; });
+  const bool has_gc_exit = std::any_of(set.sites.begin(), set.sites.end(),
+                                       [](const ProbeSite& s) { return s.event == RV_EV_GC_EXIT; });
+  if (!has_gc_enter || !has_gc_exit) {
+    std::erase_if(set.sites, [](const ProbeSite& s) { return IsGcEvent(s.event); });
+    for (ProbeSite& s : FindGcFunctionSites(vm, ruby_version)) set.sites.push_back(std::move(s));
+  }
+
   // Kernel#sleep and Thread::Mutex#lock: entry of their workers (§5). A `.part.N`/`.cold` piece is reached from its
   // parent, so probing it too would count one call twice; probe it only when it is all there is.
   auto add_entries = [&](const std::string& base, uint8_t event) {
@@ -509,15 +538,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     }
   }
 
-  for (ProbeSite& s : set.sites) {
-    std::optional<uint64_t> off = vm.VaddrToFileOffset(s.vaddr);
-    if (!off) {
-      return Error(ErrorCode::kInternal, "probe site " + Hex(s.vaddr) + " of " + vm.path() + " is outside the file");
-    }
-    s.file_offset = *off;
-  }
-  std::sort(set.sites.begin(), set.sites.end(),
-            [](const ProbeSite& a, const ProbeSite& b) { return a.file_offset < b.file_offset; });
+  if (Status st = AssignFileOffsetsAndSort(vm, &set.sites); !st) return st.error();
   if (set.sites.size() > RV_MAX_SITES) {
     return Error(ErrorCode::kUnsupportedVersion, vm.path() + " yields " + std::to_string(set.sites.size()) +
                                                      " probe sites, more than the " + std::to_string(RV_MAX_SITES) +
@@ -545,6 +566,65 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                                                      "install its debug symbols (-dbgsym)");
   }
   return set;
+}
+
+std::vector<ProbeSite> FindGcFunctionSites(const ElfFile& vm, const std::string& ruby_version) {
+  int major = 0, minor = 0, teeny = 0;
+  if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) return {};
+  // Each of these runs exactly one gc_enter() ... gc_exit() pair per call (gc.c 3.2/3.3, gc/default/default.c 3.4),
+  // and they never nest: gc_start and gc_rest are called one after the other (garbage_collect), gc_continue from
+  // the allocation path. rb_objspace_call_finalizer (the shutdown GC) and rb_memerror (GC_EXIT only) are left out.
+  //
+  // Why a return probe is safe here although rvbpfd uses none on the scheduler: GC runs on the thread that holds the
+  // GVL and triggered it, with the VM lock held; it runs no Ruby code (finalizers are deferred to a postponed job),
+  // never releases the GVL and never switches coroutines, so under M:N the call returns on the native thread it was
+  // entered on (a return on another one is what makes the kernel SIGILL). A longjmp out of GC (NoMemoryError) leaves
+  // a stale return instance that the kernel discards on that thread's next return probe; it never fires.
+  static const std::vector<std::string> kGc32 = {"gc_start", "gc_rest", "gc_marks_continue", "gc_sweep_continue"};
+  static const std::vector<std::string> kGc33 = {"gc_start", "gc_rest", "gc_continue"};
+  const std::vector<std::string>& bases = (major == 3 && minor == 2) ? kGc32 : kGc33;
+  std::vector<ProbeSite> out;
+  std::set<uint64_t> added;
+  for (const std::string& base : bases) {
+    std::vector<ElfSymbol> syms = vm.FindSymbolsWithPrefix(base);
+    std::erase_if(syms, [](const ElfSymbol& s) {
+      return s.type != STT_FUNC || s.size == 0 || s.shndx == SHN_UNDEF || s.name.find(".cold") != std::string::npos;
+    });
+    // A .part.N piece holds the body after the function's early-out test: probe it instead of the whole function,
+    // whose entry is also reached when the function returns at once.
+    const bool has_part = std::any_of(syms.begin(), syms.end(),
+                                      [](const ElfSymbol& s) { return s.name.find(".part.") != std::string::npos; });
+    for (const ElfSymbol& s : syms) {
+      if (has_part && s.name.find(".part.") == std::string::npos) continue;
+      if (!added.insert(s.value).second) continue;
+      ProbeSite entry;
+      entry.vaddr = s.value;
+      entry.event = RV_EV_GC_ENTER;
+      entry.th = ThLocation{RV_LOC_CURRENT, 0, 0};
+      entry.function = s.name;
+      entry.method = "gc-function-entry";
+      entry.th_source = "current";
+      ProbeSite ret = entry;
+      ret.event = RV_EV_GC_EXIT;
+      ret.method = "gc-function-return";
+      ret.return_probe = true;
+      out.push_back(std::move(entry));
+      out.push_back(std::move(ret));
+    }
+  }
+  if (!AssignFileOffsetsAndSort(vm, &out)) return {};
+  return out;
+}
+
+Status UseGcFunctionProbes(const ElfFile& vm, SiteSet* set) {
+  std::vector<ProbeSite> gc = FindGcFunctionSites(vm, set->ruby_version);
+  if (gc.empty()) {
+    return Error(ErrorCode::kNoSymbols, vm.path() + " has no GC function (gc_start, gc_rest, gc_continue) in its "
+                                                    "symbol table: --gc-probes=fallback cannot be used with it");
+  }
+  std::erase_if(set->sites, [](const ProbeSite& s) { return IsGcEvent(s.event); });
+  for (ProbeSite& s : gc) set->sites.push_back(std::move(s));
+  return AssignFileOffsetsAndSort(vm, &set->sites);
 }
 
 }  // namespace rvbpfd

@@ -32,7 +32,7 @@ struct ProbeSite {
   uint8_t event = RV_EV_NONE;  // enum rv_event_kind
   ThLocation th;
   std::string function;      // enclosing symbol (the outermost function, as in the reference tables)
-  std::string method;        // "hook-site", "gc-hook-site", "function-entry"
+  std::string method;        // "hook-site", "gc-hook-site", "function-entry", "gc-function-entry"/"-return"
   std::string th_source;     // where `th` came from: "dwarf", "disasm", "current" (for reports and tests)
   // Hook sites of 3.3+: where the path to rb_thread_execute_hooks loads `th` into rsi, expressed at the site
   // instruction (the second, independent source; tests cross-check it against DWARF).
@@ -40,6 +40,8 @@ struct ProbeSite {
   // Function-entry sites: calls whose return address is in [start, end) (ELF vaddrs) are not events (rv_site).
   uint64_t exclude_caller_start = 0;
   uint64_t exclude_caller_end = 0;
+  // A return probe on the function at vaddr (method "gc-function-return"): fires when that call returns.
+  bool return_probe = false;
 };
 
 struct SiteSet {
@@ -66,6 +68,20 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version);
 // A cache directory that cannot be written only costs the cache, never the result.
 Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& ruby_version,
                                 const std::string& cache_dir);
+
+// GC enter/exit by function-level probes, for a binary whose GC hook checks cannot be found (§4 of the reference):
+// GC_ENTER at the entry of each out-of-line function that runs one gc_enter()/gc_exit() pair, GC_EXIT at its return
+// (a return probe; method "gc-function-entry" / "gc-function-return"). 3.3+: gc_start, gc_rest, gc_continue; 3.2:
+// gc_start, gc_rest, gc_marks_continue, gc_sweep_continue. Where GCC split a function into `base` and `base.part.N`
+// (gc_rest: the body after its "anything to finish?" test), only the part is probed, since the whole function also
+// runs when there is nothing to do. Differences from the VM's own events are in docs/design.md (a gc_start that
+// returns without collecting still gives a pair; the shutdown finalizer GC and rb_memerror are not covered).
+// Returns an empty list when the binary has none of these functions.
+std::vector<ProbeSite> FindGcFunctionSites(const ElfFile& vm, const std::string& ruby_version);
+
+// Replaces the GC sites of `set` with FindGcFunctionSites (--gc-probes=fallback). kNoSymbols when the binary has no
+// GC function to probe.
+Status UseGcFunctionProbes(const ElfFile& vm, SiteSet* set);
 
 // Serialisation used by the cache (exposed for tests and `rvbpfd sites`).
 std::string SiteSetToJson(const SiteSet& set);

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "sites/dwarf_info.h"
+#include "stacks/global_symbols.h"
 
 namespace rvbpfd {
 
@@ -15,10 +16,10 @@ Result<RubyOffsets> RubyOffsets::ForVersion(int major, int minor) {
   o.major = major;
   o.minor = minor;
   const int v = major * 100 + minor;
-  if (v < 302 || v > 400) {
+  if (v < 301 || v > 400) {
     return Error(ErrorCode::kUnsupportedVersion,
                  "no frame-walker offsets for CRuby " + std::to_string(major) + "." + std::to_string(minor) +
-                     " (3.2 - 4.0 are known)");
+                     " (3.1 - 4.0 are known)");
   }
   rv_ruby_walk_offsets& w = o.walk;
   w.ec_vm_stack = 0;
@@ -29,8 +30,11 @@ Result<RubyOffsets> RubyOffsets::ForVersion(int major, int minor) {
   w.cfp_ep = 32;
   w.cme_def = 16;
   w.svar_cref_or_me = 8;
-  if (v == 302) {
-    // 3.2 still has __bp__ before jit_return; the class path is a hidden ivar, not a struct field.
+  // threads.running_ec: 3.2 has more ractor fields before it, 4.0 fewer (4.0.0 - 4.0.5: 312; 4.0.6 adds a word
+  // before it, 320, which only DWARF tells apart).
+  o.ractor_running_ec = v == 302 ? 520 : (v >= 400 ? 312 : 384);
+  if (v <= 302) {
+    // 3.1/3.2 still have __bp__ before jit_return; the class path is a hidden ivar, not a struct field.
     w.cfp_jit_return = 56;
     w.cfp_size = 64;
     w.flags = 0;  // 3.2's thread_profile_frames has no jit_return rule
@@ -41,6 +45,26 @@ Result<RubyOffsets> RubyOffsets::ForVersion(int major, int minor) {
     w.cfp_jit_return = 48;
     w.cfp_size = 56;
     w.flags = RV_RB_WALK_F_HAS_JIT_RETURN;
+  }
+  if (v == 301) {
+    // 3.1 (Debian 12's ruby3.1; layouts from the 3.1.2 sources, x86_64, USE_RVARGC 0). Stacks only: the recorder
+    // refuses < 3.2 for scheduler events. rb_profile_frames treats a non-CFRAME frame with pc 0 (the TOP frame
+    // rb_vm_call_cfunc pushes while a .so loads) as a Ruby frame, and walks down to the VM stack's last frame.
+    w.flags = RV_RB_WALK_F_NULL_PC_IS_RUBY_FRAME | RV_RB_WALK_F_INCLUDE_END_FRAME;
+    o.thread_ec = 40;  // list_node lt_node, self, ractor, vm, ec
+    o.body_insns_info_body = 120;  // rb_iseq_constant_body: param is 48 bytes, location 56 (node_id + code_location)
+    o.body_insns_info_size = 136;
+    o.body_succ_index_table = 144;
+    o.body_local_iseq = 176;
+    o.loc_first_lineno_is_fixnum = true;  // VALUE first_lineno (INT2FIX)
+    // Non-RVARGC objects: embedded string bytes at +16, length in FL_USER2..6; embedded arrays hold <= 3 elements.
+    o.string_embed_bytes = 16;
+    o.string_embed_len_mask = 0x7c000;
+    o.array_embed_len_mask = 0x3;
+    // Classes: RClass {basic, super, ptr, class_serial}; the class path and a singleton's attached object are hidden
+    // ivars (__classpath__ / __tmp_classpath__ / __attached__) in ptr->iv_tbl (an st_table).
+    o.klass_ext_ptr = 24;
+    o.classext_iv_tbl = 8;
   }
   if (v == 303) o.last_op_id = 169;
   if (v >= 304) {
@@ -128,6 +152,21 @@ Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, O
     Apply(m("rb_iseq_location_struct", "label"), &o.loc_label, "location.label", report);
     Apply(m("rb_iseq_location_struct", "first_lineno"), &o.loc_first_lineno, "location.first_lineno", report);
   }
+  // EC route: rb_execution_context_t and rb_vm_t come from vm_core.h, rb_ractor_t from ractor_core.h; vm.c (the CU
+  // of rb_current_ec_noinline) includes both, the others are fallbacks for builds that inline it away.
+  for (const char* anchor : {"rb_current_ec_noinline", "rb_vm_main_ractor_ec", "rb_profile_frames"}) {
+    std::optional<ElfSymbol> fn = elf.FindSymbol(anchor);
+    if (!fn || fn->shndx == SHN_UNDEF) continue;
+    std::optional<uint32_t> thread_ptr = dwarf->MemberOffset(fn->value, "rb_execution_context_struct", "thread_ptr");
+    std::optional<uint32_t> main_ractor = dwarf->MemberPathOffset(fn->value, "rb_vm_struct", {"ractor", "main_ractor"});
+    std::optional<uint32_t> running_ec =
+        dwarf->MemberPathOffset(fn->value, "rb_ractor_struct", {"threads", "running_ec"});
+    if (!thread_ptr || !main_ractor || !running_ec) continue;
+    Apply(thread_ptr, &o.ec_thread_ptr, "ec.thread_ptr", report);
+    Apply(main_ractor, &o.vm_main_ractor, "vm.ractor.main_ractor", report);
+    Apply(running_ec, &o.ractor_running_ec, "ractor.threads.running_ec", report);
+    break;
+  }
   if (variable && o.klass_classpath != 0 && o.major * 100 + o.minor < 400) {
     const uint64_t pc = variable->value;
     auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
@@ -145,11 +184,12 @@ Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, O
 
 Result<uint64_t> FindGlobalSymbolsVaddr(const ElfFile& elf) {
   std::optional<ElfSymbol> sym = elf.FindSymbol("ruby_global_symbols");
-  if (!sym || sym->shndx == SHN_UNDEF) {
-    return Error(ErrorCode::kNoSymbols, elf.path() + " has no ruby_global_symbols symbol (stripped binary?): C "
-                                                     "function names cannot be resolved");
-  }
-  return sym->value;
+  if (sym && sym->shndx != SHN_UNDEF) return sym->value;
+  // Stripped binary (no .symtab): the address is still in rb_id2str's code.
+  Result<uint64_t> from_code = GlobalSymbolsFromCode(elf);
+  if (from_code) return from_code;
+  return Error(ErrorCode::kNoSymbols,
+               "ruby_global_symbols is not in .symtab (stripped binary?): " + from_code.error().message());
 }
 
 uint64_t LoadBiasFromLowestMapping(const ElfFile& elf, uint64_t lowest_mapping_start) {

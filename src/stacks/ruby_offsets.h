@@ -25,6 +25,11 @@ struct RubyOffsets {
 
   uint32_t thread_ec = 48;  // rb_thread_t.ec
 
+  // How a sample finds its EC (bpf/ruby_ec.h, src/stacks/ec_route.h).
+  uint32_t ec_thread_ptr = 48;        // rb_execution_context_t.thread_ptr
+  uint32_t vm_main_ractor = 32;       // rb_vm_t.ractor.main_ractor
+  uint32_t ractor_running_ec = 384;   // rb_ractor_t.threads.running_ec (4.0.6 moved it; DWARF knows, the table not)
+
   // rb_iseq_t / rb_iseq_constant_body
   uint32_t iseq_body = 16;
   uint32_t body_type = 0;          // enum rb_iseq_type (u32); ISEQ_TYPE_METHOD = 1
@@ -32,6 +37,7 @@ struct RubyOffsets {
   uint32_t body_iseq_encoded = 8;  // VALUE *
   uint32_t body_location = 64;     // rb_iseq_location_t
   uint32_t loc_pathobj = 0, loc_base_label = 8, loc_label = 16, loc_first_lineno = 24;  // first_lineno is an int
+  bool loc_first_lineno_is_fixnum = false;  // 3.1: first_lineno is a VALUE holding a Fixnum
   uint32_t body_insns_info_body = 112;  // struct iseq_insn_info_entry * (12-byte entries, line_no first)
   uint32_t body_insns_info_size = 128;  // u32
   uint32_t body_succ_index_table = 136;
@@ -43,12 +49,24 @@ struct RubyOffsets {
   uint32_t def_iseqptr = 8;  // body.iseq.iseqptr
   uint32_t def_original_id = 32;
 
-  // Classes (3.3+: the classext follows RClass). 0 = not available (3.2 keeps the class path in a hidden ivar).
+  // Classes (3.3+: the classext follows RClass). 0 = not available (3.1/3.2 keep the class path in a hidden ivar).
   uint32_t klass_super = 16;
   uint32_t klass_attached_object = 128;
   uint32_t klass_classpath = 152;
   uint64_t fl_singleton = 0x1000;          // FL_USER0 up to 3.3, FL_USER1 from 3.4
   bool singleton_requires_t_class = false;  // 3.4+: RCLASS_SINGLETON_P also requires T_CLASS
+
+  // 3.1: RClass.ptr, the rb_classext_t pointer (0 = none: 3.2+). When set, the class path and a singleton class's
+  // attached object are read from the hidden ivars in classext->iv_tbl (an st_table of ID -> VALUE) instead of
+  // klass_classpath / klass_attached_object.
+  uint32_t klass_ext_ptr = 0;
+  uint32_t classext_iv_tbl = 8;
+
+  // RString / RArray (3.2+ RVARGC layout by default). 3.1: embedded bytes at +16 and the embedded length in the flags
+  // (string_embed_len_mask, shifted by 14); embedded arrays keep their length in FL_USER3..4 instead of FL_USER3..9.
+  uint32_t string_embed_bytes = 24;
+  uint64_t string_embed_len_mask = 0;  // 0: the length is at +16 for embedded strings too
+  uint64_t array_embed_len_mask = 0x7f;  // applied after >> 15
 
   // rb_symbols_t (ruby_global_symbols) and symbol.c's ID numbering.
   uint32_t symbols_last_id = 0;
@@ -75,7 +93,8 @@ struct VmSymbols {
   uint64_t global_symbols = 0;       // &ruby_global_symbols (0: unknown; cfunc names become unresolved)
 };
 
-// ELF vaddr of ruby_global_symbols from .symtab (LOCAL there; stripped binaries lack it: kNoSymbols).
+// ELF vaddr of ruby_global_symbols: from .symtab (LOCAL there), else recovered from rb_id2str's code for stripped
+// binaries (GlobalSymbolsFromCode, stacks/global_symbols.h); kNoSymbols when neither works.
 Result<uint64_t> FindGlobalSymbolsVaddr(const ElfFile& elf);
 
 // Load bias of an ELF whose lowest mapping in the process starts at `lowest_mapping_start`.

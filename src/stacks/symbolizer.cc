@@ -2,6 +2,8 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <iterator>
+#include <vector>
 
 namespace rvbpfd {
 
@@ -17,7 +19,6 @@ constexpr uint64_t kImemoIseq = 7;
 // RSTRING_NOEMBED and RARRAY_EMBED_FLAG are both FL_USER1; the embedded array length is in FL_USER3..9.
 constexpr uint64_t kFlUser1 = 0x2000;
 constexpr int kArrayEmbedLenShift = 15;
-constexpr uint64_t kArrayEmbedLenMask = 0x7f;
 constexpr uint32_t kIseqTypeMethod = 1;  // ISEQ_TYPE_METHOD
 // rb_symbols_t: IDs are stored in chunks of ID_ENTRY_UNIT serials, ID_ENTRY_SIZE slots each (String, Symbol).
 constexpr uint64_t kIdEntryUnit = 512;
@@ -29,6 +30,22 @@ constexpr uint64_t kImmediateTableSize = 54;
 constexpr uint64_t kSuccPartOffset = 48;
 constexpr uint64_t kSuccBlockBytes = 80;
 constexpr uint64_t kInsnInfoEntryBytes = 12;
+// 3.1 st_table (include/ruby/st.h): {u8 entry_power, bin_power, size_ind; u32 rebuilds_num; type; num_entries; bins;
+// entries_start; entries_bound; entries}, entries being {hash, key, record} triples; hash ~0 marks a deleted entry.
+struct StTable {
+  uint8_t entry_power, bin_power, size_ind;
+  uint32_t rebuilds_num;
+  uint64_t type, num_entries, bins, entries_start, entries_bound, entries;
+};
+static_assert(sizeof(StTable) == 56);
+struct StEntry {
+  uint64_t hash, key, record;
+};
+static_assert(sizeof(StEntry) == 24);
+constexpr uint64_t kStDeletedHash = ~uint64_t{0};
+// A class's ivar table holds its class-level ivars plus a few hidden ones; more is not a class we can trust.
+constexpr uint64_t kMaxClassIvars = 1024;
+constexpr uint32_t kIseqTypeTop = 0;  // ISEQ_TYPE_TOP
 // Nesting bound for rb_tmp_class_path's recursion through an anonymous module's class.
 constexpr int kMaxClassPathDepth = 8;
 // rb_class_real's walk up singleton classes and iclasses.
@@ -66,13 +83,17 @@ bool Symbolizer::IsImemo(uint64_t obj, uint64_t imemo_type) {
 std::optional<std::string> Symbolizer::ReadString(uint64_t value) {
   std::optional<uint64_t> flags = Flags(value);
   if (!flags || (*flags & RV_RB_T_MASK) != kTString) return std::nullopt;
+  const bool embedded = !(*flags & kFlUser1);  // RSTRING_NOEMBED: as.heap.{len, ptr}
   int64_t len = 0;
-  if (!mem_->ReadValue(value + 16, &len) || len < 0 || static_cast<uint64_t>(len) > kMaxStringBytes) {
+  if (embedded && off_.string_embed_len_mask != 0) {
+    // 3.1: RSTRING_EMBED_LEN_MASK bits of the flags.
+    len = static_cast<int64_t>((*flags & off_.string_embed_len_mask) >> __builtin_ctzll(off_.string_embed_len_mask));
+  } else if (!mem_->ReadValue(value + 16, &len) || len < 0 || static_cast<uint64_t>(len) > kMaxStringBytes) {
     return std::nullopt;
   }
   if (len == 0) return std::string();
-  uint64_t ptr = value + 24;  // embedded bytes
-  if (*flags & kFlUser1) {    // RSTRING_NOEMBED: as.heap.ptr
+  uint64_t ptr = value + off_.string_embed_bytes;
+  if (!embedded) {
     if (!ReadWord(value + 24, &ptr) || ptr == 0) return std::nullopt;
   }
   std::string s(static_cast<size_t>(len), '\0');
@@ -85,7 +106,7 @@ std::optional<uint64_t> Symbolizer::ArrayEntry(uint64_t ary, uint64_t index) {
   if (!flags || (*flags & RV_RB_T_MASK) != kTArray) return std::nullopt;
   uint64_t len = 0, elems = 0;
   if (*flags & kFlUser1) {  // RARRAY_EMBED_FLAG
-    len = (*flags >> kArrayEmbedLenShift) & kArrayEmbedLenMask;
+    len = (*flags >> kArrayEmbedLenShift) & off_.array_embed_len_mask;
     elems = ary + 16;
   } else if (!ReadWord(ary + 16, &len) || !ReadWord(ary + 32, &elems) || elems == 0) {
     return std::nullopt;
@@ -97,7 +118,36 @@ std::optional<uint64_t> Symbolizer::ArrayEntry(uint64_t ary, uint64_t index) {
   return v;
 }
 
+bool Symbolizer::GlobalSymbolsUsable() {
+  if (global_symbols_ok_) return true;
+  if (global_symbols_ == 0) return false;
+  uint32_t last_id = 0;
+  uint64_t ids = 0, len = 0;
+  if (!mem_->ReadValue(global_symbols_ + off_.symbols_last_id, &last_id) ||
+      !ReadWord(global_symbols_ + off_.symbols_ids, &ids) || last_id <= off_.last_op_id) {
+    return false;
+  }
+  std::optional<uint64_t> flags = Flags(ids);
+  if (!flags || (*flags & RV_RB_T_MASK) != kTArray) return false;
+  if (*flags & kFlUser1) {
+    len = (*flags >> kArrayEmbedLenShift) & off_.array_embed_len_mask;
+  } else if (!ReadWord(ids + 16, &len)) {
+    return false;
+  }
+  // One chunk per ID_ENTRY_UNIT serials, created as serials are handed out (the newest may still be on its way).
+  if (len < last_id / kIdEntryUnit || len > last_id / kIdEntryUnit + 1) return false;
+  // Operator IDs are their own character: rb_id2str('+') is "+" in every version.
+  std::optional<std::string> plus = LookupId('+');
+  global_symbols_ok_ = plus && *plus == "+";
+  return global_symbols_ok_;
+}
+
 std::optional<std::string> Symbolizer::IdToString(uint64_t id) {
+  if (!GlobalSymbolsUsable()) return std::nullopt;
+  return LookupId(id);
+}
+
+std::optional<std::string> Symbolizer::LookupId(uint64_t id) {
   if (id == 0 || global_symbols_ == 0) return std::nullopt;
   // rb_id_to_serial: operator IDs (up to tLAST_OP_ID) are their own serial, others carry scope bits.
   const uint64_t serial = id > off_.last_op_id ? id >> kIdScopeShift : id;
@@ -115,8 +165,32 @@ std::optional<std::string> Symbolizer::IdToString(uint64_t id) {
   return ReadString(*str);
 }
 
+bool Symbolizer::ReadFirstLineno(uint64_t body, int32_t* out) {
+  const uint64_t addr = body + off_.body_location + off_.loc_first_lineno;
+  if (!off_.loc_first_lineno_is_fixnum) return mem_->ReadValue(addr, out);
+  // 3.1: INT2FIX(lineno) = (lineno << 1) | 1.
+  int64_t v = 0;
+  if (!mem_->ReadValue(addr, &v) || (v & 1) == 0) return false;
+  v >>= 1;
+  if (v < INT32_MIN || v > INT32_MAX) return false;
+  *out = static_cast<int32_t>(v);
+  return true;
+}
+
 std::optional<int> Symbolizer::LineNumber(uint64_t iseq, uint64_t pc) {
   if (!IsImemo(iseq, kImemoIseq)) return std::nullopt;
+  if (pc == 0 && (off_.walk.flags & RV_RB_WALK_F_NULL_PC_IS_RUBY_FRAME)) {
+    // 3.1 calc_pos() without a pc: 0 for a TOP iseq (rb_vm_call_cfunc's frame), else the iseq's first line.
+    uint64_t body = 0;
+    uint32_t type = 0;
+    int32_t first = 0;
+    if (!ReadWord(iseq + off_.iseq_body, &body) || body == 0 || !mem_->ReadValue(body + off_.body_type, &type)) {
+      return std::nullopt;
+    }
+    if (type == kIseqTypeTop) return 0;
+    if (!ReadFirstLineno(body, &first)) return std::nullopt;
+    return first;
+  }
   uint64_t body = 0, encoded = 0, insns = 0, table = 0;
   uint32_t iseq_size = 0, size = 0;
   if (!ReadWord(iseq + off_.iseq_body, &body) || body == 0 || !ReadWord(body + off_.body_iseq_encoded, &encoded) ||
@@ -177,6 +251,70 @@ std::optional<uint64_t> Symbolizer::RealClass(uint64_t klass) {
   return std::nullopt;
 }
 
+Symbolizer::Lookup Symbolizer::ClassIvar(uint64_t klass, HiddenIvar which, uint64_t* value) {
+  static constexpr const char* kNames[] = {"__classpath__", "__tmp_classpath__", "__attached__"};
+  static_assert(std::size(kNames) == kHiddenIvarCount);
+  uint64_t ext = 0, tbl = 0;
+  if (!ReadWord(klass + off_.klass_ext_ptr, &ext)) return Lookup::kError;
+  if (ext == 0) return Lookup::kAbsent;  // classname(): !RCLASS_EXT(klass)
+  if (!ReadWord(ext + off_.classext_iv_tbl, &tbl)) return Lookup::kError;
+  if (tbl == 0) return Lookup::kAbsent;
+  StTable t;
+  if (!mem_->ReadValue(tbl, &t)) return Lookup::kError;
+  if (t.entries_start > t.entries_bound || t.entries_bound - t.entries_start > kMaxClassIvars || t.entry_power >= 32 ||
+      t.entries_bound > (uint64_t{1} << t.entry_power)) {
+    return Lookup::kError;
+  }
+  const uint64_t n = t.entries_bound - t.entries_start;
+  if (n == 0) return Lookup::kAbsent;
+  if (t.entries == 0) return Lookup::kError;
+  std::vector<StEntry> entries(n);
+  if (!mem_->Read(t.entries + t.entries_start * sizeof(StEntry), entries.data(), n * sizeof(StEntry))) {
+    return Lookup::kError;
+  }
+  // st_lookup by linear scan: the table's ID keys are compared as numbers (a numtable); deleted entries are skipped.
+  // The hidden ivars' IDs are learned by name through the ID table the first time they are seen.
+  for (const StEntry& e : entries) {
+    if (e.hash == kStDeletedHash) continue;
+    if (hidden_ivar_ids_[which] == 0) {
+      std::optional<std::string> name = IdToString(e.key);
+      if (!name) continue;
+      for (size_t i = 0; i < kHiddenIvarCount; i++) {
+        if (*name == kNames[i]) hidden_ivar_ids_[i] = e.key;
+      }
+    }
+    if (hidden_ivar_ids_[which] != 0 && e.key == hidden_ivar_ids_[which]) {
+      *value = e.record;
+      return Lookup::kFound;
+    }
+  }
+  return Lookup::kAbsent;
+}
+
+bool Symbolizer::StoredClassPath(uint64_t klass, uint64_t* path) {
+  *path = 0;
+  if (off_.klass_ext_ptr == 0) return ReadWord(klass + off_.klass_classpath, path);
+  // 3.1 classname(): __classpath__ (permanent), else __tmp_classpath__.
+  for (HiddenIvar which : {kIvarClasspath, kIvarTmpClasspath}) {
+    switch (ClassIvar(klass, which, path)) {
+      case Lookup::kFound:
+        return true;
+      case Lookup::kError:
+        return false;
+      case Lookup::kAbsent:
+        break;
+    }
+  }
+  *path = 0;
+  return true;
+}
+
+bool Symbolizer::AttachedObject(uint64_t klass, uint64_t* obj) {
+  if (off_.klass_ext_ptr == 0) return ReadWord(klass + off_.klass_attached_object, obj);
+  // 3.1: rb_ivar_get(klass, id__attached__); a singleton class always has it, so absence is corruption.
+  return ClassIvar(klass, kIvarAttached, obj) == Lookup::kFound;
+}
+
 std::optional<std::string> Symbolizer::ClassPath(uint64_t klass, int depth) {
   if (depth > kMaxClassPathDepth) return std::nullopt;
   std::optional<uint64_t> f = Flags(klass);
@@ -184,7 +322,7 @@ std::optional<std::string> Symbolizer::ClassPath(uint64_t klass, int depth) {
   const uint64_t type = *f & RV_RB_T_MASK;
   if (type != kTClass && type != kTModule && type != kTIClass) return std::nullopt;
   uint64_t classpath = 0;
-  if (!ReadWord(klass + off_.klass_classpath, &classpath)) return std::nullopt;
+  if (!StoredClassPath(klass, &classpath)) return std::nullopt;
   // classname(): a permanent or temporary path when one was assigned.
   if (classpath != 0) return ReadString(classpath);
   // make_temporary_path(): "#<Class:%p>", "#<Module:%p>" (a plain Module instance) or "#<ClassPath:%p>" (an instance
@@ -196,7 +334,7 @@ std::optional<std::string> Symbolizer::ClassPath(uint64_t klass, int depth) {
     if (!real) return std::nullopt;
     // rb_obj_class(klass) == rb_cModule: the only class whose permanent path is "Module" is rb_cModule itself.
     uint64_t real_path = 0;
-    if (*real != 0 && ReadWord(*real + off_.klass_classpath, &real_path) && real_path != 0) {
+    if (*real != 0 && StoredClassPath(*real, &real_path) && real_path != 0) {
       std::optional<std::string> name = ReadString(real_path);
       if (name && *name == "Module") return "#<Module:" + RubyPointerString(klass) + ">";
     }
@@ -209,7 +347,8 @@ std::optional<std::string> Symbolizer::ClassPath(uint64_t klass, int depth) {
 
 Symbolizer::MaybeString Symbolizer::Classpath(uint64_t cme) {
   MaybeString r;
-  if (off_.klass_classpath == 0) return {false, std::nullopt};  // 3.2: class paths are not struct fields
+  // 3.2: class paths are hidden ivars in object shapes, not read here.
+  if (off_.klass_classpath == 0 && off_.klass_ext_ptr == 0) return {false, std::nullopt};
   uint64_t klass = 0;
   if (!ReadWord(cme + off_.cme_defined_class, &klass)) return {false, std::nullopt};
   if (!IsHeapObject(klass)) return r;  // 0 or nil: no class path
@@ -219,7 +358,7 @@ Symbolizer::MaybeString Symbolizer::Classpath(uint64_t cme) {
     if (!ReadWord(klass + 8, &klass)) return {false, std::nullopt};  // the included/prepended module
   } else if (IsSingleton(klass)) {
     uint64_t attached = 0;
-    if (!ReadWord(klass + off_.klass_attached_object, &attached)) return {false, std::nullopt};
+    if (!AttachedObject(klass, &attached)) return {false, std::nullopt};
     std::optional<uint64_t> af = Flags(attached);
     if (!af) return {false, std::nullopt};
     const uint64_t at = *af & RV_RB_T_MASK;
@@ -304,8 +443,7 @@ SymbolizedFrame Symbolizer::Symbolize(const rv_ruby_frame& frame) {
   const uint64_t loc = off_.body_location;
   if (!ReadWord(iseq + off_.iseq_body, &body) || body == 0 || !ReadWord(body + loc + off_.loc_label, &label_v) ||
       !ReadWord(body + loc + off_.loc_base_label, &base_label_v) ||
-      !ReadWord(body + loc + off_.loc_pathobj, &pathobj) ||
-      !mem_->ReadValue(body + loc + off_.loc_first_lineno, &first_lineno) ||
+      !ReadWord(body + loc + off_.loc_pathobj, &pathobj) || !ReadFirstLineno(body, &first_lineno) ||
       !ReadWord(body + off_.body_local_iseq, &local) || !IsImemo(local, kImemoIseq) ||
       !ReadWord(local + off_.iseq_body, &local_body) || local_body == 0) {
     return Unresolved(frame, "iseq body");

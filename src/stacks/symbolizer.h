@@ -1,6 +1,7 @@
 // Userspace symbolizer for walker frames: labels, paths and line numbers exactly as CRuby's
 // rb_profile_frame_full_label / rb_profile_frame_path / rb_profile_frame_absolute_path / rb_profile_frame_first_lineno
-// and the line numbers of rb_profile_frames compute them (vm_backtrace.c, iseq.c, variable.c, symbol.c; 3.3 - 4.0).
+// and the line numbers of rb_profile_frames compute them (vm_backtrace.c, iseq.c, variable.c, symbol.c; 3.1, 3.3 - 4.0;
+// 3.2's class paths, kept in object shapes, are not read).
 //
 // Everything is read from target memory: every object's type is checked before it is interpreted, string and array
 // reads are bounded, and a frame that cannot be resolved gets a visible "<unresolved ...>" label instead of a guess.
@@ -43,8 +44,13 @@ class Symbolizer {
   // Pieces, public for tests. Each returns nullopt when the target memory does not hold what it should.
   std::optional<std::string> ReadString(uint64_t value);       // a T_STRING's bytes
   std::optional<int> LineNumber(uint64_t iseq, uint64_t pc);  // calc_lineno(iseq, pc)
-  // rb_id2str: the String of an ID through the global symbol table (nullopt when absent).
+  // rb_id2str: the String of an ID through the global symbol table (nullopt when absent, or while the table at
+  // `global_symbols` does not pass GlobalSymbolsUsable()).
   std::optional<std::string> IdToString(uint64_t id);
+  // Whether `global_symbols` holds an rb_symbols_t: last_id above the operator IDs, ids a T_ARRAY with one chunk per
+  // 512 serials, and ID '+' naming "+". The address may come from disassembly (stripped binaries) or the VM may not
+  // have built the table yet, so it is checked before the first use; a pass is remembered, a failure re-checked.
+  bool GlobalSymbolsUsable();
 
  private:
   // A read value that may also be Ruby's nil; `ok == false` means the memory was unusable.
@@ -54,20 +60,33 @@ class Symbolizer {
   };
   bool ReadWord(uint64_t addr, uint64_t* out) { return mem_->ReadValue(addr, out); }
   std::optional<uint64_t> Flags(uint64_t obj);
+  std::optional<std::string> LookupId(uint64_t id);  // IdToString without the table check
   bool IsType(uint64_t obj, uint64_t type);
   bool IsImemo(uint64_t obj, uint64_t imemo_type);
   std::optional<uint64_t> ArrayEntry(uint64_t ary, uint64_t index);  // Qnil-like results come back as is
   bool IsSingleton(uint64_t klass);
+  // 3.1's hidden class ivars (klass_ext_ptr != 0): found in RCLASS_EXT(klass)->iv_tbl, absent, or unreadable.
+  enum class Lookup { kFound, kAbsent, kError };
+  enum HiddenIvar { kIvarClasspath, kIvarTmpClasspath, kIvarAttached, kHiddenIvarCount };
+  Lookup ClassIvar(uint64_t klass, HiddenIvar which, uint64_t* value);
+  // classname()'s stored path object (0 when none was assigned); false when unreadable.
+  bool StoredClassPath(uint64_t klass, uint64_t* path);
+  // A singleton class's attached object; false when unreadable.
+  bool AttachedObject(uint64_t klass, uint64_t* obj);
   std::optional<uint64_t> RealClass(uint64_t klass);                  // rb_class_real
   std::optional<std::string> ClassPath(uint64_t klass, int depth);    // rb_class_path
   MaybeString Classpath(uint64_t cme);                                // rb_profile_frame_classpath
   bool IsSingletonOwner(uint64_t cme);  // rb_profile_frame_singleton_method_p
   std::optional<uint64_t> MethodIseq(uint64_t cme);                   // def->body.iseq.iseqptr
+  bool ReadFirstLineno(uint64_t body, int32_t* out);  // location.first_lineno (an int, or 3.1's Fixnum VALUE)
   SymbolizedFrame Unresolved(const rv_ruby_frame& frame, const std::string& why);
 
   MemoryReader* mem_;
   RubyOffsets off_;
   uint64_t global_symbols_;
+  // IDs of __classpath__, __tmp_classpath__, __attached__ once seen (0: not yet). IDs never change in a process.
+  uint64_t hidden_ivar_ids_[kHiddenIvarCount] = {};
+  bool global_symbols_ok_ = false;
 };
 
 // "0x" + 16 lower-case hex digits: rb_sprintf's %p, as used in "#<Class:%p>".

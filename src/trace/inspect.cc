@@ -138,6 +138,16 @@ void PrintStats(const TraceFile& trace, std::ostream& out) {
   if (trace.summary) {
     out << "ring buffer high-water mark: " << trace.summary->ring_high_water_bytes << " bytes\n";
     out << "late (reordered) events: " << trace.summary->late_events << '\n';
+    if (trace.summary->probe_hits) {
+      // Every hit is one trap the target paid for; discarded ones wrote nothing (see docs/rvtrace.md).
+      out << "probe hits (traps): " << *trace.summary->probe_hits << ", of which not events: "
+          << trace.summary->hits_discarded.value_or(0) << '\n';
+    }
+    if (const std::optional<SampleEcRoutes>& r = trace.summary->sample_ec_routes) {
+      // How each sample found its thread's EC (docs/design.md, "How a sample finds its EC").
+      out << "sample EC routes: tls " << r->tls << ", ractor " << r->ractor << ", current_th " << r->current_th
+          << ", none (dropped) " << r->none << '\n';
+    }
   } else {
     out << "ring buffer high-water mark: unknown (no summary line: the recording did not finish)\n";
     out << "late (reordered) events: unknown (no summary line: the recording did not finish)\n";

@@ -21,6 +21,15 @@ struct ThreadSummary {
   double running_ms = 0;              // total time holding the GVL, milliseconds
 };
 
+// On-CPU samples by the route that found their execution context (rvbpfd's BPF counters; docs/design.md, "How a
+// sample finds its EC"). Counted when the sample is taken, so a sample later lost to a full ring still counts.
+struct SampleEcRoutes {
+  uint64_t tls = 0;         // the sampled thread's own ruby_current_ec
+  uint64_t ractor = 0;      // the main ractor's running EC, the GVL holder on this native thread
+  uint64_t current_th = 0;  // the thread the last scheduler event on this native thread named (TLS not usable)
+  uint64_t none = 0;        // no EC: the sample was dropped (a native thread that runs no Ruby)
+};
+
 struct TraceSummary {
   std::array<uint64_t, kEventNameCount> event_counts{};  // lines written per event name, indexed by EventName
   uint64_t events_dropped = 0;          // sum of the events_dropped counts: events lost
@@ -31,6 +40,11 @@ struct TraceSummary {
   uint64_t late_events = 0;             // events that reached the reorder window after newer ones were written
   uint64_t frames = 0;                  // frame dictionary lines written (0 in traces without stacks)
   uint64_t stacks = 0;                  // stack dictionary lines written
+  // Uprobe traps of the target (rvbpfd's BPF counters; absent in other recorders' traces): every probe hit, and the
+  // hits that are not events (e.g. rb_mutex_lock entered from rb_mutex_synchronize, excluded by caller).
+  std::optional<uint64_t> probe_hits;
+  std::optional<uint64_t> hits_discarded;
+  std::optional<SampleEcRoutes> sample_ec_routes;  // present when the recording sampled
 
   uint64_t count(EventName event) const { return event_counts[static_cast<size_t>(event)]; }
 };

@@ -373,6 +373,26 @@ void TraceWriter::AppendSummary(const TraceSummary& summary) {
   AppendFixed(&b, summary.duration_ms, 6);
   b.append(",\"late_events\":");
   AppendUint(&b, summary.late_events);
+  if (summary.probe_hits) {
+    b.append(",\"probe_hits\":");
+    AppendUint(&b, *summary.probe_hits);
+  }
+  if (summary.hits_discarded) {
+    b.append(",\"hits_discarded\":");
+    AppendUint(&b, *summary.hits_discarded);
+  }
+  if (summary.sample_ec_routes) {
+    const SampleEcRoutes& r = *summary.sample_ec_routes;
+    b.append(",\"sample_ec_routes\":{\"tls\":");
+    AppendUint(&b, r.tls);
+    b.append(",\"ractor\":");
+    AppendUint(&b, r.ractor);
+    b.append(",\"current_th\":");
+    AppendUint(&b, r.current_th);
+    b.append(",\"none\":");
+    AppendUint(&b, r.none);
+    b.push_back('}');
+  }
   if (summary.frames > 0 || summary.stacks > 0) {
     b.append(",\"frames\":");
     AppendUint(&b, summary.frames);
@@ -397,6 +417,9 @@ Status TraceWriter::Finish(const FinishInfo& info) {
   TraceSummary summary = CurrentSummary(stopped.t_ns);
   summary.ring_high_water_bytes = info.ring_high_water_bytes;
   summary.late_events = info.late_events;
+  summary.probe_hits = info.probe_hits;
+  summary.hits_discarded = info.hits_discarded;
+  summary.sample_ec_routes = info.sample_ec_routes;
   AppendSummary(summary);
   finished_ = true;
   Status flushed = Flush();

@@ -49,6 +49,10 @@ struct FinishInfo {
   uint64_t ring_high_water_bytes = 0;  // from the BPF counters
   uint64_t late_events = 0;            // Reorderer::late()
   std::string stop_reason;             // optional "reason" on tracing_stopped ("signal", "duration", "target_exited")
+  // From the BPF counters (rvbpfd only): uprobe traps the target paid for, and those that became no record.
+  std::optional<uint64_t> probe_hits;
+  std::optional<uint64_t> hits_discarded;
+  std::optional<SampleEcRoutes> sample_ec_routes;  // when sampling: which route found each sample's EC
 };
 
 // "2025-01-31T12:34:56.789012Z".

@@ -14,6 +14,13 @@ Per test Ruby (3.3.8-shared, 3.4.5-static), rvbpfd attached to the workload with
     blocking call has reason "sleep" / "mutex" / "io" with reason_provenance "derived";
   - every gvl_released with a known th carries a stack, every stack and frame id is defined before use;
   - --stacks=off --hz 0 records no stacks, no samples and no reasons;
+  - EC route: workloads/stacks_busy_main.rb keeps its only (main) thread busy in Ruby code from before the attach
+    until well after it, never releasing the GVL, so no scheduler event names that thread while it is sampled. In
+    attach mode it has at least a tenth of the samples 99 Hz gives (and 50) between its first sample and its first
+    scheduler event (the CPU is shared), at least 95% of them with exactly the expected frames, and the summary's
+    sample_ec_routes says they came through the TLS route (none through current_th or the ractor); in launch mode
+    (the route is installed only after exec and relocation) the spin's samples are there too and at least 95% of all
+    samples used TLS. The hot test also requires TLS only;
   - golden: workloads/stacks_golden.rb blocks three threads (Kernel#sleep inside a block inside a class method,
     Thread::Mutex#synchronize, IO#read inside Integer#times/Enumerator) and captures CRuby's own frames for them with
     tests/golden's extension; the stack rvbpfd took when each of them released the GVL to block equals the golden
@@ -30,6 +37,10 @@ import rvlib  # noqa: E402
 HOT_EXPECTED = ["Foo.hot", "Foo.bar", "Integer#times", "Foo.bar", "Array#each", "Foo.bar", "block in <main>"]
 HOT_LINES = range(11, 15)  # the while loop of Foo.hot in workloads/stacks_hot.rb
 HOT_SECONDS = 2.0
+BUSY_EXPECTED = ["Spin.hot", "Spin.run", "<main>"]
+BUSY_LINES = range(12, 16)  # the while loop of Spin.hot in workloads/stacks_busy_main.rb
+BUSY_SECONDS = 10.0  # attach mode: long enough to outlast a slow attach on a loaded machine (seen: 7 s)
+BUSY_LAUNCH_SECONDS = 4.0  # launch mode records from exec: no attach to wait for
 BLOCKERS = {  # method of the thread -> (label of the blocking call, expected reason)
     "Object#sleeper_body": ("Kernel#sleep", "sleep"),
     "Object#mutex_body": ("Thread::Mutex#lock", "mutex"),
@@ -46,8 +57,20 @@ def common_checks(t):
     return p
 
 
+def ec_routes(t):
+    """The summary's sample_ec_routes ({} when missing) and the problems with it."""
+    r = t.summary.get("sample_ec_routes")
+    if not isinstance(r, dict) or not all(isinstance(r.get(k), int) for k in ("tls", "ractor", "current_th", "none")):
+        return {}, [f"summary has no sample_ec_routes with tls/ractor/current_th/none counts: {r!r}"]
+    return r, []
+
+
 def check_hot(t):
     p = common_checks(t)
+    routes, rp = ec_routes(t)
+    p += rp
+    if routes and (routes["tls"] == 0 or routes["current_th"] != 0):
+        p.append(f"samples should all find their EC through TLS (attach mode, route installed at once): {routes}")
     h = t.header
     if h.get("sample_hz") != 99:
         p.append(f"header sample_hz is {h.get('sample_hz')!r}, expected 99")
@@ -83,6 +106,66 @@ def check_hot(t):
     if pct < 95.0:
         worst = sorted(bad.items(), key=lambda kv: -kv[1])[:5]
         p.append(f"only {pct:.1f}% of {len(samples)} samples match {HOT_EXPECTED}; most common others: {worst}")
+    return p
+
+
+def busy_sample_ok(t, e):
+    frames = t.stack_frames(e)
+    return ([f.get("label") for f in frames] == BUSY_EXPECTED and frames[0].get("line") in BUSY_LINES
+            and frames[0].get("path", "").endswith("stacks_busy_main.rb"))
+
+
+def check_busy_main(t):
+    p = common_checks(t)
+    main = [e for e in t.events if e.get("ruby_thread") == 1]
+    sched = [e["t_ns"] for e in main if e["event"] in ("wants_gvl", "gvl_acquired", "gvl_released")]
+    samples = [e for e in main if e["event"] == "sample"]
+    if not sched:
+        return p + ["the main thread has no scheduler event at all (its $stdin.gets after the spin releases the GVL)"]
+    first_sched = min(sched)
+    before = [e for e in samples if e["t_ns"] < first_sched]
+    if not before:
+        return p + [f"no sample of the main thread before its first scheduler event ({len(samples)} samples in all): "
+                    f"samples still depend on scheduler events"]
+    span_s = (first_sched - before[0]["t_ns"]) / 1e9
+    # A tenth of what 99 Hz gives: the CPU is shared with whatever else runs on the machine (cpu-clock samples
+    # whoever is on the CPU; ~30 Hz reached the spinner on a loaded 2-core CI VM), and the old route gave none at all
+    # before the first scheduler event.
+    want = max(50, int(99 * span_s * 0.1))
+    good = sum(1 for e in before if busy_sample_ok(t, e))
+    print(f"  main thread: {len(before)} samples in the {span_s:.2f} s before its first scheduler event, {good} with "
+          f"exactly {BUSY_EXPECTED}; routes {t.summary.get('sample_ec_routes')}")
+    if len(before) < want:
+        p.append(f"only {len(before)} samples of the busy main thread in {span_s:.2f} s before its first scheduler "
+                 f"event, expected at least {want}")
+    if good < 0.95 * len(before):
+        bad = [t.stack_labels(e)[:4] for e in before if not busy_sample_ok(t, e)][:5]
+        p.append(f"only {good} of {len(before)} early samples have exactly {BUSY_EXPECTED}; e.g. {bad}")
+    routes, rp = ec_routes(t)
+    p += rp
+    if routes:
+        if routes["tls"] < len(before):
+            p.append(f"sample_ec_routes.tls {routes['tls']} < {len(before)} samples that had no scheduler event to "
+                     f"go by: {routes}")
+        if routes["current_th"] != 0 or routes["ractor"] != 0:
+            p.append(f"with the TLS route installed at attach, no sample should need a fallback: {routes}")
+    return p
+
+
+def check_busy_main_launch(t):
+    p = common_checks(t)
+    samples = [e for e in t.named(("sample",)) if e.get("ruby_thread") == 1]
+    good = sum(1 for e in samples if busy_sample_ok(t, e))
+    want = int(99 * BUSY_LAUNCH_SECONDS * 0.1)
+    routes, rp = ec_routes(t)
+    p += rp
+    print(f"  launch: {len(samples)} main-thread samples, {good} in the spin; routes {routes}")
+    if good < want:
+        p.append(f"only {good} samples in Spin.hot over a {BUSY_LAUNCH_SECONDS:.0f} s spin, expected at least {want}")
+    if routes:
+        found = routes["tls"] + routes["ractor"] + routes["current_th"]
+        if routes["tls"] < 0.95 * found or routes["tls"] < good:
+            p.append(f"the EC route was not installed after exec: {routes}")
     return p
 
 
@@ -224,14 +307,17 @@ def main():
         ("stacks_gc", (), check_gc, {}),
         ("stacks_block", (), check_block, {}),
         ("stacks_block", ("--stacks=off", "--hz", "0"), check_off, {}),
+        ("stacks_busy_main", (), check_busy_main, {"BUSY_MAIN_SECONDS": str(BUSY_SECONDS)}),
+        ("stacks_busy_main", (), check_busy_main_launch, {"BUSY_MAIN_SECONDS": str(BUSY_LAUNCH_SECONDS)}, "launch"),
     ]
     for ruby in rubies:
-        for wl, rv_args, check, env in cases:
+        for wl, rv_args, check, env, *mode in cases:
             if args.workload and wl not in args.workload:
                 continue
-            name = f"stacks {ruby.name} {wl} {' '.join(rv_args) or '(defaults)'}"
+            mode = mode[0] if mode else "attach"
+            name = f"stacks {ruby.name} {wl} {mode} {' '.join(rv_args) or '(defaults)'}"
             try:
-                run = rvlib.run_workload(ruby, wl, "attach", outdir, ref=False, rvbpfd=rvbpfd, rv_args=rv_args,
+                run = rvlib.run_workload(ruby, wl, mode, outdir, ref=False, rvbpfd=rvbpfd, rv_args=rv_args,
                                          env_extra=env)
             except rvlib.RunError as e:
                 res.check(name, [str(e)])

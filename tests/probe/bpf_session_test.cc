@@ -199,6 +199,78 @@ TEST_P(BpfSessionTest, CallsFromAnExcludedCallerAreNotEvents) {
   for (int i = 0; i < 5; ++i) RvProbeTargetReg(&th);
   ASSERT_TRUE((*session)->Poll(100).ok());
   EXPECT_EQ(got.size(), 5u);
+  // Every call trapped, events or not: the budget's input counts them all, and the discarded ones apart.
+  const rv_counters c = (*session)->ReadCounters();
+  EXPECT_EQ(c.probe_hits, 25u);
+  EXPECT_EQ(c.hits_discarded, 20u);
+  EXPECT_EQ(c.events, 5u);
+  const std::vector<uint64_t> per_site = (*session)->ReadSiteHits();
+  ASSERT_EQ((*group)->cookies().size(), 1u);
+  ASSERT_LT((*group)->cookies()[0], per_site.size());
+  EXPECT_EQ(per_site[(*group)->cookies()[0]], 25u);
+}
+
+TEST_P(BpfSessionTest, SiteHitsArePerCookieAndGroupsKeepTheirCookies) {
+  SessionOptions opts;
+  opts.force_single_links = GetParam();
+  auto session = BpfSession::Open(opts, [](const rv_record&) {});
+  ASSERT_TRUE(session.ok()) << session.error().ToString();
+  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  auto low = (*session)->Attach(
+      SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}}},
+      getpid());
+  auto high = (*session)->Attach(
+      SelfPath(),
+      {{FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, *bin, 0}}},
+      getpid());
+  ASSERT_TRUE(low.ok() && high.ok());
+  FakeThread th{0, 1, 0};
+  FakeThread* slot = &th;
+  for (int i = 0; i < 7; ++i) RvProbeTargetReg(&th);
+  for (int i = 0; i < 3; ++i) RvProbeTargetMem(&slot);
+  (*session)->Detach(**high);  // a detached site takes no hits
+  for (int i = 0; i < 4; ++i) RvProbeTargetMem(&slot);
+  const std::vector<uint64_t> hits = (*session)->ReadSiteHits();
+  ASSERT_EQ(hits.size(), 2u);
+  EXPECT_EQ(hits[(*low)->cookies()[0]], 7u);
+  EXPECT_EQ(hits[(*high)->cookies()[0]], 3u);
+  EXPECT_EQ((*session)->ReadCounters().probe_hits, 10u);
+  EXPECT_EQ((*session)->ReadCounters().hits_discarded, 0u);
+}
+
+TEST_P(BpfSessionTest, ReturnProbesFireWhenTheFunctionReturns) {
+  std::vector<rv_record> got;
+  SessionOptions opts;
+  opts.force_single_links = GetParam();
+  auto session = BpfSession::Open(opts, [&](const rv_record& r) { got.push_back(r); });
+  ASSERT_TRUE(session.ok()) << session.error().ToString();
+  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  // The GC fallback's shape: an entry probe and a return probe on the same function, in one group.
+  const uint64_t off = FileOffsetOf("RvProbeTargetReg");
+  std::vector<SiteSpec> sites = {{off, rv_site{RV_EV_GC_ENTER, RV_LOC_CURRENT, 0, *bin, 0}, false},
+                                 {off, rv_site{RV_EV_GC_EXIT, RV_LOC_CURRENT, 0, *bin, 0}, true}};
+  auto group = (*session)->Attach(SelfPath(), sites, getpid());
+  ASSERT_TRUE(group.ok()) << group.error().ToString();
+  FakeThread th{0, 1, 0};
+  constexpr int kCalls = 10;
+  for (int i = 0; i < kCalls; ++i) RvProbeTargetReg(&th);
+  for (int i = 0; i < 10 && got.size() < 2 * kCalls; ++i) ASSERT_TRUE((*session)->Poll(100).ok());
+  ASSERT_EQ(got.size(), 2u * kCalls);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].kind, i % 2 == 0 ? RV_EV_GC_ENTER : RV_EV_GC_EXIT) << i;  // enter, exit, enter, exit, ...
+    if (i > 0) EXPECT_GE(got[i].ts_ns, got[i - 1].ts_ns);
+  }
+  EXPECT_EQ((*session)->ReadCounters().probe_hits, 2u * kCalls);
+  // Detaching removes both kinds; reattaching restores both.
+  (*session)->Detach(**group);
+  EXPECT_FALSE((*group)->attached());
+  RvProbeTargetReg(&th);
+  ASSERT_TRUE((*session)->Reattach(**group).ok());
+  RvProbeTargetReg(&th);
+  ASSERT_TRUE((*session)->Poll(100).ok());
+  EXPECT_EQ(got.size(), 2u * kCalls + 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, BpfSessionTest, ::testing::Values(false, true),

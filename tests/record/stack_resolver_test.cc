@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "stacks/fake_memory.h"
 
@@ -113,6 +114,30 @@ TEST_F(StackResolverTest, ReusedSlotIsNeverServedFromTheCache) {
   FrameInfo g = resolver_->ResolveFrame(Frame());
   EXPECT_EQ(g.label, "<top (required)>");
   EXPECT_EQ(g.path, "/app/lib.rb");
+}
+
+TEST_F(StackResolverTest, SharedStacksAreReusedWithinAnEpochAndNeverServeAReusedSlot) {
+  const rv_ruby_frame frames[] = {Frame(), Frame()};
+  std::vector<SharedFrame> a, b;
+  resolver_->ResolveShared(frames, &a);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0]->label, "<main>");
+  EXPECT_EQ(a[0], a[1]) << "one cached frame is shared, not copied";
+  const uint64_t reads = mem_->reads();
+  resolver_->ResolveShared(frames, &b);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(mem_->reads(), reads) << "a repeated stack in the same GC epoch must not read the target";
+  // GC freed the iseq and reused its slot: the next epoch must not be served the remembered stack.
+  mem_->Put64(iseq_, kTString);
+  resolver_->set_epoch(1);
+  resolver_->ResolveShared(frames, &b);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0]->kind, FrameKind::kUnresolved);
+  // Unresolved frames are never remembered: once the iseq is back, it is named again in the same epoch.
+  mem_->Put64(iseq_, kImemoIseqFlags);
+  resolver_->ResolveShared(frames, &b);
+  EXPECT_EQ(b[0]->label, "<main>");
+  EXPECT_EQ(resolver_->ResolveFrame(Frame()).label, "<main>");
 }
 
 TEST_F(StackResolverTest, UnreadableFrameIsUnresolvedAndNotCached) {

@@ -41,6 +41,22 @@ void rb_f_sleep(void) { rv_sink = 0; }
 void rb_mutex_lock(void) { rv_sink = 0; }
 void rb_mutex_synchronize(void) { rb_mutex_lock(); rv_sink = 0; }
 void rb_mutex_synchronize_m(void) { rb_mutex_synchronize(); rv_sink = 0; }
+#ifdef RV_GC_FUNCS
+/* GC functions as GCC leaves them: gc_rest split into its early-out test and a .part.0 body, a .cold piece of
+ * gc_start, and a neighbour whose name shares the prefix. */
+void gc_rest_part0(void) __asm__("gc_rest.part.0");
+void gc_start_cold(void) __asm__("gc_start.cold");
+__attribute__((noinline)) void gc_rest_part0(void) { rv_sink = (void *)1; }
+__attribute__((noinline)) void gc_start_cold(void) { rv_sink = (void *)2; }
+int gc_start(void *objspace, unsigned reason) {
+  if (!objspace) gc_start_cold();
+  rv_sink = objspace;
+  return (int)reason;
+}
+void gc_rest(void *objspace) { if (objspace) gc_rest_part0(); }
+void gc_continue(void *objspace) { rv_sink = objspace; }
+void gc_start_internal(void) { gc_start(0, 0); }
+#endif
 #ifdef RV_BAD_EVENT
 void fx_bad(struct rb_thread_struct *th) { HOOK(3, th); }
 #endif
@@ -266,9 +282,9 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   ASSERT_NE(at, std::string::npos) << out_of_range;
   out_of_range.replace(at, 10, "\"event\": 99");
   std::string stale_format = good_json;
-  at = stale_format.find("\"format\": 2");
+  at = stale_format.find("\"format\": 3");
   ASSERT_NE(at, std::string::npos);
-  stale_format.replace(at, 11, "\"format\": 0");
+  stale_format.replace(at, 11, "\"format\": 2");  // the previous format: recomputed, not misread
   std::string huge_offset = good_json;
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);
@@ -295,6 +311,56 @@ TEST_F(FixtureTest, UnwritableCacheDirectoryStillReturnsSites) {
   Result<SiteSet> set = LoadOrFindSites(lib, "3.3.0", dir_.Join("not-a-dir/cache"));
   ASSERT_TRUE(set.ok()) << set.error().ToString();
   EXPECT_FALSE(set->sites.empty());
+}
+
+TEST_F(FixtureTest, WithoutGcHookChecksGcComesFromEntryAndReturnOfTheGcFunctions) {
+  // The fixture has GC functions but no `testb` hook checks: FindSites falls back to the functions on its own.
+  Result<SiteSet> set = Find(Build("libfx-gc.so", "-g -DRV_GC_FUNCS"), "3.3.0");
+  ASSERT_TRUE(set.ok()) << set.error().ToString();
+  Result<ElfFile> elf = ElfFile::Open(dir_.Join("libfx-gc.so"));
+  ASSERT_TRUE(elf.ok());
+  std::vector<std::string> got;
+  for (const ProbeSite& s : set->sites) {
+    if (s.event != RV_EV_GC_ENTER && s.event != RV_EV_GC_EXIT) continue;
+    got.push_back(s.function + (s.event == RV_EV_GC_ENTER ? " enter " : " exit ") + s.method +
+                  (s.return_probe ? " ret" : ""));
+    std::optional<ElfSymbol> sym = elf->FindSymbol(s.function);
+    ASSERT_TRUE(sym.has_value()) << s.function;
+    EXPECT_EQ(s.vaddr, sym->value) << "both probes are on the function's first instruction";
+    EXPECT_EQ(s.th, kCurrent);
+  }
+  std::sort(got.begin(), got.end());
+  // gc_rest itself is not probed: its entry also runs when there is nothing to finish (the .part.0 is the body).
+  // Neither gc_start.cold (reached from gc_start) nor gc_start_internal (another function) is a GC function.
+  EXPECT_EQ(got, (std::vector<std::string>{
+                     "gc_continue enter gc-function-entry", "gc_continue exit gc-function-return ret",
+                     "gc_rest.part.0 enter gc-function-entry", "gc_rest.part.0 exit gc-function-return ret",
+                     "gc_start enter gc-function-entry", "gc_start exit gc-function-return ret"}));
+  // Only these sites are return probes.
+  for (const ProbeSite& s : set->sites) EXPECT_EQ(s.return_probe, s.method == "gc-function-return") << s.function;
+
+  // The cache keeps them (a return probe is told by its method).
+  std::string cache = dir_.Join("gc-cache");
+  Result<SiteSet> fresh = LoadOrFindSites(dir_.Join("libfx-gc.so"), "3.3.0", cache);
+  Result<SiteSet> cached = LoadOrFindSites(dir_.Join("libfx-gc.so"), "3.3.0", cache);
+  ASSERT_TRUE(fresh.ok() && cached.ok());
+  EXPECT_EQ(SiteSetToJson(*cached), SiteSetToJson(*fresh));
+  size_t returns = 0;
+  for (const ProbeSite& s : cached->sites) returns += s.return_probe ? 1 : 0;
+  EXPECT_EQ(returns, 3u);
+}
+
+TEST_F(FixtureTest, NoGcFunctionsNoGcSitesAndForcingTheFallbackIsAnError) {
+  std::string lib = Build("libfx-nogc.so", "-g");
+  Result<SiteSet> set = Find(lib, "3.3.0");
+  ASSERT_TRUE(set.ok());
+  for (const ProbeSite& s : set->sites) EXPECT_FALSE(s.event == RV_EV_GC_ENTER || s.event == RV_EV_GC_EXIT);
+  Result<ElfFile> elf = ElfFile::Open(lib);
+  ASSERT_TRUE(elf.ok());
+  Status st = UseGcFunctionProbes(*elf, &*set);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kNoSymbols);
+  EXPECT_NE(st.error().message().find("--gc-probes=fallback"), std::string::npos) << st.error().message();
 }
 
 // --- The real test Rubies: the reference tables (/work/shared/reference/hooksites-*.txt and §3-§5) -----------------
@@ -507,6 +573,60 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<RealBinary>& info) {
       return std::string(info.param.version[2] == '3' ? "Ruby338Shared" : "Ruby345Static");
     });
+
+// --gc-probes=fallback on the test Rubies: the GC hook-check sites are replaced by entry + return probes of the
+// three GC functions (gc.c 3.3.8 / gc/default/default.c 3.4.5; addresses from their .symtab), nothing else changes.
+TEST(RealBinaryGcFallbackTest, ReplacesTheGcHookSitesWithTheGcFunctions) {
+  struct Case {
+    const char* ruby;
+    const char* elf;
+    const char* version;
+    std::map<std::string, uint64_t> functions;
+  };
+  const Case cases[] = {
+      {"3.3.8-shared", "lib/libruby.so.3.3.8", "3.3.8",
+       {{"gc_start", 0x140ee0}, {"gc_rest.part.0", 0x142480}, {"gc_continue", 0x1407b0}}},
+      {"3.4.5-static", "bin/ruby", "3.4.5",
+       {{"gc_start", 0x815f0}, {"gc_rest.part.0", 0x83fe0}, {"gc_continue", 0x83a40}}},
+  };
+  int ran = 0;
+  for (const Case& c : cases) {
+    std::string dir = testing::TestRuby(c.ruby);
+    if (dir.empty()) continue;
+    ++ran;
+    SCOPED_TRACE(c.ruby);
+    Result<ElfFile> elf = ElfFile::Open(dir + "/" + c.elf);
+    ASSERT_TRUE(elf.ok());
+    Result<SiteSet> set = FindSites(*elf, c.version);
+    ASSERT_TRUE(set.ok());
+    const SiteSet before = *set;
+    ASSERT_TRUE(UseGcFunctionProbes(*elf, &*set).ok());
+    std::map<std::string, std::pair<int, int>> gc;  // function -> (entries, returns)
+    size_t others = 0;
+    for (const ProbeSite& s : set->sites) {
+      if (s.event == RV_EV_GC_ENTER || s.event == RV_EV_GC_EXIT) {
+        EXPECT_NE(s.method, "gc-hook-site");
+        ASSERT_TRUE(c.functions.count(s.function)) << s.function;
+        EXPECT_EQ(s.file_offset, c.functions.at(s.function)) << s.function;
+        EXPECT_EQ(s.return_probe, s.event == RV_EV_GC_EXIT);
+        (s.return_probe ? gc[s.function].second : gc[s.function].first)++;
+      } else {
+        ++others;
+      }
+    }
+    EXPECT_EQ(gc.size(), 3u);
+    for (const auto& [fn, n] : gc) EXPECT_EQ(n, std::make_pair(1, 1)) << fn;
+    size_t others_before = 0;
+    for (const ProbeSite& s : before.sites) {
+      others_before += (s.event == RV_EV_GC_ENTER || s.event == RV_EV_GC_EXIT) ? 0 : 1;
+    }
+    EXPECT_EQ(others, others_before);
+    EXPECT_TRUE(std::is_sorted(set->sites.begin(), set->sites.end(), [](const ProbeSite& a, const ProbeSite& b) {
+      return a.file_offset < b.file_offset;
+    }));
+  }
+  if (ran == 0) GTEST_SKIP() << "test Rubies not built (tools/build-test-rubies.sh)";
+}
 
 TEST(DebianRuby31Test, StrippedLibraryGivesTheRightErrors) {
   const std::string path = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1";

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "case_frames.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
 #include "stacks/symbolizer.h"
@@ -31,14 +32,15 @@ inline std::string Show(const std::optional<std::string>& s) { return s ? "\"" +
 inline std::string Show(const std::optional<int>& s) { return s ? std::to_string(*s) : "nil"; }
 
 // Walks and symbolizes one golden thread and returns the differences (empty when every frame matches: label, path,
-// absolute path, first line and line, frame for frame). `frames_out` gets the number of frames the walker produced.
+// absolute path, first line and line, frame for frame, and the walk reached the end of the stack). `thread` is a
+// golden thread object (or one whose "frames" were replaced by a case's expectation). `frames_out` gets the number of
+// frames the walker produced.
 inline std::vector<std::string> CompareThread(MemoryReader& mem, const RubyOffsets& off, uint64_t global_symbols,
                                               const nlohmann::json& thread, size_t* frames_out = nullptr) {
   std::vector<std::string> diffs;
   const uint64_t th = std::stoull(thread["th"].get<std::string>(), nullptr, 16);
-  std::optional<uint64_t> ec = ThreadEc(mem, th, off.thread_ec);
-  if (!ec) return {"rb_thread_t.ec unreadable"};
-  WalkResult walk = WalkRubyStack(mem, off.walk, *ec);
+  ThreadFrames walk = WalkThreadFrames(mem, off, global_symbols, th);
+  if (!walk.ec_readable) return {"rb_thread_t.ec unreadable"};
   if (frames_out != nullptr) *frames_out = walk.frames.size();
   if (!walk.complete) diffs.push_back("walk incomplete, status " + std::to_string(walk.status));
   const nlohmann::json& golden = thread["frames"];
@@ -46,18 +48,17 @@ inline std::vector<std::string> CompareThread(MemoryReader& mem, const RubyOffse
     diffs.push_back("frame count: walker " + std::to_string(walk.frames.size()) + ", CRuby " +
                     std::to_string(golden.size()));
   }
-  Symbolizer sym(&mem, off, global_symbols);
   for (size_t i = 0; i < std::min(walk.frames.size(), golden.size()); i++) {
-    SymbolizedFrame got = sym.Symbolize(walk.frames[i]);
+    const nlohmann::json& got = walk.frames[i];
     const nlohmann::json& want = golden[i];
     auto check = [&](const char* what, const std::string& g, const std::string& w) {
       if (g != w) diffs.push_back("frame " + std::to_string(i) + " " + what + ": got " + g + ", want " + w);
     };
-    check("label", Show(got.full_label), Show(JsonOptString(want, "label")));
-    check("path", Show(got.path), Show(JsonOptString(want, "path")));
-    check("absolute_path", Show(got.absolute_path), Show(JsonOptString(want, "absolute_path")));
-    check("first_lineno", Show(got.first_lineno), Show(JsonOptInt(want, "first_lineno")));
-    check("line", std::to_string(got.line), std::to_string(want["line"].get<int>()));
+    check("label", Show(JsonOptString(got, "label")), Show(JsonOptString(want, "label")));
+    check("path", Show(JsonOptString(got, "path")), Show(JsonOptString(want, "path")));
+    check("absolute_path", Show(JsonOptString(got, "absolute_path")), Show(JsonOptString(want, "absolute_path")));
+    check("first_lineno", Show(JsonOptInt(got, "first_lineno")), Show(JsonOptInt(want, "first_lineno")));
+    check("line", std::to_string(got["line"].get<int>()), std::to_string(want["line"].get<int>()));
     if (diffs.size() > 40) {
       diffs.push_back("...");
       break;

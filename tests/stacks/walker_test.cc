@@ -117,6 +117,40 @@ TEST_F(WalkerTest, ReportsWhatThreadProfileFramesReports) {
   EXPECT_EQ(w.frames[4].addr, 0x7001u);
 }
 
+// 3.1's rb_profile_frames: no `pc != 0` test and no stop before the VM stack's last frame, which Init_VM turned into
+// the main thread's "<main>" TOP frame. Both come from walk flags; without them (3.2+ rules) neither is reported.
+TEST_F(WalkerTest, Ruby31ReportsPcLessTopFramesAndTheLastFrame) {
+  auto o31 = RubyOffsets::ForVersion(3, 1);
+  ASSERT_TRUE(o31.ok());
+  off_ = o31.value();
+  ASSERT_EQ(off_.walk.cfp_size, 64u);
+  const uint64_t cref = Alloc(40);
+  mem_.Put64(cref, ImemoFlags(1));  // imemo_cref: no CME
+  next_cfp_ = end_ - off_.walk.cfp_size;
+  AddFrame(0x5000, 0x7100, Env(kMagicDummy | kLocal, cref, 0));  // Init_VM's <main>: CFRAME cleared, pc set
+  AddFrame(0x5008, 0x7101, Env(kMagicMethod | kLocal, 0, 0));    // the script's <main>
+  AddFrame(0, 0x7102, Env(0x44440001 | kLocal, cref, 0));        // rb_vm_call_cfunc's TOP frame: pc 0
+  AddFrame(0x5010, 0x7103, Env(kMagicMethod | kLocal, Cme(RV_RB_METHOD_TYPE_ISEQ), 0));
+
+  WalkResult w = WalkRubyStack(mem_, off_.walk, kEc);
+  ASSERT_TRUE(w.complete);
+  ASSERT_EQ(w.frames.size(), 4u);
+  EXPECT_EQ(w.frames[0].kind, RV_RB_FRAME_CME_ISEQ);
+  EXPECT_EQ(w.frames[1].kind, RV_RB_FRAME_ISEQ);
+  EXPECT_EQ(w.frames[1].addr, 0x7102u);
+  EXPECT_EQ(w.frames[1].pc, 0u);
+  EXPECT_EQ(w.frames[2].addr, 0x7101u);
+  EXPECT_EQ(w.frames[3].addr, 0x7100u);
+
+  rv_ruby_walk_offsets later = off_.walk;
+  later.flags = 0;
+  WalkResult w32 = WalkRubyStack(mem_, later, kEc);
+  ASSERT_TRUE(w32.complete);
+  ASSERT_EQ(w32.frames.size(), 2u);
+  EXPECT_EQ(w32.frames[0].kind, RV_RB_FRAME_CME_ISEQ);
+  EXPECT_EQ(w32.frames[1].addr, 0x7101u);
+}
+
 TEST_F(WalkerTest, TopFrameWithJitReturnReportsLineZero) {
   AddFrame(0x5000, 0x7001, Env(kMagicMethod | kLocal, 0, 0));
   const uint64_t top = AddFrame(0x5008, 0x7002, Env(kMagicMethod | kLocal, 0, 0));

@@ -208,6 +208,19 @@ TEST(Stats, CountsDropsHighWaterDurationLate) {
   EXPECT_NE(text.find("recorder: rvbpfd 0.1.0 (pid 304051, ruby 3.4.5)"), std::string::npos) << text;
 }
 
+TEST(Stats, ProbeHitsAndDiscardedHitsWhenTheSummaryHasThem) {
+  ScratchDir dir;
+  const std::string with = dir.File("with.rvtrace"), without = dir.File("without.rvtrace");
+  WriteAll(with, RenderTrace(R"({"summary":{"event_counts":{},"threads":[],"probe_hits":700351,)"
+                             R"("hits_discarded":100001}})" "\n"));
+  WriteAll(without, RenderTrace(R"({"summary":{"event_counts":{},"threads":[]}})" "\n"));
+  std::ostringstream a, b;
+  ASSERT_TRUE(Stats(with, a).ok());
+  ASSERT_TRUE(Stats(without, b).ok());
+  EXPECT_NE(a.str().find("probe hits (traps): 700351, of which not events: 100001\n"), std::string::npos) << a.str();
+  EXPECT_EQ(b.str().find("probe hits"), std::string::npos) << "another recorder's trace says nothing about traps";
+}
+
 TEST(Stats, CutTraceSaysWhatIsUnknown) {
   ScratchDir dir;
   const std::string path = dir.File("t.rvtrace");

@@ -199,6 +199,31 @@ TEST(TraceWriter, RoundTripThroughReader) {
   EXPECT_DOUBLE_EQ(s.duration_ms, 800 / 1e6);
 }
 
+TEST(TraceWriter, ProbeHitsAreWrittenAndReadBackOnlyWhenTheRecorderGivesThem) {
+  ScratchDir dir;
+  for (bool with_hits : {true, false}) {
+    const std::string path = dir.File(with_hits ? "hits.rvtrace" : "nohits.rvtrace");
+    {
+      Result<TraceWriter> writer = TraceWriter::Create(path, TestHeader());
+      ASSERT_TRUE(writer.ok());
+      ASSERT_TRUE(writer->Write(Ev(1, EventName::kGvlReleased, 1, 10)).ok());
+      FinishInfo fin{.end_t_ns = 5};
+      if (with_hits) {
+        fin.probe_hits = 700;
+        fin.hits_discarded = 100;
+      }
+      ASSERT_TRUE(writer->Finish(fin).ok());
+    }
+    const std::string text = ReadAll(path);
+    EXPECT_EQ(text.find("\"probe_hits\":700,\"hits_discarded\":100") != std::string::npos, with_hits) << text;
+    EXPECT_EQ(text.find("probe_hits") != std::string::npos, with_hits) << "absent unless the recorder counted";
+    Result<TraceFile> read = TraceReader::ReadFile(path);
+    ASSERT_TRUE(read.ok() && read->summary.has_value());
+    EXPECT_EQ(read->summary->probe_hits, with_hits ? std::optional<uint64_t>(700) : std::nullopt);
+    EXPECT_EQ(read->summary->hits_discarded, with_hits ? std::optional<uint64_t>(100) : std::nullopt);
+  }
+}
+
 TEST(TraceWriter, ThreadLineAppearsBeforeFirstEventOfEachThread) {
   ScratchDir dir;
   const std::string path = dir.File("threads.rvtrace");

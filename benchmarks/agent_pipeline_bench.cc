@@ -1,0 +1,284 @@
+// The fleet agent's host cost per record, independent of machine load: a deterministic synthetic stream of one Ruby
+// process (4 threads cycling READY -> RESUMED -> SUSPENDED, each release carrying a ~20-frame stack drawn from a
+// small set, one on-CPU sample per 16 events, a GC every 200 ms) goes through the agent's own per-record path
+// (Agent::OnStack/OnRecord -> reorder window -> Dispatch -> ProcessProfile, cuts and pprof builds included) with the
+// production FrameSource (MakeResolverFrameSource: StackResolver) over a fake target memory holding real iseq
+// objects. Only the BPF ring and /proc are fakes.
+//
+// Prints ns per event (wall time: depends on the machine) and a checksum of every profile the agent produced (equal
+// checksums = byte-identical output, for comparing builds). For instruction counts, which do not depend on machine
+// load, run it under callgrind and count Agent::RunOnce only:
+//   valgrind --tool=callgrind --collect-atstart=no --toggle-collect='rvbpfd::Agent::RunOnce(int)'
+//     ./agent_pipeline_bench 20
+// then divide the total Ir by the event count printed.
+//
+// Usage: agent_pipeline_bench [SIMULATED_SECONDS (default 20)]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "agent/agent.h"
+#include "agent/agent_fakes.h"
+#include "record/stack_resolver.h"
+#include "stacks/fake_memory.h"
+#include "stacks/ruby_offsets.h"
+
+namespace rvbpfd {
+namespace {
+
+using agent_testing::FakeClock;
+using agent_testing::FakePrepared;
+using agent_testing::FakeProc;
+using testing::FakeMemory;
+
+constexpr uint64_t kMs = 1'000'000;
+constexpr uint64_t kHeap = 0x800000;
+constexpr uint64_t kTString = 0x05;
+constexpr uint64_t kImemoIseqFlags = RV_RB_T_IMEMO | (7ull << RV_RB_IMEMO_SHIFT);
+constexpr int kPid = 4242;
+constexpr int kThreads = 4;
+constexpr int kDistinctFrames = 40;
+constexpr int kDistinctStacks = 12;
+constexpr int kFramesPerStack = 20;
+
+// A target address space holding kDistinctFrames top-level iseqs with realistic (heap-allocated) names and paths.
+class FakeRuby {
+ public:
+  FakeRuby() {
+    off_ = RubyOffsets::ForVersion(3, 3).value();
+    mem_ = std::make_unique<FakeMemory>();
+    mem_->Map(kHeap, 1 << 20);
+    for (int i = 0; i < kDistinctFrames; ++i) {
+      frames_.push_back(MakeTopIseq("block in ActiveRecord::Relation#method_" + std::to_string(i),
+                                    "/app/vendor/bundle/ruby/3.3.0/gems/activerecord-7.1.3/lib/file_" +
+                                        std::to_string(i % 7) + ".rb"));
+    }
+  }
+  const RubyOffsets& offsets() const { return off_; }
+  std::unique_ptr<FakeMemory> TakeMemory() { return std::move(mem_); }
+  const rv_ruby_frame& frame(int i) const { return frames_[static_cast<size_t>(i)]; }
+
+ private:
+  uint64_t Alloc(size_t n) {
+    const uint64_t a = next_;
+    next_ += (n + 15) & ~size_t{15};
+    return a;
+  }
+  uint64_t String(const std::string& s) {
+    const uint64_t str = Alloc(24 + s.size() + 1);
+    mem_->Put64(str, kTString);  // embedded
+    mem_->Put64(str + 16, s.size());
+    mem_->Put(str + 24, s.data(), s.size());
+    return str;
+  }
+  rv_ruby_frame MakeTopIseq(const std::string& label, const std::string& path) {
+    const uint64_t iseq = Alloc(64), body = Alloc(400), encoded = Alloc(64);
+    mem_->Put64(iseq, kImemoIseqFlags);
+    mem_->Put64(iseq + off_.iseq_body, body);
+    mem_->Put32(body + off_.body_type, 0);
+    mem_->Put64(body + off_.body_iseq_encoded, encoded);
+    mem_->Put32(body + off_.body_iseq_size, 8);
+    mem_->Put32(body + off_.body_insns_info_size, 0);
+    const uint64_t l = String(label);
+    mem_->Put64(body + off_.body_location + off_.loc_label, l);
+    mem_->Put64(body + off_.body_location + off_.loc_base_label, l);
+    mem_->Put64(body + off_.body_location + off_.loc_pathobj, String(path));
+    mem_->Put64(body + off_.body_local_iseq, iseq);
+    return rv_ruby_frame{iseq, encoded, iseq, RV_RB_FRAME_ISEQ, 0};
+  }
+
+  RubyOffsets off_;
+  std::unique_ptr<FakeMemory> mem_;
+  uint64_t next_ = kHeap;
+  std::vector<rv_ruby_frame> frames_;
+};
+
+// Delivers one poll's worth of prebuilt records per Poll (no allocation on the delivery path).
+class BenchBackend : public ProbeBackend {
+ public:
+  struct Rec {
+    rv_record rec;
+    int stack = -1;  // index into stacks, -1: none
+  };
+  void SetHandlers(RecordHandler on_record, StackHandler on_stack) override {
+    on_record_ = std::move(on_record);
+    on_stack_ = std::move(on_stack);
+  }
+  Result<uint8_t> AddBinary(const rv_offsets&) override { return uint8_t{0}; }
+  Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
+  Status SetConfig(const rv_config&) override { return Status::Ok(); }
+  Result<int> AttachGroup(const std::string&, const std::vector<SiteSpec>&) override { return groups_++; }
+  void DetachGroup(int) override {}
+  Status ReattachGroup(int, const std::string&) override { return Status::Ok(); }
+  bool GroupAttached(int) const override { return true; }
+  Status AddPid(uint32_t) override { return Status::Ok(); }
+  Status RemovePid(uint32_t) override { return Status::Ok(); }
+  Status StartSampling(int) override { return Status::Ok(); }
+  Status WatchProcesses() override { return Status::Ok(); }
+  ProcessEcInstaller::State PollEc(ProcessEcInstaller&) override { return ProcessEcInstaller::State::kInstalled; }
+  Result<int> Poll(int) override {
+    int n = 0;
+    for (; next_ < ready_; ++next_, ++n) {
+      const Rec& r = recs[next_];
+      if (r.stack >= 0) {
+        rv_stack_header h{};
+        const std::vector<rv_ruby_frame>& f = stacks[static_cast<size_t>(r.stack)];
+        h.nframes = static_cast<uint32_t>(f.size());
+        on_stack_(r.rec, h, f);
+      } else {
+        on_record_(r.rec);
+      }
+    }
+    return n;
+  }
+  rv_counters ReadCounters() const override { return rv_counters{}; }
+  // Makes the records with ts_ns <= upto deliverable.
+  void ReleaseUpTo(uint64_t upto) {
+    while (ready_ < recs.size() && recs[ready_].rec.ts_ns <= upto) ++ready_;
+  }
+
+  std::vector<Rec> recs;
+  std::vector<std::vector<rv_ruby_frame>> stacks;
+
+ private:
+  RecordHandler on_record_;
+  StackHandler on_stack_;
+  size_t next_ = 0;
+  size_t ready_ = 0;
+  int groups_ = 0;
+};
+
+class ChecksumSink : public ProfileSink {
+ public:
+  void Submit(ProfileUpload upload) override {
+    ++uploads;
+    for (unsigned char c : upload.profile_type) Mix(c);
+    for (unsigned char c : upload.pprof_gz) Mix(c);
+  }
+  bool Flush(std::chrono::milliseconds) override { return true; }
+  SinkStats stats() const override { return SinkStats{}; }
+  void Mix(unsigned char c) { hash = (hash ^ c) * 1099511628211ull; }
+  uint64_t hash = 1469598103934665603ull;
+  uint64_t uploads = 0;
+};
+
+int Main(int argc, char** argv) {
+  const double sim_s = argc > 1 ? std::atof(argv[1]) : 20;
+  FakeProc proc;
+  const std::string exe = proc.AddExe("app", "ruby");
+  proc.AddProcess(kPid, "puma", "app", exe, {proc.AddLibruby("app", "3.3.8")});
+
+  FakeRuby ruby;
+  BenchBackend backend;
+  FakeClock clock;
+  // The stream: stacks drawn from a small set of frames (deterministic LCG), then the timeline.
+  uint64_t lcg = 12345;
+  auto next_rand = [&lcg](uint64_t n) {
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (lcg >> 33) % n;
+  };
+  for (int s = 0; s < kDistinctStacks; ++s) {
+    std::vector<rv_ruby_frame> st;
+    for (int i = 0; i < kFramesPerStack; ++i) st.push_back(ruby.frame(static_cast<int>(next_rand(kDistinctFrames))));
+    backend.stacks.push_back(std::move(st));
+  }
+  const uint64_t t0 = clock.mono + kMs;
+  const uint64_t end = t0 + static_cast<uint64_t>(sim_s * 1e9);
+  uint64_t events = 0;
+  auto add = [&](uint64_t ts, uint16_t kind, uint64_t th, int stack) {
+    BenchBackend::Rec r{};
+    r.rec.ts_ns = ts;
+    r.rec.pid = kPid;
+    r.rec.kind = kind;
+    r.rec.th = th;
+    if (stack >= 0) r.rec.flags = RV_REC_HAS_STACK;
+    r.stack = stack;
+    backend.recs.push_back(r);
+    if (kind != RV_EV_SAMPLE) ++events;
+  };
+  uint64_t next_gc = t0 + 200 * kMs;
+  for (uint64_t ts = t0; ts < end; ts += 1 * kMs) {
+    for (int t = 0; t < kThreads; ++t) {
+      const uint64_t th = 0x7f0000001000ull + static_cast<uint64_t>(t) * 0x100;
+      const uint64_t base = ts + static_cast<uint64_t>(t) * 200'000;
+      add(base, RV_EV_THREAD_READY, th, -1);
+      add(base + 20'000, RV_EV_THREAD_RESUMED, th, -1);
+      if (events % 16 < 3) add(base + 60'000, RV_EV_SAMPLE, th, static_cast<int>(next_rand(kDistinctStacks)));
+      add(base + 150'000, RV_EV_THREAD_SUSPENDED, th, static_cast<int>(next_rand(kDistinctStacks)));
+    }
+    if (ts >= next_gc) {
+      add(ts + 900'000, RV_EV_GC_ENTER, 0, -1);
+      add(ts + 950'000, RV_EV_GC_EXIT, 0, -1);
+      next_gc += 200 * kMs;
+    }
+  }
+
+  AgentConfig config;
+  config.interval_s = 10;
+  config.hz = 19;
+  config.max_overhead_pct = 0;  // never pause: every event takes the full path
+  config.proc_root = proc.root();
+  config.host = "bench";
+  AgentEnv env;
+  env.backend = &backend;
+  env.clock = &clock;
+  env.preparer = [](const std::string&, const std::string& v) -> Result<PreparedBinary> { return FakePrepared(v); };
+  env.frame_source = [&ruby](int, const RubyTarget&, const ProbeSet&) -> std::unique_ptr<FrameSource> {
+    return MakeResolverFrameSource(std::make_unique<StackResolver>(ruby.TakeMemory(), ruby.offsets(), 0));
+  };
+  ChecksumSink* sink = nullptr;
+  env.make_sinks = [&sink](const AgentConfig&) -> Result<AgentSinks> {
+    auto s = std::make_unique<ChecksumSink>();
+    sink = s.get();
+    AgentSinks out;
+    out.dir = std::move(s);
+    return out;
+  };
+  env.self_usage = []() -> Result<SelfUsage> { return SelfUsage{}; };
+  std::ostringstream log_text;
+  Logger log(LogFormat::kText, &log_text);
+  env.log = &log;
+  Result<std::unique_ptr<Agent>> created = Agent::Create(config, env);
+  if (!created) {
+    std::fprintf(stderr, "agent: %s\n", created.error().message().c_str());
+    return 1;
+  }
+  Agent& agent = **created;
+  if (Status st = agent.Start(); !st) {
+    std::fprintf(stderr, "start: %s\n", st.error().message().c_str());
+    return 1;
+  }
+  if (agent.watched_pids().size() != 1) {
+    std::fprintf(stderr, "the fake Ruby process was not watched\n");
+    return 1;
+  }
+
+  const auto w0 = std::chrono::steady_clock::now();
+  while (clock.mono < end + 100 * kMs) {
+    clock.mono += 50 * kMs;
+    backend.ReleaseUpTo(clock.mono);
+    if (Status st = agent.RunOnce(0); !st) {
+      std::fprintf(stderr, "run: %s\n", st.error().message().c_str());
+      return 1;
+    }
+  }
+  agent.Shutdown(std::chrono::milliseconds(0));
+  const double wall_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - w0).count();
+  std::printf("records %zu (events %llu, samples %llu)  handled events %llu samples %llu  profiles %llu\n",
+              backend.recs.size(), static_cast<unsigned long long>(events),
+              static_cast<unsigned long long>(backend.recs.size() - events),
+              static_cast<unsigned long long>(agent.events()), static_cast<unsigned long long>(agent.samples()),
+              static_cast<unsigned long long>(sink->uploads));
+  std::printf("wall: %.0f ns per event (machine-dependent)\n", wall_ns / static_cast<double>(events));
+  std::printf("profiles checksum: %016llx\n", static_cast<unsigned long long>(sink->hash));
+  return 0;
+}
+
+}  // namespace
+}  // namespace rvbpfd
+
+int main(int argc, char** argv) { return rvbpfd::Main(argc, argv); }

@@ -1,0 +1,568 @@
+#include "agent/agent.h"
+
+#include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <iterator>
+
+#include "ops/process_labels.h"
+#include "record/vm_binary.h"
+
+namespace rvbpfd {
+namespace {
+
+constexpr uint64_t kDeliveryLogGapNs = 30'000'000'000;  // delivery problems are logged at most every 30 s
+constexpr std::chrono::milliseconds kReloadFlush{2000};  // replaced sinks get this long to deliver their queue
+
+std::string DefaultHost() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "unknown";
+  return buf;
+}
+
+bool AllUnresolved(const std::vector<SharedFrame>& frames) {
+  if (frames.empty()) return true;
+  return std::all_of(frames.begin(), frames.end(),
+                     [](const SharedFrame& f) { return f->kind == FrameKind::kUnresolved; });
+}
+
+}  // namespace
+
+Agent::Agent(AgentConfig config, AgentEnv env)
+    : config_(std::move(config)),
+      env_(std::move(env)),
+      inspector_(config_.proc_root),
+      probe_sets_(env_.backend, env_.preparer, config_.max_overhead_pct, kProbeCostUs, kBudgetWindowNs) {}
+
+Agent::~Agent() = default;
+
+Result<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config, AgentEnv env) {
+  if (env.backend == nullptr || env.clock == nullptr || !env.preparer || !env.make_sinks) {
+    return Error(ErrorCode::kInternal, "agent environment incomplete");
+  }
+  Result<ProcessFilter> filter = ProcessFilter::Create(config.include, config.exclude);
+  if (!filter) return filter.error();
+  Result<AgentSinks> sinks = env.make_sinks(config);
+  if (!sinks) return sinks.error();
+  if (!sinks->dir && !sinks->push) {
+    return Error(ErrorCode::kUsage, "the agent needs somewhere to send profiles: give --output-dir DIR and/or "
+                                    "--push-url URL");
+  }
+  std::unique_ptr<Agent> a(new Agent(config, std::move(env)));
+  a->filter_ = std::move(filter.value());
+  a->sinks_ = std::move(sinks.value());
+  a->host_ = config.host.empty() ? DefaultHost() : config.host;
+  return a;
+}
+
+Status Agent::Start() {
+  env_.backend->SetHandlers([this](const rv_record& r) { OnRecord(r); },
+                            [this](const rv_record& r, const rv_stack_header& h,
+                                   std::span<const rv_ruby_frame> frames) { OnStack(r, h, frames); });
+  rv_config cfg{};
+  if (config_.stacks != "off") {
+    cfg.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
+    if (config_.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
+  }
+  cfg.sampling = config_.hz > 0 ? 1 : 0;
+  cfg.watch_exec = 1;
+  if (Status st = env_.backend->SetConfig(cfg); !st) return st;
+  // Exec watching starts before the scan, so a process that execs during the scan is seen by one or the other.
+  if (Status st = env_.backend->WatchProcesses(); !st) return st.error().Wrap("watching process exec/exit");
+  if (config_.hz > 0) {
+    if (Status st = env_.backend->StartSampling(config_.hz); !st) return st.error().Wrap("starting on-CPU sampling");
+  }
+  const uint64_t now = env_.clock->MonotonicNs();
+  mono_to_unix_ns_ = env_.clock->RealtimeNs() - static_cast<int64_t>(now);
+  interval_ns_ = static_cast<uint64_t>(config_.interval_s * 1e9);
+  next_cut_ns_ = now + interval_ns_;
+  next_housekeeping_ns_ = now + kHousekeepingNs;
+  started_ = true;
+  ScanProc("scan");
+  UpdateMetrics();
+  return Status::Ok();
+}
+
+void Agent::ScanProc(const char* how) {
+  last_rescan_ns_ = env_.clock->MonotonicNs();
+  rescan_pending_ = false;
+  const int self = getpid();
+  for (int pid : ListPids(config_.proc_root)) {
+    if (pid == self || registry_.Find(pid) != nullptr || retries_.contains(pid)) continue;
+    TryWatch(pid, how);
+  }
+}
+
+InspectOutcome Agent::TryWatch(int pid, const char* how) {
+  Inspection insp = inspector_.Inspect(pid);
+  if (insp.outcome == InspectOutcome::kSkip) {
+    if (insp.error && logged_problems_.insert(insp.error->message()).second) {
+      log().Warn("not profiling a Ruby process", {{"pid", pid}, {"reason", insp.error->message()}});
+    }
+    return insp.outcome;
+  }
+  if (insp.outcome != InspectOutcome::kRuby) return insp.outcome;
+
+  Result<ProcessLabels> labels = ReadProcessLabels(config_.proc_root, pid);
+  if (!labels) {
+    if (labels.error().code() == ErrorCode::kNoSuchProcess) return InspectOutcome::kGone;
+    log().Warn("cannot read process labels", {{"pid", pid}, {"error", labels.error().message()}});
+    return InspectOutcome::kSkip;
+  }
+  if (!filter_.Matches(*labels)) {
+    log().Debug("process excluded by filter", {{"pid", pid}, {"comm", labels->comm}});
+    return InspectOutcome::kSkip;
+  }
+  bool first_failure = false;
+  Result<ProbeSetManager::Acquired> acq = probe_sets_.Acquire(pid, insp.target, &first_failure);
+  if (!acq) {
+    if (acq.error().code() == ErrorCode::kNoSuchProcess) return InspectOutcome::kGone;
+    if (first_failure || logged_problems_.insert(acq.error().message()).second) {
+      log().Warn("cannot probe Ruby binary", {{"pid", pid}, {"comm", labels->comm},
+                                              {"path", insp.target.vm_path},
+                                              {"ruby_version", insp.target.ruby_version},
+                                              {"error", acq.error().message()}});
+    }
+    return InspectOutcome::kSkip;
+  }
+  ProbeSet* set = acq->set;
+  if (acq->newly_attached) {
+    // Preparing a binary read its ELF and DWARF (tens of MB, freed now): give the pages back to the system.
+    malloc_trim(0);
+    log().Info("binary probed", {{"path", set->vm_path},
+                                 {"build_id", set->key.build_id},
+                                 {"ruby_version", set->ruby_version},
+                                 {"sites", static_cast<uint64_t>(set->site_count)},
+                                 {"stacks", set->stacks.has_value()},
+                                 {"attach_ms", set->attach_ms}});
+  }
+  if (Status st = env_.backend->AddPid(static_cast<uint32_t>(pid)); !st) {
+    probe_sets_.Release(pid, set);
+    log().Warn("cannot add process to the BPF filter", {{"pid", pid}, {"error", st.error().message()}});
+    return InspectOutcome::kSkip;
+  }
+  const uint64_t now = env_.clock->MonotonicNs();
+  auto p = std::make_unique<WatchedProcess>();
+  p->pid = pid;
+  p->labels = std::move(labels.value());
+  p->target = std::move(insp.target);
+  p->set = set;
+  p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
+  p->interval_start_ns = now;
+  p->attached_ns = now;
+  if (set->paused) p->profile->OnTracingPaused(now);
+  if (set->stacks && config_.hz > 0) {
+    p->ec.emplace(pid, p->target.vm_host_path, set->stacks->ec_route, set->binary, config_.proc_root);
+  }
+  WatchedProcess& w = registry_.Add(std::move(p));
+  PollEc(w);
+  log().Info("process attached", {{"pid", pid},
+                                  {"comm", w.labels.comm},
+                                  {"ruby_version", w.target.ruby_version},
+                                  {"container_id", w.labels.container_id},
+                                  {"service_name", w.labels.service_name},
+                                  {"vm_path", w.target.vm_path},
+                                  {"found_by", how}});
+  // Workers it forked before it was in the pid filter had no fork record: look for them now (later forks are
+  // reported, since the pid is in the filter from here on). Bounded depth: a fork bomb is not followed forever.
+  if (child_depth_ < kMaxChildDepth) {
+    ++child_depth_;
+    for (int child : ListChildren(config_.proc_root, pid)) {
+      if (registry_.Find(child) == nullptr && !retries_.contains(child)) TryWatch(child, "fork");
+    }
+    --child_depth_;
+  }
+  return InspectOutcome::kRuby;
+}
+
+void Agent::InspectDue(uint64_t now) {
+  for (const ExecRetrySchedule::Due& due : retries_.TakeDue(now)) {
+    if (registry_.Find(due.pid) != nullptr) continue;
+    if (TryWatch(due.pid, "exec") == InspectOutcome::kNotRuby) retries_.Retry(due);
+  }
+}
+
+void Agent::OnRecord(const rv_record& r) {
+  Pending item;
+  item.ts_ns = r.ts_ns;
+  item.pid = static_cast<int>(r.pid);
+  item.kind = r.kind;
+  item.th = r.th;
+  if (r.kind < RV_EV_KIND_COUNT) {
+    WatchedProcess* p = registry_.Find(item.pid);
+    if (p == nullptr) return;
+    // Counted on arrival: the GC epoch governs the symbolization of stacks arriving next, the poll count the budget.
+    if (r.kind == RV_EV_GC_ENTER) ++p->gc_epoch;
+    ++p->events_this_poll;
+  } else if (r.kind != RV_EV_PROC_EXEC && r.kind != RV_EV_PROC_EXIT && r.kind != RV_EV_PROC_FORK) {
+    return;
+  }
+  Enqueue(std::move(item));
+}
+
+void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames) {
+  WatchedProcess* p = registry_.Find(static_cast<int>(r.pid));
+  if (p == nullptr) return;
+  if (r.kind != RV_EV_SAMPLE && r.kind >= RV_EV_KIND_COUNT) return;
+  // Frames are named now, while the objects they point to are as fresh as they will ever be.
+  if (!p->frames && env_.frame_source) p->frames = env_.frame_source(p->pid, p->target, *p->set);
+  Pending item;
+  item.ts_ns = r.ts_ns;
+  item.pid = p->pid;
+  item.kind = r.kind;
+  item.th = r.th;
+  item.in_gc = (r.flags & RV_REC_IN_GC) != 0;
+  if (!spare_frames_.empty()) {
+    item.frames = std::move(spare_frames_.back());
+    spare_frames_.pop_back();
+  }
+  if (p->frames) p->frames->ResolveShared(frames, p->gc_epoch, &item.frames);
+  std::vector<FrameInfo> marker;  // empty (no allocation) unless the stack was cut short
+  AppendStackEndMarker(h, &marker);
+  for (FrameInfo& m : marker) item.frames.push_back(std::make_shared<const FrameInfo>(std::move(m)));
+  if (r.kind == RV_EV_SAMPLE) {
+    if (AllUnresolved(item.frames)) {
+      // Nothing of the stack could be named (the process is exiting, or its memory is unreadable): a profile
+      // entry of "<unresolved>" frames says nothing, so the sample is counted as dropped instead.
+      ++unsymbolized_;
+      return;
+    }
+  } else {
+    if (r.kind == RV_EV_GC_ENTER) ++p->gc_epoch;
+    ++p->events_this_poll;
+  }
+  Enqueue(std::move(item));
+}
+
+void Agent::Enqueue(Pending item) {
+  item.seq = next_seq_++;
+  // Records are nearly in order (per-CPU ring reservations interleave by microseconds): insert from the back.
+  auto it = pending_.end();
+  while (it != pending_.begin() && std::prev(it)->ts_ns > item.ts_ns) --it;
+  pending_.insert(it, std::move(item));
+}
+
+void Agent::ReleasePending(uint64_t upto_ns) {
+  while (!pending_.empty() && pending_.front().ts_ns <= upto_ns) {
+    Pending item = std::move(pending_.front());
+    pending_.pop_front();
+    Dispatch(item);
+    if (item.frames.capacity() > 0 && item.frames.capacity() <= 256 && spare_frames_.size() < kSpareFrames) {
+      item.frames.clear();
+      spare_frames_.push_back(std::move(item.frames));
+    }
+  }
+}
+
+void Agent::Dispatch(Pending& item) {
+  const int pid = item.pid;
+  if (item.kind == RV_EV_PROC_EXEC) {
+    if (pid == getpid()) return;
+    // A watched process that execs becomes a new program: its old image is finished, the new one inspected.
+    if (registry_.Find(pid) != nullptr) FinishProcess(pid, item.ts_ns, "exec");
+    retries_.Add(pid, item.ts_ns);
+    return;
+  }
+  if (item.kind == RV_EV_PROC_EXIT) {
+    FinishProcess(pid, item.ts_ns, "exit");
+    return;
+  }
+  if (item.kind == RV_EV_PROC_FORK) {
+    // A worker forked by a watched process: the same binary, already mapped, so one inspection (served by the VM
+    // cache) decides. A child that exec'd since is handled by its exec record.
+    if (registry_.Find(pid) == nullptr && !retries_.contains(pid)) TryWatch(pid, "fork");
+    return;
+  }
+  WatchedProcess* p = registry_.Find(pid);
+  if (p == nullptr) return;
+  if (item.kind == RV_EV_SAMPLE) {
+    if (item.th != 0 && p->exited_th.count(item.th) != 0) return;
+    p->profile->OnSample(item.ts_ns, item.th, item.in_gc, item.frames);
+    ++p->samples;
+    ++samples_;
+    return;
+  }
+  if (item.th != 0) {
+    if (item.kind == RV_EV_THREAD_EXITED) {
+      p->exited_th.insert(item.th);
+    } else {
+      p->exited_th.erase(item.th);
+    }
+  }
+  p->profile->OnEvent(item.ts_ns, item.th, item.kind, item.frames);
+  ++p->events;
+  ++events_;
+}
+
+void Agent::DrainRing() {
+  // Records up to now are in the ring or already handled; a bounded number of rounds so a flood cannot pin us here.
+  for (int i = 0; i < 64; ++i) {
+    Result<int> n = env_.backend->Poll(0);
+    if (!n || *n == 0) break;
+  }
+  ReleasePending(UINT64_MAX);
+}
+
+void Agent::CutProcess(WatchedProcess& p, uint64_t cut_ns) {
+  if (cut_ns <= p.interval_start_ns) return;
+  const uint64_t start = p.interval_start_ns;
+  std::vector<BuiltProfile> built =
+      p.profile->Cut(cut_ns, UnixNs(start), static_cast<int64_t>(cut_ns - start));
+  p.interval_start_ns = cut_ns;
+  if (built.empty()) return;
+  profiles_built_ += built.size();
+  std::vector<ProfileUpload> uploads = MakeUploads(host_, p, std::move(built), UnixNs(start), UnixNs(cut_ns));
+  for (ProfileUpload& u : uploads) {
+    if (sinks_.dir && sinks_.push) {
+      sinks_.dir->Submit(u);
+      sinks_.push->Submit(std::move(u));
+    } else if (sinks_.dir) {
+      sinks_.dir->Submit(std::move(u));
+    } else if (sinks_.push) {
+      sinks_.push->Submit(std::move(u));
+    }
+  }
+}
+
+void Agent::CutAll(uint64_t cut_ns) {
+  for (auto& [pid, p] : registry_.all()) CutProcess(*p, cut_ns);
+}
+
+void Agent::FinishProcess(int pid, uint64_t end_ns, const char* reason) {
+  std::unique_ptr<WatchedProcess> p = registry_.Remove(pid);
+  if (!p) return;
+  // The exit record's time ends the last interval; a vanished process ends now.
+  const uint64_t now = env_.clock->MonotonicNs();
+  CutProcess(*p, std::min(std::max(end_ns, p->interval_start_ns), std::max(now, p->interval_start_ns)));
+  if (Status st = env_.backend->RemovePid(static_cast<uint32_t>(pid)); !st) {
+    log().Warn("cannot remove process from the BPF filter", {{"pid", pid}, {"error", st.error().message()}});
+  }
+  ProbeSet* set = p->set;
+  probe_sets_.Release(pid, set);
+  log().Info("process detached", {{"pid", pid},
+                                  {"comm", p->labels.comm},
+                                  {"ruby_version", p->target.ruby_version},
+                                  {"container_id", p->labels.container_id},
+                                  {"reason", reason},
+                                  {"events", p->events},
+                                  {"samples", p->samples}});
+  if (!set->active()) {
+    log().Info("binary unprobed", {{"path", set->vm_path}, {"build_id", set->key.build_id}});
+  }
+}
+
+void Agent::PollEc(WatchedProcess& p) {
+  if (!p.ec || p.ec->state() != ProcessEcInstaller::State::kPending) return;
+  if (env_.backend->PollEc(*p.ec) == ProcessEcInstaller::State::kFailed &&
+      logged_problems_.insert("ec:" + p.ec->error()).second) {
+    log().Warn("samples of this process find their thread only through scheduler events",
+               {{"pid", p.pid}, {"comm", p.labels.comm}, {"error", p.ec->error()}});
+  }
+}
+
+void Agent::CheckLiveness() {
+  const uint64_t now = env_.clock->MonotonicNs();
+  for (int pid : registry_.pids()) {
+    if (!ProcessAlive(config_.proc_root, pid)) FinishProcess(pid, now, "vanished");
+  }
+}
+
+void Agent::UpdateBudgets(uint64_t now) {
+  for (ProbeSet* set : probe_sets_.ActiveSets()) {
+    uint64_t busiest = 0;
+    for (int pid : set->pids) {
+      if (WatchedProcess* p = registry_.Find(pid)) busiest = std::max(busiest, p->events_this_poll);
+    }
+    set->budget_hits += busiest;
+    const OverheadBudget::Action action = set->budget->Update(now, set->budget_hits);
+    if (action == OverheadBudget::Action::kPause && set->high_group >= 0 && !set->paused) {
+      env_.backend->DetachGroup(set->high_group);
+      set->paused = true;
+      for (int pid : set->pids) {
+        if (WatchedProcess* p = registry_.Find(pid)) p->profile->OnTracingPaused(now);
+      }
+      log().Info("tracing paused", {{"path", set->vm_path},
+                                    {"reason", "max-overhead"},
+                                    {"overhead_pct", set->budget->current_pct(now, set->budget_hits)}});
+    } else if (set->paused && !set->budget->paused()) {
+      // The window ended (or a reattach failed before and is retried now).
+      if (Status st = env_.backend->ReattachGroup(set->high_group, set->attach_path()); st) {
+        set->paused = false;
+        for (int pid : set->pids) {
+          if (WatchedProcess* p = registry_.Find(pid)) p->profile->OnTracingResumed(now);
+        }
+      } else if (action == OverheadBudget::Action::kResume) {
+        log().Warn("cannot resume tracing", {{"path", set->vm_path}, {"error", st.error().message()}});
+      }
+    }
+  }
+  for (auto& [pid, p] : registry_.all()) p->events_this_poll = 0;
+}
+
+void Agent::CheckCounters(uint64_t /*now*/) {
+  const rv_counters c = env_.backend->ReadCounters();
+  if (c.dropped > seen_.dropped) {
+    // Lost records may be anyone's: every open span is unknown now, a GC may have moved objects, and an exec or
+    // exit may be among them, so /proc is scanned again (rate-limited).
+    for (auto& [pid, p] : registry_.all()) {
+      p->profile->OnEventsLost();
+      ++p->gc_epoch;
+    }
+    rescan_pending_ = true;
+  }
+  seen_ = c;
+}
+
+Status Agent::RunOnce(int poll_ms) {
+  Result<int> n = env_.backend->Poll(poll_ms);
+  if (!n) return n.error();
+  uint64_t now = env_.clock->MonotonicNs();
+  ReleasePending(now > kReorderWindowNs ? now - kReorderWindowNs : 0);
+  CheckCounters(now);
+  InspectDue(now);
+  if (rescan_pending_ && now - last_rescan_ns_ >= kMinRescanGapNs) ScanProc("rescan");
+  UpdateBudgets(now);
+  if (now >= next_cut_ns_) {
+    DrainRing();
+    now = env_.clock->MonotonicNs();
+    CutAll(now);
+    next_cut_ns_ += interval_ns_;
+    if (next_cut_ns_ <= now) next_cut_ns_ = now + interval_ns_;
+  }
+  for (auto& [pid, p] : registry_.all()) {
+    if (now - p->attached_ns < kEcEagerNs || now >= next_housekeeping_ns_) PollEc(*p);
+  }
+  if (now >= next_housekeeping_ns_) {
+    DrainRing();
+    CheckLiveness();
+    UpdateMetrics();
+    LogDeliveryProblems(now);
+    next_housekeeping_ns_ = now + kHousekeepingNs;
+  }
+  return Status::Ok();
+}
+
+void Agent::LogDeliveryProblems(uint64_t now) {
+  if (!sinks_.push && !sinks_.dir) return;
+  SinkStats s = sinks_.push ? sinks_.push->stats() : SinkStats{};
+  const SinkStats d = sinks_.dir ? sinks_.dir->stats() : SinkStats{};
+  const uint64_t problems = s.delivery_failures + s.retries + s.dropped_queue_full + d.delivery_failures +
+                            d.dropped_queue_full;
+  if (problems == logged_failures_) return;
+  if (last_delivery_log_ns_ != 0 && now - last_delivery_log_ns_ < kDeliveryLogGapNs) return;
+  last_delivery_log_ns_ = now;
+  logged_failures_ = problems;
+  log().Warn("profile delivery problems", {{"push_failures", s.delivery_failures},
+                                           {"push_retries", s.retries},
+                                           {"dropped_queue_full", s.dropped_queue_full + d.dropped_queue_full},
+                                           {"queued", s.queued},
+                                           {"last_error", s.last_error.empty() ? d.last_error : s.last_error}});
+}
+
+void Agent::UpdateMetrics() {
+  MetricsRegistry* m = env_.metrics;
+  if (m == nullptr) return;
+  m->SetGauge(kMetricProcessesWatched, "Ruby processes being profiled", {}, static_cast<double>(registry_.size()));
+  m->SetGauge(kMetricBinariesProbed, "Ruby VM binaries with attached probes", {},
+              static_cast<double>(probe_sets_.active_sets()));
+  m->SetCounter(kMetricEvents, "Scheduler and GC events of watched processes handled", {},
+                static_cast<double>(events_));
+  m->SetCounter(kMetricSamples, "On-CPU samples of watched processes handled", {}, static_cast<double>(samples_));
+  const char* dropped_help = "Events, samples and profiles lost, by reason";
+  SinkStats push = sinks_.push ? sinks_.push->stats() : SinkStats{};
+  const SinkStats dir = sinks_.dir ? sinks_.dir->stats() : SinkStats{};
+  m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(kDropRingFullEvents)}},
+                static_cast<double>(seen_.dropped));
+  m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(kDropRingFullSamples)}},
+                static_cast<double>(seen_.samples_dropped));
+  m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(kDropQueueFull)}},
+                static_cast<double>(push.dropped_queue_full + dir.dropped_queue_full +
+                                    retired_push_stats_.dropped_queue_full + retired_dir_dropped_));
+  m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(kDropUnsymbolized)}},
+                static_cast<double>(unsymbolized_));
+  m->SetCounter(kMetricProfilesBuilt, "Profiles built (one per process, type and interval)", {},
+                static_cast<double>(profiles_built_));
+  m->SetCounter(kMetricPushDelivered, "Profiles accepted by the push backend", {},
+                static_cast<double>(push.delivered + retired_push_stats_.delivered));
+  m->SetCounter(kMetricPushFailures, "Profiles the push backend refused for good", {},
+                static_cast<double>(push.delivery_failures + retired_push_stats_.delivery_failures));
+  m->SetCounter(kMetricPushRetries, "Push attempts that failed and were retried", {},
+                static_cast<double>(push.retries + retired_push_stats_.retries));
+  m->SetGauge(kMetricPushQueueLength, "Profiles waiting for the push backend", {}, static_cast<double>(push.queued));
+  Result<SelfUsage> usage = env_.self_usage ? env_.self_usage() : ReadSelfUsage("/proc");
+  if (usage) ExportSelfUsage(*usage, m);
+}
+
+Status Agent::Reload(const AgentConfig& loaded) {
+  const ReloadPlan plan = PlanReload(config_, loaded);
+  if (!plan.needs_restart.empty()) {
+    std::string keys;
+    for (const std::string& k : plan.needs_restart) keys += (keys.empty() ? "" : ",") + k;
+    log().Warn("config keys changed that need a restart; keeping their running values", {{"keys", keys}});
+  }
+  const AgentConfig& next = plan.next;
+  Result<ProcessFilter> filter = ProcessFilter::Create(next.include, next.exclude);
+  if (!filter) return filter.error();
+  const bool sinks_changed = next.output_dir != config_.output_dir || next.output_max_mb != config_.output_max_mb ||
+                             next.push_url != config_.push_url || next.push_queue != config_.push_queue;
+  if (sinks_changed) {
+    Result<AgentSinks> sinks = env_.make_sinks(next);
+    if (!sinks) return sinks.error();
+    if (!sinks->dir && !sinks->push) {
+      return Error(ErrorCode::kUsage, "the reloaded config has neither output-dir nor push-url");
+    }
+    // The old sinks deliver what they hold (bounded wait), then their counts carry over into the metrics.
+    if (sinks_.push) {
+      sinks_.push->Flush(kReloadFlush);
+      const SinkStats s = sinks_.push->stats();
+      retired_push_stats_.delivered += s.delivered;
+      retired_push_stats_.delivery_failures += s.delivery_failures;
+      retired_push_stats_.retries += s.retries;
+      retired_push_stats_.dropped_queue_full += s.dropped_queue_full;
+    }
+    if (sinks_.dir) {
+      sinks_.dir->Flush(kReloadFlush);
+      retired_dir_dropped_ += sinks_.dir->stats().dropped_queue_full;
+    }
+    sinks_ = std::move(sinks.value());
+  }
+  DrainRing();
+  const uint64_t now = env_.clock->MonotonicNs();
+  const uint64_t new_interval = static_cast<uint64_t>(next.interval_s * 1e9);
+  if (new_interval != interval_ns_ && started_) {
+    const uint64_t last_cut = next_cut_ns_ - interval_ns_;
+    next_cut_ns_ = std::max(last_cut + new_interval, now);
+    interval_ns_ = new_interval;
+  }
+  if (next.log_format != config_.log_format) {
+    if (Result<LogFormat> f = ParseLogFormat(next.log_format); f) log().SetFormat(*f);
+  }
+  const bool filter_changed = next.include != config_.include || next.exclude != config_.exclude;
+  filter_ = std::move(filter.value());
+  config_ = next;
+  if (filter_changed) {
+    for (int pid : registry_.pids()) {
+      WatchedProcess* p = registry_.Find(pid);
+      if (p != nullptr && !filter_.Matches(p->labels)) FinishProcess(pid, now, "excluded by reload");
+    }
+    if (started_) ScanProc("reload");  // processes the new rules include
+  }
+  std::string applied;
+  for (const std::string& k : plan.applied) applied += (applied.empty() ? "" : ",") + k;
+  log().Info("config reloaded", {{"applied", applied}, {"processes", static_cast<uint64_t>(registry_.size())}});
+  UpdateMetrics();
+  return Status::Ok();
+}
+
+bool Agent::Shutdown(std::chrono::milliseconds flush_deadline) {
+  DrainRing();
+  CutAll(env_.clock->MonotonicNs());
+  bool ok = true;
+  if (sinks_.dir) ok = sinks_.dir->Flush(flush_deadline) && ok;
+  if (sinks_.push) ok = sinks_.push->Flush(flush_deadline) && ok;
+  UpdateMetrics();
+  return ok;
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,159 @@
+// The fleet agent's core: discovery of CRuby processes, one shared probe set per VM binary, per-process profiles
+// cut every --interval and handed to the sinks, the overhead budget per probe set, metrics, and config reloads.
+//
+// Lifecycle: Create -> Start (BPF config, sampling, exec/exit tracepoints, the /proc scan) -> RunOnce repeatedly
+// (poll the ring ~50 ms, then the housekeeping below) -> Shutdown (the last partial interval is cut and submitted,
+// the sinks flushed with a deadline). Reload applies a SIGHUP's config.
+//
+// Per RunOnce, after the ring was drained: exec'd pids whose inspection is due are inspected (ExecRetrySchedule),
+// processes that vanished without an exit record are finished (checked every second), the budgets of the probe sets
+// are updated (pausing/resuming their high-rate sites), an interval that ended is cut for every process, and the
+// metrics are refreshed (every second).
+//
+// Threading: one thread (the caller's); the sinks and the metrics server have their own threads.
+#ifndef RVBPFD_SRC_AGENT_AGENT_H_
+#define RVBPFD_SRC_AGENT_AGENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/agent_env.h"
+#include "agent/discovery.h"
+#include "agent/probe_sets.h"
+#include "agent/process_registry.h"
+#include "common/error.h"
+#include "ops/agent_config.h"
+#include "ops/process_filter.h"
+
+namespace rvbpfd {
+
+class Agent {
+ public:
+  // Ring poll period (ms): bounds how long records wait in the ring (BPF does not wake the agent per record).
+  static constexpr int kPollMs = 50;
+  // Cost of one uprobe hit assumed by the overhead budget (us), as the recorder's --probe-cost-us default.
+  static constexpr double kProbeCostUs = 13;
+  static constexpr uint64_t kHousekeepingNs = 1'000'000'000;  // liveness and metrics period
+  static constexpr uint64_t kMinRescanGapNs = 10'000'000'000;  // /proc rescans after drops, at most this often
+  // Records are held this long (event time) and handed to the profiles sorted: ProcessProfile needs time order, and
+  // records from different CPUs reach the ring out of order by microseconds.
+  static constexpr uint64_t kReorderWindowNs = 20'000'000;
+  // A new process's EC route is retried every loop for this long (ld.so relocates the VM within milliseconds of
+  // exec), then once per housekeeping period.
+  static constexpr uint64_t kEcEagerNs = 2'000'000'000;
+  // Overhead budget window: the agent checks every poll (50 ms), so its windows are longer than the recorder's.
+  static constexpr uint64_t kBudgetWindowNs = 1'000'000'000;
+
+  // `config` must be valid (ValidateAgentConfig). The sinks are created here (errors: the sink's).
+  static Result<std::unique_ptr<Agent>> Create(const AgentConfig& config, AgentEnv env);
+  ~Agent();
+
+  Status Start();
+  // One loop iteration; errors are fatal to the agent (the ring cannot be read).
+  Status RunOnce(int poll_ms = kPollMs);
+  // Applies a reloaded config (already merged over the defaults/flags and validated): see PlanReload. Processes that
+  // no longer match the filter are dropped (their partial profile is submitted), new matches are picked up by a
+  // /proc rescan, sinks are recreated when output-dir/push-url/push-queue/output-max-mb changed.
+  Status Reload(const AgentConfig& loaded);
+  // Cuts the last partial interval of every process, submits it and flushes the sinks. True when all was delivered.
+  bool Shutdown(std::chrono::milliseconds flush_deadline);
+
+  // Introspection (tests, metrics).
+  std::vector<int> watched_pids() const { return registry_.pids(); }
+  const WatchedProcess* process(int pid) { return registry_.Find(pid); }
+  ProbeSetManager& probe_sets() { return probe_sets_; }
+  const ExecRetrySchedule& retries() const { return retries_; }
+  const AgentConfig& config() const { return config_; }
+  uint64_t next_cut_ns() const { return next_cut_ns_; }
+  uint64_t profiles_built() const { return profiles_built_; }
+  uint64_t events() const { return events_; }
+  uint64_t samples() const { return samples_; }
+  uint64_t unsymbolized() const { return unsymbolized_; }
+  const std::string& host() const { return host_; }
+  ProfileSink* dir_sink() { return sinks_.dir.get(); }
+  ProfileSink* push_sink() { return sinks_.push.get(); }
+  // Refreshes the metrics registry now (also done every second by RunOnce).
+  void UpdateMetrics();
+
+ private:
+  Agent(AgentConfig config, AgentEnv env);
+
+  // A record on its way to a profile: frames already named (at arrival), dispatched in time order.
+  struct Pending {
+    uint64_t ts_ns = 0;
+    uint64_t seq = 0;
+    int pid = 0;
+    uint32_t kind = 0;
+    uint64_t th = 0;
+    bool in_gc = false;
+    std::vector<SharedFrame> frames;  // shared with the resolver's cache: no per-record string copies
+  };
+
+  void OnRecord(const rv_record& r);
+  void Enqueue(Pending item);
+  void ReleasePending(uint64_t upto_ns);
+  void Dispatch(Pending& item);
+  void OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames);
+  void DrainRing();
+  void ScanProc(const char* how);
+  void InspectDue(uint64_t now);
+  // Inspects pid and starts watching it when it is a supported CRuby matching the filter. Returns the outcome.
+  // `how` says what found it (logged): "scan", "rescan", "exec", "fork".
+  InspectOutcome TryWatch(int pid, const char* how);
+  void FinishProcess(int pid, uint64_t end_ns, const char* reason);
+  void CutProcess(WatchedProcess& p, uint64_t cut_ns);
+  void CutAll(uint64_t cut_ns);
+  void CheckLiveness();
+  // One EC route installation attempt for a process whose route is still pending.
+  void PollEc(WatchedProcess& p);
+  void UpdateBudgets(uint64_t now);
+  void CheckCounters(uint64_t now);
+  void LogDeliveryProblems(uint64_t now);
+  int64_t UnixNs(uint64_t mono_ns) const { return static_cast<int64_t>(mono_ns) + mono_to_unix_ns_; }
+  Logger& log() { return env_.log ? *env_.log : AgentLog(); }
+
+  AgentConfig config_;
+  AgentEnv env_;
+  std::string host_;
+  ProcessFilter filter_;
+  AgentSinks sinks_;
+  SinkStats retired_push_stats_;   // stats of push sinks replaced by reloads (metrics stay monotonic)
+  uint64_t retired_dir_dropped_ = 0;
+  ProcessInspector inspector_;
+  ExecRetrySchedule retries_;
+  ProbeSetManager probe_sets_;
+  ProcessRegistry registry_;
+  std::set<std::string> logged_problems_;  // skip reasons already logged (once per binary/problem)
+  int64_t mono_to_unix_ns_ = 0;
+  uint64_t interval_ns_ = 0;
+  uint64_t next_cut_ns_ = 0;
+  uint64_t next_housekeeping_ns_ = 0;
+  uint64_t last_rescan_ns_ = 0;
+  bool rescan_pending_ = false;
+  bool started_ = false;
+  rv_counters seen_{};
+  uint64_t profiles_built_ = 0;
+  uint64_t events_ = 0;
+  uint64_t samples_ = 0;
+  uint64_t unsymbolized_ = 0;
+  uint64_t last_delivery_log_ns_ = 0;
+  uint64_t logged_failures_ = 0;   // push failures+retries+drops at the last delivery-problem log
+  static constexpr int kMaxChildDepth = 4;
+  int child_depth_ = 0;             // recursion of TryWatch through children
+  std::deque<Pending> pending_;  // the reorder window, sorted by (ts_ns, seq)
+  uint64_t next_seq_ = 0;
+  // Frame vectors of dispatched records, reused by the next stacks (no allocation per record in steady state): at
+  // most kSpareFrames, of at most 256 frames each (~4 MB worst case).
+  static constexpr size_t kSpareFrames = 1024;
+  std::vector<std::vector<SharedFrame>> spare_frames_;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_AGENT_AGENT_H_

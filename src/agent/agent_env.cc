@@ -1,0 +1,98 @@
+#include "agent/agent_env.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include "record/stack_resolver.h"
+#include "record/vm_binary.h"
+#include "stacks/ec_route.h"
+#include "stacks/memory_reader.h"
+#include "sink/dir_sink.h"
+#include "sink/push_sink.h"
+
+namespace rvbpfd {
+namespace {
+
+class ResolverFrameSource : public FrameSource {
+ public:
+  explicit ResolverFrameSource(std::unique_ptr<StackResolver> resolver) : resolver_(std::move(resolver)) {}
+  void Resolve(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, std::vector<FrameInfo>* out) override {
+    resolver_->set_epoch(gc_epoch);
+    resolver_->Resolve(frames, out);
+  }
+  void ResolveShared(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch,
+                     std::vector<SharedFrame>* out) override {
+    resolver_->set_epoch(gc_epoch);
+    resolver_->ResolveShared(frames, out);
+  }
+
+ private:
+  std::unique_ptr<StackResolver> resolver_;
+};
+
+}  // namespace
+
+void FrameSource::ResolveShared(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch,
+                                std::vector<SharedFrame>* out) {
+  std::vector<FrameInfo> named;
+  Resolve(frames, gc_epoch, &named);
+  out->clear();
+  out->reserve(named.size());
+  for (FrameInfo& f : named) out->push_back(std::make_shared<const FrameInfo>(std::move(f)));
+}
+
+std::unique_ptr<FrameSource> MakeResolverFrameSource(std::unique_ptr<StackResolver> resolver) {
+  return std::make_unique<ResolverFrameSource>(std::move(resolver));
+}
+
+uint64_t SystemAgentClock::MonotonicNs() const {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+int64_t SystemAgentClock::RealtimeNs() const {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000ll + ts.tv_nsec;
+}
+
+std::unique_ptr<FrameSource> MakeProcessFrameSource(int pid, const RubyTarget& target, const ProbeSet& set,
+                                                    const std::string& proc_root) {
+  (void)proc_root;
+  if (!set.stacks) return nullptr;
+  // C function names need the runtime address of ruby_global_symbols: its ELF vaddr plus the load bias, which the
+  // lowest mapping of the VM (from discovery) and the ELF's lowest PT_LOAD (from the binary's EC route) give without
+  // reading the ELF again per process.
+  uint64_t gsym = 0;
+  if (set.stacks->global_symbols_vaddr != 0 && target.vm_load_start != 0) {
+    gsym = set.stacks->global_symbols_vaddr + EcRouteLoadBias(set.stacks->ec_route, target.vm_load_start);
+  }
+  return MakeResolverFrameSource(
+      std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), set.stacks->offsets, gsym));
+}
+
+Result<AgentSinks> MakeAgentSinks(const AgentConfig& config) {
+  AgentSinks sinks;
+  if (!config.output_dir.empty()) {
+    Result<std::unique_ptr<DirSink>> d = DirSink::Create(config.output_dir, config.output_max_mb << 20);
+    if (!d) return d.error();
+    sinks.dir = std::move(d.value());
+  }
+  if (!config.push_url.empty()) {
+    PushSinkOptions o;
+    o.url = config.push_url;
+    o.max_queue = config.push_queue;
+    // Agents restarted together (a DaemonSet rollout) must not retry in lockstep: seed the jitter per process.
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    o.jitter_seed = (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(ts.tv_nsec) ^
+                    static_cast<uint64_t>(ts.tv_sec);
+    Result<std::unique_ptr<PushSink>> p = PushSink::Create(std::move(o));
+    if (!p) return p.error();
+    sinks.push = std::move(p.value());
+  }
+  return sinks;
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,80 @@
+// What the fleet agent's core (agent.h) depends on, injectable: the probe backend, the clocks, how a binary is
+// prepared, how frames of a process are named, and the sinks. RunAgent (agent_main.h) wires the real ones; the unit
+// tests wire fakes, so the agent's decisions run without BPF, root or a network.
+#ifndef RVBPFD_SRC_AGENT_AGENT_ENV_H_
+#define RVBPFD_SRC_AGENT_AGENT_ENV_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "agent/probe_backend.h"
+#include "agent/probe_sets.h"
+#include "common/error.h"
+#include "ops/agent_config.h"
+#include "ops/log.h"
+#include "ops/metrics.h"
+#include "record/stack_resolver.h"
+#include "sink/sink.h"
+#include "target/target.h"
+#include "trace/stacks.h"
+
+namespace rvbpfd {
+
+// CLOCK_MONOTONIC (the clock of BPF's record timestamps) and CLOCK_REALTIME, in ns.
+class AgentClock {
+ public:
+  virtual ~AgentClock() = default;
+  virtual uint64_t MonotonicNs() const = 0;
+  virtual int64_t RealtimeNs() const = 0;
+};
+
+class SystemAgentClock : public AgentClock {
+ public:
+  uint64_t MonotonicNs() const override;
+  int64_t RealtimeNs() const override;
+};
+
+// Names the walker frames of one process (leaf first out). `gc_epoch` counts the process's GC_ENTER records and
+// drops: cached names are revalidated after a GC (StackResolver's rule).
+class FrameSource {
+ public:
+  virtual ~FrameSource() = default;
+  virtual void Resolve(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, std::vector<FrameInfo>* out) = 0;
+  // The same frames as shared immutable objects (what the agent's per-record path uses: no string copies when the
+  // source caches). The default wraps Resolve's result.
+  virtual void ResolveShared(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, std::vector<SharedFrame>* out);
+};
+
+// The FrameSource over a StackResolver (MakeProcessFrameSource's, with any memory reader).
+std::unique_ptr<FrameSource> MakeResolverFrameSource(std::unique_ptr<StackResolver> resolver);
+
+// The real one: StackResolver over the process's memory (process_vm_readv), ruby_global_symbols located through its
+// maps.
+std::unique_ptr<FrameSource> MakeProcessFrameSource(int pid, const RubyTarget& target, const ProbeSet& set,
+                                                    const std::string& proc_root);
+
+struct AgentSinks {
+  std::unique_ptr<ProfileSink> dir;   // --output-dir
+  std::unique_ptr<ProfileSink> push;  // --push-url
+};
+// DirSink/PushSink for the config's output-dir / push-url (either may be empty).
+Result<AgentSinks> MakeAgentSinks(const AgentConfig& config);
+
+struct AgentEnv {
+  ProbeBackend* backend = nullptr;
+  const AgentClock* clock = nullptr;
+  BinaryPreparer preparer;
+  std::function<std::unique_ptr<FrameSource>(int pid, const RubyTarget& target, const ProbeSet& set)> frame_source;
+  std::function<Result<AgentSinks>(const AgentConfig& config)> make_sinks;
+  MetricsRegistry* metrics = nullptr;  // may be null
+  Logger* log = nullptr;               // null: AgentLog()
+  // Reads the agent's own CPU and RSS (null: ReadSelfUsage("/proc")).
+  std::function<Result<SelfUsage>()> self_usage;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_AGENT_AGENT_ENV_H_

@@ -1,0 +1,106 @@
+#include "agent/agent_main.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "agent/agent.h"
+#include "agent/probe_backend.h"
+#include "ops/log.h"
+#include "ops/metrics.h"
+#include "record/vm_binary.h"
+
+namespace rvbpfd {
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<bool> g_reload{false};
+
+void OnStopSignal(int) { g_stop.store(true); }
+void OnReloadSignal(int) { g_reload.store(true); }
+
+void InstallSignals() {
+  struct sigaction sa {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a signal cuts the ring poll short
+  sa.sa_handler = OnStopSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sa.sa_handler = OnReloadSignal;
+  sigaction(SIGHUP, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+}  // namespace
+
+Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig>()> reload) {
+  g_stop.store(false);
+  g_reload.store(false);
+  InstallSignals();
+  Logger& log = AgentLog();
+  if (Result<LogFormat> f = ParseLogFormat(config.log_format); f) SetLogFormat(*f);
+
+  MetricsRegistry metrics;
+  std::unique_ptr<MetricsServer> server;
+  if (!MetricsDisabled(config.metrics_listen)) {
+    Result<std::unique_ptr<MetricsServer>> s = MetricsServer::Start(config.metrics_listen, &metrics);
+    if (!s) return s.error().Wrap("starting the metrics endpoint (--metrics-listen)");
+    server = std::move(s.value());
+  }
+  Result<std::unique_ptr<BpfProbeBackend>> backend = BpfProbeBackend::Open(config.ring_buffer_kb * 1024u);
+  if (!backend) return backend.error();
+
+  SystemAgentClock clock;
+  AgentEnv env;
+  env.backend = backend->get();
+  env.clock = &clock;
+  const std::string cache_dir = config.cache_dir;
+  const bool want_stacks = config.stacks != "off" || config.hz > 0;
+  env.preparer = [cache_dir, want_stacks](const std::string& path, const std::string& version) {
+    return PrepareVmBinary(path, version, cache_dir, want_stacks);
+  };
+  const std::string proc_root = config.proc_root;
+  env.frame_source = [proc_root](int pid, const RubyTarget& target, const ProbeSet& set) {
+    return MakeProcessFrameSource(pid, target, set, proc_root);
+  };
+  env.make_sinks = MakeAgentSinks;
+  env.metrics = &metrics;
+  env.log = &log;
+
+  Result<std::unique_ptr<Agent>> agent_or = Agent::Create(config, env);
+  if (!agent_or) return agent_or.error();
+  Agent& agent = **agent_or;
+  if (Status st = agent.Start(); !st) return st.error();
+  log.Info("agent started", {{"pid", static_cast<int64_t>(getpid())},
+                             {"host", agent.host()},
+                             {"config", AgentConfigToJson(config)},
+                             {"metrics_port", static_cast<int64_t>(server ? server->port() : 0)},
+                             {"multi_uprobe_links", (*backend)->uses_multi_links()},
+                             {"processes", static_cast<uint64_t>(agent.watched_pids().size())}});
+
+  int status = 0;
+  while (!g_stop.load()) {
+    if (g_reload.exchange(false)) {
+      Result<AgentConfig> next = reload();
+      Status st = next ? agent.Reload(*next) : Status(next.error());
+      metrics.AddCounter(kMetricConfigReloads, "Configuration reloads (SIGHUP), by result",
+                         {{"result", st ? "ok" : "error"}}, 1);
+      if (!st) log.Error("config reload failed; keeping the running configuration", {{"error", st.error().message()}});
+    }
+    if (Status st = agent.RunOnce(); !st) {
+      log.Error("agent stopped on an error", {{"error", st.error().message()}});
+      status = 1;
+      break;
+    }
+  }
+  const bool flushed = agent.Shutdown(kShutdownFlush);
+  const ProfileSink* push = agent.push_sink();
+  log.Info("agent stopped", {{"flushed", flushed},
+                             {"profiles_built", agent.profiles_built()},
+                             {"push_delivered", push ? push->stats().delivered : uint64_t{0}},
+                             {"push_queued", push ? push->stats().queued : uint64_t{0}}});
+  return status;
+}
+
+}  // namespace rvbpfd

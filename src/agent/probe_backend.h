@@ -1,0 +1,90 @@
+// The agent's view of the kernel side: an interface over BpfSession, so that the agent's decisions (which binaries
+// get probes, which pids are filtered, when probes pause) are unit-tested against a fake without BPF or root.
+//
+// Groups are identified by an id the backend assigns; a detached group keeps its id (and its BPF cookies), so a binary
+// whose last process exited and that comes back later is reattached without consuming new site slots.
+//
+// Threading: used from the agent's main loop only; the handlers run on that thread inside Poll().
+#ifndef RVBPFD_SRC_AGENT_PROBE_BACKEND_H_
+#define RVBPFD_SRC_AGENT_PROBE_BACKEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "probe/bpf_session.h"
+#include "record/ec_install.h"
+#include "rvbpfd/abi.h"
+
+namespace rvbpfd {
+
+class ProbeBackend {
+ public:
+  using RecordHandler = std::function<void(const rv_record&)>;
+  using StackHandler =
+      std::function<void(const rv_record&, const rv_stack_header&, std::span<const rv_ruby_frame> frames)>;
+
+  virtual ~ProbeBackend() = default;
+  // Records without a stack (scheduler events, process exec/exit) and records with one (samples, released stacks).
+  virtual void SetHandlers(RecordHandler on_record, StackHandler on_stack) = 0;
+  virtual Result<uint8_t> AddBinary(const rv_offsets& offsets) = 0;
+  virtual Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) = 0;
+  virtual Status SetConfig(const rv_config& config) = 0;
+  // Attaches `sites` of the file at `path` for every process mapping it (the pid filter decides whose hits count).
+  virtual Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) = 0;
+  virtual void DetachGroup(int group) = 0;
+  // Attaches a detached group again, through `path` (another path to the same file).
+  virtual Status ReattachGroup(int group, const std::string& path) = 0;
+  virtual bool GroupAttached(int group) const = 0;
+  virtual Status AddPid(uint32_t pid) = 0;
+  virtual Status RemovePid(uint32_t pid) = 0;
+  virtual Status StartSampling(int hz) = 0;
+  virtual Status WatchProcesses() = 0;
+  // One attempt of a process's EC route installation (proc_ec map): how its samples find their thread's EC.
+  virtual ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) = 0;
+  // Drains records (calling the handlers), waiting at most timeout_ms for the first.
+  virtual Result<int> Poll(int timeout_ms) = 0;
+  virtual rv_counters ReadCounters() const = 0;
+};
+
+// The real backend: one BpfSession opened with watch_processes.
+class BpfProbeBackend : public ProbeBackend {
+ public:
+  static Result<std::unique_ptr<BpfProbeBackend>> Open(uint32_t ring_buffer_bytes);
+
+  void SetHandlers(RecordHandler on_record, StackHandler on_stack) override;
+  Result<uint8_t> AddBinary(const rv_offsets& offsets) override { return session_->AddBinary(offsets); }
+  Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) override {
+    return session_->SetWalkConfig(binary, config);
+  }
+  Status SetConfig(const rv_config& config) override { return session_->SetConfig(config); }
+  Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) override;
+  void DetachGroup(int group) override;
+  Status ReattachGroup(int group, const std::string& path) override;
+  bool GroupAttached(int group) const override;
+  Status AddPid(uint32_t pid) override { return session_->AddPid(pid); }
+  Status RemovePid(uint32_t pid) override { return session_->RemovePid(pid); }
+  Status StartSampling(int hz) override { return session_->StartSampling(hz); }
+  Status WatchProcesses() override { return session_->WatchProcesses(); }
+  ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override { return installer.Poll(*session_); }
+  Result<int> Poll(int timeout_ms) override { return session_->Poll(timeout_ms); }
+  rv_counters ReadCounters() const override { return session_->ReadCounters(); }
+  bool uses_multi_links() const { return session_->uses_multi_links(); }
+
+ private:
+  BpfProbeBackend() = default;
+
+  // Handlers live here (not in the session's callbacks) so SetHandlers can be called after Open.
+  RecordHandler on_record_;
+  StackHandler on_stack_;
+  std::unique_ptr<BpfSession> session_;
+  std::vector<std::unique_ptr<SiteGroup>> groups_;  // index = group id
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_AGENT_PROBE_BACKEND_H_

@@ -1,0 +1,164 @@
+#include "agent/probe_sets.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+
+namespace rvbpfd {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Opens the binary O_PATH (no read access needed, nothing executed) and checks it is still the file `key` names.
+Result<UniqueFd> OpenBinary(const std::string& path, const BinaryKey& key) {
+  UniqueFd fd(open(path.c_str(), O_PATH | O_CLOEXEC));
+  if (fd.get() < 0) return Error(ErrorCode::kIo, ErrnoMessage("opening " + path, errno));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return Error(ErrorCode::kIo, ErrnoMessage("fstat " + path, errno));
+  if (static_cast<uint64_t>(st.st_dev) != key.dev || static_cast<uint64_t>(st.st_ino) != key.ino) {
+    return Error(ErrorCode::kIo, path + " was replaced while it was being probed");
+  }
+  return fd;
+}
+
+}  // namespace
+
+void UniqueFd::Reset() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+ProbeSetManager::ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct,
+                                 double probe_cost_us, uint64_t budget_window_ns)
+    : backend_(backend),
+      preparer_(std::move(preparer)),
+      max_overhead_pct_(max_overhead_pct),
+      probe_cost_us_(probe_cost_us),
+      budget_window_ns_(budget_window_ns) {}
+
+Status ProbeSetManager::AttachSet(ProbeSet& set, const std::string& via_path) {
+  Result<UniqueFd> fd = OpenBinary(via_path, set.key);
+  if (!fd) return fd.error();
+  set.file = std::move(fd.value());
+  const auto start = std::chrono::steady_clock::now();
+  for (int group : {set.low_group, set.high_group}) {
+    if (group < 0) continue;
+    if (Status st = backend_->ReattachGroup(group, set.attach_path()); !st) {
+      backend_->DetachGroup(set.low_group);
+      backend_->DetachGroup(set.high_group);
+      set.file.Reset();
+      return st.error();
+    }
+  }
+  set.attach_ms = MsSince(start);
+  set.paused = false;
+  set.budget = std::make_unique<OverheadBudget>(max_overhead_pct_, probe_cost_us_, budget_window_ns_);
+  set.budget_hits = 0;
+  return Status::Ok();
+}
+
+Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTarget& target, bool* first_failure) {
+  if (first_failure) *first_failure = false;
+  struct stat st;
+  if (stat(target.vm_host_path.c_str(), &st) != 0) {
+    const int err = errno;
+    return Error(err == ENOENT || err == ESRCH ? ErrorCode::kNoSuchProcess : ErrorCode::kIo,
+                 ErrnoMessage("stat " + target.vm_host_path, err));
+  }
+  BinaryKey key{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), target.build_id};
+  if (auto f = failed_.find(key); f != failed_.end()) return f->second;
+
+  if (auto it = sets_.find(key); it != sets_.end()) {
+    ProbeSet& set = *it->second;
+    if (set.active()) {
+      set.pids.insert(pid);
+      return Acquired{&set, false};
+    }
+    if (Status s = AttachSet(set, target.vm_host_path); !s) return s.error();
+    set.pids.insert(pid);
+    return Acquired{&set, true};
+  }
+
+  Result<PreparedBinary> prepared = preparer_(target.vm_host_path, target.ruby_version);
+  if (!prepared) {
+    const ErrorCode code = prepared.error().code();
+    // Facts of the file (no symbols, a version without scheduler events) do not change: remember them. Anything
+    // else (the process died mid-read, I/O) is retried with the next process of this binary.
+    if (code == ErrorCode::kNoSymbols || code == ErrorCode::kUnsupportedVersion || code == ErrorCode::kNotRuby) {
+      failed_.emplace(key, prepared.error());
+      if (first_failure) *first_failure = true;
+    }
+    return prepared.error();
+  }
+  auto set = std::make_unique<ProbeSet>();
+  set->key = key;
+  set->vm_path = target.vm_path;
+  set->ruby_version = target.ruby_version;
+  set->stacks = prepared->stacks;
+  set->site_count = prepared->sites.sites.size();
+  Result<UniqueFd> fd = OpenBinary(target.vm_host_path, key);
+  if (!fd) return fd.error();
+  set->file = std::move(fd.value());
+  Result<uint8_t> bin = backend_->AddBinary(prepared->sites.offsets);
+  if (!bin) return bin.error();
+  set->binary = *bin;
+  if (set->stacks) {
+    if (Status s = backend_->SetWalkConfig(set->binary, WalkConfigFor(*set->stacks)); !s) return s.error();
+  }
+  SplitSiteSpecs split = SplitSites(prepared->sites, set->binary);
+  const auto start = std::chrono::steady_clock::now();
+  // Low first, then high: BpfSession assigns cookies in attach order (SplitSites' functions follow that order).
+  if (!split.low.empty()) {
+    Result<int> g = backend_->AttachGroup(set->attach_path(), split.low);
+    if (!g) return g.error().Wrap("attaching probes to " + target.vm_path);
+    set->low_group = *g;
+  }
+  if (!split.high.empty()) {
+    Result<int> g = backend_->AttachGroup(set->attach_path(), split.high);
+    if (!g) {
+      backend_->DetachGroup(set->low_group);
+      return g.error().Wrap("attaching probes to " + target.vm_path);
+    }
+    set->high_group = *g;
+  }
+  set->attach_ms = MsSince(start);
+  set->budget = std::make_unique<OverheadBudget>(max_overhead_pct_, probe_cost_us_, budget_window_ns_);
+  set->pids.insert(pid);
+  ProbeSet* raw = set.get();
+  sets_.emplace(key, std::move(set));
+  return Acquired{raw, true};
+}
+
+void ProbeSetManager::Release(int pid, ProbeSet* set) {
+  if (set == nullptr || set->pids.erase(pid) == 0 || set->active()) return;
+  backend_->DetachGroup(set->low_group);
+  backend_->DetachGroup(set->high_group);
+  set->file.Reset();
+  set->paused = false;
+}
+
+size_t ProbeSetManager::active_sets() const {
+  size_t n = 0;
+  for (const auto& [key, set] : sets_) n += set->active() ? 1 : 0;
+  return n;
+}
+
+const ProbeSet* ProbeSetManager::Find(const BinaryKey& key) const {
+  auto it = sets_.find(key);
+  return it == sets_.end() ? nullptr : it->second.get();
+}
+
+std::vector<ProbeSet*> ProbeSetManager::ActiveSets() {
+  std::vector<ProbeSet*> out;
+  for (auto& [key, set] : sets_) {
+    if (set->active()) out.push_back(set.get());
+  }
+  return out;
+}
+
+}  // namespace rvbpfd

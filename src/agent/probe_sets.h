@@ -1,0 +1,134 @@
+// Probe sets: one set of uprobes per CRuby VM binary, shared by every watched process that maps it.
+//
+// A binary is identified by (st_dev, st_ino) of the file as the process sees it (opened through /proc/PID/root, so
+// two containers with their own copies are two binaries and two processes sharing one libruby are one) plus its
+// build-id. Its sites come from the build-id cache (PrepareVmBinary, shared with the recorder). The uprobes are
+// attached for every process mapping the file (pid -1) through /proc/self/fd/N of an O_PATH descriptor the set
+// holds, so they stay reattachable when the process that brought the binary exits; the BPF pid filter decides whose
+// hits are recorded. Processes are reference counted: when the last one leaves, the uprobes are detached (no trap
+// cost for processes nobody watches) and the set stays dormant with its BPF slots, to be reattached if the binary
+// comes back. A binary that cannot be probed (no symbols, ...) is remembered so it is reported once.
+//
+// Each set also carries the --max-overhead budget of its uprobes (OverheadBudget): the trap cost is paid per
+// process, so the budget follows the busiest process of the set.
+//
+// Threading: used from the agent's main loop only.
+#ifndef RVBPFD_SRC_AGENT_PROBE_SETS_H_
+#define RVBPFD_SRC_AGENT_PROBE_SETS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "agent/probe_backend.h"
+#include "common/error.h"
+#include "record/overhead_budget.h"
+#include "record/vm_binary.h"
+#include "target/target.h"
+
+namespace rvbpfd {
+
+struct BinaryKey {
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  std::string build_id;
+  bool operator<(const BinaryKey& o) const {
+    return std::tie(dev, ino, build_id) < std::tie(o.dev, o.ino, o.build_id);
+  }
+  bool operator==(const BinaryKey&) const = default;
+};
+
+// Closes an fd on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { Reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      fd_ = o.fd_;
+      o.fd_ = -1;
+    }
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  void Reset();
+
+ private:
+  int fd_ = -1;
+};
+
+struct ProbeSet {
+  BinaryKey key;
+  std::string vm_path;       // the path as the first process saw it (for logs)
+  std::string ruby_version;
+  uint8_t binary = 0;        // index of its offsets in BPF
+  std::optional<StackSetup> stacks;
+  size_t site_count = 0;
+  int low_group = -1;        // thread start/exit, GC, sleep, mutex sites
+  int high_group = -1;       // READY/RESUMED/SUSPENDED: what the budget pauses
+  UniqueFd file;             // O_PATH fd of the binary while attached
+  std::set<int> pids;        // the watched processes using it (refcount)
+  double attach_ms = 0;      // last attach time
+
+  // --max-overhead: budget over the busiest process's event count (hits accumulate the max per poll). BPF counts
+  // traps per site, not per process, so the records of the busiest process stand for its traps (hits BPF discards,
+  // e.g. IO#write's internal mutex lock in a shared libruby, are not counted: an underestimate).
+  std::unique_ptr<OverheadBudget> budget;
+  uint64_t budget_hits = 0;
+  bool paused = false;
+
+  bool active() const { return !pids.empty(); }
+  std::string attach_path() const { return "/proc/self/fd/" + std::to_string(file.get()); }
+};
+
+using BinaryPreparer =
+    std::function<Result<PreparedBinary>(const std::string& vm_path, const std::string& ruby_version)>;
+
+class ProbeSetManager {
+ public:
+  // max_overhead_pct <= 0: no budget (never pauses). probe_cost_us: the estimated cost of one hit.
+  ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct, double probe_cost_us,
+                  uint64_t budget_window_ns = 1'000'000'000);
+
+  struct Acquired {
+    ProbeSet* set = nullptr;
+    bool newly_attached = false;  // the set's uprobes were attached by this call (log "binary probed")
+  };
+  // Adds process `pid` (described by `target`, whose vm_host_path is alive now) to its binary's set, attaching the
+  // binary's probes if no other watched process uses it. An unprobeable binary's error is returned every time
+  // (the `first_failure` flag says whether this is the first time, for logging once).
+  Result<Acquired> Acquire(int pid, const RubyTarget& target, bool* first_failure = nullptr);
+  // Removes `pid` from its set; the last process out detaches the set's uprobes.
+  void Release(int pid, ProbeSet* set);
+
+  size_t active_sets() const;
+  size_t total_sets() const { return sets_.size(); }
+  const ProbeSet* Find(const BinaryKey& key) const;
+  std::vector<ProbeSet*> ActiveSets();
+
+ private:
+  Status AttachSet(ProbeSet& set, const std::string& via_path);
+
+  ProbeBackend* backend_;
+  BinaryPreparer preparer_;
+  double max_overhead_pct_;
+  double probe_cost_us_;
+  uint64_t budget_window_ns_;
+  std::map<BinaryKey, std::unique_ptr<ProbeSet>> sets_;
+  std::map<BinaryKey, Error> failed_;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_AGENT_PROBE_SETS_H_

@@ -1,0 +1,286 @@
+// ProcessProfile: the fleet agent's aggregation of one Ruby process's samples and scheduler/GC events into the four
+// continuous profiles it uploads every --interval (issue 5): cpu, gvl_wait, gvl_held and gc, each a gzipped pprof.
+//
+// Events are aggregated as they arrive and never stored: per interval the memory is one weight record per distinct
+// stack, plus one small state per live Ruby thread and the interned stack table (which has a cap, below).
+//
+// Weights (all ns are event-time differences, CLOCK_MONOTONIC):
+//   - cpu: each sample counts 1 and sample_period_ns of CPU time, on its stack. A sample taken during GC (in_gc) gets
+//     the "(garbage collection)" pseudo-frame on top, as `rvbpfd record` writes it (src/record/recorder.cc).
+//   - gvl_wait: from a thread's wants_gvl (RV_EV_THREAD_READY) to its next gvl_acquired (RV_EV_THREAD_RESUMED), on
+//     the waiter's stack, chosen as `rvbpfd export --pprof` does (src/export/pprof.h): the wants_gvl's own stack if
+//     it carried one, else the stack of the gvl_released that began the thread's time off the lock (cleared once it
+//     ran again), else its latest sample's stack (also one learned during the wait), else "[no stack]". A repeated
+//     wants_gvl does not restart a wait.
+//   - gvl_held: from gvl_acquired to gvl_released (RV_EV_THREAD_SUSPENDED), on the stack the gvl_released carried
+//     (the code the thread ran when it let go), else its latest sample's stack, else "[no stack]". CRuby fires
+//     SUSPENDED before EXITED, so a hold still open at THREAD_EXITED lost its release: it ends at the exit. A
+//     wants_gvl while holding (a release not seen, as in 3.2's timeslices) ends the hold there. Both of these go to
+//     the latest sample's stack.
+//   - gc: from GC_ENTER to GC_EXIT (process-wide, one at a time), on the GC frame over the stack of the thread that
+//     ran the GC: the event's th, else the thread holding the GVL (GC runs on the lock owner, as the model derives),
+//     that thread's latest sample's stack, replaced by the stack of a sample taken inside this GC (exactly where GC
+//     was triggered); only the GC frame when none is known.
+// A thread's state starts at its first event (THREAD_STARTED, or any event for a thread first seen mid-run: a
+// RESUMED opens a hold but no wait) and ends at THREAD_EXITED. th 0 means "unknown thread": such samples count in cpu
+// only and such events are ignored. Events must come in time order (the agent's reorder window); an end before its
+// span's start counts 0.
+//
+// Interval cuts: Cut(cut_ns, ...) counts the parts of open spans before cut_ns in this interval and keeps them open
+// from cut_ns for the next. A hold split by a cut is attributed, for its part before the cut, to the thread's latest
+// sample stack (its release stack is not known yet).
+//
+// Lost events (OnEventsLost) and tracing pauses (OnTracingPaused / OnTracingResumed) discard every span open at that
+// point, waits, holds and GC alike: their ends may belong to different spans. Samples are unaffected.
+//
+// Profiles carry no pprof labels: the process labels (host, pid, ...) travel with the upload (src/sink), and a
+// per-thread label would multiply both the profile size and, in Pyroscope which turns sample labels into series
+// labels, the series cardinality by the thread count. Per-thread views are what `rvbpfd record` is for.
+//
+// Bounded memory: stacks and frames are interned in a per-process table capped by ProcessProfileLimits (distinct
+// stacks and estimated bytes). Once full, a new stack is attributed to a "[stack table full]" frame (counted in
+// stats().stacks_over_cap). At each Cut the table is rebuilt from the few stacks live thread state still refers to
+// when it is above reset_above_bytes, and thread states idle for idle_cuts_before_prune cuts are dropped (a thread
+// blocked longer than that loses its release stack: its next wait goes to its wants_gvl or a later sample's stack).
+//
+// Threading: not thread-safe; one instance per process, used from the agent's main loop only.
+#ifndef RVBPFD_SRC_AGENT_PROCESS_PROFILE_H_
+#define RVBPFD_SRC_AGENT_PROCESS_PROFILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "record/stack_resolver.h"
+#include "trace/stacks.h"
+
+namespace rvbpfd {
+
+struct BuiltProfile {
+  std::string profile_type;  // "cpu", "gvl_wait", "gvl_held", "gc"
+  std::string pprof_gz;      // the gzipped pprof Profile message
+  uint64_t total = 0;        // cpu: samples; the others: ns
+};
+
+// The GC pseudo-frame, as src/record/recorder.cc puts it on samples taken during GC.
+inline constexpr std::string_view kGcFrameLabel = "(garbage collection)";
+// The frame standing in for stacks that did not fit in a full stack table.
+inline constexpr std::string_view kStackTableFullFrame = "[stack table full]";
+
+struct ProcessProfileLimits {
+  // Distinct stacks interned per process before new ones go to "[stack table full]".
+  size_t max_stacks = 65536;
+  // Estimated bytes of the stack table (frames, their strings, stacks, hash indexes) before the same happens. The
+  // agent's budget is 100 MB for 50 processes; one interval of a busy Rails process needs about 1-2 MB.
+  size_t max_table_bytes = 2u << 20;
+  // At a Cut, a table above this many estimated bytes is rebuilt with only the stacks still referred to.
+  size_t reset_above_bytes = 256u << 10;
+  // Cuts without any event or sample after which a thread state with no open span is dropped.
+  uint32_t idle_cuts_before_prune = 4;
+};
+
+// Cumulative counters, for the agent's metrics.
+struct ProcessProfileStats {
+  uint64_t samples = 0;          // OnSample calls
+  uint64_t events = 0;           // OnEvent calls
+  uint64_t spans_discarded = 0;  // open waits/holds/GCs dropped (lost events, pauses, restarted or exited threads)
+  uint64_t stacks_over_cap = 0;  // new stacks attributed to "[stack table full]"
+  uint64_t table_resets = 0;     // stack table rebuilds at a Cut
+  uint64_t threads_pruned = 0;   // idle thread states dropped at a Cut
+  uint64_t build_failures = 0;   // profiles not produced because gzip failed
+};
+
+// Interned frames and stacks of one process, stored once each: frames in a vector, stacks as runs of frame ids in
+// one flat vector, both indexed by hash sets of ids (so no key is stored twice). Ids are dense from 1.
+class ProfileStackTable {
+ public:
+  ProfileStackTable(size_t max_stacks, size_t max_bytes);
+  ProfileStackTable(const ProfileStackTable&) = delete;  // the hash sets' functors point into this object
+  ProfileStackTable& operator=(const ProfileStackTable&) = delete;
+
+  // The id of the stack `frames` (leaf first) with `top`, when not null, as an extra leaf frame; interned if new.
+  // 0 when it is new and the table is full (nothing is added then).
+  uint32_t Intern(std::span<const FrameInfo> frames, const FrameInfo* top = nullptr);
+  // The same for shared frames (the agent's path): a frame object seen before is found by its address, without
+  // hashing its strings. Same ids and the same cap decisions as Intern of the frames' values.
+  uint32_t Intern(std::span<const SharedFrame> frames);
+  // The id of stack `base` (an id of this table) with `top` as an extra leaf frame; 0 when new and full.
+  uint32_t InternOnTop(const FrameInfo& top, uint32_t base);
+
+  // Frame ids of a stack, leaf first (empty for an unknown id), and a frame by id (id must come from this table).
+  std::span<const uint32_t> stack(uint32_t id) const;
+  const FrameInfo& frame(uint32_t id) const { return frames_[id - 1]; }
+  size_t stack_count() const { return stack_offsets_.size() - 1; }
+  size_t frame_count() const { return frames_.size(); }
+  bool full() const;
+  // Heap bytes held: vectors by capacity, strings past the small-string buffer, hash set buckets and nodes. Without
+  // the frame-address memo (memo_memory_bytes), so the cap decisions do not depend on which API interned a stack.
+  size_t approx_memory_bytes() const;
+  size_t memo_memory_bytes() const;
+
+ private:
+  struct FrameIdHash {
+    using is_transparent = void;
+    const ProfileStackTable* t;
+    size_t operator()(uint32_t id) const { return (*this)(t->frame(id)); }
+    size_t operator()(const FrameInfo& f) const;
+  };
+  struct FrameIdEq {
+    using is_transparent = void;
+    const ProfileStackTable* t;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(const FrameInfo& f, uint32_t id) const { return f == t->frame(id); }
+    bool operator()(uint32_t id, const FrameInfo& f) const { return f == t->frame(id); }
+  };
+  struct StackIdHash {
+    using is_transparent = void;
+    const ProfileStackTable* t;
+    size_t operator()(uint32_t id) const { return (*this)(t->stack(id)); }
+    size_t operator()(std::span<const uint32_t> ids) const;
+  };
+  struct StackIdEq {
+    using is_transparent = void;
+    const ProfileStackTable* t;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(std::span<const uint32_t> s, uint32_t id) const;
+    bool operator()(uint32_t id, std::span<const uint32_t> s) const { return (*this)(s, id); }
+  };
+
+  // The id of frame f, or 0 when it is new and `may_add` is false.
+  uint32_t FrameId(const FrameInfo& f, bool may_add);
+  uint32_t InternIds(std::span<const uint32_t> ids);
+
+  size_t max_stacks_;
+  size_t max_bytes_;
+  // id - 1 -> frame. A deque grows by fixed blocks, so the table never holds a doubled, half-empty array (the
+  // vectors below grow by a quarter for the same reason): the byte cap is then passed by little.
+  std::deque<FrameInfo> frames_;
+  size_t frame_string_bytes_ = 0;         // heap bytes of the frames' strings
+  std::vector<uint32_t> stack_frames_;    // all stacks' frame ids, concatenated
+  std::vector<uint32_t> stack_offsets_;   // stack id - 1 -> start in stack_frames_; one extra end entry
+  std::unordered_set<uint32_t, FrameIdHash, FrameIdEq> frame_index_;
+  std::unordered_set<uint32_t, StackIdHash, StackIdEq> stack_index_;
+  std::vector<uint32_t> scratch_;         // reused id buffer
+  // Shared frame object -> its frame id. The entry holds the object, so its address is not reused while the entry
+  // exists (frames are immutable: same address, same value). Cleared when it outgrows kMemoSlack + 2 * frames.
+  static constexpr size_t kMemoSlack = 1024;
+  std::unordered_map<const FrameInfo*, std::pair<SharedFrame, uint32_t>> memo_;
+  // Whole stacks by their frames' addresses -> stack id, direct-mapped (kStackMemoSlots); the addresses are pinned
+  // by memo_ (every frame of a remembered stack is in it), so this is cleared with memo_.
+  static constexpr size_t kStackMemoSlots = 64;
+  struct StackMemo {
+    std::vector<const FrameInfo*> frames;
+    uint32_t id = 0;
+  };
+  std::vector<StackMemo> stack_memo_;
+  void ClearMemo();
+  uint32_t InternShared(std::span<const SharedFrame> frames);  // Intern without the stack memo
+};
+
+class ProcessProfile {
+ public:
+  explicit ProcessProfile(uint64_t sample_period_ns);  // CPU ns one sample stands for (1e9 / hz)
+  ProcessProfile(uint64_t sample_period_ns, ProcessProfileLimits limits);
+  ~ProcessProfile();
+  ProcessProfile(const ProcessProfile&) = delete;
+  ProcessProfile& operator=(const ProcessProfile&) = delete;
+
+  // Frames are leaf first (as StackResolver::Resolve produces them), without the GC frame (in_gc adds it).
+  void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const FrameInfo> frames);
+  // Scheduler/GC events of this process (kind = rv_event_kind). `frames` is the stack the event carried (gvl_released
+  // with --stacks=release), empty when none. Kinds other than thread and GC events are ignored.
+  void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const FrameInfo> frames);
+  // The same with shared frames (StackResolver::ResolveShared's): identical results, cheaper for repeated frames.
+  void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames);
+  void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const SharedFrame> frames);
+  void OnEventsLost();  // events were dropped: spans open now are not counted (their ends are unknown)
+  // Budget pauses: spans open at either point are not counted (the times are part of the contract, unused).
+  void OnTracingPaused(uint64_t ts_ns);
+  void OnTracingResumed(uint64_t ts_ns);
+  // Ends the interval at cut_ns: the parts of open spans before the cut count now, the rest in the next interval.
+  // Returns the non-empty profiles among cpu (samples+cpu ns), gvl_wait (ns), gvl_held (ns), gc (ns), in that order,
+  // each with time_nanos = interval_start_unix_ns and duration_nanos = duration_ns; then starts a new interval.
+  std::vector<BuiltProfile> Cut(uint64_t cut_ns, int64_t interval_start_unix_ns, int64_t duration_ns);
+  size_t approx_memory_bytes() const;  // for the agent's memory bound
+
+  const ProcessProfileStats& stats() const { return stats_; }
+  size_t thread_count() const { return threads_.size(); }
+  const ProfileStackTable& stack_table() const { return *table_; }
+  uint64_t sample_period_ns() const { return sample_period_ns_; }
+
+ private:
+  struct ThreadState {
+    bool waiting = false;
+    bool holding = false;
+    uint32_t idle_cuts = 0;       // cuts since the last event or sample of this thread
+    uint64_t wait_start_ns = 0;   // open wait's start (or the last cut)
+    uint64_t hold_start_ns = 0;   // open hold's start (or the last cut)
+    uint32_t wait_stack = 0;      // stack the open wait is charged to (0: decided when it ends)
+    // Stack of the gvl_released that began the thread's current time off the GVL; 0 once it ran again.
+    uint32_t release_stack = 0;
+    uint32_t last_sample_stack = 0;  // without the GC frame
+  };
+  struct Weights {
+    uint64_t samples = 0;
+    uint64_t wait_ns = 0;
+    uint64_t held_ns = 0;
+    uint64_t gc_ns = 0;
+  };
+  struct SpecialStacks {  // ids in the current table, interned first so they always exist
+    uint32_t no_stack = 0;
+    uint32_t gc_only = 0;
+    uint32_t full = 0;
+    uint32_t gc_full = 0;
+  };
+
+  // A stack as either API gave it (one of the spans is used); interned only where the event needs it.
+  struct StackInput {
+    std::span<const FrameInfo> values;
+    std::span<const SharedFrame> shared;
+    bool empty() const { return values.empty() && shared.empty(); }
+  };
+
+  ThreadState& Thread(uint64_t th);
+  void Sample(uint64_t th, bool in_gc, const StackInput& frames);
+  void Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const StackInput& frames);
+  uint32_t InternOrFull(const StackInput& frames);
+  uint32_t GcStack(uint32_t base);
+  uint32_t WaitStack(const ThreadState& t) const;
+  void EndWait(ThreadState& t, uint64_t end_ns);
+  void EndHold(ThreadState& t, uint64_t end_ns, uint32_t stack);
+  void EndGc(uint64_t end_ns);
+  void DiscardOpenSpans();
+  void NewTable();  // a fresh table with the special stacks, remapping every stack id thread state holds
+  std::string BuildOne(std::string_view type, const std::vector<uint32_t>& stacks, bool cpu,
+                       uint64_t Weights::*member, int64_t interval_start_unix_ns, int64_t duration_ns,
+                       const std::vector<std::string>& comments);
+
+  uint64_t sample_period_ns_;
+  ProcessProfileLimits limits_;
+  std::unique_ptr<ProfileStackTable> table_;
+  SpecialStacks special_;
+  std::unordered_map<uint64_t, ThreadState> threads_;  // th -> state
+  std::unordered_map<uint32_t, Weights> weights_;     // this interval's weights by stack id
+  uint64_t owner_th_ = 0;  // th of the thread holding the GVL (latest gvl_acquired not yet released), 0 if unknown
+  bool gc_open_ = false;
+  uint64_t gc_start_ns_ = 0;
+  uint64_t gc_th_ = 0;
+  uint32_t gc_base_stack_ = 0;
+  // This interval's discarded spans per kind and stacks over the cap, for the profiles' comments.
+  uint64_t interval_discarded_waits_ = 0;
+  uint64_t interval_discarded_holds_ = 0;
+  uint64_t interval_discarded_gcs_ = 0;
+  uint64_t interval_over_cap_ = 0;
+  ProcessProfileStats stats_;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_AGENT_PROCESS_PROFILE_H_

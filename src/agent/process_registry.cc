@@ -1,0 +1,38 @@
+#include "agent/process_registry.h"
+
+namespace rvbpfd {
+
+std::map<std::string, std::string> UploadLabels(const std::string& host, const WatchedProcess& p) {
+  std::map<std::string, std::string> l;
+  l["host"] = host;
+  l["pid"] = std::to_string(p.pid);
+  l["command"] = p.labels.comm;
+  l["ruby_version"] = p.target.ruby_version;
+  if (!p.labels.container_id.empty()) l["container_id"] = p.labels.container_id;
+  l["service_name"] = p.labels.service_name;
+  return l;
+}
+
+std::vector<ProfileUpload> MakeUploads(const std::string& host, const WatchedProcess& p,
+                                       std::vector<BuiltProfile> profiles, int64_t from_unix_ns,
+                                       int64_t until_unix_ns) {
+  std::vector<ProfileUpload> out;
+  // Rounded to the nearest second both ends, so consecutive intervals of a process stay contiguous (this until is
+  // the next from) instead of overlapping by a second.
+  const int64_t from_s = (from_unix_ns + 500'000'000) / 1'000'000'000;
+  int64_t until_s = (until_unix_ns + 500'000'000) / 1'000'000'000;
+  if (until_s <= from_s) until_s = from_s + 1;
+  for (BuiltProfile& b : profiles) {
+    ProfileUpload u;
+    u.app_name = p.labels.service_name;
+    u.profile_type = b.profile_type;
+    u.labels = UploadLabels(host, p);
+    u.from_unix_s = from_s;
+    u.until_unix_s = until_s;
+    u.pprof_gz = std::move(b.pprof_gz);
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,86 @@
+// The fleet agent's per-process state: labels, the probe set the process shares, how its frames are named, its
+// profile aggregation for the current interval, and the bookkeeping that keeps samples of dead threads out.
+//
+// Threading: used from the agent's main loop only.
+#ifndef RVBPFD_SRC_AGENT_PROCESS_REGISTRY_H_
+#define RVBPFD_SRC_AGENT_PROCESS_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "agent/agent_env.h"
+#include "agent/probe_sets.h"
+#include "agent/process_profile.h"
+#include "ops/process_labels.h"
+#include "record/ec_install.h"
+#include "sink/profile_upload.h"
+#include "target/target.h"
+
+namespace rvbpfd {
+
+struct WatchedProcess {
+  int pid = 0;
+  ProcessLabels labels;
+  RubyTarget target;
+  ProbeSet* set = nullptr;
+  std::unique_ptr<FrameSource> frames;  // created at the first stack (the VM is mapped by then)
+  std::unique_ptr<ProcessProfile> profile;
+  // How its samples find their EC (TLS ruby_current_ec), installed once ld.so relocated the VM; until then, and if
+  // that fails, samples use the thread the last scheduler event named.
+  std::optional<ProcessEcInstaller> ec;
+  uint64_t attached_ns = 0;  // monotonic
+  // A native thread keeps its last th in BPF's current_th after that Ruby thread exited (until it runs another), so
+  // a sample can name a dead thread; such samples are dropped (bounded: erased when the pointer is reused).
+  std::unordered_set<uint64_t> exited_th;
+  uint64_t gc_epoch = 0;
+  uint64_t interval_start_ns = 0;  // monotonic
+  uint64_t events = 0;             // scheduler events handled (whole life)
+  uint64_t samples = 0;
+  uint64_t events_this_poll = 0;   // for the overhead budget
+};
+
+// Upload labels of a process: host, pid, command, ruby_version, container_id (only when non-empty), service_name.
+std::map<std::string, std::string> UploadLabels(const std::string& host, const WatchedProcess& p);
+
+// One ProfileUpload per built profile; from/until in Unix seconds, each rounded to the nearest second (until > from).
+std::vector<ProfileUpload> MakeUploads(const std::string& host, const WatchedProcess& p,
+                                       std::vector<BuiltProfile> profiles, int64_t from_unix_ns,
+                                       int64_t until_unix_ns);
+
+class ProcessRegistry {
+ public:
+  WatchedProcess* Find(int pid) {
+    auto it = procs_.find(pid);
+    return it == procs_.end() ? nullptr : it->second.get();
+  }
+  WatchedProcess& Add(std::unique_ptr<WatchedProcess> p) {
+    const int pid = p->pid;
+    return *(procs_[pid] = std::move(p));
+  }
+  std::unique_ptr<WatchedProcess> Remove(int pid) {
+    auto it = procs_.find(pid);
+    if (it == procs_.end()) return nullptr;
+    std::unique_ptr<WatchedProcess> p = std::move(it->second);
+    procs_.erase(it);
+    return p;
+  }
+  size_t size() const { return procs_.size(); }
+  std::vector<int> pids() const {
+    std::vector<int> out;
+    for (const auto& [pid, p] : procs_) out.push_back(pid);
+    return out;
+  }
+  std::map<int, std::unique_ptr<WatchedProcess>>& all() { return procs_; }
+
+ private:
+  std::map<int, std::unique_ptr<WatchedProcess>> procs_;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_AGENT_PROCESS_REGISTRY_H_

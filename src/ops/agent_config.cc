@@ -1,0 +1,328 @@
+#include "ops/agent_config.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <set>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "ops/file_read.h"
+#include "ops/metrics.h"
+#include "ops/process_filter.h"
+
+namespace rvbpfd {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+// Each Parse returns "" or what was expected ("an integer"); the caller adds the key, the source and the JSON type.
+std::string Parse(const json& j, double* out) {
+  if (!j.is_number()) return "a number";
+  *out = j.get<double>();
+  return "";
+}
+
+template <typename T>
+  requires(std::is_integral_v<T> && std::is_signed_v<T>)
+std::string Parse(const json& j, T* out) {
+  if (!j.is_number_integer()) return "an integer";
+  if (j.is_number_unsigned()) {
+    uint64_t v = j.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return "an integer that fits " + std::string("int");
+    *out = static_cast<T>(v);
+    return "";
+  }
+  int64_t v = j.get<int64_t>();
+  if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) return "an integer that fits int";
+  *out = static_cast<T>(v);
+  return "";
+}
+
+template <typename T>
+  requires(std::is_integral_v<T> && std::is_unsigned_v<T>)
+std::string Parse(const json& j, T* out) {
+  if (!j.is_number_unsigned()) return j.is_number_integer() ? "a non-negative integer" : "an integer";
+  uint64_t v = j.get<uint64_t>();
+  if (v > std::numeric_limits<T>::max()) return "an integer up to " + std::to_string(std::numeric_limits<T>::max());
+  *out = static_cast<T>(v);
+  return "";
+}
+
+std::string Parse(const json& j, std::string* out) {
+  if (!j.is_string()) return "a string";
+  *out = j.get<std::string>();
+  return "";
+}
+
+std::string Parse(const json& j, std::vector<std::string>* out) {
+  if (!j.is_array()) return "an array of strings";
+  std::vector<std::string> v;
+  for (const json& e : j) {
+    if (!e.is_string()) return "an array of strings";
+    v.push_back(e.get<std::string>());
+  }
+  *out = std::move(v);
+  return "";
+}
+
+struct KeySpec {
+  std::string_view key;
+  std::string_view flag;
+  bool reloadable;
+  std::function<std::string(const json&, AgentConfig*)> apply;  // "" or what was expected
+  std::function<void(const AgentConfig&, ordered_json*)> to_json;
+  std::function<bool(const AgentConfig&, const AgentConfig&)> equal;
+  std::function<void(const AgentConfig& from, AgentConfig* to)> copy;
+};
+
+template <typename T>
+KeySpec Spec(std::string_view key, std::string_view flag, bool reloadable, T AgentConfig::*member) {
+  return KeySpec{
+      key,
+      flag,
+      reloadable,
+      [member](const json& j, AgentConfig* c) { return Parse(j, &(c->*member)); },
+      [member, key](const AgentConfig& c, ordered_json* o) { (*o)[std::string(key)] = c.*member; },
+      [member](const AgentConfig& a, const AgentConfig& b) { return a.*member == b.*member; },
+      [member](const AgentConfig& from, AgentConfig* to) { to->*member = from.*member; },
+  };
+}
+
+// The one table of file keys: order = documentation order; reloadable per the ReloadPlan comment in the header.
+const std::vector<KeySpec>& Specs() {
+  static const std::vector<KeySpec>* specs = new std::vector<KeySpec>{
+      Spec("interval", "--interval", true, &AgentConfig::interval_s),
+      Spec("hz", "--hz", false, &AgentConfig::hz),
+      Spec("stacks", "--stacks", false, &AgentConfig::stacks),
+      Spec("max-overhead", "--max-overhead", false, &AgentConfig::max_overhead_pct),
+      Spec("output-dir", "--output-dir", true, &AgentConfig::output_dir),
+      Spec("output-max-mb", "--output-max-mb", true, &AgentConfig::output_max_mb),
+      Spec("push-url", "--push-url", true, &AgentConfig::push_url),
+      Spec("push-queue", "--push-queue", true, &AgentConfig::push_queue),
+      Spec("metrics-listen", "--metrics-listen", false, &AgentConfig::metrics_listen),
+      Spec("include", "--include", true, &AgentConfig::include),
+      Spec("exclude", "--exclude", true, &AgentConfig::exclude),
+      Spec("log-format", "--log-format", true, &AgentConfig::log_format),
+      Spec("host", "--host", false, &AgentConfig::host),
+      Spec("ring-buffer-kb", "--ring-buffer-kb", false, &AgentConfig::ring_buffer_kb),
+      Spec("cache-dir", "--cache-dir", false, &AgentConfig::cache_dir),
+  };
+  return *specs;
+}
+
+const KeySpec* FindSpec(std::string_view key) {
+  for (const KeySpec& s : Specs()) {
+    if (s.key == key) return &s;
+  }
+  return nullptr;
+}
+
+std::string KnownKeys() {
+  std::string out;
+  for (const KeySpec& s : Specs()) {
+    if (!out.empty()) out += ", ";
+    out += s.key;
+  }
+  return out;
+}
+
+std::string FormatNumber(double v) {
+  ordered_json j = v;
+  return j.dump();
+}
+
+bool HasControlChars(std::string_view s) {
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
+// http(s)://HOST[:PORT][/PATH] with a non-empty host and no whitespace or control characters. The sink reports
+// connection failures later; this only catches values that can never work.
+std::string CheckPushUrl(std::string_view url) {
+  std::string_view rest;
+  if (url.substr(0, 7) == "http://") {
+    rest = url.substr(7);
+  } else if (url.substr(0, 8) == "https://") {
+    rest = url.substr(8);
+  } else {
+    return "must start with http:// or https://";
+  }
+  for (unsigned char c : url) {
+    if (c <= 0x20 || c == 0x7f) return "must not contain spaces or control characters";
+  }
+  size_t host_end = rest.find_first_of("/?#");
+  std::string_view authority = rest.substr(0, host_end);
+  if (authority.find('@') != std::string_view::npos) authority = authority.substr(authority.rfind('@') + 1);
+  if (authority.empty() || authority[0] == ':') return "has no host";
+  if (url.find_first_of("?#") != std::string_view::npos) {
+    return "must not have a query or fragment (the sink adds its own)";
+  }
+  return "";
+}
+
+}  // namespace
+
+const std::vector<std::string_view>& AgentConfigKeys() {
+  static const std::vector<std::string_view>* keys = [] {
+    auto* v = new std::vector<std::string_view>();
+    for (const KeySpec& s : Specs()) v->push_back(s.key);
+    return v;
+  }();
+  return *keys;
+}
+
+Result<AgentConfig> ApplyConfigJson(const AgentConfig& base, std::string_view json_text, std::string_view source) {
+  const std::string where = "config " + std::string(source);
+  // Duplicate top-level keys would silently keep the last value (nlohmann's behaviour): caught in the parser callback.
+  std::set<std::string> seen;
+  std::string duplicate;
+  json doc;
+  try {
+    doc = json::parse(
+        json_text.begin(), json_text.end(),
+        [&](int depth, json::parse_event_t event, json& parsed) {
+          if (event == json::parse_event_t::key && depth == 1 && parsed.is_string()) {
+            std::string k = parsed.get<std::string>();
+            if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+          }
+          return true;
+        },
+        /*allow_exceptions=*/true);
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    size_t close = what.find("] ");
+    if (what.rfind("[json.exception", 0) == 0 && close != std::string::npos) what = what.substr(close + 2);
+    return Error(ErrorCode::kUsage, where + ": not valid JSON: " + what);
+  }
+  if (!doc.is_object()) {
+    return Error(ErrorCode::kUsage, where + ": expected a JSON object {\"key\": value, ...}, got " +
+                                        std::string(doc.type_name()));
+  }
+  if (!duplicate.empty()) return Error(ErrorCode::kUsage, where + ": key \"" + duplicate + "\" appears twice");
+
+  AgentConfig config = base;
+  for (const auto& [key, value] : doc.items()) {
+    const KeySpec* spec = FindSpec(key);
+    if (spec == nullptr) {
+      std::string hint;
+      if (key.rfind("--", 0) == 0 && FindSpec(key.substr(2)) != nullptr) {
+        hint = " (write keys without the leading \"--\": \"" + key.substr(2) + "\")";
+      } else {
+        hint = " (known keys: " + KnownKeys() + ")";
+      }
+      return Error(ErrorCode::kUsage, where + ": unknown key \"" + key + "\"" + hint);
+    }
+    std::string expected = spec->apply(value, &config);
+    if (!expected.empty()) {
+      return Error(ErrorCode::kUsage, where + ": key \"" + key + "\": expected " + expected + ", got " +
+                                          (value.is_number() ? value.dump() : std::string(value.type_name())));
+    }
+  }
+  return config;
+}
+
+Result<AgentConfig> ApplyConfigFile(const AgentConfig& base, const std::string& path) {
+  SmallFile file = ReadSmallFile(path, kMaxConfigFileBytes);
+  if (file.err != 0) {
+    return Error(ErrorCode::kIo, ErrnoMessage("reading config file " + path, file.err) + " (check --config)");
+  }
+  if (file.truncated) {
+    return Error(ErrorCode::kIo, "reading config file " + path + ": larger than " +
+                                     std::to_string(kMaxConfigFileBytes) + " bytes");
+  }
+  Result<AgentConfig> config = ApplyConfigJson(base, file.data, path);
+  if (!config.ok()) return config.error();
+  config->config_file = path;
+  return config;
+}
+
+std::string AgentConfigToJson(const AgentConfig& config) {
+  ordered_json o = ordered_json::object();
+  for (const KeySpec& s : Specs()) s.to_json(config, &o);
+  return o.dump();
+}
+
+bool MetricsDisabled(const std::string& metrics_listen) {
+  return metrics_listen.empty() || metrics_listen == "off";
+}
+
+Status ValidateAgentConfig(const AgentConfig& c) {
+  auto bad = [](std::string_view key, std::string_view flag, const std::string& what) {
+    return Status(Error(ErrorCode::kUsage, "config: " + std::string(key) + " (" + std::string(flag) + ") " + what));
+  };
+  if (!std::isfinite(c.interval_s) || c.interval_s < kMinIntervalS || c.interval_s > kMaxIntervalS) {
+    return bad("interval", "--interval", "must be between 1 and 3600 seconds, not " + FormatNumber(c.interval_s));
+  }
+  if (c.hz < 1 || c.hz > kMaxAgentHz) {
+    return bad("hz", "--hz", "must be between 1 and 1000 samples per second, not " + std::to_string(c.hz));
+  }
+  if (c.stacks != "release" && c.stacks != "release,ready" && c.stacks != "ready,release" && c.stacks != "off") {
+    return bad("stacks", "--stacks", "must be release, release,ready or off, not \"" + c.stacks + "\"");
+  }
+  if (!std::isfinite(c.max_overhead_pct) || c.max_overhead_pct < 0 || c.max_overhead_pct > 100) {
+    return bad("max-overhead", "--max-overhead",
+               "must be between 0 and 100 percent (0: never pause), not " + FormatNumber(c.max_overhead_pct));
+  }
+  if (c.output_max_mb < 1 || c.output_max_mb > kMaxOutputMb) {
+    return bad("output-max-mb", "--output-max-mb",
+               "must be between 1 and " + std::to_string(kMaxOutputMb) + " MiB, not " +
+                   std::to_string(c.output_max_mb));
+  }
+  if (!c.push_url.empty()) {
+    std::string why = CheckPushUrl(c.push_url);
+    if (!why.empty()) return bad("push-url", "--push-url", "\"" + c.push_url + "\" " + why);
+  }
+  if (c.push_queue < 1 || c.push_queue > kMaxPushQueue) {
+    return bad("push-queue", "--push-queue",
+               "must be between 1 and " + std::to_string(kMaxPushQueue) + " uploads, not " +
+                   std::to_string(c.push_queue));
+  }
+  if (!MetricsDisabled(c.metrics_listen)) {
+    Result<ListenAddress> addr = ParseListenAddress(c.metrics_listen);
+    if (!addr.ok()) return bad("metrics-listen", "--metrics-listen", addr.error().message());
+  }
+  Result<ProcessFilter> filter = ProcessFilter::Create(c.include, c.exclude);
+  if (!filter.ok()) return Status(Error(ErrorCode::kUsage, "config: " + filter.error().message()));
+  if (c.log_format != "json" && c.log_format != "text") {
+    return bad("log-format", "--log-format", "must be json or text, not \"" + c.log_format + "\"");
+  }
+  if (c.host.size() > 255 || HasControlChars(c.host)) {
+    return bad("host", "--host", "must be at most 255 bytes without control characters");
+  }
+  if (c.ring_buffer_kb < kMinRingBufferKb || c.ring_buffer_kb > kMaxRingBufferKb) {
+    return bad("ring-buffer-kb", "--ring-buffer-kb",
+               "must be between 4 and " + std::to_string(kMaxRingBufferKb) + " KiB, not " +
+                   std::to_string(c.ring_buffer_kb));
+  }
+  if (c.cache_dir.empty()) return bad("cache-dir", "--cache-dir", "must not be empty");
+  if (c.proc_root.empty()) return Status(Error(ErrorCode::kUsage, "config: proc root must not be empty"));
+  return Status::Ok();
+}
+
+bool IsReloadableKey(std::string_view key) {
+  const KeySpec* spec = FindSpec(key);
+  return spec != nullptr && spec->reloadable;
+}
+
+ReloadPlan PlanReload(const AgentConfig& running, const AgentConfig& loaded) {
+  ReloadPlan plan;
+  plan.next = running;
+  for (const KeySpec& s : Specs()) {
+    if (s.equal(running, loaded)) continue;
+    plan.changed.emplace_back(s.key);
+    if (s.reloadable) {
+      s.copy(loaded, &plan.next);
+      plan.applied.emplace_back(s.key);
+    } else {
+      plan.needs_restart.emplace_back(s.key);
+    }
+  }
+  return plan;
+}
+
+}  // namespace rvbpfd

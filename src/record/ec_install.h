@@ -1,0 +1,48 @@
+// Installs the per-process part of a VM binary's EC route (src/stacks/ec_route.h) into BPF's proc_ec map, once the
+// process has mapped the VM and ld.so has relocated it: at once when attaching to a running process; in launch mode
+// (or for a process the fleet agent found at exec) only after the dynamic loader ran, so Poll() is retried until then.
+//
+// Used by the recorder's main loop and the fleet agent; one instance per process. Not thread-safe (the daemon's loop).
+#ifndef RVBPFD_SRC_RECORD_EC_INSTALL_H_
+#define RVBPFD_SRC_RECORD_EC_INSTALL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "probe/bpf_session.h"
+#include "rvbpfd/abi.h"
+#include "stacks/ec_route.h"
+
+namespace rvbpfd {
+
+class ProcessEcInstaller {
+ public:
+  enum class State {
+    kPending,    // the VM is not mapped or not relocated yet: samples use current_th until then
+    kInstalled,  // proc_ec holds the route (installed())
+    kFailed,     // the process's values are unusable (error() says why): samples keep using current_th
+  };
+
+  ProcessEcInstaller(int pid, std::string vm_path, EcRoute route, uint8_t binary, std::string proc_root = "/proc");
+
+  // One attempt while pending (a /proc/PID/maps scan and at most three small reads of the target); a no-op after.
+  State Poll(BpfSession& session);
+  State state() const { return state_; }
+  const std::string& error() const { return error_; }
+  const std::optional<rv_proc_ec>& installed() const { return installed_; }
+
+ private:
+  int pid_;
+  std::string vm_path_;
+  EcRoute route_;
+  uint8_t binary_;
+  std::string proc_root_;
+  State state_ = State::kPending;
+  std::string error_;
+  std::optional<rv_proc_ec> installed_;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_RECORD_EC_INSTALL_H_

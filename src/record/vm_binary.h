@@ -1,0 +1,78 @@
+// Preparing one CRuby VM binary for probing, shared by the single-process recorder and the fleet agent: its probe
+// sites (cached per build-id), the walker and symbolizer layout for stacks, the two attach groups (rare events /
+// high-rate GVL events), and the per-process pieces a stack needs (the VM's load address, the resolver).
+//
+// Pure functions over files; no BPF. Threading: callable from any thread (no shared state).
+#ifndef RVBPFD_SRC_RECORD_VM_BINARY_H_
+#define RVBPFD_SRC_RECORD_VM_BINARY_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "probe/bpf_session.h"
+#include "record/stack_resolver.h"
+#include "rvbpfd/abi.h"
+#include "sites/sites.h"
+#include "stacks/ec_route.h"
+#include "stacks/ruby_offsets.h"
+#include "trace/stacks.h"
+
+namespace rvbpfd {
+
+// Everything the daemon needs to turn stack records of one VM binary into frames.
+struct StackSetup {
+  RubyOffsets offsets;
+  uint64_t global_symbols_vaddr = 0;  // ELF vaddr of ruby_global_symbols (0: C function names unresolved)
+  EcRoute ec_route;  // how samples find their EC (per-process part: ResolveProcessEc, src/stacks/ec_route.h)
+};
+
+// Walker/symbolizer layout of the VM at vm_path (DWARF over the version table).
+Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& ruby_version);
+
+struct PreparedBinary {
+  SiteSet sites;
+  std::optional<StackSetup> stacks;   // empty when stacks were not wanted or could not be set up
+  std::optional<Error> stacks_error;  // why `stacks` is empty although they were wanted
+};
+
+// Sites (LoadOrFindSites with the build-id cache in cache_dir) and, when want_stacks, the stack layout. A failure to
+// find sites is the error; a failure to set up stacks only leaves stacks empty (stacks_error says why).
+Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::string& ruby_version,
+                                       const std::string& cache_dir, bool want_stacks);
+
+// Events whose rate follows the program's calls: the scheduler events of every GVL hand-off, and the per-call
+// Kernel#sleep / Mutex#lock probes. These are the sites --max-overhead detaches. The rest (thread start/exit, GC)
+// are rare enough to stay attached, so a paused window still shows threads and GC.
+bool IsHighRateEvent(uint8_t event);
+
+// The binary's sites as BpfSession attach specs, in two groups. BpfSession assigns cookies in attach order, so when
+// low is attached before high, functions[cookie - first cookie] is the enclosing function of each site.
+struct SplitSiteSpecs {
+  std::vector<SiteSpec> low, high;
+  std::vector<std::string> functions;  // low's functions, then high's
+};
+SplitSiteSpecs SplitSites(const SiteSet& sites, uint8_t binary);
+
+// The BPF walker layout of a prepared binary (valid = 1).
+rv_walk_config WalkConfigFor(const StackSetup& setup);
+
+// Lowest start address of the mappings of the file at `path` (matched by inode, so a /proc/PID/root/... host path and
+// the target's own view of the file agree) in <proc_root>/PID/maps; nullopt when it is not mapped (yet).
+std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const std::string& proc_root = "/proc");
+
+// A stack resolver for one process of a prepared binary: reads the process's memory, names C functions through
+// ruby_global_symbols once the VM is mapped (0 otherwise).
+std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_path, const StackSetup& setup,
+                                                 const std::string& proc_root = "/proc");
+
+// A stack that is not complete says so at its oldest end rather than passing for a whole one: cut at
+// RV_MAX_STACK_FRAMES ("<truncated>"), or the walk could not read a frame ("<incomplete stack>").
+void AppendStackEndMarker(const rv_stack_header& header, std::vector<FrameInfo>* frames);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_RECORD_VM_BINARY_H_

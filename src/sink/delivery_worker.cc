@@ -1,0 +1,194 @@
+#include "sink/delivery_worker.h"
+
+#include <algorithm>
+#include <system_error>
+#include <utility>
+
+namespace rvbpfd {
+namespace {
+
+class SteadySinkClock : public SinkClock {
+ public:
+  TimePoint Now() override { return std::chrono::steady_clock::now(); }
+  void WaitUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, TimePoint deadline) override {
+    cv.wait_until(lock, deadline);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<SinkClock> SinkClock::Steady() {
+  static const std::shared_ptr<SinkClock> clock = std::make_shared<SteadySinkClock>();
+  return clock;
+}
+
+uint64_t SplitMix64Jitter::Next() {
+  state_ += 0x9e3779b97f4a7c15ULL;
+  uint64_t z = state_;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::chrono::milliseconds BackoffDelay(const BackoffPolicy& policy, uint64_t failures, uint64_t jitter_bits) {
+  const int64_t max_ms = std::max<int64_t>(policy.max.count(), 0);
+  int64_t base = std::clamp<int64_t>(policy.min.count(), 0, max_ms);
+  // Doubling by a loop (not a shift) so a long outage can never overflow; it stops at max within ~40 steps.
+  for (uint64_t i = 1; i < failures && base < max_ms; ++i) {
+    base = base > max_ms / 2 ? max_ms : std::max<int64_t>(base * 2, 1);
+  }
+  const int64_t half = base / 2;
+  const uint64_t span = static_cast<uint64_t>(base - half) + 1;
+  return std::chrono::milliseconds(half + static_cast<int64_t>(jitter_bits % span));
+}
+
+DeliveryWorker::DeliveryWorker(DeliveryWorkerOptions options, DeliverFunction deliver)
+    : options_(std::move(options)), deliver_(std::move(deliver)) {}
+
+Result<std::unique_ptr<DeliveryWorker>> DeliveryWorker::Start(DeliveryWorkerOptions options,
+                                                              DeliverFunction deliver) {
+  if (options.max_queue == 0) {
+    return Error(ErrorCode::kUsage, "sink queue length must be at least 1 (--push-queue)");
+  }
+  if (!deliver) return Error(ErrorCode::kInternal, "sink worker started without a delivery function");
+  if (!options.clock) options.clock = SinkClock::Steady();
+  if (!options.jitter) options.jitter = std::make_shared<SplitMix64Jitter>(0);
+  std::unique_ptr<DeliveryWorker> worker(new DeliveryWorker(std::move(options), std::move(deliver)));
+  try {
+    worker->thread_ = std::thread([w = worker.get()] { w->Run(); });
+  } catch (const std::system_error& e) {
+    return Error(ErrorCode::kInternal, std::string("starting the sink's delivery thread: ") + e.what());
+  }
+  return worker;
+}
+
+DeliveryWorker::~DeliveryWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cancel_.store(true, std::memory_order_relaxed);
+  work_cv_.notify_all();
+  idle_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DeliveryWorker::Submit(ProfileUpload upload) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    queue_.push_back(std::move(upload));
+    if (queue_.size() > options_.max_queue) {
+      queue_.pop_front();
+      ++stats_.dropped_queue_full;
+    }
+  }
+  work_cv_.notify_all();
+}
+
+bool DeliveryWorker::Flush(std::chrono::milliseconds deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (DrainedLocked()) return true;
+  const uint64_t lost_before = stats_.delivery_failures + stats_.dropped_queue_full;
+  const SinkClock::TimePoint now = options_.clock->Now();
+  const SinkClock::TimePoint my_deadline = now + std::max(deadline, std::chrono::milliseconds(0));
+  const uint64_t generation = ++flush_generation_;
+  flush_deadline_ = flush_active_ ? std::max(flush_deadline_, my_deadline) : my_deadline;
+  flush_active_ = true;
+  if (next_attempt_at_ > now) next_attempt_at_ = now;  // one immediate attempt instead of sleeping out the backoff
+  work_cv_.notify_all();
+  idle_cv_.wait(lock, [&] { return stopping_ || DrainedLocked() || flush_expired_ >= generation; });
+  const bool drained = DrainedLocked();
+  if (drained && generation == flush_generation_) flush_active_ = false;
+  return drained && stats_.delivery_failures + stats_.dropped_queue_full == lost_before;
+}
+
+SinkStats DeliveryWorker::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SinkStats s = stats_;
+  s.queued = queue_.size() + (in_flight_ ? 1 : 0);
+  s.consecutive_failures = consecutive_failures_;
+  return s;
+}
+
+void DeliveryWorker::CountFailure(std::string error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.delivery_failures;
+  stats_.last_error = std::move(error);
+}
+
+void DeliveryWorker::CountRotated(uint64_t files) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.rotated_files += files;
+}
+
+void DeliveryWorker::CheckFlushDeadlineLocked(SinkClock::TimePoint now) {
+  if (flush_active_ && now >= flush_deadline_) {
+    flush_active_ = false;
+    flush_expired_ = flush_generation_;
+    idle_cv_.notify_all();
+  }
+}
+
+void DeliveryWorker::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const SinkClock::TimePoint now = options_.clock->Now();
+    CheckFlushDeadlineLocked(now);
+    if (queue_.empty()) {
+      idle_cv_.notify_all();
+      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      continue;
+    }
+    if (now < next_attempt_at_) {
+      SinkClock::TimePoint wake = next_attempt_at_;
+      if (flush_active_) wake = std::min(wake, flush_deadline_);
+      options_.clock->WaitUntil(lock, work_cv_, wake);
+      continue;
+    }
+
+    ProfileUpload upload = std::move(queue_.front());
+    queue_.pop_front();
+    in_flight_ = true;
+    DeliveryContext context{options_.attempt_timeout, &cancel_};
+    if (flush_active_) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(flush_deadline_ - now);
+      context.timeout = std::clamp(left, std::chrono::milliseconds(1), options_.attempt_timeout);
+    }
+    lock.unlock();
+    DeliveryOutcome outcome = deliver_(upload, context);
+    lock.lock();
+    in_flight_ = false;
+
+    switch (outcome.kind) {
+      case DeliveryOutcome::Kind::kDelivered:
+        ++stats_.delivered;
+        stats_.bytes_delivered += upload.pprof_gz.size();
+        consecutive_failures_ = 0;
+        break;
+      case DeliveryOutcome::Kind::kFailed:
+        ++stats_.delivery_failures;
+        stats_.last_error = std::move(outcome.error);
+        consecutive_failures_ = 0;  // the backend answered: no reason to slow down the next upload
+        break;
+      case DeliveryOutcome::Kind::kRetry: {
+        ++stats_.retries;
+        ++consecutive_failures_;
+        stats_.last_error = std::move(outcome.error);
+        std::chrono::milliseconds delay =
+            BackoffDelay(options_.backoff, consecutive_failures_, options_.jitter->Next());
+        delay = std::max(delay, std::min(outcome.retry_after, options_.backoff.max));
+        next_attempt_at_ = options_.clock->Now() + delay;
+        queue_.push_front(std::move(upload));
+        if (queue_.size() > options_.max_queue) {  // newer uploads filled the queue meanwhile: this one is oldest
+          queue_.pop_front();
+          ++stats_.dropped_queue_full;
+        }
+        break;
+      }
+    }
+    idle_cv_.notify_all();
+  }
+}
+
+}  // namespace rvbpfd

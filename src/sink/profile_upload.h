@@ -1,0 +1,22 @@
+// One profile ready for delivery: what the fleet agent hands to a ProfileSink (sink.h) at the end of each interval.
+#ifndef RVBPFD_SRC_SINK_PROFILE_UPLOAD_H_
+#define RVBPFD_SRC_SINK_PROFILE_UPLOAD_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace rvbpfd {
+
+struct ProfileUpload {
+  std::string app_name;                       // Pyroscope application name: the service name (see ops labels)
+  std::string profile_type;                   // "cpu", "gvl_wait", "gvl_held", "gc"
+  std::map<std::string, std::string> labels;  // host, pid, command, ruby_version, container_id, service_name
+  int64_t from_unix_s = 0;                    // interval start, Unix seconds
+  int64_t until_unix_s = 0;                   // interval end, Unix seconds
+  std::string pprof_gz;                       // the gzipped pprof Profile message
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_SINK_PROFILE_UPLOAD_H_

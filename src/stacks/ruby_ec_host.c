@@ -1,0 +1,18 @@
+/* Host build of bpf/ruby_ec.h: the EC lookup the sampler runs, with reads served by a C++ MemoryReader (a live
+ * process, a test's own memory) through rv_host_read, so tests exercise the exact code BPF runs. */
+#include <linux/types.h>
+
+#include "ruby_ec_host.h"
+#include "ruby_walker_host.h"
+
+#define RV_WALKER_READ(ctx, dst, len, addr) rv_host_read((ctx), (dst), (len), (addr))
+#include "../../bpf/ruby_ec.h"
+
+__u32 rv_host_find_ec(void *ctx, const struct rv_proc_ec *pe, const struct rv_walk_config *wc, __u32 th_nt,
+                      __u32 nt_tid, __u64 tp, __u32 tid, __u64 *ec, __u64 *th, int *tls_unavailable) {
+  return rv_find_ec(ctx, pe, wc, th_nt, nt_tid, tp, tid, ec, th, tls_unavailable);
+}
+
+int rv_host_ec_from_tls(void *ctx, const struct rv_proc_ec *pe, __u64 tp, __u64 *ec) {
+  return rv_ec_from_tls(ctx, pe, tp, ec);
+}

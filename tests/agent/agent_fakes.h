@@ -1,0 +1,280 @@
+// Fakes for the fleet agent's unit tests: a /proc tree with fake Ruby processes, a probe backend that records what
+// the agent asked of BPF and delivers injected records, a settable clock, a recording sink.
+#ifndef RVBPFD_TESTS_AGENT_AGENT_FAKES_H_
+#define RVBPFD_TESTS_AGENT_AGENT_FAKES_H_
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/agent_env.h"
+#include "agent/probe_backend.h"
+#include "elf/elf_fixtures.h"
+#include "record/vm_binary.h"
+#include "sink/sink.h"
+
+namespace rvbpfd::agent_testing {
+
+using rvbpfd::testing::CompileC;
+using rvbpfd::testing::TempDir;
+using rvbpfd::testing::WriteFile;
+
+// A /proc tree. Processes see a root file system (a directory under the temp dir): several processes sharing one root
+// share their binaries (one inode), a process with its own root (a "container") has its own copies.
+class FakeProc {
+ public:
+  std::string root() const { return dir_.Join("proc"); }
+  std::string RootFs(const std::string& name) const { return dir_.Join("fs-" + name); }
+
+  // A fake libruby.so (an ELF defining ruby_version) at <rootfs>/usr/lib/libruby.so.<version>.
+  std::string AddLibruby(const std::string& rootfs, const std::string& version) {
+    const std::string path = "/usr/lib/libruby.so." + version;
+    const std::string host = RootFs(rootfs) + path;
+    if (!std::filesystem::exists(host)) {
+      CompileC("const char ruby_version[] = \"" + version + "\";\nint ruby_vm_event_flags;\n", host,
+               "-shared -fPIC -O0");
+    }
+    return path;
+  }
+  // A non-Ruby executable at <rootfs>/bin/<name>.
+  std::string AddExe(const std::string& rootfs, const std::string& name) {
+    const std::string path = "/bin/" + name;
+    const std::string host = RootFs(rootfs) + path;
+    if (!std::filesystem::exists(host)) CompileC("int main(void) { return 0; }\n", host, "-O0");
+    return path;
+  }
+
+  // A process running `exe` (in rootfs) with `mapped` files mapped (as the process sees them).
+  void AddProcess(int pid, const std::string& comm, const std::string& rootfs, const std::string& exe,
+                  const std::vector<std::string>& mapped, const std::string& environ = "",
+                  const std::string& cgroup = "0::/user.slice/session-1.scope\n") {
+    const std::string d = PidDir(pid);
+    std::filesystem::create_directories(d);
+    WriteFile(d + "/comm", comm + "\n");
+    WriteFile(d + "/stat", std::to_string(pid) + " (" + comm + ") S 1 1 1 0 -1 0\n");
+    WriteFile(d + "/cgroup", cgroup);
+    WriteFile(d + "/environ", environ);
+    std::error_code ec;
+    std::filesystem::remove(d + "/root", ec);
+    std::filesystem::remove(d + "/exe", ec);
+    std::filesystem::create_directory_symlink(RootFs(rootfs), d + "/root");
+    std::filesystem::create_symlink(RootFs(rootfs) + exe, d + "/exe");
+    SetMaps(pid, exe, mapped);
+  }
+  void SetMaps(int pid, const std::string& exe, const std::vector<std::string>& mapped) {
+    std::string text;
+    uint64_t addr = 0x7f0000000000;
+    char line[512];
+    std::snprintf(line, sizeof(line), "%lx-%lx r-xp 00000000 08:01 1000 %s\n", 0x555500000000ul, 0x555500001000ul,
+                  exe.c_str());
+    text += line;
+    for (const std::string& p : mapped) {
+      std::snprintf(line, sizeof(line), "%lx-%lx r-xp 00000000 08:01 1234 %s\n", addr, addr + 0x1000, p.c_str());
+      text += line;
+      addr += 0x10000;
+    }
+    WriteFile(PidDir(pid) + "/maps", text);
+  }
+  void Zombie(int pid, const std::string& comm) {
+    WriteFile(PidDir(pid) + "/stat", std::to_string(pid) + " (" + comm + ") Z 1 1 1 0 -1 0\n");
+  }
+  void Remove(int pid) { std::filesystem::remove_all(PidDir(pid)); }
+  std::string PidDir(int pid) const { return root() + "/" + std::to_string(pid); }
+
+ private:
+  TempDir dir_;
+};
+
+class FakeBackend : public ProbeBackend {
+ public:
+  struct Group {
+    std::string path;
+    std::vector<SiteSpec> sites;
+    bool attached = true;
+    int attaches = 1;
+  };
+  void SetHandlers(RecordHandler on_record, StackHandler on_stack) override {
+    on_record_ = std::move(on_record);
+    on_stack_ = std::move(on_stack);
+  }
+  Result<uint8_t> AddBinary(const rv_offsets&) override { return static_cast<uint8_t>(binaries++); }
+  Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
+  Status SetConfig(const rv_config& c) override {
+    config = c;
+    return Status::Ok();
+  }
+  Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) override {
+    groups.push_back(Group{path, sites});
+    return static_cast<int>(groups.size() - 1);
+  }
+  void DetachGroup(int g) override {
+    if (g >= 0) groups.at(static_cast<size_t>(g)).attached = false;
+  }
+  Status ReattachGroup(int g, const std::string& path) override {
+    Group& grp = groups.at(static_cast<size_t>(g));
+    if (!grp.attached) {
+      grp.attached = true;
+      grp.path = path;
+      ++grp.attaches;
+    }
+    return Status::Ok();
+  }
+  bool GroupAttached(int g) const override { return g >= 0 && groups.at(static_cast<size_t>(g)).attached; }
+  Status AddPid(uint32_t pid) override {
+    pids.insert(pid);
+    return Status::Ok();
+  }
+  Status RemovePid(uint32_t pid) override {
+    pids.erase(pid);
+    return Status::Ok();
+  }
+  Status StartSampling(int hz) override {
+    sampling_hz = hz;
+    return Status::Ok();
+  }
+  ProcessEcInstaller::State PollEc(ProcessEcInstaller&) override {
+    ++ec_polls;
+    return ProcessEcInstaller::State::kInstalled;
+  }
+  Status WatchProcesses() override {
+    watching = true;
+    return Status::Ok();
+  }
+  // Delivers everything queued (the first call with timeout > 0 as well: tests never wait).
+  Result<int> Poll(int) override {
+    int n = 0;
+    std::vector<Queued> q;
+    q.swap(queue_);
+    for (Queued& r : q) {
+      if (r.has_stack) {
+        rv_stack_header h{};
+        h.nframes = static_cast<uint32_t>(r.frames.size());
+        on_stack_(r.rec, h, r.frames);
+      } else {
+        on_record_(r.rec);
+      }
+      ++n;
+    }
+    return n;
+  }
+  rv_counters ReadCounters() const override { return counters; }
+
+  // Injection.
+  void Record(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th = 0) {
+    rv_record r{};
+    r.ts_ns = ts;
+    r.pid = pid;
+    r.kind = kind;
+    r.th = th;
+    queue_.push_back(Queued{r, false, {}});
+  }
+  // A sample (or stacked event) whose frames are named "m<addr>" by FakeFrameSource.
+  void Stack(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<uint64_t> addrs,
+             uint32_t flags = 0) {
+    rv_record r{};
+    r.ts_ns = ts;
+    r.pid = pid;
+    r.kind = kind;
+    r.th = th;
+    r.flags = flags | RV_REC_HAS_STACK;
+    std::vector<rv_ruby_frame> frames;
+    for (uint64_t a : addrs) {
+      rv_ruby_frame f{};
+      f.addr = a;
+      frames.push_back(f);
+    }
+    queue_.push_back(Queued{r, true, frames});
+  }
+  size_t attached_groups() const {
+    size_t n = 0;
+    for (const Group& g : groups) n += g.attached ? 1 : 0;
+    return n;
+  }
+
+  std::vector<Group> groups;
+  std::set<uint32_t> pids;
+  rv_config config{};
+  rv_counters counters{};
+  int binaries = 0;
+  int sampling_hz = 0;
+  int ec_polls = 0;
+  bool watching = false;
+
+ private:
+  struct Queued {
+    rv_record rec;
+    bool has_stack;
+    std::vector<rv_ruby_frame> frames;
+  };
+  RecordHandler on_record_;
+  StackHandler on_stack_;
+  std::vector<Queued> queue_;
+};
+
+class FakeClock : public AgentClock {
+ public:
+  uint64_t MonotonicNs() const override { return mono; }
+  int64_t RealtimeNs() const override { return 1'700'000'000'000'000'000ll + static_cast<int64_t>(mono); }
+  uint64_t mono = 1'000'000'000'000;  // 1000 s after boot
+};
+
+// Names frame addr A "m<A>"; addr 0 stays unresolved.
+class FakeFrameSource : public FrameSource {
+ public:
+  void Resolve(std::span<const rv_ruby_frame> frames, uint64_t, std::vector<FrameInfo>* out) override {
+    out->clear();
+    for (const rv_ruby_frame& f : frames) {
+      if (f.addr == 0) {
+        out->push_back(FrameInfo{"<unresolved>", "", 0, FrameKind::kUnresolved});
+      } else {
+        out->push_back(FrameInfo{"m" + std::to_string(f.addr), "/app/x.rb", 1, FrameKind::kRuby});
+      }
+    }
+  }
+};
+
+class RecordingSink : public ProfileSink {
+ public:
+  void Submit(ProfileUpload upload) override {
+    std::lock_guard<std::mutex> l(mu);
+    uploads.push_back(std::move(upload));
+  }
+  bool Flush(std::chrono::milliseconds) override {
+    ++flushes;
+    return true;
+  }
+  SinkStats stats() const override {
+    SinkStats s;
+    s.delivered = uploads.size();
+    return s;
+  }
+  std::mutex mu;
+  std::vector<ProfileUpload> uploads;
+  int flushes = 0;
+};
+
+// Two low sites (thread start, GC enter) and one high site (RESUMED), stacks on.
+inline PreparedBinary FakePrepared(const std::string& version) {
+  PreparedBinary p;
+  p.sites.ruby_version = version;
+  ProbeSite a;
+  a.file_offset = 0x100;
+  a.event = RV_EV_THREAD_STARTED;
+  ProbeSite b;
+  b.file_offset = 0x200;
+  b.event = RV_EV_GC_ENTER;
+  ProbeSite c;
+  c.file_offset = 0x300;
+  c.event = RV_EV_THREAD_RESUMED;
+  p.sites.sites = {a, b, c};
+  p.stacks = StackSetup{};
+  return p;
+}
+
+}  // namespace rvbpfd::agent_testing
+
+#endif  // RVBPFD_TESTS_AGENT_AGENT_FAKES_H_

@@ -1,0 +1,361 @@
+#include "agent/agent.h"
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <sstream>
+
+#include "agent_fakes.h"
+
+namespace rvbpfd {
+namespace {
+
+using agent_testing::FakeBackend;
+using agent_testing::FakeClock;
+using agent_testing::FakeFrameSource;
+using agent_testing::FakePrepared;
+using agent_testing::FakeProc;
+using agent_testing::RecordingSink;
+
+constexpr uint64_t kMs = 1'000'000;
+constexpr uint64_t kS = 1'000'000'000;
+const std::string kContainerId = "3f2a" + std::string(60, 'b');
+
+std::string Gunzip(const std::string& gz) {
+  z_stream zs{};
+  if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) return "";
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(gz.data()));
+  zs.avail_in = static_cast<uInt>(gz.size());
+  std::string out;
+  char buf[65536];
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    zs.next_out = reinterpret_cast<Bytef*>(buf);
+    zs.avail_out = sizeof(buf);
+    rc = inflate(&zs, Z_NO_FLUSH);
+    out.append(buf, sizeof(buf) - zs.avail_out);
+  }
+  inflateEnd(&zs);
+  return rc == Z_STREAM_END ? out : "";
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    AddRuby(10, "host", "ruby");
+    AddRuby(11, "host", "puma");
+    proc_.AddProcess(12, "ls", "host", proc_.AddExe("host", "ls"), {"/usr/lib/libc.so.6"});
+    AddRuby(20, "container1", "ruby", std::string("RVBPF_SERVICE=billing\0PATH=/bin\0", 32),
+            "0::/system.slice/docker-" + kContainerId + ".scope\n");
+    config_.interval_s = 2;
+    config_.output_dir = "unused-by-the-fake-sink";
+    config_.host = "testhost";
+    config_.proc_root = proc_.root();
+  }
+
+  void AddRuby(int pid, const std::string& rootfs, const std::string& comm, const std::string& environ = "",
+               const std::string& cgroup = "0::/user.slice/session-1.scope\n") {
+    const std::string exe = proc_.AddExe(rootfs, "ruby");
+    proc_.AddProcess(pid, comm, rootfs, exe, {proc_.AddLibruby(rootfs, "3.3.8")}, environ, cgroup);
+  }
+
+  void StartAgent() {
+    AgentEnv env;
+    env.backend = &backend_;
+    env.clock = &clock_;
+    env.preparer = [](const std::string&, const std::string& v) -> Result<PreparedBinary> {
+      return FakePrepared(v);
+    };
+    env.frame_source = [](int, const RubyTarget&, const ProbeSet&) { return std::make_unique<FakeFrameSource>(); };
+    env.make_sinks = [this](const AgentConfig&) -> Result<AgentSinks> {
+      ++sinks_made_;
+      auto s = std::make_unique<RecordingSink>();
+      sink_ = s.get();
+      AgentSinks out;
+      out.dir = std::move(s);
+      return out;
+    };
+    env.metrics = &metrics_;
+    env.log = &log_;
+    env.self_usage = []() -> Result<SelfUsage> { return SelfUsage{1.5, 10 << 20, 12 << 20}; };
+    Result<std::unique_ptr<Agent>> a = Agent::Create(config_, env);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    agent_ = std::move(a.value());
+    Status st = agent_->Start();
+    ASSERT_TRUE(st.ok()) << st.error().message();
+  }
+
+  // Advances the clock in poll-sized steps, running the loop at each.
+  void Run(uint64_t ns) {
+    const uint64_t end = clock_.mono + ns;
+    do {
+      clock_.mono = std::min(end, clock_.mono + 50 * kMs);
+      Status st = agent_->RunOnce(0);
+      ASSERT_TRUE(st.ok()) << st.error().message();
+    } while (clock_.mono < end);
+  }
+
+  std::vector<ProfileUpload> UploadsFor(int pid, const std::string& type = "cpu") {
+    std::vector<ProfileUpload> out;
+    for (const ProfileUpload& u : sink_->uploads) {
+      if (u.labels.at("pid") == std::to_string(pid) && u.profile_type == type) out.push_back(u);
+    }
+    return out;
+  }
+
+  FakeProc proc_;
+  FakeBackend backend_;
+  FakeClock clock_;
+  MetricsRegistry metrics_;
+  std::ostringstream log_text_;
+  Logger log_{LogFormat::kText, &log_text_};
+  AgentConfig config_;
+  std::unique_ptr<Agent> agent_;
+  RecordingSink* sink_ = nullptr;
+  int sinks_made_ = 0;
+};
+
+TEST_F(AgentTest, StartWatchesEveryRubyProcessWithOneProbeSetPerBinary) {
+  StartAgent();
+  EXPECT_EQ(agent_->watched_pids(), (std::vector<int>{10, 11, 20}));
+  EXPECT_EQ(backend_.pids, (std::set<uint32_t>{10, 11, 20}));
+  EXPECT_TRUE(backend_.watching);
+  EXPECT_GE(backend_.ec_polls, 3);  // every process gets its EC route installed (samples of CPU-bound threads)
+  EXPECT_EQ(backend_.sampling_hz, 19);
+  EXPECT_EQ(backend_.config.watch_exec, 1u);
+  EXPECT_EQ(backend_.config.sampling, 1u);
+  EXPECT_EQ(backend_.config.stack_events, 1u << RV_EV_THREAD_SUSPENDED);
+  // host's libruby (10, 11) and the container's own copy (20): two sets, two groups each.
+  EXPECT_EQ(backend_.groups.size(), 4u);
+  EXPECT_EQ(agent_->probe_sets().active_sets(), 2u);
+  EXPECT_NE(log_text_.str().find("process attached"), std::string::npos);
+  EXPECT_NE(log_text_.str().find("binary probed"), std::string::npos);
+  const std::string m = metrics_.RenderPrometheus();
+  EXPECT_NE(m.find("rvbpfd_processes_watched 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("rvbpfd_binaries_probed 2"), std::string::npos) << m;
+}
+
+TEST_F(AgentTest, EachIntervalCutsLabelledProfilesOfEveryProcess) {
+  StartAgent();
+  const uint64_t t0 = clock_.mono;
+  for (int i = 0; i < 10; ++i) {
+    backend_.Stack(t0 + (10 + i) * kMs, 10, RV_EV_SAMPLE, 0x1000, {111, 222});
+    backend_.Stack(t0 + (10 + i) * kMs, 20, RV_EV_SAMPLE, 0x2000, {333});
+  }
+  Run(1900 * kMs);
+  EXPECT_TRUE(sink_->uploads.empty());  // the interval has not ended
+  Run(100 * kMs);
+  std::vector<ProfileUpload> a = UploadsFor(10);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].labels, (std::map<std::string, std::string>{{"host", "testhost"},
+                                                             {"pid", "10"},
+                                                             {"command", "ruby"},
+                                                             {"ruby_version", "3.3.8"},
+                                                             {"service_name", "ruby"}}));
+  EXPECT_EQ(a[0].app_name, "ruby");
+  const int64_t start_unix_s = clock_.RealtimeNs() / static_cast<int64_t>(kS) - 2;
+  EXPECT_EQ(a[0].from_unix_s, start_unix_s);
+  EXPECT_EQ(a[0].until_unix_s, start_unix_s + 2);
+  const std::string pb = Gunzip(a[0].pprof_gz);
+  EXPECT_NE(pb.find("m111"), std::string::npos);
+  EXPECT_NE(pb.find("m222"), std::string::npos);
+  EXPECT_EQ(pb.find("m333"), std::string::npos);
+  std::vector<ProfileUpload> c = UploadsFor(20);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].labels.at("container_id"), kContainerId);
+  EXPECT_EQ(c[0].labels.at("service_name"), "billing");
+  EXPECT_EQ(c[0].app_name, "billing");
+  EXPECT_TRUE(UploadsFor(11).empty());  // no samples, no events: nothing to upload
+  EXPECT_EQ(agent_->samples(), 20u);
+  // The next interval starts where this one ended.
+  backend_.Stack(clock_.mono + 5 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  Run(2 * kS);
+  a = UploadsFor(10);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[1].from_unix_s, a[0].until_unix_s);
+}
+
+TEST_F(AgentTest, AnExecdDynamicRubyIsInspectedWithBackoffUntilLibrubyIsMapped) {
+  StartAgent();
+  const std::string exe = proc_.AddExe("host", "ruby");
+  proc_.AddProcess(30, "ruby", "host", exe, {});  // libruby not mapped yet
+  const uint64_t exec = clock_.mono + 1 * kMs;
+  backend_.Record(exec, 30, RV_EV_PROC_EXEC);
+  Run(50 * kMs);  // the 20 ms inspection: not Ruby yet
+  EXPECT_TRUE(agent_->retries().contains(30));
+  EXPECT_EQ(agent_->process(30), nullptr);
+  proc_.SetMaps(30, exe, {proc_.AddLibruby("host", "3.3.8")});
+  Run(60 * kMs);  // the 100 ms inspection
+  ASSERT_NE(agent_->process(30), nullptr);
+  EXPECT_TRUE(backend_.pids.count(30));
+  EXPECT_FALSE(agent_->retries().contains(30));
+  EXPECT_EQ(backend_.groups.size(), 4u);  // joined the host libruby's set
+}
+
+TEST_F(AgentTest, AWorkerForkedByAWatchedProcessIsWatchedWithoutAnExec) {
+  StartAgent();
+  AddRuby(50, "host", "puma");  // a forked child: same binary, already mapped
+  backend_.Record(clock_.mono + 1 * kMs, 50, RV_EV_PROC_FORK);
+  Run(50 * kMs);
+  ASSERT_NE(agent_->process(50), nullptr);
+  EXPECT_TRUE(backend_.pids.count(50));
+  EXPECT_EQ(agent_->process(50)->set, agent_->process(11)->set);
+  EXPECT_EQ(backend_.groups.size(), 4u);
+}
+
+TEST_F(AgentTest, WorkersForkedBeforeTheirParentWasWatchedAreFoundThroughItsChildren) {
+  StartAgent();
+  const std::string exe = proc_.AddExe("host", "ruby");
+  proc_.AddProcess(60, "ruby", "host", exe, {proc_.AddLibruby("host", "3.3.8")});
+  AddRuby(61, "host", "ruby");  // forked by 60 before the agent watched 60: no fork record
+  agent_testing::WriteFile(proc_.PidDir(60) + "/task/60/children", "61 ");
+  backend_.Record(clock_.mono + 1 * kMs, 60, RV_EV_PROC_EXEC);
+  Run(50 * kMs);
+  ASSERT_NE(agent_->process(60), nullptr);
+  ASSERT_NE(agent_->process(61), nullptr);
+  EXPECT_NE(log_text_.str().find("pid=61 comm=ruby ruby_version=3.3.8"), std::string::npos);
+  EXPECT_NE(log_text_.str().find("found_by=fork"), std::string::npos);
+}
+
+TEST_F(AgentTest, AnExecThatNeverMapsRubyIsGivenUpAfterTwoSeconds) {
+  StartAgent();
+  proc_.AddProcess(31, "sh", "host", proc_.AddExe("host", "sh"), {"/usr/lib/libc.so.6"});
+  backend_.Record(clock_.mono + 1 * kMs, 31, RV_EV_PROC_EXEC);
+  Run(1900 * kMs);
+  EXPECT_TRUE(agent_->retries().contains(31));
+  Run(200 * kMs);
+  EXPECT_FALSE(agent_->retries().contains(31));
+  EXPECT_EQ(agent_->retries().given_up(), 1u);
+  EXPECT_EQ(agent_->process(31), nullptr);
+}
+
+TEST_F(AgentTest, AnExitSubmitsTheLastPartialProfileAndTheLastProcessOfABinaryDetachesIt) {
+  StartAgent();
+  const uint64_t t0 = clock_.mono;
+  backend_.Stack(t0 + 5 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  backend_.Record(t0 + 300 * kMs, 10, RV_EV_PROC_EXIT);
+  Run(400 * kMs);
+  EXPECT_EQ(agent_->process(10), nullptr);
+  EXPECT_FALSE(backend_.pids.count(10));
+  ASSERT_EQ(UploadsFor(10).size(), 1u);
+  EXPECT_EQ(backend_.attached_groups(), 4u);  // 11 still uses the host libruby
+  backend_.Record(clock_.mono + 1 * kMs, 11, RV_EV_PROC_EXIT);
+  Run(100 * kMs);
+  EXPECT_EQ(backend_.attached_groups(), 2u);  // only the container's set
+  EXPECT_EQ(agent_->probe_sets().active_sets(), 1u);
+  // Later samples of the exited pid are not attributed to anything.
+  backend_.Stack(clock_.mono + 1 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  Run(3 * kS);
+  EXPECT_EQ(UploadsFor(10).size(), 1u);
+}
+
+TEST_F(AgentTest, AProcessThatVanishedWithoutAnExitRecordIsFinishedWithinASecond) {
+  StartAgent();
+  backend_.Stack(clock_.mono + 5 * kMs, 11, RV_EV_SAMPLE, 0x1000, {111});
+  Run(100 * kMs);
+  proc_.Zombie(11, "puma");
+  Run(1100 * kMs);
+  EXPECT_EQ(agent_->process(11), nullptr);
+  EXPECT_FALSE(backend_.pids.count(11));
+  EXPECT_EQ(UploadsFor(11).size(), 1u);
+}
+
+TEST_F(AgentTest, SamplesOfExitedThreadsAreDroppedAndUnnameableStacksCounted) {
+  StartAgent();
+  const uint64_t t0 = clock_.mono;
+  backend_.Record(t0 + 1 * kMs, 10, RV_EV_THREAD_EXITED, 0x5000);
+  backend_.Stack(t0 + 2 * kMs, 10, RV_EV_SAMPLE, 0x5000, {111});  // stale current_th of a dead thread
+  backend_.Stack(t0 + 3 * kMs, 10, RV_EV_SAMPLE, 0x6000, {0});    // nothing resolvable
+  backend_.Stack(t0 + 4 * kMs, 10, RV_EV_SAMPLE, 0x6000, {444});
+  Run(100 * kMs);
+  EXPECT_EQ(agent_->samples(), 1u);
+  EXPECT_EQ(agent_->unsymbolized(), 1u);
+  agent_->UpdateMetrics();
+  EXPECT_NE(metrics_.RenderPrometheus().find("rvbpfd_dropped_total{reason=\"unsymbolized\"} 1"), std::string::npos);
+}
+
+TEST_F(AgentTest, ReloadDropsProcessesTheNewRulesExcludeAndPicksUpNewMatches) {
+  config_.exclude = {"label:service=billing"};
+  StartAgent();
+  EXPECT_EQ(agent_->watched_pids(), (std::vector<int>{10, 11}));
+  AgentConfig next = config_;
+  next.exclude = {"comm:puma"};
+  backend_.Stack(clock_.mono + 5 * kMs, 11, RV_EV_SAMPLE, 0x1000, {111});
+  Run(100 * kMs);
+  ASSERT_TRUE(agent_->Reload(next).ok());
+  EXPECT_EQ(agent_->watched_pids(), (std::vector<int>{10, 20}));
+  EXPECT_FALSE(backend_.pids.count(11));
+  EXPECT_TRUE(backend_.pids.count(20));
+  EXPECT_EQ(UploadsFor(11).size(), 1u);  // its partial interval was submitted
+  EXPECT_EQ(sinks_made_, 1);             // sinks untouched
+  next.output_dir = "elsewhere";
+  ASSERT_TRUE(agent_->Reload(next).ok());
+  EXPECT_EQ(sinks_made_, 2);
+  EXPECT_EQ(agent_->config().output_dir, "elsewhere");
+}
+
+TEST_F(AgentTest, ReloadKeepsRestartOnlyKeysAndChangesTheInterval) {
+  StartAgent();
+  AgentConfig next = config_;
+  next.hz = 99;
+  next.interval_s = 5;
+  const uint64_t before = agent_->next_cut_ns();
+  ASSERT_TRUE(agent_->Reload(next).ok());
+  EXPECT_EQ(agent_->config().hz, 19);
+  EXPECT_EQ(agent_->config().interval_s, 5);
+  EXPECT_EQ(agent_->next_cut_ns(), before + 3 * kS);
+  EXPECT_NE(log_text_.str().find("need a restart"), std::string::npos);
+}
+
+TEST_F(AgentTest, TheBudgetPausesTheHighRateSitesOfABusyBinaryAndResumesThem) {
+  StartAgent();
+  Run(50 * kMs);
+  // 5,000 hand-offs in 50 ms by one process: 65 ms of estimated traps, far above 5%.
+  for (int i = 0; i < 5000; ++i) backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000);
+  Run(50 * kMs);
+  const ProbeSet* host = agent_->process(10)->set;
+  EXPECT_TRUE(host->paused);
+  EXPECT_FALSE(backend_.GroupAttached(host->high_group));
+  EXPECT_TRUE(backend_.GroupAttached(host->low_group));
+  EXPECT_TRUE(backend_.GroupAttached(agent_->process(20)->set->high_group));  // other binaries are not paused
+  Run(20 * kS);
+  EXPECT_FALSE(host->paused);
+  EXPECT_TRUE(backend_.GroupAttached(host->high_group));
+}
+
+TEST_F(AgentTest, DroppedRecordsTriggerARescanThatFindsProcessesWhoseExecWasLost) {
+  StartAgent();
+  AddRuby(40, "host", "ruby");
+  backend_.counters.dropped = 3;
+  Run(Agent::kMinRescanGapNs + 100 * kMs);
+  EXPECT_NE(agent_->process(40), nullptr);
+  agent_->UpdateMetrics();
+  EXPECT_NE(metrics_.RenderPrometheus().find("rvbpfd_dropped_total{reason=\"ring_full_events\"} 3"),
+            std::string::npos);
+}
+
+TEST_F(AgentTest, ShutdownSubmitsTheLastPartialIntervalAndFlushes) {
+  StartAgent();
+  backend_.Stack(clock_.mono + 5 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  Run(700 * kMs);
+  EXPECT_TRUE(agent_->Shutdown(std::chrono::milliseconds(100)));
+  ASSERT_EQ(UploadsFor(10).size(), 1u);
+  EXPECT_EQ(sink_->flushes, 1);
+  const std::string m = metrics_.RenderPrometheus();
+  EXPECT_NE(m.find("rvbpfd_profiles_built_total 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("rvbpfd_agent_rss_bytes"), std::string::npos) << m;
+}
+
+TEST_F(AgentTest, AgentNeedsASink) {
+  AgentEnv env;
+  env.backend = &backend_;
+  env.clock = &clock_;
+  env.preparer = [](const std::string&, const std::string& v) -> Result<PreparedBinary> { return FakePrepared(v); };
+  env.make_sinks = [](const AgentConfig&) -> Result<AgentSinks> { return AgentSinks{}; };
+  Result<std::unique_ptr<Agent>> a = Agent::Create(config_, env);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.error().code(), ErrorCode::kUsage);
+}
+
+}  // namespace
+}  // namespace rvbpfd

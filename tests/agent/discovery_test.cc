@@ -1,0 +1,141 @@
+#include "agent/discovery.h"
+
+#include <gtest/gtest.h>
+
+#include "agent_fakes.h"
+
+namespace rvbpfd {
+namespace {
+
+using agent_testing::FakeProc;
+
+constexpr uint64_t kMs = 1'000'000;
+
+TEST(ExecRetryScheduleTest, InspectsAt20Ms100Ms500Ms2SThenGivesUp) {
+  ExecRetrySchedule s;
+  const uint64_t exec = 5'000 * kMs;
+  s.Add(42, exec);
+  EXPECT_TRUE(s.TakeDue(exec + 19 * kMs).empty());
+  std::vector<uint64_t> seen_at;
+  for (uint64_t t = exec; t <= exec + 3000 * kMs; t += kMs) {
+    for (const ExecRetrySchedule::Due& d : s.TakeDue(t)) {
+      EXPECT_EQ(d.pid, 42);
+      EXPECT_EQ(d.attempt, static_cast<int>(seen_at.size()));
+      seen_at.push_back(t - exec);
+      s.Retry(d);  // still not Ruby
+    }
+  }
+  EXPECT_EQ(seen_at, (std::vector<uint64_t>{20 * kMs, 100 * kMs, 500 * kMs, 2000 * kMs}));
+  EXPECT_EQ(s.size(), 0u);
+  EXPECT_EQ(s.given_up(), 1u);
+}
+
+TEST(ExecRetryScheduleTest, ANewExecRestartsTheScheduleAndRemoveForgets) {
+  ExecRetrySchedule s;
+  s.Add(7, 0);
+  ASSERT_EQ(s.TakeDue(20 * kMs).size(), 1u);  // attempt 0 taken and not retried: done
+  s.Add(7, 1000 * kMs);
+  s.Add(8, 1000 * kMs);
+  EXPECT_EQ(s.next_due_ns(), 1020 * kMs);
+  s.Remove(8);
+  std::vector<ExecRetrySchedule::Due> due = s.TakeDue(1020 * kMs);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].pid, 7);
+  EXPECT_EQ(due[0].attempt, 0);
+}
+
+TEST(ExecRetryScheduleTest, DueEntriesComeOldestExecFirst) {
+  ExecRetrySchedule s;
+  s.Add(30, 2 * kMs);
+  s.Add(10, 5 * kMs);
+  s.Add(20, 1 * kMs);
+  std::vector<ExecRetrySchedule::Due> due = s.TakeDue(100 * kMs);
+  ASSERT_EQ(due.size(), 3u);
+  EXPECT_EQ(due[0].pid, 20);
+  EXPECT_EQ(due[1].pid, 30);
+  EXPECT_EQ(due[2].pid, 10);
+}
+
+TEST(ProcessInspectorTest, DynamicRubyIsFoundOnceLibrubyIsMapped) {
+  FakeProc proc;
+  const std::string exe = proc.AddExe("host", "ruby");
+  const std::string lib = proc.AddLibruby("host", "3.3.8");
+  proc.AddProcess(100, "ruby", "host", exe, {});  // at exec: the loader has not mapped libruby yet
+  ProcessInspector insp(proc.root());
+  EXPECT_EQ(insp.Inspect(100).outcome, InspectOutcome::kNotRuby);
+  proc.SetMaps(100, exe, {lib});
+  Inspection i = insp.Inspect(100);
+  ASSERT_EQ(i.outcome, InspectOutcome::kRuby);
+  EXPECT_EQ(i.target.ruby_version, "3.3.8");
+  EXPECT_EQ(i.target.vm_path, lib);
+  EXPECT_EQ(i.target.vm_host_path, proc.PidDir(100) + "/root" + lib);
+}
+
+TEST(ProcessInspectorTest, AKnownNonRubyExecutableIsDecidedFromMapsAlone) {
+  FakeProc proc;
+  const std::string ls = proc.AddExe("host", "ls");
+  proc.AddProcess(200, "ls", "host", ls, {"/usr/lib/libc.so.6"});
+  proc.AddProcess(201, "ls", "host", ls, {"/usr/lib/libc.so.6"});
+  ProcessInspector insp(proc.root());
+  EXPECT_EQ(insp.Inspect(200).outcome, InspectOutcome::kNotRuby);
+  EXPECT_EQ(insp.full_inspections(), 1u);
+  EXPECT_EQ(insp.Inspect(201).outcome, InspectOutcome::kNotRuby);
+  EXPECT_EQ(insp.Inspect(200).outcome, InspectOutcome::kNotRuby);
+  EXPECT_EQ(insp.full_inspections(), 1u);  // the ELF was opened once
+}
+
+TEST(ProcessInspectorTest, TheNextProcessOfAKnownVmBinaryIsDescribedWithoutReadingItsElfAgain) {
+  FakeProc proc;
+  const std::string exe = proc.AddExe("host", "ruby");
+  const std::string lib = proc.AddLibruby("host", "3.3.8");
+  proc.AddProcess(100, "ruby", "host", exe, {lib});
+  proc.AddProcess(101, "puma", "host", exe, {lib});
+  proc.AddProcess(102, "ruby", "other", proc.AddExe("other", "ruby"), {proc.AddLibruby("other", "3.3.8")});
+  ProcessInspector insp(proc.root());
+  Inspection a = insp.Inspect(100);
+  ASSERT_EQ(a.outcome, InspectOutcome::kRuby);
+  EXPECT_EQ(insp.full_inspections(), 1u);
+  Inspection b = insp.Inspect(101);
+  ASSERT_EQ(b.outcome, InspectOutcome::kRuby);
+  EXPECT_EQ(insp.full_inspections(), 1u);
+  EXPECT_EQ(b.target.pid, 101);
+  EXPECT_EQ(b.target.comm, "puma");
+  EXPECT_EQ(b.target.vm_path, a.target.vm_path);
+  EXPECT_EQ(b.target.vm_host_path, proc.PidDir(101) + "/root" + lib);
+  EXPECT_EQ(b.target.build_id, a.target.build_id);
+  EXPECT_EQ(b.target.ruby_version, "3.3.8");
+  EXPECT_EQ(b.target.vm_is_shared_library, true);
+  EXPECT_EQ(b.target.vm_load_start, a.target.vm_load_start);
+  // Another file (a container's own copy) is read.
+  ASSERT_EQ(insp.Inspect(102).outcome, InspectOutcome::kRuby);
+  EXPECT_EQ(insp.full_inspections(), 2u);
+}
+
+TEST(ProcessInspectorTest, GoneZombieAndUnsupportedVersion) {
+  FakeProc proc;
+  ProcessInspector insp(proc.root());
+  EXPECT_EQ(insp.Inspect(300).outcome, InspectOutcome::kGone);
+  const std::string exe = proc.AddExe("host", "ruby");
+  const std::string old = proc.AddLibruby("host", "3.1.2");
+  proc.AddProcess(301, "ruby", "host", exe, {old});
+  Inspection i = insp.Inspect(301);
+  EXPECT_EQ(i.outcome, InspectOutcome::kSkip);
+  ASSERT_TRUE(i.error.has_value());
+  EXPECT_EQ(i.error->code(), ErrorCode::kUnsupportedVersion);
+  proc.Zombie(301, "ruby");
+  EXPECT_EQ(insp.Inspect(301).outcome, InspectOutcome::kGone);
+  EXPECT_FALSE(ProcessAlive(proc.root(), 301));
+}
+
+TEST(ListPidsTest, OnlyNumericEntriesAscending) {
+  FakeProc proc;
+  const std::string exe = proc.AddExe("host", "x");
+  proc.AddProcess(12, "x", "host", exe, {});
+  proc.AddProcess(3, "x", "host", exe, {});
+  agent_testing::WriteFile(proc.root() + "/self/stat", "");
+  agent_testing::WriteFile(proc.root() + "/12abc/stat", "");
+  EXPECT_EQ(ListPids(proc.root()), (std::vector<int>{3, 12}));
+}
+
+}  // namespace
+}  // namespace rvbpfd

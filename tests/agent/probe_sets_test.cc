@@ -1,0 +1,113 @@
+#include "agent/probe_sets.h"
+
+#include <gtest/gtest.h>
+
+#include "agent/discovery.h"
+#include "agent_fakes.h"
+
+namespace rvbpfd {
+namespace {
+
+using agent_testing::FakeBackend;
+using agent_testing::FakePrepared;
+using agent_testing::FakeProc;
+
+class ProbeSetsTest : public ::testing::Test {
+ protected:
+  ProbeSetsTest()
+      : sets_(&backend_,
+              [this](const std::string&, const std::string& version) -> Result<PreparedBinary> {
+                ++prepares_;
+                if (fail_) return Error(ErrorCode::kNoSymbols, "no .symtab");
+                return FakePrepared(version);
+              },
+              5, 13) {}
+
+  RubyTarget Target(int pid) {
+    Inspection i = ProcessInspector(proc_.root()).Inspect(pid);
+    EXPECT_EQ(i.outcome, InspectOutcome::kRuby) << (i.error ? i.error->message() : "");
+    return i.target;
+  }
+  void AddRuby(int pid, const std::string& rootfs, const std::string& version = "3.3.8") {
+    const std::string exe = proc_.AddExe(rootfs, "ruby");
+    proc_.AddProcess(pid, "ruby", rootfs, exe, {proc_.AddLibruby(rootfs, version)});
+  }
+
+  FakeProc proc_;
+  FakeBackend backend_;
+  ProbeSetManager sets_;
+  int prepares_ = 0;
+  bool fail_ = false;
+};
+
+TEST_F(ProbeSetsTest, ProcessesSharingALibrubyShareOneSetOfUprobes) {
+  AddRuby(10, "host");
+  AddRuby(11, "host");
+  Result<ProbeSetManager::Acquired> a = sets_.Acquire(10, Target(10));
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  EXPECT_TRUE(a->newly_attached);
+  Result<ProbeSetManager::Acquired> b = sets_.Acquire(11, Target(11));
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(b->newly_attached);
+  EXPECT_EQ(a->set, b->set);
+  EXPECT_EQ(prepares_, 1);
+  ASSERT_EQ(backend_.groups.size(), 2u);  // one low group, one high group: not per process
+  EXPECT_EQ(backend_.groups[0].sites.size(), 2u);
+  EXPECT_EQ(backend_.groups[1].sites.size(), 1u);
+  EXPECT_EQ(backend_.groups[1].sites[0].site.event, RV_EV_THREAD_RESUMED);
+  // Attached through the set's own descriptor, not the first process's /proc/PID/root.
+  EXPECT_EQ(backend_.groups[0].path.rfind("/proc/self/fd/", 0), 0u);
+  EXPECT_EQ(a->set->pids, (std::set<int>{10, 11}));
+  EXPECT_EQ(sets_.active_sets(), 1u);
+}
+
+TEST_F(ProbeSetsTest, TheLastProcessOutDetachesAndAReturningBinaryReattachesWithoutNewSlots) {
+  AddRuby(10, "host");
+  AddRuby(11, "host");
+  ProbeSet* set = sets_.Acquire(10, Target(10))->set;
+  sets_.Acquire(11, Target(11));
+  sets_.Release(10, set);
+  EXPECT_EQ(backend_.attached_groups(), 2u);
+  sets_.Release(11, set);
+  EXPECT_EQ(backend_.attached_groups(), 0u);
+  EXPECT_EQ(sets_.active_sets(), 0u);
+  AddRuby(12, "host");
+  Result<ProbeSetManager::Acquired> again = sets_.Acquire(12, Target(12));
+  ASSERT_TRUE(again.ok()) << again.error().message();
+  EXPECT_TRUE(again->newly_attached);
+  EXPECT_EQ(again->set, set);
+  EXPECT_EQ(backend_.groups.size(), 2u);  // the same groups, reattached
+  EXPECT_EQ(backend_.attached_groups(), 2u);
+  EXPECT_EQ(backend_.groups[0].attaches, 2);
+  EXPECT_EQ(backend_.binaries, 1);
+  EXPECT_EQ(prepares_, 1);
+}
+
+TEST_F(ProbeSetsTest, AContainerWithItsOwnCopyIsAnotherBinary) {
+  AddRuby(10, "host");
+  AddRuby(20, "container1");
+  ProbeSet* a = sets_.Acquire(10, Target(10))->set;
+  ProbeSet* b = sets_.Acquire(20, Target(20))->set;
+  EXPECT_NE(a, b);
+  EXPECT_EQ(backend_.groups.size(), 4u);
+  EXPECT_EQ(sets_.active_sets(), 2u);
+}
+
+TEST_F(ProbeSetsTest, AnUnprobeableBinaryIsPreparedAndReportedOnce) {
+  fail_ = true;
+  AddRuby(10, "host");
+  AddRuby(11, "host");
+  bool first = false;
+  Result<ProbeSetManager::Acquired> a = sets_.Acquire(10, Target(10), &first);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.error().code(), ErrorCode::kNoSymbols);
+  EXPECT_TRUE(first);
+  Result<ProbeSetManager::Acquired> b = sets_.Acquire(11, Target(11), &first);
+  ASSERT_FALSE(b.ok());
+  EXPECT_FALSE(first);
+  EXPECT_EQ(prepares_, 1);
+  EXPECT_TRUE(backend_.groups.empty());
+}
+
+}  // namespace
+}  // namespace rvbpfd

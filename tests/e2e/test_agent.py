@@ -1,0 +1,502 @@
+#!/usr/bin/env python3
+"""Fleet mode end to end (issue 5): `rvbpfd agent` profiles every Ruby process of the host and pushes to a
+Pyroscope-style receiver on loopback (tests/e2e/fake_pyroscope.py).
+
+Scenario, with both test Rubies (3.3.8 shared libruby, 3.4.5 static), workloads/agent_work.rb (two threads
+contending for a mutex and the GVL in a per-process hot method, a third running GC.start):
+  A  3.3.8, started BEFORE the agent, RVBPF_SERVICE=e2e-billing in its environment, hot method hot_a
+  B  3.4.5, started after the agent (found through the exec tracepoint), hot_b
+  C  3.3.8, started after the agent, hot_c; exits midway
+  D  3.4.5, started after the agent inside a new mount and pid namespace (unshare --mount --pid --fork
+     --mount-proc), hot_d; its host pid is not the pid it sees
+  E  3.3.8, started after the agent, hot_e; it forks a worker process W (like a preforking server: W never execs)
+The agent runs with --interval 2, --output-dir too, and a --config file giving push-queue 64 (one interval of these
+four processes is up to 16 uploads). Checked:
+  - every pprof the receiver accepted decodes (pprof_decode.py), with the sample types of its profile;
+  - labels of each process's uploads: host, pid (the HOST pid, also for D), command, ruby_version, service_name
+    (e2e-billing for A, the command otherwise), container_id absent unless the cgroup path names one (then equal);
+  - the hot method of every live process appears in its cpu profiles; gvl_wait, gvl_held and gc profiles appear for
+    every live process; A and C share one libruby probe set and B and D one static-ruby set (binaries_probed);
+  - the forked worker W is found through the fork tracepoint and profiled (its own pid label, hot_a);
+  - after C exits, its last (partial) profile arrives and no later upload names its pid;
+  - SIGHUP reloads the config file (push-queue 4 now; rvbpfd_config_reloads_total{result="ok"});
+  - backend down: while DIR/REFUSE exists the receiver answers 503; the agent keeps running, retries, drops the
+    oldest uploads (rvbpfd_dropped_total{reason="queue_full"} > 0 and retries > 0 on /metrics); once REFUSE is gone
+    deliveries resume;
+  - SIGTERM: the agent exits 0 after pushing the last partial interval (an upload whose until is after every
+    upload received before the signal);
+  - --output-dir got complete files too;
+  - `rvbpfd agent` without a sink fails with exit 2 and one line naming --output-dir and --push-url.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fake_pyroscope  # noqa: E402
+import pprof_decode  # noqa: E402
+import rvlib  # noqa: E402
+
+INTERVAL = 2
+HOST = "e2e-host"
+PROFILE_TYPES = {"process_cpu": "cpu", "gvl_wait": "gvl_wait", "gvl_held": "gvl_held", "gc": "gc"}
+CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+
+
+class Proc:
+    def __init__(self, name, ruby, hot, env_extra=None, namespaced=False):
+        self.name, self.ruby, self.hot, self.namespaced = name, ruby, hot, namespaced
+        env = dict(os.environ)
+        env.pop("RVBPF_SERVICE", None)
+        env.pop("OTEL_SERVICE_NAME", None)
+        env.update(env_extra or {})
+        argv = [ruby.bin, os.path.join(rvlib.WORKLOAD_DIR, "agent_work.rb"), hot, "10000", "0.005"]
+        if namespaced:
+            argv = ["unshare", "--mount", "--pid", "--fork", "--mount-proc"] + argv
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=env)
+        self.out = rvlib.LineReader(self.p.stdout)
+        line = self.out.wait_for(lambda l: l.startswith("ready"), 30)
+        if line is None:
+            self.stop()
+            raise rvlib.Fatal(f"{name}: workload did not start: {self.p.stderr.read()[:500]!r}")
+        words = line.split()
+        self.ns_pid = int(words[1])
+        self.worker = int(words[3]) if len(words) >= 4 and words[2] == "worker" else None
+        self.pid = self.p.pid
+        if namespaced:
+            # unshare forks the program: its host pid is unshare's child.
+            with open(f"/proc/{self.p.pid}/task/{self.p.pid}/children") as f:
+                kids = f.read().split()
+            if len(kids) != 1:
+                raise rvlib.Fatal(f"{name}: unshare has children {kids}, expected one")
+            self.pid = int(kids[0])
+        self.service = (env_extra or {}).get("RVBPF_SERVICE", "ruby")
+        self.exited_at = None
+
+    def container_id(self):
+        try:
+            with open(f"/proc/{self.pid}/cgroup") as f:
+                text = f.read()
+        except OSError:
+            return None
+        path = ""
+        for line in text.splitlines():
+            if line.startswith("0::"):
+                path = line[3:]
+        m = None
+        for comp in path.split("/"):
+            mm = re.fullmatch(r"(?:[a-z-]+-)?([0-9a-f]{64})(?:\.scope)?", comp)
+            if mm:
+                m = mm.group(1)
+        return m
+
+    def finish(self):
+        """Ends the workload cleanly (a line on stdin) and waits for it."""
+        try:
+            self.p.stdin.write(b"\n")
+            self.p.stdin.flush()
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.stop()
+
+    def stop(self):
+        if self.p.poll() is None:
+            try:
+                self.p.kill()
+            except OSError:
+                pass
+            if self.namespaced:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            self.p.wait()
+
+
+class Worker:
+    """The worker process E forked: same Ruby, hot method and labels, its own pid."""
+
+    def __init__(self, parent):
+        self.name, self.ruby, self.hot, self.pid = "W", parent.ruby, parent.hot, parent.worker
+        self.service = parent.service
+
+    def container_id(self):
+        return Proc.container_id(self)
+
+
+class Agent:
+    def __init__(self, rvbpfd, args):
+        self.p = subprocess.Popen([rvbpfd, "agent"] + args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+        self.log = rvlib.LineReader(self.p.stderr)
+        self.out = rvlib.LineReader(self.p.stdout)
+        started = self.wait_log(lambda r: r.get("msg") == "agent started", 60)
+        if started is None:
+            self.p.kill()
+            raise rvlib.Fatal("the agent did not start:\n" + "\n".join(self.log.lines[-20:]))
+        self.metrics_port = started.get("metrics_port")
+
+    def records(self):
+        out = []
+        for line in list(self.log.lines):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"msg": "<not json>", "line": line})
+        return out
+
+    def wait_log(self, pred, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for r in self.records():
+                if pred(r):
+                    return r
+            if self.p.poll() is not None:
+                return None
+            time.sleep(0.1)
+        return None
+
+    def metrics(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+        return values
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def decode_uploads(recv_dir):
+    """(uploads, problems): every accepted push with its decoded pprof."""
+    problems, out = [], []
+    for u in fake_pyroscope.load_uploads(recv_dir):
+        try:
+            u["pprof"] = pprof_decode.decode(u["body"])
+        except ValueError as e:
+            problems.append(f"upload #{u.get('seq')} ({u.get('query', {}).get('name')}) does not decode: {e}")
+            continue
+        u["type"] = PROFILE_TYPES.get(u.get("profile_name"))
+        if u["type"] is None:
+            problems.append(f"upload #{u.get('seq')}: unexpected profile name {u.get('profile_name')!r}")
+            continue
+        out.append(u)
+    return out, problems
+
+
+def by_pid(uploads, pid):
+    return [u for u in uploads if u["labels"].get("pid") == str(pid)]
+
+
+def check_process(uploads, proc):
+    p = []
+    mine = by_pid(uploads, proc.pid)
+    if not mine:
+        return [f"{proc.name} (pid {proc.pid}): no uploads"]
+    want_version = proc.ruby.version
+    for u in mine:
+        l = u["labels"]
+        bad = []
+        if l.get("host") != HOST:
+            bad.append(f"host={l.get('host')!r}")
+        if l.get("command") != "ruby":
+            bad.append(f"command={l.get('command')!r}")
+        if l.get("ruby_version") != want_version:
+            bad.append(f"ruby_version={l.get('ruby_version')!r} (want {want_version})")
+        if u.get("service_name") != proc.service:
+            bad.append(f"service_name={u.get('service_name')!r} (want {proc.service!r})")
+        cid = proc.container_id()
+        if cid is None and "container_id" in l:
+            bad.append(f"container_id={l['container_id']!r} but the cgroup path names no container")
+        if cid is not None and l.get("container_id") != cid:
+            bad.append(f"container_id={l.get('container_id')!r}, want {cid}")
+        if u["until"] <= u["from"]:
+            bad.append(f"from {u['from']} until {u['until']}")
+        if bad:
+            p.append(f"{proc.name}: upload #{u['seq']} ({u['type']}): " + ", ".join(bad))
+            break
+    types = {u["type"] for u in mine}
+    for t in ("cpu", "gvl_wait", "gvl_held", "gc"):
+        if t not in types:
+            p.append(f"{proc.name} (pid {proc.pid}): no {t} profile among {len(mine)} uploads (types {sorted(types)})")
+    hot = f"AgentWork#{proc.hot}"
+    cpu = [u for u in mine if u["type"] == "cpu"]
+    hot_samples = sum(s["values"][0] for u in cpu for s in u["pprof"]["samples"] if hot in s["stack"])
+    all_samples = sum(s["values"][0] for u in cpu for s in u["pprof"]["samples"])
+    print(f"  {proc.name}: pid {proc.pid}, {len(mine)} uploads, types {sorted(types)}, cpu samples {all_samples} "
+          f"({hot_samples} in {hot})")
+    if hot_samples == 0:
+        names = set()
+        for u in cpu:
+            names |= pprof_decode.function_names(u["pprof"])
+        p.append(f"{proc.name}: {hot} in none of {len(cpu)} cpu profiles; functions seen: {sorted(names)[:20]}")
+    others = {f"AgentWork#hot_{x}" for x in "abcde"} - {hot}
+    for u in cpu:
+        leak = others & pprof_decode.function_names(u["pprof"])
+        if leak:
+            p.append(f"{proc.name}: cpu upload #{u['seq']} has another process's hot method {sorted(leak)}")
+            break
+    for u in mine:
+        if u["type"] == "cpu":
+            if u["pprof"]["sample_types"] != [("samples", "count"), ("cpu", "nanoseconds")]:
+                p.append(f"{proc.name}: cpu sample types {u['pprof']['sample_types']}")
+                break
+        elif pprof_decode.total(u["pprof"], len(u["pprof"]["sample_types"]) - 1) <= 0:
+            p.append(f"{proc.name}: {u['type']} upload #{u['seq']} has no weight")
+            break
+    return p
+
+
+def main():
+    args = rvlib.parse_args(__doc__.split("\n")[0])
+    res = rvlib.Results()
+    rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
+
+    # Usage: no sink. Needs no privileges, so it runs before the environment checks.
+    p = subprocess.run([rvbpfd, "agent", "--interval", "2"], capture_output=True, text=True, timeout=30)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    prob = []
+    if p.returncode != 2:
+        prob.append(f"exit {p.returncode}, expected 2")
+    if len(lines) != 1 or "--output-dir" not in lines[0] or "--push-url" not in lines[0]:
+        prob.append(f"stderr should be one line naming --output-dir and --push-url: {lines}")
+    res.check("agent without a sink is a usage error naming the flags", prob)
+
+    rvlib.require_bpf_environment()
+    if shutil.which("unshare") is None:
+        raise rvlib.Fatal("unshare (util-linux) is missing: apt-get install util-linux")
+    rubies = {r: rvlib.Ruby(r, rvlib.find_ruby(args.source_dir, r), None) for r in rvlib.RUBIES}
+    r33, r34 = rubies["3.3.8-shared"], rubies["3.4.5-static"]
+
+    work = tempfile.mkdtemp(prefix="rvbpfd-agent-e2e-")
+    recv_dir = os.path.join(work, "recv")
+    out_dir = os.path.join(work, "out")
+    os.makedirs(recv_dir)
+    port_file = os.path.join(work, "port")
+    receiver = subprocess.Popen([sys.executable, os.path.join(rvlib.HERE, "fake_pyroscope.py"), "--port", "0",
+                                 "--out-dir", recv_dir, "--port-file", port_file],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    procs = []
+    agent = None
+    try:
+        deadline = time.time() + 20
+        while not os.path.exists(port_file) and time.time() < deadline:
+            time.sleep(0.05)
+        if not os.path.exists(port_file):
+            raise rvlib.Fatal(f"fake_pyroscope did not start: {receiver.stderr.read()[:500]!r}")
+        port = int(open(port_file).read())
+
+        a = Proc("A", r33, "hot_a", env_extra={"RVBPF_SERVICE": "e2e-billing"})
+        procs.append(a)
+        config = os.path.join(work, "agent.json")
+        with open(config, "w") as f:
+            json.dump({"push-queue": 64}, f)
+        agent = Agent(rvbpfd, ["--config", config, "--push-url", f"http://127.0.0.1:{port}", "--interval",
+                               str(INTERVAL), "--metrics-listen", "127.0.0.1:0", "--host", HOST,
+                               "--output-dir", out_dir, "--log-format", "json"])
+        def attached(pid, how=None):
+            return lambda r: (r.get("msg") == "process attached" and r.get("pid") == pid and
+                              (how is None or r.get("found_by") == how))
+        res.check("the process started before the agent is attached at start",
+                  [] if agent.wait_log(attached(a.pid, "scan"), 10)
+                  else [f"no 'process attached' (found_by scan) for A (pid {a.pid})"])
+        b = Proc("B", r34, "hot_b")
+        c = Proc("C", r33, "hot_c")
+        d = Proc("D", r34, "hot_d", namespaced=True)
+        e = Proc("E", r33, "hot_e", env_extra={"AGENT_WORK_FORK": "1"})
+        procs += [b, c, d, e]
+        prob = []
+        for proc in (b, c, d, e):
+            if not agent.wait_log(attached(proc.pid, "exec"), 15):
+                prob.append(f"no 'process attached' (found_by exec) for {proc.name} (host pid {proc.pid}) within 15 s")
+        if e.worker is None or not agent.wait_log(attached(e.worker, "fork"), 15):
+            prob.append(f"no 'process attached' (found_by fork) for E's forked worker (pid {e.worker}) within 15 s")
+        if d.pid == d.ns_pid:
+            prob.append(f"D's host pid {d.pid} equals its namespace pid: the namespace was not created")
+        res.check("processes started after the agent are found through exec (one in its own pid namespace), a forked "
+                  "worker through fork", prob)
+
+        time.sleep(3 * INTERVAL + 1.5)
+        m = agent.metrics()
+        prob = []
+        if m.get("rvbpfd_processes_watched", 0) < 6:
+            prob.append(f"rvbpfd_processes_watched = {m.get('rvbpfd_processes_watched')}, expected >= 6")
+        bins = m.get("rvbpfd_binaries_probed", 0)
+        if bins < 2:
+            prob.append(f"rvbpfd_binaries_probed = {bins}, expected >= 2")
+        probed = [r for r in agent.records() if r.get("msg") == "binary probed"]
+        paths = {}
+        for r in probed:
+            paths.setdefault(r.get("path"), 0)
+            paths[r.get("path")] += 1
+        for path, n in paths.items():
+            if n > 1:
+                prob.append(f"{path} probed {n} times while its processes lived: probe sets must be per binary")
+        res.check("one probe set per binary (A, C, E, W share libruby, B and D the static ruby)", prob)
+
+        # C exits midway.
+        c.finish()
+        c.exited_at = time.time()
+        det = agent.wait_log(lambda r: r.get("msg") == "process detached" and r.get("pid") == c.pid, 10)
+        res.check("the exited process is detached", [] if det else [f"no 'process detached' for C (pid {c.pid})"])
+        time.sleep(3 * INTERVAL + 1.5)
+
+        uploads, prob = decode_uploads(recv_dir)
+        res.check(f"every pprof received decodes ({len(uploads)} uploads)", prob + ([] if uploads else ["none"]))
+        for proc in (a, b, c, d, e):
+            res.check(f"{proc.name}: labels, profile types and hot method {proc.hot}", check_process(uploads, proc))
+        w = Worker(e)
+        res.check(f"W (E's forked worker): labels, profile types and hot method {w.hot}", check_process(uploads, w))
+        prob = []
+        late = [u for u in by_pid(uploads, c.pid) if u["from"] > c.exited_at + 1]
+        if late:
+            prob.append(f"{len(late)} uploads of C start after its exit at {c.exited_at:.0f}: "
+                        f"{[(u['type'], u['from'], u['until']) for u in late[:4]]}")
+        after = [u for u in by_pid(uploads, c.pid) if u["received_unix_s"] > c.exited_at + INTERVAL + 3]
+        if after:
+            prob.append(f"{len(after)} uploads of C received more than {INTERVAL + 3} s after it exited")
+        if not [u for u in by_pid(uploads, c.pid) if u["until"] >= c.exited_at - INTERVAL - 1]:
+            prob.append("C's last partial interval was not uploaded")
+        res.check("the exited process stops appearing", prob)
+
+        # SIGHUP: a small queue for the outage below.
+        with open(config, "w") as f:
+            json.dump({"push-queue": 4}, f)
+        agent.p.send_signal(signal.SIGHUP)
+        rec = agent.wait_log(lambda r: r.get("msg") == "config reloaded", 10)
+        prob = []
+        if rec is None or "push-queue" not in str(rec.get("applied")):
+            prob.append(f"no 'config reloaded' record applying push-queue: {rec}")
+        time.sleep(1.5)
+        m = agent.metrics()
+        reloads = m.get('rvbpfd_config_reloads_total{result="ok"}')
+        if reloads != 1:
+            prob.append(f'rvbpfd_config_reloads_total{{result="ok"}} = {reloads}, expected 1')
+        res.check("SIGHUP reloads the config file", prob)
+
+        # Backend down.
+        refuse = os.path.join(recv_dir, "REFUSE")
+        open(refuse, "w").close()
+        time.sleep(6 * INTERVAL)
+        m = agent.metrics()
+        prob = []
+        if agent.p.poll() is not None:
+            prob.append(f"the agent exited ({agent.p.returncode}) while the backend was down")
+        dropped = m.get('rvbpfd_dropped_total{reason="queue_full"}', 0)
+        retries = m.get("rvbpfd_push_retries_total", 0)
+        if dropped <= 0:
+            prob.append(f'rvbpfd_dropped_total{{reason="queue_full"}} = {dropped}, expected > 0')
+        if retries <= 0:
+            prob.append(f"rvbpfd_push_retries_total = {retries}, expected > 0")
+        refused = fake_pyroscope.read_count(recv_dir, "refused")
+        if refused <= 0:
+            prob.append("the receiver refused nothing: the agent did not try to push during the outage")
+        print(f"  outage: {refused} pushes refused, queue_full drops {dropped:.0f}, retries {retries:.0f}, "
+              f"queue length {m.get('rvbpfd_push_queue_length')}")
+        res.check("backend down: the agent keeps running, retries, drops oldest with the counter on /metrics", prob)
+
+        delivered_before = m.get("rvbpfd_push_delivered_total", 0)
+        n_before = len(fake_pyroscope.load_uploads(recv_dir))
+        os.unlink(refuse)
+        deadline = time.time() + 45  # the backoff may have grown to its 30 s cap
+        n_after = n_before
+        while time.time() < deadline:
+            n_after = len(fake_pyroscope.load_uploads(recv_dir))
+            if n_after >= n_before + 4:
+                break
+            time.sleep(0.5)
+        time.sleep(1.5)  # the metrics are refreshed every second
+        m = agent.metrics()
+        prob = []
+        if n_after < n_before + 4:
+            prob.append(f"only {n_after - n_before} uploads accepted within 45 s of the backend's return")
+        if m.get("rvbpfd_push_delivered_total", 0) <= delivered_before:
+            prob.append("rvbpfd_push_delivered_total did not grow after the backend returned")
+        res.check("deliveries resume when the backend returns", prob)
+
+        # SIGTERM in the middle of an interval: the last partial interval is pushed before the agent exits.
+        # A fresh cut is recognised by a larger `until` (uploads retried from the outage's backlog carry older ones,
+        # so a mere new arrival says nothing about where the agent is in its interval). Wait for one, then half an
+        # interval; if another cut landed meanwhile, start over, so SIGTERM never coincides with a regular cut.
+        def max_until():
+            return max(u["until"] for u in fake_pyroscope.load_uploads(recv_dir))
+        last_until = max_until()
+        for _ in range(5):
+            deadline = time.time() + 3 * INTERVAL + 5
+            while time.time() < deadline and max_until() <= last_until:
+                time.sleep(0.05)
+            last_until = max_until()
+            time.sleep(INTERVAL / 2)
+            if max_until() == last_until:
+                break
+            last_until = max_until()
+        agent.p.send_signal(signal.SIGTERM)
+        try:
+            rc = agent.p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            rc = None
+        prob = []
+        if rc != 0:
+            prob.append(f"agent exit status {rc}, expected 0 after SIGTERM")
+        final = [u for u in fake_pyroscope.load_uploads(recv_dir) if u["until"] > last_until]
+        if not final:
+            prob.append(f"no upload ends after {last_until} (the last regular cut): the partial interval was lost")
+        stopped = [r for r in agent.records() if r.get("msg") == "agent stopped"]
+        if not stopped or stopped[-1].get("flushed") is not True:
+            prob.append(f"'agent stopped' record missing or not flushed: {stopped}")
+        res.check("SIGTERM flushes the last partial interval and exits 0", prob)
+
+        prob = []
+        files = []
+        for root, _, names in os.walk(out_dir):
+            files += [os.path.join(root, n) for n in names]
+        if not any(f"-{a.pid}-" in os.path.basename(f) for f in files):
+            prob.append(f"no file of A in --output-dir ({len(files)} files)")
+        for f in files:
+            if not f.endswith(".pb.gz"):
+                prob.append(f"unexpected file {f}")
+                continue
+            try:
+                pprof_decode.decode(open(f, "rb").read())
+            except ValueError as e:
+                prob.append(f"{f}: {e}")
+        res.check(f"--output-dir holds complete pprof files ({len(files)})", prob)
+    finally:
+        if agent is not None:
+            agent.stop()
+        for proc in procs:
+            if proc.p.poll() is None:
+                proc.finish()
+        receiver.terminate()
+        receiver.wait()
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    res.finish()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except rvlib.Fatal as e:
+        print(f"FATAL: {e}")
+        print("0 passed, 1 failed")
+        sys.exit(1)

@@ -1,0 +1,182 @@
+#include "sink/dir_sink.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "sink/sink_test_util.h"
+
+namespace rvbpfd {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using testing::TempDir;
+
+ProfileUpload MakeUpload(std::string body, int64_t from, std::string type = "cpu", std::string pid = "4242",
+                         std::string app = "shop-api") {
+  ProfileUpload u;
+  u.app_name = std::move(app);
+  u.profile_type = std::move(type);
+  u.labels = {{"host", "web-1"}, {"pid", std::move(pid)}};
+  u.from_unix_s = from;
+  u.until_unix_s = from + 15;
+  u.pprof_gz = std::move(body);
+  return u;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& path, const std::string& content) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << content;
+}
+
+// Every regular file under `dir`, relative to it.
+std::set<std::string> ListFiles(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) out.insert(fs::relative(e.path(), dir).string());
+  }
+  return out;
+}
+
+TEST(DirSinkTest, WritesOneCompleteFilePerProfile) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/out/nested";  // created, parents included
+  auto sink = DirSink::Create(dir, 1 << 20);
+  ASSERT_TRUE(sink.ok()) << sink.error().ToString();
+  const std::string body("\x1f\x8b\x08\x00gzip\0data", 14);
+  (*sink)->Submit(MakeUpload(body, 1700000000));
+  (*sink)->Submit(MakeUpload("gvl", 1700000000, "gvl_wait"));
+  ASSERT_TRUE((*sink)->Flush(60s));
+  EXPECT_EQ(ListFiles(dir), (std::set<std::string>{"shop-api/cpu-4242-1700000000-1700000015.pb.gz",
+                                                    "shop-api/gvl_wait-4242-1700000000-1700000015.pb.gz"}));
+  const std::string path = dir + "/shop-api/cpu-4242-1700000000-1700000015.pb.gz";
+  EXPECT_EQ((*sink)->PathFor(MakeUpload(body, 1700000000)), path);
+  EXPECT_EQ(ReadFile(path), body);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+  const SinkStats s = (*sink)->stats();
+  EXPECT_EQ(s.delivered, 2u);
+  EXPECT_EQ(s.bytes_delivered, body.size() + 3);
+  EXPECT_EQ(s.delivery_failures, 0u);
+  EXPECT_EQ((*sink)->total_bytes_for_test(), body.size() + 3);
+}
+
+TEST(DirSinkTest, SanitizesNamesIntoTheDirectory) {
+  TempDir tmp;
+  auto sink = DirSink::Create(tmp.path(), 1 << 20);
+  ASSERT_TRUE(sink.ok());
+  (*sink)->Submit(MakeUpload("x", 5, "gvl-wait", "12/3", "../../etc"));
+  (*sink)->Submit(MakeUpload("y", 5, "", "", ".hidden app"));
+  ASSERT_TRUE((*sink)->Flush(60s));
+  EXPECT_EQ(ListFiles(tmp.path()), (std::set<std::string>{"_._.._etc/gvl_wait-12_3-5-20.pb.gz",
+                                                           "_hidden_app/unknown-unknown-5-20.pb.gz"}));
+  EXPECT_EQ(SanitizeFileComponent(std::string(300, 'a'), true).size(), 100u);
+  EXPECT_EQ(SanitizeFileComponent("..", true), "_.");
+}
+
+TEST(DirSinkTest, RotationDeletesTheOldestByIntervalStart) {
+  TempDir tmp;
+  auto sink = DirSink::Create(tmp.path(), 250);
+  ASSERT_TRUE(sink.ok());
+  const std::string hundred(100, 'p');
+  // Written out of order: from=30, then 10, then 20. The third write passes 250 bytes: from=10 goes.
+  (*sink)->Submit(MakeUpload(hundred, 30));
+  (*sink)->Submit(MakeUpload(hundred, 10));
+  (*sink)->Submit(MakeUpload(hundred, 20));
+  ASSERT_TRUE((*sink)->Flush(60s));
+  EXPECT_EQ(ListFiles(tmp.path()), (std::set<std::string>{"shop-api/cpu-4242-20-35.pb.gz",
+                                                           "shop-api/cpu-4242-30-45.pb.gz"}));
+  EXPECT_EQ((*sink)->stats().rotated_files, 1u);
+  EXPECT_EQ((*sink)->total_bytes_for_test(), 200u);
+  // Across apps too: the oldest interval anywhere goes first.
+  (*sink)->Submit(MakeUpload(hundred, 40, "gc", "7", "other-app"));
+  ASSERT_TRUE((*sink)->Flush(60s));
+  EXPECT_EQ(ListFiles(tmp.path()), (std::set<std::string>{"shop-api/cpu-4242-30-45.pb.gz",
+                                                           "other-app/gc-7-40-55.pb.gz"}));
+  EXPECT_EQ((*sink)->stats().rotated_files, 2u);
+}
+
+TEST(DirSinkTest, RewritingTheSamePathIsCountedOnce) {
+  TempDir tmp;
+  auto sink = DirSink::Create(tmp.path(), 150);
+  ASSERT_TRUE(sink.ok());
+  (*sink)->Submit(MakeUpload(std::string(100, 'a'), 10));
+  (*sink)->Submit(MakeUpload(std::string(100, 'b'), 10));  // same name: replaces, total stays 100
+  ASSERT_TRUE((*sink)->Flush(60s));
+  EXPECT_EQ(ReadFile(tmp.path() + "/shop-api/cpu-4242-10-25.pb.gz"), std::string(100, 'b'));
+  EXPECT_EQ((*sink)->stats().rotated_files, 0u);
+  EXPECT_EQ((*sink)->total_bytes_for_test(), 100u);
+}
+
+TEST(DirSinkTest, CreateCleansTempFilesAndIndexesExistingProfiles) {
+  TempDir tmp;
+  const std::string d = tmp.path();
+  WriteFile(d + "/app/.cpu-1-10-25.pb.gz.999.1.tmp", "half");   // a crash mid-write
+  WriteFile(d + "/app/cpu-1-10-25.pb.gz", std::string(100, 'x'));
+  WriteFile(d + "/app/cpu-1-20-35.pb.gz", std::string(100, 'x'));
+  WriteFile(d + "/app/gc-1-30-45.pb.gz", std::string(100, 'x'));
+  WriteFile(d + "/app/notes.txt", std::string(1000, 'n'));      // not ours: kept, not counted
+  WriteFile(d + "/app/other.tmp", "x");                           // not our temp pattern: kept
+  WriteFile(d + "/README", "x");
+  auto sink = DirSink::Create(d, 250);
+  ASSERT_TRUE(sink.ok());
+  EXPECT_EQ(ListFiles(d), (std::set<std::string>{"README", "app/cpu-1-20-35.pb.gz", "app/gc-1-30-45.pb.gz",
+                                                  "app/notes.txt", "app/other.tmp"}));
+  EXPECT_EQ((*sink)->stats().rotated_files, 1u);
+  EXPECT_EQ((*sink)->total_bytes_for_test(), 200u);
+}
+
+TEST(DirSinkTest, ProfileLargerThanTheCapIsNotWritten) {
+  TempDir tmp;
+  auto sink = DirSink::Create(tmp.path(), 50);
+  ASSERT_TRUE(sink.ok());
+  (*sink)->Submit(MakeUpload(std::string(51, 'x'), 10));
+  EXPECT_FALSE((*sink)->Flush(60s));
+  EXPECT_TRUE(ListFiles(tmp.path()).empty());
+  EXPECT_EQ((*sink)->stats().delivery_failures, 1u);
+  EXPECT_NE((*sink)->stats().last_error.find("--output-max-mb"), std::string::npos);
+}
+
+TEST(DirSinkTest, FailedWriteLeavesNoFileBehind) {
+  TempDir tmp;
+  auto sink = DirSink::Create(tmp.path(), 1 << 20);
+  ASSERT_TRUE(sink.ok());
+  // The final name is taken by a non-empty directory: the rename fails after the data was written and synced.
+  WriteFile(tmp.path() + "/shop-api/cpu-4242-10-25.pb.gz/blocker", "x");
+  (*sink)->Submit(MakeUpload("profile", 10));
+  EXPECT_FALSE((*sink)->Flush(60s));
+  EXPECT_EQ(ListFiles(tmp.path()), (std::set<std::string>{"shop-api/cpu-4242-10-25.pb.gz/blocker"}));
+  const SinkStats s = (*sink)->stats();
+  EXPECT_EQ(s.delivery_failures, 1u);
+  EXPECT_EQ(s.delivered, 0u);
+  EXPECT_NE(s.last_error.find("renaming"), std::string::npos) << s.last_error;
+}
+
+TEST(DirSinkTest, CreateFailsWithAnActionableError) {
+  TempDir tmp;
+  WriteFile(tmp.path() + "/file", "x");
+  auto r = DirSink::Create(tmp.path() + "/file/sub", 1 << 20);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kOutputUnwritable);
+  EXPECT_NE(r.error().message().find("--output-dir " + tmp.path() + "/file/sub"), std::string::npos);
+  EXPECT_NE(r.error().message().find("Not a directory"), std::string::npos) << r.error().message();
+  EXPECT_EQ(DirSink::Create(tmp.path(), 0).error().code(), ErrorCode::kUsage);
+  EXPECT_EQ(DirSink::Create("", 1).error().code(), ErrorCode::kUsage);
+}
+
+}  // namespace
+}  // namespace rvbpfd

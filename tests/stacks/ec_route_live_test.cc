@@ -1,0 +1,219 @@
+// The sampler's EC lookup (bpf/ruby_ec.h, run here through its host build) on a live test Ruby: the process runs
+// coredump-testdata/programs/scenarios.rb, records CRuby's own view of its threads (tests/golden's rvgolden: each
+// thread's rb_thread_t and native tid) and stops itself. Each thread's thread pointer (fs_base) is read with ptrace,
+// the route is computed from the VM binary and resolved in the process like the daemon does, and then:
+//   - TLS: every thread's own ruby_current_ec leads to exactly its own rb_thread_t (3.3.8 shared: through the DTV;
+//     3.4.5 static: local-exec);
+//   - ractor: with the TLS route switched off, main (which holds the GVL while it captures) is found on main's native
+//     thread only; every other thread gets no EC rather than main's.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "elf/elf_file.h"
+#include "sites/dwarf_info.h"
+#include "stacks/ec_route.h"
+#include "stacks/memory_reader.h"
+#include "stacks/ruby_offsets.h"
+
+namespace rvbpfd {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kRubies = "/var/cache/rvbpfd/rubies";
+
+std::string BuildGolden(const std::string& ruby_name, const std::string& ruby_bin) {
+  const std::string dir = std::string(RVBPFD_BINARY_DIR) + "/golden-" + ruby_name;
+  fs::create_directories(dir);
+  const std::string cmd = "cd '" + dir + "' && '" + ruby_bin + "' '" RVBPFD_SOURCE_DIR "/tests/golden/extconf.rb' " +
+                          "> build.log 2>&1 && make >> build.log 2>&1";
+  if (std::system(cmd.c_str()) != 0) return "";
+  return dir;
+}
+
+// fs_base of every thread of a stopped child, through ptrace (seize + interrupt keeps it stopped; detach returns each
+// thread to the group stop). Empty with *why set when ptrace is refused.
+std::map<int, uint64_t> ThreadPointers(pid_t pid, std::string* why) {
+  std::map<int, uint64_t> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) {
+    *why = "cannot list " + dir;
+    return out;
+  }
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const pid_t tid = std::atoi(e->d_name);
+    if (ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
+      *why = std::string("PTRACE_SEIZE: ") + std::strerror(errno);
+      out.clear();
+      break;
+    }
+    ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
+    int st = 0;
+    waitpid(tid, &st, __WALL);
+    user_regs_struct regs{};
+    if (ptrace(PTRACE_GETREGS, tid, nullptr, &regs) == 0) out[tid] = regs.fs_base;
+    ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
+  }
+  closedir(d);
+  return out;
+}
+
+class EcRouteLiveTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EcRouteLiveTest, EveryThreadFindsItsOwnThreadThroughTls) {
+  const std::string name = GetParam();
+  const std::string ruby = std::string(kRubies) + "/" + name + "/bin/ruby";
+  if (access(ruby.c_str(), X_OK) != 0) GTEST_SKIP() << ruby << " not installed (tools/build-test-rubies.sh)";
+  const std::string golden_dir = BuildGolden(name, ruby);
+  ASSERT_FALSE(golden_dir.empty()) << "building tests/golden failed, see " << RVBPFD_BINARY_DIR << "/golden-" << name;
+  const std::string out = golden_dir + "/ec-live-" + std::to_string(getpid()) + ".json";
+  fs::remove(out);
+
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("RVGOLDEN_OUT", out.c_str(), 1);
+    setenv("RVGOLDEN_STOP", "1", 1);
+    const std::string program = std::string(RVBPFD_SOURCE_DIR) + "/coredump-testdata/programs/scenarios.rb";
+    execl(ruby.c_str(), ruby.c_str(), "-I", golden_dir.c_str(), "-rrvgolden", program.c_str(), nullptr);
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, WUNTRACED), pid);
+  struct Killer {
+    pid_t pid;
+    ~Killer() {
+      kill(pid, SIGKILL);
+      int st;
+      waitpid(pid, &st, 0);
+    }
+  } killer{pid};
+  ASSERT_TRUE(WIFSTOPPED(status)) << "ruby exited with status " << status << " before capturing";
+  std::ifstream in(out);
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  fs::remove(out);
+
+  // The VM binary (libruby when mapped, else the executable) and its lowest mapping.
+  std::string vm_path;
+  uint64_t lowest = UINT64_MAX;
+  {
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    std::string line;
+    std::vector<std::pair<uint64_t, std::string>> entries;
+    while (std::getline(maps, line)) {
+      const size_t slash = line.find('/');
+      if (slash != std::string::npos) entries.emplace_back(std::stoull(line, nullptr, 16), line.substr(slash));
+    }
+    for (const auto& [start, path] : entries) {
+      if (fs::path(path).filename().string().rfind("libruby", 0) == 0) vm_path = path;
+    }
+    if (vm_path.empty()) vm_path = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe").string();
+    for (const auto& [start, path] : entries) {
+      if (path == vm_path) lowest = std::min(lowest, start);
+    }
+  }
+  ASSERT_NE(lowest, UINT64_MAX);
+  Result<ElfFile> elf = ElfFile::Open(vm_path);
+  ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+  int major = 0, minor = 0;
+  ASSERT_EQ(std::sscanf(golden["ruby_version"].get<std::string>().c_str(), "%d.%d", &major, &minor), 2);
+  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, nullptr);
+  ASSERT_TRUE(off.ok()) << off.error().ToString();
+  const EcRoute route = ComputeEcRoute(*elf, *off);
+  ASSERT_NE(route.kind, EcTlsKind::kNone) << route.why_none;
+  std::printf("  %s: EC route %s\n", name.c_str(), DescribeEcRoute(route).c_str());
+
+  // rb_thread_t.nt and rb_native_thread.tid for the ractor route's holder check (the sites module's job in rvbpfd).
+  std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(*elf);
+  ASSERT_NE(dwarf, nullptr);
+  std::optional<ElfSymbol> anchor = elf->FindSymbol("rb_current_ec_noinline");
+  ASSERT_TRUE(anchor.has_value());
+  std::optional<uint32_t> th_nt = dwarf->MemberOffset(anchor->value, "rb_thread_struct", "nt");
+  std::optional<uint32_t> nt_tid = dwarf->MemberOffset(anchor->value, "rb_native_thread", "tid");
+  ASSERT_TRUE(th_nt && nt_tid);
+
+  ProcessMemoryReader mem(pid);
+  Result<std::optional<rv_proc_ec>> pe = ResolveProcessEc(route, 0, EcRouteLoadBias(route, lowest), mem);
+  ASSERT_TRUE(pe.ok()) << pe.error().ToString();
+  ASSERT_TRUE(pe->has_value()) << "the VM of a running process is relocated";
+  const rv_proc_ec proc = **pe;
+  EXPECT_EQ(proc.mode, route.kind == EcTlsKind::kLocalExec ? uint32_t{RV_EC_TLS_TP_OFFSET} : uint32_t{RV_EC_TLS_DTV});
+  rv_walk_config wc{};
+  wc.walk = off->walk;
+  wc.thread_ec = off->thread_ec;
+  ApplyEcRoute(route, &wc);
+  wc.valid = 1;
+
+  std::string why;
+  const std::map<int, uint64_t> tps = ThreadPointers(pid, &why);
+  if (tps.empty()) GTEST_SKIP() << "cannot read the threads' fs_base: " << why;
+
+  size_t checked = 0;
+  uint64_t main_th = 0;
+  for (const nlohmann::json& t : golden["threads"]) {
+    if (t["main"].get<bool>()) main_th = std::stoull(t["th"].get<std::string>(), nullptr, 16);
+  }
+  ASSERT_NE(main_th, 0u);
+  rv_proc_ec no_tls = proc;
+  no_tls.mode = RV_EC_TLS_NONE;
+  for (const nlohmann::json& t : golden["threads"]) {
+    SCOPED_TRACE("thread " + t["name"].dump());
+    ASSERT_TRUE(t["native_tid"].is_number()) << "1:1 threads have their own native thread";
+    const int tid = t["native_tid"].get<int>();
+    const uint64_t th = std::stoull(t["th"].get<std::string>(), nullptr, 16);
+    auto it = tps.find(tid);
+    ASSERT_NE(it, tps.end()) << "no thread pointer for tid " << tid;
+    EcLookup got = FindEcForThread(mem, proc, wc, *th_nt, *nt_tid, it->second, static_cast<uint32_t>(tid));
+    EXPECT_EQ(got.route, uint32_t{RV_EC_ROUTE_TLS});
+    EXPECT_EQ(got.th, th) << "TLS gave another thread's EC";
+    // Without TLS, only the GVL holder's own native thread gets an EC (main, which is capturing).
+    EcLookup ractor = FindEcForThread(mem, no_tls, wc, *th_nt, *nt_tid, it->second, static_cast<uint32_t>(tid));
+    EXPECT_TRUE(ractor.tls_unavailable);
+    if (th == main_th) {
+      EXPECT_EQ(ractor.route, uint32_t{RV_EC_ROUTE_RACTOR});
+      EXPECT_EQ(ractor.th, main_th);
+    } else {
+      EXPECT_EQ(ractor.route, uint32_t{RV_EC_ROUTE_NONE}) << "a non-holder thread was given the holder's EC";
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 6u);  // main, sleeper, mutex, io, deep, spinner
+  // Native threads that run no Ruby (the timer thread, when there is one) read an empty TLS slot: no EC at all.
+  for (const auto& [tid, tp] : tps) {
+    bool ruby_thread = false;
+    for (const nlohmann::json& t : golden["threads"]) ruby_thread |= t["native_tid"].get<int>() == tid;
+    if (ruby_thread) continue;
+    SCOPED_TRACE("native thread " + std::to_string(tid) + " (no Ruby thread)");
+    EcLookup got = FindEcForThread(mem, proc, wc, *th_nt, *nt_tid, tp, static_cast<uint32_t>(tid));
+    EXPECT_EQ(got.route, uint32_t{RV_EC_ROUTE_NONE});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rubies, EcRouteLiveTest, ::testing::Values("3.3.8-shared", "3.4.5-static"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param;
+                           for (char& c : n) {
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace rvbpfd
