@@ -44,6 +44,9 @@ import threading
 import time
 import urllib.parse
 
+# The same minimal protobuf reader the e2e tests decode profiles with (this file lives next to it).
+from pprof_decode import _fields  # noqa: E402
+
 MAX_LABEL_VALUE_BYTES = 2048
 MAX_BODY_BYTES = 64 << 20
 
@@ -94,43 +97,6 @@ def parse_name(name):
             raise ValueError("label %r: value is not valid UTF-8" % key)
         labels[key] = value
     return service, labels
-
-
-def _varint(data, pos):
-    result, shift = 0, 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(data):
-    """Yields (field_number, wire_type, value) of one protobuf message; value is an int or bytes."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-        elif wire == 1:
-            value, pos = data[pos:pos + 8], pos + 8
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            if pos + length > len(data):
-                raise ValueError("truncated field %d" % number)
-            value, pos = data[pos:pos + length], pos + length
-        elif wire == 5:
-            value, pos = data[pos:pos + 4], pos + 4
-        else:
-            raise ValueError("unsupported wire type %d" % wire)
-        if pos > len(data):
-            raise ValueError("truncated field %d" % number)
-        yield number, wire, value
 
 
 def pprof_sample_types(data):
