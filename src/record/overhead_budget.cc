@@ -38,7 +38,8 @@ OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, uint64_t traps_to
   }
   // How late the daemon woke for the check it asked for (a busy machine): rises at once, decays slowly.
   if (requested_ns_ > 0 && now_ns >= requested_at_ns_) {
-    const double late = std::max(0.0, static_cast<double>(now_ns - requested_at_ns_) - static_cast<double>(requested_ns_));
+    const double late =
+        std::max(0.0, static_cast<double>(now_ns - requested_at_ns_) - static_cast<double>(requested_ns_));
     lateness_ns_ = late > lateness_ns_ ? late : 0.75 * lateness_ns_ + 0.25 * late;
     requested_ns_ = 0;
   }
@@ -55,11 +56,14 @@ OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, uint64_t traps_to
     window_start_traps_ = traps_total;
     window_start_unpausable_ = unpausable_total;
     // What the window spent beyond its allowance (traps between the last check and the detach taking effect, a
-    // late check on a busy machine, traps of the sites that stay attached) is owed by the next one, at most one
-    // allowance: a floor above the budget must not keep the sites detached long after it is gone.
-    carried_ns_ = budget_pct_ > 0 ? std::clamp(spent_ns - allowance_ns, 0.0, allowance_ns) : 0.0;
+    // late check on a busy machine, traps of the sites that stay attached) is owed by the next windows, at most four
+    // allowances (1 s of 250 ms windows): a floor above the budget must not keep the sites detached long after it is
+    // gone.
+    carried_ns_ = budget_pct_ > 0 ? std::clamp(spent_ns - allowance_ns, 0.0, kMaxCarryWindows * allowance_ns) : 0.0;
     charged_ns_ = carried_ns_;
     if (paused_) {
+      // A window that already owes its whole allowance stays paused: reattaching would cost a detach tail on top.
+      if (carried_ns_ >= allowance_ns) return Action::kNone;
       paused_ = false;
       return Action::kResume;
     }
@@ -67,13 +71,20 @@ OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, uint64_t traps_to
   }
   if (budget_pct_ <= 0 || paused_) return Action::kNone;
   // Pause when the allowance is spent, or would be before the soonest next check (kMinCheckNs plus the lateness seen
-  // recently) at the current rate. Better early than late: what the target pays beyond the allowance is only repaid
-  // in the next window.
-  if (SpentNs(traps_total) + rate_ * (static_cast<double>(kMinCheckNs) + lateness_ns_) >= allowance_ns) {
+  // recently) at the current rate plus the detach tail. Better early than late: what the target pays beyond the
+  // allowance is only repaid in the next windows.
+  if (SpentNs(traps_total) + rate_ * (static_cast<double>(kMinCheckNs) + lateness_ns_) + tail_ns_ >= allowance_ns) {
     paused_ = true;
+    traps_at_pause_ = traps_total;
     return Action::kPause;
   }
   return Action::kNone;
+}
+
+void OverheadBudget::Detached(uint64_t traps_total) {
+  if (!paused_ || traps_total < traps_at_pause_) return;
+  const double tail = static_cast<double>(traps_total - traps_at_pause_) * cost_ns_;
+  tail_ns_ = tail > tail_ns_ ? tail : 0.75 * tail_ns_ + 0.25 * tail;
 }
 
 uint64_t OverheadBudget::NextCheckNs(uint64_t now_ns) {
@@ -81,7 +92,7 @@ uint64_t OverheadBudget::NextCheckNs(uint64_t now_ns) {
   if (started_ && budget_pct_ > 0 && !paused_ && rate_ > 0) {
     const double allowance_ns = budget_pct_ / 100.0 * static_cast<double>(window_ns_);
     // ns of wall time until the allowance is spent, less the lateness the daemon's wakeups have shown
-    const double until_spent = (allowance_ns - SpentNs(last_traps_)) / rate_ - lateness_ns_;
+    const double until_spent = (allowance_ns - SpentNs(last_traps_) - tail_ns_) / rate_ - lateness_ns_;
     next = until_spent <= static_cast<double>(kMinCheckNs) ? kMinCheckNs
            : until_spent >= static_cast<double>(kMaxCheckNs) ? kMaxCheckNs
                                                               : static_cast<uint64_t>(until_spent);

@@ -15,9 +15,11 @@
 // current trap rate and asks to be checked again then (NextCheckNs, 1-5 ms, earlier by the lateness its recent
 // wakeups showed: a loaded machine wakes the daemon late), and pauses early when the allowance would run out before
 // the soonest next check. What a window still spends beyond its allowance (traps while the detach takes effect:
-// ~3 ms on a busy 2-core VM, the breakpoints go one site at a time under the target's mmap lock) is carried into the
-// next window (at most one allowance), so over a long run the budget holds and a short run overspends by at most
-// about one window's allowance plus one overshoot.
+// 3-150 ms on a busy 2-core VM: the kernel removes the breakpoints only after an RCU grace period (dup_mmap_sem),
+// then one site at a time under the target's mmap lock) is carried into the
+// next window (at most four allowances; a window that owes its whole allowance is skipped, the sites stay detached),
+// so over a long run the budget holds and a short run overspends by at most about one window's allowance plus one
+// overshoot. The detach tail is learnt (Detached) and later pauses begin that much earlier.
 //
 // Detaching and reattaching: uprobe (un)registration writes the breakpoints into the target's text pages (a COW
 // copy per probed page, under its mmap lock) and costs the daemon ~0.05-0.2 ms of CPU per group
@@ -63,6 +65,8 @@ class OverheadBudget {
   // Bounds of NextCheckNs: never later than the daemon's usual 5 ms check, never sooner than 1 ms (poll granularity).
   static constexpr uint64_t kMaxCheckNs = 5'000'000;
   static constexpr uint64_t kMinCheckNs = 1'000'000;
+  // A window's overspend is carried into the next ones up to this many allowances.
+  static constexpr double kMaxCarryWindows = 4;
 
   // budget_pct <= 0: never pauses (estimates only). cost_us: one probe trap, microseconds.
   OverheadBudget(double budget_pct, double cost_us, uint64_t window_ns = kDefaultWindowNs)
@@ -77,6 +81,10 @@ class OverheadBudget {
   // Target time the probes cost outside their traps (ns), charged to the current window: the daemon's CPU time for
   // detaching and reattaching a group.
   void Charge(double cost_ns) { charged_ns_ += cost_ns; }
+  // Call when the detach that followed kPause has returned, with the traps counted then: the traps taken between
+  // the decision and the breakpoints' removal (the kernel waits for an RCU grace period first, milliseconds to
+  // ~150 ms on a busy VM) are the detach tail, which later pauses start that much earlier to allow for.
+  void Detached(uint64_t traps_total);
 
   // When to call Update next (ns from now_ns): at the predicted exhaustion of the allowance at the trap rate seen
   // between the last two updates, less the lateness of recent wakeups, within [kMinCheckNs, kMaxCheckNs];
@@ -111,6 +119,8 @@ class OverheadBudget {
   uint64_t requested_at_ns_ = 0;  // when NextCheckNs was last asked, and what it answered (0: not since Update)
   uint64_t requested_ns_ = 0;
   double lateness_ns_ = 0;  // how much later than asked the daemon's checks came, recently
+  uint64_t traps_at_pause_ = 0;
+  double tail_ns_ = 0;  // trap cost of recent detach tails (rises at once, decays)
   uint64_t last_ns_ = 0;   // previous Update
   uint64_t last_traps_ = 0;
   double rate_ = 0;  // trap cost per ns of wall time between the last two updates (unitless share)

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -205,6 +206,10 @@ Result<int> Record(const RecordOptions& o) {
   uint64_t origin_ns = 0;
   uint64_t gc_epoch = 0;  // GC_ENTER records seen (and drops): the stack resolver's cache generation
   Reorderer reorder(20'000'000);
+  // --max-overhead's check (set once the main loop's state exists). The ring callbacks call it too: a burst of stack
+  // records can hold Poll for ~100 ms while new frames are symbolized, and the target's traps do not wait for it.
+  std::function<void()> budget_tick;
+  uint64_t ring_records = 0;
   std::unique_ptr<BpfSession> session;
   {
     SessionOptions so;
@@ -212,6 +217,7 @@ Result<int> Record(const RecordOptions& o) {
     so.force_single_links = o.force_single_links;
     Result<std::unique_ptr<BpfSession>> s =
         BpfSession::Open(so, [&](const rv_record& r) {
+          if (budget_tick && ++ring_records % 64 == 0) budget_tick();  // cheap records: look at the clock sometimes
           // Objects move or die only inside GC: the stack resolver's cache is revalidated after each one.
           if (r.kind == RV_EV_GC_ENTER) ++gc_epoch;
           reorder.Push(FromRecord(r, origin_ns));
@@ -300,6 +306,7 @@ Result<int> Record(const RecordOptions& o) {
     if (Status st = session->SetConfig(cfg); !st) return fail(st.error());
     session->SetStackCallback([&](const rv_record& r, const rv_stack_header& h,
                                   std::span<const rv_ruby_frame> frames) {
+      if (budget_tick) budget_tick();
       poll_ec_route();
       TraceEvent e;
       if (r.kind == RV_EV_SAMPLE) {
@@ -348,6 +355,10 @@ Result<int> Record(const RecordOptions& o) {
   std::vector<SiteSpec>& high = split.high;
   // BpfSession assigns cookies in attach order (low group, then high group), starting at 0 for this session.
   site_functions = split.functions;
+  // Attach mode: the VM is mapped already, so the stack resolver (tens of ms for a large static ruby's symbol table)
+  // is built before the probes go live rather than inside the first stack record's callback, where it would hold
+  // the main loop, and the --max-overhead checks with it, while the target traps.
+  if (stack_setup && !launch && !resolver) resolver = MakeStackResolver(target.pid, target.vm_path, *stack_setup);
   TargetWatch watch = TargetWatch::ForPid(target.pid);
   const uint64_t attach_start = MonotonicNs();
   std::unique_ptr<SiteGroup> low_group, high_group;
@@ -363,7 +374,8 @@ Result<int> Record(const RecordOptions& o) {
   if (stack_setup && sampling) {
     if (Status st = session->StartSampling(o.hz); !st) return fail(st.error().Wrap("starting on-CPU sampling"));
   }
-  const double attach_ms = static_cast<double>(MonotonicNs() - attach_start) / 1e6;
+  const uint64_t attached_ns = MonotonicNs();
+  const double attach_ms = static_cast<double>(attached_ns - attach_start) / 1e6;
   if (!launch && watch.Exited()) return fail(TargetExitedError(target.pid));
   if (!o.quiet) {
     fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s, in %.0f ms; writing %s\n",
@@ -395,6 +407,9 @@ Result<int> Record(const RecordOptions& o) {
   // warning from firing on a brief burst.
   OverheadBudget budget(o.max_overhead_pct, o.probe_cost_us,
                         o.max_overhead_pct > 0 ? OverheadBudget::kDefaultWindowNs : 1'000'000'000);
+  // The first window starts when the probes went live, with no trap counted yet (the BPF counters start at 0): the
+  // main loop's first check can come 100+ ms later (stack setup), and those traps belong to the budget too.
+  budget.Update(attached_ns, TrapCounts{});
   bool floor_warned = false;
   uint64_t last_status = 0;    // monotonic ns of the last status line
   uint64_t status_events = 0;  // seen.events at that line, for the events/s figure
@@ -418,16 +433,6 @@ Result<int> Record(const RecordOptions& o) {
       if (!n || *n == 0) break;
     }
   };
-  auto emit_daemon = [&](EventName name, std::string reason, double pct) {
-    drain_ring();
-    TraceEvent e;
-    e.t_ns = now_t();
-    e.event = name;
-    e.source = kSourceDaemon;
-    e.reason = std::move(reason);
-    e.overhead_pct = pct;
-    reorder.Push(std::move(e));
-  };
   auto check_counters = [&]() {
     rv_counters c = session->ReadCounters();
     if (c.dropped > seen.dropped) {
@@ -443,10 +448,68 @@ Result<int> Record(const RecordOptions& o) {
     seen = c;
   };
 
+  // --max-overhead: every trap the target paid (BPF's probe_hits, discarded hits included) x the cost of one, plus
+  // the daemon's CPU time to detach and reattach, against the budget (see OverheadBudget). Per-site hits (one batch
+  // map read) say what the sites that stay attached cost. Runs from the main loop after Poll and from inside Poll's
+  // callbacks (budget_tick), so it cannot drain the ring before stamping its records (as check_counters does); the
+  // stamps are chosen instead: tracing_paused once the detach has returned (every trap of the detach tail is older),
+  // tracing_resumed before the reattach (every event after it is newer). Records still in the ring are older than
+  // both and sort into place within the reorder window.
+  auto push_daemon = [&](EventName name, const char* reason, double pct, uint64_t t_ns) {
+    TraceEvent e;
+    e.t_ns = t_ns;
+    e.event = name;
+    e.source = kSourceDaemon;
+    e.reason = reason;
+    e.overhead_pct = pct;
+    reorder.Push(std::move(e));
+  };
+  std::optional<Error> reattach_error;
+  uint64_t next_check_ns = 0;
+  bool in_check = false;
+  auto check_budget = [&]() {
+    const uint64_t now = MonotonicNs();
+    if (now < next_check_ns || in_check) return;
+    in_check = true;
+    const TrapCounts traps = CountTraps(session->ReadCounters(), session->ReadSiteHits(),
+                                        low_group ? low_group->cookies() : std::vector<uint64_t>{});
+    switch (budget.Update(now, traps)) {
+      case OverheadBudget::Action::kPause:
+        if (high_group && high_group->attached()) {
+          const uint64_t cpu0 = ThreadCpuNs();
+          session->Detach(*high_group);
+          budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
+          budget.Detached(session->ReadCounters().probe_hits);
+          push_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, traps.total), now_t());
+        }
+        break;
+      case OverheadBudget::Action::kResume:
+        if (high_group && !high_group->attached()) {
+          const uint64_t cpu0 = ThreadCpuNs();
+          const uint64_t before_t = now_t();
+          Status st = session->Reattach(*high_group);
+          budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
+          if (st) {
+            push_daemon(EventName::kTracingResumed, "budget window over", budget.last_window_pct(), before_t);
+          } else if (!reattach_error) {
+            reattach_error = st.error();
+          }
+        }
+        break;
+      case OverheadBudget::Action::kNone:
+        break;
+    }
+    next_check_ns = MonotonicNs() + budget.NextCheckNs(now);
+    in_check = false;
+  };
+  if (o.max_overhead_pct > 0) budget_tick = check_budget;
+
   for (;;) {
-    const int timeout_ms = o.max_overhead_pct > 0
-                               ? static_cast<int>(budget.NextCheckNs(MonotonicNs()) / 1'000'000)
-                               : poll_ms;
+    int timeout_ms = poll_ms;
+    if (o.max_overhead_pct > 0) {
+      const uint64_t now = MonotonicNs();
+      timeout_ms = next_check_ns > now ? static_cast<int>((next_check_ns - now + 999'999) / 1'000'000) : 0;
+    }
     Result<int> n = session->Poll(timeout_ms);
     if (!n) {
       fprintf(stderr, "%s\n", n.error().ToString().c_str());
@@ -472,37 +535,19 @@ Result<int> Record(const RecordOptions& o) {
     }
     const uint64_t now = MonotonicNs();
 
-    // Overhead: every trap the target paid (BPF's probe_hits, discarded hits included) x the cost of one, plus the
-    // daemon's CPU time to detach and reattach, against the --max-overhead budget (see OverheadBudget). Per-site hits
-    // (one map read) say what the sites that stay attached cost; only needed with a budget.
-    const TrapCounts traps =
-        CountTraps(seen, o.max_overhead_pct > 0 ? session->ReadSiteHits() : std::vector<uint64_t>{},
-                   low_group ? low_group->cookies() : std::vector<uint64_t>{});
-    switch (budget.Update(now, traps)) {
-      case OverheadBudget::Action::kPause:
-        if (high_group && high_group->attached()) {
-          const uint64_t cpu0 = ThreadCpuNs();
-          session->Detach(*high_group);
-          budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
-          emit_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, traps.total));
+    if (o.max_overhead_pct > 0) {
+      check_budget();
+      if (reattach_error) {
+        if (!(!launch && watch.Exited())) {
+          fprintf(stderr, "%s\n", reattach_error->ToString().c_str());
+          stop_reason = "error";
+          stop_now = true;
         }
-        break;
-      case OverheadBudget::Action::kResume:
-        if (high_group && !high_group->attached()) {
-          const uint64_t cpu0 = ThreadCpuNs();
-          Status st = session->Reattach(*high_group);
-          budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
-          if (st) {
-            emit_daemon(EventName::kTracingResumed, "budget window over", budget.last_window_pct());
-          } else if (!(!launch && watch.Exited())) {
-            fprintf(stderr, "%s\n", st.error().ToString().c_str());
-            stop_reason = "error";
-            stop_now = true;
-          }
-        }
-        break;
-      case OverheadBudget::Action::kNone:
-        break;
+        reattach_error.reset();
+      }
+    } else {
+      // Estimate only (1 s windows): the warning below.
+      budget.Update(now, CountTraps(seen, {}, {}));
     }
     if (o.max_overhead_pct > 0 && budget.floor_pct() > o.max_overhead_pct && !floor_warned && !o.quiet) {
       floor_warned = true;
@@ -545,7 +590,8 @@ Result<int> Record(const RecordOptions& o) {
     }
   }
 
-  // Drain what the ring still holds, then the final drop count.
+  // Drain what the ring still holds, then the final drop count. The budget is over: nothing is reattached now.
+  budget_tick = nullptr;
   drain_ring();
   check_counters();
   reorder.Drain(&ready);

@@ -136,6 +136,38 @@ TEST(OverheadBudget, OverspendFromLateChecksAndSlowDetachesIsRepaidInTheNextWind
   EXPECT_LE(short_run.spent_ns, 0.05 * 1'500 * kMs + 2 * 0.05 * OverheadBudget::kDefaultWindowNs);
 }
 
+TEST(OverheadBudget, ASlowDetachIsOwedAndLaterPausesStartEarlierByItsTail) {
+  OverheadBudget b(5.0, 10.0);  // 12.5 ms allowance per 250 ms window
+  b.Update(0, 0);
+  EXPECT_EQ(b.Update(5 * kMs, 500), Action::kNone);     // rate 1.0
+  EXPECT_EQ(b.Update(10 * kMs, 1'000), Action::kNone);  // 10 ms spent
+  EXPECT_EQ(b.Update(12 * kMs, 1'200), Action::kPause);  // 12 ms + 1 ms ahead
+  // The detach took effect only after 30 ms more of traps (an RCU grace period on a busy machine).
+  b.Detached(4'200);
+  // 43 ms spent, 30.5 ms over: owed by the next windows. Owing a whole allowance, the next window stays paused
+  // (reattaching would cost another tail), and so does the one after (18 ms owed).
+  EXPECT_EQ(b.Update(250 * kMs, 4'300), Action::kNone);
+  EXPECT_TRUE(b.paused());
+  EXPECT_NEAR(b.current_pct(260 * kMs, 4'300), 30.5 / 10 * 100, 1e-9);
+  EXPECT_EQ(b.Update(500 * kMs, 4'300), Action::kNone);
+  EXPECT_EQ(b.Update(750 * kMs, 4'300), Action::kResume);
+  EXPECT_NEAR(b.current_pct(760 * kMs, 4'300), 5.5 / 10 * 100, 1e-9);
+  // 5.5 ms owed and a 30 ms detach tail to expect: pausing now is what keeps the window closest to its allowance.
+  EXPECT_EQ(b.Update(760 * kMs, 4'300), Action::kPause);
+  b.Detached(4'400);  // a 1 ms tail this time: the estimate decays (30 -> 22.75 ms), it does not vanish
+  EXPECT_EQ(b.Update(1000 * kMs, 4'400), Action::kResume);  // 6.5 ms spent: nothing owed
+  // A tail longer than the allowance: each resumed window is one short burst (the first check, then the detach).
+  EXPECT_EQ(b.Update(1005 * kMs, 4'400), Action::kPause);
+
+  // The debt is capped at four allowances: a floor far above the budget must not keep the sites detached for long
+  // once it is gone.
+  OverheadBudget c(5.0, 10.0);
+  c.Update(0, 0);
+  EXPECT_EQ(c.Update(5 * kMs, 100'000), Action::kPause);  // 1 s of traps in 5 ms
+  for (uint64_t t : {250, 500, 750, 1000}) EXPECT_EQ(c.Update(t * kMs, 100'000), Action::kNone) << t;
+  EXPECT_EQ(c.Update(1250 * kMs, 100'000), Action::kResume);
+}
+
 TEST(OverheadBudget, LateWakeupsMakeItPauseEarlier) {
   OverheadBudget on_time(5.0, 10.0), late(5.0, 10.0);  // 12.5 ms allowance per 250 ms window
   for (OverheadBudget* b : {&on_time, &late}) {
@@ -174,7 +206,8 @@ TEST(OverheadBudget, FloorSaysWhatTheSitesThatStayAttachedCostAlone) {
   b.Update(0, 0, 0);
   EXPECT_EQ(b.Update(100 * kMs, 5'000, 4'000), Action::kPause);
   // Paused: only the unpausable sites (e.g. a GC.start loop: GC enter/exit sites) keep trapping, 6,000 more.
-  EXPECT_EQ(b.Update(1000 * kMs, 11'000, 10'000), Action::kResume);
+  // 110 ms spent in a 50 ms allowance: the next window owes more than its allowance and stays paused.
+  EXPECT_EQ(b.Update(1000 * kMs, 11'000, 10'000), Action::kNone);
   EXPECT_NEAR(b.floor_pct(), 10.0, 1e-9) << "100 ms of unpausable traps in 1 s";
   EXPECT_NEAR(b.last_window_pct(), 11.0, 1e-9);
   EXPECT_GT(b.floor_pct(), 5.0);
