@@ -69,8 +69,6 @@ struct BuiltProfile {
   uint64_t total = 0;        // cpu: samples; the others: ns
 };
 
-// The GC pseudo-frame, as src/record/recorder.cc puts it on samples taken during GC.
-inline constexpr std::string_view kGcFrameLabel = "(garbage collection)";
 // The frame standing in for stacks that did not fit in a full stack table.
 inline constexpr std::string_view kStackTableFullFrame = "[stack table full]";
 

@@ -198,26 +198,53 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   return b.Build();
 }
 
+namespace {
+
+// One deflate state, initialized once and reset per stream (deflateReset keeps the allocations).
+class GzipState {
+ public:
+  GzipState() {
+    // windowBits 15 + 16: a gzip header and trailer rather than a zlib one (pprof files are .pb.gz).
+    ok_ = deflateInit2(&zs_, Z_BEST_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK;
+  }
+  ~GzipState() {
+    if (ok_) deflateEnd(&zs_);
+  }
+  GzipState(const GzipState&) = delete;
+  GzipState& operator=(const GzipState&) = delete;
+
+  Result<std::string> Compress(std::string_view data) {
+    if (!ok_) return Error(ErrorCode::kInternal, "zlib deflateInit2 failed");
+    if (deflateReset(&zs_) != Z_OK) return Error(ErrorCode::kInternal, "zlib deflateReset failed");
+    // Into a scratch buffer that keeps its size between calls (no zero-filling of a fresh bound-sized string).
+    const size_t bound = deflateBound(&zs_, static_cast<uLong>(data.size())) + 32;
+    if (scratch_.size() < bound) scratch_.resize(bound);
+    zs_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+    zs_.avail_in = static_cast<uInt>(data.size());
+    zs_.next_out = reinterpret_cast<Bytef*>(scratch_.data());
+    zs_.avail_out = static_cast<uInt>(bound);
+    const int rc = deflate(&zs_, Z_FINISH);
+    std::string out(scratch_.data(), bound - zs_.avail_out);
+    // A buffer grown for one large profile is not kept for good.
+    if (scratch_.size() > kKeepScratchBytes) std::vector<char>().swap(scratch_);
+    if (rc != Z_STREAM_END) {
+      return Error(ErrorCode::kInternal, "zlib deflate did not finish (" + std::to_string(rc) + ")");
+    }
+    return out;
+  }
+
+ private:
+  static constexpr size_t kKeepScratchBytes = 1 << 20;
+  z_stream zs_{};
+  bool ok_ = false;
+  std::vector<char> scratch_;
+};
+
+}  // namespace
+
 Result<std::string> Gzip(std::string_view data) {
-  z_stream zs{};
-  // windowBits 15 + 16: a gzip header and trailer rather than a zlib one (pprof files are .pb.gz).
-  if (deflateInit2(&zs, Z_BEST_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
-    return Error(ErrorCode::kInternal, "zlib deflateInit2 failed");
-  }
-  std::string out;
-  out.resize(deflateBound(&zs, static_cast<uLong>(data.size())) + 32);
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  zs.avail_in = static_cast<uInt>(data.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  const int rc = deflate(&zs, Z_FINISH);
-  const size_t written = out.size() - zs.avail_out;
-  deflateEnd(&zs);
-  if (rc != Z_STREAM_END) {
-    return Error(ErrorCode::kInternal, "zlib deflate did not finish (" + std::to_string(rc) + ")");
-  }
-  out.resize(written);
-  return out;
+  thread_local GzipState state;
+  return state.Compress(data);
 }
 
 Status ExportPprof(const TraceFile& trace, std::ostream& out) {

@@ -59,7 +59,9 @@ Status ExportPprof(const TraceFile& trace, std::ostream& out);
 // Reads the trace first; errors are also those of TraceReader::ReadFile.
 Status ExportPprof(const std::string& trace_path, std::ostream& out);
 
-// gzip (RFC 1952) of `data`, for the export and its tests.
+// gzip (RFC 1952) of `data`, best compression, for the export and the fleet agent's profiles. Each thread keeps one
+// deflate state and resets it per call (the same bytes as a fresh one): the agent compresses ~4 profiles per process
+// every interval, and a fresh state is ~256 KiB of zlib tables allocated, page-faulted in and cleared each time.
 Result<std::string> Gzip(std::string_view data);
 
 }  // namespace rvbpfd

@@ -35,6 +35,7 @@
 #include "target/target.h"
 #include "trace/event.h"
 #include "trace/reorder.h"
+#include "trace/stacks.h"
 #include "trace/thread_ids.h"
 #include "trace/writer.h"
 
@@ -327,7 +328,7 @@ Result<int> Record(const RecordOptions& o) {
       resolver->set_epoch(gc_epoch);
       resolver->Resolve(frames, &frame_infos);
       if (r.flags & RV_REC_IN_GC) {
-        frame_infos.insert(frame_infos.begin(), FrameInfo{"(garbage collection)", "", 0, FrameKind::kGc});
+        frame_infos.insert(frame_infos.begin(), FrameInfo{std::string(kGcFrameLabel), "", 0, FrameKind::kGc});
       }
       AppendStackEndMarker(h, &frame_infos);
       frame_ids.clear();

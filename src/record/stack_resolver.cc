@@ -48,12 +48,24 @@ size_t StackResolver::KeyHash::operator()(const Key& k) const {
 
 bool StackResolver::ReadHeads(const rv_ruby_frame& frame, Heads* heads) {
   if (!mem_->Read(frame.addr, heads->head.data(), sizeof(heads->head))) return false;
-  // C frames have no line; their cfp_iseq is not part of the result.
-  if (frame.kind != RV_RB_FRAME_CME_CFUNC && frame.cfp_iseq != 0 &&
-      !mem_->Read(frame.cfp_iseq, heads->iseq_head.data(), sizeof(heads->iseq_head))) {
-    return false;
+  if (NeedsIseqHead(frame)) {
+    return mem_->Read(frame.cfp_iseq, heads->iseq_head.data(), sizeof(heads->iseq_head));
   }
+  CopyIseqHead(frame, heads);
   return true;
+}
+
+bool StackResolver::NeedsIseqHead(const rv_ruby_frame& frame) {
+  // C frames have no line, so their cfp_iseq is not part of the result; an ISEQ frame's cfp_iseq is usually its
+  // own addr, whose head was just read.
+  return frame.kind != RV_RB_FRAME_CME_CFUNC && frame.cfp_iseq != 0 && frame.cfp_iseq != frame.addr;
+}
+
+void StackResolver::CopyIseqHead(const rv_ruby_frame& frame, Heads* heads) {
+  static_assert(sizeof(Heads::iseq_head) <= sizeof(Heads::head));
+  if (frame.kind != RV_RB_FRAME_CME_CFUNC && frame.cfp_iseq != 0 && frame.cfp_iseq == frame.addr) {
+    std::copy_n(heads->head.begin(), heads->iseq_head.size(), heads->iseq_head.begin());
+  }
 }
 
 size_t StackResolver::FrontIndex(const Key& k) {
@@ -115,6 +127,7 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
 }
 
 void StackResolver::Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out) {
+  RevalidateStale(frames);
   out->clear();
   out->reserve(frames.size());
   for (const rv_ruby_frame& f : frames) out->push_back(*ResolveFrameShared(f));
@@ -133,6 +146,7 @@ void StackResolver::ResolveShared(std::span<const rv_ruby_frame> frames, std::ve
       return;
     }
   }
+  RevalidateStale(frames);
   out->clear();
   out->reserve(frames.size());
   bool all_cached = true;
@@ -147,6 +161,42 @@ void StackResolver::ResolveShared(std::span<const rv_ruby_frame> frames, std::ve
     memo->raw.assign(frames.begin(), frames.end());
     memo->frames.assign(out->begin(), out->end());
     memo->epoch = epoch_;
+  }
+}
+
+void StackResolver::RevalidateStale(std::span<const rv_ruby_frame> frames) {
+  stale_.clear();
+  for (const rv_ruby_frame& f : frames) {
+    if (f.kind == RV_RB_FRAME_UNRESOLVED || f.kind == RV_RB_FRAME_NONE) continue;
+    const Key key{f.addr, f.pc, f.cfp_iseq, f.kind, f.flags};
+    Entry* e = Find(key, front_[FrontIndex(key)]);
+    if (e == nullptr || e->epoch == epoch_) continue;
+    // A frame repeated in the stack (recursion) is queued once.
+    if (std::any_of(stale_.begin(), stale_.end(), [&](const Stale& s) { return s.entry == e; })) continue;
+    stale_.push_back({e, &f});
+  }
+  if (stale_.empty()) return;
+  stale_heads_.assign(stale_.size(), Heads{});
+  requests_.clear();
+  // Same reads as ReadHeads, per frame: the object's head, then (when it is another object) the cfp's iseq head.
+  for (size_t i = 0; i < stale_.size(); ++i) {
+    const rv_ruby_frame& f = *stale_[i].frame;
+    requests_.push_back({f.addr, stale_heads_[i].head.data(), sizeof(Heads::head)});
+    if (NeedsIseqHead(f)) {
+      requests_.push_back({f.cfp_iseq, stale_heads_[i].iseq_head.data(), sizeof(Heads::iseq_head)});
+    }
+  }
+  mem_->ReadMany(requests_);
+  size_t r = 0;
+  for (size_t i = 0; i < stale_.size(); ++i) {
+    const rv_ruby_frame& f = *stale_[i].frame;
+    bool ok = requests_[r++].ok;
+    if (NeedsIseqHead(f)) ok = requests_[r++].ok && ok;
+    CopyIseqHead(f, &stale_heads_[i]);
+    if (ok && stale_heads_[i] == stale_[i].entry->heads) {
+      ++revalidations_;
+      stale_[i].entry->epoch = epoch_;
+    }
   }
 }
 

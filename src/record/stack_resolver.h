@@ -89,6 +89,10 @@ class StackResolver {
 
   // False when the objects cannot be read (the frame then goes to the symbolizer, which reports it unresolved).
   bool ReadHeads(const rv_ruby_frame& frame, Heads* heads);
+  // Whether the frame's cfp_iseq head is a second read; when it is the frame's own object, CopyIseqHead fills it in
+  // from the head already read.
+  static bool NeedsIseqHead(const rv_ruby_frame& frame);
+  static void CopyIseqHead(const rv_ruby_frame& frame, Heads* heads);
   // Whole stacks resolved in one epoch with every frame from the cache: the same raw frames in the same epoch give
   // the same shared frames (cache entries are only erased in a later epoch, or all at once, which clears these too),
   // so a repeated stack costs one hash and one compare. Direct-mapped by stack hash; stacks of up to
@@ -103,6 +107,10 @@ class StackResolver {
 
   static size_t FrontIndex(const Key& key);
   bool IsCached(const rv_ruby_frame& frame, const SharedFrame& info);
+  // Before a stack is resolved: re-reads the heads of all its cached frames of an earlier epoch in one batch
+  // (MemoryReader::ReadMany) and marks those still unchanged as valid in this epoch. Frames whose heads changed or
+  // could not be read are left as they were, and the per-frame path handles them.
+  void RevalidateStale(std::span<const rv_ruby_frame> frames);
   Entry* Find(const Key& key, FrontSlot& slot);
 
   std::unique_ptr<MemoryReader> mem_;
@@ -110,6 +118,14 @@ class StackResolver {
   std::unordered_map<Key, Entry, KeyHash> cache_;
   std::vector<FrontSlot> front_;  // kFrontSlots entries (40 KB)
   std::vector<StackMemo> stack_memo_;  // kStackMemoSlots entries
+  // RevalidateStale's scratch space (kept to avoid allocating per stack).
+  struct Stale {
+    Entry* entry;
+    const rv_ruby_frame* frame;
+  };
+  std::vector<Stale> stale_;
+  std::vector<Heads> stale_heads_;
+  std::vector<MemoryReader::Request> requests_;
   uint64_t cache_clears_ = 0;
   uint64_t epoch_ = 0;
   uint64_t hits_ = 0;

@@ -17,8 +17,55 @@ bool ProcessMemoryReader::Read(uint64_t addr, void* dst, size_t len) {
   struct iovec local = {dst, len};
   struct iovec remote = {reinterpret_cast<void*>(addr), len};
   // process_vm_readv may return a partial count when the range crosses into an unmapped page: that is a failure here.
+  ++syscalls_;
   ssize_t n = process_vm_readv(pid_, &local, 1, &remote, 1, 0);
   return n == static_cast<ssize_t>(len);
+}
+
+size_t ProcessMemoryReader::ReadMany(std::span<Request> requests) {
+  size_t ok = 0;
+  struct iovec local[kMaxBatch];
+  struct iovec remote[kMaxBatch];
+  size_t i = 0;
+  while (i < requests.size()) {
+    // Invalid requests fail here, without a syscall, exactly as Read would fail them.
+    Request& first = requests[i];
+    if (first.len == 0 || first.len > kMaxReadBytes || first.addr + first.len < first.addr) {
+      first.ok = false;
+      ++i;
+      continue;
+    }
+    size_t n = 0;
+    while (i + n < requests.size() && n < kMaxBatch) {
+      const Request& r = requests[i + n];
+      if (r.len == 0 || r.len > kMaxReadBytes || r.addr + r.len < r.addr) break;
+      local[n] = {r.dst, r.len};
+      remote[n] = {reinterpret_cast<void*>(r.addr), r.len};
+      ++n;
+    }
+    ++syscalls_;
+    const ssize_t got = process_vm_readv(pid_, local, n, remote, n, 0);
+    if (got < 0 && errno == ESRCH) {  // the target is gone: nothing else can be read either
+      for (; i < requests.size(); ++i) requests[i].ok = false;
+      break;
+    }
+    // The kernel never splits an element: the bytes read cover whole leading elements, and the first one not
+    // covered is the one that failed. Mark the covered ones, fail that one, and continue after it.
+    size_t covered = 0;
+    size_t bytes = got > 0 ? static_cast<size_t>(got) : 0;
+    while (covered < n && bytes >= requests[i + covered].len) {
+      bytes -= requests[i + covered].len;
+      requests[i + covered].ok = true;
+      ++covered;
+    }
+    ok += covered;
+    i += covered;
+    if (covered < n) {
+      requests[i].ok = false;
+      ++i;
+    }
+  }
+  return ok;
 }
 
 Result<std::vector<uint8_t>> ReadMaybeGzipFile(const std::string& path, size_t max_bytes) {

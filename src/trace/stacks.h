@@ -24,6 +24,9 @@ enum class FrameKind : uint8_t {
   kUnresolved,  // a frame the symbolizer could not read safely; its label says what is known ("<unresolved ...>")
 };
 
+// The label of the kGc pseudo-frame, one for `rvbpfd record` and the fleet agent's profiles.
+inline constexpr std::string_view kGcFrameLabel = "(garbage collection)";
+
 // "ruby", "cfunc", "gc", "unresolved".
 std::string_view FrameKindString(FrameKind kind);
 std::optional<FrameKind> ParseFrameKind(std::string_view name);

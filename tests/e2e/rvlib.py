@@ -197,6 +197,22 @@ def setup_rubies(args):
     return rubies
 
 
+def begin(description, extra=None):
+    """The common start of a test on the test Rubies: arguments, the BPF check (exit 77 where BPF is forbidden),
+    the rvbpfd binary, the Rubies with their in-process reference recorders. A setup failure is one failed check and
+    ends the test. Returns (args, Results, rvbpfd path, [Ruby])."""
+    args = parse_args(description, extra)
+    require_bpf_environment()
+    res = Results()
+    try:
+        rvbpfd = require_rvbpfd(args.rvbpfd)
+        rubies = setup_rubies(args)
+    except Fatal as e:
+        res.check("setup (rvbpfd binary, test Rubies, rvref)", [str(e)])
+        res.finish()
+    return args, res, rvbpfd, rubies
+
+
 def workload_path(name):
     p = os.path.join(WORKLOAD_DIR, f"{name}.rb")
     if not os.path.isfile(p):

@@ -45,15 +45,7 @@ def accounting(trace):
 
 
 def main():
-    args = rvlib.parse_args(__doc__)
-    rvlib.require_bpf_environment()
-    res = rvlib.Results()
-    try:
-        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        rubies = rvlib.setup_rubies(args)
-    except rvlib.Fatal as e:
-        res.check("setup (rvbpfd binary, test Rubies)", [str(e)])
-        res.finish()
+    args, res, rvbpfd, rubies = rvlib.begin(__doc__)
     outdir = rvlib.make_outdir(args, "budget")
     for ruby in rubies:
         name = f"trap accounting {ruby.name} flood attach (complete recording)"

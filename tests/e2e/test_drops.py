@@ -20,15 +20,7 @@ import rvlib  # noqa: E402
 
 
 def main():
-    args = rvlib.parse_args(__doc__)
-    rvlib.require_bpf_environment()
-    res = rvlib.Results()
-    try:
-        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        rubies = rvlib.setup_rubies(args)
-    except rvlib.Fatal as e:
-        res.check("setup (rvbpfd binary, test Rubies, rvref)", [str(e)])
-        res.finish()
+    args, res, rvbpfd, rubies = rvlib.begin(__doc__)
     outdir = rvlib.make_outdir(args, "drops")
     for ruby in rubies:
         name = f"drops {ruby.name} flood attach --ring-buffer-kb 4"

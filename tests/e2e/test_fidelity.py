@@ -26,15 +26,7 @@ MODES = ("attach", "launch")
 
 
 def main():
-    args = rvlib.parse_args(__doc__, lambda ap: ap.add_argument("--mode", action="append", choices=MODES))
-    rvlib.require_bpf_environment()
-    res = rvlib.Results()
-    try:
-        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        rubies = rvlib.setup_rubies(args)
-    except rvlib.Fatal as e:
-        res.check("setup (rvbpfd binary, test Rubies, rvref)", [str(e)])
-        res.finish()
+    args, res, rvbpfd, rubies = rvlib.begin(__doc__, lambda ap: ap.add_argument("--mode", action="append", choices=MODES))
     print(f"rule {rvlib.TEARDOWN_TRACEPOINTS_RULE}")
     print(f"rule {rvlib.IMPLICIT_RESUME_RULE}")
     outdir = rvlib.make_outdir(args, "fidelity")

@@ -53,15 +53,7 @@ def expected_probe_count(rvbpfd, ruby):
 
 
 def main():
-    args = rvlib.parse_args(__doc__, lambda ap: ap.add_argument("--mode", action="append", choices=MODES))
-    rvlib.require_bpf_environment()
-    res = rvlib.Results()
-    try:
-        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        rubies = rvlib.setup_rubies(args)
-    except rvlib.Fatal as e:
-        res.check("setup (rvbpfd binary, test Rubies, rvref)", [str(e)])
-        res.finish()
+    args, res, rvbpfd, rubies = rvlib.begin(__doc__, lambda ap: ap.add_argument("--mode", action="append", choices=MODES))
     print(f"rule {GC_FALLBACK_EARLY_RETURN_RULE}")
     print(f"rule {rvlib.TEARDOWN_TRACEPOINTS_RULE}")
     outdirs = []

@@ -123,15 +123,8 @@ def check_stats(trace, out):
 
 
 def main():
-    args = rvlib.parse_args(__doc__)
-    rvlib.require_bpf_environment()
-    res = rvlib.Results()
-    try:
-        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        rubies = {r.name: r for r in rvlib.setup_rubies(args)}
-    except rvlib.Fatal as e:
-        res.check("setup (rvbpfd binary, test Rubies, rvref)", [str(e)])
-        res.finish()
+    args, res, rvbpfd, ruby_list = rvlib.begin(__doc__)
+    rubies = {r.name: r for r in ruby_list}
     outdir = rvlib.make_outdir(args, "inspect")
     for rname, wl in (("3.4.5-static", "mutex_contention"), ("3.3.8-shared", "many_threads")):
         if rname not in rubies:

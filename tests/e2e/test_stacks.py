@@ -292,15 +292,7 @@ def check_golden(t, golden_path):
 
 
 def main():
-    args = rvlib.parse_args(__doc__)
-    rvlib.require_bpf_environment()
-    res = rvlib.Results()
-    try:
-        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        rubies = rvlib.setup_rubies(args)
-    except rvlib.Fatal as e:
-        res.check("setup (rvbpfd binary, test Rubies)", [str(e)])
-        res.finish()
+    args, res, rvbpfd, rubies = rvlib.begin(__doc__)
     outdir = rvlib.make_outdir(args, "stacks")
     cases = [
         ("stacks_hot", (), check_hot, {"STACKS_HOT_SECONDS": str(HOT_SECONDS)}),

@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "pprof_test_util.h"
 
@@ -171,6 +174,30 @@ TEST(PprofExport, GzipRoundTripsAndStartsWithTheGzipMagic) {
   EXPECT_EQ(static_cast<uint8_t>(gz[0]), 0x1f);
   EXPECT_EQ(static_cast<uint8_t>(gz[1]), 0x8b);
   EXPECT_EQ(Gunzip(gz), BuildPprofProfile(trace));
+}
+
+TEST(PprofExport, GzipReusesItsStateWithoutCarryingAnythingOver) {
+  // One state per thread, reset per call: every call must equal a fresh compression of its own input, whatever came
+  // before (a large input that outgrew the scratch buffer, an empty one, a small one twice).
+  std::string big;
+  for (int i = 0; big.size() < (3u << 20); ++i) big += "frame " + std::to_string(i * 7919 % 100003) + ";";
+  const std::string small = "abcabcabc";
+  const std::vector<std::string> inputs = {small, big, "", small, big.substr(0, 1000), small};
+  std::vector<std::string> first;
+  for (const std::string& in : inputs) {
+    Result<std::string> gz = Gzip(in);
+    ASSERT_TRUE(gz.ok());
+    EXPECT_EQ(Gunzip(*gz), in);
+    first.push_back(*gz);
+  }
+  EXPECT_EQ(first[0], first[3]);
+  EXPECT_EQ(first[0], first[5]);
+  // The same inputs on a new thread (a fresh state) give the same bytes.
+  std::vector<std::string> fresh;
+  std::thread([&] {
+    for (const std::string& in : inputs) fresh.push_back(Gzip(in).value());
+  }).join();
+  EXPECT_EQ(fresh, first);
 }
 
 TEST(PprofExport, LargeValuesAndIdsEncodeAsMultiByteVarints) {

@@ -29,22 +29,13 @@
 #include "stacks/ec_route.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
+#include "live_golden.h"
 
 namespace rvbpfd {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kRubies = "/var/cache/rvbpfd/rubies";
-
-std::string BuildGolden(const std::string& ruby_name, const std::string& ruby_bin) {
-  const std::string dir = std::string(RVBPFD_BINARY_DIR) + "/golden-" + ruby_name;
-  fs::create_directories(dir);
-  const std::string cmd = "cd '" + dir + "' && '" + ruby_bin + "' '" RVBPFD_SOURCE_DIR "/tests/golden/extconf.rb' " +
-                          "> build.log 2>&1 && make >> build.log 2>&1";
-  if (std::system(cmd.c_str()) != 0) return "";
-  return dir;
-}
 
 // fs_base of every thread of a stopped child, through ptrace (seize + interrupt keeps it stopped; detach returns each
 // thread to the group stop). Empty with *why set when ptrace is refused.
@@ -79,57 +70,15 @@ class EcRouteLiveTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EcRouteLiveTest, EveryThreadFindsItsOwnThreadThroughTls) {
   const std::string name = GetParam();
-  const std::string ruby = std::string(kRubies) + "/" + name + "/bin/ruby";
+  const std::string ruby = std::string(testing::kTestRubies) + "/" + name + "/bin/ruby";
   if (access(ruby.c_str(), X_OK) != 0) GTEST_SKIP() << ruby << " not installed (tools/build-test-rubies.sh)";
-  const std::string golden_dir = BuildGolden(name, ruby);
-  ASSERT_FALSE(golden_dir.empty()) << "building tests/golden failed, see " << RVBPFD_BINARY_DIR << "/golden-" << name;
-  const std::string out = golden_dir + "/ec-live-" + std::to_string(getpid()) + ".json";
-  fs::remove(out);
-
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    setenv("RVGOLDEN_OUT", out.c_str(), 1);
-    setenv("RVGOLDEN_STOP", "1", 1);
-    const std::string program = std::string(RVBPFD_SOURCE_DIR) + "/coredump-testdata/programs/scenarios.rb";
-    execl(ruby.c_str(), ruby.c_str(), "-I", golden_dir.c_str(), "-rrvgolden", program.c_str(), nullptr);
-    _exit(127);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, WUNTRACED), pid);
-  struct Killer {
-    pid_t pid;
-    ~Killer() {
-      kill(pid, SIGKILL);
-      int st;
-      waitpid(pid, &st, 0);
-    }
-  } killer{pid};
-  ASSERT_TRUE(WIFSTOPPED(status)) << "ruby exited with status " << status << " before capturing";
-  std::ifstream in(out);
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  fs::remove(out);
-
-  // The VM binary (libruby when mapped, else the executable) and its lowest mapping.
-  std::string vm_path;
-  uint64_t lowest = UINT64_MAX;
-  {
-    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-    std::string line;
-    std::vector<std::pair<uint64_t, std::string>> entries;
-    while (std::getline(maps, line)) {
-      const size_t slash = line.find('/');
-      if (slash != std::string::npos) entries.emplace_back(std::stoull(line, nullptr, 16), line.substr(slash));
-    }
-    for (const auto& [start, path] : entries) {
-      if (fs::path(path).filename().string().rfind("libruby", 0) == 0) vm_path = path;
-    }
-    if (vm_path.empty()) vm_path = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe").string();
-    for (const auto& [start, path] : entries) {
-      if (path == vm_path) lowest = std::min(lowest, start);
-    }
-  }
-  ASSERT_NE(lowest, UINT64_MAX);
+  testing::StoppedGoldenRuby stopped;
+  const std::string why_not = stopped.Start(name, ruby, "ec-live");
+  ASSERT_TRUE(why_not.empty()) << why_not;
+  const pid_t pid = stopped.pid();
+  const nlohmann::json& golden = stopped.golden();
+  const std::string& vm_path = stopped.vm_path();
+  const uint64_t lowest = stopped.lowest_mapping();
   Result<ElfFile> elf = ElfFile::Open(vm_path);
   ASSERT_TRUE(elf.ok()) << elf.error().ToString();
   int major = 0, minor = 0;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "stacks/memory_reader.h"
@@ -30,7 +31,13 @@ class FakeMemory : public MemoryReader {
     std::memcpy(dst, p, len);
     return true;
   }
+  size_t ReadMany(std::span<Request> requests) override {
+    read_many_calls_++;
+    return MemoryReader::ReadMany(requests);
+  }
   uint64_t reads() const { return reads_; }
+  // ReadMany batches asked for (each still counts its requests in reads()).
+  uint64_t read_many_calls() const { return read_many_calls_; }
 
  private:
   uint8_t* Locate(uint64_t addr, size_t len) {
@@ -42,6 +49,7 @@ class FakeMemory : public MemoryReader {
   }
   std::map<uint64_t, std::vector<uint8_t>> regions_;
   uint64_t reads_ = 0;
+  uint64_t read_many_calls_ = 0;
 };
 
 }  // namespace rvbpfd::testing

@@ -19,6 +19,7 @@
 #include "elf/elf_file.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
+#include "live_golden.h"
 #include "stacks_test_util.h"
 
 namespace rvbpfd {
@@ -26,23 +27,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kRubies = "/var/cache/rvbpfd/rubies";
 // Debian 12's ruby3.1 (tools/install-deps.sh: ruby, ruby-dev), named like a test Ruby.
 constexpr const char* kDebianRuby31 = "3.1-debian";
 
 std::string RubyBinary(const std::string& name) {
   if (name == kDebianRuby31) return "/usr/bin/ruby3.1";
-  return std::string(kRubies) + "/" + name + "/bin/ruby";
-}
-
-// Builds tests/golden with this Ruby's mkmf into the build tree; returns the directory or "" on failure.
-std::string BuildGolden(const std::string& ruby_name, const std::string& ruby_bin) {
-  const std::string dir = std::string(RVBPFD_BINARY_DIR) + "/golden-" + ruby_name;
-  fs::create_directories(dir);
-  const std::string cmd = "cd '" + dir + "' && '" + ruby_bin + "' '" RVBPFD_SOURCE_DIR "/tests/golden/extconf.rb' " +
-                          "> build.log 2>&1 && make >> build.log 2>&1";
-  if (std::system(cmd.c_str()) != 0) return "";
-  return dir;
+  return std::string(testing::kTestRubies) + "/" + name + "/bin/ruby";
 }
 
 class LiveTest : public ::testing::TestWithParam<std::string> {};
@@ -53,59 +43,13 @@ TEST_P(LiveTest, WalkerAndSymbolizerMatchRbProfileFramesOnALiveProcess) {
   if (access(ruby.c_str(), X_OK) != 0) {
     GTEST_SKIP() << ruby << " not installed (tools/build-test-rubies.sh, or Debian's ruby package)";
   }
-  const std::string golden_dir = BuildGolden(name, ruby);
-  ASSERT_FALSE(golden_dir.empty()) << "building tests/golden failed, see " << RVBPFD_BINARY_DIR << "/golden-" << name;
-  const std::string out = golden_dir + "/live-" + std::to_string(getpid()) + ".json";
-  fs::remove(out);
-
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    setenv("RVGOLDEN_OUT", out.c_str(), 1);
-    setenv("RVGOLDEN_STOP", "1", 1);
-    const std::string program = std::string(RVBPFD_SOURCE_DIR) + "/coredump-testdata/programs/scenarios.rb";
-    execl(ruby.c_str(), ruby.c_str(), "-I", golden_dir.c_str(), "-rrvgolden", program.c_str(), nullptr);
-    _exit(127);
-  }
-  int status = 0;
-  // The program stops itself (SIGSTOP from inside RvGolden.capture) after writing the golden frames.
-  ASSERT_EQ(waitpid(pid, &status, WUNTRACED), pid);
-  struct Killer {
-    pid_t pid;
-    ~Killer() {
-      kill(pid, SIGKILL);
-      int st;
-      waitpid(pid, &st, 0);
-    }
-  } killer{pid};
-  ASSERT_TRUE(WIFSTOPPED(status)) << "ruby exited with status " << status << " before capturing";
-
-  std::ifstream in(out);
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  fs::remove(out);
-
-  // The VM binary: libruby.so when the process maps one, else the executable (static build); its lowest mapping
-  // gives the load bias. (Target discovery proper lives in src/target; this keeps the test to the stacks module.)
-  std::string vm_path;
-  uint64_t lowest = UINT64_MAX;
-  {
-    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-    std::string line;
-    std::vector<std::pair<uint64_t, std::string>> entries;
-    while (std::getline(maps, line)) {
-      const size_t slash = line.find('/');
-      if (slash == std::string::npos) continue;
-      entries.emplace_back(std::stoull(line, nullptr, 16), line.substr(slash));
-    }
-    for (const auto& [start, path] : entries) {
-      if (fs::path(path).filename().string().rfind("libruby", 0) == 0) vm_path = path;
-    }
-    if (vm_path.empty()) vm_path = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe").string();
-    for (const auto& [start, path] : entries) {
-      if (path == vm_path) lowest = std::min(lowest, start);
-    }
-  }
-  ASSERT_NE(lowest, UINT64_MAX) << vm_path << " not mapped";
+  testing::StoppedGoldenRuby proc;
+  const std::string why = proc.Start(name, ruby, "live");
+  ASSERT_TRUE(why.empty()) << why;
+  const pid_t pid = proc.pid();
+  const nlohmann::json& golden = proc.golden();
+  const std::string& vm_path = proc.vm_path();
+  const uint64_t lowest = proc.lowest_mapping();
   auto elf = ElfFile::Open(vm_path);
   ASSERT_TRUE(elf.ok()) << elf.error().ToString();
   int major = 0, minor = 0;

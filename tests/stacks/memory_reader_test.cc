@@ -3,6 +3,8 @@
 #include "stacks/memory_reader.h"
 
 #include <elf.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -146,6 +148,66 @@ TEST(ProcessMemoryReader, ReadsItsOwnMemoryAndFailsOnUnmapped) {
   EXPECT_EQ(out, value);
   EXPECT_FALSE(r.ReadValue(uint64_t{8}, &out));
   EXPECT_FALSE(r.Read(reinterpret_cast<uint64_t>(&value), &out, MemoryReader::kMaxReadBytes + 1));
+}
+
+TEST(ProcessMemoryReader, ReadManyBatchesAndFailsEachBadRequestAlone) {
+  const long page = sysconf(_SC_PAGESIZE);
+  // Two pages, the second unmapped: a read crossing the boundary is partial, which is a failure.
+  auto* pages = static_cast<uint8_t*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                                           -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  ASSERT_EQ(munmap(pages + page, page), 0);
+  std::memset(pages, 0xab, page);
+  const uint64_t words[4] = {1, 2, 3, 4};
+  uint64_t out[7] = {};
+  auto at = [](const void* p) { return reinterpret_cast<uint64_t>(p); };
+  MemoryReader::Request req[7] = {
+      {at(&words[0]), &out[0], 8},
+      {at(&words[1]), &out[1], 8},
+      {8, &out[2], 8},                        // unmapped
+      {at(pages + page - 4), &out[3], 8},     // 4 readable bytes, then the unmapped page
+      {at(&words[2]), &out[4], 8},
+      {at(&words[3]), &out[5], 0},            // empty: fails without a syscall
+      {at(&words[3]), &out[6], 8},
+  };
+  ProcessMemoryReader r(getpid());
+  EXPECT_EQ(r.ReadMany(req), 4u);
+  const bool want_ok[7] = {true, true, false, false, true, false, true};
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(req[i].ok, want_ok[i]) << "request " << i;
+  EXPECT_EQ(out[0], 1u);
+  EXPECT_EQ(out[1], 2u);
+  EXPECT_EQ(out[4], 3u);
+  EXPECT_EQ(out[6], 4u);
+  // [0..4] in one call (stops at 2), [3, 4] (stops at 3), [4], then [6] after the empty one.
+  EXPECT_EQ(r.syscalls(), 4u);
+  munmap(pages, page);
+
+  // A clean batch is one syscall, however many requests (up to kMaxBatch).
+  uint64_t many[100], copy[100] = {};
+  std::vector<MemoryReader::Request> batch;
+  for (int i = 0; i < 100; ++i) {
+    many[i] = 1000 + i;
+    batch.push_back({at(&many[i]), &copy[i], 8});
+  }
+  ProcessMemoryReader r2(getpid());
+  EXPECT_EQ(r2.ReadMany(batch), 100u);
+  EXPECT_EQ(r2.syscalls(), 1u);
+  EXPECT_EQ(copy[99], 1099u);
+}
+
+TEST(ProcessMemoryReader, ReadManyOfAnExitedProcessFailsEverythingInOneSyscall) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  uint64_t word = 7, out[3];
+  const uint64_t addr = reinterpret_cast<uint64_t>(&word);
+  MemoryReader::Request req[3] = {{addr, &out[0], 8}, {addr, &out[1], 8}, {addr, &out[2], 8}};
+  ProcessMemoryReader r(child);
+  EXPECT_EQ(r.ReadMany(req), 0u);
+  for (const auto& q : req) EXPECT_FALSE(q.ok);
+  EXPECT_EQ(r.syscalls(), 1u);
 }
 
 }  // namespace
