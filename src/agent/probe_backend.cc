@@ -33,7 +33,10 @@ Result<int> BpfProbeBackend::AttachGroup(const std::string& path, const std::vec
 }
 
 void BpfProbeBackend::DetachGroup(int group) {
-  if (group >= 0 && static_cast<size_t>(group) < groups_.size()) session_->Detach(*groups_[group]);
+  // Ordered by the sites' hits so far (BpfSession::Detach: the hot breakpoints go first).
+  if (group >= 0 && static_cast<size_t>(group) < groups_.size()) {
+    session_->Detach(*groups_[group], session_->ReadSiteHits());
+  }
 }
 
 Status BpfProbeBackend::ReattachGroup(int group, const std::string& path) {

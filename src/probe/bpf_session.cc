@@ -80,6 +80,29 @@ void SiteGroup::Detach() {
   links_.clear();
 }
 
+std::vector<size_t> OrderSitesByHits(std::span<const uint64_t> cookies, std::span<const uint64_t> hits,
+                                     bool hottest_first) {
+  std::vector<size_t> order(cookies.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto hits_of = [&](size_t i) { return cookies[i] < hits.size() ? hits[cookies[i]] : uint64_t{0}; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return hottest_first ? hits_of(a) > hits_of(b) : hits_of(a) < hits_of(b);
+  });
+  return order;
+}
+
+void BpfSession::Detach(SiteGroup& group, std::span<const uint64_t> site_hits) {
+  if (!site_hits.empty()) group.hits_.assign(site_hits.begin(), site_hits.end());
+  if (group.links_.size() == group.offsets_.size() && !group.hits_.empty()) {
+    std::vector<bpf_link*> ordered;
+    for (size_t i : OrderSitesByHits(group.cookies_, group.hits_, /*hottest_first=*/true)) {
+      ordered.push_back(group.links_[i]);
+    }
+    group.links_ = std::move(ordered);  // SiteGroup::Detach destroys them in this order
+  }
+  group.Detach();
+}
+
 Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& options, RecordCallback on_record) {
   g_libbpf_verbose = getenv("RVBPFD_LIBBPF_DEBUG") != nullptr;
   libbpf_set_print(LibbpfPrint);
@@ -302,9 +325,11 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
   if (multi_supported_ && !force_single_) {
     // A multi link is all entry probes or all return probes (BPF_F_UPROBE_MULTI_RETURN is per link): one of each.
     int err = 0;
+    // Coldest site first (see Detach): its uprobe is the one whose breakpoints outlive its consumer the longest.
+    const std::vector<size_t> order = OrderSitesByHits(group.cookies_, group.hits_, /*hottest_first=*/false);
     for (bool ret : {false, true}) {
       std::vector<uint64_t> offsets, cookies;
-      for (size_t i = 0; i < group.offsets_.size(); ++i) {
+      for (size_t i : order) {
         if (group.return_probe_[i] != ret) continue;
         offsets.push_back(group.offsets_[i]);
         cookies.push_back(group.cookies_[i]);

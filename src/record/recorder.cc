@@ -466,20 +466,36 @@ Result<int> Record(const RecordOptions& o) {
     reorder.Push(std::move(e));
   };
   std::optional<Error> reattach_error;
+  bool slow_detach_warned = false;
   uint64_t next_check_ns = 0;
   bool in_check = false;
   auto check_budget = [&]() {
     const uint64_t now = MonotonicNs();
     if (now < next_check_ns || in_check) return;
     in_check = true;
-    const TrapCounts traps = CountTraps(session->ReadCounters(), session->ReadSiteHits(),
-                                        low_group ? low_group->cookies() : std::vector<uint64_t>{});
+    const std::vector<uint64_t> site_hits = session->ReadSiteHits();
+    const TrapCounts traps =
+        CountTraps(session->ReadCounters(), site_hits, low_group ? low_group->cookies() : std::vector<uint64_t>{});
     switch (budget.Update(now, traps)) {
       case OverheadBudget::Action::kPause:
         if (high_group && high_group->attached()) {
           const uint64_t cpu0 = ThreadCpuNs();
-          session->Detach(*high_group);
+          const uint64_t wall0 = MonotonicNs();
+          session->Detach(*high_group, site_hits);  // ordered by hits: see BpfSession::Detach
           budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
+          const double detach_ms = static_cast<double>(MonotonicNs() - wall0) / 1e6;
+          // A detach slower than a budget window means the sites keep trapping (partly unseen) for longer than the
+          // budget can make up for: one link per site (kernels before 6.6) pays an RCU grace period per site.
+          if (!slow_detach_warned && !o.quiet && detach_ms * 1e6 > static_cast<double>(budget.window_ns())) {
+            slow_detach_warned = true;
+            fprintf(stderr,
+                    "rvbpfd: warning: detaching the high-rate probes took %.0f ms (%s), longer than a %.0f ms budget "
+                    "window: --max-overhead %g cannot hold on this kernel%s\n",
+                    detach_ms, session->uses_multi_links() ? "multi-uprobe links" : "one link per site",
+                    static_cast<double>(budget.window_ns()) / 1e6, o.max_overhead_pct,
+                    session->uses_multi_links() ? "" : " (multi-uprobe links, one grace period per group, need Linux "
+                                                       "6.6+)");
+          }
           budget.Detached(session->ReadCounters().probe_hits);
           push_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, traps.total), now_t());
         }

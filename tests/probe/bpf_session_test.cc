@@ -239,6 +239,56 @@ TEST_P(BpfSessionTest, SiteHitsArePerCookieAndGroupsKeepTheirCookies) {
   EXPECT_EQ((*session)->ReadCounters().hits_discarded, 0u);
 }
 
+TEST_P(BpfSessionTest, DetachOrderedByHitsAndReattachKeepEachSiteItsCookie) {
+  // Detach(group, hits) destroys single-site links hottest first, and the next Reattach puts the coldest site first
+  // in a multi link: the offsets are reordered, so each must still arrive with its own cookie.
+  SessionOptions opts;
+  opts.force_single_links = GetParam();
+  std::vector<rv_record> got;
+  auto session = BpfSession::Open(opts, [&](const rv_record& r) { got.push_back(r); });
+  ASSERT_TRUE(session.ok()) << session.error().ToString();
+  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  auto group = (*session)->Attach(
+      SelfPath(),
+      {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}},
+       {FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, *bin, 0}}},
+      getpid());
+  ASSERT_TRUE(group.ok()) << group.error().ToString();
+  FakeThread th{0, 1, 0};
+  FakeThread* slot = &th;
+  RvProbeTargetReg(&th);
+  for (int i = 0; i < 5; ++i) RvProbeTargetMem(&slot);  // the second site is the hot one
+  std::vector<uint64_t> hits = (*session)->ReadSiteHits();
+  ASSERT_EQ(hits.size(), 2u);
+  (*session)->Detach(**group, hits);
+  EXPECT_FALSE((*group)->attached());
+  RvProbeTargetMem(&slot);
+  ASSERT_TRUE((*session)->Reattach(**group).ok());
+  RvProbeTargetReg(&th);
+  RvProbeTargetReg(&th);
+  RvProbeTargetMem(&slot);
+  hits = (*session)->ReadSiteHits();
+  EXPECT_EQ(hits[(*group)->cookies()[0]], 3u) << "RvProbeTargetReg's site kept its cookie";
+  EXPECT_EQ(hits[(*group)->cookies()[1]], 6u) << "RvProbeTargetMem's site kept its cookie";
+  ASSERT_TRUE((*session)->Poll(100).ok());
+  size_t resumed = 0, suspended = 0;
+  for (const rv_record& r : got) {
+    resumed += r.kind == RV_EV_THREAD_RESUMED;
+    suspended += r.kind == RV_EV_THREAD_SUSPENDED;
+  }
+  EXPECT_EQ(resumed, 3u);
+  EXPECT_EQ(suspended, 6u);
+}
+
+TEST(OrderSitesByHits, HottestOrColdestFirstWithTiesInOrder) {
+  const std::vector<uint64_t> cookies = {4, 1, 7, 2};
+  const std::vector<uint64_t> hits = {0, 50, 9, 0, 50, 0, 0};  // cookie 7 is past the end: 0 hits
+  EXPECT_EQ(OrderSitesByHits(cookies, hits, /*hottest_first=*/true), (std::vector<size_t>{0, 1, 3, 2}));
+  EXPECT_EQ(OrderSitesByHits(cookies, hits, /*hottest_first=*/false), (std::vector<size_t>{2, 3, 0, 1}));
+  EXPECT_EQ(OrderSitesByHits(cookies, {}, /*hottest_first=*/true), (std::vector<size_t>{0, 1, 2, 3}));
+}
+
 TEST_P(BpfSessionTest, ReturnProbesFireWhenTheFunctionReturns) {
   std::vector<rv_record> got;
   SessionOptions opts;
@@ -260,7 +310,9 @@ TEST_P(BpfSessionTest, ReturnProbesFireWhenTheFunctionReturns) {
   ASSERT_EQ(got.size(), 2u * kCalls);
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].kind, i % 2 == 0 ? RV_EV_GC_ENTER : RV_EV_GC_EXIT) << i;  // enter, exit, enter, exit, ...
-    if (i > 0) EXPECT_GE(got[i].ts_ns, got[i - 1].ts_ns);
+    if (i > 0) {
+      EXPECT_GE(got[i].ts_ns, got[i - 1].ts_ns);
+    }
   }
   EXPECT_EQ((*session)->ReadCounters().probe_hits, 2u * kCalls);
   // Detaching removes both kinds; reattaching restores both.
