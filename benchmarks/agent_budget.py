@@ -17,7 +17,11 @@ tests/e2e/fake_pyroscope.py. After a warm-up (all processes attached, the first 
   - the Ruby processes' own CPU (context), profiles built and delivered, drops.
 Prints a table and the verdict against the budgets; --json writes the figures.
 
+The receiver answers at once, in one segment, as a real server does; --backend-delay-ms N makes it answer N ms later
+(a backend across a network: the agent's delivery thread then sleeps and wakes once per upload).
+
 Usage: sudo benchmarks/agent_budget.py --build-dir build [--processes 50] [--seconds 60] [--warmup 25]
+       [--backend-delay-ms 0]
 """
 import argparse
 import json
@@ -84,6 +88,8 @@ def main():
     ap.add_argument("--iterations", default="5000", help="loop iterations per burst in each worker thread")
     ap.add_argument("--pause", default="0.03", help="sleep between bursts (s)")
     ap.add_argument("--gc-period", default="1.0", help="seconds between GC.start calls in each process")
+    ap.add_argument("--backend-delay-ms", type=float, default=0.0,
+                    help="the receiver answers each push this much later (a backend across a network)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -95,7 +101,8 @@ def main():
     os.makedirs(recv)
     port_file = os.path.join(work, "port")
     receiver = subprocess.Popen([sys.executable, os.path.join(E2E, "fake_pyroscope.py"), "--port", "0",
-                                 "--out-dir", recv, "--port-file", port_file],
+                                 "--out-dir", recv, "--port-file", port_file,
+                                 "--response-delay-ms", str(args.backend_delay_ms)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs, agent = [], None
     try:

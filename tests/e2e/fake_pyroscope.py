@@ -187,9 +187,10 @@ class _Receiver(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, out_dir):
+    def __init__(self, address, out_dir, response_delay_s=0.0):
         super().__init__(address, _Handler)
         self.out_dir = out_dir
+        self.response_delay_s = response_delay_s  # added before each answer: a backend across a network
         self.lock = threading.Lock()
         self.seq = 0
 
@@ -202,11 +203,17 @@ class _Receiver(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fake-pyroscope"
+    # Buffered responses (flushed once per request by BaseHTTPRequestHandler): status line, headers and body leave in
+    # one segment, as a real server's do. Unbuffered, the body trailed the headers by Nagle's 40 ms on a kept-alive
+    # connection, and every upload cost the agent an extra wakeup that a real backend does not.
+    wbufsize = -1
 
     def log_message(self, fmt, *args):  # quiet: the test prints what matters
         pass
 
     def _answer(self, status, text, extra_headers=()):
+        if self.server.response_delay_s > 0:
+            time.sleep(self.server.response_delay_s)
         data = (text + "\n").encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
@@ -296,9 +303,11 @@ def main():
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--port-file", required=True)
+    parser.add_argument("--response-delay-ms", type=float, default=0.0,
+                        help="wait this long before each answer (a remote backend's round trip)")
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
-    server = _Receiver((args.host, args.port), args.out_dir)
+    server = _Receiver((args.host, args.port), args.out_dir, args.response_delay_ms / 1000.0)
     _write_atomic(args.port_file, b"%d\n" % server.server_address[1])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
