@@ -38,13 +38,14 @@ struct {
   __type(value, struct rv_offsets);
 } offsets SEC(".maps");
 
-/* Processes being recorded (host tgid -> 1). The uprobes live on the VM's file, shared by every process mapping it,
- * so this filter is what keeps other processes' events out. */
+/* Processes being recorded (host tgid -> uprobe hits of that process so far). The uprobes live on the VM's file,
+ * shared by every process mapping it, so this filter is what keeps other processes' events out; the count is each
+ * process's trap bill (the fleet agent's --max-overhead is per process, and records undercount traps). */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, 4096);
   __type(key, __u32);
-  __type(value, __u8);
+  __type(value, __u64);
 } target_pids SEC(".maps");
 
 /* Native tid -> the rb_thread_t * it last ran. Updated at every event whose th is known and which runs on the thread
@@ -164,10 +165,12 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32;
   __u32 tid = (__u32)pid_tgid;
-  if (!bpf_map_lookup_elem(&target_pids, &tgid)) return 0;
+  __u64 *pid_traps = bpf_map_lookup_elem(&target_pids, &tgid);
+  if (!pid_traps) return 0;
 
-  /* Every hit past the pid filter is one trap the target paid for, whatever happens below: counted first, in total
-   * and per site. */
+  /* Every hit past the pid filter is one trap the target paid for, whatever happens below: counted first, in total,
+   * per site and per process (threads of one process trap on several CPUs at once: atomic). */
+  __sync_fetch_and_add(pid_traps, 1);
   __u32 zero = 0;
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   if (c) c->probe_hits++;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <unordered_map>
 
 #include "ops/process_labels.h"
 #include "record/vm_binary.h"
@@ -192,9 +193,8 @@ void Agent::OnRecord(const rv_record& r) {
   if (r.kind < RV_EV_KIND_COUNT) {
     WatchedProcess* p = registry_.Find(item.pid);
     if (p == nullptr) return;
-    // Counted on arrival: the GC epoch governs the symbolization of stacks arriving next, the poll count the budget.
+    // Counted on arrival: the GC epoch governs the symbolization of stacks arriving next.
     if (r.kind == RV_EV_GC_ENTER) ++p->gc_epoch;
-    ++p->events_this_poll;
   } else if (r.kind != RV_EV_PROC_EXEC && r.kind != RV_EV_PROC_EXIT && r.kind != RV_EV_PROC_FORK) {
     return;
   }
@@ -228,9 +228,8 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
       ++unsymbolized_;
       return;
     }
-  } else {
-    if (r.kind == RV_EV_GC_ENTER) ++p->gc_epoch;
-    ++p->events_this_poll;
+  } else if (r.kind == RV_EV_GC_ENTER) {
+    ++p->gc_epoch;
   }
   Enqueue(std::move(item));
 }
@@ -369,10 +368,22 @@ void Agent::CheckLiveness() {
 }
 
 void Agent::UpdateBudgets(uint64_t now) {
+  if (now < next_budget_check_ns_) return;
+  next_budget_check_ns_ = now + kBudgetCheckNs;
+  // Traps, not records: a hit that BPF discards (rb_mutex_lock entered by IO#write in a shared libruby) costs the
+  // process the same trap. One batch read of every watched process's count per poll.
+  const std::unordered_map<uint32_t, uint64_t> traps = env_.backend->ReadPidTraps();
   for (ProbeSet* set : probe_sets_.ActiveSets()) {
+    // The budget is per process: the set's sites pause when its busiest process has spent its share.
     uint64_t busiest = 0;
     for (int pid : set->pids) {
-      if (WatchedProcess* p = registry_.Find(pid)) busiest = std::max(busiest, p->events_this_poll);
+      WatchedProcess* p = registry_.Find(pid);
+      auto it = traps.find(static_cast<uint32_t>(pid));
+      if (p == nullptr || it == traps.end()) continue;
+      // A count below the last one: the pid was added to the filter again (its count restarted).
+      const uint64_t delta = it->second >= p->traps_seen ? it->second - p->traps_seen : it->second;
+      p->traps_seen = it->second;
+      busiest = std::max(busiest, delta);
     }
     set->budget_hits += busiest;
     const OverheadBudget::Action action = set->budget->Update(now, set->budget_hits);
@@ -397,7 +408,6 @@ void Agent::UpdateBudgets(uint64_t now) {
       }
     }
   }
-  for (auto& [pid, p] : registry_.all()) p->events_this_poll = 0;
 }
 
 void Agent::CheckCounters(uint64_t /*now*/) {

@@ -47,8 +47,12 @@ class Agent {
   // A new process's EC route is retried every loop for this long (ld.so relocates the VM within milliseconds of
   // exec), then once per housekeeping period.
   static constexpr uint64_t kEcEagerNs = 2'000'000'000;
-  // Overhead budget window: the agent checks every poll (50 ms), so its windows are longer than the recorder's.
+  // Overhead budget window: the agent checks every kBudgetCheckNs, so its windows are longer than the recorder's.
   static constexpr uint64_t kBudgetWindowNs = 1'000'000'000;
+  // How often the per-process trap counts are read for the budgets: the read walks the whole BPF pid hash (4,096
+  // buckets), tens of microseconds, so not at every poll; a fifth of a window bounds the overshoot the next windows
+  // repay.
+  static constexpr uint64_t kBudgetCheckNs = 200'000'000;
 
   // `config` must be valid (ValidateAgentConfig). The sinks are created here (errors: the sink's).
   static Result<std::unique_ptr<Agent>> Create(const AgentConfig& config, AgentEnv env);
@@ -134,6 +138,7 @@ class Agent {
   uint64_t interval_ns_ = 0;
   uint64_t next_cut_ns_ = 0;
   uint64_t next_housekeeping_ns_ = 0;
+  uint64_t next_budget_check_ns_ = 0;
   uint64_t last_rescan_ns_ = 0;
   bool rescan_pending_ = false;
   bool started_ = false;

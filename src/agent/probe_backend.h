@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/error.h"
@@ -49,6 +50,8 @@ class ProbeBackend {
   // Drains records (calling the handlers), waiting at most timeout_ms for the first.
   virtual Result<int> Poll(int timeout_ms) = 0;
   virtual rv_counters ReadCounters() const = 0;
+  // Uprobe hits per watched process (host pid) since it was added: the per-process budget's input.
+  virtual std::unordered_map<uint32_t, uint64_t> ReadPidTraps() const = 0;
 };
 
 // The real backend: one BpfSession opened with watch_processes.
@@ -73,6 +76,7 @@ class BpfProbeBackend : public ProbeBackend {
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override { return installer.Poll(*session_); }
   Result<int> Poll(int timeout_ms) override { return session_->Poll(timeout_ms); }
   rv_counters ReadCounters() const override { return session_->ReadCounters(); }
+  std::unordered_map<uint32_t, uint64_t> ReadPidTraps() const override { return session_->ReadPidTraps(); }
   bool uses_multi_links() const { return session_->uses_multi_links(); }
 
  private:

@@ -81,9 +81,8 @@ struct ProbeSet {
   std::set<int> pids;        // the watched processes using it (refcount)
   double attach_ms = 0;      // last attach time
 
-  // --max-overhead: budget over the busiest process's event count (hits accumulate the max per poll). BPF counts
-  // traps per site, not per process, so the records of the busiest process stand for its traps (hits BPF discards,
-  // e.g. IO#write's internal mutex lock in a shared libruby, are not counted: an underestimate).
+  // --max-overhead: budget over the busiest process's traps (BPF counts every uprobe hit per process, discarded
+  // ones included; budget_hits accumulates the busiest process's new hits at each poll).
   std::unique_ptr<OverheadBudget> budget;
   uint64_t budget_hits = 0;
   bool paused = false;

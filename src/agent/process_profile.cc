@@ -266,9 +266,14 @@ void ProcessProfile::NewTable() {
 }
 
 ProcessProfile::ThreadState& ProcessProfile::Thread(uint64_t th) {
-  ThreadState& t = threads_[th];
-  t.idle_cuts = 0;
-  return t;
+  // Consecutive events are mostly about one thread (READY, RESUMED, SUSPENDED of one hand-off): one compare instead
+  // of a hash lookup. Node-based map: the pointer stays valid until that element is erased (ForgetThread).
+  if (th != cached_th_ || cached_thread_ == nullptr) {
+    cached_thread_ = &threads_[th];
+    cached_th_ = th;
+  }
+  cached_thread_->idle_cuts = 0;
+  return *cached_thread_;
 }
 
 uint32_t ProcessProfile::InternOrFull(const StackInput& frames) {
@@ -433,6 +438,7 @@ void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const Sta
           ++interval_discarded_waits_;
           ++stats_.spans_discarded;
         }
+        if (cached_thread_ == &it->second) cached_thread_ = nullptr;
         threads_.erase(it);
       }
       if (owner_th_ == th) owner_th_ = 0;
@@ -611,6 +617,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
   for (auto it = threads_.begin(); it != threads_.end();) {
     ThreadState& t = it->second;
     if (!t.waiting && !t.holding && t.idle_cuts >= limits_.idle_cuts_before_prune) {
+      if (cached_thread_ == &it->second) cached_thread_ = nullptr;
       it = threads_.erase(it);
       ++stats_.threads_pruned;
     } else {

@@ -265,6 +265,8 @@ class ProcessProfile {
   std::unique_ptr<ProfileStackTable> table_;
   SpecialStacks special_;
   std::unordered_map<uint64_t, ThreadState> threads_;  // th -> state
+  uint64_t cached_th_ = 0;                 // Thread()'s last answer (nullptr: none), reset when that entry is erased
+  ThreadState* cached_thread_ = nullptr;
   std::unordered_map<uint32_t, Weights> weights_;     // this interval's weights by stack id
   uint64_t owner_th_ = 0;  // th of the thread holding the GVL (latest gvl_acquired not yet released), 0 if unknown
   bool gc_open_ = false;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -41,7 +42,7 @@ struct WatchedProcess {
   uint64_t interval_start_ns = 0;  // monotonic
   uint64_t events = 0;             // scheduler events handled (whole life)
   uint64_t samples = 0;
-  uint64_t events_this_poll = 0;   // for the overhead budget
+  uint64_t traps_seen = 0;         // the process's uprobe hits (ProbeBackend::ReadPidTraps) at the last budget check
 };
 
 // Upload labels of a process: host, pid, command, ruby_version, container_id (only when non-empty), service_name.
@@ -54,19 +55,23 @@ std::vector<ProfileUpload> MakeUploads(const std::string& host, const WatchedPro
 
 class ProcessRegistry {
  public:
+  // Called for every record (tens of thousands a second): a hash lookup rather than the ordered map's tree walk.
   WatchedProcess* Find(int pid) {
-    auto it = procs_.find(pid);
-    return it == procs_.end() ? nullptr : it->second.get();
+    auto it = index_.find(pid);
+    return it == index_.end() ? nullptr : it->second;
   }
   WatchedProcess& Add(std::unique_ptr<WatchedProcess> p) {
     const int pid = p->pid;
-    return *(procs_[pid] = std::move(p));
+    WatchedProcess& added = *(procs_[pid] = std::move(p));
+    index_[pid] = &added;
+    return added;
   }
   std::unique_ptr<WatchedProcess> Remove(int pid) {
     auto it = procs_.find(pid);
     if (it == procs_.end()) return nullptr;
     std::unique_ptr<WatchedProcess> p = std::move(it->second);
     procs_.erase(it);
+    index_.erase(pid);
     return p;
   }
   size_t size() const { return procs_.size(); }
@@ -78,7 +83,8 @@ class ProcessRegistry {
   std::map<int, std::unique_ptr<WatchedProcess>>& all() { return procs_; }
 
  private:
-  std::map<int, std::unique_ptr<WatchedProcess>> procs_;
+  std::map<int, std::unique_ptr<WatchedProcess>> procs_;  // ordered by pid: deterministic cuts, logs and tests
+  std::unordered_map<int, WatchedProcess*> index_;         // the same processes, for Find
 };
 
 }  // namespace rvbpfd

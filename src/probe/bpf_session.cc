@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <unordered_map>
 
 #include "rvbpfd.skel.h"
 
@@ -243,8 +244,8 @@ Result<uint8_t> BpfSession::AddBinary(const rv_offsets& offsets) {
 }
 
 Status BpfSession::AddPid(uint32_t pid) {
-  uint8_t one = 1;
-  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.target_pids), &pid, &one, BPF_ANY) != 0) {
+  const uint64_t no_traps = 0;
+  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.target_pids), &pid, &no_traps, BPF_ANY) != 0) {
     return BpfError("adding pid " + std::to_string(pid) + " to the BPF pid filter", errno);
   }
   return Status::Ok();
@@ -410,6 +411,40 @@ rv_counters BpfSession::ReadCounters() const {
     total.ring_high_water = std::max(total.ring_high_water, c.ring_high_water);
   }
   return total;
+}
+
+std::unordered_map<uint32_t, uint64_t> BpfSession::ReadPidTraps() const {
+  // Batches of up to kBatch entries (the map holds at most 4096); one lookup per pid only if batches are refused.
+  constexpr uint32_t kBatch = 1024;
+  std::unordered_map<uint32_t, uint64_t> out;
+  const int fd = bpf_map__fd(skel_->maps.target_pids);
+  std::vector<uint32_t> keys(kBatch);
+  std::vector<uint64_t> values(kBatch);
+  uint32_t in_batch = 0, out_batch = 0;
+  bool first = true;
+  for (;;) {
+    uint32_t count = kBatch;
+    LIBBPF_OPTS(bpf_map_batch_opts, opts);
+    const int err =
+        bpf_map_lookup_batch(fd, first ? nullptr : &in_batch, &out_batch, keys.data(), values.data(), &count, &opts);
+    if (err != 0 && err != -ENOENT) {
+      if (!first) return out;
+      out.clear();
+      uint32_t key = 0, next = 0;
+      const uint32_t* prev = nullptr;
+      while (bpf_map_get_next_key(fd, prev, &next) == 0) {
+        uint64_t v = 0;
+        if (bpf_map_lookup_elem(fd, &next, &v) == 0) out[next] = v;
+        key = next;
+        prev = &key;
+      }
+      return out;
+    }
+    for (uint32_t i = 0; i < count; ++i) out[keys[i]] = values[i];
+    if (err == -ENOENT) return out;  // the last batch
+    in_batch = out_batch;
+    first = false;
+  }
 }
 
 std::vector<uint64_t> BpfSession::ReadSiteHits() const {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/error.h"
@@ -137,6 +138,9 @@ class BpfSession {
   // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
   // BPF discarded. Empty when the map cannot be read.
   std::vector<uint64_t> ReadSiteHits() const;
+  // Uprobe hits of each process in the pid filter since AddPid (discarded hits included): what each process has
+  // paid in traps. One batch syscall per 1,024 processes.
+  std::unordered_map<uint32_t, uint64_t> ReadPidTraps() const;
   bool uses_multi_links() const { return multi_supported_; }
 
  private:

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <unordered_map>
 #include <vector>
 
 #include "elf/elf_file.h"
@@ -208,6 +209,15 @@ TEST_P(BpfSessionTest, CallsFromAnExcludedCallerAreNotEvents) {
   ASSERT_EQ((*group)->cookies().size(), 1u);
   ASSERT_LT((*group)->cookies()[0], per_site.size());
   EXPECT_EQ(per_site[(*group)->cookies()[0]], 25u);
+  // ... and per process (the fleet agent's per-process budget): discarded hits included.
+  const std::unordered_map<uint32_t, uint64_t> per_pid = (*session)->ReadPidTraps();
+  ASSERT_EQ(per_pid.size(), 1u);
+  EXPECT_EQ(per_pid.at(static_cast<uint32_t>(getpid())), 25u);
+  // Adding a pid again starts its count over; removing it drops it.
+  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  EXPECT_EQ((*session)->ReadPidTraps().at(static_cast<uint32_t>(getpid())), 0u);
+  ASSERT_TRUE((*session)->RemovePid(static_cast<uint32_t>(getpid())).ok());
+  EXPECT_TRUE((*session)->ReadPidTraps().empty());
 }
 
 TEST_P(BpfSessionTest, SiteHitsArePerCookieAndGroupsKeepTheirCookies) {
