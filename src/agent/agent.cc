@@ -371,7 +371,7 @@ void Agent::UpdateBudgets(uint64_t now) {
   if (now < next_budget_check_ns_) return;
   next_budget_check_ns_ = now + kBudgetCheckNs;
   // Traps, not records: a hit that BPF discards (rb_mutex_lock entered by IO#write in a shared libruby) costs the
-  // process the same trap. One batch read of every watched process's count per poll.
+  // process the same trap. One batch read of every watched process's count per check (kBudgetCheckNs).
   const std::unordered_map<uint32_t, uint64_t> traps = env_.backend->ReadPidTraps();
   for (ProbeSet* set : probe_sets_.ActiveSets()) {
     // The budget is per process: the set's sites pause when its busiest process has spent its share.
