@@ -267,7 +267,8 @@ void ProcessProfile::NewTable() {
 
 ProcessProfile::ThreadState& ProcessProfile::Thread(uint64_t th) {
   // Consecutive events are mostly about one thread (READY, RESUMED, SUSPENDED of one hand-off): one compare instead
-  // of a hash lookup. Node-based map: the pointer stays valid until that element is erased (ForgetThread).
+  // of a hash lookup. Node-based map: the pointer stays valid until that element is erased (exit, pruning in Cut),
+  // where it is reset.
   if (th != cached_th_ || cached_thread_ == nullptr) {
     cached_thread_ = &threads_[th];
     cached_th_ = th;

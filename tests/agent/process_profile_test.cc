@@ -496,6 +496,37 @@ TEST(ProcessProfile, IdleThreadStatesArePrunedButNotOpenOnes) {
   EXPECT_EQ(ValueFor(*wait, {kNoStack}), 200 + 50);  // th 2's open wait (no stack) and th 1's
 }
 
+TEST(ProcessProfile, AThreadErasedWhileItIsTheLastOneSeenStartsAfreshWhenItComesBack) {
+  // Thread() remembers the last thread it returned; erasing that thread (exit, pruning) must forget it, or its next
+  // event would write into freed state (ASan) or inherit the old spans.
+  ProcessProfileLimits limits;
+  limits.idle_cuts_before_prune = 1;
+  ProcessProfile pp(kPeriod, limits);
+  pp.OnEvent(0, 7, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(10, 7, RV_EV_THREAD_EXITED, kNone);  // th 7 is the remembered one when it is erased
+  pp.OnEvent(20, 7, RV_EV_THREAD_READY, kNone);   // a new thread at the same address: a fresh wait
+  pp.OnEvent(50, 7, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(60, 7, RV_EV_THREAD_SUSPENDED, kNone);
+  EXPECT_EQ(pp.thread_count(), 1u);
+  auto built = pp.Cut(100, 0, 100);
+  auto wait = Get(built, "gvl_wait");
+  ASSERT_TRUE(wait);
+  EXPECT_EQ(Sum(*wait), 30);
+  auto held = Get(built, "gvl_held");
+  ASSERT_TRUE(held);
+  EXPECT_EQ(Sum(*held), 10 + 10);  // the first thread's hold up to its exit, the new one's
+  // Pruned while remembered: idle through a cut, dropped at the next, then seen again.
+  pp.Cut(200, 0, 100);
+  EXPECT_EQ(pp.thread_count(), 0u);
+  pp.OnEvent(210, 7, RV_EV_THREAD_READY, kNone);
+  pp.OnEvent(240, 7, RV_EV_THREAD_RESUMED, kNone);
+  EXPECT_EQ(pp.thread_count(), 1u);
+  built = pp.Cut(300, 0, 100);
+  wait = Get(built, "gvl_wait");
+  ASSERT_TRUE(wait);
+  EXPECT_EQ(Sum(*wait), 30);
+}
+
 TEST(ProcessProfile, SameInputSameBytes) {
   auto run = [] {
     ProcessProfile pp(kPeriod);
