@@ -10,15 +10,6 @@
 namespace rvbpfd {
 namespace {
 
-inline uint64_t Mix(uint64_t x) {  // splitmix64 finalizer: spreads small dense ids over the buckets
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 // Bytes glibc's malloc takes for a request of n bytes: n plus its 8-byte header, rounded up to 16, at least 32.
 constexpr size_t HeapChunk(size_t n) {
   return n == 0 ? 0 : std::max<size_t>(32, (n + 8 + 15) & ~size_t{15});
@@ -71,18 +62,9 @@ ProfileStackTable::ProfileStackTable(size_t max_stacks, size_t max_bytes)
       frame_index_(0, FrameIdHash{this}, FrameIdEq{this}),
       stack_index_(0, StackIdHash{this}, StackIdEq{this}) {}
 
-size_t ProfileStackTable::FrameIdHash::operator()(const FrameInfo& f) const {
-  uint64_t h = std::hash<std::string>()(f.label);
-  h = Mix(h ^ std::hash<std::string>()(f.path));
-  h = Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(f.line)) << 8) ^ static_cast<uint64_t>(f.kind));
-  return static_cast<size_t>(h);
-}
+size_t ProfileStackTable::FrameIdHash::operator()(const FrameInfo& f) const { return HashFrame(f); }
 
-size_t ProfileStackTable::StackIdHash::operator()(std::span<const uint32_t> ids) const {
-  uint64_t h = ids.size();
-  for (uint32_t id : ids) h = Mix(h ^ id);
-  return static_cast<size_t>(h);
-}
+size_t ProfileStackTable::StackIdHash::operator()(std::span<const uint32_t> ids) const { return HashStackIds(ids); }
 
 bool ProfileStackTable::StackIdEq::operator()(std::span<const uint32_t> s, uint32_t id) const {
   return std::ranges::equal(s, t->stack(id));
@@ -157,7 +139,7 @@ uint32_t ProfileStackTable::Intern(std::span<const SharedFrame> frames) {
   if (memo_.size() > kMemoSlack + 2 * frames_.size()) ClearMemo();
   if (stack_memo_.empty()) stack_memo_.resize(kStackMemoSlots);
   uint64_t h = frames.size();
-  for (const SharedFrame& f : frames) h = Mix(h ^ reinterpret_cast<uintptr_t>(f.get()));
+  for (const SharedFrame& f : frames) h = MixHash(h ^ reinterpret_cast<uintptr_t>(f.get()));
   StackMemo& sm = stack_memo_[h % kStackMemoSlots];
   if (sm.id != 0 && sm.frames.size() == frames.size() &&
       std::equal(frames.begin(), frames.end(), sm.frames.begin(),

@@ -67,26 +67,12 @@ constexpr uint32_t kFunctionId = 1, kFunctionName = 2, kFunctionFilename = 4;
 
 constexpr uint64_t kMappingIdVm = 1;
 
-inline uint64_t Mix(uint64_t x) {  // splitmix64 finalizer
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 }  // namespace
 
-size_t PprofBuilder::FrameHash::operator()(const FrameInfo& f) const {
-  uint64_t h = std::hash<std::string>()(f.label);
-  h = Mix(h ^ std::hash<std::string>()(f.path));
-  h = Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(f.line)) << 8) ^ static_cast<uint64_t>(f.kind));
-  return static_cast<size_t>(h);
-}
+size_t PprofBuilder::FrameHash::operator()(const FrameInfo& f) const { return HashFrame(f); }
 
 size_t PprofBuilder::FunctionKeyHash::operator()(const FunctionKey& k) const {
-  return static_cast<size_t>(Mix(std::hash<std::string>()(k.label) ^ std::hash<std::string>()(k.path) * 31));
+  return static_cast<size_t>(MixHash(std::hash<std::string>()(k.label) ^ std::hash<std::string>()(k.path) * 31));
 }
 
 PprofBuilder::PprofBuilder() { String(""); }  // pprof requires string_table[0] == ""

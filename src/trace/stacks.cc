@@ -3,20 +3,6 @@
 #include <functional>
 
 namespace rvbpfd {
-namespace {
-
-// 64-bit mix (splitmix64 finalizer) so sequences of small dense ids spread over the buckets.
-inline uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-}  // namespace
-
 std::string_view FrameKindString(FrameKind kind) {
   switch (kind) {
     case FrameKind::kRuby: return "ruby";
@@ -35,18 +21,22 @@ std::optional<FrameKind> ParseFrameKind(std::string_view name) {
   return std::nullopt;
 }
 
-size_t StackTable::FrameHash::operator()(const FrameInfo& f) const {
+size_t HashFrame(const FrameInfo& f) {
   uint64_t h = std::hash<std::string>()(f.label);
-  h = Mix(h ^ std::hash<std::string>()(f.path));
-  h = Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(f.line)) << 8) ^ static_cast<uint64_t>(f.kind));
+  h = MixHash(h ^ std::hash<std::string>()(f.path));
+  h = MixHash(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(f.line)) << 8) ^ static_cast<uint64_t>(f.kind));
   return static_cast<size_t>(h);
 }
 
-size_t StackTable::StackHash::operator()(const std::vector<uint32_t>& ids) const {
+size_t HashStackIds(std::span<const uint32_t> ids) {
   uint64_t h = ids.size();
-  for (uint32_t id : ids) h = Mix(h ^ id);
+  for (uint32_t id : ids) h = MixHash(h ^ id);
   return static_cast<size_t>(h);
 }
+
+size_t StackTable::FrameHash::operator()(const FrameInfo& f) const { return HashFrame(f); }
+
+size_t StackTable::StackHash::operator()(const std::vector<uint32_t>& ids) const { return HashStackIds(ids); }
 
 InternResult StackTable::InternFrame(const FrameInfo& frame) {
   auto it = frame_ids_.find(frame);

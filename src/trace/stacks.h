@@ -24,6 +24,16 @@ enum class FrameKind : uint8_t {
   kUnresolved,  // a frame the symbolizer could not read safely; its label says what is known ("<unresolved ...>")
 };
 
+// splitmix64's finalizer: spreads small dense ids (frame and stack ids, pointers) over hash buckets.
+inline uint64_t MixHash(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
 // The label of the kGc pseudo-frame, one for `rvbpfd record` and the fleet agent's profiles.
 inline constexpr std::string_view kGcFrameLabel = "(garbage collection)";
 
@@ -39,6 +49,11 @@ struct FrameInfo {
 
   friend bool operator==(const FrameInfo&, const FrameInfo&) = default;
 };
+
+// The hashes every frame and stack table uses (the trace's StackTable, the pprof builder, the agent's tables).
+size_t HashFrame(const FrameInfo& f);
+// A stack as its frame ids, leaf first.
+size_t HashStackIds(std::span<const uint32_t> ids);
 
 // Ids of an interned item and whether this call created it (so the caller writes its dictionary line).
 struct InternResult {

@@ -9,7 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -32,6 +35,15 @@ inline std::string BuildGolden(const std::string& ruby_name, const std::string& 
                           "> build.log 2>&1 && make >> build.log 2>&1";
   if (std::system(cmd.c_str()) != 0) return "";
   return dir;
+}
+
+// gtest parameter names for test Ruby names ("3.4.5-static" -> "3_4_5_static").
+inline std::string RubyParamName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& c : n) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
 }
 
 // The stopped process: SIGKILLed and reaped when this goes away.

@@ -79,13 +79,7 @@ TEST_P(LiveTest, WalkerAndSymbolizerMatchRbProfileFramesOnALiveProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Rubies, LiveTest, ::testing::Values("3.3.8-shared", "3.4.5-static", kDebianRuby31),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string n = info.param;
-                           for (char& c : n) {
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+                         testing::RubyParamName);
 
 }  // namespace
 }  // namespace rvbpfd
