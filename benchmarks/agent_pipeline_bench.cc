@@ -137,7 +137,7 @@ class BenchBackend : public ProbeBackend {
     return n;
   }
   rv_counters ReadCounters() const override { return rv_counters{}; }
-  std::unordered_map<uint32_t, uint64_t> ReadPidTraps() const override { return {}; }
+  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return {}; }
   // Makes the records with ts_ns <= upto deliverable.
   void ReleaseUpTo(uint64_t upto) {
     while (ready_ < recs.size() && recs[ready_].rec.ts_ns <= upto) ++ready_;

@@ -3,8 +3,9 @@
  * hook sites, Kernel#sleep and Mutex#lock entries). The site's BPF cookie indexes `sites`, which userspace filled
  * with the event and where `th` lives at that instruction; the program has no Ruby-version knowledge of its own.
  *
- * Cost model: each hit is one int3 trap (~10 us here); the work below is a few map lookups and two user reads, well
- * under a microsecond, and never blocks: a full ring buffer bumps a per-CPU drop counter instead. */
+ * Cost model: each hit is one int3 trap, ~0.75 us here where the kernel emulates the probed instruction (userspace
+ * puts the probes there: sites/placement.h), ~9.5 us where it single-steps it; the work below (a few map lookups, two
+ * user reads, the ring write) adds ~0.6 us, and never blocks: a full ring buffer bumps a per-CPU drop counter. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -39,14 +40,23 @@ struct {
 } offsets SEC(".maps");
 
 /* Processes being recorded (host tgid -> uprobe hits of that process so far). The uprobes live on the VM's file,
- * shared by every process mapping it, so this filter is what keeps other processes' events out; the count is each
+ * shared by every process mapping it, so this filter is what keeps other processes' events out; the counts are each
  * process's trap bill (the fleet agent's --max-overhead is per process, and records undercount traps). */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, 4096);
   __type(key, __u32);
-  __type(value, __u64);
+  __type(value, struct rv_pid_traps);
 } target_pids SEC(".maps");
+
+/* When a target process last trapped on this CPU (CLOCK_MONOTONIC ns): a hit long after the previous one on the
+ * same CPU finds the trap path out of the caches (rv_config.cold_gap_ns). Per CPU because caches are. */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, __u64);
+} last_trap SEC(".maps");
 
 /* Native tid -> the rb_thread_t * it last ran. Updated at every event whose th is known and which runs on the thread
  * itself; read at sites where DWARF says th is optimized out (those events always concern the current thread). */
@@ -165,19 +175,36 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32;
   __u32 tid = (__u32)pid_tgid;
-  __u64 *pid_traps = bpf_map_lookup_elem(&target_pids, &tgid);
+  struct rv_pid_traps *pid_traps = bpf_map_lookup_elem(&target_pids, &tgid);
   if (!pid_traps) return 0;
 
   /* Every hit past the pid filter is one trap the target paid for, whatever happens below: counted first, in total,
-   * per site and per process (threads of one process trap on several CPUs at once: atomic). */
-  __sync_fetch_and_add(pid_traps, 1);
+   * per site and per process (threads of one process trap on several CPUs at once: atomic), as cold when it is the
+   * first on its CPU for cold_gap_ns, and as stepped at a single-stepped site (both cost more: see rv_config and
+   * rv_site_flags). */
   __u32 zero = 0;
-  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
-  if (c) c->probe_hits++;
+  int cold = 0;
+  __u64 *last = bpf_map_lookup_elem(&last_trap, &zero);
+  struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
+  if (last) {
+    __u64 now = bpf_ktime_get_ns();
+    cold = cfg && cfg->cold_gap_ns != 0 && now - *last >= cfg->cold_gap_ns;
+    *last = now;
+  }
   __u32 key = (__u32)bpf_get_attach_cookie(ctx);
+  struct rv_site *site = bpf_map_lookup_elem(&sites, &key);
+  int stepped = site && (site->flags & RV_SITE_SINGLE_STEP);
+  __sync_fetch_and_add(&pid_traps->traps, 1);
+  if (cold) __sync_fetch_and_add(&pid_traps->cold, 1);
+  if (stepped) __sync_fetch_and_add(&pid_traps->stepped, 1);
+  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
+  if (c) {
+    c->probe_hits++;
+    if (cold) c->cold_hits++;
+    if (stepped) c->stepped_hits++;
+  }
   __u64 *site_hit = bpf_map_lookup_elem(&site_hits, &key);
   if (site_hit) (*site_hit)++;
-  struct rv_site *site = bpf_map_lookup_elem(&sites, &key);
   if (!site || site->event == RV_EV_NONE) return rv_discard(c);
   __u32 bin = site->binary;
   struct rv_offsets *off = bpf_map_lookup_elem(&offsets, &bin);
@@ -256,7 +283,6 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
 
   /* Events configured to carry a stack (gvl_released by default): the thread giving up the lock is the one running
    * this probe, so its VM stack is stable while we walk it. */
-  struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
   if (cfg && th != 0 && about_tid == tid && (cfg->stack_events & (1u << (site->event & 31)))) {
     struct rv_walk_config *wc = bpf_map_lookup_elem(&walk_config, &bin);
     __u32 slot = bpf_get_smp_processor_id() * 2;
@@ -271,7 +297,11 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
       s->rec.kind = site->event;
       s->rec.site = (__u16)key;
       s->rec.flags = flags | RV_REC_HAS_STACK;
+      __u64 w0 = bpf_ktime_get_ns();
       rv_output_stack(s, rv_walk_thread_stack(wc, th, s), 0);
+      __u64 walk = bpf_ktime_get_ns() - w0; /* the target's time, like the trap: --max-overhead charges it */
+      __sync_fetch_and_add(&pid_traps->stack_ns, walk);
+      if (c) c->stack_ns += walk;
       return 0;
     }
   }
@@ -325,7 +355,8 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   __u32 tid = (__u32)pid_tgid;
   __u32 zero = 0;
   (void)ctx;
-  if (!bpf_map_lookup_elem(&target_pids, &tgid)) return 0;
+  struct rv_pid_traps *pid_traps = bpf_map_lookup_elem(&target_pids, &tgid);
+  if (!pid_traps) return 0;
   struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
   if (!cfg || !cfg->sampling) return 0;
   __u64 ts = bpf_ktime_get_ns();
@@ -381,6 +412,10 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   s->rec.site = 0xffff;
   s->rec.flags = flags;
   rv_output_stack(s, rv_walk_ec_stack(wc, ec, s), 1);
+  /* The whole sample ran in the target's context (an interrupt of it): --max-overhead charges it. */
+  __u64 spent = bpf_ktime_get_ns() - ts;
+  __sync_fetch_and_add(&pid_traps->stack_ns, spent);
+  if (c) c->stack_ns += spent;
   return 0;
 }
 

@@ -59,6 +59,13 @@ enum rv_reg {
 /* Maximum number of distinct VM binaries (libruby.so / static ruby) with their own struct offsets. */
 #define RV_MAX_BINARIES 64
 
+/* rv_site.flags */
+enum rv_site_flags {
+  /* The probed instruction is single-stepped by the kernel (not emulated): each hit takes a second exception, ~7x the
+   * cost of an emulated one on a VM (benchmarks/uprobe_cost.cc). Counted apart for the --max-overhead estimate. */
+  RV_SITE_SINGLE_STEP = 1,
+};
+
 /* One probe site. Indexed by the uprobe's BPF cookie. */
 struct rv_site {
   __u8 event;      /* enum rv_event_kind */
@@ -72,6 +79,8 @@ struct rv_site {
   __u64 vaddr;     /* the site's own ELF virtual address: ip - vaddr is the load bias */
   __u64 exclude_caller_start;
   __u64 exclude_caller_end;
+  __u32 flags; /* enum rv_site_flags */
+  __u32 pad;
 };
 
 /* Struct offsets of one VM binary, in bytes. Zero means "not available" where noted. */
@@ -186,6 +195,20 @@ struct rv_config {
   __u32 stack_events; /* bit (1 << rv_event_kind): events that carry the stack of the thread they are about */
   __u32 sampling;     /* 1: the perf_event program records samples */
   __u32 watch_exec;   /* 1: the exec tracepoint (fleet agent) records every exec on the host */
+  /* A uprobe hit with no other target hit on its CPU for at least this many ns is "cold" (rv_pid_traps.cold,
+   * rv_counters.cold_hits): its path has left the caches and it costs the target more (benchmarks/trap_gap_cost.cc).
+   * 0: no hit is cold. */
+  __u32 cold_gap_ns;
+};
+
+/* Value of the target_pids map: one process's uprobe hits since it was added, each an int3 trap it paid for. */
+struct rv_pid_traps {
+  __u64 traps;
+  __u64 cold;    /* of those, hits after rv_config.cold_gap_ns without a target hit on their CPU */
+  __u64 stepped; /* of those, hits of RV_SITE_SINGLE_STEP sites */
+  /* ns the BPF programs spent walking and writing this process's Ruby stacks (stacked events, samples), in its own
+   * context: a cost on top of its traps that grows with stack depth (~0.4 us a frame). */
+  __u64 stack_ns;
 };
 
 /* Per-CPU counters; the daemon sums over CPUs. */
@@ -206,14 +229,19 @@ struct rv_counters {
   /* Of those, hits that are not events: a function-entry site reached from an excluded caller (rb_mutex_lock called
    * by rb_mutex_synchronize, i.e. every IO#write in a shared libruby), an unreadable register set. */
   __u64 hits_discarded;
+  /* Of probe_hits, the cold ones (rv_config.cold_gap_ns), and those at RV_SITE_SINGLE_STEP sites. */
+  __u64 cold_hits;
+  __u64 stepped_hits;
+  __u64 stack_ns; /* rv_pid_traps.stack_ns over every target */
 };
 
 #ifdef __cplusplus
-static_assert(sizeof(struct rv_site) == 32, "rv_site ABI");
+static_assert(sizeof(struct rv_site) == 40, "rv_site ABI");
+static_assert(__builtin_offsetof(struct rv_site, flags) == 32, "rv_site ABI");
 static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
 static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
 static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
-static_assert(sizeof(struct rv_counters) == 88, "rv_counters ABI");
+static_assert(sizeof(struct rv_counters) == 112, "rv_counters ABI");
 static_assert(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
 static_assert(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
 static_assert(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
@@ -222,13 +250,15 @@ static_assert(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets A
 static_assert(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
 static_assert(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
 static_assert(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
-static_assert(sizeof(struct rv_config) == 12, "rv_config ABI");
+static_assert(sizeof(struct rv_config) == 16, "rv_config ABI");
+static_assert(sizeof(struct rv_pid_traps) == 32, "rv_pid_traps ABI");
 #else
-_Static_assert(sizeof(struct rv_site) == 32, "rv_site ABI");
+_Static_assert(sizeof(struct rv_site) == 40, "rv_site ABI");
+_Static_assert(__builtin_offsetof(struct rv_site, flags) == 32, "rv_site ABI");
 _Static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
 _Static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
 _Static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
-_Static_assert(sizeof(struct rv_counters) == 88, "rv_counters ABI");
+_Static_assert(sizeof(struct rv_counters) == 112, "rv_counters ABI");
 _Static_assert(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
 _Static_assert(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
 _Static_assert(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
@@ -237,7 +267,8 @@ _Static_assert(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets 
 _Static_assert(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
 _Static_assert(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
 _Static_assert(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
-_Static_assert(sizeof(struct rv_config) == 12, "rv_config ABI");
+_Static_assert(sizeof(struct rv_config) == 16, "rv_config ABI");
+_Static_assert(sizeof(struct rv_pid_traps) == 32, "rv_pid_traps ABI");
 #endif
 
 #endif /* RVBPFD_INCLUDE_RVBPFD_ABI_H_ */

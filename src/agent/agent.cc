@@ -34,7 +34,8 @@ Agent::Agent(AgentConfig config, AgentEnv env)
     : config_(std::move(config)),
       env_(std::move(env)),
       inspector_(config_.proc_root),
-      probe_sets_(env_.backend, env_.preparer, config_.max_overhead_pct, kProbeCostUs, kBudgetWindowNs) {}
+      probe_sets_(env_.backend, env_.preparer, config_.max_overhead_pct,
+                   TrapCosts(kProbeCostUs, kSteppedProbeCostUs, kColdProbeExtraUs), kBudgetWindowNs) {}
 
 Agent::~Agent() = default;
 
@@ -68,6 +69,7 @@ Status Agent::Start() {
   }
   cfg.sampling = config_.hz > 0 ? 1 : 0;
   cfg.watch_exec = 1;
+  cfg.cold_gap_ns = OverheadBudget::kColdGapNs;
   if (Status st = env_.backend->SetConfig(cfg); !st) return st;
   // Exec watching starts before the scan, so a process that execs during the scan is seen by one or the other.
   if (Status st = env_.backend->WatchProcesses(); !st) return st.error().Wrap("watching process exec/exit");
@@ -372,21 +374,38 @@ void Agent::UpdateBudgets(uint64_t now) {
   next_budget_check_ns_ = now + kBudgetCheckNs;
   // Traps, not records: a hit that BPF discards (rb_mutex_lock entered by IO#write in a shared libruby) costs the
   // process the same trap. One batch read of every watched process's count per check (kBudgetCheckNs).
-  const std::unordered_map<uint32_t, uint64_t> traps = env_.backend->ReadPidTraps();
+  const std::unordered_map<uint32_t, rv_pid_traps> traps = env_.backend->ReadPidTraps();
   for (ProbeSet* set : probe_sets_.ActiveSets()) {
     // The budget is per process: the set's sites pause when its busiest process has spent its share.
-    uint64_t busiest = 0;
+    rv_pid_traps busiest{};
+    double busiest_ns = 0;
     for (int pid : set->pids) {
       WatchedProcess* p = registry_.Find(pid);
       auto it = traps.find(static_cast<uint32_t>(pid));
       if (p == nullptr || it == traps.end()) continue;
-      // A count below the last one: the pid was added to the filter again (its count restarted).
-      const uint64_t delta = it->second >= p->traps_seen ? it->second - p->traps_seen : it->second;
-      p->traps_seen = it->second;
-      busiest = std::max(busiest, delta);
+      // A count below the last one: the pid was added to the filter again (its counts restarted).
+      const rv_pid_traps& now_traps = it->second;
+      const bool restarted = now_traps.traps < p->traps_seen.traps;
+      rv_pid_traps delta = now_traps;
+      if (!restarted) {
+        auto since = [](uint64_t now, uint64_t seen) { return now >= seen ? now - seen : 0; };
+        delta.traps -= p->traps_seen.traps;
+        delta.cold = since(now_traps.cold, p->traps_seen.cold);
+        delta.stepped = since(now_traps.stepped, p->traps_seen.stepped);
+        delta.stack_ns = since(now_traps.stack_ns, p->traps_seen.stack_ns);
+      }
+      p->traps_seen = now_traps;
+      const double ns = set->budget->CostNs(delta.traps, delta.cold, delta.stepped, delta.stack_ns);
+      if (ns > busiest_ns) {
+        busiest_ns = ns;
+        busiest = delta;
+      }
     }
-    set->budget_hits += busiest;
-    const OverheadBudget::Action action = set->budget->Update(now, set->budget_hits);
+    set->budget_traps.total += busiest.traps;
+    set->budget_traps.cold += busiest.cold;
+    set->budget_traps.stepped += busiest.stepped;
+    set->budget_traps.stack_ns += busiest.stack_ns;
+    const OverheadBudget::Action action = set->budget->Update(now, set->budget_traps);
     if (action == OverheadBudget::Action::kPause && set->high_group >= 0 && !set->paused) {
       env_.backend->DetachGroup(set->high_group);
       set->paused = true;
@@ -395,7 +414,7 @@ void Agent::UpdateBudgets(uint64_t now) {
       }
       log().Info("tracing paused", {{"path", set->vm_path},
                                     {"reason", "max-overhead"},
-                                    {"overhead_pct", set->budget->current_pct(now, set->budget_hits)}});
+                                    {"overhead_pct", set->budget->current_pct(now, set->budget_traps)}});
     } else if (set->paused && !set->budget->paused()) {
       // The window ended (or a reattach failed before and is retried now).
       if (Status st = env_.backend->ReattachGroup(set->high_group, set->attach_path()); st) {

@@ -37,8 +37,11 @@ class Agent {
  public:
   // Ring poll period (ms): bounds how long records wait in the ring (BPF does not wake the agent per record).
   static constexpr int kPollMs = 50;
-  // Cost of one uprobe hit assumed by the overhead budget (us), as the recorder's --probe-cost-us default.
-  static constexpr double kProbeCostUs = 13;
+  // Costs of a uprobe hit assumed by the overhead budget (us), as the recorder's --probe-cost-us,
+  // --stepped-probe-cost-us and --cold-probe-extra-us defaults.
+  static constexpr double kProbeCostUs = 1.5;
+  static constexpr double kSteppedProbeCostUs = 10.5;
+  static constexpr double kColdProbeExtraUs = 3;
   static constexpr uint64_t kHousekeepingNs = 1'000'000'000;  // liveness and metrics period
   static constexpr uint64_t kMinRescanGapNs = 10'000'000'000;  // /proc rescans after drops, at most this often
   // Records are held this long (event time) and handed to the profiles sorted: ProcessProfile needs time order, and

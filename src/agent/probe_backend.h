@@ -51,7 +51,7 @@ class ProbeBackend {
   virtual Result<int> Poll(int timeout_ms) = 0;
   virtual rv_counters ReadCounters() const = 0;
   // Uprobe hits per watched process (host pid) since it was added: the per-process budget's input.
-  virtual std::unordered_map<uint32_t, uint64_t> ReadPidTraps() const = 0;
+  virtual std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const = 0;
 };
 
 // The real backend: one BpfSession opened with watch_processes.
@@ -76,7 +76,7 @@ class BpfProbeBackend : public ProbeBackend {
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override { return installer.Poll(*session_); }
   Result<int> Poll(int timeout_ms) override { return session_->Poll(timeout_ms); }
   rv_counters ReadCounters() const override { return session_->ReadCounters(); }
-  std::unordered_map<uint32_t, uint64_t> ReadPidTraps() const override { return session_->ReadPidTraps(); }
+  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return session_->ReadPidTraps(); }
   bool uses_multi_links() const { return session_->uses_multi_links(); }
 
  private:

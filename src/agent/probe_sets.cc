@@ -34,11 +34,11 @@ void UniqueFd::Reset() {
 }
 
 ProbeSetManager::ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct,
-                                 double probe_cost_us, uint64_t budget_window_ns)
+                                 TrapCosts costs, uint64_t budget_window_ns)
     : backend_(backend),
       preparer_(std::move(preparer)),
       max_overhead_pct_(max_overhead_pct),
-      probe_cost_us_(probe_cost_us),
+      costs_(costs),
       budget_window_ns_(budget_window_ns) {}
 
 Status ProbeSetManager::AttachSet(ProbeSet& set, const std::string& via_path) {
@@ -57,8 +57,8 @@ Status ProbeSetManager::AttachSet(ProbeSet& set, const std::string& via_path) {
   }
   set.attach_ms = MsSince(start);
   set.paused = false;
-  set.budget = std::make_unique<OverheadBudget>(max_overhead_pct_, probe_cost_us_, budget_window_ns_);
-  set.budget_hits = 0;
+  set.budget = std::make_unique<OverheadBudget>(max_overhead_pct_, costs_, budget_window_ns_);
+  set.budget_traps = {};
   return Status::Ok();
 }
 
@@ -127,7 +127,7 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
     set->high_group = *g;
   }
   set->attach_ms = MsSince(start);
-  set->budget = std::make_unique<OverheadBudget>(max_overhead_pct_, probe_cost_us_, budget_window_ns_);
+  set->budget = std::make_unique<OverheadBudget>(max_overhead_pct_, costs_, budget_window_ns_);
   set->pids.insert(pid);
   ProbeSet* raw = set.get();
   sets_.emplace(key, std::move(set));

@@ -75,16 +75,17 @@ struct ProbeSet {
   uint8_t binary = 0;        // index of its offsets in BPF
   std::optional<StackSetup> stacks;
   size_t site_count = 0;
-  int low_group = -1;        // thread start/exit, GC, sleep, mutex sites
-  int high_group = -1;       // READY/RESUMED/SUSPENDED: what the budget pauses
+  int low_group = -1;        // thread start/exit sites
+  int high_group = -1;       // READY/RESUMED/SUSPENDED, GC, sleep, Mutex#lock: what the budget pauses
   UniqueFd file;             // O_PATH fd of the binary while attached
   std::set<int> pids;        // the watched processes using it (refcount)
   double attach_ms = 0;      // last attach time
 
   // --max-overhead: budget over the busiest process's traps (BPF counts every uprobe hit per process, discarded
-  // ones included; budget_hits accumulates the busiest process's new hits at each poll).
+  // ones included, and the cold ones; budget_traps accumulates the new hits of the process whose new hits cost
+  // most at each poll).
   std::unique_ptr<OverheadBudget> budget;
-  uint64_t budget_hits = 0;
+  TrapCounts budget_traps;
   bool paused = false;
 
   bool active() const { return !pids.empty(); }
@@ -96,8 +97,8 @@ using BinaryPreparer =
 
 class ProbeSetManager {
  public:
-  // max_overhead_pct <= 0: no budget (never pauses). probe_cost_us: the estimated cost of one hit.
-  ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct, double probe_cost_us,
+  // max_overhead_pct <= 0: no budget (never pauses). costs: what a hit costs the target (OverheadBudget).
+  ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct, TrapCosts costs,
                   uint64_t budget_window_ns = 1'000'000'000);
 
   struct Acquired {
@@ -122,7 +123,7 @@ class ProbeSetManager {
   ProbeBackend* backend_;
   BinaryPreparer preparer_;
   double max_overhead_pct_;
-  double probe_cost_us_;
+  TrapCosts costs_;
   uint64_t budget_window_ns_;
   std::map<BinaryKey, std::unique_ptr<ProbeSet>> sets_;
   std::map<BinaryKey, Error> failed_;

@@ -95,12 +95,22 @@ int RunCli(int argc, char** argv) {
   app.add_option("--max-overhead", rec.max_overhead_pct,
                  "Bound the target's estimated time in probe traps (every uprobe hit, including those that write "
                  "no event) to PERCENT of each 250 ms budget window: once spent, the high-rate sites (GVL "
-                 "transitions, Kernel#sleep, Mutex#lock) are detached until the window ends and the trace records "
-                 "tracing_paused/tracing_resumed (default: off, complete recording; a warning is printed above 10%)")
+                 "transitions, GC enter/exit, Kernel#sleep, Mutex#lock) are detached until the window ends and the "
+                 "trace records tracing_paused/tracing_resumed (default: off, complete recording; a warning is "
+                 "printed above 10%)")
       ->check(CLI::Range(0.1, 100.0));
   app.add_option("--probe-cost-us", rec.probe_cost_us,
-                 "Cost of one uprobe hit in microseconds, for the overhead estimate (default 13, measured on a VM)")
+                 "Cost of one uprobe hit in microseconds, for the overhead estimate: rvbpfd probes instructions the "
+                 "kernel emulates (default 1.5, measured on a VM)")
       ->check(CLI::Range(0.01, 1000.0));
+  app.add_option("--stepped-probe-cost-us", rec.stepped_probe_cost_us,
+                 "Cost of a hit of a probe the kernel single-steps (a site with no emulated instruction near its "
+                 "check; `rvbpfd sites` marks them), microseconds (default 10.5, measured on a VM)")
+      ->check(CLI::Range(0.01, 1000.0));
+  app.add_option("--cold-probe-extra-us", rec.cold_probe_extra_us,
+                 "What a hit costs beyond the above when it comes 50 us or more after the previous one on its CPU "
+                 "(its path has left the caches), microseconds (default 3, measured on a VM)")
+      ->check(CLI::Range(0.0, 1000.0));
   app.add_option("--ring-buffer-kb", rec.ring_buffer_kb,
                  "BPF ring buffer size in KiB, rounded up to a power of two (default 4096); events that do not fit "
                  "are counted in events_dropped records")
@@ -185,8 +195,8 @@ int RunCli(int argc, char** argv) {
                                          "Stacks on gvl_released: release (default), release,ready, off"));
   agent_opts.push_back(agent->add_option("--max-overhead", agent_flags.max_overhead_pct,
                                          "Bound each probed process's estimated time in probe traps to PERCENT of "
-                                         "each budget window by pausing the high-rate GVL probes (default 5; 0: "
-                                         "never pause)"));
+                                         "each budget window by pausing the high-rate probes (GVL, GC, sleep, "
+                                         "Mutex#lock; default 5; 0: never pause)"));
   agent_opts.push_back(agent->add_option("--output-dir", agent_flags.output_dir,
                                          "Write profiles as <dir>/<service>/<type>-<pid>-<from>-<until>.pb.gz"));
   agent_opts.push_back(agent->add_option("--output-max-mb", agent_flags.output_max_mb,

@@ -244,7 +244,7 @@ Result<uint8_t> BpfSession::AddBinary(const rv_offsets& offsets) {
 }
 
 Status BpfSession::AddPid(uint32_t pid) {
-  const uint64_t no_traps = 0;
+  const rv_pid_traps no_traps{};
   if (bpf_map_update_elem(bpf_map__fd(skel_->maps.target_pids), &pid, &no_traps, BPF_ANY) != 0) {
     return BpfError("adding pid " + std::to_string(pid) + " to the BPF pid filter", errno);
   }
@@ -408,18 +408,21 @@ rv_counters BpfSession::ReadCounters() const {
     total.samples_no_ec += c.samples_no_ec;
     total.probe_hits += c.probe_hits;
     total.hits_discarded += c.hits_discarded;
+    total.cold_hits += c.cold_hits;
+    total.stepped_hits += c.stepped_hits;
+    total.stack_ns += c.stack_ns;
     total.ring_high_water = std::max(total.ring_high_water, c.ring_high_water);
   }
   return total;
 }
 
-std::unordered_map<uint32_t, uint64_t> BpfSession::ReadPidTraps() const {
+std::unordered_map<uint32_t, rv_pid_traps> BpfSession::ReadPidTraps() const {
   // Batches of up to kBatch entries (the map holds at most 4096); one lookup per pid only if batches are refused.
   constexpr uint32_t kBatch = 1024;
-  std::unordered_map<uint32_t, uint64_t> out;
+  std::unordered_map<uint32_t, rv_pid_traps> out;
   const int fd = bpf_map__fd(skel_->maps.target_pids);
   std::vector<uint32_t> keys(kBatch);
-  std::vector<uint64_t> values(kBatch);
+  std::vector<rv_pid_traps> values(kBatch);
   uint32_t in_batch = 0, out_batch = 0;
   bool first = true;
   for (;;) {
@@ -433,7 +436,7 @@ std::unordered_map<uint32_t, uint64_t> BpfSession::ReadPidTraps() const {
       uint32_t key = 0, next = 0;
       const uint32_t* prev = nullptr;
       while (bpf_map_get_next_key(fd, prev, &next) == 0) {
-        uint64_t v = 0;
+        rv_pid_traps v{};
         if (bpf_map_lookup_elem(fd, &next, &v) == 0) out[next] = v;
         key = next;
         prev = &key;

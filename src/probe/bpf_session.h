@@ -138,9 +138,9 @@ class BpfSession {
   // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
   // BPF discarded. Empty when the map cannot be read.
   std::vector<uint64_t> ReadSiteHits() const;
-  // Uprobe hits of each process in the pid filter since AddPid (discarded hits included): what each process has
-  // paid in traps. One batch syscall per 1,024 processes.
-  std::unordered_map<uint32_t, uint64_t> ReadPidTraps() const;
+  // Uprobe hits of each process in the pid filter since AddPid (discarded hits included), and how many of them were
+  // cold (rv_config.cold_gap_ns): what each process has paid in traps. One batch syscall per 1,024 processes.
+  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const;
   bool uses_multi_links() const { return multi_supported_; }
 
  private:

@@ -8,33 +8,40 @@ TrapCounts CountTraps(const rv_counters& counters, const std::vector<uint64_t>& 
                       const std::vector<uint64_t>& unpausable_cookies) {
   TrapCounts t;
   t.total = counters.probe_hits;
+  t.cold = counters.cold_hits;
+  t.stepped = counters.stepped_hits;
+  t.stack_ns = counters.stack_ns;
   for (uint64_t cookie : unpausable_cookies) {
     if (cookie < site_hits.size()) t.unpausable += site_hits[cookie];
   }
   return t;
 }
 
-double OverheadBudget::SpentNs(uint64_t traps_total) const {
-  return static_cast<double>(traps_total - window_start_traps_) * cost_ns_ + charged_ns_;
+double OverheadBudget::SpentNs(double cost_total_ns) const {
+  return cost_total_ns - window_start_cost_ns_ + charged_ns_;
 }
 
-double OverheadBudget::current_pct(uint64_t now_ns, uint64_t traps_total) const {
+double OverheadBudget::current_pct(uint64_t now_ns, const TrapCounts& traps) const {
   if (!started_ || now_ns <= window_start_ns_) return 0;
-  return SpentNs(traps_total) / static_cast<double>(now_ns - window_start_ns_) * 100.0;
+  return SpentNs(CostNs(traps)) / static_cast<double>(now_ns - window_start_ns_) *
+         100.0;
 }
 
-OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, uint64_t traps_total, uint64_t unpausable_total) {
+OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, const TrapCounts& traps) {
+  const uint64_t unpausable_total = traps.unpausable;
+  // Cumulative like the counters (a double holds 2^53 ns, ~104 days of traps, exactly).
+  const double cost_total = CostNs(traps);
   if (!started_) {
     started_ = true;
     window_start_ns_ = last_ns_ = now_ns;
-    window_start_traps_ = last_traps_ = traps_total;
+    window_start_cost_ns_ = last_cost_ns_ = cost_total;
     window_start_unpausable_ = unpausable_total;
     return Action::kNone;
   }
   // The trap rate is learnt only while attached: the paused rate says nothing about the rate after resuming, and the
   // first check of the next window needs the attached one.
   if (!paused_ && now_ns > last_ns_) {
-    rate_ = static_cast<double>(traps_total - last_traps_) * cost_ns_ / static_cast<double>(now_ns - last_ns_);
+    rate_ = (cost_total - last_cost_ns_) / static_cast<double>(now_ns - last_ns_);
   }
   // How late the daemon woke for the check it asked for (a busy machine): rises at once, decays slowly.
   if (requested_ns_ > 0 && now_ns >= requested_at_ns_) {
@@ -44,16 +51,16 @@ OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, uint64_t traps_to
     requested_ns_ = 0;
   }
   last_ns_ = now_ns;
-  last_traps_ = traps_total;
+  last_cost_ns_ = cost_total;
   const double allowance_ns = budget_pct_ / 100.0 * static_cast<double>(window_ns_);
   if (now_ns - window_start_ns_ >= window_ns_) {
     const double len = static_cast<double>(now_ns - window_start_ns_);
-    const double spent_ns = SpentNs(traps_total);
+    const double spent_ns = SpentNs(cost_total);
     last_window_pct_ = (spent_ns - carried_ns_) / len * 100.0;
     floor_pct_ = static_cast<double>(unpausable_total - window_start_unpausable_) * cost_ns_ / len * 100.0;
     ++windows_;
     window_start_ns_ = now_ns;
-    window_start_traps_ = traps_total;
+    window_start_cost_ns_ = cost_total;
     window_start_unpausable_ = unpausable_total;
     // What the window spent beyond its allowance (traps between the last check and the detach taking effect, a
     // late check on a busy machine, traps of the sites that stay attached) is owed by the next windows, at most four
@@ -73,17 +80,18 @@ OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, uint64_t traps_to
   // Pause when the allowance is spent, or would be before the soonest next check (kMinCheckNs plus the lateness seen
   // recently) at the current rate plus the detach tail. Better early than late: what the target pays beyond the
   // allowance is only repaid in the next windows.
-  if (SpentNs(traps_total) + rate_ * (static_cast<double>(kMinCheckNs) + lateness_ns_) + tail_ns_ >= allowance_ns) {
+  if (SpentNs(cost_total) + rate_ * (static_cast<double>(kMinCheckNs) + lateness_ns_) + tail_ns_ >= allowance_ns) {
     paused_ = true;
-    traps_at_pause_ = traps_total;
+    cost_at_pause_ns_ = cost_total;
     return Action::kPause;
   }
   return Action::kNone;
 }
 
-void OverheadBudget::Detached(uint64_t traps_total) {
-  if (!paused_ || traps_total < traps_at_pause_) return;
-  const double tail = static_cast<double>(traps_total - traps_at_pause_) * cost_ns_;
+void OverheadBudget::Detached(const TrapCounts& traps) {
+  const double cost_total = CostNs(traps);
+  if (!paused_ || cost_total < cost_at_pause_ns_) return;
+  const double tail = cost_total - cost_at_pause_ns_;
   tail_ns_ = tail > tail_ns_ ? tail : 0.75 * tail_ns_ + 0.25 * tail;
 }
 
@@ -92,7 +100,7 @@ uint64_t OverheadBudget::NextCheckNs(uint64_t now_ns) {
   if (started_ && budget_pct_ > 0 && !paused_ && rate_ > 0) {
     const double allowance_ns = budget_pct_ / 100.0 * static_cast<double>(window_ns_);
     // ns of wall time until the allowance is spent, less the lateness the daemon's wakeups have shown
-    const double until_spent = (allowance_ns - SpentNs(last_traps_) - tail_ns_) / rate_ - lateness_ns_;
+    const double until_spent = (allowance_ns - SpentNs(last_cost_ns_) - tail_ns_) / rate_ - lateness_ns_;
     next = until_spent <= static_cast<double>(kMinCheckNs) ? kMinCheckNs
            : until_spent >= static_cast<double>(kMaxCheckNs) ? kMaxCheckNs
                                                               : static_cast<uint64_t>(until_spent);

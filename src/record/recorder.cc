@@ -295,16 +295,19 @@ Result<int> Record(const RecordOptions& o) {
   std::unique_ptr<StackResolver> resolver;
   std::vector<FrameInfo> frame_infos;
   std::vector<uint32_t> frame_ids;
+  rv_config cfg{};
+  cfg.cold_gap_ns = OverheadBudget::kColdGapNs;
   if (stack_setup) {
     rv_walk_config wc = WalkConfigFor(*stack_setup);
     if (Status st = session->SetWalkConfig(*bin, wc); !st) return fail(st.error());
-    rv_config cfg{};
     if (stacks_on) {
       cfg.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
       if (o.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
     }
     cfg.sampling = sampling ? 1 : 0;
-    if (Status st = session->SetConfig(cfg); !st) return fail(st.error());
+  }
+  if (Status st = session->SetConfig(cfg); !st) return fail(st.error());
+  if (stack_setup) {
     session->SetStackCallback([&](const rv_record& r, const rv_stack_header& h,
                                   std::span<const rv_ruby_frame> frames) {
       if (budget_tick) budget_tick();
@@ -343,10 +346,6 @@ Result<int> Record(const RecordOptions& o) {
     });
   }
   if (Status st = session->AddPid(static_cast<uint32_t>(target.pid)); !st) return fail(st.error());
-  if (stack_setup && sampling) {
-    ec_installer.emplace(target.pid, target.vm_path, stack_setup->ec_route, *bin);
-    poll_ec_route();
-  }
   if (stack_setup && sampling) {
     ec_installer.emplace(target.pid, target.vm_path, stack_setup->ec_route, *bin);
     poll_ec_route();
@@ -406,7 +405,8 @@ Result<int> Record(const RecordOptions& o) {
   rv_counters seen{};
   // With a budget, short windows bound what a short run can overspend; estimating only, 1 s windows keep the
   // warning from firing on a brief burst.
-  OverheadBudget budget(o.max_overhead_pct, o.probe_cost_us,
+  OverheadBudget budget(o.max_overhead_pct,
+                        TrapCosts(o.probe_cost_us, o.stepped_probe_cost_us, o.cold_probe_extra_us),
                         o.max_overhead_pct > 0 ? OverheadBudget::kDefaultWindowNs : 1'000'000'000);
   // The first window starts when the probes went live, with no trap counted yet (the BPF counters start at 0): the
   // main loop's first check can come 100+ ms later (stack setup), and those traps belong to the budget too.
@@ -496,8 +496,8 @@ Result<int> Record(const RecordOptions& o) {
                     session->uses_multi_links() ? "" : " (multi-uprobe links, one grace period per group, need Linux "
                                                        "6.6+)");
           }
-          budget.Detached(session->ReadCounters().probe_hits);
-          push_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, traps.total), now_t());
+          budget.Detached(CountTraps(session->ReadCounters(), {}, {}));
+          push_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, traps), now_t());
         }
         break;
       case OverheadBudget::Action::kResume:
@@ -569,7 +569,7 @@ Result<int> Record(const RecordOptions& o) {
     if (o.max_overhead_pct > 0 && budget.floor_pct() > o.max_overhead_pct && !floor_warned && !o.quiet) {
       floor_warned = true;
       fprintf(stderr, "%srvbpfd: warning: --max-overhead %g%% cannot hold: the probes that stay attached while "
-              "paused (thread start/exit, GC) alone cost an estimated %.1f%%\n", o.status_line ? "\r\033[K" : "",
+              "paused (thread start/exit) alone cost an estimated %.1f%%\n", o.status_line ? "\r\033[K" : "",
               o.max_overhead_pct, budget.floor_pct());
     }
     if (o.max_overhead_pct <= 0 && budget.last_window_pct() > o.warn_overhead_pct && !warned && !o.quiet) {
@@ -625,6 +625,8 @@ Result<int> Record(const RecordOptions& o) {
   fin.stop_reason = stop_reason;
   fin.probe_hits = seen.probe_hits;
   fin.hits_discarded = seen.hits_discarded;
+  fin.cold_hits = seen.cold_hits;
+  fin.stepped_hits = seen.stepped_hits;
   if (stack_setup && sampling) {
     fin.sample_ec_routes = SampleEcRoutes{seen.samples_ec_tls, seen.samples_ec_ractor, seen.samples_ec_current_th,
                                           seen.samples_no_ec};

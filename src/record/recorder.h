@@ -22,7 +22,12 @@ struct RecordOptions {
   uint32_t ring_buffer_kb = 4096;     // BPF ring buffer size (KiB)
   double max_overhead_pct = 0;        // 0: never pause probes (recordings are complete by default)
   double warn_overhead_pct = 10;      // status-line warning threshold when not pausing
-  double probe_cost_us = 13;          // cost of one uprobe trap on this machine (us), for the overhead estimate
+  // What one uprobe hit costs the target (us), for the overhead estimate (OverheadBudget TrapCosts, measured on a
+  // VM by benchmarks/uprobe_cost.cc and trap_gap_cost.cc): a probe on an emulated instruction (rvbpfd's probes), a
+  // single-stepped one, and the extra of a cold hit (OverheadBudget::kColdGapNs after the previous one on its CPU).
+  double probe_cost_us = 1.5;
+  double stepped_probe_cost_us = 10.5;
+  double cold_probe_extra_us = 3;
   std::string cache_dir = "/var/cache/rvbpfd/sites";
   bool status_line = false;           // live status on stderr (when it is a terminal)
   bool force_single_links = false;    // one uprobe link per site even when multi links exist

@@ -46,8 +46,12 @@ Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::st
 bool IsHighRateEvent(uint8_t event) {
   // Kernel#sleep and Mutex#lock are per call: an uncontended lock loop or sleep(0) traps without any GVL transition,
   // and in a shared libruby the Mutex#lock site is also entered (and discarded) by every IO#write's write lock.
+  // GC enter/exit fire at every lazy-sweep and incremental-marking step (gc_continue), ~1,300 pairs a second in
+  // io_heavy, and those isolated traps cost 2-4x a back-to-back one (docs/design.md, "Cold traps"): left attached
+  // while paused they alone cost io_heavy_long ~6.5% on 3.4.5, more than a 5% budget.
   return event == RV_EV_THREAD_READY || event == RV_EV_THREAD_RESUMED || event == RV_EV_THREAD_SUSPENDED ||
-         event == RV_EV_MUTEX_LOCK_ENTER || event == RV_EV_SLEEP_ENTER;
+         event == RV_EV_MUTEX_LOCK_ENTER || event == RV_EV_SLEEP_ENTER || event == RV_EV_GC_ENTER ||
+         event == RV_EV_GC_EXIT;
 }
 
 SplitSiteSpecs SplitSites(const SiteSet& sites, uint8_t binary) {
@@ -56,7 +60,7 @@ SplitSiteSpecs SplitSites(const SiteSet& sites, uint8_t binary) {
   for (const ProbeSite& ps : sites.sites) {
     SiteSpec spec{ps.file_offset,
                   rv_site{ps.event, ps.th.kind, ps.th.reg, binary, ps.th.offset, ps.vaddr, ps.exclude_caller_start,
-                          ps.exclude_caller_end},
+                          ps.exclude_caller_end, ps.single_step ? static_cast<uint32_t>(RV_SITE_SINGLE_STEP) : 0u, 0},
                   ps.return_probe};
     if (IsHighRateEvent(ps.event)) {
       out.high.push_back(spec);

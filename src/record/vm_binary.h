@@ -44,9 +44,10 @@ struct PreparedBinary {
 Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::string& ruby_version,
                                        const std::string& cache_dir, bool want_stacks);
 
-// Events whose rate follows the program's calls: the scheduler events of every GVL hand-off, and the per-call
-// Kernel#sleep / Mutex#lock probes. These are the sites --max-overhead detaches. The rest (thread start/exit, GC)
-// are rare enough to stay attached, so a paused window still shows threads and GC.
+// Events whose rate follows the program's calls or allocations: the scheduler events of every GVL hand-off, GC
+// enter/exit (every lazy-sweep and incremental-marking step), and the per-call Kernel#sleep / Mutex#lock probes.
+// These are the sites --max-overhead detaches. Thread start/exit are rare enough to stay attached, so a paused
+// window still shows which threads exist.
 bool IsHighRateEvent(uint8_t event);
 
 // The binary's sites as BpfSession attach specs, in two groups. BpfSession assigns cookies in attach order, so when

@@ -104,6 +104,38 @@ std::optional<uint64_t> DirectBranchTarget(const cs_insn& insn) {
   return static_cast<uint64_t>(x86.operands[0].imm);
 }
 
+bool IsKernelEmulated(const cs_insn& insn) {
+  const cs_x86& x86 = insn.detail->x86;
+  for (uint8_t p : x86.prefix) {
+    if (p != 0) return false;
+  }
+  switch (insn.id) {
+    case X86_INS_JRCXZ:
+    case X86_INS_JECXZ:
+    case X86_INS_JCXZ:
+    case X86_INS_LOOP:
+    case X86_INS_LOOPE:
+    case X86_INS_LOOPNE:
+      return false;  // 0xe0-0xe3: single-stepped
+    case X86_INS_NOP:
+      return true;
+    case X86_INS_PUSH:
+      return x86.op_count == 1 && x86.operands[0].type == X86_OP_REG && x86.operands[0].size == 8;
+    case X86_INS_CALL:
+      return insn.size == 5 && DirectBranchTarget(insn).has_value();  // e8 rel32
+    default:
+      return (insn.id == X86_INS_JMP || IsConditionalJump(insn)) && DirectBranchTarget(insn).has_value();
+  }
+}
+
+bool IsControlTransfer(const cs_insn& insn) {
+  for (uint8_t i = 0; i < insn.detail->groups_count; ++i) {
+    const uint8_t g = insn.detail->groups[i];
+    if (g == CS_GRP_JUMP || g == CS_GRP_CALL || g == CS_GRP_RET || g == CS_GRP_INT || g == CS_GRP_IRET) return true;
+  }
+  return insn.id == X86_INS_SYSCALL || insn.id == X86_INS_UD2 || insn.id == X86_INS_HLT;
+}
+
 bool IsConditionalJump(const cs_insn& insn) {
   bool jump = false;
   for (uint8_t i = 0; i < insn.detail->groups_count; ++i) jump |= insn.detail->groups[i] == CS_GRP_JUMP;

@@ -17,7 +17,10 @@ namespace {
 
 // Bump when the meaning of any field changes, so old caches are recomputed rather than misread.
 // 2: exclude_caller range on function-entry sites. 3: function-level GC probes where a binary has no GC hook check.
-constexpr int kCacheFormat = 3;
+// 4: probes moved to emulated instructions (check_vaddr); older caches hold single-stepped probe addresses.
+constexpr int kCacheFormat = 4;
+// The probe sits at most this far after the instruction it stands for (a few instructions, see sites.cc).
+constexpr uint64_t kMaxProbeAfterCheck = 64;
 // No CRuby struct we read from is near this large; a bigger "offset" can only be corruption.
 constexpr uint32_t kMaxStructOffset = 4096;
 
@@ -37,6 +40,9 @@ bool ValidSite(const ProbeSite& s) {
     return (l.kind == RV_LOC_CURRENT || l.kind == RV_LOC_REG || l.kind == RV_LOC_MEM) && l.reg < RV_REG_COUNT;
   };
   if (!valid_loc(s.th) || (s.th_disasm && !valid_loc(*s.th_disasm))) return false;
+  if (s.check() > s.vaddr || s.vaddr - s.check() > kMaxProbeAfterCheck || s.file_offset < s.vaddr - s.check()) {
+    return false;
+  }
   return s.th_source == "dwarf" || s.th_source == "disasm" || s.th_source == "current";
 }
 
@@ -53,7 +59,8 @@ std::string SiteSetToJson(const SiteSet& set) {
   for (const ProbeSite& s : set.sites) {
     nlohmann::json j = {{"vaddr", s.vaddr},       {"file_offset", s.file_offset}, {"event", s.event},
                         {"th", LocToJson(s.th)},   {"function", s.function},       {"method", s.method},
-                        {"th_source", s.th_source}};
+                        {"th_source", s.th_source}, {"check_vaddr", s.check_vaddr},
+                        {"single_step", s.single_step}};
     if (s.th_disasm) j["th_disasm"] = LocToJson(*s.th_disasm);
     if (s.exclude_caller_end != 0) {
       j["exclude_caller"] = {s.exclude_caller_start, s.exclude_caller_end};
@@ -103,6 +110,8 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
       s.function = j.at("function").get<std::string>();
       s.method = j.at("method").get<std::string>();
       s.th_source = j.at("th_source").get<std::string>();
+      s.check_vaddr = j.at("check_vaddr").get<uint64_t>();
+      s.single_step = j.at("single_step").get<bool>();
       s.return_probe = s.method == "gc-function-return";
       if (j.contains("th_disasm")) s.th_disasm = LocFromJson(j.at("th_disasm"));
       if (j.contains("exclude_caller")) {

@@ -9,6 +9,7 @@
 
 #include "sites/disasm.h"
 #include "sites/dwarf_info.h"
+#include "sites/placement.h"
 
 namespace rvbpfd {
 namespace {
@@ -275,9 +276,13 @@ std::string FormatSites(const SiteSet& set) {
   std::string out;
   char line[512];
   for (const ProbeSite& s : set.sites) {
-    std::snprintf(line, sizeof(line), "0x%-8" PRIx64 " %-9s %-30s th: %-12s (%s, %s)\n", s.file_offset,
+    // The check's offset (the reference tables' column); where the probe sits after it, if elsewhere.
+    char moved[48] = "";
+    if (s.vaddr != s.check()) std::snprintf(moved, sizeof(moved), "; probe at +%" PRIu64, s.vaddr - s.check());
+    if (s.single_step) std::snprintf(moved, sizeof(moved), "; single-stepped");
+    std::snprintf(line, sizeof(line), "0x%-8" PRIx64 " %-9s %-30s th: %-12s (%s, %s%s)\n", s.check_file_offset(),
                   EventKindName(s.event).c_str(), s.function.c_str(), FormatThLocation(s.th).c_str(),
-                  s.method.c_str(), s.th_source.c_str());
+                  s.method.c_str(), s.th_source.c_str(), moved);
     out += line;
   }
   return out;
@@ -538,6 +543,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     }
   }
 
+  PlaceOnEmulatedInstructions(vm, *dis, dwarf.get(), &set.sites);
   if (Status st = AssignFileOffsetsAndSort(vm, &set.sites); !st) return st.error();
   if (set.sites.size() > RV_MAX_SITES) {
     return Error(ErrorCode::kUnsupportedVersion, vm.path() + " yields " + std::to_string(set.sites.size()) +
@@ -622,6 +628,9 @@ Status UseGcFunctionProbes(const ElfFile& vm, SiteSet* set) {
     return Error(ErrorCode::kNoSymbols, vm.path() + " has no GC function (gc_start, gc_rest, gc_continue) in its "
                                                     "symbol table: --gc-probes=fallback cannot be used with it");
   }
+  Result<Disassembler> dis = Disassembler::Create();
+  if (!dis.ok()) return dis.error();
+  PlaceOnEmulatedInstructions(vm, *dis, nullptr, &gc);  // they stay on their entries; this marks single-stepped ones
   std::erase_if(set->sites, [](const ProbeSite& s) { return IsGcEvent(s.event); });
   for (ProbeSite& s : gc) set->sites.push_back(std::move(s));
   return AssignFileOffsetsAndSort(vm, &set->sites);

@@ -42,6 +42,16 @@ struct ProbeSite {
   uint64_t exclude_caller_end = 0;
   // A return probe on the function at vaddr (method "gc-function-return"): fires when that call returns.
   bool return_probe = false;
+  // The instruction the site stands for: the hook check (`cmpq $0, hooks(%rip)`, `testb $bit, flags`) or the
+  // function's entry, as in the reference tables. vaddr is where the uprobe sits: this instruction, or the first
+  // one after it on the same straight-line path that the kernel emulates (PlaceOnEmulatedInstructions). 0: vaddr.
+  uint64_t check_vaddr = 0;
+  uint64_t check() const { return check_vaddr != 0 ? check_vaddr : vaddr; }
+  // The kernel single-steps the instruction at vaddr (no emulated one was within reach): each hit costs a second
+  // exception (rv_site RV_SITE_SINGLE_STEP).
+  bool single_step = false;
+  // The check's offset in the file (the reference tables' column).
+  uint64_t check_file_offset() const { return file_offset - (vaddr - check()); }
 };
 
 struct SiteSet {

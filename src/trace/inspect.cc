@@ -141,7 +141,10 @@ void PrintStats(const TraceFile& trace, std::ostream& out) {
     if (trace.summary->probe_hits) {
       // Every hit is one trap the target paid for; discarded ones wrote nothing (see docs/rvtrace.md).
       out << "probe hits (traps): " << *trace.summary->probe_hits << ", of which not events: "
-          << trace.summary->hits_discarded.value_or(0) << '\n';
+          << trace.summary->hits_discarded.value_or(0);
+      if (trace.summary->cold_hits) out << ", cold: " << *trace.summary->cold_hits;
+      if (trace.summary->stepped_hits) out << ", single-stepped: " << *trace.summary->stepped_hits;
+      out << '\n';
     }
     if (const std::optional<SampleEcRoutes>& r = trace.summary->sample_ec_routes) {
       // How each sample found its thread's EC (docs/design.md, "How a sample finds its EC").

@@ -154,7 +154,8 @@ TraceSummary ParseSummary(const json& obj, bool* threads_valid) {
   s.late_events = uint_or_zero("late_events");
   s.frames = uint_or_zero("frames");
   s.stacks = uint_or_zero("stacks");
-  for (auto [key, field] : {std::pair{"probe_hits", &s.probe_hits}, std::pair{"hits_discarded", &s.hits_discarded}}) {
+  for (auto [key, field] : {std::pair{"probe_hits", &s.probe_hits}, std::pair{"hits_discarded", &s.hits_discarded},
+                            std::pair{"cold_hits", &s.cold_hits}, std::pair{"stepped_hits", &s.stepped_hits}}) {
     if (auto it = obj.find(key); it != obj.end() && it->is_number_unsigned()) *field = it->get<uint64_t>();
   }
   if (auto it = obj.find("sample_ec_routes"); it != obj.end() && it->is_object()) {

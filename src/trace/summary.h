@@ -41,9 +41,12 @@ struct TraceSummary {
   uint64_t frames = 0;                  // frame dictionary lines written (0 in traces without stacks)
   uint64_t stacks = 0;                  // stack dictionary lines written
   // Uprobe traps of the target (rvbpfd's BPF counters; absent in other recorders' traces): every probe hit, and the
-  // hits that are not events (e.g. rb_mutex_lock entered from rb_mutex_synchronize, excluded by caller).
+  // hits that are not events (e.g. rb_mutex_lock entered from rb_mutex_synchronize, excluded by caller), the cold hits
+  // (no trap on their CPU in the 50 us before them) and the hits of single-stepped sites.
   std::optional<uint64_t> probe_hits;
   std::optional<uint64_t> hits_discarded;
+  std::optional<uint64_t> cold_hits;
+  std::optional<uint64_t> stepped_hits;
   std::optional<SampleEcRoutes> sample_ec_routes;  // present when the recording sampled
 
   uint64_t count(EventName event) const { return event_counts[static_cast<size_t>(event)]; }

@@ -381,6 +381,14 @@ void TraceWriter::AppendSummary(const TraceSummary& summary) {
     b.append(",\"hits_discarded\":");
     AppendUint(&b, *summary.hits_discarded);
   }
+  if (summary.cold_hits) {
+    b.append(",\"cold_hits\":");
+    AppendUint(&b, *summary.cold_hits);
+  }
+  if (summary.stepped_hits) {
+    b.append(",\"stepped_hits\":");
+    AppendUint(&b, *summary.stepped_hits);
+  }
   if (summary.sample_ec_routes) {
     const SampleEcRoutes& r = *summary.sample_ec_routes;
     b.append(",\"sample_ec_routes\":{\"tls\":");
@@ -419,6 +427,8 @@ Status TraceWriter::Finish(const FinishInfo& info) {
   summary.late_events = info.late_events;
   summary.probe_hits = info.probe_hits;
   summary.hits_discarded = info.hits_discarded;
+  summary.cold_hits = info.cold_hits;
+  summary.stepped_hits = info.stepped_hits;
   summary.sample_ec_routes = info.sample_ec_routes;
   AppendSummary(summary);
   finished_ = true;

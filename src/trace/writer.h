@@ -49,9 +49,13 @@ struct FinishInfo {
   uint64_t ring_high_water_bytes = 0;  // from the BPF counters
   uint64_t late_events = 0;            // Reorderer::late()
   std::string stop_reason;             // optional "reason" on tracing_stopped ("signal", "duration", "target_exited")
-  // From the BPF counters (rvbpfd only): uprobe traps the target paid for, and those that became no record.
+  // From the BPF counters (rvbpfd only): uprobe traps the target paid for, those that became no record, the cold
+  // ones (no trap on their CPU in the 50 us before them) and those of single-stepped sites (both dearer, see
+  // OverheadBudget).
   std::optional<uint64_t> probe_hits;
   std::optional<uint64_t> hits_discarded;
+  std::optional<uint64_t> cold_hits;
+  std::optional<uint64_t> stepped_hits;
   std::optional<SampleEcRoutes> sample_ec_routes;  // when sampling: which route found each sample's EC
 };
 

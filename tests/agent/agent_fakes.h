@@ -127,7 +127,7 @@ class FakeBackend : public ProbeBackend {
   bool GroupAttached(int g) const override { return g >= 0 && groups.at(static_cast<size_t>(g)).attached; }
   Status AddPid(uint32_t pid) override {
     pids.insert(pid);
-    pid_traps[pid] = 0;  // as BPF: the count starts over
+    pid_traps[pid] = {};  // as BPF: the count starts over
     return Status::Ok();
   }
   Status RemovePid(uint32_t pid) override {
@@ -165,23 +165,34 @@ class FakeBackend : public ProbeBackend {
     return n;
   }
   rv_counters ReadCounters() const override { return counters; }
-  std::unordered_map<uint32_t, uint64_t> ReadPidTraps() const override {
-    std::unordered_map<uint32_t, uint64_t> out;
+  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override {
+    std::unordered_map<uint32_t, rv_pid_traps> out;
     for (uint32_t pid : pids) {
       auto it = pid_traps.find(pid);
-      out[pid] = it == pid_traps.end() ? 0 : it->second;
+      out[pid] = it == pid_traps.end() ? rv_pid_traps{} : it->second;
     }
     return out;
   }
   // Hits of a process that became no record (BPF discarded them), e.g. rb_mutex_lock entered by IO#write.
   void DiscardedTraps(uint32_t pid, uint64_t n) {
-    if (pids.count(pid)) pid_traps[pid] += n;
+    if (pids.count(pid)) pid_traps[pid].traps += n;
+  }
+  // Hits (already counted) that BPF found cold: no trap on their CPU for rv_config.cold_gap_ns before them.
+  void ColdTraps(uint32_t pid, uint64_t n) {
+    if (pids.count(pid)) pid_traps[pid].cold += n;
+  }
+  // Hits of a single-stepped site (counted as traps too).
+  void SteppedTraps(uint32_t pid, uint64_t n) {
+    if (pids.count(pid)) {
+      pid_traps[pid].traps += n;
+      pid_traps[pid].stepped += n;
+    }
   }
 
   // Injection.
   // A scheduler event is one trap of a watched process (as BPF counts them); exec/exit/fork records are not.
   void Record(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th = 0) {
-    if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid];
+    if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
     rv_record r{};
     r.ts_ns = ts;
     r.pid = pid;
@@ -192,7 +203,7 @@ class FakeBackend : public ProbeBackend {
   // A sample (or stacked event) whose frames are named "m<addr>" by FakeFrameSource.
   void Stack(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<uint64_t> addrs,
              uint32_t flags = 0) {
-    if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid];
+    if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
     rv_record r{};
     r.ts_ns = ts;
     r.pid = pid;
@@ -215,7 +226,7 @@ class FakeBackend : public ProbeBackend {
 
   std::vector<Group> groups;
   std::set<uint32_t> pids;
-  std::map<uint32_t, uint64_t> pid_traps;  // uprobe hits per watched pid
+  std::map<uint32_t, rv_pid_traps> pid_traps;  // uprobe hits per watched pid
   rv_config config{};
   rv_counters counters{};
   int binaries = 0;

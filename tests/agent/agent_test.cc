@@ -310,8 +310,8 @@ TEST_F(AgentTest, ReloadKeepsRestartOnlyKeysAndChangesTheInterval) {
 TEST_F(AgentTest, TheBudgetPausesTheHighRateSitesOfABusyBinaryAndResumesThem) {
   StartAgent();
   Run(50 * kMs);
-  // 5,000 hand-offs by one process: 65 ms of estimated traps, more than a 1 s window's 5% (50 ms).
-  for (int i = 0; i < 5000; ++i) backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000);
+  // 40,000 hand-offs by one process: 60 ms of estimated traps (1.5 us each), more than a 1 s window's 5% (50 ms).
+  for (int i = 0; i < 40000; ++i) backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000);
   Run(Agent::kBudgetCheckNs + 50 * kMs);  // the next budget check
   const ProbeSet* host = agent_->process(10)->set;
   EXPECT_TRUE(host->paused);
@@ -330,23 +330,52 @@ TEST_F(AgentTest, TheBudgetCountsEachProcesssTrapsIncludingThoseThatBecameNoReco
   Run(50 * kMs);
   const ProbeSet* host = agent_->process(10)->set;
   ASSERT_EQ(agent_->process(11)->set, host);
-  backend_.DiscardedTraps(10, 5000);  // 65 ms of estimated traps, and not one record
+  backend_.DiscardedTraps(10, 40000);  // 60 ms of estimated traps, and not one record
   Run(Agent::kBudgetCheckNs + 50 * kMs);  // the next budget check
   EXPECT_TRUE(host->paused);
   EXPECT_FALSE(backend_.GroupAttached(host->high_group));
   Run(20 * kS);
   ASSERT_FALSE(host->paused);
-  // The budget is each process's: two processes at 2.9% each (45 x 13 us per 20 ms) stay under 5% for three 1 s
+  // The budget is each process's: two processes at 2.9% each (390 x 1.5 us per 20 ms) stay under 5% for three 1 s
   // budget windows (summed, 5.9% would have paused within the first).
   for (int i = 0; i < 150; ++i) {
-    backend_.DiscardedTraps(10, 45);
-    backend_.DiscardedTraps(11, 45);
+    backend_.DiscardedTraps(10, 390);
+    backend_.DiscardedTraps(11, 390);
     Run(20 * kMs);
   }
   EXPECT_FALSE(host->paused);
   // ... and one of them at 7.8% alone does not.
   for (int i = 0; i < 150 && !host->paused; ++i) {
-    backend_.DiscardedTraps(10, 120);
+    backend_.DiscardedTraps(10, 1040);
+    Run(20 * kMs);
+  }
+  EXPECT_TRUE(host->paused);
+}
+
+TEST_F(AgentTest, ColdAndSingleSteppedTrapsWeighInTheProcesssBudget) {
+  StartAgent();
+  Run(50 * kMs);
+  const ProbeSet* host = agent_->process(10)->set;
+  // 3.75% of each 20 ms at 1.5 us a hit (500 hits): under the 5% budget for two 1 s windows...
+  for (int i = 0; i < 100; ++i) {
+    backend_.DiscardedTraps(10, 500);
+    Run(20 * kMs);
+  }
+  EXPECT_FALSE(host->paused);
+  // ... but the same hits isolated (every one cold, +3 us) cost 11%: paused within a window...
+  for (int i = 0; i < 75 && !host->paused; ++i) {
+    backend_.DiscardedTraps(10, 500);
+    backend_.ColdTraps(10, 500);
+    Run(20 * kMs);
+  }
+  EXPECT_TRUE(host->paused);
+  EXPECT_EQ(backend_.config.cold_gap_ns, OverheadBudget::kColdGapNs);
+  // ... and so do a few hits of a single-stepped site (10.5 us): 100 of them add 4.5% to 3.75%.
+  Run(5 * kS);
+  ASSERT_FALSE(host->paused);
+  for (int i = 0; i < 75 && !host->paused; ++i) {
+    backend_.DiscardedTraps(10, 500);
+    backend_.SteppedTraps(10, 100);
     Run(20 * kMs);
   }
   EXPECT_TRUE(host->paused);

@@ -21,7 +21,7 @@ class ProbeSetsTest : public ::testing::Test {
                 if (fail_) return Error(ErrorCode::kNoSymbols, "no .symtab");
                 return FakePrepared(version);
               },
-              5, 13) {}
+              5, TrapCosts(1.5, 10.5, 3)) {}
 
   RubyTarget Target(int pid) {
     Inspection i = ProcessInspector(proc_.root()).Inspect(pid);
@@ -52,9 +52,12 @@ TEST_F(ProbeSetsTest, ProcessesSharingALibrubyShareOneSetOfUprobes) {
   EXPECT_EQ(a->set, b->set);
   EXPECT_EQ(prepares_, 1);
   ASSERT_EQ(backend_.groups.size(), 2u);  // one low group, one high group: not per process
-  EXPECT_EQ(backend_.groups[0].sites.size(), 2u);
-  EXPECT_EQ(backend_.groups[1].sites.size(), 1u);
-  EXPECT_EQ(backend_.groups[1].sites[0].site.event, RV_EV_THREAD_RESUMED);
+  // Thread start stays attached while paused; GC (every lazy-sweep step) pauses with the GVL sites.
+  ASSERT_EQ(backend_.groups[0].sites.size(), 1u);
+  EXPECT_EQ(backend_.groups[0].sites[0].site.event, RV_EV_THREAD_STARTED);
+  ASSERT_EQ(backend_.groups[1].sites.size(), 2u);
+  EXPECT_EQ(backend_.groups[1].sites[0].site.event, RV_EV_GC_ENTER);
+  EXPECT_EQ(backend_.groups[1].sites[1].site.event, RV_EV_THREAD_RESUMED);
   // Attached through the set's own descriptor, not the first process's /proc/PID/root.
   EXPECT_EQ(backend_.groups[0].path.rfind("/proc/self/fd/", 0), 0u);
   EXPECT_EQ(a->set->pids, (std::set<int>{10, 11}));

@@ -7,14 +7,17 @@ Complete recording (no budget):
     target is counted once, before BPF can discard it);
   - 3.3.8-shared: hits_discarded >= 50,000 (rb_mutex_lock entered from rb_mutex_synchronize by every IO#write, which
     the Mutex#lock site excludes by caller); 3.4.5-static inlines rb_mutex_lock there: hits_discarded == 0;
-  - no mutex_lock_enter event comes from those writes (the workload never calls Mutex#lock).
+  - no mutex_lock_enter event comes from those writes (the workload never calls Mutex#lock);
+  - cold_hits (traps with none on their CPU in the 50 us before) is at least 1 (the first trap) and at most
+    probe_hits.
 With --max-overhead 5 (flood with FLOOD_N=500,000 round trips: ~1 s when paused most of the time, so several
 250 ms budget windows):
   - tracing_paused / tracing_resumed alternate, starting with a pause, each with overhead_pct;
-  - inside a paused span there is no event of a pausable site (wants_gvl, gvl_acquired, gvl_released, sleep_enter,
-    mutex_lock_enter): the pause is stamped after the detach took effect and the resume before the reattach;
+  - inside a paused span there is no event of a pausable site (wants_gvl, gvl_acquired, gvl_released, gc_enter,
+    gc_exit, sleep_enter, mutex_lock_enter): the pause is stamped after the detach took effect and the resume before
+    the reattach;
   - the accounting identity above still holds;
-  - the estimated trap share of the recording (probe_hits x 13 us / duration) is far below the unbounded one: at most
+  - the estimated trap share of the recording (probe_hits x 1.5 us / duration) is far below the unbounded one: at most
     20% (the complete recording of this workload is ~90%; the budget aims at 5% plus one 250 ms window's allowance
     and the detach tails, which a loaded VM stretches to tens of ms).
 Both with multi-uprobe links and with one link per site (--single-links: the path of kernels before 6.6, e.g.
@@ -28,9 +31,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rvlib  # noqa: E402
 
-PAUSABLE = ("wants_gvl", "gvl_acquired", "gvl_released", "sleep_enter", "mutex_lock_enter")
+PAUSABLE = ("wants_gvl", "gvl_acquired", "gvl_released", "gc_enter", "gc_exit", "sleep_enter", "mutex_lock_enter")
 DAEMON = ("tracing_started", "tracing_stopped", "events_dropped", "tracing_paused", "tracing_resumed", "sample")
-TRAP_US = 13.0  # rvbpfd's default --probe-cost-us
+TRAP_US = 1.5  # rvbpfd's default --probe-cost-us (its probes sit on instructions the kernel emulates)
 WRITES = 50_000  # flood's default round trips
 LONG_ROUND_TRIPS = 500_000
 
@@ -45,6 +48,8 @@ def accounting(trace):
     if s["probe_hits"] != probe_events + dropped + s["hits_discarded"]:
         return [f"probe_hits {s['probe_hits']} != {probe_events} probe events + {dropped} dropped + "
                 f"{s['hits_discarded']} discarded"]
+    if not 1 <= s.get("cold_hits", -1) <= s["probe_hits"]:
+        return [f"cold_hits {s.get('cold_hits')} outside [1, probe_hits {s['probe_hits']}]"]
     return []
 
 

@@ -4,6 +4,7 @@
 #include "probe/bpf_session.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -210,14 +211,89 @@ TEST_P(BpfSessionTest, CallsFromAnExcludedCallerAreNotEvents) {
   ASSERT_LT((*group)->cookies()[0], per_site.size());
   EXPECT_EQ(per_site[(*group)->cookies()[0]], 25u);
   // ... and per process (the fleet agent's per-process budget): discarded hits included.
-  const std::unordered_map<uint32_t, uint64_t> per_pid = (*session)->ReadPidTraps();
+  const std::unordered_map<uint32_t, rv_pid_traps> per_pid = (*session)->ReadPidTraps();
   ASSERT_EQ(per_pid.size(), 1u);
-  EXPECT_EQ(per_pid.at(static_cast<uint32_t>(getpid())), 25u);
+  EXPECT_EQ(per_pid.at(static_cast<uint32_t>(getpid())).traps, 25u);
   // Adding a pid again starts its count over; removing it drops it.
   ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
-  EXPECT_EQ((*session)->ReadPidTraps().at(static_cast<uint32_t>(getpid())), 0u);
+  EXPECT_EQ((*session)->ReadPidTraps().at(static_cast<uint32_t>(getpid())).traps, 0u);
   ASSERT_TRUE((*session)->RemovePid(static_cast<uint32_t>(getpid())).ok());
   EXPECT_TRUE((*session)->ReadPidTraps().empty());
+}
+
+TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
+  // Pinned to one CPU, so "the previous hit on this CPU" is this thread's previous call.
+  cpu_set_t old_set, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(old_set), &old_set), 0);
+  CPU_ZERO(&one);
+  CPU_SET(static_cast<int>(sched_getcpu()), &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  SessionOptions opts;
+  opts.force_single_links = GetParam();
+  uint64_t received = 0;
+  auto session = BpfSession::Open(opts, [&](const rv_record&) { ++received; });
+  ASSERT_TRUE(session.ok()) << session.error().ToString();
+  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  rv_config cfg{};
+  cfg.cold_gap_ns = 20'000'000;  // 20 ms: far above one call's trap (1-10 us), far below the sleeps below
+  ASSERT_TRUE((*session)->SetConfig(cfg).ok());
+  auto group = (*session)->Attach(
+      SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}}},
+      getpid());
+  ASSERT_TRUE(group.ok()) << group.error().ToString();
+  FakeThread th{0, 7, 0};
+  // Back to back: only the first hit finds no recent one on its CPU.
+  for (int i = 0; i < 100; ++i) RvProbeTargetReg(&th);
+  // Each after 50 ms without a hit: cold.
+  for (int i = 0; i < 5; ++i) {
+    usleep(50'000);
+    RvProbeTargetReg(&th);
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(old_set), &old_set), 0);
+  const rv_counters c = (*session)->ReadCounters();
+  EXPECT_EQ(c.probe_hits, 105u);
+  EXPECT_EQ(c.cold_hits, 6u);
+  const rv_pid_traps mine = (*session)->ReadPidTraps().at(static_cast<uint32_t>(getpid()));
+  EXPECT_EQ(mine.traps, 105u);
+  EXPECT_EQ(mine.cold, 6u);
+
+  // cold_gap_ns 0 (a session that never set it, as bench_uprobe_cost): no hit is cold.
+  cfg.cold_gap_ns = 0;
+  ASSERT_TRUE((*session)->SetConfig(cfg).ok());
+  usleep(50'000);
+  for (int i = 0; i < 10; ++i) RvProbeTargetReg(&th);
+  EXPECT_EQ((*session)->ReadCounters().cold_hits, 6u);
+  EXPECT_EQ((*session)->ReadCounters().probe_hits, 115u);
+}
+
+TEST_P(BpfSessionTest, HitsOfASingleSteppedSiteAreCountedApart) {
+  SessionOptions opts;
+  opts.force_single_links = GetParam();
+  auto session = BpfSession::Open(opts, [](const rv_record&) {});
+  ASSERT_TRUE(session.ok()) << session.error().ToString();
+  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  rv_site stepped{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0};
+  stepped.flags = RV_SITE_SINGLE_STEP;
+  auto group = (*session)->Attach(
+      SelfPath(),
+      {{FileOffsetOf("RvProbeTargetReg"), stepped},
+       {FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, *bin, 0}}},
+      getpid());
+  ASSERT_TRUE(group.ok()) << group.error().ToString();
+  FakeThread th{0, 3, 0};
+  FakeThread* slot = &th;
+  for (int i = 0; i < 10; ++i) {
+    RvProbeTargetReg(&th);
+    RvProbeTargetMem(&slot);
+  }
+  const rv_counters c = (*session)->ReadCounters();
+  EXPECT_EQ(c.probe_hits, 20u);
+  EXPECT_EQ(c.stepped_hits, 10u);
+  const rv_pid_traps mine = (*session)->ReadPidTraps().at(static_cast<uint32_t>(getpid()));
+  EXPECT_EQ(mine.traps, 20u);
+  EXPECT_EQ(mine.stepped, 10u);
 }
 
 TEST_P(BpfSessionTest, SiteHitsArePerCookieAndGroupsKeepTheirCookies) {

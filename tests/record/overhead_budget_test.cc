@@ -55,6 +55,44 @@ TEST(OverheadBudget, CountTrapsUsesEveryHitNotRecords) {
   EXPECT_EQ(by_records.Update(600 * kMs, 4'500), Action::kNone);
 }
 
+TEST(OverheadBudget, ColdAndSingleSteppedTrapsCostTheirOwnPrice) {
+  rv_counters c{};
+  c.probe_hits = 1'000;
+  c.cold_hits = 300;
+  c.stepped_hits = 20;
+  EXPECT_EQ(CountTraps(c, {}, {}).cold, 300u);
+  EXPECT_EQ(CountTraps(c, {}, {}).stepped, 20u);
+
+  // 10 us a trap, 15 us more for a cold one. 4,000 isolated traps in 600 ms (one every 150 us, as GC steps between
+  // pipe hand-offs): 100 ms estimated against a 50 ms allowance; counted at 10 us each they would look like 40 ms.
+  OverheadBudget cold_aware(5.0, TrapCosts(10.0, 0, 15.0), 1000 * kMs);
+  OverheadBudget flat(5.0, 10.0, 1000 * kMs);
+  cold_aware.Update(0, TrapCounts{});
+  flat.Update(0, TrapCounts{});
+  EXPECT_EQ(cold_aware.Update(600 * kMs, TrapCounts{4'000, 0, 4'000}), Action::kPause);
+  EXPECT_EQ(flat.Update(600 * kMs, TrapCounts{4'000, 0, 4'000}), Action::kNone);
+  EXPECT_NEAR(cold_aware.current_pct(600 * kMs, TrapCounts{4'000, 0, 4'000}), 100.0 / 600 * 100, 1e-9);
+  EXPECT_DOUBLE_EQ(cold_aware.CostNs(10, 4), 10 * 10'000.0 + 4 * 15'000.0);
+
+  // A burst (the traps a budget stops) is warm after its first trap: charged at the plain price.
+  OverheadBudget burst(5.0, TrapCosts(10.0, 0, 15.0), 1000 * kMs);
+  burst.Update(0, TrapCounts{});
+  EXPECT_EQ(burst.Update(600 * kMs, TrapCounts{4'000, 0, 1}), Action::kNone);
+
+  // 1.5 us an emulated hit, 10.5 a single-stepped one: 20,000 hits in 500 ms are 30 ms (6% of the window's 5% of 1 s
+  // allowance is 50 ms: no pause) unless 3,000 of them were single-stepped (+27 ms: 57 ms, pause).
+  OverheadBudget emulated(5.0, TrapCosts(1.5, 10.5, 0), 1000 * kMs);
+  OverheadBudget some_stepped(5.0, TrapCosts(1.5, 10.5, 0), 1000 * kMs);
+  emulated.Update(0, TrapCounts{});
+  some_stepped.Update(0, TrapCounts{});
+  EXPECT_EQ(emulated.Update(500 * kMs, TrapCounts{20'000, 0, 0, 0}), Action::kNone);
+  EXPECT_EQ(some_stepped.Update(500 * kMs, TrapCounts{20'000, 0, 0, 3'000}), Action::kPause);
+  EXPECT_DOUBLE_EQ(some_stepped.CostNs(10, 0, 2), 10 * 1'500.0 + 2 * 9'000.0);
+
+  // A stepped price at or below the plain one changes nothing.
+  EXPECT_DOUBLE_EQ(OverheadBudget(5.0, TrapCosts(10.0, 5.0, 0), 1000 * kMs).CostNs(10, 0, 10), 100'000.0);
+}
+
 TEST(OverheadBudget, ChargedCostsCountAgainstTheWindow) {
   OverheadBudget b(5.0, 10.0);  // 250 ms window: 12.5 ms allowance
   EXPECT_EQ(b.window_ns(), OverheadBudget::kDefaultWindowNs);

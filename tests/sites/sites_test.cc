@@ -8,6 +8,7 @@
 #include <map>
 
 #include "elf/elf_fixtures.h"
+#include "sites/disasm.h"
 #include "sites/dwarf_info.h"
 
 namespace rvbpfd {
@@ -232,7 +233,8 @@ TEST_F(FixtureTest, FormatSitesPrintsOneLinePerSite) {
   EXPECT_EQ(static_cast<size_t>(std::count(text.begin(), text.end(), '\n')), set->sites.size());
   auto by_fn = ByFunction(*set);
   char expect[128];
-  std::snprintf(expect, sizeof(expect), "0x%-8lx READY     fx_ready", by_fn["fx_ready"]->file_offset);
+  // The first column is the check's offset (the reference tables'), wherever the probe sits.
+  std::snprintf(expect, sizeof(expect), "0x%-8lx READY     fx_ready", by_fn["fx_ready"]->check_file_offset());
   EXPECT_NE(text.find(expect), std::string::npos) << text;
   EXPECT_NE(text.find("th: $rsi"), std::string::npos) << text;
   EXPECT_EQ(FormatThLocation({RV_LOC_MEM, RV_REG_RSP, 8}), "[$rsp+8]");
@@ -282,9 +284,9 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   ASSERT_NE(at, std::string::npos) << out_of_range;
   out_of_range.replace(at, 10, "\"event\": 99");
   std::string stale_format = good_json;
-  at = stale_format.find("\"format\": 3");
+  at = stale_format.find("\"format\": 4");
   ASSERT_NE(at, std::string::npos);
-  stale_format.replace(at, 11, "\"format\": 2");  // the previous format: recomputed, not misread
+  stale_format.replace(at, 11, "\"format\": 3");  // the previous format (single-stepped probes): recomputed
   std::string huge_offset = good_json;
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);
@@ -484,12 +486,27 @@ TEST_P(RealBinaryTest, ReproducesTheReferenceTables) {
 
   std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(*elf);
   ASSERT_NE(dwarf, nullptr);
+  // Every probe of these builds sits on an instruction the kernel emulates (no single-step exception): the check
+  // itself (a push at a function entry) or the next branch on its straight-line path.
+  Result<Disassembler> dis = Disassembler::Create();
+  ASSERT_TRUE(dis.ok());
+  for (const ProbeSite& s : set->sites) {
+    SCOPED_TRACE(::testing::Message() << s.function << " check 0x" << std::hex << s.check());
+    const cs_insn* insn = dis->DecodeAt(*elf, s.vaddr);
+    ASSERT_NE(insn, nullptr);
+    EXPECT_TRUE(IsKernelEmulated(*insn)) << insn->mnemonic << " " << insn->op_str;
+    EXPECT_GE(s.vaddr, s.check());
+    if (s.method == "hook-site" || s.method == "gc-hook-site") {
+      EXPECT_GT(s.vaddr, s.check()) << "a hook check (cmp/test) is never emulated itself";
+    }
+  }
+  // Keyed by the check's offset: the reference tables list the checks.
   std::map<uint64_t, const ProbeSite*> hook_sites, gc_enter, gc_exit;
   std::vector<const ProbeSite*> sleep, mutex;
   for (const ProbeSite& s : set->sites) {
-    if (s.method == "hook-site") hook_sites[s.file_offset] = &s;
-    if (s.event == RV_EV_GC_ENTER) gc_enter[s.file_offset] = &s;
-    if (s.event == RV_EV_GC_EXIT) gc_exit[s.file_offset] = &s;
+    if (s.method == "hook-site") hook_sites[s.check_file_offset()] = &s;
+    if (s.event == RV_EV_GC_ENTER) gc_enter[s.check_file_offset()] = &s;
+    if (s.event == RV_EV_GC_EXIT) gc_exit[s.check_file_offset()] = &s;
     if (s.event == RV_EV_SLEEP_ENTER) sleep.push_back(&s);
     if (s.event == RV_EV_MUTEX_LOCK_ENTER) mutex.push_back(&s);
   }
@@ -500,6 +517,8 @@ TEST_P(RealBinaryTest, ReproducesTheReferenceTables) {
     const ProbeSite& s = *hook_sites[ref.offset];
     EXPECT_EQ(s.event, ref.event) << EventKindName(s.event);
     EXPECT_TRUE(MatchesWithCloneSuffix(s.function, ref.function)) << s.function;
+    // Where the tables put th at the check, and the same at the probe (nothing in between moves rsp or writes th).
+    EXPECT_EQ(s.th, ExpectedLocation(*dwarf, s.check(), ref.th)) << FormatThLocation(s.th) << " vs " << ref.th;
     EXPECT_EQ(s.th, ExpectedLocation(*dwarf, s.vaddr, ref.th)) << FormatThLocation(s.th) << " vs " << ref.th;
     EXPECT_EQ(s.file_offset, s.vaddr) << "text vaddr equals file offset in these builds";
     // Cross-check with the independent source: the rsi load on the path to rb_thread_execute_hooks. Where several
@@ -524,14 +543,14 @@ TEST_P(RealBinaryTest, ReproducesTheReferenceTables) {
   EXPECT_EQ(offsets(gc_exit), want_exit);
 
   ASSERT_EQ(sleep.size(), 1u);
-  EXPECT_EQ(sleep[0]->file_offset, b.sleep_entry);
+  EXPECT_EQ(sleep[0]->check_file_offset(), b.sleep_entry);
   EXPECT_EQ(sleep[0]->function, "rb_f_sleep");
   // Mutex#lock (rb_mutex_lock) and Mutex#synchronize (rb_mutex_synchronize_m): the Ruby-level methods.
   ASSERT_EQ(mutex.size(), 2u);
   EXPECT_EQ(mutex[0]->function, "rb_mutex_lock");
-  EXPECT_EQ(mutex[0]->file_offset, b.mutex_entry);
+  EXPECT_EQ(mutex[0]->check_file_offset(), b.mutex_entry);
   EXPECT_EQ(mutex[1]->function, "rb_mutex_synchronize_m");
-  EXPECT_EQ(mutex[1]->file_offset, b.synchronize_entry);
+  EXPECT_EQ(mutex[1]->check_file_offset(), b.synchronize_entry);
   EXPECT_EQ(mutex[0]->exclude_caller_start, b.synchronize_c_api);
 
   // Struct offsets: DWARF and the built-in table must agree.

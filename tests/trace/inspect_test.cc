@@ -212,12 +212,14 @@ TEST(Stats, ProbeHitsAndDiscardedHitsWhenTheSummaryHasThem) {
   ScratchDir dir;
   const std::string with = dir.File("with.rvtrace"), without = dir.File("without.rvtrace");
   WriteAll(with, RenderTrace(R"({"summary":{"event_counts":{},"threads":[],"probe_hits":700351,)"
-                             R"("hits_discarded":100001}})" "\n"));
+                             R"("hits_discarded":100001,"cold_hits":2024,"stepped_hits":7}})" "\n"));
   WriteAll(without, RenderTrace(R"({"summary":{"event_counts":{},"threads":[]}})" "\n"));
   std::ostringstream a, b;
   ASSERT_TRUE(Stats(with, a).ok());
   ASSERT_TRUE(Stats(without, b).ok());
-  EXPECT_NE(a.str().find("probe hits (traps): 700351, of which not events: 100001\n"), std::string::npos) << a.str();
+  EXPECT_NE(a.str().find("probe hits (traps): 700351, of which not events: 100001, cold: 2024, single-stepped: 7\n"),
+            std::string::npos)
+      << a.str();
   EXPECT_EQ(b.str().find("probe hits"), std::string::npos) << "another recorder's trace says nothing about traps";
 }
 

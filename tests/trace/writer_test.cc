@@ -211,16 +211,23 @@ TEST(TraceWriter, ProbeHitsAreWrittenAndReadBackOnlyWhenTheRecorderGivesThem) {
       if (with_hits) {
         fin.probe_hits = 700;
         fin.hits_discarded = 100;
+        fin.cold_hits = 40;
+        fin.stepped_hits = 3;
       }
       ASSERT_TRUE(writer->Finish(fin).ok());
     }
     const std::string text = ReadAll(path);
-    EXPECT_EQ(text.find("\"probe_hits\":700,\"hits_discarded\":100") != std::string::npos, with_hits) << text;
+    EXPECT_EQ(text.find("\"probe_hits\":700,\"hits_discarded\":100,\"cold_hits\":40,\"stepped_hits\":3") !=
+                  std::string::npos,
+              with_hits)
+        << text;
     EXPECT_EQ(text.find("probe_hits") != std::string::npos, with_hits) << "absent unless the recorder counted";
     Result<TraceFile> read = TraceReader::ReadFile(path);
     ASSERT_TRUE(read.ok() && read->summary.has_value());
     EXPECT_EQ(read->summary->probe_hits, with_hits ? std::optional<uint64_t>(700) : std::nullopt);
     EXPECT_EQ(read->summary->hits_discarded, with_hits ? std::optional<uint64_t>(100) : std::nullopt);
+    EXPECT_EQ(read->summary->cold_hits, with_hits ? std::optional<uint64_t>(40) : std::nullopt);
+    EXPECT_EQ(read->summary->stepped_hits, with_hits ? std::optional<uint64_t>(3) : std::nullopt);
   }
 }
 
