@@ -1,16 +1,20 @@
 // Measures what detaching and reattaching the high-rate probe group (what --max-overhead does at each paused
 // window) costs a running Ruby process, for OverheadBudget's reattach charge (src/record/overhead_budget.h).
 //
-//   bench_reattach_cost VM_ELF RUBY [period_ms=10] [phases=6] [phase_ms=1000]
+//   bench_reattach_cost VM_ELF RUBY [period_ms=10] [phases=6] [phase_ms=1000] [cpu|io] [target_cpu]
 //
 // VM_ELF is the file the probes go into (libruby.so for a shared Ruby, the ruby executable for a static one). A
 // single-threaded CPU-bound Ruby loop reports its progress every 20 ms; with the probe groups attached it takes no
 // probe hit (one thread, no GVL hand-off), so any slowdown comes from the attach/detach work itself: uprobe
 // (un)registration replaces the probed text pages of the target under its mmap lock and flushes its TLB. Phases
-// alternate between "attached, still" and "detach + reattach every period_ms". Prints JSON: the target's progress
+// alternate between "attached, still" and "detach + reattach every period_ms". With `io`, the target is two threads
+// passing bytes through a pipe instead (six GVL-site hits per byte, the probes' traps counted in both kinds of phase
+// alike): what a cycle costs a target that is trapping while the sites come and go. target_cpu pins the target to
+// one CPU (as benchmarks/overhead.py pins io_heavy). Prints JSON: the target's progress
 // rate in each kind of phase, the target time lost per cycle (us), and the daemon's wall and CPU time per detach and
 // reattach (us). On a machine whose cores are all busy, the daemon's CPU time competes with the target as well.
 // Needs root. Not a test: the numbers depend on the machine.
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -56,6 +60,20 @@ constexpr const char* kTargetScript =
     "  puts \"#{t} #{n} #{t - t0}\"\n"
     "end\n";
 
+// The same progress lines from a trapping target: the main thread reads bytes a second thread writes, one at a time.
+constexpr const char* kIoTargetScript =
+    "$stdout.sync = true\n"
+    "def now = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)\n"
+    "r, w = IO.pipe\n"
+    "Thread.new { loop { w.write('x') } }\n"
+    "loop do\n"
+    "  t0 = now; n = 0\n"
+    "  while (t = now) - t0 < 20_000_000\n"
+    "    r.read(1); n += 1\n"
+    "  end\n"
+    "  puts \"#{t} #{n} #{t - t0}\"\n"
+    "end\n";
+
 struct Slice {
   uint64_t end_ns;
   double rate;  // work units per second
@@ -65,12 +83,15 @@ struct Slice {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s VM_ELF RUBY [period_ms=10] [phases=6] [phase_ms=1000]\n", argv[0]);
+    fprintf(stderr, "usage: %s VM_ELF RUBY [period_ms=10] [phases=6] [phase_ms=1000] [cpu|io] [target_cpu]\n",
+            argv[0]);
     return 2;
   }
   const std::string vm_path = argv[1];
   const std::string ruby = argv[2];
   const int period_ms = argc > 3 ? atoi(argv[3]) : 10;
+  const bool io_target = argc > 6 && std::string(argv[6]) == "io";
+  const int target_cpu = argc > 7 ? atoi(argv[7]) : -1;
   const int phases = argc > 4 ? atoi(argv[4]) : 6;
   const int phase_ms = argc > 5 ? atoi(argv[5]) : 1000;
 
@@ -96,7 +117,13 @@ int main(int argc, char** argv) {
   if (child == 0) {
     dup2(out_pipe[1], 1);
     close(out_pipe[0]);
-    execl(ruby.c_str(), ruby.c_str(), "-e", kTargetScript, static_cast<char*>(nullptr));
+    if (target_cpu >= 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(target_cpu, &one);
+      if (sched_setaffinity(0, sizeof(one), &one) != 0) _exit(126);
+    }
+    execl(ruby.c_str(), ruby.c_str(), "-e", io_target ? kIoTargetScript : kTargetScript, static_cast<char*>(nullptr));
     _exit(127);
   }
   close(out_pipe[1]);

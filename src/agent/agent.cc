@@ -209,6 +209,8 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
   if (r.kind != RV_EV_SAMPLE && r.kind >= RV_EV_KIND_COUNT) return;
   // Frames are named now, while the objects they point to are as fresh as they will ever be.
   if (!p->frames && env_.frame_source) p->frames = env_.frame_source(p->pid, p->target, *p->set);
+  // While the budget has the GC sites detached, GCs go unseen: every stack then starts a new epoch.
+  if (p->set->paused) ++p->gc_epoch;
   Pending item;
   item.ts_ns = r.ts_ns;
   item.pid = p->pid;
@@ -420,7 +422,10 @@ void Agent::UpdateBudgets(uint64_t now) {
       if (Status st = env_.backend->ReattachGroup(set->high_group, set->attach_path()); st) {
         set->paused = false;
         for (int pid : set->pids) {
-          if (WatchedProcess* p = registry_.Find(pid)) p->profile->OnTracingResumed(now);
+          if (WatchedProcess* p = registry_.Find(pid)) {
+            p->profile->OnTracingResumed(now);
+            ++p->gc_epoch;  // a GC may have run between the last stack named while paused and the reattach
+          }
         }
       } else if (action == OverheadBudget::Action::kResume) {
         log().Warn("cannot resume tracing", {{"path", set->vm_path}, {"error", st.error().message()}});

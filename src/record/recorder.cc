@@ -206,6 +206,9 @@ Result<int> Record(const RecordOptions& o) {
   // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
   uint64_t origin_ns = 0;
   uint64_t gc_epoch = 0;  // GC_ENTER records seen (and drops): the stack resolver's cache generation
+  // While --max-overhead has the GC sites detached, GCs go unseen: every stack resolved then (samples go on) starts
+  // a new epoch, and so does the resume.
+  bool gc_unseen = false;
   Reorderer reorder(20'000'000);
   // --max-overhead's check (set once the main loop's state exists). The ring callbacks call it too: a burst of stack
   // records can hold Poll for ~100 ms while new frames are symbolized, and the target's traps do not wait for it.
@@ -328,6 +331,7 @@ Result<int> Record(const RecordOptions& o) {
         // The VM's load address is known once the target has mapped it (launch mode: after exec).
         resolver = MakeStackResolver(target.pid, target.vm_path, *stack_setup);
       }
+      if (gc_unseen) ++gc_epoch;
       resolver->set_epoch(gc_epoch);
       resolver->Resolve(frames, &frame_infos);
       if (r.flags & RV_REC_IN_GC) {
@@ -482,6 +486,7 @@ Result<int> Record(const RecordOptions& o) {
           const uint64_t cpu0 = ThreadCpuNs();
           const uint64_t wall0 = MonotonicNs();
           session->Detach(*high_group, site_hits);  // ordered by hits: see BpfSession::Detach
+          gc_unseen = true;
           budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
           const double detach_ms = static_cast<double>(MonotonicNs() - wall0) / 1e6;
           // A detach slower than a budget window means the sites keep trapping (partly unseen) for longer than the
@@ -507,6 +512,8 @@ Result<int> Record(const RecordOptions& o) {
           Status st = session->Reattach(*high_group);
           budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
           if (st) {
+            gc_unseen = false;
+            ++gc_epoch;  // a GC may have run between the last stack resolved while paused and the reattach
             push_daemon(EventName::kTracingResumed, "budget window over", budget.last_window_pct(), before_t);
           } else if (!reattach_error) {
             reattach_error = st.error();

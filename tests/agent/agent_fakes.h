@@ -255,7 +255,9 @@ class FakeClock : public AgentClock {
 // Names frame addr A "m<A>"; addr 0 stays unresolved.
 class FakeFrameSource : public FrameSource {
  public:
-  void Resolve(std::span<const rv_ruby_frame> frames, uint64_t, std::vector<FrameInfo>* out) override {
+  explicit FakeFrameSource(std::vector<uint64_t>* epochs = nullptr) : epochs_(epochs) {}
+  void Resolve(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, std::vector<FrameInfo>* out) override {
+    if (epochs_) epochs_->push_back(gc_epoch);
     out->clear();
     for (const rv_ruby_frame& f : frames) {
       if (f.addr == 0) {
@@ -265,6 +267,9 @@ class FakeFrameSource : public FrameSource {
       }
     }
   }
+
+ private:
+  std::vector<uint64_t>* epochs_;  // the GC epoch of every Resolve, when the test wants them
 };
 
 class RecordingSink : public ProfileSink {

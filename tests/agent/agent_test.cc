@@ -66,7 +66,9 @@ class AgentTest : public ::testing::Test {
     env.preparer = [](const std::string&, const std::string& v) -> Result<PreparedBinary> {
       return FakePrepared(v);
     };
-    env.frame_source = [](int, const RubyTarget&, const ProbeSet&) { return std::make_unique<FakeFrameSource>(); };
+    env.frame_source = [this](int, const RubyTarget&, const ProbeSet&) {
+      return std::make_unique<FakeFrameSource>(&resolve_epochs_);
+    };
     env.make_sinks = [this](const AgentConfig&) -> Result<AgentSinks> {
       ++sinks_made_;
       auto s = std::make_unique<RecordingSink>();
@@ -113,6 +115,7 @@ class AgentTest : public ::testing::Test {
   std::unique_ptr<Agent> agent_;
   RecordingSink* sink_ = nullptr;
   int sinks_made_ = 0;
+  std::vector<uint64_t> resolve_epochs_;  // GC epoch of every stack the agent had named, in order
 };
 
 TEST_F(AgentTest, StartWatchesEveryRubyProcessWithOneProbeSetPerBinary) {
@@ -379,6 +382,35 @@ TEST_F(AgentTest, ColdAndSingleSteppedTrapsWeighInTheProcesssBudget) {
     Run(20 * kMs);
   }
   EXPECT_TRUE(host->paused);
+}
+
+TEST_F(AgentTest, WhileTheGcSitesArePausedEveryStackIsNamedInANewGcEpoch) {
+  // Cached frames are trusted within one GC epoch (GC_ENTER records): with GC paused by the budget, GCs go unseen.
+  StartAgent();
+  Run(50 * kMs);
+  const ProbeSet* host = agent_->process(10)->set;
+  backend_.Stack(clock_.mono + 1 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  backend_.Stack(clock_.mono + 2 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  Run(20 * kMs);
+  ASSERT_EQ(resolve_epochs_.size(), 2u);
+  EXPECT_EQ(resolve_epochs_[0], resolve_epochs_[1]) << "no GC seen, attached: the same epoch";
+  backend_.DiscardedTraps(10, 40000);  // 60 ms of estimated traps: paused
+  Run(Agent::kBudgetCheckNs + 50 * kMs);
+  ASSERT_TRUE(host->paused);
+  backend_.Stack(clock_.mono + 1 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  backend_.Stack(clock_.mono + 2 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  Run(20 * kMs);
+  ASSERT_EQ(resolve_epochs_.size(), 4u);
+  EXPECT_GT(resolve_epochs_[2], resolve_epochs_[1]);
+  EXPECT_GT(resolve_epochs_[3], resolve_epochs_[2]) << "paused: every stack in a new epoch";
+  Run(20 * kS);
+  ASSERT_FALSE(host->paused);
+  backend_.Stack(clock_.mono + 1 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  backend_.Stack(clock_.mono + 2 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  Run(20 * kMs);
+  ASSERT_EQ(resolve_epochs_.size(), 6u);
+  EXPECT_GT(resolve_epochs_[4], resolve_epochs_[3]) << "the resume starts a new epoch";
+  EXPECT_EQ(resolve_epochs_[5], resolve_epochs_[4]) << "attached again: GCs are seen";
 }
 
 TEST_F(AgentTest, DroppedRecordsTriggerARescanThatFindsProcessesWhoseExecWasLost) {
