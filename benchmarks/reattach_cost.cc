@@ -1,7 +1,7 @@
 // Measures what detaching and reattaching the high-rate probe group (what --max-overhead does at each paused
 // window) costs a running Ruby process, for OverheadBudget's reattach charge (src/record/overhead_budget.h).
 //
-//   bench_reattach_cost VM_ELF RUBY [period_ms=10] [phases=6] [phase_ms=1000] [cpu|io] [target_cpu]
+//   bench_reattach_cost VM_ELF RUBY [period_ms=10] [phases=6] [phase_ms=1000] [cpu|io|io-detached] [target_cpu]
 //
 // VM_ELF is the file the probes go into (libruby.so for a shared Ruby, the ruby executable for a static one). A
 // single-threaded CPU-bound Ruby loop reports its progress every 20 ms; with the probe groups attached it takes no
@@ -9,8 +9,10 @@
 // (un)registration replaces the probed text pages of the target under its mmap lock and flushes its TLB. Phases
 // alternate between "attached, still" and "detach + reattach every period_ms". With `io`, the target is two threads
 // passing bytes through a pipe instead (six GVL-site hits per byte, the probes' traps counted in both kinds of phase
-// alike): what a cycle costs a target that is trapping while the sites come and go. target_cpu pins the target to
-// one CPU (as benchmarks/overhead.py pins io_heavy). Prints JSON: the target's progress
+// alike): what a cycle costs a target that is trapping while the sites come and go. With `io-detached` the high group
+// is detached in the still phases and a cycle is reattach + detach (the --max-overhead pattern seen from a paused
+// window); the probe hits taken during the cycles are printed, so their cost can be told from the cycle's own.
+// target_cpu pins the target to one CPU (as benchmarks/overhead.py pins io_heavy). Prints JSON: the target's progress
 // rate in each kind of phase, the target time lost per cycle (us), and the daemon's wall and CPU time per detach and
 // reattach (us). On a machine whose cores are all busy, the daemon's CPU time competes with the target as well.
 // Needs root. Not a test: the numbers depend on the machine.
@@ -90,7 +92,9 @@ int main(int argc, char** argv) {
   const std::string vm_path = argv[1];
   const std::string ruby = argv[2];
   const int period_ms = argc > 3 ? atoi(argv[3]) : 10;
-  const bool io_target = argc > 6 && std::string(argv[6]) == "io";
+  const std::string workload = argc > 6 ? argv[6] : "cpu";
+  const bool io_target = workload == "io" || workload == "io-detached";
+  const bool detached_still = workload == "io-detached";
   const int target_cpu = argc > 7 ? atoi(argv[7]) : -1;
   const int phases = argc > 4 ? atoi(argv[4]) : 6;
   const int phase_ms = argc > 5 ? atoi(argv[5]) : 1000;
@@ -158,11 +162,30 @@ int main(int argc, char** argv) {
   std::vector<Phase> plan;
   uint64_t detach_wall = 0, reattach_wall = 0, detach_cpu = 0, reattach_cpu = 0;
   int cycles = 0;
+  uint64_t cycling_hits = 0;  // probe hits taken during the cycling phases
+  if (detached_still) (*session)->Detach(**high);
   for (int p = 0; p < phases; ++p) {
     Phase ph{p % 2 == 1, NowNs(), 0};
     const uint64_t end = ph.start_ns + static_cast<uint64_t>(phase_ms) * 1'000'000ull;
+    const uint64_t hits0 = (*session)->ReadCounters().probe_hits;
     while (NowNs() < end) {
-      if (ph.cycling) {
+      if (ph.cycling && detached_still) {
+        uint64_t w0 = NowNs(), c0 = ThreadCpuNs();
+        if (!(*session)->Reattach(**high)) {
+          fprintf(stderr, "reattach failed\n");
+          kill(child, SIGKILL);
+          return 1;
+        }
+        uint64_t w1 = NowNs(), c1 = ThreadCpuNs();
+        (*session)->Detach(**high);
+        uint64_t w2 = NowNs(), c2 = ThreadCpuNs();
+        reattach_wall += w1 - w0;
+        detach_wall += w2 - w1;
+        reattach_cpu += c1 - c0;
+        detach_cpu += c2 - c1;
+        ++ph.cycles;
+        ++cycles;
+      } else if (ph.cycling) {
         uint64_t w0 = NowNs(), c0 = ThreadCpuNs();
         (*session)->Detach(**high);
         uint64_t w1 = NowNs(), c1 = ThreadCpuNs();
@@ -182,6 +205,7 @@ int main(int argc, char** argv) {
       usleep(static_cast<useconds_t>(period_ms) * 1000);
     }
     ph.end_ns = NowNs();
+    if (ph.cycling) cycling_hits += (*session)->ReadCounters().probe_hits - hits0;
     plan.push_back(ph);
   }
   kill(child, SIGTERM);
@@ -219,9 +243,10 @@ int main(int argc, char** argv) {
   const double lost_us_per_cycle = lost_share * cycling_s * 1e6 / cycles;
   printf("{\"vm\":\"%s\",\"ruby_version\":\"%s\",\"high_sites\":%zu,\"period_ms\":%d,\"cycles\":%d,"
          "\"rate_still\":%.1f,\"rate_cycling\":%.1f,\"target_lost_us_per_cycle\":%.1f,"
-         "\"detach_wall_us\":%.1f,\"reattach_wall_us\":%.1f,\"detach_cpu_us\":%.1f,\"reattach_cpu_us\":%.1f}\n",
+         "\"detach_wall_us\":%.1f,\"reattach_wall_us\":%.1f,\"detach_cpu_us\":%.1f,\"reattach_cpu_us\":%.1f,"
+         "\"hits_per_cycle\":%.1f}\n",
          vm_path.c_str(), version->c_str(), split.high.size(), period_ms, cycles, still, cycling, lost_us_per_cycle,
          detach_wall / 1e3 / cycles, reattach_wall / 1e3 / cycles, detach_cpu / 1e3 / cycles,
-         reattach_cpu / 1e3 / cycles);
+         reattach_cpu / 1e3 / cycles, static_cast<double>(cycling_hits) / cycles);
   return 0;
 }
