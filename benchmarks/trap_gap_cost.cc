@@ -18,24 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "elf/elf_file.h"
-#include "probe/bpf_session.h"
-
-extern "C" {
-volatile uint64_t rv_gap_flag;
-void RvGapProbed(uint64_t* th);
-void RvGapUnprobed(uint64_t* th);
-}
-// Two identical hook checks (`cmpq $0, flag(%rip); jne`), 8 bytes to the jne.
-__asm__(
-    ".text\n.globl RvGapProbed\n.type RvGapProbed,@function\nRvGapProbed:\n"
-    "  cmpq $0, rv_gap_flag(%rip)\n  jne 1f\n1: ret\n.size RvGapProbed, .-RvGapProbed\n"
-    ".globl RvGapUnprobed\n.type RvGapUnprobed,@function\nRvGapUnprobed:\n"
-    "  cmpq $0, rv_gap_flag(%rip)\n  jne 1f\n1: ret\n.size RvGapUnprobed, .-RvGapUnprobed\n");
+#include "self_probe.h"
 
 namespace {
 volatile uint64_t g_sink;
-constexpr uint64_t kJneOffset = 8;
 
 uint64_t NowNs() {
   timespec ts;
@@ -72,23 +58,9 @@ int main(int argc, char** argv) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return 1;
   uint64_t received = 0;
-  auto session = rvbpfd::BpfSession::Open(rvbpfd::SessionOptions{}, [&](const rv_record&) { ++received; });
-  if (!session) {
-    fprintf(stderr, "%s\n", session.error().ToString().c_str());
-    return 1;
-  }
-  auto self = rvbpfd::ElfFile::Open("/proc/self/exe");
+  std::optional<rvbpfd_bench::SelfProbe> self = rvbpfd_bench::OpenSelfProbe(&received);
   if (!self) return 1;
-  auto sym = self->FindSymbol("RvGapProbed");
-  auto off = sym ? self->VaddrToFileOffset(sym->value) : std::nullopt;
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (!off || len <= 0) return 1;
-  exe[len] = 0;
-  auto bin = (*session)->AddBinary(rv_offsets{0, 0, 0, RV_OFF_HAS_SERIAL});
-  if (!bin || !(*session)->AddPid(static_cast<uint32_t>(getpid()))) return 1;
-  auto group = (*session)->Attach(exe, {{*off + (stepped ? 0 : kJneOffset), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}}},
-                                  getpid());
+  auto group = self->session->Attach(self->exe, {self->Site(stepped ? 0 : rvbpfd_bench::kCheckJneOffset)}, getpid());
   if (!group) {
     fprintf(stderr, "%s\n", group.error().ToString().c_str());
     return 1;
@@ -110,9 +82,9 @@ int main(int argc, char** argv) {
       // The call first, then the work: what the trap evicted slows the work after it, which is part of its cost.
       const uint64_t t0 = NowNs();
       if (kind) {
-        RvGapProbed(&th);
+        RvBenchCheck(&th);
       } else {
-        RvGapUnprobed(&th);
+        RvBenchCheckTwin(&th);
       }
       acc += Work(buf, &state, iters[g]);
       if (syscalls) {
@@ -122,7 +94,7 @@ int main(int argc, char** argv) {
         }
       }
       ns[kind] += NowNs() - t0;
-      if (b % 2000 == 1999) (void)(*session)->Poll(0);  // keep the ring from filling; outside any timed block
+      if (b % 2000 == 1999) (void)self->session->Poll(0);  // keep the ring from filling; outside any timed block
     }
     g_sink = g_sink + acc;
     const double work_us = static_cast<double>(ns[0]) / blocks / 1000.0;
@@ -130,7 +102,7 @@ int main(int argc, char** argv) {
     printf("%s{\"work_us\":%.1f,\"trap_us\":%.2f}", g ? "," : "", work_us, trap_us);
     fflush(stdout);
   }
-  while ((*session)->Poll(0).value() > 0) {
+  while (self->session->Poll(0).value() > 0) {
   }
   printf("],\"records\":%llu}\n", static_cast<unsigned long long>(received));
   return received == static_cast<uint64_t>(blocks) * iters.size() ? 0 : 1;

@@ -8,30 +8,13 @@
 // event with the emulated figure measured in the same run; the recorder's --probe-cost-us and
 // --stepped-probe-cost-us defaults come from these figures.
 #include <time.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 
-#include "elf/elf_file.h"
-#include "probe/bpf_session.h"
-
-extern "C" {
-volatile uint64_t rv_bench_flag;
-void RvBenchCheck(uint64_t* th);
-}
-// A hook check: rdi holds th at both instructions. The cmpq is 7 bytes + 1 (imm8): the jne is at +8.
-__asm__(
-    ".text\n.globl RvBenchCheck\n.type RvBenchCheck,@function\nRvBenchCheck:\n"
-    "  cmpq $0, rv_bench_flag(%rip)\n"
-    "  jne 1f\n"
-    "1: ret\n"
-    ".size RvBenchCheck, .-RvBenchCheck\n");
+#include "self_probe.h"
 
 namespace {
-constexpr uint64_t kJneOffset = 8;
-
 double NowS() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -49,27 +32,13 @@ double TimeCalls(int n) {
 int main(int argc, char** argv) {
   const int n = argc > 1 ? atoi(argv[1]) : 200000;
   uint64_t received = 0;
-  auto session = rvbpfd::BpfSession::Open(rvbpfd::SessionOptions{}, [&](const rv_record&) { ++received; });
-  if (!session) {
-    fprintf(stderr, "%s\n", session.error().ToString().c_str());
-    return 1;
-  }
-  auto self = rvbpfd::ElfFile::Open("/proc/self/exe");
+  std::optional<rvbpfd_bench::SelfProbe> self = rvbpfd_bench::OpenSelfProbe(&received);
   if (!self) return 1;
-  auto sym = self->FindSymbol("RvBenchCheck");
-  auto off = sym ? self->VaddrToFileOffset(sym->value) : std::nullopt;
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (!off || len <= 0) return 1;
-  exe[len] = 0;
-  auto bin = (*session)->AddBinary(rv_offsets{0, 0, 0, RV_OFF_HAS_SERIAL});
-  if (!bin || !(*session)->AddPid(static_cast<uint32_t>(getpid()))) return 1;
 
-  // us per hit of a probe at file offset `at`: the probed loop against an unprobed one just before it.
+  // us per hit of a probe `at` bytes into RvBenchCheck: the probed loop against an unprobed one just before it.
   auto measure = [&](uint64_t at) -> double {
     const double base = TimeCalls(n);
-    auto group = (*session)->Attach(exe, {{at, rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}}},
-                                    getpid());
+    auto group = self->session->Attach(self->exe, {self->Site(at)}, getpid());
     if (!group) {
       fprintf(stderr, "%s\n", group.error().ToString().c_str());
       exit(1);
@@ -79,14 +48,14 @@ int main(int argc, char** argv) {
     const int chunk = 10000;
     for (int done = 0; done < n; done += chunk) {
       probed += TimeCalls(chunk);
-      (void)(*session)->Poll(0);
+      (void)self->session->Poll(0);
     }
-    while ((*session)->Poll(0).value() > 0) {
+    while (self->session->Poll(0).value() > 0) {
     }
     return (probed - base) / n * 1e6;
   };
-  const double emulated_us = measure(*off + kJneOffset);
-  const double stepped_us = measure(*off);
+  const double emulated_us = measure(rvbpfd_bench::kCheckJneOffset);
+  const double stepped_us = measure(0);
   printf("{\"calls\":%d,\"uprobe_us_per_hit\":%.3f,\"single_step_us_per_hit\":%.3f,\"records\":%llu}\n", n,
          emulated_us, stepped_us, static_cast<unsigned long long>(received));
   return received == 2 * static_cast<uint64_t>(n) ? 0 : 1;

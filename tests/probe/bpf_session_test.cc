@@ -62,28 +62,47 @@ std::string SelfPath() {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
 }
 
+// The binary index AddBinary gives the fake thread layout in every session of these tests (the first one added).
+constexpr uint8_t kBin = 0;
+
 class BpfSessionTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     std::string why = SkipReason();
     if (!why.empty()) GTEST_SKIP() << why;
   }
+
+  // A session in this parameter's link mode (true: one link per site), with the fake thread layout as binary kBin and
+  // this process in its pid filter; on_record gets every record. nullptr, with a test failure, when any step fails.
+  std::unique_ptr<BpfSession> OpenOnSelf(BpfSession::RecordCallback on_record, SessionOptions opts = {}) {
+    opts.force_single_links = GetParam();
+    Result<std::unique_ptr<BpfSession>> session = BpfSession::Open(opts, std::move(on_record));
+    if (!session.ok()) {
+      ADD_FAILURE() << session.error().ToString();
+      return nullptr;
+    }
+    Result<uint8_t> bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+    if (!bin.ok() || *bin != kBin) {
+      ADD_FAILURE() << "AddBinary did not give binary " << int{kBin};
+      return nullptr;
+    }
+    if (Status st = (*session)->AddPid(static_cast<uint32_t>(getpid())); !st) {
+      ADD_FAILURE() << st.error().ToString();
+      return nullptr;
+    }
+    return std::move(*session);
+  }
 };
 
 TEST_P(BpfSessionTest, RecordsEveryHitWithThFromRegisterAndMemory) {
   std::vector<rv_record> got;
-  SessionOptions opts;
-  opts.force_single_links = GetParam();
-  auto session = BpfSession::Open(opts, [&](const rv_record& r) { got.push_back(r); });
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE(bin.ok());
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record& r) { got.push_back(r); });
+  ASSERT_NE(session, nullptr);
   std::vector<SiteSpec> sites = {
-      {FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}},
-      {FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, *bin, 0}},
+      {FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}},
+      {FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, kBin, 0}},
   };
-  auto group = (*session)->Attach(SelfPath(), sites, getpid());
+  auto group = session->Attach(SelfPath(), sites, getpid());
   ASSERT_TRUE(group.ok()) << group.error().ToString();
 
   FakeThread th{0, 4242, 0};
@@ -93,7 +112,7 @@ TEST_P(BpfSessionTest, RecordsEveryHitWithThFromRegisterAndMemory) {
     RvProbeTargetReg(&th);
     RvProbeTargetMem(&slot);
   }
-  for (int i = 0; i < 10 && got.size() < 2 * kCalls; ++i) ASSERT_TRUE((*session)->Poll(100).ok());
+  for (int i = 0; i < 10 && got.size() < 2 * kCalls; ++i) ASSERT_TRUE(session->Poll(100).ok());
   ASSERT_EQ(got.size(), 2u * kCalls);
   int resumed = 0, suspended = 0;
   const uint32_t me = static_cast<uint32_t>(gettid());
@@ -109,33 +128,28 @@ TEST_P(BpfSessionTest, RecordsEveryHitWithThFromRegisterAndMemory) {
   }
   EXPECT_EQ(resumed, kCalls);
   EXPECT_EQ(suspended, kCalls);
-  EXPECT_EQ((*session)->ReadCounters().events, 2u * kCalls);
-  EXPECT_EQ((*session)->ReadCounters().dropped, 0u);
+  EXPECT_EQ(session->ReadCounters().events, 2u * kCalls);
+  EXPECT_EQ(session->ReadCounters().dropped, 0u);
 
   // Detached sites cost nothing and record nothing; reattached ones record again.
-  (*session)->Detach(**group);
+  session->Detach(**group);
   RvProbeTargetReg(&th);
-  ASSERT_TRUE((*session)->Poll(50).ok());
+  ASSERT_TRUE(session->Poll(50).ok());
   EXPECT_EQ(got.size(), 2u * kCalls);
-  ASSERT_TRUE((*session)->Reattach(**group).ok());
+  ASSERT_TRUE(session->Reattach(**group).ok());
   RvProbeTargetReg(&th);
-  ASSERT_TRUE((*session)->Poll(50).ok());
+  ASSERT_TRUE(session->Poll(50).ok());
   EXPECT_EQ(got.size(), 2u * kCalls + 1);
 }
 
 TEST_P(BpfSessionTest, OtherProcessesAreFilteredOut) {
   std::vector<rv_record> got;
-  SessionOptions opts;
-  opts.force_single_links = GetParam();
-  auto session = BpfSession::Open(opts, [&](const rv_record& r) { got.push_back(r); });
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE(bin.ok());
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record& r) { got.push_back(r); });
+  ASSERT_NE(session, nullptr);
   std::vector<SiteSpec> sites = {
-      {FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}}};
+      {FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}}};
   // pid -1: attached for every process mapping the file; only the BPF pid filter keeps the child out.
-  auto group = (*session)->Attach(SelfPath(), sites, -1);
+  auto group = session->Attach(SelfPath(), sites, -1);
   ASSERT_TRUE(group.ok()) << group.error().ToString();
   pid_t child = fork();
   if (child == 0) {
@@ -147,7 +161,7 @@ TEST_P(BpfSessionTest, OtherProcessesAreFilteredOut) {
   waitpid(child, &status, 0);
   FakeThread th{0, 7, 0};
   RvProbeTargetReg(&th);
-  ASSERT_TRUE((*session)->Poll(100).ok());
+  ASSERT_TRUE(session->Poll(100).ok());
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].serial, 7u);
 }
@@ -155,25 +169,22 @@ TEST_P(BpfSessionTest, OtherProcessesAreFilteredOut) {
 TEST_P(BpfSessionTest, FullRingCountsDropsInsteadOfBlocking) {
   uint64_t received = 0;
   SessionOptions opts;
-  opts.force_single_links = GetParam();
   opts.ring_buffer_bytes = 4096;  // one page: ~85 records
-  auto session = BpfSession::Open(opts, [&](const rv_record&) { ++received; });
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record&) { ++received; }, opts);
+  ASSERT_NE(session, nullptr);
   std::vector<SiteSpec> sites = {
-      {FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}}};
-  auto group = (*session)->Attach(SelfPath(), sites, getpid());
+      {FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}}};
+  auto group = session->Attach(SelfPath(), sites, getpid());
   ASSERT_TRUE(group.ok()) << group.error().ToString();
   FakeThread th{0, 1, 0};
   constexpr uint64_t kCalls = 1000;
   for (uint64_t i = 0; i < kCalls; ++i) RvProbeTargetReg(&th);  // nobody drains meanwhile
   while (true) {
-    auto n = (*session)->Poll(0);
+    auto n = session->Poll(0);
     ASSERT_TRUE(n.ok());
     if (*n == 0) break;
   }
-  rv_counters c = (*session)->ReadCounters();
+  rv_counters c = session->ReadCounters();
   EXPECT_GT(c.dropped, 0u);
   EXPECT_EQ(received + c.dropped, kCalls);
   EXPECT_EQ(c.events, received);
@@ -183,42 +194,38 @@ TEST_P(BpfSessionTest, FullRingCountsDropsInsteadOfBlocking) {
 
 TEST_P(BpfSessionTest, CallsFromAnExcludedCallerAreNotEvents) {
   std::vector<rv_record> got;
-  SessionOptions opts;
-  opts.force_single_links = GetParam();
-  auto session = BpfSession::Open(opts, [&](const rv_record& r) { got.push_back(r); });
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record& r) { got.push_back(r); });
+  ASSERT_NE(session, nullptr);
   const ElfSymbol target = SymbolOf("RvProbeTargetReg");
   const ElfSymbol caller = SymbolOf("RvProbeExcludedCaller");
   ASSERT_GT(caller.size, 0u);
-  rv_site site{RV_EV_MUTEX_LOCK_ENTER, RV_LOC_REG, RV_REG_RDI, *bin, 0, target.value, caller.value,
+  rv_site site{RV_EV_MUTEX_LOCK_ENTER, RV_LOC_REG, RV_REG_RDI, kBin, 0, target.value, caller.value,
                caller.value + caller.size};
-  auto group = (*session)->Attach(SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), site}}, getpid());
+  auto group = session->Attach(SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), site}}, getpid());
   ASSERT_TRUE(group.ok()) << group.error().ToString();
   FakeThread th{0, 9, 0};
   for (int i = 0; i < 20; ++i) RvProbeExcludedCaller(&th);
   for (int i = 0; i < 5; ++i) RvProbeTargetReg(&th);
-  ASSERT_TRUE((*session)->Poll(100).ok());
+  ASSERT_TRUE(session->Poll(100).ok());
   EXPECT_EQ(got.size(), 5u);
   // Every call trapped, events or not: the budget's input counts them all, and the discarded ones apart.
-  const rv_counters c = (*session)->ReadCounters();
+  const rv_counters c = session->ReadCounters();
   EXPECT_EQ(c.probe_hits, 25u);
   EXPECT_EQ(c.hits_discarded, 20u);
   EXPECT_EQ(c.events, 5u);
-  const std::vector<uint64_t> per_site = (*session)->ReadSiteHits();
+  const std::vector<uint64_t> per_site = session->ReadSiteHits();
   ASSERT_EQ((*group)->cookies().size(), 1u);
   ASSERT_LT((*group)->cookies()[0], per_site.size());
   EXPECT_EQ(per_site[(*group)->cookies()[0]], 25u);
   // ... and per process (the fleet agent's per-process budget): discarded hits included.
-  const std::unordered_map<uint32_t, rv_pid_traps> per_pid = (*session)->ReadPidTraps();
+  const std::unordered_map<uint32_t, rv_pid_traps> per_pid = session->ReadPidTraps();
   ASSERT_EQ(per_pid.size(), 1u);
   EXPECT_EQ(per_pid.at(static_cast<uint32_t>(getpid())).traps, 25u);
   // Adding a pid again starts its count over; removing it drops it.
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
-  EXPECT_EQ((*session)->ReadPidTraps().at(static_cast<uint32_t>(getpid())).traps, 0u);
-  ASSERT_TRUE((*session)->RemovePid(static_cast<uint32_t>(getpid())).ok());
-  EXPECT_TRUE((*session)->ReadPidTraps().empty());
+  ASSERT_TRUE(session->AddPid(static_cast<uint32_t>(getpid())).ok());
+  EXPECT_EQ(session->ReadPidTraps().at(static_cast<uint32_t>(getpid())).traps, 0u);
+  ASSERT_TRUE(session->RemovePid(static_cast<uint32_t>(getpid())).ok());
+  EXPECT_TRUE(session->ReadPidTraps().empty());
 }
 
 TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
@@ -228,18 +235,14 @@ TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
   CPU_ZERO(&one);
   CPU_SET(static_cast<int>(sched_getcpu()), &one);
   ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-  SessionOptions opts;
-  opts.force_single_links = GetParam();
   uint64_t received = 0;
-  auto session = BpfSession::Open(opts, [&](const rv_record&) { ++received; });
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record&) { ++received; });
+  ASSERT_NE(session, nullptr);
   rv_config cfg{};
   cfg.cold_gap_ns = 20'000'000;  // 20 ms: far above one call's trap (1-10 us), far below the sleeps below
-  ASSERT_TRUE((*session)->SetConfig(cfg).ok());
-  auto group = (*session)->Attach(
-      SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}}},
+  ASSERT_TRUE(session->SetConfig(cfg).ok());
+  auto group = session->Attach(
+      SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}}},
       getpid());
   ASSERT_TRUE(group.ok()) << group.error().ToString();
   FakeThread th{0, 7, 0};
@@ -251,35 +254,31 @@ TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
     RvProbeTargetReg(&th);
   }
   ASSERT_EQ(sched_setaffinity(0, sizeof(old_set), &old_set), 0);
-  const rv_counters c = (*session)->ReadCounters();
+  const rv_counters c = session->ReadCounters();
   EXPECT_EQ(c.probe_hits, 105u);
   EXPECT_EQ(c.cold_hits, 6u);
-  const rv_pid_traps mine = (*session)->ReadPidTraps().at(static_cast<uint32_t>(getpid()));
+  const rv_pid_traps mine = session->ReadPidTraps().at(static_cast<uint32_t>(getpid()));
   EXPECT_EQ(mine.traps, 105u);
   EXPECT_EQ(mine.cold, 6u);
 
   // cold_gap_ns 0 (a session that never set it, as bench_uprobe_cost): no hit is cold.
   cfg.cold_gap_ns = 0;
-  ASSERT_TRUE((*session)->SetConfig(cfg).ok());
+  ASSERT_TRUE(session->SetConfig(cfg).ok());
   usleep(50'000);
   for (int i = 0; i < 10; ++i) RvProbeTargetReg(&th);
-  EXPECT_EQ((*session)->ReadCounters().cold_hits, 6u);
-  EXPECT_EQ((*session)->ReadCounters().probe_hits, 115u);
+  EXPECT_EQ(session->ReadCounters().cold_hits, 6u);
+  EXPECT_EQ(session->ReadCounters().probe_hits, 115u);
 }
 
 TEST_P(BpfSessionTest, HitsOfASingleSteppedSiteAreCountedApart) {
-  SessionOptions opts;
-  opts.force_single_links = GetParam();
-  auto session = BpfSession::Open(opts, [](const rv_record&) {});
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
-  rv_site stepped{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0};
+  std::unique_ptr<BpfSession> session = OpenOnSelf([](const rv_record&) {});
+  ASSERT_NE(session, nullptr);
+  rv_site stepped{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0};
   stepped.flags = RV_SITE_SINGLE_STEP;
-  auto group = (*session)->Attach(
+  auto group = session->Attach(
       SelfPath(),
       {{FileOffsetOf("RvProbeTargetReg"), stepped},
-       {FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, *bin, 0}}},
+       {FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, kBin, 0}}},
       getpid());
   ASSERT_TRUE(group.ok()) << group.error().ToString();
   FakeThread th{0, 3, 0};
@@ -288,76 +287,68 @@ TEST_P(BpfSessionTest, HitsOfASingleSteppedSiteAreCountedApart) {
     RvProbeTargetReg(&th);
     RvProbeTargetMem(&slot);
   }
-  const rv_counters c = (*session)->ReadCounters();
+  const rv_counters c = session->ReadCounters();
   EXPECT_EQ(c.probe_hits, 20u);
   EXPECT_EQ(c.stepped_hits, 10u);
-  const rv_pid_traps mine = (*session)->ReadPidTraps().at(static_cast<uint32_t>(getpid()));
+  const rv_pid_traps mine = session->ReadPidTraps().at(static_cast<uint32_t>(getpid()));
   EXPECT_EQ(mine.traps, 20u);
   EXPECT_EQ(mine.stepped, 10u);
 }
 
 TEST_P(BpfSessionTest, SiteHitsArePerCookieAndGroupsKeepTheirCookies) {
-  SessionOptions opts;
-  opts.force_single_links = GetParam();
-  auto session = BpfSession::Open(opts, [](const rv_record&) {});
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
-  auto low = (*session)->Attach(
-      SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}}},
+  std::unique_ptr<BpfSession> session = OpenOnSelf([](const rv_record&) {});
+  ASSERT_NE(session, nullptr);
+  auto low = session->Attach(
+      SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}}},
       getpid());
-  auto high = (*session)->Attach(
+  auto high = session->Attach(
       SelfPath(),
-      {{FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, *bin, 0}}},
+      {{FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, kBin, 0}}},
       getpid());
   ASSERT_TRUE(low.ok() && high.ok());
   FakeThread th{0, 1, 0};
   FakeThread* slot = &th;
   for (int i = 0; i < 7; ++i) RvProbeTargetReg(&th);
   for (int i = 0; i < 3; ++i) RvProbeTargetMem(&slot);
-  (*session)->Detach(**high);  // a detached site takes no hits
+  session->Detach(**high);  // a detached site takes no hits
   for (int i = 0; i < 4; ++i) RvProbeTargetMem(&slot);
-  const std::vector<uint64_t> hits = (*session)->ReadSiteHits();
+  const std::vector<uint64_t> hits = session->ReadSiteHits();
   ASSERT_EQ(hits.size(), 2u);
   EXPECT_EQ(hits[(*low)->cookies()[0]], 7u);
   EXPECT_EQ(hits[(*high)->cookies()[0]], 3u);
-  EXPECT_EQ((*session)->ReadCounters().probe_hits, 10u);
-  EXPECT_EQ((*session)->ReadCounters().hits_discarded, 0u);
+  EXPECT_EQ(session->ReadCounters().probe_hits, 10u);
+  EXPECT_EQ(session->ReadCounters().hits_discarded, 0u);
 }
 
 TEST_P(BpfSessionTest, DetachOrderedByHitsAndReattachKeepEachSiteItsCookie) {
   // Detach(group, hits) destroys single-site links hottest first, and the next Reattach puts the coldest site first
   // in a multi link: the offsets are reordered, so each must still arrive with its own cookie.
-  SessionOptions opts;
-  opts.force_single_links = GetParam();
   std::vector<rv_record> got;
-  auto session = BpfSession::Open(opts, [&](const rv_record& r) { got.push_back(r); });
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
-  auto group = (*session)->Attach(
+  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record& r) { got.push_back(r); });
+  ASSERT_NE(session, nullptr);
+  auto group = session->Attach(
       SelfPath(),
-      {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, *bin, 0}},
-       {FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, *bin, 0}}},
+      {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}},
+       {FileOffsetOf("RvProbeTargetMem"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_MEM, RV_REG_RDI, kBin, 0}}},
       getpid());
   ASSERT_TRUE(group.ok()) << group.error().ToString();
   FakeThread th{0, 1, 0};
   FakeThread* slot = &th;
   RvProbeTargetReg(&th);
   for (int i = 0; i < 5; ++i) RvProbeTargetMem(&slot);  // the second site is the hot one
-  std::vector<uint64_t> hits = (*session)->ReadSiteHits();
+  std::vector<uint64_t> hits = session->ReadSiteHits();
   ASSERT_EQ(hits.size(), 2u);
-  (*session)->Detach(**group, hits);
+  session->Detach(**group, hits);
   EXPECT_FALSE((*group)->attached());
   RvProbeTargetMem(&slot);
-  ASSERT_TRUE((*session)->Reattach(**group).ok());
+  ASSERT_TRUE(session->Reattach(**group).ok());
   RvProbeTargetReg(&th);
   RvProbeTargetReg(&th);
   RvProbeTargetMem(&slot);
-  hits = (*session)->ReadSiteHits();
+  hits = session->ReadSiteHits();
   EXPECT_EQ(hits[(*group)->cookies()[0]], 3u) << "RvProbeTargetReg's site kept its cookie";
   EXPECT_EQ(hits[(*group)->cookies()[1]], 6u) << "RvProbeTargetMem's site kept its cookie";
-  ASSERT_TRUE((*session)->Poll(100).ok());
+  ASSERT_TRUE(session->Poll(100).ok());
   size_t resumed = 0, suspended = 0;
   for (const rv_record& r : got) {
     resumed += r.kind == RV_EV_THREAD_RESUMED;
@@ -377,22 +368,18 @@ TEST(OrderSitesByHits, HottestOrColdestFirstWithTiesInOrder) {
 
 TEST_P(BpfSessionTest, ReturnProbesFireWhenTheFunctionReturns) {
   std::vector<rv_record> got;
-  SessionOptions opts;
-  opts.force_single_links = GetParam();
-  auto session = BpfSession::Open(opts, [&](const rv_record& r) { got.push_back(r); });
-  ASSERT_TRUE(session.ok()) << session.error().ToString();
-  auto bin = (*session)->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
-  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(getpid())).ok());
+  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record& r) { got.push_back(r); });
+  ASSERT_NE(session, nullptr);
   // The GC fallback's shape: an entry probe and a return probe on the same function, in one group.
   const uint64_t off = FileOffsetOf("RvProbeTargetReg");
-  std::vector<SiteSpec> sites = {{off, rv_site{RV_EV_GC_ENTER, RV_LOC_CURRENT, 0, *bin, 0}, false},
-                                 {off, rv_site{RV_EV_GC_EXIT, RV_LOC_CURRENT, 0, *bin, 0}, true}};
-  auto group = (*session)->Attach(SelfPath(), sites, getpid());
+  std::vector<SiteSpec> sites = {{off, rv_site{RV_EV_GC_ENTER, RV_LOC_CURRENT, 0, kBin, 0}, false},
+                                 {off, rv_site{RV_EV_GC_EXIT, RV_LOC_CURRENT, 0, kBin, 0}, true}};
+  auto group = session->Attach(SelfPath(), sites, getpid());
   ASSERT_TRUE(group.ok()) << group.error().ToString();
   FakeThread th{0, 1, 0};
   constexpr int kCalls = 10;
   for (int i = 0; i < kCalls; ++i) RvProbeTargetReg(&th);
-  for (int i = 0; i < 10 && got.size() < 2 * kCalls; ++i) ASSERT_TRUE((*session)->Poll(100).ok());
+  for (int i = 0; i < 10 && got.size() < 2 * kCalls; ++i) ASSERT_TRUE(session->Poll(100).ok());
   ASSERT_EQ(got.size(), 2u * kCalls);
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].kind, i % 2 == 0 ? RV_EV_GC_ENTER : RV_EV_GC_EXIT) << i;  // enter, exit, enter, exit, ...
@@ -400,14 +387,14 @@ TEST_P(BpfSessionTest, ReturnProbesFireWhenTheFunctionReturns) {
       EXPECT_GE(got[i].ts_ns, got[i - 1].ts_ns);
     }
   }
-  EXPECT_EQ((*session)->ReadCounters().probe_hits, 2u * kCalls);
+  EXPECT_EQ(session->ReadCounters().probe_hits, 2u * kCalls);
   // Detaching removes both kinds; reattaching restores both.
-  (*session)->Detach(**group);
+  session->Detach(**group);
   EXPECT_FALSE((*group)->attached());
   RvProbeTargetReg(&th);
-  ASSERT_TRUE((*session)->Reattach(**group).ok());
+  ASSERT_TRUE(session->Reattach(**group).ok());
   RvProbeTargetReg(&th);
-  ASSERT_TRUE((*session)->Poll(100).ok());
+  ASSERT_TRUE(session->Poll(100).ok());
   EXPECT_EQ(got.size(), 2u * kCalls + 2);
 }
 
