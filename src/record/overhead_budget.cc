@@ -72,6 +72,7 @@ OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, const TrapCounts&
       // A window that already owes its whole allowance stays paused: reattaching would cost a detach tail on top.
       if (carried_ns_ >= allowance_ns) return Action::kNone;
       paused_ = false;
+      charged_ns_ += cycle_ns_;  // the detach that began the pause and the reattach now, on the target's side
       return Action::kResume;
     }
     return Action::kNone;

@@ -410,7 +410,7 @@ Result<int> Record(const RecordOptions& o) {
   // With a budget, short windows bound what a short run can overspend; estimating only, 1 s windows keep the
   // warning from firing on a brief burst.
   OverheadBudget budget(o.max_overhead_pct,
-                        TrapCosts(o.probe_cost_us, o.stepped_probe_cost_us, o.cold_probe_extra_us),
+                        TrapCosts(o.probe_cost_us, o.stepped_probe_cost_us, o.cold_probe_extra_us, o.cycle_cost_us),
                         o.max_overhead_pct > 0 ? OverheadBudget::kDefaultWindowNs : 1'000'000'000);
   // The first window starts when the probes went live, with no trap counted yet (the BPF counters start at 0): the
   // main loop's first check can come 100+ ms later (stack setup), and those traps belong to the budget too.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "record/overhead_budget.h"
 
 namespace rvbpfd {
 
@@ -28,6 +29,7 @@ struct RecordOptions {
   double probe_cost_us = 1.5;
   double stepped_probe_cost_us = 10.5;
   double cold_probe_extra_us = 3;
+  double cycle_cost_us = kCycleTargetUs;  // the target's cost of one pause + resume
   std::string cache_dir = "/var/cache/rvbpfd/sites";
   bool status_line = false;           // live status on stderr (when it is a terminal)
   bool force_single_links = false;    // one uprobe link per site even when multi links exist

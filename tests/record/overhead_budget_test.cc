@@ -93,6 +93,22 @@ TEST(OverheadBudget, ColdAndSingleSteppedTrapsCostTheirOwnPrice) {
   EXPECT_DOUBLE_EQ(OverheadBudget(5.0, TrapCosts(10.0, 5.0, 0), 1000 * kMs).CostNs(10, 0, 10), 100'000.0);
 }
 
+TEST(OverheadBudget, EachResumeChargesWhatThePauseAndResumeCostTheTarget) {
+  // 10 us a trap, 4 ms a pause + resume cycle; 5% of 1 s windows = 50 ms.
+  OverheadBudget b(5.0, TrapCosts(10.0, 0, 0, 4'000), 1000 * kMs);
+  OverheadBudget free_cycles(5.0, 10.0, 1000 * kMs);
+  for (OverheadBudget* x : {&b, &free_cycles}) {
+    x->Update(0, TrapCounts{});
+    EXPECT_EQ(x->Update(900 * kMs, TrapCounts{5'000}), Action::kPause);
+    EXPECT_EQ(x->Update(1000 * kMs, TrapCounts{5'000}), Action::kResume);
+  }
+  // The new window starts owing the cycle: 4 ms of its 50 ms, so 4,600 traps (not 5,000) exhaust it.
+  EXPECT_NEAR(b.current_pct(1100 * kMs, TrapCounts{5'000}), 4.0 / 100 * 100, 1e-9);
+  EXPECT_NEAR(free_cycles.current_pct(1100 * kMs, TrapCounts{5'000}), 0.0, 1e-9);
+  EXPECT_EQ(b.Update(1900 * kMs, TrapCounts{9'700}), Action::kPause);
+  EXPECT_EQ(free_cycles.Update(1900 * kMs, TrapCounts{9'700}), Action::kNone);
+}
+
 TEST(OverheadBudget, ChargedCostsCountAgainstTheWindow) {
   OverheadBudget b(5.0, 10.0);  // 250 ms window: 12.5 ms allowance
   EXPECT_EQ(b.window_ns(), OverheadBudget::kDefaultWindowNs);
