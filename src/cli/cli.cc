@@ -107,14 +107,15 @@ int RunCli(int argc, char** argv) {
                  "Cost of a hit of a probe the kernel single-steps (a site with no emulated instruction near its "
                  "check; `rvbpfd sites` marks them), microseconds (default 10.5, measured on a VM)")
       ->check(CLI::Range(0.01, 1000.0));
+  app.add_option("--cold-probe-extra-us", rec.cold_probe_extra_us,
+                 "What a hit costs beyond --probe-cost-us or --stepped-probe-cost-us when it comes 50 us or more "
+                 "after the previous one on its CPU (its path has left the caches), microseconds (default 3, measured "
+                 "on a VM)")
+      ->check(CLI::Range(0.0, 1000.0));
   app.add_option("--pause-cost-us", rec.cycle_cost_us,
                  "What one pause and resume of the high-rate probes costs the target, microseconds, for "
                  "--max-overhead (default 4000: measured for a trapping target on a VM, 200 for a CPU-bound one)")
       ->check(CLI::Range(0.0, 1000000.0));
-  app.add_option("--cold-probe-extra-us", rec.cold_probe_extra_us,
-                 "What a hit costs beyond the above when it comes 50 us or more after the previous one on its CPU "
-                 "(its path has left the caches), microseconds (default 3, measured on a VM)")
-      ->check(CLI::Range(0.0, 1000.0));
   app.add_option("--ring-buffer-kb", rec.ring_buffer_kb,
                  "BPF ring buffer size in KiB, rounded up to a power of two (default 4096); events that do not fit "
                  "are counted in events_dropped records")
