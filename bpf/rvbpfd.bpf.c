@@ -184,10 +184,10 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
    * rv_site_flags). */
   __u32 zero = 0;
   int cold = 0;
+  __u64 now = bpf_ktime_get_ns(); /* also the event's time, except at GC_EXIT (below) */
   __u64 *last = bpf_map_lookup_elem(&last_trap, &zero);
   struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
   if (last) {
-    __u64 now = bpf_ktime_get_ns();
     cold = cfg && cfg->cold_gap_ns != 0 && now - *last >= cfg->cold_gap_ns;
     *last = now;
   }
@@ -215,8 +215,9 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
    * rather than gaining a wrong one). */
   if (site->event == RV_EV_GC_EXIT) bpf_map_delete_elem(&in_gc, &tid);
 
-  /* The event's time: read first, so neither the checks below nor a full ring skew it. */
-  __u64 ts = bpf_ktime_get_ns();
+  /* The event's time: the hit's, so neither the checks below nor a full ring skew it; read again at GC_EXIT, after
+   * the GC flag is cleared (above). */
+  __u64 ts = site->event == RV_EV_GC_EXIT ? bpf_ktime_get_ns() : now;
   struct pt_regs regs;
   if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) != 0) return rv_discard(c);
   if (site->exclude_caller_end != 0) {

@@ -23,8 +23,7 @@ double OverheadBudget::SpentNs(double cost_total_ns) const {
 
 double OverheadBudget::current_pct(uint64_t now_ns, const TrapCounts& traps) const {
   if (!started_ || now_ns <= window_start_ns_) return 0;
-  return SpentNs(CostNs(traps)) / static_cast<double>(now_ns - window_start_ns_) *
-         100.0;
+  return SpentNs(CostNs(traps)) / static_cast<double>(now_ns - window_start_ns_) * 100.0;
 }
 
 OverheadBudget::Action OverheadBudget::Update(uint64_t now_ns, const TrapCounts& traps) {

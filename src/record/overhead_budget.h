@@ -131,7 +131,6 @@ class OverheadBudget {
   // the decision and the breakpoints' removal (the kernel waits for an RCU grace period first, milliseconds to
   // ~150 ms on a busy VM) are the detach tail, which later pauses start that much earlier to allow for.
   void Detached(const TrapCounts& traps);
-  void Detached(uint64_t traps_total) { Detached(TrapCounts{traps_total, 0, 0, 0, 0}); }
 
   // When to call Update next (ns from now_ns): at the predicted exhaustion of the allowance at the trap rate seen
   // between the last two updates, less the lateness of recent wakeups, within [kMinCheckNs, kMaxCheckNs];
@@ -147,9 +146,6 @@ class OverheadBudget {
   double floor_pct() const { return floor_pct_; }
   // The same for the current window so far (percent).
   double current_pct(uint64_t now_ns, const TrapCounts& traps) const;
-  double current_pct(uint64_t now_ns, uint64_t traps_total) const {
-    return current_pct(now_ns, TrapCounts{traps_total, 0, 0, 0, 0});
-  }
   // Windows that have ended so far.
   uint64_t windows() const { return windows_; }
 

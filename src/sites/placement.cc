@@ -10,13 +10,11 @@ namespace {
 constexpr int kMaxInsnsToEmulated = 6;
 
 // Whether a direct branch of `fn` or of its pieces lands inside [lo, hi] (fn.cold, fn.part.N, ...: GCC's hot/cold
-// split jumps back into the parent anywhere).
+// split jumps back into the parent anywhere; FindSymbolsWithPrefix gives the base name and its clone suffixes).
 bool BranchLandsIn(const ElfFile& vm, Disassembler& dis, const ElfSymbol& fn, uint64_t lo, uint64_t hi) {
-  std::string base = fn.name.substr(0, fn.name.find('.'));
-  std::vector<ElfSymbol> pieces = vm.FindSymbolsWithPrefix(base);
   bool lands = false;
-  for (const ElfSymbol& p : pieces) {
-    if (p.type != STT_FUNC || p.size == 0 || (p.name != base && p.name.rfind(base + ".", 0) != 0)) continue;
+  for (const ElfSymbol& p : vm.FindSymbolsWithPrefix(fn.name.substr(0, fn.name.find('.')))) {
+    if (p.type != STT_FUNC || p.size == 0) continue;
     dis.DecodeRange(vm.BytesAt(p.value, p.size), p.value, [&](const cs_insn& insn) {
       std::optional<uint64_t> t = DirectBranchTarget(insn);
       if (t && *t >= lo && *t <= hi) lands = true;

@@ -27,7 +27,7 @@ TEST(OverheadBudget, PausesOnceTheWindowAllowanceIsSpentAndResumesAtTheNextWindo
   // one spent beyond its allowance: 20 traps = 0.2 ms.
   EXPECT_EQ(b.window_ns(), 1000 * kMs);
   EXPECT_EQ(b.Update(1500 * kMs, 5'120), Action::kNone);
-  EXPECT_NEAR(b.current_pct(1500 * kMs, 5'120), (1.0 + 0.2) / 500 * 100, 1e-9);
+  EXPECT_NEAR(b.current_pct(1500 * kMs, TrapCounts{5'120}), (1.0 + 0.2) / 500 * 100, 1e-9);
   EXPECT_EQ(b.Update(1999 * kMs, 5'130), Action::kNone);
   EXPECT_EQ(b.Update(2000 * kMs, 5'140), Action::kNone) << "a window that ends unpaused resumes nothing";
 }
@@ -115,12 +115,12 @@ TEST(OverheadBudget, ChargedCostsCountAgainstTheWindow) {
   b.Update(0, 0);
   b.Charge(10.0 * kMs);  // e.g. the daemon's CPU time to reattach a group on a saturated machine
   EXPECT_EQ(b.Update(100 * kMs, 200), Action::kNone);  // 2 ms of traps + 10 ms charged = 12 ms
-  EXPECT_NEAR(b.current_pct(100 * kMs, 200), 12.0, 1e-9);
+  EXPECT_NEAR(b.current_pct(100 * kMs, TrapCounts{200}), 12.0, 1e-9);
   EXPECT_EQ(b.Update(101 * kMs, 260), Action::kPause);  // 12.6 ms
   EXPECT_EQ(b.Update(250 * kMs, 260), Action::kResume);
   EXPECT_NEAR(b.last_window_pct(), 12.6 / 250 * 100, 1e-9);
   // Charges belong to the window they were made in; only the overspend (12.6 - 12.5 ms) is carried into the next.
-  EXPECT_NEAR(b.current_pct(260 * kMs, 260), 0.1 / 10 * 100, 1e-9);
+  EXPECT_NEAR(b.current_pct(260 * kMs, TrapCounts{260}), 0.1 / 10 * 100, 1e-9);
 }
 
 // A program that traps continuously: simulate the recorder's loop (check at NextCheckNs, detach on kPause, reattach
@@ -197,18 +197,18 @@ TEST(OverheadBudget, ASlowDetachIsOwedAndLaterPausesStartEarlierByItsTail) {
   EXPECT_EQ(b.Update(10 * kMs, 1'000), Action::kNone);  // 10 ms spent
   EXPECT_EQ(b.Update(12 * kMs, 1'200), Action::kPause);  // 12 ms + 1 ms ahead
   // The detach took effect only after 30 ms more of traps (an RCU grace period on a busy machine).
-  b.Detached(4'200);
+  b.Detached(TrapCounts{4'200});
   // 43 ms spent, 30.5 ms over: owed by the next windows. Owing a whole allowance, the next window stays paused
   // (reattaching would cost another tail), and so does the one after (18 ms owed).
   EXPECT_EQ(b.Update(250 * kMs, 4'300), Action::kNone);
   EXPECT_TRUE(b.paused());
-  EXPECT_NEAR(b.current_pct(260 * kMs, 4'300), 30.5 / 10 * 100, 1e-9);
+  EXPECT_NEAR(b.current_pct(260 * kMs, TrapCounts{4'300}), 30.5 / 10 * 100, 1e-9);
   EXPECT_EQ(b.Update(500 * kMs, 4'300), Action::kNone);
   EXPECT_EQ(b.Update(750 * kMs, 4'300), Action::kResume);
-  EXPECT_NEAR(b.current_pct(760 * kMs, 4'300), 5.5 / 10 * 100, 1e-9);
+  EXPECT_NEAR(b.current_pct(760 * kMs, TrapCounts{4'300}), 5.5 / 10 * 100, 1e-9);
   // 5.5 ms owed and a 30 ms detach tail to expect: pausing now is what keeps the window closest to its allowance.
   EXPECT_EQ(b.Update(760 * kMs, 4'300), Action::kPause);
-  b.Detached(4'400);  // a 1 ms tail this time: the estimate decays (30 -> 22.75 ms), it does not vanish
+  b.Detached(TrapCounts{4'400});  // a 1 ms tail this time: the estimate decays (30 -> 22.75 ms), it does not vanish
   EXPECT_EQ(b.Update(1000 * kMs, 4'400), Action::kResume);  // 6.5 ms spent: nothing owed
   // A tail longer than the allowance: each resumed window is one short burst (the first check, then the detach).
   EXPECT_EQ(b.Update(1005 * kMs, 4'400), Action::kPause);
@@ -272,7 +272,7 @@ TEST(OverheadBudget, ZeroBudgetOnlyEstimates) {
   EXPECT_EQ(b.Update(0, 0), Action::kNone);
   EXPECT_EQ(b.Update(900 * kMs, 1'000'000), Action::kNone);
   EXPECT_FALSE(b.paused());
-  EXPECT_NEAR(b.current_pct(1000 * kMs, 1'000'000), 1'000'000 * 13e-6 * 100, 1e-6);
+  EXPECT_NEAR(b.current_pct(1000 * kMs, TrapCounts{1'000'000}), 1'000'000 * 13e-6 * 100, 1e-6);
   EXPECT_EQ(b.NextCheckNs(950 * kMs), OverheadBudget::kMaxCheckNs);
   EXPECT_EQ(b.Update(1000 * kMs, 1'000'000), Action::kNone);
   EXPECT_NEAR(b.last_window_pct(), 1300.0, 1e-6);
