@@ -3,8 +3,12 @@
 # repository (default /var/cache/rvbpfd/rubies, override with RVBPFD_RUBY_CACHE). A version already built (its
 # .complete stamp exists) is reused, so CI pays the ~10 minutes per Ruby only once per machine.
 #
-#   3.3.8-shared  ruby3.3 from sid,          --enable-shared (libruby.so holds the VM)
-#   3.4.5-static  ruby3.4 from experimental, static (the ruby executable holds the VM)
+#   3.3.8-shared   ruby3.3 from sid,          --enable-shared (libruby.so holds the VM)
+#   3.4.5-static   ruby3.4 from experimental, static (the ruby executable holds the VM)
+#   3.4.11-shared  ruby3.4 from experimental, --enable-shared, with YJIT (Debian's rustc; tests run it with --yjit)
+#
+# The deb-src mirror is the one this machine's own apt configuration uses for its Debian release (so the repository
+# names no package registry). A cached build is reused only if its .complete stamp records the same configure line.
 #
 # Usage: tools/build-test-rubies.sh [--print-prefix NAME]
 set -euo pipefail
@@ -16,6 +20,7 @@ jobs=$(nproc)
 rubies=(
   "3.3.8-shared ruby3.3 3.3.8-2.2 3.3.8 --enable-shared"
   "3.4.5-static ruby3.4 3.4.5-1~exp1 3.4.5 --disable-shared"
+  "3.4.11-shared ruby3.4 3.4.11-1~exp1 3.4.11 --enable-shared --enable-yjit"
 )
 
 if [[ ${1:-} == --print-prefix ]]; then
@@ -30,12 +35,43 @@ apt_dir="$cache/.apt"
 apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
           -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
 apt_ready=0
+# The URI of the first apt source (one-line or deb822 format) that serves this machine's Debian release.
+debian_mirror() {
+  local codename
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  [[ -n $codename ]] || return 1
+  python3 - "$codename" /etc/apt/sources.list /etc/apt/sources.list.d/* <<'PY'
+import sys, re, os
+codename, files = sys.argv[1], sys.argv[2:]
+for path in files:
+    if not os.path.isfile(path):
+        continue
+    text = open(path, errors="replace").read()
+    if path.endswith(".sources"):
+        for stanza in re.split(r"\n\s*\n", text):
+            fields = {}
+            for line in stanza.splitlines():
+                m = re.match(r"^([A-Za-z-]+):\s*(.*)$", line)
+                if m:
+                    fields[m.group(1).lower()] = m.group(2).split()
+            if "deb" in fields.get("types", []) and codename in fields.get("suites", []) and fields.get("uris"):
+                print(fields["uris"][0]); sys.exit(0)
+    else:
+        for line in text.splitlines():
+            parts = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+            if len(parts) >= 3 and parts[0] == "deb" and parts[2] == codename:
+                print(parts[1]); sys.exit(0)
+sys.exit(1)
+PY
+}
 prepare_apt() {
   [[ $apt_ready == 1 ]] && return
+  local mirror
+  mirror=$(debian_mirror) || { echo "build-test-rubies: no apt source for this Debian release in /etc/apt" >&2; exit 1; }
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
   cat > "$apt_dir/sources.list" <<SRC
-deb-src http://deb.debian.org/debian sid main
-deb-src http://deb.debian.org/debian experimental main
+deb-src $mirror sid main
+deb-src $mirror experimental main
 SRC
   log "apt-get update (private deb-src list for sid + experimental)"
   apt-get "${apt_opts[@]}" update -qq
@@ -45,7 +81,8 @@ SRC
 for spec in "${rubies[@]}"; do
   read -r name pkg debver upver extra <<<"$spec"
   prefix="$cache/$name"
-  if [[ -f $prefix/.complete ]]; then
+  stamp="$pkg=$debver $extra"
+  if [[ -f $prefix/.complete && $(cat "$prefix/.complete") == "$stamp" ]]; then
     log "$name: cached at $prefix"
     continue
   fi
@@ -62,7 +99,13 @@ for spec in "${rubies[@]}"; do
   tar -xf "$orig" -C "$work"
   src=$(find "$work" -maxdepth 1 -mindepth 1 -type d -name 'ruby*' | head -n1)
   log "$name: configure ($extra)"
-  (cd "$src" && ./configure --prefix="$prefix" --without-baseruby --disable-install-doc $extra >"$work/configure.log" 2>&1) ||
+  conf_env=()
+  if [[ $extra == *--enable-yjit* ]]; then
+    [[ -x /usr/bin/rustc ]] || { echo "build-test-rubies: YJIT needs Debian's rustc: run tools/install-deps.sh" >&2; exit 1; }
+    conf_env=(RUSTC=/usr/bin/rustc)
+  fi
+  (cd "$src" && env "${conf_env[@]}" ./configure --prefix="$prefix" --without-baseruby --disable-install-doc $extra \
+     >"$work/configure.log" 2>&1) ||
     { tail -n 30 "$work/configure.log" >&2; exit 1; }
   log "$name: make -j$jobs (a few minutes on 2 cores)"
   (cd "$src" && make -j"$jobs" >"$work/make.log" 2>&1) || { tail -n 40 "$work/make.log" >&2; exit 1; }
@@ -71,6 +114,10 @@ for spec in "${rubies[@]}"; do
   "$prefix/bin/ruby" -e 'exit(RUBY_VERSION.start_with?(ARGV[0]) ? 0 : 1)' "${upver}" ||
     { echo "build-test-rubies: $prefix/bin/ruby is not $upver" >&2; exit 1; }
   rm -rf "$work"
-  touch "$prefix/.complete"
+  if [[ $extra == *--enable-yjit* ]]; then
+    "$prefix/bin/ruby" --yjit -e 'exit(RubyVM::YJIT.enabled? ? 0 : 1)' ||
+      { echo "build-test-rubies: $prefix/bin/ruby was built without YJIT" >&2; exit 1; }
+  fi
+  echo "$stamp" > "$prefix/.complete"
   log "$name: done"
 done

@@ -11,7 +11,7 @@ pkgs=(
   libcli11-dev libgtest-dev libgmock-dev protobuf-compiler libprotobuf-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libcurl4-openssl-dev ccache
   golang-go python3 ruby ruby-dev  # Debian's ruby3.1: live test and coredump case (rvgolden needs its headers)
   # to build the test Rubies from Debian's source packages
-  autoconf bison libyaml-dev libffi-dev libssl-dev libgdbm-dev libreadline-dev xz-utils
+  autoconf bison rustc libyaml-dev libffi-dev libssl-dev libgdbm-dev libreadline-dev xz-utils
 )
 missing=()
 for p in "${pkgs[@]}"; do
