@@ -859,6 +859,11 @@ def run_workload(ruby, workload, mode, outdir, ref=True, probes=True, rvbpfd=Non
                 run.problems.append(f"rvbpfd trace header ruby_version {run.rv.header.get('ruby_version')!r} != "
                                     f"{ruby.version!r}")
     if ref:
+        # rvref writes its file from a child forked at exit (tests/refrecorder/rvref.c says why): it appears by rename
+        # shortly after the target has exited.
+        deadline = time.monotonic() + 30
+        while not os.path.exists(ref_out) and time.monotonic() < deadline:
+            time.sleep(0.01)
         if not os.path.exists(ref_out):
             raise RunError(f"{tag}: the reference wrote no trace; target stderr:\n{run.target_stderr[-2000:]}")
         run.ref = Trace(ref_out)

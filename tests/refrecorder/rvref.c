@@ -13,6 +13,19 @@
  * unregistered. The file is written from an atexit handler, which runs after main() returned, i.e. after
  * ruby_cleanup() has finished with the VM, so every event the VM reports is in memory by then.
  *
+ * The handler does not write the file itself: it forks, and the child (one thread, a copy of the records) sorts and
+ * writes it while the process goes on exiting at once. CRuby 3.3's M:N scheduler (RUBY_MN_THREADS=1) leaves shared
+ * native threads running after ruby_cleanup() has freed the VM: any exit-time work that takes a few milliseconds
+ * gives them time to switch to freed coroutine stacks and SIGSEGV in coroutine_transfer. Measured on 3.3.8-shared
+ * with gc_threads.rb under load: 33 of 300 runs crashed when this handler wrote the file in-process, and 21 of 150
+ * runs crashed with no rvref at all but an LD_PRELOADed atexit handler that only sleeps 20 ms; 0 of 40 crashed with
+ * neither. The file appears (by rename) a few milliseconds after the process has exited; readers wait for it.
+ * The cause is in thread_pthread_mn.c (co_start): a finished Ruby thread's shared native thread sets
+ * th->sched.finished = true and only then switches off the thread's coroutine stack; a task preempted between the two
+ * (common on a loaded machine) touches that stack after the VM has freed it. The fork alone still left 19 of 300 runs
+ * crashing, so the end proc (which runs before ruby_cleanup frees anything) also waits, at most 2 s, until no other
+ * task of the process is runnable: a native thread that has finished its switch is blocked in the scheduler.
+ *
  * Environment:
  *   RVREF_OUT       output path (written as OUT.tmp, then renamed, so a reader never sees a partial file)
  *   RVREF_PROBES=1  also record the Kernel#sleep and Mutex#lock probes
@@ -36,6 +49,7 @@
 #include <ruby/thread.h>
 #include <ruby/version.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -221,10 +235,47 @@ on_c_call(VALUE tpval, void *data)
 /* A Ruby end proc registered at load time runs after the program's own at_exit blocks; right after the end procs
  * CRuby's rb_ec_teardown() clears every TracePoint (rb_ec_clear_all_trace_func), so GC and probe events after this
  * moment are invisible to any in-process TracePoint (the thread event hook is not cleared). */
+/* 1 if some task of this process other than the caller is runnable (state R in /proc/self/task/TID/stat), 0 if none,
+ * -1 if /proc cannot be read. Runs with the GVL at end-proc time: allocation is allowed, no Ruby calls are made. */
+static int
+other_task_runnable(void)
+{
+    int self = current_tid();
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int runnable = 0;
+    struct dirent *e;
+    while (!runnable && (e = readdir(d)) != NULL) {
+        int tid = atoi(e->d_name);
+        if (tid <= 0 || tid == self) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue; /* the task exited */
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *close_paren = strrchr(buf, ')'); /* comm may contain spaces and parentheses */
+        if (close_paren && close_paren[1] == ' ' && close_paren[2] == 'R') runnable = 1;
+    }
+    closedir(d);
+    return runnable;
+}
+
 static void
 on_end_proc(VALUE unused)
 {
     atomic_store(&tracepoints_stopped_ns, now_ns());
+    /* See the header: let every native thread finish switching off a finished Ruby thread's stack before the VM frees
+     * it. Two idle readings 1 ms apart, or 2 s at most. */
+    int idle_readings = 0;
+    for (int i = 0; i < 2000 && idle_readings < 2; i++) {
+        int r = other_task_runnable();
+        if (r < 0) break;
+        idle_readings = r ? 0 : idle_readings + 1;
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
 }
 
 static int
@@ -235,12 +286,11 @@ cmp_records(const void *a, const void *b)
     return x->seq < y->seq ? -1 : (x->seq > y->seq ? 1 : 0);
 }
 
+/* Writes the records as an .rvtrace file; runs in the child forked by write_trace (or in-process if fork failed).
+ * pid and stop_tid are the exiting process's, taken before the fork. */
 static void
-write_trace(void)
+write_trace_file(uint64_t stopped, int pid, int stop_tid)
 {
-    if (!recording) return;
-    recording = 0;
-    uint64_t stopped = now_ns();
     uint64_t claimed = atomic_load(&next_slot);
     size_t n = claimed < capacity ? (size_t)claimed : capacity;
     uint64_t drops = atomic_load(&dropped);
@@ -271,7 +321,7 @@ write_trace(void)
             "{\"rvtrace\":1,\"recorder\":\"in-process\",\"recorder_version\":\"rvref-1\",\"pid\":%d,"
             "\"ruby_version\":\"%s\",\"clock\":\"monotonic\",\"origin_ns\":%" PRIu64 ","
             "\"channels\":[\"thread_hook\",\"gc_hook\"%s]}\n",
-            (int)getpid(), ruby_version_str, origin_ns, getenv("RVREF_PROBES") && !strcmp(getenv("RVREF_PROBES"), "1") ? ",\"probe\"" : "");
+            pid, ruby_version_str, origin_ns, getenv("RVREF_PROBES") && !strcmp(getenv("RVREF_PROBES"), "1") ? ",\"probe\"" : "");
 
     /* Ruby thread ids: th pointer -> id, (re)assigned at STARTED, in timestamp order. The VM is gone, so plain
      * malloc is fine here. */
@@ -337,7 +387,7 @@ write_trace(void)
     uint64_t tp_stop = atomic_load(&tracepoints_stopped_ns);
     fprintf(f, "{\"t_ns\":%" PRId64 ",\"ruby_thread\":null,\"native_tid\":null,\"probe_tid\":%d,"
                "\"event\":\"tracing_stopped\",\"cruby_event\":null,\"source\":\"recorder\",\"provenance\":\"observed\"}\n",
-            (int64_t)(stopped - origin_ns), current_tid());
+            (int64_t)(stopped - origin_ns), stop_tid);
     fprintf(f, "{\"summary\":{\"events\":%zu,\"events_dropped\":%" PRIu64 ",\"unpublished\":%" PRIu64
                ",\"capacity\":%zu,\"threads\":%" PRIu64 ",\"stopped_t_ns\":%" PRId64 ",",
             m, drops, unpublished, capacity, nthreads, (int64_t)(stopped - origin_ns));
@@ -351,6 +401,22 @@ write_trace(void)
         fprintf(stderr, "rvref: cannot write %s: %s\n", out_path, strerror(errno));
         unlink(tmp);
     }
+}
+
+static void
+write_trace(void)
+{
+    if (!recording) return;
+    recording = 0;
+    uint64_t stopped = now_ns();
+    int pid = (int)getpid();
+    int stop_tid = current_tid();
+    pid_t child = fork();
+    if (child == 0) {
+        write_trace_file(stopped, pid, stop_tid);
+        _exit(0);
+    }
+    if (child < 0) write_trace_file(stopped, pid, stop_tid); /* no child: write it here, slower exit */
 }
 
 void
