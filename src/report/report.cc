@@ -4,11 +4,12 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string_view>
 #include <utility>
 
 #include "report/report_data.h"
-#include "report/report_template.h"
+#include "report/report_ui.h"
 #include "trace/reader.h"
 
 namespace rvbpfd {
@@ -26,17 +27,33 @@ void WriteChunked(std::ostream& out, std::string_view s) {
 }  // namespace
 
 Status WriteReportHtml(const Model& model, const ReportOptions& options, std::ostream& out) {
-  const std::string_view page = kReportTemplate;
-  const size_t slot = page.find(kReportDataSlot);
-  if (slot == std::string_view::npos) return Error(ErrorCode::kInternal, "the report template has no data slot");
   std::string data;
   // About 45 bytes per event for the events and the blocks they produce; reserving avoids repeated copies of a
   // string that reaches tens of MB.
   data.reserve(4096 + model.events().size() * 48);
   AppendReportData(model, options, &data);
-  WriteChunked(out, page.substr(0, slot));
-  WriteChunked(out, data);
-  WriteChunked(out, page.substr(slot + kReportDataSlot.size()));
+  struct Slot {
+    std::string_view marker;
+    std::string_view text;
+    size_t at;
+  };
+  Slot slots[] = {{kReportCssSlot, kReportCss, 0}, {kReportJsSlot, kReportJs, 0}, {kReportDataSlot, data, 0}};
+  const std::string_view page = kReportHtml;
+  for (Slot& slot : slots) {
+    slot.at = page.find(slot.marker);
+    if (slot.at == std::string_view::npos || page.find(slot.marker, slot.at + 1) != std::string_view::npos) {
+      return Error(ErrorCode::kInternal, "the report page does not have exactly one " + std::string(slot.marker));
+    }
+  }
+  std::sort(std::begin(slots), std::end(slots), [](const Slot& a, const Slot& b) { return a.at < b.at; });
+  size_t at = 0;
+  for (const Slot& slot : slots) {
+    if (slot.at < at) return Error(ErrorCode::kInternal, "the report page's slots overlap");
+    WriteChunked(out, page.substr(at, slot.at - at));
+    WriteChunked(out, slot.text);
+    at = slot.at + slot.marker.size();
+  }
+  WriteChunked(out, page.substr(at));
   out.flush();
   if (!out) return Error(ErrorCode::kIo, "writing the report failed");
   return Status::Ok();

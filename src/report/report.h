@@ -4,11 +4,11 @@
 // when the trace recorded them), an event list that follows the cursor, and a flame graph of the CPU samples when
 // the trace has any.
 //
-// The page is src/report/report_template.h (HTML, CSS and JS, drawn on <canvas>); this module fills its one data
-// slot with the model, as packed JSON columns (see report_data.h), inside a <script type="application/json">
-// element. Every string that comes from the trace is written there, JSON-escaped with '<', '>' and '&' as \u
-// escapes, so no trace content can close the script element; the page only ever puts trace text into the DOM as
-// text (textContent), never as markup.
+// The page is src/report/ui/ (report.html, report.css, report.js; drawn on <canvas>), embedded at build time
+// (report_ui.h); this module fills its data slot with the model, as packed JSON columns (see report_data.h), inside
+// a <script type="application/json"> element. Every string that comes from the trace is written there, JSON-escaped
+// with '<', '>' and '&' as \u escapes, so no trace content can close the script element; the page only ever puts
+// trace text into the DOM as text (textContent), never as markup.
 #ifndef RVBPFD_SRC_REPORT_REPORT_H_
 #define RVBPFD_SRC_REPORT_REPORT_H_
 

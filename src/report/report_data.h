@@ -2,7 +2,7 @@
 // million events loads in a browser in a few seconds (a JSON object per block would be several times larger and
 // slower to parse).
 //
-// Layout (version 2; the page's decoder in report_template.h is the other half of this contract):
+// Layout (version 2; the page's decoder in ui/report.js is the other half of this contract):
 //   {"v":2,"meta":{...,"samples","sample_hz","stacks"},"names":{...},"tids":[native tids],
 //    "threads":[{"id","label","main","tids":[..],"totals":{..},"blocks":{columns}}],
 //    "owner":{columns},"gc":{columns},"unknown":{columns},"native":[{"tid","threads","spans":{columns}}],

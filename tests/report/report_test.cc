@@ -16,7 +16,7 @@
 
 #include "model/model_test_util.h"
 #include "report/report_data.h"
-#include "report/report_template.h"
+#include "report/report_ui.h"
 
 namespace rvbpfd {
 namespace {
@@ -28,6 +28,32 @@ using testing::kMs;
 using testing::kUs;
 
 constexpr std::string_view kDataOpen = R"(<script id="rv-data" type="application/json">)";
+
+size_t Count(std::string_view text, std::string_view what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+// How often `what` occurs in the page's own files (the page without data).
+size_t CountInPageFiles(std::string_view what) {
+  return Count(kReportHtml, what) + Count(kReportCss, what) + Count(kReportJs, what);
+}
+
+std::string ReadSourceFile(const std::string& relative) {
+  std::ifstream in(std::string(RVBPFD_SOURCE_DIR) + "/" + relative, std::ios::binary);
+  EXPECT_TRUE(in) << relative;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// `page` with the one occurrence of `slot` replaced by `text`.
+std::string Fill(std::string page, std::string_view slot, std::string_view text) {
+  const size_t at = page.find(slot);
+  EXPECT_NE(at, std::string::npos) << slot;
+  if (at != std::string::npos) page.replace(at, slot.size(), text);
+  return page;
+}
 
 std::string RenderHtml(const Model& model, const std::string& title = "trace.rvtrace") {
   std::ostringstream out;
@@ -131,12 +157,56 @@ EventSeq RandomBusySequence(uint32_t seed, int transitions) {
   return s;
 }
 
-TEST(ReportTemplate, HasExactlyOneDataSlotInsideTheDataScript) {
-  const std::string_view page = kReportTemplate;
-  const size_t slot = page.find(kReportDataSlot);
+TEST(ReportUi, EmbeddedFilesAreTheSourceFilesByteForByte) {
+  EXPECT_EQ(kReportHtml, ReadSourceFile("src/report/ui/report.html"));
+  EXPECT_EQ(kReportCss, ReadSourceFile("src/report/ui/report.css"));
+  EXPECT_EQ(kReportJs, ReadSourceFile("src/report/ui/report.js"));
+}
+
+TEST(ReportUi, HasExactlyOneOfEachSlotAndTheDataSlotIsInsideTheDataScript) {
+  for (std::string_view slot : {kReportCssSlot, kReportJsSlot, kReportDataSlot}) {
+    EXPECT_EQ(Count(kReportHtml, slot), 1u) << slot;
+  }
+  const size_t slot = kReportHtml.find(kReportDataSlot);
   ASSERT_NE(slot, std::string_view::npos);
-  EXPECT_EQ(page.find(kReportDataSlot, slot + 1), std::string_view::npos);
-  EXPECT_EQ(page.substr(slot - kDataOpen.size(), kDataOpen.size()), kDataOpen);
+  ASSERT_GE(slot, kDataOpen.size());
+  EXPECT_EQ(kReportHtml.substr(slot - kDataOpen.size(), kDataOpen.size()), kDataOpen);
+  EXPECT_NE(kReportHtml.find("<style>\n" + std::string(kReportCssSlot) + "</style>\n"), std::string_view::npos);
+  EXPECT_NE(kReportHtml.find("<script>\n" + std::string(kReportJsSlot) + "</script>\n"), std::string_view::npos);
+}
+
+TEST(ReportUi, StyleAndScriptCannotEndTheirElementEarly) {
+  // The files are pasted into <style> and <script> as raw text: a closing tag inside them would cut the element
+  // there (HTML matches it case-insensitively), and a missing final line break would join the closing tag's line.
+  auto lower = [](std::string_view s) {
+    std::string out(s);
+    std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+    return out;
+  };
+  EXPECT_EQ(lower(kReportCss).find("</style"), std::string::npos);
+  EXPECT_EQ(lower(kReportJs).find("</script"), std::string::npos);
+  EXPECT_EQ(lower(kReportJs).find("<!--"), std::string::npos);
+  ASSERT_FALSE(kReportCss.empty());
+  ASSERT_FALSE(kReportJs.empty());
+  EXPECT_EQ(kReportCss.back(), '\n');
+  EXPECT_EQ(kReportJs.back(), '\n');
+}
+
+TEST(ReportUi, PageIsTheFilesWithTheDataInItsSlot) {
+  const std::string html = RenderHtml(EveryRuleSequence().Build("3.2.5", 0));
+  // Assembled from the source files, independently of the embedding.
+  const std::string files = Fill(Fill(ReadSourceFile("src/report/ui/report.html"), kReportCssSlot,
+                                      ReadSourceFile("src/report/ui/report.css")),
+                                 kReportJsSlot, ReadSourceFile("src/report/ui/report.js"));
+  const size_t slot = files.find(kReportDataSlot);
+  ASSERT_NE(slot, std::string::npos);
+  const std::string before = files.substr(0, slot), after = files.substr(slot + kReportDataSlot.size());
+  ASSERT_GE(html.size(), before.size() + after.size());
+  EXPECT_EQ(html.substr(0, before.size()), before);
+  EXPECT_EQ(html.substr(html.size() - after.size()), after);
+  const std::string data = html.substr(before.size(), html.size() - before.size() - after.size());
+  EXPECT_EQ(json::parse(data), EmbeddedData(html));
+  EXPECT_EQ(data.find("@@RVBPFD_REPORT_"), std::string::npos);
 }
 
 TEST(Report, IsSelfContained) {
@@ -253,16 +323,11 @@ TEST(Report, HostileTraceStringsCannotInjectMarkup) {
   const std::string html = RenderHtml(*model, hostile);
 
   // Exactly the template's own script elements, and none of the hostile markup, are in the page.
-  auto count = [](std::string_view text, std::string_view what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
-  EXPECT_EQ(count(html, "<script"), count(kReportTemplate, "<script"));
-  EXPECT_EQ(count(html, "</script"), count(kReportTemplate, "</script"));
+  EXPECT_EQ(Count(html, "<script"), CountInPageFiles("<script"));
+  EXPECT_EQ(Count(html, "</script"), CountInPageFiles("</script"));
   EXPECT_EQ(html.find("alert(1)</script>"), std::string::npos);
   EXPECT_EQ(html.find("<img"), std::string::npos);
-  EXPECT_EQ(count(html, "<!--"), count(kReportTemplate, "<!--"));
+  EXPECT_EQ(Count(html, "<!--"), CountInPageFiles("<!--"));
   // The data still carries the strings (JSON-escaped), so the page shows them as text.
   const json data = EmbeddedData(html);
   EXPECT_EQ(data["meta"]["title"].get<std::string>().substr(0, 20), hostile.substr(0, 20));
@@ -500,14 +565,9 @@ TEST_F(ReportStacks, HostileFrameStringsAreEscaped) {
   dicts_.frames[2].path = "/app/" + hostile + ".rb";
   const Model model = Build(hostile);
   const std::string html = RenderWithStacks(model, dicts_);
-  auto count = [](std::string_view text, std::string_view what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string_view::npos; at = text.find(what, at + 1)) ++n;
-    return n;
-  };
-  EXPECT_EQ(count(html, "<script"), count(kReportTemplate, "<script"));
-  EXPECT_EQ(count(html, "</script"), count(kReportTemplate, "</script"));
-  EXPECT_EQ(count(html, "<!--"), count(kReportTemplate, "<!--"));
+  EXPECT_EQ(Count(html, "<script"), CountInPageFiles("<script"));
+  EXPECT_EQ(Count(html, "</script"), CountInPageFiles("</script"));
+  EXPECT_EQ(Count(html, "<!--"), CountInPageFiles("<!--"));
   EXPECT_EQ(html.find("<script>alert(1)"), std::string::npos);  // only as \u003c-escaped JSON
   EXPECT_NE(html.find("\\u003cscript\\u003ealert(1)"), std::string::npos);
   const json data = EmbeddedData(html);
