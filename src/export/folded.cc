@@ -45,10 +45,4 @@ Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weig
   return Status::Ok();
 }
 
-Status ExportFolded(const std::string& trace_path, std::ostream& out, FoldedWeight weight) {
-  Result<TraceFile> trace = TraceReader::ReadFile(trace_path);
-  if (!trace.ok()) return trace.error();
-  return ExportFolded(*trace, out, weight);
-}
-
 }  // namespace rvbpfd

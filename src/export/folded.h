@@ -25,9 +25,6 @@ std::string FoldedFrameName(const std::string& label);
 
 // Stacks with zero weight are left out. Fails with kIo when the stream fails.
 Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weight = FoldedWeight::kCpuSamples);
-// Reads the trace first; errors are also those of TraceReader::ReadFile.
-Status ExportFolded(const std::string& trace_path, std::ostream& out,
-                    FoldedWeight weight = FoldedWeight::kCpuSamples);
 
 }  // namespace rvbpfd
 

@@ -160,18 +160,4 @@ void PrintStats(const TraceFile& trace, std::ostream& out) {
   if (trace.truncated_last_line) out << "note: the last line was cut while being written and was skipped\n";
 }
 
-Status Inspect(const std::string& path, std::ostream& out) {
-  Result<TraceFile> trace = TraceReader::ReadFile(path);
-  if (!trace.ok()) return trace.error();
-  PrintInspect(*trace, out);
-  return Status::Ok();
-}
-
-Status Stats(const std::string& path, std::ostream& out) {
-  Result<TraceFile> trace = TraceReader::ReadFile(path);
-  if (!trace.ok()) return trace.error();
-  PrintStats(*trace, out);
-  return Status::Ok();
-}
-
 }  // namespace rvbpfd

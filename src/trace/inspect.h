@@ -6,20 +6,15 @@
 #include <ostream>
 #include <string>
 
-#include "common/error.h"
 #include "trace/reader.h"
 
 namespace rvbpfd {
 
 // The event table (time in ms with 3 decimals, Ruby thread, native tid, event, CRuby event, source) followed by a
-// per-thread summary (id, native tids, running ms). Errors are those of TraceReader::ReadFile.
-Status Inspect(const std::string& path, std::ostream& out);
+// per-thread summary (id, native tids, running ms).
+void PrintInspect(const TraceFile& trace, std::ostream& out);
 // Counts by event, dropped events (total and number of events_dropped records), ring buffer high-water mark,
 // duration, late (reordered) events.
-Status Stats(const std::string& path, std::ostream& out);
-
-// The same, for a trace already read (used by the two above and by tests).
-void PrintInspect(const TraceFile& trace, std::ostream& out);
 void PrintStats(const TraceFile& trace, std::ostream& out);
 
 // "main" for the main thread, "Thread #N" for others, "-" when the event is about no known thread.

@@ -11,7 +11,9 @@
 namespace rvbpfd {
 namespace {
 
+using ::rvbpfd::testing::InspectFile;
 using ::rvbpfd::testing::ScratchDir;
+using ::rvbpfd::testing::StatsFile;
 using ::rvbpfd::testing::WriteAll;
 
 // One hand-written event; the test renders it to JSON itself and derives every expectation from these fields.
@@ -94,7 +96,7 @@ TEST(Inspect, EventTableRowsFollowTheTrace) {
   const std::string path = dir.File("t.rvtrace");
   WriteAll(path, RenderTrace(""));
   std::ostringstream out;
-  ASSERT_TRUE(Inspect(path, out).ok());
+  ASSERT_TRUE(InspectFile(path, out).ok());
   const std::vector<std::string> lines = OutputLines(out.str());
   ASSERT_GT(lines.size(), std::size(kRows));
   EXPECT_EQ(Cells(lines[0]), (std::vector<std::string>{"time", "ruby_thread", "native", "event", "cruby event",
@@ -132,7 +134,7 @@ TEST(Inspect, ThreadSummaryWithoutSummaryLineIsComputedFromEvents) {
   const std::string path = dir.File("t.rvtrace");
   WriteAll(path, RenderTrace(""));
   std::ostringstream out;
-  ASSERT_TRUE(Inspect(path, out).ok());
+  ASSERT_TRUE(InspectFile(path, out).ok());
   const std::string text = out.str();
   const uint64_t last_ns = kRows[std::size(kRows) - 1].t_ns;
   for (auto& [thread, ns] : RunningNs(last_ns)) {
@@ -152,7 +154,7 @@ TEST(Inspect, ThreadSummaryComesFromTheSummaryLine) {
                      R"({"summary":{"event_counts":{},"events_dropped":11,"drop_records":2,"ring_high_water_bytes":65536,"threads":[{"ruby_thread":1,"main":true,"native_tids":[304051],"running_ms":0.618},{"ruby_thread":2,"main":false,"native_tids":[304135,304140],"running_ms":509.605}],"duration_ms":700.5,"late_events":3}})"
                      "\n"));
   std::ostringstream out;
-  ASSERT_TRUE(Inspect(path, out).ok());
+  ASSERT_TRUE(InspectFile(path, out).ok());
   const std::string text = out.str();
   EXPECT_NE(text.find("  main id=1 native=304051 running=0.618 ms\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  Thread #2 id=2 native=304135,304140 running=509.605 ms\n"), std::string::npos) << text;
@@ -164,7 +166,7 @@ TEST(Inspect, SummaryWithoutThreadListFallsBackToTheEvents) {
   const std::string path = dir.File("t.rvtrace");
   WriteAll(path, RenderTrace(R"({"summary":{"events":12,"threads":3,"counts":{}}})" "\n"));
   std::ostringstream out;
-  ASSERT_TRUE(Inspect(path, out).ok());
+  ASSERT_TRUE(InspectFile(path, out).ok());
   const uint64_t last_ns = kRows[std::size(kRows) - 1].t_ns;
   const std::string want = "  Thread #2 id=2 native=304135 running=" + Ms(RunningNs(last_ns)[2]) + "\n";
   EXPECT_NE(out.str().find(want), std::string::npos) << out.str();
@@ -179,7 +181,7 @@ TEST(Stats, CountsDropsHighWaterDurationLate) {
                              "\"ring_high_water_bytes\":" + std::to_string(high_water) +
                              ",\"threads\":[],\"duration_ms\":700.5,\"late_events\":" + std::to_string(late) + "}}\n"));
   std::ostringstream out;
-  ASSERT_TRUE(Stats(path, out).ok());
+  ASSERT_TRUE(StatsFile(path, out).ok());
   const std::string text = out.str();
 
   std::map<std::string, int> counts;
@@ -215,8 +217,8 @@ TEST(Stats, ProbeHitsAndDiscardedHitsWhenTheSummaryHasThem) {
                              R"("hits_discarded":100001,"cold_hits":2024,"stepped_hits":7}})" "\n"));
   WriteAll(without, RenderTrace(R"({"summary":{"event_counts":{},"threads":[]}})" "\n"));
   std::ostringstream a, b;
-  ASSERT_TRUE(Stats(with, a).ok());
-  ASSERT_TRUE(Stats(without, b).ok());
+  ASSERT_TRUE(StatsFile(with, a).ok());
+  ASSERT_TRUE(StatsFile(without, b).ok());
   EXPECT_NE(a.str().find("probe hits (traps): 700351, of which not events: 100001, cold: 2024, single-stepped: 7\n"),
             std::string::npos)
       << a.str();
@@ -230,7 +232,7 @@ TEST(Stats, CutTraceSaysWhatIsUnknown) {
   content += R"({"t_ns":999999999,"ruby_thread":1,"nat)";  // cut mid-line
   WriteAll(path, content);
   std::ostringstream out;
-  ASSERT_TRUE(Stats(path, out).ok());
+  ASSERT_TRUE(StatsFile(path, out).ok());
   const std::string text = out.str();
   EXPECT_NE(text.find("ring buffer high-water mark: unknown"), std::string::npos) << text;
   EXPECT_NE(text.find("last line was cut"), std::string::npos) << text;
@@ -242,10 +244,10 @@ TEST(Inspect, ErrorsComeFromTheReader) {
   const std::string path = dir.File("bad.rvtrace");
   WriteAll(path, "hello\n");
   std::ostringstream out;
-  Status s = Inspect(path, out);
+  Status s = InspectFile(path, out);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().code(), ErrorCode::kBadTrace);
-  EXPECT_FALSE(Stats(dir.File("missing.rvtrace"), out).ok());
+  EXPECT_FALSE(StatsFile(dir.File("missing.rvtrace"), out).ok());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ namespace {
 
 using ::rvbpfd::testing::ReadAll;
 using ::rvbpfd::testing::ScratchDir;
+using ::rvbpfd::testing::StatsFile;
 
 std::string Write(const ScratchDir& dir, const std::string& name, std::optional<SampleEcRoutes> routes) {
   const std::string path = dir.File(name);
@@ -42,7 +43,7 @@ TEST(SampleEcRoutes, WrittenReadBackAndShownByStats) {
   EXPECT_EQ(t->summary->sample_ec_routes->current_th, 1u);
   EXPECT_EQ(t->summary->sample_ec_routes->none, 5u);
   std::ostringstream out;
-  ASSERT_TRUE(Stats(path, out).ok());
+  ASSERT_TRUE(StatsFile(path, out).ok());
   EXPECT_NE(out.str().find("sample EC routes: tls 314, ractor 2, current_th 1, none (dropped) 5"), std::string::npos)
       << out.str();
 }
@@ -56,7 +57,7 @@ TEST(SampleEcRoutes, AbsentWithoutSampling) {
   ASSERT_TRUE(t->summary.has_value());
   EXPECT_FALSE(t->summary->sample_ec_routes.has_value());
   std::ostringstream out;
-  ASSERT_TRUE(Stats(path, out).ok());
+  ASSERT_TRUE(StatsFile(path, out).ok());
   EXPECT_EQ(out.str().find("sample EC routes"), std::string::npos);
 }
 

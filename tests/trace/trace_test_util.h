@@ -1,4 +1,5 @@
-// Shared helpers for the trace module's tests: a scratch directory removed at the end, and file helpers.
+// Shared helpers for the trace module's tests: a scratch directory removed at the end, file helpers, and what
+// `rvbpfd inspect` / `rvbpfd stats` print for a trace file.
 #ifndef RVBPFD_TESTS_TRACE_TRACE_TEST_UTIL_H_
 #define RVBPFD_TESTS_TRACE_TRACE_TEST_UTIL_H_
 
@@ -8,6 +9,10 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "common/error.h"
+#include "trace/inspect.h"
+#include "trace/reader.h"
 
 namespace rvbpfd::testing {
 
@@ -43,6 +48,21 @@ inline std::string ReadAll(const std::string& path) {
 inline void WriteAll(const std::string& path, const std::string& content) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << content;
+}
+
+// The trace part of `rvbpfd inspect FILE` / `rvbpfd stats FILE`, the way the CLI produces it: the file read with
+// TraceReader::ReadFile, then PrintInspect / PrintStats. Errors are the reader's.
+inline Status InspectFile(const std::string& path, std::ostream& out) {
+  Result<TraceFile> trace = TraceReader::ReadFile(path);
+  if (!trace.ok()) return trace.error();
+  PrintInspect(*trace, out);
+  return Status::Ok();
+}
+inline Status StatsFile(const std::string& path, std::ostream& out) {
+  Result<TraceFile> trace = TraceReader::ReadFile(path);
+  if (!trace.ok()) return trace.error();
+  PrintStats(*trace, out);
+  return Status::Ok();
 }
 
 }  // namespace rvbpfd::testing
