@@ -1,5 +1,5 @@
 // ProcessProfile: the fleet agent's aggregation of one Ruby process's samples and scheduler/GC events into the four
-// continuous profiles it uploads every --interval (issue 5): cpu, gvl_wait, gvl_held and gc, each a gzipped pprof.
+// continuous profiles it uploads every --interval: cpu, gvl_wait, gvl_held and gc, each a gzipped pprof.
 //
 // Events are aggregated as they arrive and never stored: per interval the memory is one weight record per distinct
 // stack, plus one small state per live Ruby thread and the interned stack table (which has a cap, below).

@@ -119,9 +119,9 @@ class BpfSession {
   // uprobe's consumer first and then its breakpoints, after an RCU grace period (milliseconds to tens of ms on a
   // busy VM) for the first uprobe of a multi link and for every single-site link. Meanwhile that site traps at full
   // cost and unseen by the trap counters. `site_hits` (ReadSiteHits, by cookie) orders the work: single-site links
-  // are destroyed hottest first (the hot breakpoints go before the long tail of grace periods; measured with
-  // --max-overhead 5 on a trap-bound workload: 2.07x -> 1.20x), and the next Reattach puts the coldest site first in
-  // a multi link (the one whose grace period is spent unseen).
+  // are destroyed hottest first (the hot breakpoints go before the long tail of grace periods, which bounds the
+  // unseen traps of a trap-bound target; docs/design.md has the measurement), and the next Reattach puts the coldest
+  // site first in a multi link (the one whose grace period is spent unseen).
   void Detach(SiteGroup& group, std::span<const uint64_t> site_hits = {});
   Status Reattach(SiteGroup& group);
   // The same at another path to the same file (the fleet agent attaches through /proc/self/fd/N of an O_PATH fd it

@@ -4,9 +4,9 @@
 // probed instruction, ~10 us where it single-steps it), whether or not the hit becomes a record. The input is therefore
 // the trap count BPF keeps before any filtering (rv_counters.probe_hits), not the records: in a shared libruby the
 // Mutex#lock site is also entered by every IO#write (rb_mutex_synchronize calls rb_mutex_lock through the PLT) and BPF
-// discards those hits by caller, so "records written + dropped" undercounted the traps by one per write. With that site
-// also left attached while paused, the budget overran on a shared libruby (io_heavy with --max-overhead 5: 1.46x); the
-// recorder now pauses it with the GVL sites.
+// discards those hits by caller, so "records written + dropped" would miss one trap per write. For the same reason
+// that site is paused with the GVL sites: left attached, its IO-rate traps alone can exceed the budget (docs/design.md,
+// "Overhead and --max-overhead", has the measurements).
 //
 // The estimate is traps x the cost of a hit, plus what the dearer hits cost beyond that, plus charged costs
 // (TrapCosts), plus the BPF time measured on the target's Ruby stacks (stack_ns: it grows with their depth). rvbpfd
