@@ -27,28 +27,34 @@ void WriteChunked(std::ostream& out, std::string_view s) {
 }  // namespace
 
 Status WriteReportHtml(const Model& model, const ReportOptions& options, std::ostream& out) {
+  struct Slot {
+    std::string_view marker;
+    std::string_view text;
+    size_t at = 0;
+  };
+  Slot slots[] = {{kReportCssSlot, kReportCss}, {kReportJsSlot, kReportJs}, {kReportDataSlot, {}}};
+  const std::string_view page = kReportHtml;
+  for (Slot& slot : slots) {
+    slot.at = page.find(slot.marker);
+    if (slot.at == std::string_view::npos || page.find(slot.marker, slot.at + 1) != std::string_view::npos) {
+      const std::string_view name = slot.marker.substr(0, slot.marker.find('\n'));
+      return Error(ErrorCode::kInternal, "the report page does not have exactly one " + std::string(name));
+    }
+  }
   std::string data;
   // About 45 bytes per event for the events and the blocks they produce; reserving avoids repeated copies of a
   // string that reaches tens of MB.
   data.reserve(4096 + model.events().size() * 48);
   AppendReportData(model, options, &data);
-  struct Slot {
-    std::string_view marker;
-    std::string_view text;
-    size_t at;
-  };
-  Slot slots[] = {{kReportCssSlot, kReportCss, 0}, {kReportJsSlot, kReportJs, 0}, {kReportDataSlot, data, 0}};
-  const std::string_view page = kReportHtml;
-  for (Slot& slot : slots) {
-    slot.at = page.find(slot.marker);
-    if (slot.at == std::string_view::npos || page.find(slot.marker, slot.at + 1) != std::string_view::npos) {
-      return Error(ErrorCode::kInternal, "the report page does not have exactly one " + std::string(slot.marker));
+  slots[2].text = data;
+  std::sort(std::begin(slots), std::end(slots), [](const Slot& a, const Slot& b) { return a.at < b.at; });
+  for (size_t i = 1; i < std::size(slots); ++i) {
+    if (slots[i].at < slots[i - 1].at + slots[i - 1].marker.size()) {
+      return Error(ErrorCode::kInternal, "the report page's slots overlap");
     }
   }
-  std::sort(std::begin(slots), std::end(slots), [](const Slot& a, const Slot& b) { return a.at < b.at; });
   size_t at = 0;
   for (const Slot& slot : slots) {
-    if (slot.at < at) return Error(ErrorCode::kInternal, "the report page's slots overlap");
     WriteChunked(out, page.substr(at, slot.at - at));
     WriteChunked(out, slot.text);
     at = slot.at + slot.marker.size();
