@@ -5,7 +5,7 @@
 #
 #   3.3.8-shared   ruby3.3 from sid,          --enable-shared (libruby.so holds the VM)
 #   3.4.5-static   ruby3.4 from experimental, static (the ruby executable holds the VM)
-#   3.4.11-shared  ruby3.4 from experimental, --enable-shared, with YJIT (Debian's rustc; tests run it with --yjit)
+#   3.4.5-shared-yjit  the same ruby3.4, --enable-shared, with YJIT (Debian's rustc; tests run it with --yjit)
 #
 # The deb-src mirror is the one this machine's own apt configuration uses for its Debian release (so the repository
 # names no package registry). A cached build is reused only if its .complete stamp records the same configure line.
@@ -20,7 +20,7 @@ jobs=$(nproc)
 rubies=(
   "3.3.8-shared ruby3.3 3.3.8-2.2 3.3.8 --enable-shared"
   "3.4.5-static ruby3.4 3.4.5-1~exp1 3.4.5 --disable-shared"
-  "3.4.11-shared ruby3.4 3.4.11-1~exp1 3.4.11 --enable-shared --enable-yjit"
+  "3.4.5-shared-yjit ruby3.4 3.4.5-1~exp1 3.4.5 --enable-shared --enable-yjit"
 )
 
 if [[ ${1:-} == --print-prefix ]]; then
