@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/safe_file.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -38,9 +40,10 @@ bool IsLibrubyBase(std::string_view base) {
   return base.rfind("libruby-", 0) == 0 && base.find(".so") != std::string_view::npos;
 }
 
+// Identity of a target's file, resolved inside its root (an absolute symlink there must not name a host file).
 std::optional<std::tuple<uint64_t, uint64_t, uint64_t, int64_t>> StatKey(const std::string& path) {
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  if (StatInRoot(path, &st) != 0) return std::nullopt;
   return std::make_tuple(static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
                          static_cast<uint64_t>(st.st_size),
                          static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec);

@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <chrono>
 
+#include "common/safe_file.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -16,8 +18,11 @@ double MsSince(std::chrono::steady_clock::time_point start) {
 
 // Opens the binary O_PATH (no read access needed, nothing executed) and checks it is still the file `key` names.
 Result<UniqueFd> OpenBinary(const std::string& path, const BinaryKey& key) {
-  UniqueFd fd(open(path.c_str(), O_PATH | O_CLOEXEC));
-  if (fd.get() < 0) return Error(ErrorCode::kIo, ErrnoMessage("opening " + path, errno));
+  // Resolved inside the process's root: the probes go on the file the process maps, never on a host file an absolute
+  // symlink in its root names.
+  Result<FileFd> opened = OpenPathInRoot(path);
+  if (!opened) return opened.error();
+  UniqueFd fd(opened->Release());
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return Error(ErrorCode::kIo, ErrnoMessage("fstat " + path, errno));
   if (static_cast<uint64_t>(st.st_dev) != key.dev || static_cast<uint64_t>(st.st_ino) != key.ino) {
@@ -65,8 +70,7 @@ Status ProbeSetManager::AttachSet(ProbeSet& set, const std::string& via_path) {
 Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTarget& target, bool* first_failure) {
   if (first_failure) *first_failure = false;
   struct stat st;
-  if (stat(target.vm_host_path.c_str(), &st) != 0) {
-    const int err = errno;
+  if (const int err = StatInRoot(target.vm_host_path, &st); err != 0) {
     return Error(err == ENOENT || err == ESRCH ? ErrorCode::kNoSuchProcess : ErrorCode::kIo,
                  ErrnoMessage("stat " + target.vm_host_path, err));
   }

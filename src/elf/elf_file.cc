@@ -12,35 +12,8 @@
 namespace rvbpfd {
 namespace {
 
-// A VM binary with full DWARF is tens of MB; anything above this is not a plausible libruby/ruby and would only make
-// us allocate whatever an attacker-controlled file claims.
-constexpr uint64_t kMaxElfBytes = 4ull << 30;
-
-// Closes an fd on scope exit (RAII for the one fd Open() uses).
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  ~ScopedFd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 bool IsDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-Error OpenError(const std::string& what, int err) {
-  if (err == EACCES || err == EPERM) {
-    return Error(ErrorCode::kNoPrivilege,
-                 ErrnoMessage(what, err) + "; run as root or grant CAP_SYS_PTRACE (and CAP_BPF/CAP_PERFMON)");
-  }
-  return Error(ErrorCode::kIo, ErrnoMessage(what, err));
 }
 
 }  // namespace
@@ -71,27 +44,13 @@ bool MatchesWithCloneSuffix(std::string_view name, std::string_view base) {
 }
 
 Result<ElfFile> ElfFile::Open(const std::string& path) {
-  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return OpenError("opening ELF file " + path, errno);
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return OpenError("stat of ELF file " + path, errno);
-  if (!S_ISREG(st.st_mode)) return Error(ErrorCode::kIo, "ELF file " + path + " is not a regular file");
-  if (st.st_size <= 0 || static_cast<uint64_t>(st.st_size) > kMaxElfBytes) {
-    return Error(ErrorCode::kIo, "ELF file " + path + " has implausible size " + std::to_string(st.st_size));
-  }
+  Result<MappedFile> mapped = MappedFile::Map(path, "ELF file", kMaxBytes);
+  if (!mapped) return mapped.error();
   ElfFile file;
   file.path_ = path;
-  file.size_ = static_cast<uint64_t>(st.st_size);
-  file.data_ = std::make_unique<uint8_t[]>(file.size_);
-  uint64_t done = 0;
-  while (done < file.size_) {
-    ssize_t n = read(fd.get(), file.data_.get() + done, file.size_ - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return OpenError("reading ELF file " + path, errno);
-    if (n == 0) break;  // the file shrank while we read it: parse what we have, bounds checks cover the rest
-    done += static_cast<uint64_t>(n);
-  }
-  file.size_ = done;
+  file.file_ = std::move(mapped.value());
+  file.data_ = file.file_.data();
+  file.size_ = file.file_.size();
   Status parsed = file.Parse();
   if (!parsed.ok()) return parsed.error();
   return file;
@@ -103,7 +62,8 @@ ElfFile& ElfFile::operator=(ElfFile&& other) noexcept {
   if (this == &other) return *this;
   Reset();
   path_ = std::move(other.path_);
-  data_ = std::move(other.data_);
+  file_ = std::move(other.file_);
+  data_ = std::exchange(other.data_, nullptr);
   size_ = std::exchange(other.size_, 0);
   elf_ = std::exchange(other.elf_, nullptr);
   build_id_ = std::move(other.build_id_);
@@ -130,7 +90,7 @@ Status ElfFile::Parse() {
     return Error(ErrorCode::kInternal, std::string("libelf initialisation failed: ") + elf_errmsg(-1));
   }
   static_assert(sizeof(char) == sizeof(uint8_t));
-  elf_ = elf_memory(reinterpret_cast<char*>(data_.get()), size_);
+  elf_ = elf_memory(const_cast<char*>(reinterpret_cast<const char*>(data_)), size_);
   if (elf_ == nullptr || elf_kind(elf_) != ELF_K_ELF) {
     return Error(ErrorCode::kIo, path_ + " is not an ELF file");
   }
@@ -262,7 +222,7 @@ std::optional<ElfSection> ElfFile::FindSection(std::string_view name) const {
 
 std::span<const uint8_t> ElfFile::SectionData(const ElfSection& section) const {
   if (section.type == SHT_NOBITS || section.offset > size_ || section.size > size_ - section.offset) return {};
-  return {data_.get() + section.offset, section.size};
+  return {data_ + section.offset, section.size};
 }
 
 std::optional<ElfSymbol> ElfFile::FindSymbol(std::string_view name) const {
@@ -321,7 +281,7 @@ std::span<const uint8_t> ElfFile::BytesAt(uint64_t vaddr, uint64_t len) const {
     if (len > seg.filesz - rel) return {};
     uint64_t off = seg.offset + rel;
     if (off < seg.offset || off > size_ || len > size_ - off) return {};
-    return {data_.get() + off, len};
+    return {data_ + off, len};
   }
   return {};
 }
@@ -335,7 +295,7 @@ std::optional<std::string> ElfFile::CStringAt(uint64_t vaddr, size_t max_len) co
     if (vaddr >= seg.vaddr && vaddr - seg.vaddr < seg.filesz) limit = seg.filesz - (vaddr - seg.vaddr);
   }
   limit = std::min<uint64_t>({limit, max_len, size_ - *off});
-  const auto* p = reinterpret_cast<const char*>(data_.get() + *off);
+  const auto* p = reinterpret_cast<const char*>(data_ + *off);
   const void* nul = std::memchr(p, '\0', limit);
   if (nul == nullptr) return std::nullopt;
   return std::string(p, static_cast<const char*>(nul) - p);

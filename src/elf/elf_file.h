@@ -1,9 +1,11 @@
 // ElfFile: a read-only, bounds-checked view of one ELF file (the CRuby VM binary of a target process).
 //
-// The file comes from a process we do not trust (it is opened through /proc/PID/root), so it is read once into memory
-// and every access (section data, symbol names, bytes at a virtual address) is checked against the file size: a
-// truncated or crafted file yields an error or an empty result, never a read out of bounds. Reading into memory also
-// means a file truncated by the target while we analyse it cannot SIGBUS the daemon, as an mmap could.
+// The file comes from a process we do not trust (it is opened through /proc/PID/root), so it is opened the one safe way
+// (src/common/safe_file.h: never blocking, confined to the process's root, regular files only) and copied once into
+// a size-bounded read-only mapping whose holes cost no memory; every access (section data, symbol names, bytes at a
+// virtual address) is checked against the file size: a truncated or crafted file yields an error or an empty result,
+// never a read out of bounds. A copy rather than a file mapping, so a file the target truncates while we analyse it
+// cannot SIGBUS the daemon.
 #ifndef RVBPFD_SRC_ELF_ELF_FILE_H_
 #define RVBPFD_SRC_ELF_ELF_FILE_H_
 
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/safe_file.h"
 
 namespace rvbpfd {
 
@@ -72,10 +75,12 @@ bool MatchesWithCloneSuffix(std::string_view name, std::string_view base);
 
 class ElfFile {
  public:
-  // Reads the whole file and parses its headers, sections, program headers, symbols and build-id.
+  // Copies the file (at most kMaxBytes) and parses its headers, sections, program headers, symbols and build-id.
   // Errors: kIo when the file cannot be read; kNotRuby is not decided here (callers know the context), a file that is
   // not a 64-bit little-endian ELF yields kIo with a message saying so.
   static Result<ElfFile> Open(const std::string& path);
+  // A VM binary with full DWARF is tens of MB; a larger file is not a plausible libruby/ruby (bytes).
+  static constexpr uint64_t kMaxBytes = 1ull << 30;
 
   ElfFile(ElfFile&& other) noexcept;
   ElfFile& operator=(ElfFile&& other) noexcept;
@@ -133,7 +138,8 @@ class ElfFile {
   void Reset();
 
   std::string path_;
-  std::unique_ptr<uint8_t[]> data_;  // the whole file; stable address for libelf's elf_memory
+  MappedFile file_;  // the whole file; stable address for libelf's elf_memory
+  const uint8_t* data_ = nullptr;  // file_.data()
   uint64_t size_ = 0;
   Elf* elf_ = nullptr;
   std::string build_id_;

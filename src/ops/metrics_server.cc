@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <vector>
 
+#include "common/threads.h"
 #include "ops/metrics.h"
 
 namespace rvbpfd {
@@ -89,7 +90,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& l
   server->port_ = ntohs(sa.sin_port);
   server->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (server->wake_fd_ < 0) return Error(ErrorCode::kIo, ErrnoMessage("metrics endpoint: eventfd", errno));
-  server->thread_ = std::thread([s = server.get()] { s->Run(); });
+  server->thread_ = StartHelperThread([s = server.get()] { s->Run(); });
   return server;
 }
 

@@ -2,9 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
+#include "common/safe_file.h"
 #include "elf/elf_file.h"
 #include "stacks/memory_reader.h"
 
@@ -85,7 +87,7 @@ rv_walk_config WalkConfigFor(const StackSetup& setup) {
 
 std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const std::string& proc_root) {
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  if (StatInRoot(path, &st) != 0) return std::nullopt;
   std::ifstream maps(proc_root + "/" + std::to_string(pid) + "/maps");
   std::string line;
   std::optional<uint64_t> lowest;
@@ -94,7 +96,9 @@ std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const 
     std::string range, perms, offset, dev;
     uint64_t inode = 0;
     if (!(in >> range >> perms >> offset >> dev >> inode) || inode != st.st_ino) continue;
-    const uint64_t start = std::stoull(range, nullptr, 16);
+    char* end = nullptr;
+    const uint64_t start = std::strtoull(range.c_str(), &end, 16);  // no exception on a malformed line
+    if (end == range.c_str()) continue;
     if (!lowest || start < *lowest) lowest = start;
   }
   return lowest;

@@ -4,6 +4,8 @@
 #include <system_error>
 #include <utility>
 
+#include "common/threads.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -55,7 +57,7 @@ Result<std::unique_ptr<DeliveryWorker>> DeliveryWorker::Start(DeliveryWorkerOpti
   if (!options.jitter) options.jitter = std::make_shared<SplitMix64Jitter>(0);
   std::unique_ptr<DeliveryWorker> worker(new DeliveryWorker(std::move(options), std::move(deliver)));
   try {
-    worker->thread_ = std::thread([w = worker.get()] { w->Run(); });
+    worker->thread_ = StartHelperThread([w = worker.get()] { w->Run(); });
   } catch (const std::system_error& e) {
     return Error(ErrorCode::kInternal, std::string("starting the sink's delivery thread: ") + e.what());
   }

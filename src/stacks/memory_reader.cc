@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/safe_file.h"
+
 namespace rvbpfd {
 
 bool ProcessMemoryReader::Read(uint64_t addr, void* dst, size_t len) {
@@ -186,7 +188,12 @@ bool CoreFileReader::ReadFromOriginalFile(uint64_t addr, uint8_t* dst, size_t le
     if (!options_.use_original_files || len > m.end - addr) return false;
     std::string full = options_.file_root + m.path;
     auto it = fds_.find(full);
-    if (it == fds_.end()) it = fds_.emplace(full, open(full.c_str(), O_RDONLY | O_CLOEXEC)).first;
+    if (it == fds_.end()) {
+      // The mapped files of a dump: under a /proc/PID/root style root they are resolved inside it, and only a
+      // regular file is read (a FIFO there must not block the reader).
+      Result<FileFd> opened = OpenRegularFile(full, "mapped file");
+      it = fds_.emplace(full, opened ? opened->Release() : -1).first;
+    }
     if (it->second < 0) return false;
     ssize_t n = pread(it->second, dst, len, static_cast<off_t>(m.offset + (addr - m.start)));
     if (n != static_cast<ssize_t>(len)) return false;

@@ -2,10 +2,11 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "common/safe_file.h"
 
 namespace rvbpfd {
 namespace {
@@ -335,18 +336,22 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
 }
 
 Result<TraceFile> TraceReader::ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    return Error(ErrorCode::kIo, ErrnoMessage("opening trace " + path, err) + "; check the path and permissions");
+  // A trace is a regular file of bounded size: a FIFO must not block `inspect`, /dev/zero must not be read until
+  // memory runs out, and a directory is not "an empty or cut file".
+  Result<FileFd> fd = OpenRegularFile(path, "trace file");
+  if (!fd) {
+    const Error& e = fd.error();
+    if (e.message().find(", not a regular file") != std::string::npos) {
+      return Error(ErrorCode::kBadTrace, "reading trace: " + e.message() + "; give the path of an .rvtrace file");
+    }
+    return Error(e.code(), e.message() + "; check the path and permissions");
   }
-  std::ostringstream content;
-  content << in.rdbuf();
-  if (in.bad()) {
-    const int err = errno;
-    return Error(ErrorCode::kIo, ErrnoMessage("reading trace " + path, err));
+  Result<MappedFile> content = MappedFile::FromFd(fd->get(), path, "trace file", kMaxTraceBytes, /*allow_empty=*/true);
+  if (!content) {
+    return Error(ErrorCode::kBadTrace, "reading trace: " + content.error().message() +
+                                           " (the most a trace may have; its events are held in memory)");
   }
-  return Parse(content.view(), path);
+  return Parse(std::string_view(reinterpret_cast<const char*>(content->data()), content->size()), path);
 }
 
 }  // namespace rvbpfd

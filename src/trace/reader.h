@@ -51,7 +51,10 @@ class TraceReader {
  public:
   // Errors: kBadTrace with the line number for a complete line that is not a valid .rvtrace line, a missing
   // header or an unsupported version; kIo when the file cannot be read.
+  // Only a regular file of at most kMaxTraceBytes is read (a FIFO, device or directory is kBadTrace, at once).
   static Result<TraceFile> ReadFile(const std::string& path);
+  // The largest trace read (bytes): a trace is parsed whole into memory, and about as much again is held as events.
+  static constexpr uint64_t kMaxTraceBytes = 4ull << 30;
   // `name` is used in error messages only.
   static Result<TraceFile> Parse(std::string_view text, const std::string& name);
 };

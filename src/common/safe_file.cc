@@ -1,0 +1,286 @@
+#include "common/safe_file.h"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string_view>
+#include <utility>
+
+namespace rvbpfd {
+namespace {
+
+bool AllDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+Error OpenFailure(const std::string& step, int err) {
+  if (err == EACCES || err == EPERM) {
+    return Error(ErrorCode::kNoPrivilege,
+                 ErrnoMessage(step, err) + "; run as root or grant CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH");
+  }
+  if (err == ENOSYS) {
+    return Error(ErrorCode::kIo, ErrnoMessage(step, err) + "; openat2 needs Linux 5.6 or newer");
+  }
+  return Error(ErrorCode::kIo, ErrnoMessage(step, err));
+}
+
+std::string_view FileTypeName(mode_t mode) {
+  switch (mode & S_IFMT) {
+    case S_IFIFO: return "a FIFO";
+    case S_IFDIR: return "a directory";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFSOCK: return "a socket";
+    case S_IFLNK: return "a symlink";
+    default: return "not a regular file";
+  }
+}
+
+// openat2(2): glibc 2.36+ has no wrapper on every distribution we build on, so the syscall is called directly.
+int OpenAt2(int dirfd, const char* path, uint64_t flags, uint64_t resolve) {
+  struct open_how how {};
+  how.flags = flags;
+  how.resolve = resolve;
+  for (;;) {
+    const long fd = syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+    // EAGAIN: the kernel asks for a retry when a rename raced with a RESOLVE_IN_ROOT walk.
+    if (fd < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    return static_cast<int>(fd);
+  }
+}
+
+// Opens path with `flags`, confined to the target's root when the path has one. Returns the fd, or -1 with *err set
+// and *failed_path naming what failed.
+int OpenConfinedRaw(const std::string& path, int flags, int* err, std::string* failed_path) {
+  const TargetPath tp = SplitTargetPath(path);
+  *failed_path = path;
+  if (tp.root_dir.empty()) {
+    const int fd = open(path.c_str(), flags);
+    *err = fd < 0 ? errno : 0;
+    return fd;
+  }
+  // The root itself is a /proc magic link to the target's root directory: following it is the point.
+  FileFd root(open(tp.root_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!root.ok()) {
+    *err = errno;
+    *failed_path = tp.root_dir;
+    return -1;
+  }
+  const int fd = OpenAt2(root.get(), tp.inside.c_str(), static_cast<uint64_t>(flags),
+                         RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+  *err = fd < 0 ? errno : 0;
+  return fd;
+}
+
+Result<FileFd> OpenConfined(const std::string& path, int flags) {
+  int err = 0;
+  std::string failed;
+  FileFd fd(OpenConfinedRaw(path, flags, &err, &failed));
+  if (!fd.ok()) {
+    if (err == ELOOP && failed == path && !SplitTargetPath(path).root_dir.empty()) {
+      return Error(ErrorCode::kIo, ErrnoMessage("opening " + path, err) +
+                                       " (a /proc magic link or a symlink loop inside the process's root)");
+    }
+    return OpenFailure("opening " + failed, err);
+  }
+  return fd;
+}
+
+}  // namespace
+
+FileFd& FileFd::operator=(FileFd&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    fd_ = o.Release();
+  }
+  return *this;
+}
+
+void FileFd::Reset() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+TargetPath SplitTargetPath(const std::string& path) {
+  TargetPath out;
+  // The first "/<digits>/root" component pair followed by '/' or the end.
+  for (size_t pos = path.find("/root"); pos != std::string::npos; pos = path.find("/root", pos + 1)) {
+    const size_t after = pos + 5;
+    if (after != path.size() && path[after] != '/') continue;
+    const size_t prev = path.rfind('/', pos == 0 ? 0 : pos - 1);
+    if (prev == std::string::npos || prev >= pos) continue;
+    if (!AllDigits(std::string_view(path).substr(prev + 1, pos - prev - 1))) continue;
+    out.root_dir = path.substr(0, after);
+    out.inside = after == path.size() ? "/" : path.substr(after);
+    return out;
+  }
+  return out;
+}
+
+Result<FileFd> OpenPathInRoot(const std::string& path) {
+  return OpenConfined(path, O_PATH | O_CLOEXEC);
+}
+
+int StatInRoot(const std::string& path, struct stat* st) {
+  int err = 0;
+  std::string failed;
+  FileFd fd(OpenConfinedRaw(path, O_PATH | O_CLOEXEC, &err, &failed));
+  if (!fd.ok()) return err;
+  if (fstat(fd.get(), st) != 0) return errno;
+  return 0;
+}
+
+Result<FileFd> OpenRegularFile(const std::string& path, std::string_view what) {
+  // First an O_PATH descriptor: it opens nothing (a FIFO does not wait for a writer, a device driver is not called),
+  // and its fstat says what the file is before anything reads it.
+  Result<FileFd> handle = OpenConfined(path, O_PATH | O_CLOEXEC);
+  if (!handle) return handle.error();
+  struct stat st;
+  if (fstat(handle->get(), &st) != 0) return OpenFailure("fstat of " + std::string(what) + " " + path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return Error(ErrorCode::kIo, std::string(what) + " " + path + " is " + std::string(FileTypeName(st.st_mode)) +
+                                     ", not a regular file");
+  }
+  // Then the readable descriptor, reopened from that same inode (no second path walk a rename could redirect).
+  // O_NONBLOCK: a regular file never blocks on open, but should the inode change type under us it cannot wait.
+  const std::string self = "/proc/self/fd/" + std::to_string(handle->get());
+  FileFd fd(open(self.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd.ok()) return OpenFailure("opening " + std::string(what) + " " + path, errno);
+  return fd;
+}
+
+Result<MappedFile> MappedFile::Map(const std::string& path, std::string_view what, uint64_t max_bytes,
+                                   bool allow_empty) {
+  Result<FileFd> fd = OpenRegularFile(path, what);
+  if (!fd) return fd.error();
+  return FromFd(fd->get(), path, what, max_bytes, allow_empty);
+}
+
+Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::string_view what, uint64_t max_bytes,
+                                      bool allow_empty) {
+  const std::string name = std::string(what) + " " + path;
+  struct stat st;
+  if (fstat(fd, &st) != 0) return OpenFailure("fstat of " + name, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return Error(ErrorCode::kIo, name + " is " + std::string(FileTypeName(st.st_mode)) + ", not a regular file");
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return Error(ErrorCode::kIo, name + " is larger than " + std::to_string(max_bytes) + " bytes (" +
+                                     std::to_string(st.st_size) + ")");
+  }
+  if (st.st_size == 0 && !allow_empty) return Error(ErrorCode::kIo, name + " is empty");
+  MappedFile out;
+  out.dev_ = static_cast<uint64_t>(st.st_dev);
+  out.ino_ = static_cast<uint64_t>(st.st_ino);
+  out.mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size == 0) return out;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t mapped = (size + page - 1) / page * page;
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return Error(ErrorCode::kIo, ErrnoMessage("mapping " + std::to_string(size) +
+                                                                        " bytes for " + name, errno));
+  out.base_ = base;
+  out.mapped_ = mapped;
+  auto* dst = static_cast<uint8_t*>(base);
+
+  // Reads the data extents only (SEEK_DATA/SEEK_HOLE; a file system without them reports one extent), through a
+  // bounce buffer, and copies the pages that are not all zeros: the anonymous pages of holes and zero runs stay the
+  // shared zero page.
+  constexpr size_t kChunk = 1u << 20;
+  std::unique_ptr<uint8_t[]> buf(new uint8_t[kChunk]);
+  uint64_t end_of_data = 0;  // bytes of the file seen so far (less than size when the file shrank while we read)
+  uint64_t pos = 0;
+  while (pos < size) {
+    off_t data = lseek(fd, static_cast<off_t>(pos), SEEK_DATA);
+    if (data < 0) {
+      if (errno == ENXIO) {  // only a hole (or EOF) from pos on
+        end_of_data = size;
+        break;
+      }
+      data = static_cast<off_t>(pos);  // SEEK_DATA unsupported: treat the rest as data
+    }
+    off_t hole = lseek(fd, data, SEEK_HOLE);
+    if (hole < 0 || static_cast<uint64_t>(hole) > size) hole = static_cast<off_t>(size);
+    uint64_t at = static_cast<uint64_t>(data);
+    const uint64_t extent_end = std::max<uint64_t>(static_cast<uint64_t>(hole), at);
+    bool eof = false;
+    while (at < extent_end) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, extent_end - at));
+      const ssize_t n = pread(fd, buf.get(), want, static_cast<off_t>(at));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        Error e = OpenFailure("reading " + name, errno);
+        out.Reset();
+        return e;
+      }
+      if (n == 0) {
+        eof = true;
+        break;
+      }
+      for (size_t off = 0; off < static_cast<size_t>(n);) {
+        // Copy page-aligned pieces of the destination so a zero page is skipped whole.
+        const uint64_t file_off = at + off;
+        const size_t piece = static_cast<size_t>(std::min<uint64_t>(page - file_off % page, n - off));
+        const uint8_t* p = buf.get() + off;
+        const bool zero = p[0] == 0 && (piece == 1 || std::memcmp(p, p + 1, piece - 1) == 0);
+        if (!zero) {
+          std::memcpy(dst + file_off, p, piece);
+          out.copied_ += piece;
+        }
+        off += piece;
+      }
+      at += static_cast<uint64_t>(n);
+    }
+    end_of_data = at;
+    if (eof) break;
+    pos = std::max<uint64_t>(extent_end, at);
+    if (pos >= size) end_of_data = size;
+  }
+  if (mprotect(base, mapped, PROT_READ) != 0) {
+    Error e(ErrorCode::kIo, ErrnoMessage("mprotect of the copy of " + name, errno));
+    out.Reset();
+    return e;
+  }
+  out.size_ = std::min(end_of_data, size);
+  if (out.size_ == 0 && !allow_empty) {
+    out.Reset();
+    return Error(ErrorCode::kIo, name + " is empty");
+  }
+  return out;
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept { *this = std::move(o); }
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this == &o) return *this;
+  Reset();
+  base_ = std::exchange(o.base_, nullptr);
+  size_ = std::exchange(o.size_, 0);
+  mapped_ = std::exchange(o.mapped_, 0);
+  copied_ = std::exchange(o.copied_, 0);
+  dev_ = o.dev_;
+  ino_ = o.ino_;
+  mtime_ns_ = o.mtime_ns_;
+  return *this;
+}
+
+MappedFile::~MappedFile() { Reset(); }
+
+void MappedFile::Reset() {
+  if (base_ != nullptr) munmap(base_, mapped_);
+  base_ = nullptr;
+  mapped_ = 0;
+  size_ = 0;
+  copied_ = 0;
+}
+
+}  // namespace rvbpfd

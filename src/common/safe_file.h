@@ -1,0 +1,117 @@
+// The one way rvbpfd opens a file a target process controls (its binaries through /proc/PID/root, /proc/PID/exe,
+// /proc/PID/map_files/..., a trace file a user hands to `inspect`).
+//
+// Such a file may be a FIFO (open(2) would block forever), a device (/dev/zero reads without end), a directory, a
+// symlink that leads out of the target's root (an absolute link under /proc/PID/root resolves against the daemon's
+// root), or a sparse file whose size claims gigabytes. So every open here:
+//   - never blocks: nothing is opened for reading before fstat said S_ISREG, and that open has O_NONBLOCK;
+//   - resolves a path under "<...>/<pid>/root/<rest>" inside that root (openat2 RESOLVE_IN_ROOT on an O_PATH fd of
+//     the root directory, with RESOLVE_NO_MAGICLINKS so /proc/self/... links inside it cannot lead out either);
+//   - opens other paths as written: /proc/PID/exe and /proc/PID/map_files/RANGE are magic links the kernel resolves
+//     to the mapped file itself, and a path the operator typed (`sites --binary`, `inspect FILE`) may be a symlink
+//     they mean;
+//   - opens O_PATH first and fstats it, so a FIFO never waits for a writer and a device driver is never called; only
+//     a regular file is then reopened for reading (through /proc/self/fd/N: the same inode, no second path walk).
+// MapReadOnly then gives the content as read-only memory bounded in size, in which holes of a sparse file cost no
+// memory: data is read into an anonymous MAP_NORESERVE mapping page by page and all-zero pages are never written, so
+// they stay unbacked. A copy rather than a mapping of the file itself, because a target that truncates its file while
+// we parse a MAP_SHARED/MAP_PRIVATE file mapping would SIGBUS the daemon.
+#ifndef RVBPFD_SRC_COMMON_SAFE_FILE_H_
+#define RVBPFD_SRC_COMMON_SAFE_FILE_H_
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "common/error.h"
+
+namespace rvbpfd {
+
+// Owns one file descriptor.
+class FileFd {
+ public:
+  FileFd() = default;
+  explicit FileFd(int fd) : fd_(fd) {}
+  FileFd(FileFd&& o) noexcept : fd_(o.Release()) {}
+  FileFd& operator=(FileFd&& o) noexcept;
+  FileFd(const FileFd&) = delete;
+  FileFd& operator=(const FileFd&) = delete;
+  ~FileFd() { Reset(); }
+  int get() const { return fd_; }
+  bool ok() const { return fd_ >= 0; }
+  int Release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// Where the root-relative part of a path starts: for "<prefix>/<digits>/root/<rest>" (a /proc/PID/root path, or a
+// test's fake tree of the same shape) root_dir is "<prefix>/<digits>/root" and inside is "/<rest>"; otherwise
+// root_dir is empty.
+struct TargetPath {
+  std::string root_dir;
+  std::string inside;
+};
+TargetPath SplitTargetPath(const std::string& path);
+
+// Opens `path` O_RDONLY for reading its content, following the rules above; the fd is known to be a regular file.
+// Errors: kIo naming the path and the step ("is a FIFO", "is a directory", "leads outside the process's root", an
+// errno); kNoPrivilege for EACCES/EPERM. `what` names the file in messages ("ELF file", "trace file").
+Result<FileFd> OpenRegularFile(const std::string& path, std::string_view what);
+
+// Opens `path` O_PATH (no read, nothing executed) with the same root-confined resolution, for stat and for handing the
+// kernel /proc/self/fd/N (uprobe attach). Any file type is accepted; the caller fstats.
+Result<FileFd> OpenPathInRoot(const std::string& path);
+
+// stat of a target's file without following it out of its root (OpenPathInRoot + fstat). Returns errno (0: ok).
+int StatInRoot(const std::string& path, struct stat* st);
+
+// A read-only, size-bounded copy of a regular file's content (see the header comment). Move-only.
+class MappedFile {
+ public:
+  // Maps at most max_bytes; a larger file is an error ("larger than N bytes"), as is an empty one unless allow_empty.
+  static Result<MappedFile> Map(const std::string& path, std::string_view what, uint64_t max_bytes,
+                                bool allow_empty = false);
+  // Same, from an fd already known to be a regular file (OpenRegularFile).
+  static Result<MappedFile> FromFd(int fd, const std::string& path, std::string_view what, uint64_t max_bytes,
+                                   bool allow_empty = false);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return static_cast<const uint8_t*>(base_); }
+  uint64_t size() const { return size_; }
+  std::span<const uint8_t> bytes() const { return {data(), static_cast<size_t>(size_)}; }
+  // Pages of the file that held data and were copied (the rest are holes or zeros and cost no memory), for tests.
+  uint64_t copied_bytes() const { return copied_; }
+  // (st_dev, st_ino, st_size, st_mtime in ns) of the file as opened: what was read, for caches keyed by file identity.
+  uint64_t dev() const { return dev_; }
+  uint64_t ino() const { return ino_; }
+  int64_t mtime_ns() const { return mtime_ns_; }
+
+ private:
+  void Reset();
+  void* base_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t mapped_ = 0;  // length of the mapping (size_ rounded up to pages; 0 when nothing is mapped)
+  uint64_t copied_ = 0;
+  uint64_t dev_ = 0, ino_ = 0;
+  int64_t mtime_ns_ = 0;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_COMMON_SAFE_FILE_H_

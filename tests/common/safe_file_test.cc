@@ -1,0 +1,197 @@
+// The one safe way to open a target's file: hostile file types and symlinks, and a sparse file that must not cost its
+// size in memory.
+#include "common/safe_file.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace rvbpfd {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SafeFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/rvbpfd_safe_file_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Write(const std::string& path, const std::string& text) {
+    fs::create_directories(fs::path(path).parent_path());
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  // Resident set of this process in bytes (/proc/self/statm's second field, in pages).
+  static uint64_t ResidentBytes() {
+    std::ifstream in("/proc/self/statm");
+    uint64_t size = 0, resident = 0;
+    in >> size >> resident;
+    return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  }
+  std::string dir_;
+};
+
+TEST(SplitTargetPathTest, FindsTheProcRoot) {
+  TargetPath a = SplitTargetPath("/proc/123/root/usr/lib/libruby.so.3.3");
+  EXPECT_EQ(a.root_dir, "/proc/123/root");
+  EXPECT_EQ(a.inside, "/usr/lib/libruby.so.3.3");
+  TargetPath b = SplitTargetPath("/tmp/fake/proc/7/root");
+  EXPECT_EQ(b.root_dir, "/tmp/fake/proc/7/root");
+  EXPECT_EQ(b.inside, "/");
+  // The first root wins: a path inside the target that looks like another proc root stays inside the first.
+  TargetPath c = SplitTargetPath("/proc/1/root/srv/2/root/x");
+  EXPECT_EQ(c.root_dir, "/proc/1/root");
+  EXPECT_EQ(c.inside, "/srv/2/root/x");
+  EXPECT_TRUE(SplitTargetPath("/usr/bin/ruby").root_dir.empty());
+  EXPECT_TRUE(SplitTargetPath("/proc/123/rootfs/x").root_dir.empty());
+  EXPECT_TRUE(SplitTargetPath("/proc/12a/root/x").root_dir.empty());
+  EXPECT_TRUE(SplitTargetPath("/proc/123/exe").root_dir.empty());
+}
+
+TEST_F(SafeFileTest, MapsARegularFile) {
+  Write(dir_ + "/f", "hello");
+  Result<MappedFile> m = MappedFile::Map(dir_ + "/f", "test file", 1024);
+  ASSERT_TRUE(m.ok()) << m.error().message();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m->data()), m->size()), "hello");
+}
+
+TEST_F(SafeFileTest, FifoIsRefusedWithoutBlocking) {
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // A blocking open of a FIFO with no writer would hang this test (and ctest's timeout would fail it).
+  Result<MappedFile> m = MappedFile::Map(fifo, "ELF file", 1 << 20);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code(), ErrorCode::kIo);
+  EXPECT_NE(m.error().message().find("is a FIFO"), std::string::npos) << m.error().message();
+  Result<FileFd> fd = OpenRegularFile(fifo, "trace file");
+  ASSERT_FALSE(fd.ok());
+  EXPECT_NE(fd.error().message().find("trace file " + fifo + " is a FIFO"), std::string::npos);
+}
+
+TEST_F(SafeFileTest, DirectoryAndDeviceAreRefused) {
+  Result<MappedFile> d = MappedFile::Map(dir_, "trace file", 1 << 20);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.error().message().find("is a directory"), std::string::npos) << d.error().message();
+  Result<MappedFile> z = MappedFile::Map("/dev/zero", "ELF file", 1 << 20);
+  ASSERT_FALSE(z.ok());
+  EXPECT_NE(z.error().message().find("is a character device"), std::string::npos) << z.error().message();
+}
+
+TEST_F(SafeFileTest, SizeCapAndEmptyFile) {
+  Write(dir_ + "/big", std::string(4096, 'x'));
+  Result<MappedFile> m = MappedFile::Map(dir_ + "/big", "ELF file", 4095);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message().find("larger than 4095 bytes"), std::string::npos) << m.error().message();
+  Write(dir_ + "/empty", "");
+  EXPECT_FALSE(MappedFile::Map(dir_ + "/empty", "ELF file", 4096).ok());
+  Result<MappedFile> e = MappedFile::Map(dir_ + "/empty", "ELF file", 4096, /*allow_empty=*/true);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->size(), 0u);
+}
+
+TEST_F(SafeFileTest, SparseFileCostsOnlyItsData) {
+  const std::string path = dir_ + "/sparse";
+  constexpr uint64_t kGiB = 1ull << 30;
+  {
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(pwrite(fd, "\x7f" "ELF", 4, 0), 4);
+    ASSERT_EQ(pwrite(fd, "tail", 4, static_cast<off_t>(kGiB - 4)), 4);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kGiB)), 0);
+    close(fd);
+  }
+  const uint64_t before = ResidentBytes();
+  Result<MappedFile> m = MappedFile::Map(path, "ELF file", kGiB);
+  ASSERT_TRUE(m.ok()) << m.error().message();
+  EXPECT_EQ(m->size(), kGiB);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m->data()), 4), "\x7f" "ELF");
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m->data()) + kGiB - 4, 4), "tail");
+  // Two pages of data were copied; the rest of the GiB is untouched anonymous memory.
+  EXPECT_LE(m->copied_bytes(), 2u * 4096u);
+  EXPECT_LT(ResidentBytes() - std::min(before, ResidentBytes()), 64ull << 20);
+}
+
+TEST_F(SafeFileTest, ZeroFilledDataIsNotCopied) {
+  // A file system without holes (or a file written full of zeros) still costs only its non-zero pages.
+  const std::string path = dir_ + "/zeros";
+  std::string content(1 << 20, '\0');
+  content[100] = 'a';
+  Write(path, content);
+  Result<MappedFile> m = MappedFile::Map(path, "ELF file", 1 << 20);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->size(), 1u << 20);
+  EXPECT_EQ(m->data()[100], 'a');
+  EXPECT_EQ(m->data()[5000], 0);
+  EXPECT_LE(m->copied_bytes(), 4096u);
+}
+
+TEST_F(SafeFileTest, AbsoluteSymlinkResolvesInsideTheRoot) {
+  // A chroot-like tree shaped as /proc/PID/root: an absolute symlink there names the root's own file, never the
+  // host's.
+  const std::string root = dir_ + "/proc/42/root";
+  Write(root + "/etc/hostname", "inside");
+  fs::create_directories(root + "/usr/lib");
+  fs::create_symlink("/etc/hostname", root + "/usr/lib/libruby.so");
+  Result<MappedFile> m = MappedFile::Map(root + "/usr/lib/libruby.so", "ELF file", 1024);
+  ASSERT_TRUE(m.ok()) << m.error().message();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m->data()), m->size()), "inside");
+  struct stat inside_st, st;
+  ASSERT_EQ(stat((root + "/etc/hostname").c_str(), &inside_st), 0);
+  ASSERT_EQ(StatInRoot(root + "/usr/lib/libruby.so", &st), 0);
+  EXPECT_EQ(st.st_ino, inside_st.st_ino);
+}
+
+TEST_F(SafeFileTest, SymlinkEscapingTheRootStaysInside) {
+  // A file outside the root, reached by a relative link that climbs above it and by an absolute one.
+  Write(dir_ + "/host_secret", "host");
+  const std::string root = dir_ + "/proc/43/root";
+  fs::create_directories(root + "/lib");
+  fs::create_symlink("../../../../host_secret", root + "/lib/up");
+  fs::create_symlink(dir_ + "/host_secret", root + "/lib/abs");
+  for (const char* leaf : {"/lib/up", "/lib/abs"}) {
+    Result<MappedFile> m = MappedFile::Map(root + leaf, "ELF file", 1024);
+    ASSERT_FALSE(m.ok()) << leaf << " read the host's file";
+    EXPECT_NE(m.error().message().find("No such file"), std::string::npos) << m.error().message();
+  }
+}
+
+TEST_F(SafeFileTest, MagicLinkInsideTheRootIsRefused) {
+  const std::string root = dir_ + "/proc/44/root";
+  fs::create_directories(root);
+  Write(dir_ + "/host_file", "host");
+  int fd = open((dir_ + "/host_file").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  // /proc/self/fd/N would reach whatever the daemon has open; inside the root it names the root's own (absent) /proc.
+  fs::create_symlink("/proc/self/fd/" + std::to_string(fd), root + "/magic");
+  Result<MappedFile> m = MappedFile::Map(root + "/magic", "ELF file", 1024);
+  EXPECT_FALSE(m.ok());
+  close(fd);
+}
+
+TEST_F(SafeFileTest, RealProcRootOfThisProcess) {
+  // /proc/self/root is this process's own root: the path resolves as usual through it.
+  Write(dir_ + "/f", "x");
+  const std::string via = "/proc/" + std::to_string(getpid()) + "/root" + dir_ + "/f";
+  Result<MappedFile> m = MappedFile::Map(via, "ELF file", 16);
+  ASSERT_TRUE(m.ok()) << m.error().message();
+  EXPECT_EQ(m->size(), 1u);
+}
+
+TEST_F(SafeFileTest, OperatorPathSymlinkIsFollowed) {
+  Write(dir_ + "/target", "t");
+  fs::create_symlink(dir_ + "/target", dir_ + "/link");
+  EXPECT_TRUE(MappedFile::Map(dir_ + "/link", "trace file", 16).ok());
+}
+
+}  // namespace
+}  // namespace rvbpfd
