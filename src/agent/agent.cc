@@ -97,10 +97,39 @@ void Agent::ScanProc(const char* how) {
   }
 }
 
+bool Agent::FirstTimeLogged(const std::string& problem) {
+  if (logged_problems_.size() >= kMaxLoggedProblems) logged_problems_.clear();
+  return logged_problems_.insert(std::hash<std::string>{}(problem)).second;
+}
+
 InspectOutcome Agent::TryWatch(int pid, const char* how) {
+  try {
+    return TryWatchUnguarded(pid, how);
+  } catch (const std::exception& e) {
+    // A hostile process must not take the agent down with it (a bad name, a huge allocation): skip it.
+    ++skipped_exception_;
+    if (FirstTimeLogged(std::string("exception:") + e.what())) {
+      log().Warn("not profiling a process: handling it failed", {{"pid", pid}, {"error", e.what()}});
+    }
+    return InspectOutcome::kSkip;
+  }
+}
+
+InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how) {
+  const uint64_t inspect_timeouts = inspector_.timed_out();
   Inspection insp = inspector_.Inspect(pid);
   if (insp.outcome == InspectOutcome::kSkip) {
-    if (insp.error && logged_problems_.insert(insp.error->message()).second) {
+    if (inspector_.timed_out() != inspect_timeouts) {
+      ++skipped_timeout_;
+      // Each timeout is logged (it names its pid and cost the scan its bound); refusals while earlier ones are still
+      // stuck cost nothing and are logged once.
+      const bool refused = insp.error && insp.error->message().find("still stuck") != std::string::npos;
+      if (refused && !FirstTimeLogged("inspections stuck")) return insp.outcome;
+      log().Warn("not profiling a process: inspecting it hit the time bound",
+                 {{"pid", pid}, {"reason", insp.error ? insp.error->message() : std::string()}});
+      return insp.outcome;
+    }
+    if (insp.error && FirstTimeLogged(insp.error->message())) {
       log().Warn("not profiling a Ruby process", {{"pid", pid}, {"reason", insp.error->message()}});
     }
     return insp.outcome;
@@ -118,10 +147,12 @@ InspectOutcome Agent::TryWatch(int pid, const char* how) {
     return InspectOutcome::kSkip;
   }
   bool first_failure = false;
+  const uint64_t prepare_timeouts = probe_sets_.prepare_timeouts();
   Result<ProbeSetManager::Acquired> acq = probe_sets_.Acquire(pid, insp.target, &first_failure);
   if (!acq) {
     if (acq.error().code() == ErrorCode::kNoSuchProcess) return InspectOutcome::kGone;
-    if (first_failure || logged_problems_.insert(acq.error().message()).second) {
+    if (probe_sets_.prepare_timeouts() != prepare_timeouts) ++skipped_timeout_;
+    if (first_failure || FirstTimeLogged(acq.error().message())) {
       log().Warn("cannot probe Ruby binary", {{"pid", pid}, {"comm", labels->comm},
                                               {"path", insp.target.vm_path},
                                               {"ruby_version", insp.target.ruby_version},
@@ -358,7 +389,7 @@ void Agent::FinishProcess(int pid, uint64_t end_ns, const char* reason) {
 void Agent::PollEc(WatchedProcess& p) {
   if (!p.ec || p.ec->state() != ProcessEcInstaller::State::kPending) return;
   if (env_.backend->PollEc(*p.ec) == ProcessEcInstaller::State::kFailed &&
-      logged_problems_.insert("ec:" + p.ec->error()).second) {
+      FirstTimeLogged("ec:" + p.ec->error())) {
     log().Warn("samples of this process find their thread only through scheduler events",
                {{"pid", p.pid}, {"comm", p.labels.comm}, {"error", p.ec->error()}});
   }
@@ -524,6 +555,10 @@ void Agent::UpdateMetrics() {
   m->SetCounter(kMetricPushRetries, "Push attempts that failed and were retried", {},
                 static_cast<double>(push.retries + retired_push_stats_.retries));
   m->SetGauge(kMetricPushQueueLength, "Profiles waiting for the push backend", {}, static_cast<double>(push.queued));
+  const char* skipped_help = "Processes not profiled because handling them hit a bound, by reason";
+  m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "timeout"}}, static_cast<double>(skipped_timeout_));
+  m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "exception"}},
+                static_cast<double>(skipped_exception_));
   Result<SelfUsage> usage = env_.self_usage ? env_.self_usage() : ReadSelfUsage("/proc");
   if (usage) ExportSelfUsage(*usage, m);
 }

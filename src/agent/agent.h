@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "agent/agent_env.h"
@@ -112,7 +113,12 @@ class Agent {
   void InspectDue(uint64_t now);
   // Inspects pid and starts watching it when it is a supported CRuby matching the filter. Returns the outcome.
   // `how` says what found it (logged): "scan", "rescan", "exec", "fork".
+  // No exception escapes: one that does is logged and counted, and the process is skipped.
   InspectOutcome TryWatch(int pid, const char* how);
+  InspectOutcome TryWatchUnguarded(int pid, const char* how);
+  // True the first time `problem` is seen (then it is logged); remembered as a hash, at most kMaxLoggedProblems of
+  // them (then forgotten all at once: a problem may be logged again, memory stays bounded).
+  bool FirstTimeLogged(const std::string& problem);
   void FinishProcess(int pid, uint64_t end_ns, const char* reason);
   void CutProcess(WatchedProcess& p, uint64_t cut_ns);
   void CutAll(uint64_t cut_ns);
@@ -136,7 +142,10 @@ class Agent {
   ExecRetrySchedule retries_;
   ProbeSetManager probe_sets_;
   ProcessRegistry registry_;
-  std::set<std::string> logged_problems_;  // skip reasons already logged (once per binary/problem)
+  static constexpr size_t kMaxLoggedProblems = 4096;
+  std::unordered_set<uint64_t> logged_problems_;  // hashes of skip reasons already logged (once per problem)
+  uint64_t skipped_timeout_ = 0;    // processes skipped because inspecting or preparing them hit the time bound
+  uint64_t skipped_exception_ = 0;  // processes skipped because their handling threw
   int64_t mono_to_unix_ns_ = 0;
   uint64_t interval_ns_ = 0;
   uint64_t next_cut_ns_ = 0;

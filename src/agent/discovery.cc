@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/deadline.h"
 #include "common/safe_file.h"
 
 namespace rvbpfd {
@@ -111,30 +112,61 @@ std::optional<uint64_t> ExecRetrySchedule::next_due_ns() const {
   return best;
 }
 
+ProcessInspector::ProcessInspector(std::shared_ptr<const ProcFs> procfs, std::chrono::milliseconds timeout)
+    : state_(std::make_shared<State>()), timeout_(timeout) {
+  state_->procfs = std::move(procfs);
+}
+
 Inspection ProcessInspector::Inspect(int pid) {
+  DeadlineResult<Inspection> r =
+      RunWithDeadline<Inspection>(timeout_, [state = state_, pid] { return state->InspectNow(pid); });
+  if (r.status == DeadlineStatus::kDone) return std::move(*r.value);
+  Inspection out;
+  out.outcome = InspectOutcome::kSkip;
+  const std::string p = "pid " + std::to_string(pid);
+  switch (r.status) {
+    case DeadlineStatus::kTimedOut:
+      ++timed_out_;
+      out.error = Error(ErrorCode::kIo, "inspecting " + p + " took more than " + std::to_string(timeout_.count()) +
+                                            " ms (its files stall reads); skipped");
+      break;
+    case DeadlineStatus::kTooManyStuck:
+      ++timed_out_;
+      out.error = Error(ErrorCode::kIo, "not inspecting " + p + ": " + std::to_string(kMaxStuck) +
+                                            " earlier inspections are still stuck in reads");
+      break;
+    default:
+      out.error = Error(ErrorCode::kInternal, "inspecting " + p + " failed: " + r.what);
+      break;
+  }
+  return out;
+}
+
+Inspection ProcessInspector::State::InspectNow(int pid) {
   Inspection out;
   std::string maps;
-  if (!ReadSmallFile(procfs_.PidPath(pid, "maps"), &maps, kMaxMapsBytes)) {
+  if (!ReadSmallFile(procfs->PidPath(pid, "maps"), &maps, kMaxMapsBytes)) {
     out.outcome = (errno == ENOENT || errno == ESRCH) ? InspectOutcome::kGone : InspectOutcome::kNotRuby;
     return out;
   }
   if (maps.empty()) {  // a kernel thread or a zombie
-    out.outcome = ProcessAlive(procfs_.root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
+    out.outcome = ProcessAlive(procfs->root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
     return out;
   }
   std::optional<std::pair<uint64_t, uint64_t>> exe_key;
   if (!MapsNameLibruby(maps)) {
     struct stat st;
-    if (stat(procfs_.PidPath(pid, "exe").c_str(), &st) != 0) {
-      out.outcome = ProcessAlive(procfs_.root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
+    if (stat(procfs->PidPath(pid, "exe").c_str(), &st) != 0) {
+      out.outcome = ProcessAlive(procfs->root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
       return out;
     }
     exe_key = std::make_pair(static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
-    if (non_vm_exes_.count(*exe_key) != 0) return out;  // kNotRuby without opening the ELF again
+    std::lock_guard<std::mutex> lock(mu);
+    if (non_vm_exes.count(*exe_key) != 0) return out;  // kNotRuby without opening the ELF again
   }
   if (std::optional<Inspection> cached = FromVmCache(pid, ParseMaps(maps))) return std::move(*cached);
-  ++full_inspections_;
-  Result<RubyTarget> t = DiscoverTarget(pid, procfs_);
+  ++full_inspections;
+  Result<RubyTarget> t = DiscoverTarget(pid, *procfs);
   if (t) {
     RememberVm(*t);
     out.outcome = InspectOutcome::kRuby;
@@ -146,23 +178,27 @@ Inspection ProcessInspector::Inspect(int pid) {
       out.outcome = InspectOutcome::kGone;
       break;
     case ErrorCode::kNotRuby:
-      out.outcome = ProcessAlive(procfs_.root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
+      out.outcome = ProcessAlive(procfs->root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
       if (exe_key && out.outcome == InspectOutcome::kNotRuby) {
-        if (non_vm_exes_.size() >= kMaxNonVmCache) non_vm_exes_.clear();
-        non_vm_exes_.insert(*exe_key);
+        std::lock_guard<std::mutex> lock(mu);
+        if (non_vm_exes.size() >= kMaxNonVmCache) non_vm_exes.clear();
+        non_vm_exes.insert(*exe_key);
       }
       break;
     default:
       // Unsupported version, no symbols, unreadable: nothing a later look would change, unless the process is gone.
-      out.outcome = ProcessAlive(procfs_.root(), pid) ? InspectOutcome::kSkip : InspectOutcome::kGone;
+      out.outcome = ProcessAlive(procfs->root(), pid) ? InspectOutcome::kSkip : InspectOutcome::kGone;
       out.error = t.error();
       break;
   }
   return out;
 }
 
-std::optional<Inspection> ProcessInspector::FromVmCache(int pid, const std::vector<MapsEntry>& maps) {
-  if (vm_cache_.empty()) return std::nullopt;
+std::optional<Inspection> ProcessInspector::State::FromVmCache(int pid, const std::vector<MapsEntry>& maps) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (vm_cache.empty()) return std::nullopt;
+  }
   // The VM candidate, in DiscoverTarget's order: a mapped libruby, else the executable.
   std::string path;
   for (const MapsEntry& e : maps) {
@@ -176,43 +212,49 @@ std::optional<Inspection> ProcessInspector::FromVmCache(int pid, const std::vect
   }
   if (path.empty()) {
     char exe[4096];
-    const ssize_t n = readlink(procfs_.PidPath(pid, "exe").c_str(), exe, sizeof(exe) - 1);
+    const ssize_t n = readlink(procfs->PidPath(pid, "exe").c_str(), exe, sizeof(exe) - 1);
     if (n <= 0) return std::nullopt;
     path.assign(exe, static_cast<size_t>(n));
     if (path.ends_with(" (deleted)")) return std::nullopt;
   }
-  const std::string host = procfs_.PidPath(pid, "root") + path;
+  const std::string host = procfs->PidPath(pid, "root") + path;
   std::optional<std::tuple<uint64_t, uint64_t, uint64_t, int64_t>> key = StatKey(host);
   if (!key) return std::nullopt;
-  auto it = vm_cache_.find(FileKey{std::get<0>(*key), std::get<1>(*key), std::get<2>(*key), std::get<3>(*key)});
-  if (it == vm_cache_.end()) return std::nullopt;
+  VmFacts facts;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = vm_cache.find(FileKey{std::get<0>(*key), std::get<1>(*key), std::get<2>(*key), std::get<3>(*key)});
+    if (it == vm_cache.end()) return std::nullopt;
+    facts = it->second;
+  }
   Inspection out;
   out.outcome = InspectOutcome::kRuby;
   RubyTarget& t = out.target;
   t.pid = pid;
   t.vm_path = path;
   t.vm_host_path = host;
-  t.vm_is_shared_library = it->second.shared;
-  t.build_id = it->second.build_id;
-  t.ruby_version = it->second.ruby_version;
-  t.major = it->second.major;
-  t.minor = it->second.minor;
-  t.teeny = it->second.teeny;
+  t.vm_is_shared_library = facts.shared;
+  t.build_id = facts.build_id;
+  t.ruby_version = facts.ruby_version;
+  t.major = facts.major;
+  t.minor = facts.minor;
+  t.teeny = facts.teeny;
   for (const MapsEntry& e : maps) {
     if (e.path == path && (t.vm_load_start == 0 || e.start < t.vm_load_start)) t.vm_load_start = e.start;
   }
   std::string comm;
-  if (ReadSmallFile(procfs_.PidPath(pid, "comm"), &comm, 256)) {
+  if (ReadSmallFile(procfs->PidPath(pid, "comm"), &comm, 256)) {
     while (!comm.empty() && comm.back() == '\n') comm.pop_back();
     t.comm = comm;
   }
   return out;
 }
 
-void ProcessInspector::RememberVm(const RubyTarget& t) {
+void ProcessInspector::State::RememberVm(const RubyTarget& t) {
   std::optional<std::tuple<uint64_t, uint64_t, uint64_t, int64_t>> key = StatKey(t.vm_host_path);
   if (!key) return;
-  if (vm_cache_.size() >= kMaxVmCache) vm_cache_.clear();
+  std::lock_guard<std::mutex> lock(mu);
+  if (vm_cache.size() >= kMaxVmCache) vm_cache.clear();
   VmFacts f;
   f.shared = t.vm_is_shared_library;
   f.build_id = t.build_id;
@@ -220,7 +262,7 @@ void ProcessInspector::RememberVm(const RubyTarget& t) {
   f.major = t.major;
   f.minor = t.minor;
   f.teeny = t.teeny;
-  vm_cache_[FileKey{std::get<0>(*key), std::get<1>(*key), std::get<2>(*key), std::get<3>(*key)}] = std::move(f);
+  vm_cache[FileKey{std::get<0>(*key), std::get<1>(*key), std::get<2>(*key), std::get<3>(*key)}] = std::move(f);
 }
 
 std::vector<int> ListPids(const std::string& proc_root) {

@@ -9,8 +9,12 @@
 #define RVBPFD_SRC_AGENT_DISCOVERY_H_
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -71,13 +75,26 @@ struct Inspection {
   std::optional<Error> error;
 };
 
+// Inspections are bounded in time (RunWithDeadline): a process whose files stall every read (a FUSE mount in its own
+// namespace, a huge crafted binary) costs at most `timeout` and becomes a kSkip whose error says so, counted in
+// timed_out(). The work runs on a helper thread over shared state (the caches below, behind a mutex), so an abandoned
+// inspection that finishes late cannot touch a destroyed inspector.
 class ProcessInspector {
  public:
-  explicit ProcessInspector(std::string proc_root) : procfs_(std::move(proc_root)) {}
+  // What one inspection may take at most: DiscoverTarget reads the VM binary's ELF (20-50 MB for the test Rubies, a
+  // fraction of a second), so 5 s is far above any honest process.
+  static constexpr std::chrono::milliseconds kDefaultTimeout{5000};
+
+  explicit ProcessInspector(std::string proc_root, std::chrono::milliseconds timeout = kDefaultTimeout)
+      : ProcessInspector(std::make_shared<ProcFs>(std::move(proc_root)), timeout) {}
+  // With an injected /proc (tests: one whose reads stall).
+  ProcessInspector(std::shared_ptr<const ProcFs> procfs, std::chrono::milliseconds timeout);
   Inspection Inspect(int pid);
-  const std::string& proc_root() const { return procfs_.root(); }
+  const std::string& proc_root() const { return state_->procfs->root(); }
   // Full DiscoverTarget runs (the cheap pre-filter and the VM cache avoided the rest), for tests.
-  uint64_t full_inspections() const { return full_inspections_; }
+  uint64_t full_inspections() const { return state_->full_inspections.load(); }
+  // Inspections abandoned at the time bound, and those refused because too many were still stuck.
+  uint64_t timed_out() const { return timed_out_; }
 
  private:
   // What DiscoverTarget learned from a VM binary's ELF (reading it means reading the whole file: 20-50 MB for the
@@ -96,16 +113,24 @@ class ProcessInspector {
     int major = 0, minor = 0, teeny = 0;
   };
   static constexpr size_t kMaxVmCache = 256;
-  std::optional<Inspection> FromVmCache(int pid, const std::vector<MapsEntry>& maps);
-  void RememberVm(const RubyTarget& target);
-  std::map<FileKey, VmFacts> vm_cache_;
-
   // Executables (st_dev, st_ino) known to define no VM: a process with such an exe and no libruby mapping is not
   // Ruby, decided from its maps alone (every exec on the host is inspected, so this keeps `ls` cheap).
   static constexpr size_t kMaxNonVmCache = 4096;
-  ProcFs procfs_;
-  std::set<std::pair<uint64_t, uint64_t>> non_vm_exes_;
-  uint64_t full_inspections_ = 0;
+
+  struct State {
+    std::shared_ptr<const ProcFs> procfs;
+    std::mutex mu;  // guards the two caches; never held across I/O
+    std::map<FileKey, VmFacts> vm_cache;
+    std::set<std::pair<uint64_t, uint64_t>> non_vm_exes;
+    std::atomic<uint64_t> full_inspections{0};
+
+    Inspection InspectNow(int pid);
+    std::optional<Inspection> FromVmCache(int pid, const std::vector<MapsEntry>& maps);
+    void RememberVm(const RubyTarget& target);
+  };
+  std::shared_ptr<State> state_;
+  std::chrono::milliseconds timeout_;
+  uint64_t timed_out_ = 0;
 };
 
 // Child processes of pid (every thread's <proc_root>/PID/task/TID/children), ascending, without duplicates.

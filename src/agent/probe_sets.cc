@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 
+#include "common/deadline.h"
 #include "common/safe_file.h"
 
 namespace rvbpfd {
@@ -39,12 +40,14 @@ void UniqueFd::Reset() {
 }
 
 ProbeSetManager::ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct,
-                                 TrapCosts costs, uint64_t budget_window_ns)
+                                 TrapCosts costs, uint64_t budget_window_ns,
+                                 std::chrono::milliseconds prepare_timeout)
     : backend_(backend),
       preparer_(std::move(preparer)),
       max_overhead_pct_(max_overhead_pct),
       costs_(costs),
-      budget_window_ns_(budget_window_ns) {}
+      budget_window_ns_(budget_window_ns),
+      prepare_timeout_(prepare_timeout) {}
 
 Status ProbeSetManager::AttachSet(ProbeSet& set, const std::string& via_path) {
   Result<UniqueFd> fd = OpenBinary(via_path, set.key);
@@ -88,7 +91,26 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
     return Acquired{&set, true};
   }
 
-  Result<PreparedBinary> prepared = preparer_(target.vm_host_path, target.ruby_version);
+  DeadlineResult<Result<PreparedBinary>> bounded = RunWithDeadline<Result<PreparedBinary>>(
+      prepare_timeout_,
+      [prep = preparer_, path = target.vm_host_path, version = target.ruby_version] { return prep(path, version); });
+  if (bounded.status != DeadlineStatus::kDone) {
+    ++prepare_timeouts_;
+    Error e(ErrorCode::kIo, "preparing " + target.vm_path + " took more than " +
+                                std::to_string(prepare_timeout_.count()) + " ms (its reads stall or its analysis runs "
+                                "away); not probing it");
+    if (bounded.status == DeadlineStatus::kTooManyStuck) {
+      e = Error(ErrorCode::kIo, "not preparing " + target.vm_path + ": " + std::to_string(kMaxStuck) +
+                                    " earlier preparations or inspections are still stuck in reads");
+    } else if (bounded.status == DeadlineStatus::kThrew) {
+      e = Error(ErrorCode::kInternal, "preparing " + target.vm_path + " failed: " + bounded.what);
+    }
+    // Remembered for this file: the next process of the same binary is refused at once, not made to wait again.
+    if (bounded.status != DeadlineStatus::kTooManyStuck) failed_.emplace(key, e);
+    if (first_failure) *first_failure = true;
+    return e;
+  }
+  Result<PreparedBinary> prepared = std::move(*bounded.value);
   if (!prepared) {
     const ErrorCode code = prepared.error().code();
     // Facts of the file (no symbols, a version without scheduler events) do not change: remember them. Anything

@@ -16,6 +16,7 @@
 #ifndef RVBPFD_SRC_AGENT_PROBE_SETS_H_
 #define RVBPFD_SRC_AGENT_PROBE_SETS_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -98,8 +99,14 @@ using BinaryPreparer =
 class ProbeSetManager {
  public:
   // max_overhead_pct <= 0: no budget (never pauses). costs: what a hit costs the target (OverheadBudget).
+  // Preparing one binary (ELF, DWARF, site analysis; a few seconds for a 50 MB VM with DWARF) may take at most this:
+  // a binary whose reads stall or whose analysis runs away fails once (remembered, logged, counted) and the agent
+  // goes on (RunWithDeadline).
+  static constexpr std::chrono::milliseconds kDefaultPrepareTimeout{60'000};
+
   ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct, TrapCosts costs,
-                  uint64_t budget_window_ns = 1'000'000'000);
+                  uint64_t budget_window_ns = 1'000'000'000,
+                  std::chrono::milliseconds prepare_timeout = kDefaultPrepareTimeout);
 
   struct Acquired {
     ProbeSet* set = nullptr;
@@ -114,6 +121,8 @@ class ProbeSetManager {
 
   size_t active_sets() const;
   size_t total_sets() const { return sets_.size(); }
+  // Binaries whose preparation was abandoned at the time bound (or refused: too many still stuck) or threw.
+  uint64_t prepare_timeouts() const { return prepare_timeouts_; }
   const ProbeSet* Find(const BinaryKey& key) const;
   std::vector<ProbeSet*> ActiveSets();
 
@@ -125,6 +134,8 @@ class ProbeSetManager {
   double max_overhead_pct_;
   TrapCosts costs_;
   uint64_t budget_window_ns_;
+  std::chrono::milliseconds prepare_timeout_;
+  uint64_t prepare_timeouts_ = 0;
   std::map<BinaryKey, std::unique_ptr<ProbeSet>> sets_;
   std::map<BinaryKey, Error> failed_;
 };

@@ -106,6 +106,9 @@ class ElfFile {
   // the section sizes; a malformed section yields what could be read.
   std::vector<ElfRelocation> DynamicRelocations(uint32_t type) const;
 
+  // The whole file as read (what every other accessor is a view of).
+  std::span<const uint8_t> content() const { return {data_, static_cast<size_t>(size_)}; }
+
   const std::vector<ElfSection>& sections() const { return sections_; }
   const std::vector<ElfSegment>& load_segments() const { return segments_; }
   // All symbols of .symtab then .dynsym, in file order.

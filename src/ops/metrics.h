@@ -30,6 +30,7 @@ inline constexpr std::string_view kMetricPushRetries = "rvbpfd_push_retries_tota
 inline constexpr std::string_view kMetricPushQueueLength = "rvbpfd_push_queue_length";       // gauge
 inline constexpr std::string_view kMetricAgentCpuSeconds = "rvbpfd_agent_cpu_seconds_total"; // counter
 inline constexpr std::string_view kMetricAgentRssBytes = "rvbpfd_agent_rss_bytes";           // gauge
+inline constexpr std::string_view kMetricProcessesSkipped = "rvbpfd_processes_skipped_total";  // counter{reason}
 inline constexpr std::string_view kMetricConfigReloads = "rvbpfd_config_reloads_total";      // counter{result}
 // Values of rvbpfd_dropped_total's "reason" label.
 inline constexpr std::string_view kDropRingFullEvents = "ring_full_events";

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "common/safe_file.h"
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "record/launch.h"
@@ -129,7 +130,12 @@ class TargetWatch {
 
 struct Target {
   int pid = 0;
-  std::string vm_path;  // path the daemon attaches to (host view)
+  std::string vm_path;  // the VM binary's path for messages (host view: /proc/PID/root/... in attach mode)
+  // What is read and probed: vm_path itself in launch mode; in attach mode /proc/self/fd/N of an O_PATH descriptor
+  // opened inside the target's root (an absolute symlink there never names a host file, and the file analysed is the
+  // file probed even if the path is swapped meanwhile).
+  std::string open_path;
+  FileFd vm_file;
   std::string ruby_version;
   std::string build_id;
 };
@@ -170,6 +176,7 @@ Result<int> Record(const RecordOptions& o) {
       return Error(ErrorCode::kNotRuby, plan->vm_path + " has no readable ruby_version string: not a CRuby VM");
     }
     target.vm_path = plan->vm_path;
+    target.open_path = plan->vm_path;
     target.ruby_version = *version;
     target.build_id = vm->build_id();
   } else {
@@ -181,6 +188,13 @@ Result<int> Record(const RecordOptions& o) {
     }
     target.pid = o.pid;
     target.vm_path = t->vm_host_path;
+    Result<FileFd> vm_file = OpenPathInRoot(t->vm_host_path);
+    if (!vm_file) {
+      if (ProcessGone(o.pid)) return TargetExitedError(o.pid);
+      return vm_file.error();
+    }
+    target.vm_file = std::move(vm_file.value());
+    target.open_path = "/proc/self/fd/" + std::to_string(target.vm_file.get());
     target.ruby_version = t->ruby_version;
     target.build_id = t->build_id;
   }
@@ -188,7 +202,7 @@ Result<int> Record(const RecordOptions& o) {
   // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
   const bool stacks_on = o.stacks != "off";
   const bool sampling = o.hz > 0;
-  Result<PreparedBinary> prepared = PrepareVmBinary(target.vm_path, target.ruby_version, o.cache_dir,
+  Result<PreparedBinary> prepared = PrepareVmBinary(target.open_path, target.ruby_version, o.cache_dir,
                                                     stacks_on || sampling);
   if (!prepared) {
     if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
@@ -196,7 +210,7 @@ Result<int> Record(const RecordOptions& o) {
   }
   if (o.gc_probes == "fallback") {
     // Diagnostic: the function-level GC probes even where the binary has GC hook-check sites (src/sites).
-    Result<ElfFile> vm_elf = ElfFile::Open(target.vm_path);
+    Result<ElfFile> vm_elf = ElfFile::Open(target.open_path);
     if (!vm_elf) return vm_elf.error();
     if (Status st = UseGcFunctionProbes(*vm_elf, &prepared->sites); !st) return st.error();
   }
@@ -329,7 +343,7 @@ Result<int> Record(const RecordOptions& o) {
       }
       if (!resolver) {
         // The VM's load address is known once the target has mapped it (launch mode: after exec).
-        resolver = MakeStackResolver(target.pid, target.vm_path, *stack_setup);
+        resolver = MakeStackResolver(target.pid, target.open_path, *stack_setup);
       }
       if (gc_unseen) ++gc_epoch;
       resolver->set_epoch(gc_epoch);
@@ -351,7 +365,7 @@ Result<int> Record(const RecordOptions& o) {
   }
   if (Status st = session->AddPid(static_cast<uint32_t>(target.pid)); !st) return fail(st.error());
   if (stack_setup && sampling) {
-    ec_installer.emplace(target.pid, target.vm_path, stack_setup->ec_route, *bin);
+    ec_installer.emplace(target.pid, target.open_path, stack_setup->ec_route, *bin);
     poll_ec_route();
   }
   SplitSiteSpecs split = SplitSites(*sites, *bin);
@@ -362,13 +376,13 @@ Result<int> Record(const RecordOptions& o) {
   // Attach mode: the VM is mapped already, so the stack resolver (tens of ms for a large static ruby's symbol table)
   // is built before the probes go live rather than inside the first stack record's callback, where it would hold
   // the main loop, and the --max-overhead checks with it, while the target traps.
-  if (stack_setup && !launch && !resolver) resolver = MakeStackResolver(target.pid, target.vm_path, *stack_setup);
+  if (stack_setup && !launch && !resolver) resolver = MakeStackResolver(target.pid, target.open_path, *stack_setup);
   TargetWatch watch = TargetWatch::ForPid(target.pid);
   const uint64_t attach_start = MonotonicNs();
   std::unique_ptr<SiteGroup> low_group, high_group;
   for (auto* list : {&low, &high}) {
     if (list->empty()) continue;
-    Result<std::unique_ptr<SiteGroup>> g = session->Attach(target.vm_path, *list, target.pid);
+    Result<std::unique_ptr<SiteGroup>> g = session->Attach(target.open_path, *list, target.pid);
     if (!g) {
       if (!launch && (watch.Exited() || ProcessGone(target.pid))) return fail(TargetExitedError(target.pid));
       return fail(g.error().Wrap("attaching probes"));

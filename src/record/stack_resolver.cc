@@ -105,6 +105,7 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
         return e->info;
       }
       slot->entry = nullptr;
+      cache_bytes_ -= std::min(cache_bytes_, EntryBytes(*e->info));
       cache_.erase(key);
     }
   }
@@ -113,13 +114,16 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
   SharedFrame info = std::make_shared<const FrameInfo>(ToFrameInfo(frame, symbolizer_.Symbolize(frame)));
   // The heads are read before symbolizing: if the object changed in between, the entry fails validation later.
   if (cacheable && have_heads && info->kind != FrameKind::kUnresolved) {
-    if (cache_.size() >= kMaxCacheEntries) {
+    const size_t bytes = EntryBytes(*info);
+    if (cache_.size() >= kMaxCacheEntries || cache_bytes_ + bytes > kMaxCacheBytes) {
       cache_.clear();
+      cache_bytes_ = 0;
       std::fill(front_.begin(), front_.end(), FrontSlot{});
       for (StackMemo& m : stack_memo_) m.raw.clear();
       ++cache_clears_;
     }
     auto it = cache_.emplace(key, Entry{info, heads, epoch_}).first;
+    cache_bytes_ += bytes;
     slot->key = key;
     slot->entry = &it->second;
   }

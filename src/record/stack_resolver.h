@@ -41,6 +41,13 @@ class StackResolver {
  public:
   // Entries kept before the cache is cleared (bounds the daemon's memory on programs that generate code forever).
   static constexpr size_t kMaxCacheEntries = 1 << 18;
+  // Bytes the cached frames may hold (their strings plus a fixed per-entry cost) before the cache is cleared: a
+  // target controls its labels and paths (up to Symbolizer::kMaxStringBytes each), so a count alone would let
+  // 2^18 entries of ~130 KB each grow the daemon by tens of GB.
+  static constexpr size_t kMaxCacheBytes = 64u << 20;
+  // What one cache entry is charged besides its strings' bytes: the map node, key, heads and the shared frame's
+  // control block (bytes, rounded up).
+  static constexpr size_t kEntryOverheadBytes = 192;
 
   // `global_symbols` is the runtime address of ruby_global_symbols (0: C function names are unresolved).
   StackResolver(std::unique_ptr<MemoryReader> mem, const RubyOffsets& offsets, uint64_t global_symbols);
@@ -57,6 +64,9 @@ class StackResolver {
   uint64_t cache_hits() const { return hits_; }
   uint64_t revalidations() const { return revalidations_; }
   uint64_t cache_misses() const { return misses_; }
+  // Bytes the cache is charged for now (see kMaxCacheBytes), and how often it was cleared at either bound.
+  size_t cache_bytes() const { return cache_bytes_; }
+  uint64_t cache_clears() const { return cache_clears_; }
 
  private:
   struct Key {
@@ -112,6 +122,7 @@ class StackResolver {
   // could not be read are left as they were, and the per-frame path handles them.
   void RevalidateStale(std::span<const rv_ruby_frame> frames);
   Entry* Find(const Key& key, FrontSlot& slot);
+  static size_t EntryBytes(const FrameInfo& f) { return kEntryOverheadBytes + f.label.capacity() + f.path.capacity(); }
 
   std::unique_ptr<MemoryReader> mem_;
   Symbolizer symbolizer_;
@@ -127,6 +138,7 @@ class StackResolver {
   std::vector<Heads> stale_heads_;
   std::vector<MemoryReader::Request> requests_;
   uint64_t cache_clears_ = 0;
+  size_t cache_bytes_ = 0;
   uint64_t epoch_ = 0;
   uint64_t hits_ = 0;
   uint64_t revalidations_ = 0;

@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include <optional>
 
+#include <nlohmann/json.hpp>
+
+#include "common/safe_file.h"
+#include "common/sha256.h"
 #include "sites/sites.h"
 
 namespace rvbpfd {
@@ -18,7 +20,8 @@ namespace {
 // Bump when the meaning of any field changes, so old caches are recomputed rather than misread.
 // 2: exclude_caller range on function-entry sites. 3: function-level GC probes where a binary has no GC hook check.
 // 4: probes moved to emulated instructions (check_vaddr); older caches hold single-stepped probe addresses.
-constexpr int kCacheFormat = 4;
+// 5: keyed by the binary's SHA-256 (content_sha256), no longer by its build-id.
+constexpr int kCacheFormat = 5;
 // The probe sits at most this far after the instruction it stands for (a few instructions, see sites.cc).
 constexpr uint64_t kMaxProbeAfterCheck = 64;
 // No CRuby struct we read from is near this large; a bigger "offset" can only be corruption.
@@ -70,6 +73,7 @@ std::string SiteSetToJson(const SiteSet& set) {
   nlohmann::json doc = {
       {"format", kCacheFormat},
       {"build_id", set.build_id},
+      {"content_sha256", set.content_sha256},
       {"ruby_version", set.ruby_version},
       {"main_thread_serial", set.main_thread_serial},
       {"offsets_source", set.offsets_source},
@@ -77,7 +81,8 @@ std::string SiteSetToJson(const SiteSet& set) {
        {{"th_serial", set.offsets.th_serial}, {"th_nt", set.offsets.th_nt}, {"nt_tid", set.offsets.nt_tid},
         {"flags", set.offsets.flags}}},
       {"sites", std::move(sites)}};
-  return doc.dump(1) + "\n";
+  // Symbol names come from the binary: invalid UTF-8 there is replaced (U+FFFD) rather than thrown about.
+  return doc.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 Result<SiteSet> SiteSetFromJson(const std::string& text) {
@@ -88,6 +93,7 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     if (doc.at("format").get<int>() != kCacheFormat) return bad("format version differs");
     SiteSet set;
     set.build_id = doc.at("build_id").get<std::string>();
+    set.content_sha256 = doc.at("content_sha256").get<std::string>();
     set.ruby_version = doc.at("ruby_version").get<std::string>();
     set.main_thread_serial = doc.at("main_thread_serial").get<uint32_t>();
     set.offsets_source = doc.at("offsets_source").get<std::string>();
@@ -128,21 +134,53 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
   }
 }
 
+namespace {
+
+// Writes `text` to `path` atomically: a temporary file created O_EXCL|O_NOFOLLOW next to it (a planted symlink or a
+// leftover is never followed or reused), renamed into place; the temporary is removed on every failure.
+void WriteCacheFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  size_t done = 0;
+  bool ok = true;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ok = close(fd) == 0 && ok;
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
+}
+
+// The cache file's text, if it is a small regular file (at most kMaxCacheBytes).
+std::optional<std::string> ReadCacheFile(const std::string& path) {
+  // RV_MAX_SITES sites of a few hundred bytes each; anything larger is not ours.
+  constexpr uint64_t kMaxCacheBytes = 16u << 20;
+  Result<MappedFile> m = MappedFile::Map(path, "site cache", kMaxCacheBytes);
+  if (!m) return std::nullopt;
+  return std::string(reinterpret_cast<const char*>(m->data()), m->size());
+}
+
+}  // namespace
+
 Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& ruby_version,
                                 const std::string& cache_dir) {
   Result<ElfFile> elf = ElfFile::Open(elf_path);
   if (!elf.ok()) return elf.error();
-  const std::string& build_id = elf->build_id();
-  // Without a build-id there is no safe key: two different binaries could share a cache entry.
-  const bool cacheable = !build_id.empty() && !cache_dir.empty();
-  const std::string cache_path = cache_dir + "/" + build_id + ".json";
+  // The key is what the analysis reads: the whole file (its zero blocks cost nothing: a sparse file is cheap).
+  const std::string content_sha256 = SparseContentSha256Hex(elf->content());
+  const bool cacheable = !cache_dir.empty();
+  const std::string cache_path = cache_dir + "/" + content_sha256 + ".json";
   if (cacheable) {
-    std::ifstream in(cache_path);
-    if (in) {
-      std::stringstream text;
-      text << in.rdbuf();
-      Result<SiteSet> cached = SiteSetFromJson(text.str());
-      if (cached.ok() && cached->build_id == build_id && cached->ruby_version == ruby_version) {
+    if (std::optional<std::string> text = ReadCacheFile(cache_path)) {
+      Result<SiteSet> cached = SiteSetFromJson(*text);
+      if (cached.ok() && cached->content_sha256 == content_sha256 && cached->build_id == elf->build_id() &&
+          cached->ruby_version == ruby_version) {
         bool in_file = true;
         for (const ProbeSite& s : cached->sites) {
           std::optional<uint64_t> off = elf->VaddrToFileOffset(s.vaddr);
@@ -153,20 +191,16 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
     }
   }
   Result<SiteSet> found = FindSites(*elf, ruby_version);
-  if (!found.ok() || !cacheable) return found;
+  if (!found.ok()) return found;
+  found->content_sha256 = content_sha256;
+  if (!cacheable) return found;
   // Best effort: a cache we cannot write only costs the next run the analysis time.
   mkdir(cache_dir.c_str(), 0755);
-  const std::string tmp = cache_path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << SiteSetToJson(*found);
-    out.flush();
-    if (!out) {
-      unlink(tmp.c_str());
-      return found;
-    }
+  try {
+    WriteCacheFile(cache_path, SiteSetToJson(*found));
+  } catch (const std::exception&) {
+    // Only allocation can throw here; the sites themselves are still good.
   }
-  if (rename(tmp.c_str(), cache_path.c_str()) != 0) unlink(tmp.c_str());
   return found;
 }
 

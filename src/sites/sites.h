@@ -56,6 +56,9 @@ struct ProbeSite {
 
 struct SiteSet {
   std::string build_id;
+  // SHA-256 (hex, SparseContentSha256Hex) of the whole binary the sites were computed from: the site cache's key. Empty
+  // when the set did not come through the cache.
+  std::string content_sha256;
   std::string ruby_version;
   std::vector<ProbeSite> sites;  // sorted by file_offset
   rv_offsets offsets{};          // th->serial, th->nt, nt->tid in bytes
@@ -73,9 +76,12 @@ bool TableOffsets(int major, int minor, rv_offsets* offsets, uint32_t* main_thre
 // binary has no .symtab or no `rb_internal_thread_event_hooks`, or when a STARTED/READY site's `th` cannot be located.
 Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version);
 
-// FindSites with a JSON cache `<cache_dir>/<build-id>.json`. A cache file that is corrupt, of another format version,
-// for another build-id/version, or whose values are out of range is ignored and rewritten (atomically: tmp+rename).
-// A cache directory that cannot be written only costs the cache, never the result.
+// FindSites with a JSON cache `<cache_dir>/<sha256>.json`, keyed by the SHA-256 of the whole binary (what the sites
+// were computed from), never by the build-id a binary claims: a crafted binary carrying another's build-id only ever
+// finds or writes its own entry. A cache file that is corrupt, of another format version, for other content or another
+// version, or whose values are out of range is ignored and rewritten (atomically: an O_EXCL temporary file renamed
+// into place, removed on any failure). Names are written with invalid UTF-8 replaced, so no symbol name can make the
+// write throw. A cache directory that cannot be written only costs the cache, never the result.
 Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& ruby_version,
                                 const std::string& cache_dir);
 

@@ -1,8 +1,15 @@
 #include "agent/discovery.h"
 
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <future>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "agent_fakes.h"
+#include "common/deadline.h"
 
 namespace rvbpfd {
 namespace {
@@ -125,6 +132,65 @@ TEST(ProcessInspectorTest, GoneZombieAndUnsupportedVersion) {
   proc.Zombie(301, "ruby");
   EXPECT_EQ(insp.Inspect(301).outcome, InspectOutcome::kGone);
   EXPECT_FALSE(ProcessAlive(proc.root(), 301));
+}
+
+// A /proc whose reads of one pid's files stall until released (a FUSE server that never answers).
+class StallingProcFs : public ProcFs {
+ public:
+  StallingProcFs(std::string root, int stalled_pid, std::shared_future<void> gate)
+      : ProcFs(std::move(root)), stalled_(PidPath(stalled_pid, "")), gate_(std::move(gate)) {}
+  int OpenFile(const std::string& path, int flags) const override {
+    if (path.rfind(stalled_, 0) == 0) gate_.wait();
+    return ProcFs::OpenFile(path, flags);
+  }
+
+ private:
+  std::string stalled_;
+  std::shared_future<void> gate_;
+};
+
+TEST(ProcessInspectorTest, AStallingProcessCostsAtMostTheBoundAndIsACountedSkip) {
+  FakeProc proc;
+  const std::string exe = proc.AddExe("host", "ruby");
+  const std::string lib = proc.AddLibruby("host", "3.3.8");
+  proc.AddProcess(100, "ruby", "host", exe, {lib});
+  proc.AddProcess(101, "ruby", "other", proc.AddExe("other", "ruby"), {proc.AddLibruby("other", "3.3.8")});
+  std::promise<void> release;
+  auto procfs = std::make_shared<StallingProcFs>(proc.root(), 100, release.get_future().share());
+  ProcessInspector insp(procfs, std::chrono::milliseconds(50));
+  const int stuck_before = StuckDeadlineThreads().load();
+  Inspection stalled = insp.Inspect(100);
+  EXPECT_EQ(stalled.outcome, InspectOutcome::kSkip);
+  ASSERT_TRUE(stalled.error.has_value());
+  EXPECT_NE(stalled.error->message().find("pid 100 took more than 50 ms"), std::string::npos)
+      << stalled.error->message();
+  EXPECT_EQ(insp.timed_out(), 1u);
+  // The next process is inspected as usual while the first is still stuck.
+  EXPECT_EQ(insp.Inspect(101).outcome, InspectOutcome::kRuby);
+  // The stalled read ends late: its result is dropped, and the inspector is unharmed.
+  release.set_value();
+  for (int i = 0; i < 1000 && StuckDeadlineThreads().load() > stuck_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(StuckDeadlineThreads().load(), stuck_before);
+  EXPECT_EQ(insp.Inspect(100).outcome, InspectOutcome::kRuby);
+  EXPECT_EQ(insp.timed_out(), 1u);
+}
+
+TEST(ProcessInspectorTest, FifoInPlaceOfTheVmBinaryIsASkipWithoutBlocking) {
+  FakeProc proc;
+  const std::string exe = proc.AddExe("host", "ruby");
+  // The process maps a libruby path whose file is now a FIFO (replaced in its own mount namespace).
+  const std::string lib = "/usr/lib/libruby.so.3.3.8";
+  std::filesystem::create_directories(proc.RootFs("host") + "/usr/lib");
+  ASSERT_EQ(mkfifo((proc.RootFs("host") + lib).c_str(), 0600), 0);
+  proc.AddProcess(100, "ruby", "host", exe, {lib});
+  ProcessInspector insp(proc.root());
+  Inspection i = insp.Inspect(100);
+  EXPECT_EQ(i.outcome, InspectOutcome::kSkip);
+  ASSERT_TRUE(i.error.has_value());
+  EXPECT_NE(i.error->message().find("is a FIFO"), std::string::npos) << i.error->message();
+  EXPECT_EQ(insp.timed_out(), 0u) << "refused at once, not by the time bound";
 }
 
 TEST(ListPidsTest, OnlyNumericEntriesAscending) {

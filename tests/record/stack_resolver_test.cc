@@ -180,3 +180,29 @@ TEST_F(StackResolverTest, UnreadableFrameIsUnresolvedAndNotCached) {
 
 }  // namespace
 }  // namespace rvbpfd
+
+namespace rvbpfd {
+namespace {
+
+TEST_F(StackResolverTest, CacheIsBoundedByBytesNotOnlyEntries) {
+  // A target's labels are up to Symbolizer::kMaxStringBytes each: frames with 60 KB labels must not fill the cache
+  // with tens of GB before the entry bound is reached.
+  constexpr uint64_t kBig = 0x4000000;
+  mem_->Map(kBig, 0x40000);
+  next_ = kBig;
+  iseq_ = MakeTopIseq(std::string(60000, 'L'), "/app/big.rb");
+  const size_t frames = 2 * StackResolver::kMaxCacheBytes / 60000;  // twice what fits
+  ASSERT_LT(frames, StackResolver::kMaxCacheEntries);
+  size_t resolved = 0;
+  for (size_t i = 0; i < frames; ++i) {
+    rv_ruby_frame f{iseq_, encoded_ + 8 * i, iseq_, RV_RB_FRAME_ISEQ, 0};  // distinct pcs: distinct entries
+    resolved += resolver_->ResolveFrame(f).kind != FrameKind::kUnresolved ? 1 : 0;
+    ASSERT_LE(resolver_->cache_bytes(), StackResolver::kMaxCacheBytes);
+  }
+  EXPECT_EQ(resolved, frames);
+  EXPECT_GE(resolver_->cache_clears(), 1u);
+  EXPECT_GT(resolver_->cache_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace rvbpfd

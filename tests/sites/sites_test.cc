@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 
+#include "common/sha256.h"
 #include "elf/elf_fixtures.h"
 #include "sites/disasm.h"
 #include "sites/dwarf_info.h"
@@ -58,6 +59,11 @@ void gc_rest(void *objspace) { if (objspace) gc_rest_part0(); }
 void gc_continue(void *objspace) { rv_sink = objspace; }
 void gc_start_internal(void) { gc_start(0, 0); }
 #endif
+#ifdef RV_BAD_UTF8_NAME
+/* A hook site inside a function whose symbol name is not valid UTF-8. */
+void fx_bad_name(struct rb_thread_struct *th) __asm__("fx_\xff\xfename");
+void fx_bad_name(struct rb_thread_struct *th) { HOOK(1, th); }
+#endif
 #ifdef RV_BAD_EVENT
 void fx_bad(struct rb_thread_struct *th) { HOOK(3, th); }
 #endif
@@ -86,6 +92,12 @@ class FixtureTest : public ::testing::Test {
     Result<ElfFile> elf = ElfFile::Open(path);
     if (!elf.ok()) return elf.error();
     return FindSites(*elf, version);
+  }
+  // The site cache's file for a binary: named by the SHA-256 of its content.
+  static std::string CacheFileFor(const std::string& cache, const std::string& binary) {
+    Result<ElfFile> elf = ElfFile::Open(binary);
+    EXPECT_TRUE(elf.ok());
+    return cache + "/" + (elf.ok() ? SparseContentSha256Hex(elf->content()) : std::string("?")) + ".json";
   }
   static std::map<std::string, const ProbeSite*> ByFunction(const SiteSet& set) {
     std::map<std::string, const ProbeSite*> out;
@@ -249,7 +261,7 @@ TEST_F(FixtureTest, CacheRoundTripsAndIsUsedOnTheSecondCall) {
   std::string cache = dir_.Join("cache");
   Result<SiteSet> first = LoadOrFindSites(lib, "3.3.0", cache);
   ASSERT_TRUE(first.ok()) << first.error().ToString();
-  std::string file = cache + "/1122334455667788.json";
+  std::string file = CacheFileFor(cache, lib);
   ASSERT_TRUE(testing::FileExists(file));
   Result<SiteSet> parsed = SiteSetFromJson(testing::ReadFile(file));
   ASSERT_TRUE(parsed.ok()) << parsed.error().ToString();
@@ -276,7 +288,7 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   std::string cache = dir_.Join("cache");
   Result<SiteSet> good = LoadOrFindSites(lib, "3.3.0", cache);
   ASSERT_TRUE(good.ok());
-  const std::string file = cache + "/aabbccdd.json";
+  const std::string file = CacheFileFor(cache, lib);
   const std::string good_json = SiteSetToJson(*good);
 
   std::string out_of_range = good_json;
@@ -284,9 +296,9 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   ASSERT_NE(at, std::string::npos) << out_of_range;
   out_of_range.replace(at, 10, "\"event\": 99");
   std::string stale_format = good_json;
-  at = stale_format.find("\"format\": 4");
+  at = stale_format.find("\"format\": 5");
   ASSERT_NE(at, std::string::npos);
-  stale_format.replace(at, 11, "\"format\": 3");  // the previous format (single-stepped probes): recomputed
+  stale_format.replace(at, 11, "\"format\": 4");  // the previous format (keyed by build-id): recomputed
   std::string huge_offset = good_json;
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);
@@ -305,6 +317,61 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   int entries = 0;
   for (const auto& e : std::filesystem::directory_iterator(cache)) entries += e.is_regular_file() ? 1 : 0;
   EXPECT_EQ(entries, 1);
+}
+
+TEST_F(FixtureTest, ABinaryClaimingAnotherBuildIdCannotPoisonItsCache) {
+  // The attacker's binary carries the real one's build-id but other code (here: GC functions, so other sites).
+  std::string evil = Build("libfx-evil.so", "-g -DRV_GC_FUNCS -Wl,--build-id=0x5555666677778888");
+  std::string real = Build("libfx-real.so", "-g -Wl,--build-id=0x5555666677778888");
+  std::string cache = dir_.Join("cache");
+  Result<SiteSet> poisoned = LoadOrFindSites(evil, "3.3.0", cache);
+  ASSERT_TRUE(poisoned.ok()) << poisoned.error().ToString();
+  Result<SiteSet> fresh = Find(real, "3.3.0");
+  ASSERT_TRUE(fresh.ok());
+  Result<SiteSet> got = LoadOrFindSites(real, "3.3.0", cache);
+  ASSERT_TRUE(got.ok());
+  ASSERT_NE(FormatSites(*poisoned), FormatSites(*fresh)) << "the fixture must give the two binaries other sites";
+  EXPECT_EQ(FormatSites(*got), FormatSites(*fresh)) << "the real binary got the attacker's sites";
+  // Each binary has its own entry.
+  EXPECT_TRUE(testing::FileExists(CacheFileFor(cache, evil)));
+  EXPECT_TRUE(testing::FileExists(CacheFileFor(cache, real)));
+  EXPECT_NE(CacheFileFor(cache, evil), CacheFileFor(cache, real));
+}
+
+TEST_F(FixtureTest, InvalidUtf8SymbolNameIsWrittenReplacedWithoutThrowing) {
+  std::string lib = Build("libfx-utf8.so", "-g -DRV_BAD_UTF8_NAME");
+  Result<SiteSet> direct = Find(lib, "3.3.0");
+  ASSERT_TRUE(direct.ok()) << direct.error().ToString();
+  bool has_bad_name = false;
+  for (const ProbeSite& s : direct->sites) has_bad_name |= s.function.find('\xff') != std::string::npos;
+  ASSERT_TRUE(has_bad_name) << "the fixture must put a site in the badly named function";
+  std::string json;
+  ASSERT_NO_THROW(json = SiteSetToJson(*direct));
+  EXPECT_NE(json.find("fx_\xef\xbf\xbd"), std::string::npos) << "U+FFFD in place of the bad bytes";
+  std::string cache = dir_.Join("cache");
+  Result<SiteSet> first = LoadOrFindSites(lib, "3.3.0", cache);
+  ASSERT_TRUE(first.ok()) << first.error().ToString();
+  Result<SiteSet> second = LoadOrFindSites(lib, "3.3.0", cache);  // from the cache written with the replacement
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->sites.size(), direct->sites.size());
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(cache)) {
+    ++entries;
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+  }
+  EXPECT_EQ(entries, 1);
+}
+
+TEST_F(FixtureTest, PlantedTemporaryCacheSymlinkIsNotFollowed) {
+  std::string lib = Build("libfx-tmp.so", "-g");
+  std::string cache = dir_.Join("cache");
+  std::filesystem::create_directories(cache);
+  const std::string victim = dir_.Join("victim");
+  testing::WriteFile(victim, "untouched");
+  std::filesystem::create_symlink(victim, CacheFileFor(cache, lib) + ".tmp." + std::to_string(getpid()));
+  Result<SiteSet> set = LoadOrFindSites(lib, "3.3.0", cache);
+  ASSERT_TRUE(set.ok());
+  EXPECT_EQ(testing::ReadFile(victim), "untouched");
 }
 
 TEST_F(FixtureTest, UnwritableCacheDirectoryStillReturnsSites) {

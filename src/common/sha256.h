@@ -1,0 +1,40 @@
+// SHA-256 (FIPS 180-4), for keys an attacker must not be able to collide: the site cache is keyed by the hash of the
+// binary it was computed from, so a binary claiming another's build-id cannot hand its sites to the real one.
+#ifndef RVBPFD_SRC_COMMON_SHA256_H_
+#define RVBPFD_SRC_COMMON_SHA256_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace rvbpfd {
+
+class Sha256 {
+ public:
+  Sha256();
+  void Update(std::span<const uint8_t> data);
+  // The digest; the object must not be updated afterwards.
+  std::array<uint8_t, 32> Finish();
+
+ private:
+  void Block(const uint8_t* p);
+  std::array<uint32_t, 8> h_;
+  std::array<uint8_t, 64> buf_{};
+  size_t buf_len_ = 0;
+  uint64_t total_ = 0;  // bytes hashed
+};
+
+// Lower-case hex digest of `data`.
+std::string Sha256Hex(std::span<const uint8_t> data);
+
+// Lower-case hex SHA-256 of an encoding of `data` that leaves out its all-zero 4 KiB blocks: the size, then each
+// non-zero block's index and bytes. The encoding is injective (the size and the non-zero blocks determine the content),
+// so this identifies content as strongly as Sha256Hex, but a sparse 1 GiB file costs the hash of its data only (and
+// reading the holes of a MappedFile touches no memory).
+std::string SparseContentSha256Hex(std::span<const uint8_t> data);
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_COMMON_SHA256_H_

@@ -1,0 +1,60 @@
+// SHA-256 against the FIPS 180-4 example vectors and split updates.
+#include "common/sha256.h"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace rvbpfd {
+namespace {
+
+std::string Hex(const std::string& s) {
+  return Sha256Hex({reinterpret_cast<const uint8_t*>(s.data()), s.size()});
+}
+
+TEST(Sha256Test, KnownVectors) {
+  EXPECT_EQ(Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(Hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256Test, SplitUpdatesEqualOneUpdate) {
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text += static_cast<char>(i * 7);
+  for (size_t cut : {size_t{1}, size_t{55}, size_t{56}, size_t{63}, size_t{64}, size_t{65}, size_t{999}}) {
+    Sha256 h;
+    h.Update({reinterpret_cast<const uint8_t*>(text.data()), cut});
+    h.Update({reinterpret_cast<const uint8_t*>(text.data()) + cut, text.size() - cut});
+    std::string hex;
+    for (uint8_t b : h.Finish()) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      hex += kHex[b >> 4];
+      hex += kHex[b & 0xf];
+    }
+    EXPECT_EQ(hex, Hex(text)) << cut;
+  }
+}
+
+TEST(SparseContentSha256Test, ZeroBlocksCountButOtherContentDiffers) {
+  std::vector<uint8_t> a(3 * 4096 + 100, 0);
+  a[5000] = 1;
+  std::vector<uint8_t> b = a;
+  const std::string ha = SparseContentSha256Hex(a);
+  EXPECT_EQ(SparseContentSha256Hex(b), ha);
+  b[5000] = 2;  // other bytes in the same block
+  EXPECT_NE(SparseContentSha256Hex(b), ha);
+  b = a;
+  b[5000] = 0;
+  b[9000] = 1;  // the same byte in another block
+  EXPECT_NE(SparseContentSha256Hex(b), ha);
+  b = a;
+  b.push_back(0);  // one more zero byte: another size
+  EXPECT_NE(SparseContentSha256Hex(b), ha);
+  EXPECT_NE(SparseContentSha256Hex({}), SparseContentSha256Hex(std::vector<uint8_t>(4096, 0)));
+}
+
+}  // namespace
+}  // namespace rvbpfd
