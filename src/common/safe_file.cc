@@ -80,16 +80,18 @@ int OpenConfinedRaw(const std::string& path, int flags, int* err, std::string* f
   return fd;
 }
 
-Result<FileFd> OpenConfined(const std::string& path, int flags) {
+// `what` names the file in messages ("ELF file"; empty: the path alone).
+Result<FileFd> OpenConfined(const std::string& path, int flags, std::string_view what = {}) {
   int err = 0;
   std::string failed;
   FileFd fd(OpenConfinedRaw(path, flags, &err, &failed));
   if (!fd.ok()) {
+    const std::string step = "opening " + (what.empty() ? std::string() : std::string(what) + " ") + failed;
     if (err == ELOOP && failed == path && !SplitTargetPath(path).root_dir.empty()) {
-      return Error(ErrorCode::kIo, ErrnoMessage("opening " + path, err) +
-                                       " (a /proc magic link or a symlink loop inside the process's root)");
+      return Error(ErrorCode::kIo,
+                   ErrnoMessage(step, err) + " (a /proc magic link or a symlink loop inside the process's root)");
     }
-    return OpenFailure("opening " + failed, err);
+    return OpenFailure(step, err);
   }
   return fd;
 }
@@ -141,7 +143,7 @@ int StatInRoot(const std::string& path, struct stat* st) {
 Result<FileFd> OpenRegularFile(const std::string& path, std::string_view what) {
   // First an O_PATH descriptor: it opens nothing (a FIFO does not wait for a writer, a device driver is not called),
   // and its fstat says what the file is before anything reads it.
-  Result<FileFd> handle = OpenConfined(path, O_PATH | O_CLOEXEC);
+  Result<FileFd> handle = OpenConfined(path, O_PATH | O_CLOEXEC, what);
   if (!handle) return handle.error();
   struct stat st;
   if (fstat(handle->get(), &st) != 0) return OpenFailure("fstat of " + std::string(what) + " " + path, errno);
@@ -158,14 +160,15 @@ Result<FileFd> OpenRegularFile(const std::string& path, std::string_view what) {
 }
 
 Result<MappedFile> MappedFile::Map(const std::string& path, std::string_view what, uint64_t max_bytes,
-                                   bool allow_empty) {
+                                   Options options) {
   Result<FileFd> fd = OpenRegularFile(path, what);
   if (!fd) return fd.error();
-  return FromFd(fd->get(), path, what, max_bytes, allow_empty);
+  return FromFd(fd->get(), path, what, max_bytes, options);
 }
 
 Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::string_view what, uint64_t max_bytes,
-                                      bool allow_empty) {
+                                      Options options) {
+  const bool allow_empty = options.allow_empty;
   const std::string name = std::string(what) + " " + path;
   struct stat st;
   if (fstat(fd, &st) != 0) return OpenFailure("fstat of " + name, errno);
@@ -245,7 +248,7 @@ Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::stri
     pos = std::max<uint64_t>(extent_end, at);
     if (pos >= size) end_of_data = size;
   }
-  if (mprotect(base, mapped, PROT_READ) != 0) {
+  if (!options.writable && mprotect(base, mapped, PROT_READ) != 0) {
     Error e(ErrorCode::kIo, ErrnoMessage("mprotect of the copy of " + name, errno));
     out.Reset();
     return e;

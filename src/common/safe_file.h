@@ -12,7 +12,7 @@
 //     they mean;
 //   - opens O_PATH first and fstats it, so a FIFO never waits for a writer and a device driver is never called; only
 //     a regular file is then reopened for reading (through /proc/self/fd/N: the same inode, no second path walk).
-// MapReadOnly then gives the content as read-only memory bounded in size, in which holes of a sparse file cost no
+// MappedFile::Map then gives the content as memory bounded in size (read-only unless asked), in which holes of a sparse file cost no
 // memory: data is read into an anonymous MAP_NORESERVE mapping page by page and all-zero pages are never written, so
 // they stay unbacked. A copy rather than a mapping of the file itself, because a target that truncates its file while
 // we parse a MAP_SHARED/MAP_PRIVATE file mapping would SIGBUS the daemon.
@@ -75,15 +75,23 @@ Result<FileFd> OpenPathInRoot(const std::string& path);
 // stat of a target's file without following it out of its root (OpenPathInRoot + fstat). Returns errno (0: ok).
 int StatInRoot(const std::string& path, struct stat* st);
 
-// A read-only, size-bounded copy of a regular file's content (see the header comment). Move-only.
+struct MapOptions {
+  bool allow_empty = false;  // an empty file is an error unless set
+  // The copy stays writable: libelf and libdw decompress and relocate sections in place in the image they are given.
+  // It is our private anonymous memory, so writes never reach the file.
+  bool writable = false;
+};
+
+// A size-bounded copy of a regular file's content (see the header comment), read-only unless asked. Move-only.
 class MappedFile {
  public:
-  // Maps at most max_bytes; a larger file is an error ("larger than N bytes"), as is an empty one unless allow_empty.
+  using Options = MapOptions;
+  // Maps at most max_bytes; a larger file is an error ("larger than N bytes").
   static Result<MappedFile> Map(const std::string& path, std::string_view what, uint64_t max_bytes,
-                                bool allow_empty = false);
+                                Options options = {});
   // Same, from an fd already known to be a regular file (OpenRegularFile).
   static Result<MappedFile> FromFd(int fd, const std::string& path, std::string_view what, uint64_t max_bytes,
-                                   bool allow_empty = false);
+                                   Options options = {});
 
   MappedFile() = default;
   MappedFile(MappedFile&& o) noexcept;

@@ -44,7 +44,7 @@ bool MatchesWithCloneSuffix(std::string_view name, std::string_view base) {
 }
 
 Result<ElfFile> ElfFile::Open(const std::string& path) {
-  Result<MappedFile> mapped = MappedFile::Map(path, "ELF file", kMaxBytes);
+  Result<MappedFile> mapped = MappedFile::Map(path, "ELF file", kMaxBytes, {.writable = true});
   if (!mapped) return mapped.error();
   ElfFile file;
   file.path_ = path;

@@ -346,7 +346,8 @@ Result<TraceFile> TraceReader::ReadFile(const std::string& path) {
     }
     return Error(e.code(), e.message() + "; check the path and permissions");
   }
-  Result<MappedFile> content = MappedFile::FromFd(fd->get(), path, "trace file", kMaxTraceBytes, /*allow_empty=*/true);
+  Result<MappedFile> content = MappedFile::FromFd(fd->get(), path, "trace file", kMaxTraceBytes,
+                                                        {.allow_empty = true});
   if (!content) {
     return Error(ErrorCode::kBadTrace, "reading trace: " + content.error().message() +
                                            " (the most a trace may have; its events are held in memory)");

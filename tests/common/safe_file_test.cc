@@ -94,7 +94,7 @@ TEST_F(SafeFileTest, SizeCapAndEmptyFile) {
   EXPECT_NE(m.error().message().find("larger than 4095 bytes"), std::string::npos) << m.error().message();
   Write(dir_ + "/empty", "");
   EXPECT_FALSE(MappedFile::Map(dir_ + "/empty", "ELF file", 4096).ok());
-  Result<MappedFile> e = MappedFile::Map(dir_ + "/empty", "ELF file", 4096, /*allow_empty=*/true);
+  Result<MappedFile> e = MappedFile::Map(dir_ + "/empty", "ELF file", 4096, {.allow_empty = true});
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->size(), 0u);
 }
