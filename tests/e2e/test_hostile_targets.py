@@ -178,14 +178,16 @@ def main():
         if shutil.which(tool) is None:
             res.check(f"setup: {tool} is installed", [f"{tool} not found (util-linux / binutils)"])
             res.finish()
+    # 3.3.8-shared is always needed; the static cases run with 3.4.5-static (both by default, --ruby to narrow).
+    wanted = args.ruby or rvlib.RUBIES
     try:
         rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        static = rvlib.find_ruby(args.source_dir, "3.4.5-static")
         shared = rvlib.find_ruby(args.source_dir, "3.3.8-shared")
+        static = rvlib.find_ruby(args.source_dir, "3.4.5-static") if "3.4.5-static" in wanted else None
     except rvlib.Fatal as e:
         res.check("setup (rvbpfd binary, test Rubies)", [str(e)])
         res.finish()
-    static_ruby = os.path.realpath(os.path.join(static, "bin", "ruby"))
+    static_ruby = os.path.realpath(os.path.join(static, "bin", "ruby")) if static else None
     shared_ruby = os.path.join(shared, "bin", "ruby")
     libruby = libruby_of(shared)
     work = tempfile.mkdtemp(prefix="rvbpfd-hostile-")
@@ -195,22 +197,27 @@ def main():
         # --- the FIFO in place of the VM binary ---
         fifo = os.path.join(work, "fifo")
         os.mkfifo(fifo, 0o666)
-        fifo_exe = NsTarget(work, "fifo-exe", static_ruby, f'mount --bind "{fifo}" "{static_ruby}"')
-        targets.append(fifo_exe)
-        check_attach(res, "fifo-exe", rvbpfd, fifo_exe.pid, work, "3.4.5", build_id_of(static_ruby))
+        hostile = []  # (target, name) the agent must get past
+        if static_ruby:
+            fifo_exe = NsTarget(work, "fifo-exe", static_ruby, f'mount --bind "{fifo}" "{static_ruby}"')
+            targets.append(fifo_exe)
+            hostile.append((fifo_exe, "fifo-exe"))
+            check_attach(res, "fifo-exe", rvbpfd, fifo_exe.pid, work, "3.4.5", build_id_of(static_ruby))
         fifo_lib = NsTarget(work, "fifo-libruby", shared_ruby, f'mount --bind "{fifo}" "{libruby}"')
         targets.append(fifo_lib)
+        hostile.append((fifo_lib, "fifo-libruby"))
         check_attach(res, "fifo-libruby", rvbpfd, fifo_lib.pid, work, "3.3.8", build_id_of(libruby))
         rc, _, err, secs, _ = run_measured([rvbpfd, "sites", "--pid", str(fifo_lib.pid)], ATTACH_BOUND)
         res.check(f"fifo-libruby: rvbpfd sites --pid returns (rc {rc}, {secs:.1f} s)",
                   [] if rc == 0 else [f"exit code {rc}: {err[-300:]!r}"])
 
         # --- an absolute symlink in the target's root ---
-        # On the host, /<work>/decoy/libruby.so is a valid VM of another version; in the target's namespace a tmpfs
-        # over <work>/decoy holds junk there, and the target's libruby path is a symlink to it.
+        # On the host, /<work>/decoy/libruby.so is a valid VM of another version (`sleep` without 3.4.5-static); in
+        # the target's namespace a tmpfs over <work>/decoy holds junk there, and the target's libruby path is a
+        # symlink to it.
         decoy_dir = os.path.join(work, "decoy")
         os.makedirs(decoy_dir)
-        shutil.copy(static_ruby, os.path.join(decoy_dir, "libruby.so"))
+        shutil.copy(static_ruby or shutil.which("sleep"), os.path.join(decoy_dir, "libruby.so"))
         lib_dir = os.path.dirname(libruby)
         symlink = NsTarget(work, "symlink", shared_ruby, f"""
 mount -t tmpfs none "{decoy_dir}"
@@ -219,6 +226,7 @@ mount -t tmpfs none "{lib_dir}"
 ln -s "{decoy_dir}/libruby.so" "{libruby}"
 """)
         targets.append(symlink)
+        hostile.append((symlink, "symlink"))
         check_attach(res, "symlink", rvbpfd, symlink.pid, work, "3.3.8", build_id_of(libruby))
 
         # --- sparse 1 GiB executables ---
@@ -236,17 +244,18 @@ ln -s "{decoy_dir}/libruby.so" "{libruby}"
             p.append(f"peak RSS {rss >> 20} MiB for a 1 GiB sparse file")
         res.check(f"sparse-exe: exit 4 in one line (rc {rc}, {secs:.1f} s, peak RSS {rss >> 20} MiB)", p)
 
-        sparse_ruby = os.path.join(work, "ruby-sparse")
-        shutil.copy(static_ruby, sparse_ruby)
-        os.truncate(sparse_ruby, GIB)
-        os.chmod(sparse_ruby, 0o755)
-        sr = PlainTarget([sparse_ruby, "-e", '$stdout.puts "ready"; $stdout.flush; sleep'])
-        targets.append(sr)
-        if sr.out.wait_for(lambda l: l == "ready", 30) is None:
-            res.check("sparse-ruby: the padded ruby runs", ["it did not print ready"])
-        else:
-            check_attach(res, "sparse-ruby", rvbpfd, sr.pid, work, "3.4.5", build_id_of(static_ruby),
-                         max_rss=512 << 20)
+        if static_ruby:
+            sparse_ruby = os.path.join(work, "ruby-sparse")
+            shutil.copy(static_ruby, sparse_ruby)
+            os.truncate(sparse_ruby, GIB)
+            os.chmod(sparse_ruby, 0o755)
+            sr = PlainTarget([sparse_ruby, "-e", '$stdout.puts "ready"; $stdout.flush; sleep'])
+            targets.append(sr)
+            if sr.out.wait_for(lambda l: l == "ready", 30) is None:
+                res.check("sparse-ruby: the padded ruby runs", ["it did not print ready"])
+            else:
+                check_attach(res, "sparse-ruby", rvbpfd, sr.pid, work, "3.4.5", build_id_of(static_ruby),
+                             max_rss=512 << 20)
 
         # --- the agent's scan with all of them alive ---
         plain = PlainTarget([shared_ruby, "-e", '$stdout.puts "ready"; $stdout.flush; sleep'])
@@ -280,7 +289,7 @@ ln -s "{decoy_dir}/libruby.so" "{libruby}"
         if not attached:
             p.append(f"the ordinary Ruby {plain.pid} was not attached within {ATTACH_BOUND} s: "
                      + "\n".join(log.lines[-15:]))
-        for t, name in ((fifo_exe, "fifo-exe"), (fifo_lib, "fifo-libruby"), (symlink, "symlink")):
+        for t, name in hostile:
             if not logged(lambda r, pid=t.pid: r.get("pid") == pid):
                 p.append(f"nothing logged about the {name} target {t.pid} (neither attached nor skipped)")
         stop_start = time.monotonic()

@@ -186,16 +186,29 @@ namespace {
 
 TEST_F(StackResolverTest, CacheIsBoundedByBytesNotOnlyEntries) {
   // A target's labels are up to Symbolizer::kMaxStringBytes each: frames with 60 KB labels must not fill the cache
-  // with tens of GB before the entry bound is reached.
+  // with tens of GB before the entry bound is reached. Many iseqs share one 60 KB label string in the target; each
+  // cached frame holds its own copy.
   constexpr uint64_t kBig = 0x4000000;
-  mem_->Map(kBig, 0x40000);
-  next_ = kBig;
-  iseq_ = MakeTopIseq(std::string(60000, 'L'), "/app/big.rb");
   const size_t frames = 2 * StackResolver::kMaxCacheBytes / 60000;  // twice what fits
   ASSERT_LT(frames, StackResolver::kMaxCacheEntries);
+  mem_->Map(kBig, 0x20000 + frames * 1024);
+  next_ = kBig;
+  const uint64_t label = String(std::string(60000, 'L'));
+  const uint64_t path = String("/app/big.rb");
   size_t resolved = 0;
   for (size_t i = 0; i < frames; ++i) {
-    rv_ruby_frame f{iseq_, encoded_ + 8 * i, iseq_, RV_RB_FRAME_ISEQ, 0};  // distinct pcs: distinct entries
+    uint64_t iseq = Alloc(64), body = Alloc(400), encoded = Alloc(64);
+    mem_->Put64(iseq, kImemoIseqFlags);
+    mem_->Put64(iseq + off_.iseq_body, body);
+    mem_->Put32(body + off_.body_type, 0);
+    mem_->Put64(body + off_.body_iseq_encoded, encoded);
+    mem_->Put32(body + off_.body_iseq_size, 8);
+    mem_->Put32(body + off_.body_insns_info_size, 0);
+    mem_->Put64(body + off_.body_location + off_.loc_label, label);
+    mem_->Put64(body + off_.body_location + off_.loc_base_label, label);
+    mem_->Put64(body + off_.body_location + off_.loc_pathobj, path);
+    mem_->Put64(body + off_.body_local_iseq, iseq);
+    rv_ruby_frame f{iseq, encoded, iseq, RV_RB_FRAME_ISEQ, 0};
     resolved += resolver_->ResolveFrame(f).kind != FrameKind::kUnresolved ? 1 : 0;
     ASSERT_LE(resolver_->cache_bytes(), StackResolver::kMaxCacheBytes);
   }
