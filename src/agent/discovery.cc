@@ -21,7 +21,7 @@ constexpr size_t kMaxMapsBytes = 64u << 20;
 
 // Reads a /proc file whole (st_size is 0 there). False when it cannot be opened.
 bool ReadSmallFile(const std::string& path, std::string* out, size_t cap) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return false;
   out->clear();
   char buf[65536];

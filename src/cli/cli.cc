@@ -71,9 +71,23 @@ Status WriteOutput(const std::string& path, const std::function<Status(std::ostr
   return st;
 }
 
+int RunCliUnguarded(int argc, char** argv);
+
 }  // namespace
 
 int RunCli(int argc, char** argv) {
+  // Hostile input must never abort the daemon with an uncaught exception (exit 134 and a core as root): whatever
+  // escapes is one line and the internal-error status.
+  try {
+    return RunCliUnguarded(argc, argv);
+  } catch (const std::exception& e) {
+    return Fail(Error(ErrorCode::kInternal, std::string("uncaught exception: ") + e.what()));
+  }
+}
+
+namespace {
+
+int RunCliUnguarded(int argc, char** argv) {
   // Everything after "--" is the command to launch; CLI11 only sees what comes before.
   std::vector<std::string> command;
   std::vector<char*> args;
@@ -373,4 +387,5 @@ int RunCli(int argc, char** argv) {
   return *r;
 }
 
+}  // namespace
 }  // namespace rvbpfd

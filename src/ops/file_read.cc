@@ -10,7 +10,8 @@ namespace rvbpfd {
 
 SmallFile ReadSmallFile(const std::string& path, size_t max_bytes) {
   SmallFile out;
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: a FIFO in place of a config file must not hang the agent's (re)load; it reads as empty.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     out.err = errno;
     return out;
