@@ -2,7 +2,7 @@
 //
 // A binary is identified by (st_dev, st_ino) of the file as the process sees it (opened through /proc/PID/root, so
 // two containers with their own copies are two binaries and two processes sharing one libruby are one) plus its
-// build-id. Its sites come from the build-id cache (PrepareVmBinary, shared with the recorder). The uprobes are
+// build-id. Its sites come from the site cache (PrepareVmBinary, shared with the recorder). The uprobes are
 // attached for every process mapping the file (pid -1) through /proc/self/fd/N of an O_PATH descriptor the set
 // holds, so they stay reattachable when the process that brought the binary exits; the BPF pid filter decides whose
 // hits are recorded. Processes are reference counted: when the last one leaves, the uprobes are detached (no trap

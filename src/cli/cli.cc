@@ -147,7 +147,7 @@ int RunCliUnguarded(int argc, char** argv) {
                  "On-CPU sampling frequency of the target's threads, samples per second of CPU time (default 99; "
                  "0: no sampling)")
       ->check(CLI::Range(0, 1000));
-  app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached by build-id")
+  app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached (by the binary's content hash)")
       ->capture_default_str();
   app.add_option("--gc-probes", rec.gc_probes,
                  "Diagnostic: how GC enter/exit are probed. auto (default): the VM's GC hook checks, entry/return of "

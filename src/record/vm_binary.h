@@ -1,5 +1,5 @@
 // Preparing one CRuby VM binary for probing, shared by the single-process recorder and the fleet agent: its probe
-// sites (cached per build-id), the walker and symbolizer layout for stacks, the two attach groups (rare events /
+// sites (cached per binary content hash), the walker and symbolizer layout for stacks, the two attach groups (rare events /
 // high-rate GVL events), and the per-process pieces a stack needs (the VM's load address, the resolver).
 //
 // Pure functions over files; no BPF. Threading: callable from any thread (no shared state).
@@ -39,7 +39,7 @@ struct PreparedBinary {
   std::optional<Error> stacks_error;  // why `stacks` is empty although they were wanted
 };
 
-// Sites (LoadOrFindSites with the build-id cache in cache_dir) and, when want_stacks, the stack layout. A failure to
+// Sites (LoadOrFindSites with the content-hash cache in cache_dir) and, when want_stacks, the stack layout. A failure to
 // find sites is the error; a failure to set up stacks only leaves stacks empty (stacks_error says why).
 Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::string& ruby_version,
                                        const std::string& cache_dir, bool want_stacks);

@@ -1,6 +1,6 @@
-// The per-build-id JSON cache of FindSites results. The cache lives on the host and may outlive binaries, be edited
-// or be truncated by a crash; so nothing in it is trusted: every field is range-checked, and anything odd means
-// "recompute and rewrite".
+// The per-binary JSON cache of FindSites results, keyed by the SHA-256 of the binary's content. The cache lives on the
+// host and may outlive binaries, be edited or be truncated by a crash; so nothing in it is trusted: every field is
+// range-checked, and anything odd means "recompute and rewrite".
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
