@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "common/deadline.h"
-#include "common/safe_file.h"
+#include "common/target_file.h"
 
 namespace rvbpfd {
 namespace {

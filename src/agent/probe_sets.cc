@@ -8,7 +8,7 @@
 #include <chrono>
 
 #include "common/deadline.h"
-#include "common/safe_file.h"
+#include "common/target_file.h"
 
 namespace rvbpfd {
 namespace {

@@ -1,7 +1,7 @@
 // ElfFile: a read-only, bounds-checked view of one ELF file (the CRuby VM binary of a target process).
 //
 // The file comes from a process we do not trust (it is opened through /proc/PID/root), so it is opened the one safe way
-// (src/common/safe_file.h: never blocking, confined to the process's root, regular files only) and copied once into
+// (src/common/target_file.h: never blocking, confined to the process's root, regular files only) and copied once into
 // a size-bounded private anonymous mapping whose holes cost no memory (writable: libelf and libdw decompress
 // sections in place in the image); every access (section data, symbol names, bytes at a virtual address) is checked
 // against the file size: a truncated or crafted file yields an error or an empty result, never a read out of bounds. A copy rather than a file mapping, so a file the target truncates while we analyse it
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "common/safe_file.h"
+#include "common/target_file.h"
 
 namespace rvbpfd {
 

@@ -21,7 +21,7 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "common/safe_file.h"
+#include "common/target_file.h"
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "record/launch.h"

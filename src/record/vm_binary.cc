@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/safe_file.h"
+#include "common/target_file.h"
 #include "elf/elf_file.h"
 #include "stacks/memory_reader.h"
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/safe_file.h"
+#include "common/target_file.h"
 #include "common/sha256.h"
 #include "sites/sites.h"
 

@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/safe_file.h"
+#include "common/target_file.h"
 
 namespace rvbpfd {
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/safe_file.h"
+#include "common/target_file.h"
 
 namespace rvbpfd {
 namespace {

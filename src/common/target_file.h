@@ -16,8 +16,8 @@
 // memory: data is read into an anonymous MAP_NORESERVE mapping page by page and all-zero pages are never written, so
 // they stay unbacked. A copy rather than a mapping of the file itself, because a target that truncates its file while
 // we parse a MAP_SHARED/MAP_PRIVATE file mapping would SIGBUS the daemon.
-#ifndef RVBPFD_SRC_COMMON_SAFE_FILE_H_
-#define RVBPFD_SRC_COMMON_SAFE_FILE_H_
+#ifndef RVBPFD_SRC_COMMON_TARGET_FILE_H_
+#define RVBPFD_SRC_COMMON_TARGET_FILE_H_
 
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -122,4 +122,4 @@ class MappedFile {
 
 }  // namespace rvbpfd
 
-#endif  // RVBPFD_SRC_COMMON_SAFE_FILE_H_
+#endif  // RVBPFD_SRC_COMMON_TARGET_FILE_H_

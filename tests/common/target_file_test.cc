@@ -1,6 +1,6 @@
 // The one safe way to open a target's file: hostile file types and symlinks, and a sparse file that must not cost its
 // size in memory.
-#include "common/safe_file.h"
+#include "common/target_file.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>

@@ -1,4 +1,4 @@
-#include "common/safe_file.h"
+#include "common/target_file.h"
 
 #include <fcntl.h>
 #include <linux/openat2.h>
