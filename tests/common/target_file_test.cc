@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 class SafeFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/rvbpfd_safe_file_XXXXXX";
+    char tmpl[] = "/tmp/rvbpfd_target_file_XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
   }
