@@ -14,6 +14,7 @@
 #include "agent/agent_main.h"
 #include "common/error.h"
 #include "ops/agent_config.h"
+#include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "record/recorder.h"
 #include "sites/sites.h"
@@ -135,6 +136,19 @@ int RunCli(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached by build-id")
       ->capture_default_str();
+  // Debug info by build-id for a stripped VM binary (src/elf/debug_lookup.h); also for `sites`.
+  DebugLookupConfig debug_lookup = DebugLookupSettings();
+  auto add_debug_options = [&debug_lookup](CLI::App* a) {
+    a->add_option("--debug-dir", debug_lookup.debug_dir,
+                  "Where split debug files are looked up by build-id (<dir>/.build-id/xx/rest.debug), in the "
+                  "target's root and on the host (default /usr/lib/debug, or RVBPFD_DEBUG_DIR)")
+        ->check([](const std::string& v) { return !v.empty() && v[0] == '/' ? "" : "--debug-dir must be absolute"; });
+    a->add_option("--debuginfod-timeout", debug_lookup.debuginfod_timeout_s,
+                  "Seconds one debuginfod query (servers from DEBUGINFOD_URLS) may take (default 30; 0: no "
+                  "debuginfod)")
+        ->check(CLI::Range(0, 3600));
+  };
+  add_debug_options(&app);
   app.add_option("--gc-probes", rec.gc_probes,
                  "Diagnostic: how GC enter/exit are probed. auto (default): the VM's GC hook checks, entry/return of "
                  "the GC functions only in a binary that has none; fallback: always the GC functions (to test that "
@@ -184,6 +198,7 @@ int RunCli(int argc, char** argv) {
   CLI::App* sites = app.add_subcommand("sites", "List the probe sites rvbpfd finds in a CRuby VM binary");
   sites->add_option("--pid", sites_pid, "Of the VM of this process")->check(CLI::PositiveNumber);
   sites->add_option("--binary", sites_binary, "Of this libruby.so or static ruby executable");
+  add_debug_options(sites);
   // Fleet mode. Every flag is also a key of the --config file; flags given on the command line win over the file.
   AgentConfig agent_flags;
   CLI::App* agent = app.add_subcommand(
@@ -244,6 +259,7 @@ int RunCli(int argc, char** argv) {
     return ExitStatus(ErrorCode::kUsage);
   }
 
+  ConfigureDebugLookup(debug_lookup);
   if (agent->parsed()) {
     // Defaults, then the config file, then the flags given on the command line. SIGHUP runs the same again.
     auto build_config = [&]() -> Result<AgentConfig> {
@@ -355,6 +371,7 @@ int RunCli(int argc, char** argv) {
     Result<SiteSet> set = LoadOrFindSites(path, version, rec.cache_dir);
     if (!set) return Fail(set.error());
     std::cout << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
+              << "# symbols: " << set->symbols_source << "\n"
               << FormatSites(*set);
     return 0;
   }

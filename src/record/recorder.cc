@@ -21,6 +21,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "record/launch.h"
@@ -196,7 +197,7 @@ Result<int> Record(const RecordOptions& o) {
   }
   if (o.gc_probes == "fallback") {
     // Diagnostic: the function-level GC probes even where the binary has GC hook-check sites (src/sites).
-    Result<ElfFile> vm_elf = ElfFile::Open(target.vm_path);
+    Result<ElfFile> vm_elf = OpenWithDebugInfo(target.vm_path);
     if (!vm_elf) return vm_elf.error();
     if (Status st = UseGcFunctionProbes(*vm_elf, &prepared->sites); !st) return st.error();
   }

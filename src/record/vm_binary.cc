@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "stacks/memory_reader.h"
 
@@ -15,7 +16,7 @@ Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& 
   if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
     return Error(ErrorCode::kUnsupportedVersion, "cannot parse ruby_version " + ruby_version);
   }
-  Result<ElfFile> elf = ElfFile::Open(vm_path);
+  Result<ElfFile> elf = OpenWithDebugInfo(vm_path);
   if (!elf) return elf.error();
   Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, nullptr);
   if (!off) return off.error();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "elf/debug_lookup.h"
 #include "sites/sites.h"
 
 namespace rvbpfd {
@@ -73,6 +74,7 @@ std::string SiteSetToJson(const SiteSet& set) {
       {"ruby_version", set.ruby_version},
       {"main_thread_serial", set.main_thread_serial},
       {"offsets_source", set.offsets_source},
+      {"symbols_source", set.symbols_source},
       {"offsets",
        {{"th_serial", set.offsets.th_serial}, {"th_nt", set.offsets.th_nt}, {"nt_tid", set.offsets.nt_tid},
         {"flags", set.offsets.flags}}},
@@ -91,6 +93,7 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     set.ruby_version = doc.at("ruby_version").get<std::string>();
     set.main_thread_serial = doc.at("main_thread_serial").get<uint32_t>();
     set.offsets_source = doc.at("offsets_source").get<std::string>();
+    if (doc.contains("symbols_source")) set.symbols_source = doc.at("symbols_source").get<std::string>();
     const nlohmann::json& off = doc.at("offsets");
     set.offsets = rv_offsets{off.at("th_serial").get<uint32_t>(), off.at("th_nt").get<uint32_t>(),
                              off.at("nt_tid").get<uint32_t>(), off.at("flags").get<uint32_t>()};
@@ -152,7 +155,13 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
       }
     }
   }
+  // Not cached: the analysis needs .symtab/DWARF, from the binary or its debug file by build-id.
+  DebugLookupResult lookup = AttachDebugInfo(&elf.value());
   Result<SiteSet> found = FindSites(*elf, ruby_version);
+  if (!found.ok() && found.error().code() == ErrorCode::kNoSymbols && !lookup.tried.empty()) {
+    return Error(ErrorCode::kNoSymbols, found.error().message() + " (debug info by build-id: " + lookup.Summary() +
+                                            "; see --debug-dir, DEBUGINFOD_URLS)");
+  }
   if (!found.ok() || !cacheable) return found;
   // Best effort: a cache we cannot write only costs the next run the analysis time.
   mkdir(cache_dir.c_str(), 0755);

@@ -318,6 +318,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   SiteSet set;
   set.build_id = vm.build_id();
   set.ruby_version = ruby_version;
+  set.symbols_source = vm.symbols_source();
   const bool gc_flags_global = major >= 4 || minor >= 4;  // 3.4+: GC hooks test ruby_vm_event_flags (§4)
   uint64_t gc_flags_target = 0;
   if (gc_flags_global) {

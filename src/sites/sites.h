@@ -61,6 +61,9 @@ struct SiteSet {
   rv_offsets offsets{};          // th->serial, th->nt, nt->tid in bytes
   uint32_t main_thread_serial = 1;  // 1 on 3.3+ (vm.c th_init), 0 on 3.2
   std::string offsets_source;    // "dwarf" or "table"
+  // Where the .symtab/DWARF the sites were computed from came from: ElfFile::symbols_source() ("binary", a build-id
+  // debug file, debuginfod).
+  std::string symbols_source = "binary";
 };
 
 // Parsed "X.Y.Z"; false when the string is not of that shape.
