@@ -25,7 +25,7 @@ int exported_entry(int x) { return hidden_worker(x) + 2; }
 constexpr const char* kBuildId = "aabbccddeeff00112233445566778899aabbccdd";
 constexpr const char* kOtherBuildId = "1111111111111111111111111111111111111111";
 
-bool Run(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+bool RunCommand(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
 
 class DebugLookupTest : public ::testing::Test {
  protected:
@@ -34,8 +34,8 @@ class DebugLookupTest : public ::testing::Test {
     ASSERT_TRUE(CompileC(kLibSource, full_, std::string("-shared -fPIC -O2 -g -Wl,--build-id=0x") + kBuildId));
     debug_ = dir_.Join("libfx.debug");
     stripped_ = dir_.Join("libfx-stripped.so");
-    ASSERT_TRUE(Run("objcopy --only-keep-debug '" + full_ + "' '" + debug_ + "'"));
-    ASSERT_TRUE(Run("strip -o '" + stripped_ + "' '" + full_ + "'"));
+    ASSERT_TRUE(RunCommand("objcopy --only-keep-debug '" + full_ + "' '" + debug_ + "'"));
+    ASSERT_TRUE(RunCommand("strip -o '" + stripped_ + "' '" + full_ + "'"));
     config_.debug_dir = dir_.Join("usr/lib/debug");
     config_.debuginfod_timeout_s = 0;
   }
@@ -43,7 +43,7 @@ class DebugLookupTest : public ::testing::Test {
   void Install(const std::string& file, const std::string& id) {
     const std::string dest = BuildIdDebugPath("", config_.debug_dir, id);
     ASSERT_FALSE(dest.empty());
-    ASSERT_TRUE(Run("mkdir -p \"$(dirname '" + dest + "')\" && cp '" + file + "' '" + dest + "'"));
+    ASSERT_TRUE(RunCommand("mkdir -p \"$(dirname '" + dest + "')\" && cp '" + file + "' '" + dest + "'"));
   }
   TempDir dir_;
   std::string full_, debug_, stripped_;
@@ -119,7 +119,7 @@ TEST_F(DebugLookupTest, DebugFileOfAnotherBuildIsRefused) {
   const std::string other = dir_.Join("libother.so");
   ASSERT_TRUE(CompileC(kLibSource, other, std::string("-shared -fPIC -O2 -g -Wl,--build-id=0x") + kOtherBuildId));
   const std::string other_debug = dir_.Join("libother.debug");
-  ASSERT_TRUE(Run("objcopy --only-keep-debug '" + other + "' '" + other_debug + "'"));
+  ASSERT_TRUE(RunCommand("objcopy --only-keep-debug '" + other + "' '" + other_debug + "'"));
   // Where the stripped binary's debug file would be, a debug file of another build.
   Install(other_debug, kBuildId);
   Result<ElfFile> elf = ElfFile::Open(stripped_);
