@@ -383,9 +383,10 @@ Result<int> Record(const RecordOptions& o) {
   const double attach_ms = static_cast<double>(attached_ns - attach_start) / 1e6;
   if (!launch && watch.Exited()) return fail(TargetExitedError(target.pid));
   if (!o.quiet) {
-    fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s, in %.0f ms; writing %s\n",
+    fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s (symbols: %s), in %.0f ms; writing %s\n",
             sites->sites.size(), session->uses_multi_links() ? "multi-uprobe links" : "one link per site",
-            target.pid, target.ruby_version.c_str(), target.vm_path.c_str(), attach_ms, output.c_str());
+            target.pid, target.ruby_version.c_str(), target.vm_path.c_str(), sites->symbols_source.c_str(), attach_ms,
+            output.c_str());
   }
   if (child) {
     if (Status st = child->Release(); !st) return fail(st.error());
