@@ -912,8 +912,9 @@ class Container:
     pids, and rvbpfd on the host reaches its files through /proc/PID/root. Workloads and traces live in a directory
     under the root's /tmp (self.workdir: pass it as run_workload's outdir)."""
 
-    def __init__(self, root):
+    def __init__(self, root, pid_namespace=True):
         self.root = os.path.realpath(root)
+        self.pid_namespace = pid_namespace
         os.makedirs(os.path.join(self.root, "tmp"), exist_ok=True)
         self.workdir = tempfile.mkdtemp(prefix="rvbpfd-e2e-", dir=os.path.join(self.root, "tmp"))
         os.chmod(self.workdir, 0o755)
@@ -934,6 +935,8 @@ class Container:
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
     def wrap(self, cmd):
+        if not self.pid_namespace:
+            return ["unshare", "--mount", "--fork", f"--root={self.root}", "--", *cmd]
         return ["unshare", "--mount", "--pid", "--fork", "--mount-proc", f"--root={self.root}", "--", *cmd]
 
     def host_pid(self, unshare_proc, timeout=10.0):
@@ -946,7 +949,7 @@ class Container:
                 if kids:
                     with open(f"/proc/{kids[0]}/status") as f:
                         nspid = [l.split()[1:] for l in f if l.startswith("NSpid:")]
-                    if nspid and nspid[0][-1] == "1":
+                    if nspid and (nspid[0][-1] == "1" or not self.pid_namespace):
                         return kids[0]
             except (OSError, ValueError):
                 pass
