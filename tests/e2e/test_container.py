@@ -19,6 +19,10 @@ only, where the events must be identical:
   - test-ruby 3.3.8-shared copied into the root with its libruby stripped (objcopy --only-keep-debug + strip), the
     debug file in the root's /usr/lib/debug/.build-id (found through /proc/PID/root), and then served by Debian's
     debuginfod on loopback instead (the root's debug file removed): full checks.
+In each case `rvbpfd agent` (the fleet mode) on the host also finds the container's Ruby (RVBPF_SERVICE in its
+environment) and writes cpu profiles holding its hot method under its service name and host pid, with the labels of
+its "process attached" record (service_name, container_id as its cgroup names one); where rvbpfd refuses the binary,
+the agent logs a warning and skips it.
 """
 import json
 import os
@@ -26,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pprof_decode  # noqa: E402
@@ -101,6 +106,8 @@ def full_checks(res, rvbpfd, ruby, containers, args, tag, rv_args, rv_env, want_
                 problems = []
         res.check(name, problems)
 
+    if args.workload and "stacks_golden" not in args.workload:
+        return
     name = f"container {ruby.name} {tag}: stacks at release equal rb_profile_frames"
     gout = os.path.join(container.workdir, f"{ruby.name}-{tag.split()[0]}-golden.json")
     try:
@@ -116,6 +123,8 @@ def full_checks(res, rvbpfd, ruby, containers, args, tag, rv_args, rv_env, want_
         problems = [str(e)]
     res.check(name, problems)
 
+    if args.workload and "stacks_hot" not in args.workload:
+        return
     name = f"container {ruby.name} {tag}: pprof top is {HOT_LEAF}"
     try:
         run = rvlib.run_workload(ruby, "stacks_hot", "attach", container.workdir, ref=False, rvbpfd=rvbpfd,
@@ -134,6 +143,90 @@ def full_checks(res, rvbpfd, ruby, containers, args, tag, rv_args, rv_env, want_
     except rvlib.RunError as e:
         problems = [str(e)]
     res.check(name, problems)
+
+
+def agent_check(res, rvbpfd, ruby, container, tag, agent_env, args, expect_refusal=False):
+    """`rvbpfd agent` on the host finds the container's Ruby (RVBPF_SERVICE in its environment), attaches to it and
+    writes profiles labelled with its service name and host pid, whose cpu profile holds the hot method; the
+    "process attached" log record carries its labels (container_id as its cgroup names one, as test_agent.py).
+    expect_refusal: the agent must instead log that it skips the process (a VM it cannot analyse)."""
+    if args.workload and "agent_work" not in args.workload:
+        return
+    import test_agent  # noqa: E402 (the agent harness)
+    name = f"container {ruby.name} {tag}: the agent " + ("skips it with a warning" if expect_refusal else
+                                                        "profiles it with its container labels")
+    service = f"e2e-container-{os.getpid()}"
+    # A command name of its own (the kernel's comm is the exec'd file's name), so the agent's --include matches this
+    # process and none of the host's other Rubies.
+    comm = f"rvct{os.getpid() % 100000}"
+    link = os.path.join(container.workdir, comm)
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(ruby.bin, link)
+    out_dir = tempfile.mkdtemp(dir=container.workdir, prefix="agent-out-")
+    cache = tempfile.mkdtemp(dir=container.workdir, prefix="cache-")
+    saved = {k: os.environ.get(k) for k in agent_env}
+    os.environ.update(agent_env)
+    agent = proc = None
+    problems = []
+    try:
+        agent = test_agent.Agent(rvbpfd, ["--interval", "2", "--hz", "49", "--output-dir", out_dir, "--cache-dir",
+                                          cache, "--metrics-listen", "off", "--include", f"comm:{comm}"])
+        env = {**container.environment(), "RVBPF_SERVICE": service, **ruby.env_extra}
+        proc = subprocess.Popen(container.wrap([link[len(container.root):], container.workload("agent_work"), "hot_d",
+                                                "10000",
+                                                "0.005"]),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        if not proc.stdout.readline().decode().startswith("ready"):
+            raise rvlib.Fatal(f"agent_work in the container did not start: {proc.stderr.read()[:500]!r}")
+        pid = container.host_pid(proc)
+        if expect_refusal:
+            r = agent.wait_log(lambda r: r.get("pid") == pid and r.get("msg") != "process attached"
+                               and r.get("level") in ("warn", "warning", "error"), 30)
+            attached = agent.wait_log(lambda r: r.get("msg") == "process attached" and r.get("pid") == pid, 1)
+            if r is None or attached is not None:
+                problems.append(f"no warning about pid {pid} (or it was attached): {agent.records()[-5:]}")
+            else:
+                print(f"  agent: {json.dumps(r)[:400]}")
+            return
+        r = agent.wait_log(lambda r: r.get("msg") == "process attached" and r.get("pid") == pid, 60)
+        if r is None:
+            problems.append(f"no 'process attached' for host pid {pid}; records: {[r for r in agent.records() if r.get('msg') != 'agent started'][-5:]}")
+            return
+        want_cid = test_agent.Proc.container_id(type("P", (), {"pid": pid})())
+        if r.get("service_name") != service or (r.get("container_id") or None) != want_cid:
+            problems.append(f"labels of the attached record: {r} (want service_name {service}, container_id "
+                            f"{want_cid})")
+        deadline = time.time() + 40
+        hot = None
+        while time.time() < deadline and hot is None:
+            for root_dir, _, names in os.walk(os.path.join(out_dir, service)):
+                for n in names:
+                    if n.startswith(f"cpu-{pid}-"):
+                        with open(os.path.join(root_dir, n), "rb") as f:
+                            if "AgentWork#hot_d" in pprof_decode.function_names(pprof_decode.decode(f.read())):
+                                hot = n
+            time.sleep(1)
+        if hot is None:
+            found = [n for _, _, ns in os.walk(out_dir) for n in ns]
+            problems.append(f"no cpu profile of service {service}, pid {pid} holding AgentWork#hot_d within "
+                            f"40 s (files: {found[:10]})")
+        else:
+            print(f"  agent: {service}/{hot} holds AgentWork#hot_d; labels {dict((k, r.get(k)) for k in ('pid', 'service_name', 'container_id', 'vm_path'))}")
+    except (rvlib.Fatal, OSError, ValueError) as e:
+        problems.append(str(e))
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if agent is not None:
+            agent.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        res.check(name, problems)
 
 
 def attach_outcome(rvbpfd, ruby, container, rv_args, rv_env):
@@ -193,8 +286,11 @@ def main():
                   f"analyses stripped binaries (.dynsym + disassembly + offsets tables): {err}")
             res.check("container debian-ruby3.3 without debug info: refused with exit 6 (expected for now)",
                       [] if "no symbol table" in err or "no-symbols" in err else [f"exit 6 without the reason: {err}"])
+            agent_check(res, rvbpfd, debian, container, "no debug info", {"RVBPFD_DEBUG_DIR": empty}, args,
+                        expect_refusal=True)
         elif rc == 0:
             full_checks(res, rvbpfd, debian, containers, args, "no debug info", no_debug, None, None)
+            agent_check(res, rvbpfd, debian, container, "no debug info", {"RVBPFD_DEBUG_DIR": empty}, args)
         else:
             res.check("container debian-ruby3.3 without debug info", [f"rvbpfd exited {rc}: {err}"])
 
@@ -247,6 +343,7 @@ def main():
                 full_checks(res, rvbpfd, copy, containers, args, "root /usr/lib/debug",
                             ("--debuginfod-timeout", "0"), None,
                             "build-id directory /proc/")
+                agent_check(res, rvbpfd, copy, container, "root /usr/lib/debug", {}, args)
             finally:
                 os.unlink(installed)
             serve = os.path.join(container.workdir, "serve-test")
@@ -257,6 +354,7 @@ def main():
                 server.wait_serving(bid)
                 full_checks(res, rvbpfd, copy, containers, args, "debuginfod",
                             ("--debuginfod-timeout", "60"), server.env(), f"debuginfod {server.url}")
+                agent_check(res, rvbpfd, copy, container, "debuginfod", server.env(), args)
             finally:
                 server.stop()
     except rvlib.Fatal as e:
