@@ -1063,6 +1063,15 @@ def install_build_id_debug(debug_file, debug_dir, build_id):
     return dest
 
 
+def attached_symbols_problems(run, wants):
+    """Problems unless rvbpfd's "rvbpfd: attached" line says its symbols came from one of `wants` (prefixes of
+    what follows "(symbols: ")."""
+    attached = [l for l in run.rv_stderr.splitlines() if l.startswith("rvbpfd: attached")]
+    if attached and any(f"(symbols: {w}" in attached[0] for w in wants):
+        return []
+    return [f"the attached line does not say the symbols came from {' or '.join(wants)}: {attached[:1]}"]
+
+
 def make_outdir(args, prefix):
     d = tempfile.mkdtemp(prefix=f"rvbpfd-e2e-{prefix}-")
     if args.keep:

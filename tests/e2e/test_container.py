@@ -92,9 +92,8 @@ def full_checks(res, rvbpfd, ruby, containers, args, tag, rv_args, rv_env, want_
             res.check(name, [str(e)])
             continue
         problems = list(run.problems)
-        attached = [l for l in run.rv_stderr.splitlines() if l.startswith("rvbpfd: attached")]
-        if want_symbols and (not attached or f"(symbols: {want_symbols}" not in attached[0]):
-            problems.append(f"the attached line does not say the symbols came from {want_symbols}: {attached[:1]}")
+        if want_symbols:
+            problems += rvlib.attached_symbols_problems(run, [want_symbols])
         if run.rv is not None:
             compared = rvlib.compare_traces(run.ref, run.rv, probes=True, pid_namespace=c.pid_namespace)
             for check, probs in compared.items():
@@ -229,16 +228,20 @@ def agent_check(res, rvbpfd, ruby, container, tag, agent_env, args, expect_refus
         res.check(name, problems)
 
 
-def attach_outcome(rvbpfd, ruby, container, rv_args, rv_env):
-    """(exit code, stderr) of rvbpfd attaching to a container workload, or raises RunError."""
-    run = None
+def debuginfod_case(res, rvbpfd, ruby, containers, args, debug_file, build_id, tag, empty_debug_dir):
+    """The full checks and the agent's with `debug_file` served only by Debian's debuginfod on loopback."""
+    serve = tempfile.mkdtemp(dir=containers[0].workdir, prefix="serve-")
+    shutil.copyfile(debug_file, os.path.join(serve, "vm.debug"))
+    server = rvlib.Debuginfod(serve, tempfile.mkdtemp(dir=containers[0].workdir, prefix="debuginfod-"))
     try:
-        run = rvlib.run_workload(ruby, "cpu_sleep", "attach", container.workdir, ref=False, rvbpfd=rvbpfd,
-                                 rv_args=("--cache-dir", tempfile.mkdtemp(dir=container.workdir, prefix="cache-"),
-                                          *rv_args), rv_env=rv_env, container=container, attach_timeout=30)
-        return 0, run.rv_stderr
-    except rvlib.RunError as e:
-        return None, str(e)
+        server.wait_serving(build_id)
+        full_checks(res, rvbpfd, ruby, containers, args, tag,
+                    ("--debug-dir", empty_debug_dir, "--debuginfod-timeout", "60"), server.env(),
+                    f"debuginfod {server.url}")
+        agent_check(res, rvbpfd, ruby, containers[0], tag, {**server.env(), "RVBPFD_DEBUG_DIR": empty_debug_dir},
+                    args)
+    finally:
+        server.stop()
 
 
 def refusal(rvbpfd, container, host_pid_ruby, rv_args):
@@ -305,17 +308,8 @@ def main():
             dbg = os.path.join(root, "usr", "lib", "debug", ".build-id", bid[:2], bid[2:] + ".debug")
             full_checks(res, rvbpfd, debian, containers, args, "dbgsym in /usr/lib/debug", ("--debuginfod-timeout", "0"),
                         None, f"build-id directory /proc/")
-            serve = os.path.join(container.workdir, "serve-debian")
-            os.makedirs(serve)
-            shutil.copyfile(dbg, os.path.join(serve, "libruby.debug"))
-            server = rvlib.Debuginfod(serve, tempfile.mkdtemp(dir=container.workdir, prefix="debuginfod-"))
-            try:
-                server.wait_serving(bid)
-                full_checks(res, rvbpfd, debian, containers, args, "dbgsym by debuginfod",
-                            ("--debug-dir", empty, "--debuginfod-timeout", "60"), server.env(),
-                            f"debuginfod {server.url}")
-            finally:
-                server.stop()
+            agent_check(res, rvbpfd, debian, container, "dbgsym in /usr/lib/debug", {}, args)
+            debuginfod_case(res, rvbpfd, debian, containers, args, dbg, bid, "dbgsym by debuginfod", empty)
 
         # --- A test Ruby, stripped inside the root, with its split debug file --------------------------------
         ruby = next((r for r in rubies if r.name == "3.3.8-shared"), None)
@@ -346,17 +340,7 @@ def main():
                 agent_check(res, rvbpfd, copy, container, "root /usr/lib/debug", {}, args)
             finally:
                 os.unlink(installed)
-            serve = os.path.join(container.workdir, "serve-test")
-            os.makedirs(serve)
-            shutil.copyfile(debug, os.path.join(serve, "libruby.debug"))
-            server = rvlib.Debuginfod(serve, tempfile.mkdtemp(dir=container.workdir, prefix="debuginfod-"))
-            try:
-                server.wait_serving(bid)
-                full_checks(res, rvbpfd, copy, containers, args, "debuginfod",
-                            ("--debuginfod-timeout", "60"), server.env(), f"debuginfod {server.url}")
-                agent_check(res, rvbpfd, copy, container, "debuginfod", server.env(), args)
-            finally:
-                server.stop()
+            debuginfod_case(res, rvbpfd, copy, containers, args, debug, bid, "debuginfod", empty)
     except rvlib.Fatal as e:
         res.check("container setup", [str(e)])
     finally:

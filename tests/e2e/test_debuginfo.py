@@ -103,16 +103,13 @@ def record_checks(res, rvbpfd, sr, args, outdir, work, tag, rv_args, rv_env, wan
             res.check(name, [str(e)])
             continue
         problems = list(run.problems)
-        attached = [l for l in run.rv_stderr.splitlines() if l.startswith("rvbpfd: attached")]
         # A build-id directory is searched in the target's own root first (/proc/PID/root: here the host's).
         want_symbols = [want]
         if want.startswith("build-id directory "):
             want_symbols.append(f"build-id directory /proc/{run.target_pid}/root{want[len('build-id directory '):]}")
-        if not attached or not any(f"(symbols: {w}" in attached[0] for w in want_symbols):
-            problems.append(f"the attached line does not say the symbols came from {' or '.join(want_symbols)}: "
-                            f"{attached[:1]}")
-        if sr.vm not in (attached[0] if attached else ""):
-            problems.append(f"rvbpfd did not trace the stripped copy {sr.vm}: {attached[:1]}")
+        problems += rvlib.attached_symbols_problems(run, want_symbols)
+        if f"{sr.vm} (symbols: " not in run.rv_stderr:
+            problems.append(f"rvbpfd did not trace the stripped copy {sr.vm}: {run.rv_stderr[-500:]}")
         if run.rv is not None:
             for check, probs in rvlib.compare_traces(run.ref, run.rv, probes=True).items():
                 problems += [f"[{check}] {x}" for x in probs]
