@@ -818,6 +818,9 @@ def run_workload(ruby, workload, mode, outdir, ref=True, probes=True, rvbpfd=Non
     rv_environ.update(rv_env or {})
     run = Run()
     target = rv = None
+    for stale in (ref_out, rv_out):  # a file left by an earlier run must never pass for this run's
+        if os.path.exists(stale):
+            os.unlink(stale)
     target_err = open(os.path.join(outdir, f"{tag}.target.stderr"), "w+b")
     try:
         if mode == "launch":
@@ -934,22 +937,33 @@ class Container:
         """The environment of a process in the container: none of the host's."""
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
+    # pid 1 of the namespace: runs the command and reaps every process until none is left, as a container's init
+    # does. When pid 1 exits the kernel kills the whole namespace, so the command itself must not be pid 1: rvref
+    # writes its trace from a child forked at exit.
+    INIT = ("/usr/bin/perl", "-e", "my $c = fork // die 'fork'; if (!$c) { exec @ARGV or die 'exec' } my $rc = 0; "
+            "while ((my $p = wait()) != -1) { $rc = $? >> 8 if $p == $c } exit $rc", "--")
+
     def wrap(self, cmd):
         if not self.pid_namespace:
-            return ["unshare", "--mount", "--fork", f"--root={self.root}", "--", *cmd]
-        return ["unshare", "--mount", "--pid", "--fork", "--mount-proc", f"--root={self.root}", "--", *cmd]
+            return ["unshare", "--mount", "--fork", "--kill-child", f"--root={self.root}", "--", *cmd]
+        return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", f"--root={self.root}", "--",
+                *self.INIT, *cmd]
 
     def host_pid(self, unshare_proc, timeout=10.0):
-        """The host pid of the command wrap() started: the only child of unshare, pid 1 of the new namespace."""
+        """The host pid of the command wrap() started: unshare's child (mount namespace only), or the child of the
+        new pid namespace's init (pid 2 there)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 with open(f"/proc/{unshare_proc.pid}/task/{unshare_proc.pid}/children") as f:
                     kids = [int(x) for x in f.read().split()]
+                if kids and self.pid_namespace:
+                    with open(f"/proc/{kids[0]}/task/{kids[0]}/children") as f:
+                        kids = [int(x) for x in f.read().split()]
                 if kids:
                     with open(f"/proc/{kids[0]}/status") as f:
                         nspid = [l.split()[1:] for l in f if l.startswith("NSpid:")]
-                    if nspid and (nspid[0][-1] == "1" or not self.pid_namespace):
+                    if nspid and (len(nspid[0]) == 2 or not self.pid_namespace):
                         return kids[0]
             except (OSError, ValueError):
                 pass

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A distribution Ruby in a container: Debian trixie's own ruby3.3 (stripped libruby, as every distribution ships
 it) in the root tools/make-trixie-root.sh makes, run in new mount and pid namespaces chrooted into that root
-(rvlib.Container: unshare --mount --pid --fork --mount-proc --root), with rvbpfd attaching from the host (attach mode:
+(rvlib.Container: unshare --mount --pid --fork --mount-proc --root, under a reaping init), with rvbpfd attaching from the host (attach mode:
 rvbpfd's launch mode cannot start a command through unshare).
 
 Cases (each: the in-process reference recorder and the golden-frames extension compiled inside the root; checks:
