@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A distribution Ruby in a container: Debian trixie's own ruby3.3 (stripped libruby, as every distribution ships
 it) in the root tools/make-trixie-root.sh makes, run in new mount and pid namespaces chrooted into that root
-(rvlib.Container: unshare --mount --pid --fork --mount-proc --root, under a reaping init), with rvbpfd attaching from the host (attach mode:
-rvbpfd's launch mode cannot start a command through unshare).
+(rvlib.Container: unshare --mount --pid --fork --mount-proc --root, under a reaping init), with rvbpfd attaching
+from the host (attach mode: rvbpfd's launch mode cannot start a command through unshare).
 
 Cases (each: the in-process reference recorder and the golden-frames extension compiled inside the root; checks:
 scheduler/GC/probe events identical to the reference with native tids one to one with the namespace's, stacks at
@@ -53,7 +53,8 @@ class ContainerRuby:
     """A Ruby as the container sees it (paths inside the root)."""
 
     def __init__(self, name, version, bin_path, rvref_dir, golden_dir, env_extra=None):
-        self.name, self.version, self.bin, self.rvref_dir, self.golden_dir = name, version, bin_path, rvref_dir, golden_dir
+        self.name, self.version, self.bin = name, version, bin_path
+        self.rvref_dir, self.golden_dir = rvref_dir, golden_dir
         self.env_extra = env_extra or {}
 
 
@@ -105,22 +106,21 @@ def full_checks(res, rvbpfd, ruby, containers, args, tag, rv_args, rv_env, want_
                 problems = []
         res.check(name, problems)
 
-    if args.workload and "stacks_golden" not in args.workload:
-        return
-    name = f"container {ruby.name} {tag}: stacks at release equal rb_profile_frames"
-    gout = os.path.join(container.workdir, f"{ruby.name}-{tag.split()[0]}-golden.json")
-    try:
-        run = rvlib.run_workload(ruby, "stacks_golden", "attach", container.workdir, ref=False, rvbpfd=rvbpfd,
-                                 rv_args=("--cache-dir", tempfile.mkdtemp(dir=container.workdir, prefix="cache-"),
-                                          *rv_args), rv_env=rv_env, container=container,
-                                 env_extra={"RVGOLDEN_DIR": ruby.golden_dir, "RVGOLDEN_OUT": container.inside(gout),
-                                            **ruby.env_extra})
-        problems = list(run.problems)
-        if run.rv is not None:
-            problems += test_stacks.check_golden(run.rv, gout)
-    except rvlib.RunError as e:
-        problems = [str(e)]
-    res.check(name, problems)
+    if not args.workload or "stacks_golden" in args.workload:
+        name = f"container {ruby.name} {tag}: stacks at release equal rb_profile_frames"
+        gout = os.path.join(container.workdir, f"{ruby.name}-{tag.split()[0]}-golden.json")
+        try:
+            run = rvlib.run_workload(ruby, "stacks_golden", "attach", container.workdir, ref=False, rvbpfd=rvbpfd,
+                                     rv_args=("--cache-dir", tempfile.mkdtemp(dir=container.workdir, prefix="cache-"),
+                                              *rv_args), rv_env=rv_env, container=container,
+                                     env_extra={"RVGOLDEN_DIR": ruby.golden_dir, "RVGOLDEN_OUT": container.inside(gout),
+                                                **ruby.env_extra})
+            problems = list(run.problems)
+            if run.rv is not None:
+                problems += test_stacks.check_golden(run.rv, gout)
+        except rvlib.RunError as e:
+            problems = [str(e)]
+        res.check(name, problems)
 
     if args.workload and "stacks_hot" not in args.workload:
         return
@@ -190,7 +190,8 @@ def agent_check(res, rvbpfd, ruby, container, tag, agent_env, args, expect_refus
             return
         r = agent.wait_log(lambda r: r.get("msg") == "process attached" and r.get("pid") == pid, 60)
         if r is None:
-            problems.append(f"no 'process attached' for host pid {pid}; records: {[r for r in agent.records() if r.get('msg') != 'agent started'][-5:]}")
+            others = [r for r in agent.records() if r.get("msg") != "agent started"]
+            problems.append(f"no 'process attached' for host pid {pid}; records: {others[-5:]}")
             return
         want_cid = test_agent.Proc.container_id(type("P", (), {"pid": pid})())
         if r.get("service_name") != service or (r.get("container_id") or None) != want_cid:
@@ -211,7 +212,8 @@ def agent_check(res, rvbpfd, ruby, container, tag, agent_env, args, expect_refus
             problems.append(f"no cpu profile of service {service}, pid {pid} holding AgentWork#hot_d within "
                             f"40 s (files: {found[:10]})")
         else:
-            print(f"  agent: {service}/{hot} holds AgentWork#hot_d; labels {dict((k, r.get(k)) for k in ('pid', 'service_name', 'container_id', 'vm_path'))}")
+            labels = {k: r.get(k) for k in ("pid", "service_name", "container_id", "vm_path")}
+            print(f"  agent: {service}/{hot} holds AgentWork#hot_d; labels {labels}")
     except (rvlib.Fatal, OSError, ValueError) as e:
         problems.append(str(e))
     finally:
@@ -306,8 +308,8 @@ def main():
             lib = os.path.join(root, "usr", "lib", "x86_64-linux-gnu", "libruby-3.3.so.3.3")
             bid = rvlib.elf_build_id(lib)
             dbg = os.path.join(root, "usr", "lib", "debug", ".build-id", bid[:2], bid[2:] + ".debug")
-            full_checks(res, rvbpfd, debian, containers, args, "dbgsym in /usr/lib/debug", ("--debuginfod-timeout", "0"),
-                        None, f"build-id directory /proc/")
+            full_checks(res, rvbpfd, debian, containers, args, "dbgsym in /usr/lib/debug",
+                        ("--debuginfod-timeout", "0"), None, "build-id directory /proc/")
             agent_check(res, rvbpfd, debian, container, "dbgsym in /usr/lib/debug", {}, args)
             debuginfod_case(res, rvbpfd, debian, containers, args, dbg, bid, "dbgsym by debuginfod", empty)
 
