@@ -355,7 +355,7 @@ int RunCli(int argc, char** argv) {
     Result<SiteSet> set = LoadOrFindSites(path, version, rec.cache_dir);
     if (!set) return Fail(set.error());
     std::cout << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
-              << FormatSites(*set);
+              << FormatProvenance(*set) << FormatSites(*set);
     return 0;
   }
 

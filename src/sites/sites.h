@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -61,6 +62,12 @@ struct SiteSet {
   rv_offsets offsets{};          // th->serial, th->nt, nt->tid in bytes
   uint32_t main_thread_serial = 1;  // 1 on 3.3+ (vm.c th_init), 0 on 3.2
   std::string offsets_source;    // "dwarf" or "table"
+  // Where each fact the sites rest on came from (fact, source): symtab, DWARF, exports (.dynsym), .eh_frame,
+  // disassembly or a built-in table. Printed by `rvbpfd sites` and kept in the cache.
+  std::vector<std::pair<std::string, std::string>> provenance;
+  // Whether the analysed file had a .symtab. A stripped copy keeps its build-id, so the cache checks this too: a
+  // result computed from the symbols is not reported as found without them, nor the other way round.
+  bool analysed_with_symtab = true;
 };
 
 // Parsed "X.Y.Z"; false when the string is not of that shape.
@@ -100,6 +107,8 @@ Result<SiteSet> SiteSetFromJson(const std::string& text);
 // Human-readable table, one line per site in the style of the reference tables:
 // "0x2ac90e   READY     thread_sched_to_ready_common   th: $rsi".
 std::string FormatSites(const SiteSet& set);
+// One "# fact: source" line per provenance entry.
+std::string FormatProvenance(const SiteSet& set);
 // "$rsi", "$rbx-288", "[$rsp+80]", "current".
 std::string FormatThLocation(const ThLocation& loc);
 // "STARTED", "READY", ..., "GC_ENTER", "SLEEP", "MUTEX_LOCK".
