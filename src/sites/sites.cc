@@ -322,10 +322,20 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   set.analysed_with_symtab = vm.has_symtab();
   const bool gc_flags_global = major >= 4 || minor >= 4;  // 3.4+: GC hooks test ruby_vm_event_flags (§4)
   uint64_t gc_flags_target = 0;
+  std::string gc_flags_source;
   if (gc_flags_global) {
     // Exported for extensions (vm_trace.c), so .dynsym has it when .symtab is gone.
     std::optional<ElfSymbol> flags = vm.FindSymbol("ruby_vm_event_flags");
-    if (flags && flags->shndx != SHN_UNDEF) gc_flags_target = flags->value + kGcFlagsByte;
+    if (flags && flags->shndx != SHN_UNDEF) {
+      gc_flags_target = flags->value + kGcFlagsByte;
+      gc_flags_source = flags->from_symtab ? "symtab" : "exports";
+    } else if (Result<Disassembler> d = Disassembler::Create(); d.ok()) {
+      // Hidden in 3.4's libruby; the GC reaches it through rb_gc_event_hook_required_p, exported for modular GCs.
+      if (std::optional<uint64_t> v = SoleGlobalReadBy(vm, *d, "rb_gc_event_hook_required_p")) {
+        gc_flags_target = *v + kGcFlagsByte;
+        gc_flags_source = "exports + disassembly of rb_gc_event_hook_required_p";
+      }
+    }
   }
   std::optional<ElfSymbol> hooks = vm.FindSymbol(kHooksSymbol);
   const bool use_symtab = vm.has_symtab() && hooks && hooks->shndx != SHN_UNDEF;
@@ -603,8 +613,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                                                                                         "without .symtab"
                                                                                       : "")});
   } else if (gc_flags_global) {
-    set.provenance.push_back({"GC enter/exit", "hook checks of ruby_vm_event_flags+3 (" +
-                                                   std::string(use_symtab ? "symtab" : "exports") + " + disassembly)"});
+    set.provenance.push_back({"GC enter/exit", "hook checks of ruby_vm_event_flags+3 (address from " +
+                                                   gc_flags_source + "; checks by disassembly)"});
   } else {
     set.provenance.push_back(
         {"GC enter/exit", std::string("hook checks of objspace->hook_events (offsets ") +

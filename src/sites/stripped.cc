@@ -120,6 +120,26 @@ std::vector<uint64_t> RodataStrings(const ElfFile& vm, const std::string& s) {
   return out;
 }
 
+std::optional<uint64_t> SoleGlobalReadBy(const ElfFile& vm, Disassembler& dis, const std::string& name) {
+  std::optional<ElfSymbol> fn = vm.FindSymbol(name);
+  if (!fn || fn->shndx == SHN_UNDEF || fn->type != STT_FUNC || fn->size == 0) return std::nullopt;
+  std::set<uint64_t> reads;
+  dis.DecodeRange(vm.BytesAt(fn->value, fn->size), fn->value, [&](const cs_insn& insn) {
+    std::optional<uint64_t> t = RipRelativeTarget(insn);
+    if (!t || insn.id == X86_INS_LEA) return true;
+    const cs_x86& x86 = insn.detail->x86;
+    for (uint8_t i = 0; i < x86.op_count; ++i) {
+      if (x86.operands[i].type == X86_OP_MEM && x86.operands[i].mem.base == X86_REG_RIP &&
+          x86.operands[i].size == 4 && InWritableData(vm, *t, 4)) {
+        reads.insert(*t);
+      }
+    }
+    return true;
+  });
+  if (reads.size() != 1) return std::nullopt;
+  return *reads.begin();
+}
+
 std::string StrippedFunctionName(const ElfFile& vm, const StrippedCode& code, uint64_t vaddr) {
   std::optional<ElfSymbol> f = vm.FunctionContaining(vaddr);
   if (f) return f->name;

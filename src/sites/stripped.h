@@ -59,6 +59,11 @@ std::string CalleeName(const ElfFile& vm, Disassembler& dis, uint64_t target);
 // Addresses in .rodata where the NUL-terminated string `s` starts (a merged string may also end another one).
 std::vector<uint64_t> RodataStrings(const ElfFile& vm, const std::string& s);
 
+// The one 4-byte global in .data/.bss that the exported function `fn` reads (e.g. ruby_vm_event_flags in 3.4's
+// rb_gc_event_hook_required_p, the GC's `ruby_vm_event_flags & event` test). nullopt when fn is not exported or does
+// not read exactly one.
+std::optional<uint64_t> SoleGlobalReadBy(const ElfFile& vm, Disassembler& dis, const std::string& fn);
+
 // "name" of the exported function containing vaddr, else "fn@0x<entry>" of its FDE, else the address.
 std::string StrippedFunctionName(const ElfFile& vm, const StrippedCode& code, uint64_t vaddr);
 
