@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -110,6 +111,53 @@ std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_
     }
   }
   return std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), setup.offsets, gsym);
+}
+
+Status CheckLiveLayout(int pid, const ElfFile& vm, uint64_t load_bias, const SiteSet& sites, MemoryReader& mem) {
+  auto refuse = [&](const std::string& what) {
+    return Error(ErrorCode::kNoSymbols,
+                 vm.path() + " (CRuby " + sites.ruby_version + ", build-id " +
+                     (sites.build_id.empty() ? "none" : sites.build_id) + ", " +
+                     (sites.analysed_with_symtab ? "symbols" : "no symbols: offsets " + sites.offsets_source) +
+                     "): process " + std::to_string(pid) + " does not match the layout rvbpfd derived: " + what +
+                     "; supported without debug symbols: CRuby 3.3 and 3.4 release builds (GCC, x86-64), otherwise "
+                     "install the VM's debug symbols");
+  };
+  // 1. The version the tables were chosen for.
+  if (std::optional<ElfSymbol> v = vm.FindSymbol("ruby_version"); v && v->shndx != SHN_UNDEF) {
+    char buf[32] = {};
+    if (!mem.Read(v->value + load_bias, buf, sizeof(buf) - 1)) return refuse("ruby_version is unreadable");
+    if (std::string(buf, strnlen(buf, sizeof(buf) - 1)) != sites.ruby_version) {
+      return refuse("its ruby_version is \"" + std::string(buf, strnlen(buf, sizeof(buf) - 1)) + "\"");
+    }
+  }
+  // 2. The hook list the sites test.
+  if (sites.hooks_vaddr != 0) {
+    uint64_t head = 0;
+    if (!mem.ReadValue(sites.hooks_vaddr + load_bias, &head)) return refuse("the hook list pointer is unreadable");
+    uint64_t word = 0;
+    if (head != 0 && !mem.ReadValue(head, &word)) return refuse("the hook list points to unreadable memory");
+  }
+  // 3. th->nt->tid of the main thread, with the offsets BPF will use.
+  if (sites.main_ractor_vaddr != 0 && sites.ractor_main_thread != 0) {
+    uint64_t ractor = 0, th = 0, nt = 0;
+    int32_t tid = 0;
+    if (!mem.ReadValue(sites.main_ractor_vaddr + load_bias, &ractor)) return refuse("the main ractor is unreadable");
+    if (ractor != 0) {  // 0: several ractors; the check does not apply
+      if (!mem.ReadValue(ractor + sites.ractor_main_thread, &th) || th == 0) {
+        return refuse("the main ractor's main thread is unreadable");
+      }
+      if (!mem.ReadValue(th + sites.offsets.th_nt, &nt) || nt == 0) {
+        return refuse("the main thread's native thread (th->nt at +" + std::to_string(sites.offsets.th_nt) +
+                      ") is unreadable");
+      }
+      if (!mem.ReadValue(nt + sites.offsets.nt_tid, &tid) || tid != pid) {
+        return refuse("the main thread's native tid (nt->tid at +" + std::to_string(sites.offsets.nt_tid) +
+                      ") is " + std::to_string(tid) + ", not the pid");
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 void AppendStackEndMarker(const rv_stack_header& h, std::vector<FrameInfo>* frames) {

@@ -78,6 +78,9 @@ std::string SiteSetToJson(const SiteSet& set) {
       {"main_thread_serial", set.main_thread_serial},
       {"offsets_source", set.offsets_source},
       {"analysed_with_symtab", set.analysed_with_symtab},
+      {"hooks_vaddr", set.hooks_vaddr},
+      {"main_ractor_vaddr", set.main_ractor_vaddr},
+      {"ractor_main_thread", set.ractor_main_thread},
       {"offsets",
        {{"th_serial", set.offsets.th_serial}, {"th_nt", set.offsets.th_nt}, {"nt_tid", set.offsets.nt_tid},
         {"flags", set.offsets.flags}}},
@@ -100,6 +103,10 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     set.main_thread_serial = doc.at("main_thread_serial").get<uint32_t>();
     set.offsets_source = doc.at("offsets_source").get<std::string>();
     set.analysed_with_symtab = doc.at("analysed_with_symtab").get<bool>();
+    set.hooks_vaddr = doc.at("hooks_vaddr").get<uint64_t>();
+    set.main_ractor_vaddr = doc.at("main_ractor_vaddr").get<uint64_t>();
+    set.ractor_main_thread = doc.at("ractor_main_thread").get<uint32_t>();
+    if (set.hooks_vaddr == 0 || set.ractor_main_thread >= kMaxStructOffset) return bad("layout facts out of range");
     const nlohmann::json& off = doc.at("offsets");
     set.offsets = rv_offsets{off.at("th_serial").get<uint32_t>(), off.at("th_nt").get<uint32_t>(),
                              off.at("nt_tid").get<uint32_t>(), off.at("flags").get<uint32_t>()};

@@ -217,6 +217,45 @@ Status AssignFileOffsetsAndSort(const ElfFile& vm, std::vector<ProbeSite>* sites
   return Status::Ok();
 }
 
+// Without .symtab, the two scheduler functions whose names the release-reason rules read
+// (record/release_reason.h) are recognised by what they do: thread_start_func_2 holds the EXITED checks (its
+// SUSPENDED checks are the thread's last release), and rb_thread_schedule_limits is the first function the exported
+// rb_thread_schedule calls. Sites elsewhere keep their exported or fn@ names.
+void NameStrippedSchedulerFunctions(const ElfFile& vm, Disassembler& dis, const StrippedCode& code, SiteSet* set) {
+  std::set<uint64_t> exit_fns;
+  for (const ProbeSite& s : set->sites) {
+    if (s.method != "hook-site" || s.event != RV_EV_THREAD_EXITED) continue;
+    if (std::optional<CodeRange> r = RangeContaining(code.functions, s.vaddr)) exit_fns.insert(r->start);
+  }
+  uint64_t limits = 0;
+  if (std::optional<ElfSymbol> sched = vm.FindSymbol("rb_thread_schedule");
+      sched && sched->shndx != SHN_UNDEF && sched->size > 0) {
+    dis.DecodeRange(vm.BytesAt(sched->value, sched->size), sched->value, [&](const cs_insn& insn) {
+      if (insn.id != X86_INS_CALL) return true;
+      std::optional<uint64_t> t = DirectBranchTarget(insn);
+      if (t && RangeContaining(code.functions, *t) && RangeContaining(code.functions, *t)->start == *t) limits = *t;
+      return false;
+    });
+  }
+  int named = 0;
+  for (ProbeSite& s : set->sites) {
+    if (s.method != "hook-site") continue;
+    std::optional<CodeRange> r = RangeContaining(code.functions, s.vaddr);
+    if (!r || vm.FunctionContaining(s.vaddr)) continue;  // an exported function keeps its own name
+    if (exit_fns.count(r->start) != 0) {
+      s.function = "thread_start_func_2";
+      ++named;
+    } else if (r->start == limits) {
+      s.function = "rb_thread_schedule_limits";
+      ++named;
+    }
+  }
+  set->provenance.push_back(
+      {"function names", "exports where a site lies in an exported function; thread_start_func_2 = the function "
+                         "of the EXITED checks, rb_thread_schedule_limits = rb_thread_schedule's first callee "
+                         "(disassembly, " + std::to_string(named) + " sites); others fn@<entry>"});
+}
+
 bool IsGcEvent(uint8_t event) { return event == RV_EV_GC_ENTER || event == RV_EV_GC_EXIT; }
 
 }  // namespace
@@ -356,6 +395,11 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   }
   StrippedCode* stripped_ptr = stripped ? &*stripped : nullptr;
   const uint64_t hooks_addr = stripped ? stripped->hooks : hooks->value;
+  set.hooks_vaddr = hooks_addr;
+  if (std::optional<MainThreadRoute> mt = FindMainThreadRoute(vm, *dis)) {
+    set.main_ractor_vaddr = mt->main_ractor_vaddr;
+    set.ractor_main_thread = mt->ractor_main_thread;
+  }
   std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(vm);
   Finder finder{vm, *dis, dwarf.get(), major, minor, {}, stripped_ptr, {}};
   if (stripped) {
@@ -490,6 +534,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     }
     set.sites.push_back(std::move(site));
   }
+
+  if (stripped) NameStrippedSchedulerFunctions(vm, *dis, *stripped, &set);
 
   // GC enter/exit hook-check sites (§4).
   for (const auto& [vaddr, event] : gc_global_refs) {

@@ -140,6 +140,50 @@ std::optional<uint64_t> SoleGlobalReadBy(const ElfFile& vm, Disassembler& dis, c
   return *reads.begin();
 }
 
+std::optional<MainThreadRoute> FindMainThreadRoute(const ElfFile& vm, Disassembler& dis) {
+  std::optional<ElfSymbol> fn = vm.FindSymbol("rb_thread_main");
+  if (!fn || fn->shndx == SHN_UNDEF || fn->type != STT_FUNC || fn->size == 0) return std::nullopt;
+  // The fast path up to its first ret: rax = the global (mov G(%rip) or lea G(%rip) + mov (%rax)), a NULL test,
+  // then exactly two loads through rax: threads.main, then ->self.
+  uint64_t global = 0;
+  bool via_lea = false;
+  std::vector<int64_t> loads;
+  bool shape = true;
+  dis.DecodeRange(vm.BytesAt(fn->value, fn->size), fn->value, [&](const cs_insn& insn) {
+    if (insn.id == X86_INS_RET) return false;
+    const cs_x86& x = insn.detail->x86;
+    const bool mov_rax = insn.id == X86_INS_MOV && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
+                         x.operands[0].reg == X86_REG_RAX && x.operands[1].type == X86_OP_MEM &&
+                         x.operands[1].mem.index == X86_REG_INVALID && x.operands[1].size == 8;
+    std::optional<uint64_t> rip = RipRelativeTarget(insn);
+    if (global == 0) {
+      if (mov_rax && rip && InWritableData(vm, *rip, 8)) {
+        global = *rip;
+      } else if (insn.id == X86_INS_LEA && rip && x.operands[0].reg == X86_REG_RAX && InWritableData(vm, *rip, 8)) {
+        global = *rip;
+        via_lea = true;
+      } else {
+        shape = false;
+      }
+      return shape;
+    }
+    if (via_lea) {
+      via_lea = false;
+      shape = mov_rax && x.operands[1].mem.base == X86_REG_RAX && x.operands[1].mem.disp == 0;
+      return shape;
+    }
+    if (insn.id == X86_INS_TEST || IsConditionalJump(insn)) return true;
+    if (mov_rax && x.operands[1].mem.base == X86_REG_RAX) {
+      loads.push_back(x.operands[1].mem.disp);
+      return true;
+    }
+    shape = false;
+    return false;
+  });
+  if (!shape || global == 0 || loads.size() != 2 || loads[0] <= 0 || loads[0] > 4096) return std::nullopt;
+  return MainThreadRoute{global, static_cast<uint32_t>(loads[0])};
+}
+
 std::string StrippedFunctionName(const ElfFile& vm, const StrippedCode& code, uint64_t vaddr) {
   std::optional<ElfSymbol> f = vm.FunctionContaining(vaddr);
   if (f) return f->name;

@@ -64,6 +64,15 @@ std::vector<uint64_t> RodataStrings(const ElfFile& vm, const std::string& s);
 // not read exactly one.
 std::optional<uint64_t> SoleGlobalReadBy(const ElfFile& vm, Disassembler& dis, const std::string& fn);
 
+// Where the main thread is, from the exported rb_thread_main() (`return ruby_single_main_ractor->threads.main->self`
+// in a single-ractor process): the global holding the main ractor and threads.main's offset in it. nullopt when the
+// function does not have that shape.
+struct MainThreadRoute {
+  uint64_t main_ractor_vaddr = 0;   // &ruby_single_main_ractor
+  uint32_t ractor_main_thread = 0;  // offsetof(rb_ractor_t, threads.main), bytes
+};
+std::optional<MainThreadRoute> FindMainThreadRoute(const ElfFile& vm, Disassembler& dis);
+
 // "name" of the exported function containing vaddr, else "fn@0x<entry>" of its FDE, else the address.
 std::string StrippedFunctionName(const ElfFile& vm, const StrippedCode& code, uint64_t vaddr);
 
