@@ -16,6 +16,7 @@
 #include "ops/agent_config.h"
 #include "elf/elf_file.h"
 #include "record/recorder.h"
+#include "record/vm_binary.h"
 #include "sites/sites.h"
 #include "target/target.h"
 #include "export/folded.h"
@@ -355,7 +356,9 @@ int RunCli(int argc, char** argv) {
     Result<SiteSet> set = LoadOrFindSites(path, version, rec.cache_dir);
     if (!set) return Fail(set.error());
     std::cout << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
-              << FormatProvenance(*set) << FormatSites(*set);
+              << FormatProvenance(*set);
+    for (const auto& [fact, source] : StackProvenance(path, version)) std::cout << "# " << fact << ": " << source << "\n";
+    std::cout << FormatSites(*set);
     return 0;
   }
 

@@ -113,6 +113,34 @@ std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_
   return std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), setup.offsets, gsym);
 }
 
+std::vector<std::pair<std::string, std::string>> StackProvenance(const std::string& vm_path,
+                                                                 const std::string& ruby_version) {
+  std::vector<std::pair<std::string, std::string>> out;
+  int major = 0, minor = 0, teeny = 0;
+  Result<ElfFile> elf = ElfFile::Open(vm_path);
+  if (!elf || !ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
+    out.push_back({"stack offsets", "none: " + (elf ? "unparseable ruby_version" : elf.error().message())});
+    return out;
+  }
+  OffsetsReport report;
+  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, &report);
+  if (!off) {
+    out.push_back({"stack offsets", "none: " + off.error().message()});
+    return out;
+  }
+  const std::string table = "table " + std::to_string(major) + "." + std::to_string(minor);
+  out.push_back({"stack offsets", report.from_dwarf > 0 ? "dwarf (" + std::to_string(report.from_dwarf) +
+                                                              " fields) over " + table
+                                                        : table});
+  out.push_back({"sample EC route", DescribeEcRoute(ComputeEcRoute(*elf, *off))});
+  std::optional<ElfSymbol> gsym = elf->FindSymbol("ruby_global_symbols");
+  Result<uint64_t> gvaddr = FindGlobalSymbolsVaddr(*elf);
+  out.push_back({"ruby_global_symbols", !gvaddr ? "none: " + gvaddr.error().message()
+                                        : gsym && gsym->shndx != SHN_UNDEF ? "symtab"
+                                                                           : "disassembly of rb_id2str (exports)"});
+  return out;
+}
+
 Status CheckLiveLayout(int pid, const ElfFile& vm, uint64_t load_bias, const SiteSet& sites, MemoryReader& mem) {
   auto refuse = [&](const std::string& what) {
     return Error(ErrorCode::kNoSymbols,

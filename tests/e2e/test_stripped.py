@@ -46,7 +46,7 @@ def stripped_copy(ruby, root):
 
 
 def check_sites(rvbpfd, vm, cache_dir):
-    p = subprocess.run([rvbpfd, "sites", "--binary", vm, "--cache-dir", cache_dir], capture_output=True, text=True,
+    p = subprocess.run([rvbpfd, "--cache-dir", cache_dir, "sites", "--binary", vm], capture_output=True, text=True,
                        timeout=120)
     if p.returncode != 0:
         return [f"rvbpfd sites --binary {vm} exited {p.returncode}: {p.stderr.strip()}"], ""
@@ -54,7 +54,7 @@ def check_sites(rvbpfd, vm, cache_dir):
     prov = [l for l in p.stdout.splitlines() if l.startswith("# ") and ": " in l]
     facts = {l[2:].split(": ", 1)[0]: l.split(": ", 1)[1] for l in prov}
     for fact in ("hook list", "function extents", "hook sites", "events", "GC enter/exit", "Kernel#sleep",
-                 "Mutex#lock", "thread struct offsets"):
+                 "Mutex#lock", "thread struct offsets", "stack offsets", "sample EC route", "ruby_global_symbols"):
         if fact not in facts:
             problems.append(f"rvbpfd sites names no source for {fact!r}:\n{p.stdout[:2000]}")
         elif "symtab" in facts[fact] or "dwarf" in facts[fact]:
