@@ -179,7 +179,11 @@ Status CheckLiveLayout(int pid, const ElfFile& vm, uint64_t load_bias, const Sit
         return refuse("the main thread's native thread (th->nt at +" + std::to_string(sites.offsets.th_nt) +
                       ") is unreadable");
       }
-      if (!mem.ReadValue(nt + sites.offsets.nt_tid, &tid) || tid != pid) {
+      if (!mem.ReadValue(nt + sites.offsets.nt_tid, &tid)) {
+        return refuse("the main thread's native tid (nt->tid at +" + std::to_string(sites.offsets.nt_tid) +
+                      ") is unreadable");
+      }
+      if (tid != pid) {
         return refuse("the main thread's native tid (nt->tid at +" + std::to_string(sites.offsets.nt_tid) +
                       ") is " + std::to_string(tid) + ", not the pid");
       }

@@ -40,7 +40,7 @@ class LayoutFakeTest : public ::testing::Test {
     sites_.hooks_vaddr = 0x5000;
     sites_.main_ractor_vaddr = 0x5008;
     sites_.ractor_main_thread = 0x188;
-    mem_.Map(kBias + version, 16);
+    mem_.Map(kBias + version, 32);
     mem_.Put(kBias + version, "3.3.8", 6);
     mem_.Map(kBias + 0x5000, 16);
     mem_.Map(0x10000, 0x400);  // ractor
@@ -83,6 +83,8 @@ TEST_F(LayoutFakeTest, OtherVersionUnreadableHookListOrThreadAreRefused) {
   EXPECT_NE(Check().error().message().find("the hook list points to unreadable memory"), std::string::npos);
   mem_.Put64(kBias + 0x5000, 0);
   mem_.Put64(0x20000 + 40, 0x99990000);
+  EXPECT_NE(Check().error().message().find("nt->tid at +24) is unreadable"), std::string::npos);
+  mem_.Put64(0x20000 + 40, 0);
   EXPECT_NE(Check().error().message().find("th->nt at +40) is unreadable"), std::string::npos);
 }
 
