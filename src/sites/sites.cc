@@ -369,10 +369,14 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
       gc_flags_target = flags->value + kGcFlagsByte;
       gc_flags_source = flags->from_symtab ? "symtab" : "exports";
     } else if (Result<Disassembler> d = Disassembler::Create(); d.ok()) {
-      // Hidden in 3.4's libruby; the GC reaches it through rb_gc_event_hook_required_p, exported for modular GCs.
-      if (std::optional<uint64_t> v = SoleGlobalReadBy(vm, *d, "rb_gc_event_hook_required_p")) {
-        gc_flags_target = *v + kGcFlagsByte;
-        gc_flags_source = "exports + disassembly of rb_gc_event_hook_required_p";
+      // Hidden since 3.3. The exported GC event entry points test it first (`ruby_vm_event_flags & event`):
+      // rb_gc_event_hook (3.4), rb_gc_event_hook_required_p (where a build exports it).
+      for (const char* fn : {"rb_gc_event_hook", "rb_gc_event_hook_required_p"}) {
+        if (std::optional<uint64_t> v = SoleGlobalReadBy(vm, *d, fn)) {
+          gc_flags_target = *v + kGcFlagsByte;
+          gc_flags_source = std::string("exports + disassembly of ") + fn;
+          break;
+        }
       }
     }
   }

@@ -99,14 +99,28 @@ EcFromCode EcFromErrinfo(const ElfFile& elf) {
   Result<Disassembler> d = Disassembler::Create();
   if (!d) return out;
   std::optional<uint64_t> lea_rdi, lea_rax;
+  std::optional<int64_t> imm_reg_value;  // `mov $imm, %reg` just before: GCC's `mov %fs:(%reg)` form
+  unsigned imm_reg = X86_REG_INVALID;
   d->DecodeRange(elf.BytesAt(fn->value, std::min<uint64_t>(fn->size, 96)), fn->value, [&](const cs_insn& insn) {
     const cs_x86& x = insn.detail->x86;
     if (insn.id == X86_INS_MOV && x.op_count == 2 && x.operands[1].type == X86_OP_MEM &&
-        x.operands[1].mem.segment == X86_REG_FS && x.operands[1].mem.base == X86_REG_INVALID &&
-        x.operands[1].mem.index == X86_REG_INVALID && x.operands[1].size == 8) {
-      out.tp_offset = x.operands[1].mem.disp;
+        x.operands[1].mem.segment == X86_REG_FS && x.operands[1].mem.index == X86_REG_INVALID &&
+        x.operands[1].size == 8) {
+      const x86_op_mem& m = x.operands[1].mem;
+      if (m.base == X86_REG_INVALID) {
+        out.tp_offset = m.disp;
+      } else if (m.base == imm_reg && imm_reg_value) {
+        out.tp_offset = *imm_reg_value + m.disp;
+      }
       return false;
     }
+    if (insn.id == X86_INS_MOV && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
+        x.operands[1].type == X86_OP_IMM && x.operands[0].size == 8) {
+      imm_reg = x.operands[0].reg;
+      imm_reg_value = x.operands[1].imm;
+      return true;
+    }
+    imm_reg_value.reset();
     if (insn.id == X86_INS_LEA && x.op_count == 2 && x.operands[0].type == X86_OP_REG) {
       std::optional<uint64_t> t = RipRelativeTarget(insn);
       if (t && x.operands[0].reg == X86_REG_RDI) lea_rdi = t;
