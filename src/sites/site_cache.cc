@@ -79,6 +79,7 @@ std::string SiteSetToJson(const SiteSet& set) {
       {"offsets_source", set.offsets_source},
       {"analysed_with_symtab", set.analysed_with_symtab},
       {"hooks_vaddr", set.hooks_vaddr},
+      {"code_fingerprint", set.code_fingerprint},
       {"main_ractor_vaddr", set.main_ractor_vaddr},
       {"ractor_main_thread", set.ractor_main_thread},
       {"offsets",
@@ -104,6 +105,7 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     set.offsets_source = doc.at("offsets_source").get<std::string>();
     set.analysed_with_symtab = doc.at("analysed_with_symtab").get<bool>();
     set.hooks_vaddr = doc.at("hooks_vaddr").get<uint64_t>();
+    set.code_fingerprint = doc.at("code_fingerprint").get<uint64_t>();
     set.main_ractor_vaddr = doc.at("main_ractor_vaddr").get<uint64_t>();
     set.ractor_main_thread = doc.at("ractor_main_thread").get<uint32_t>();
     if (set.hooks_vaddr == 0 || set.ractor_main_thread >= kMaxStructOffset) return bad("layout facts out of range");
@@ -166,7 +168,7 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
       text << in.rdbuf();
       Result<SiteSet> cached = SiteSetFromJson(text.str());
       if (cached.ok() && cached->build_id == build_id && cached->ruby_version == ruby_version &&
-          cached->analysed_with_symtab == elf->has_symtab()) {
+          cached->analysed_with_symtab == elf->has_symtab() && cached->code_fingerprint == CodeFingerprint(*elf)) {
         bool in_file = true;
         for (const ProbeSite& s : cached->sites) {
           std::optional<uint64_t> off = elf->VaddrToFileOffset(s.vaddr);

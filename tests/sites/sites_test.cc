@@ -333,6 +333,33 @@ TEST_F(FixtureTest, CacheRoundTripsAndIsUsedOnTheSecondCall) {
   EXPECT_EQ(FormatSites(*other).find("fx_marked"), std::string::npos);
 }
 
+TEST_F(FixtureTest, ModifiedCopyWithTheSameBuildIdIsNotServedTheCache) {
+  const std::string lib = Build("libfx-fp.so", "-g -Wl,--build-id=0x5566778899aabbcc");
+  const std::string cache = dir_.Join("fp-cache");
+  Result<SiteSet> first = LoadOrFindSites(lib, "3.3.0", cache);
+  ASSERT_TRUE(first.ok());
+  // Mark the cache, then change one byte of .text in a copy (same build-id): the mark must not come back for it.
+  const std::string file = cache + "/5566778899aabbcc.json";
+  std::string text = testing::ReadFile(file);
+  size_t at = text.find("\"fx_ready\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 10, "\"fx_marked\"");
+  testing::WriteFile(file, text);
+  Result<ElfFile> elf = ElfFile::Open(lib);
+  ASSERT_TRUE(elf.ok());
+  std::optional<ElfSymbol> fn = elf->FindSymbol("fx_layout");
+  ASSERT_TRUE(fn.has_value());
+  std::string bytes = testing::ReadFile(lib);
+  const uint64_t off = *elf->VaddrToFileOffset(fn->value);
+  bytes[off] = static_cast<char>(0xcc);
+  const std::string copy = dir_.Join("libfx-fp-copy.so");
+  testing::WriteFile(copy, bytes);
+  Result<SiteSet> other = LoadOrFindSites(copy, "3.3.0", cache);
+  ASSERT_TRUE(other.ok()) << other.error().ToString();
+  EXPECT_EQ(FormatSites(*other).find("fx_marked"), std::string::npos) << "served the original's cache";
+  EXPECT_NE(other->code_fingerprint, first->code_fingerprint);
+}
+
 TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   std::string lib = Build("libfx-corrupt.so", "-g -Wl,--build-id=0xaabbccdd");
   std::string cache = dir_.Join("cache");
