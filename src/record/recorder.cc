@@ -205,7 +205,10 @@ Result<int> Record(const RecordOptions& o) {
     // The live process must match what the analysis assumed (version, hook list, thread layout) before a probe
     // goes in; a launched child is checked by construction (its VM is the file analysed, not yet running).
     Result<ElfFile> vm_elf = ElfFile::Open(target.vm_path);
-    if (!vm_elf) return vm_elf.error();
+    if (!vm_elf) {
+      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
+      return vm_elf.error();
+    }
     std::optional<uint64_t> lowest = LowestMappingOf(target.pid, target.vm_path);
     if (!lowest) {
       if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
