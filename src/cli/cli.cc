@@ -17,6 +17,7 @@
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "record/recorder.h"
+#include "record/vm_binary.h"
 #include "sites/sites.h"
 #include "target/target.h"
 #include "export/folded.h"
@@ -372,7 +373,9 @@ int RunCli(int argc, char** argv) {
     if (!set) return Fail(set.error());
     std::cout << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
               << "# symbols: " << set->symbols_source << "\n"
-              << FormatSites(*set);
+              << FormatProvenance(*set);
+    for (const auto& [fact, source] : StackProvenance(path, version)) std::cout << "# " << fact << ": " << source << "\n";
+    std::cout << FormatSites(*set);
     return 0;
   }
 

@@ -202,6 +202,27 @@ Result<int> Record(const RecordOptions& o) {
     if (Status st = UseGcFunctionProbes(*vm_elf, &prepared->sites); !st) return st.error();
   }
   const SiteSet* sites = &prepared->sites;
+  if (!launch) {
+    // The live process must match what the analysis assumed (version, hook list, thread layout) before a probe
+    // goes in; a launched child is checked by construction (its VM is the file analysed, not yet running).
+    Result<ElfFile> vm_elf = ElfFile::Open(target.vm_path);
+    if (!vm_elf) {
+      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
+      return vm_elf.error();
+    }
+    std::optional<uint64_t> lowest = LowestMappingOf(target.pid, target.vm_path);
+    if (!lowest) {
+      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
+      return Error(ErrorCode::kNotRuby, target.vm_path + " is not mapped in process " + std::to_string(target.pid));
+    }
+    ProcessMemoryReader mem(target.pid);
+    Status st = CheckLiveLayout(target.pid, target.ns_pid, *vm_elf, LoadBiasFromLowestMapping(*vm_elf, *lowest),
+                                *sites, mem);
+    if (!st) {
+      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
+      return st.error();
+    }
+  }
 
   // Everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than the
   // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.

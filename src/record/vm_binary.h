@@ -18,6 +18,7 @@
 #include "rvbpfd/abi.h"
 #include "sites/sites.h"
 #include "stacks/ec_route.h"
+#include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
 #include "trace/stacks.h"
 
@@ -69,6 +70,23 @@ std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const 
 // ruby_global_symbols once the VM is mapped (0 otherwise).
 std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_path, const StackSetup& setup,
                                                  const std::string& proc_root = "/proc");
+
+// Where the stack facts of the VM at vm_path come from (fact, source), for `rvbpfd sites`: the walker and
+// symbolizer offsets (DWARF over the version table, or the table alone), how samples find their EC, and
+// ruby_global_symbols (symtab, or rb_id2str's code). A fact that cannot be set up says why.
+std::vector<std::pair<std::string, std::string>> StackProvenance(const std::string& vm_path,
+                                                                 const std::string& ruby_version);
+
+// Checks a live process against what the analysis of its VM binary assumes, before any probe goes in: the
+// ruby_version string the process holds is the analysed one, the hook list pointer is readable (NULL, or the
+// address of a readable hook), and in a single-ractor process the main thread's native tid (th->nt->tid, with the
+// offsets the probes will use) is the pid. `vm` is the VM binary, `load_bias` its load bias in the process. A
+// mismatch is kNoSymbols with one line naming the version, the failed check and what is supported; a process where a
+// check cannot apply (several ractors) skips that check, never guesses.
+// ns_pid: the pid as the target sees it in its own pid namespace (RubyTarget::ns_pid), which its main thread's
+// nt->tid holds.
+Status CheckLiveLayout(int pid, int ns_pid, const ElfFile& vm, uint64_t load_bias, const SiteSet& sites,
+                       MemoryReader& mem);
 
 // A stack that is not complete says so at its oldest end rather than passing for a whole one: cut at
 // RV_MAX_STACK_FRAMES ("<truncated>"), or the walk could not read a frame ("<incomplete stack>").

@@ -107,6 +107,24 @@ std::vector<MapsEntry> ParseMaps(std::string_view text) {
   return out;
 }
 
+std::optional<int> ParseNsPid(std::string_view status_text) {
+  size_t at = status_text.find("\nNSpid:");
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view line = status_text.substr(at + 7);
+  line = line.substr(0, line.find('\n'));
+  // Fields are tab-separated pids from the outermost namespace to the innermost: the last is the target's own.
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\t')) line.remove_suffix(1);
+  const size_t sep = line.find_last_of(" \t");
+  std::string_view last = sep == std::string_view::npos ? line : line.substr(sep + 1);
+  if (last.empty() || last.size() > 9) return std::nullopt;
+  int v = 0;
+  for (char c : last) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v > 0 ? std::optional<int>(v) : std::nullopt;
+}
+
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   const std::string pid_str = std::to_string(pid);
   struct stat st;
@@ -118,7 +136,11 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   target.pid = pid;
   if (ReadProcFile(procfs, procfs.PidPath(pid, "comm"), &target.comm) == 0) {
     while (!target.comm.empty() && target.comm.back() == '\n') target.comm.pop_back();
+  }  target.ns_pid = pid;
+  if (std::string status; ReadProcFile(procfs, procfs.PidPath(pid, "status"), &status) == 0) {
+    if (std::optional<int> ns = ParseNsPid(status)) target.ns_pid = *ns;
   }
+
   std::string maps_text;
   if (int err = ReadProcFile(procfs, procfs.PidPath(pid, "maps"), &maps_text); err != 0) {
     if (err == EACCES || err == EPERM) return PrivilegeError("reading " + procfs.PidPath(pid, "maps"), err);
