@@ -7,6 +7,7 @@
 
 #include "agent/agent.h"
 #include "agent/probe_backend.h"
+#include "common/url_redact.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
 #include "record/vm_binary.h"
@@ -72,9 +73,11 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
   if (!agent_or) return agent_or.error();
   Agent& agent = **agent_or;
   if (Status st = agent.Start(); !st) return st.error();
+  AgentConfig shown = config;  // the log must not carry --push-url's credentials
+  shown.push_url = RedactUrl(shown.push_url);
   log.Info("agent started", {{"pid", static_cast<int64_t>(getpid())},
                              {"host", agent.host()},
-                             {"config", AgentConfigToJson(config)},
+                             {"config", AgentConfigToJson(shown)},
                              {"metrics_port", static_cast<int64_t>(server ? server->port() : 0)},
                              {"multi_uprobe_links", (*backend)->uses_multi_links()},
                              {"processes", static_cast<uint64_t>(agent.watched_pids().size())}});

@@ -8,11 +8,13 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "agent/agent_main.h"
 #include "common/error.h"
+#include "common/text_escape.h"
 #include "ops/agent_config.h"
 #include "elf/elf_file.h"
 #include "record/recorder.h"
@@ -49,6 +51,14 @@ constexpr const char* kDescription =
     "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). Exit status: 0 ok, 2 usage, 3 no such process,\n"
     "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
     "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error.";
+
+// Prints a multi-line report whose text quotes what target processes controlled (thread names, frame labels, paths,
+// reasons) with their control bytes escaped, so a trace cannot drive the terminal that inspects it.
+void PrintEscaped(const std::function<void(std::ostream&)>& print) {
+  std::ostringstream text;
+  print(text);
+  std::cout << EscapeControlBytes(text.str(), /*keep_newlines=*/true);
+}
 
 int Fail(const Error& e) {
   fprintf(stderr, "%s\n", e.ToString().c_str());
@@ -290,11 +300,13 @@ int RunCli(int argc, char** argv) {
   if (inspect->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(inspect_file);
     if (!trace) return Fail(trace.error());
-    PrintInspect(*trace, std::cout);
+    PrintEscaped([&](std::ostream& out) { PrintInspect(*trace, out); });
     Result<Model> model = Model::FromTrace(std::move(trace.value()));
     if (!model) return Fail(model.error());
-    std::cout << "\n";
-    PrintModelSummary(*model, std::cout);
+    PrintEscaped([&](std::ostream& out) {
+      out << "\n";
+      PrintModelSummary(*model, out);
+    });
     return 0;
   }
   if (report->parsed()) {
@@ -305,7 +317,7 @@ int RunCli(int argc, char** argv) {
     }
     Status st = WriteReport(report_file, report_out);
     if (!st) return Fail(st.error());
-    fprintf(stderr, "rvbpfd: wrote %s\n", report_out.c_str());
+    fprintf(stderr, "rvbpfd: wrote %s\n", EscapeControlBytes(report_out).c_str());
     return 0;
   }
   if (exp->parsed()) {
@@ -330,10 +342,10 @@ int RunCli(int argc, char** argv) {
   if (stats->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(stats_file);
     if (!trace) return Fail(trace.error());
-    PrintStats(*trace, std::cout);
+    PrintEscaped([&](std::ostream& out) { PrintStats(*trace, out); });
     Result<Model> model = Model::FromTrace(std::move(trace.value()));
     if (!model) return Fail(model.error());
-    PrintContentionSummary(*model, std::cout);
+    PrintEscaped([&](std::ostream& out) { PrintContentionSummary(*model, out); });
     return 0;
   }
   if (sites->parsed()) {
@@ -354,8 +366,10 @@ int RunCli(int argc, char** argv) {
     }
     Result<SiteSet> set = LoadOrFindSites(path, version, rec.cache_dir);
     if (!set) return Fail(set.error());
-    std::cout << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
-              << FormatSites(*set);
+    PrintEscaped([&](std::ostream& out) {
+      out << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
+          << FormatSites(*set);
+    });
     return 0;
   }
 

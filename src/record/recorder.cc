@@ -23,6 +23,7 @@
 
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
+#include "common/text_escape.h"
 #include "record/launch.h"
 #include "record/ec_install.h"
 #include "record/overhead_budget.h"
@@ -288,7 +289,7 @@ Result<int> Record(const RecordOptions& o) {
     const ProcessEcInstaller::State st = ec_installer->Poll(*session);
     if (st == ProcessEcInstaller::State::kFailed && !o.quiet) {
       fprintf(stderr, "rvbpfd: warning: samples find their thread only through scheduler events: %s\n",
-              ec_installer->error().c_str());
+              EscapeControlBytes(ec_installer->error()).c_str());
     }
   };
 
@@ -384,7 +385,8 @@ Result<int> Record(const RecordOptions& o) {
   if (!o.quiet) {
     fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s, in %.0f ms; writing %s\n",
             sites->sites.size(), session->uses_multi_links() ? "multi-uprobe links" : "one link per site",
-            target.pid, target.ruby_version.c_str(), target.vm_path.c_str(), attach_ms, output.c_str());
+            target.pid, EscapeControlBytes(target.ruby_version).c_str(), EscapeControlBytes(target.vm_path).c_str(),
+            attach_ms, EscapeControlBytes(output).c_str());
   }
   if (child) {
     if (Status st = child->Release(); !st) return fail(st.error());
@@ -644,7 +646,7 @@ Result<int> Record(const RecordOptions& o) {
     fprintf(stderr, "rvbpfd: %s; %llu events, %llu dropped; %llu probe hits (%llu not events); wrote %s\n",
             stop_reason.c_str(), static_cast<unsigned long long>(seen.events),
             static_cast<unsigned long long>(seen.dropped), static_cast<unsigned long long>(seen.probe_hits),
-            static_cast<unsigned long long>(seen.hits_discarded), output.c_str());
+            static_cast<unsigned long long>(seen.hits_discarded), EscapeControlBytes(output).c_str());
     if (stack_setup && sampling) {
       fprintf(stderr, "rvbpfd: %llu samples, %llu lost to a full ring; EC by TLS %llu, ractor %llu, current_th %llu, "
               "none (dropped) %llu\n",

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/json_dump.h"
 #include "sites/sites.h"
 
 namespace rvbpfd {
@@ -77,7 +78,7 @@ std::string SiteSetToJson(const SiteSet& set) {
        {{"th_serial", set.offsets.th_serial}, {"th_nt", set.offsets.th_nt}, {"nt_tid", set.offsets.nt_tid},
         {"flags", set.offsets.flags}}},
       {"sites", std::move(sites)}};
-  return doc.dump(1) + "\n";
+  return DumpJson(doc, 1) + "\n";
 }
 
 Result<SiteSet> SiteSetFromJson(const std::string& text) {
