@@ -14,6 +14,7 @@
 
 #include "agent/agent_main.h"
 #include "common/error.h"
+#include "common/safe_file.h"
 #include "common/text_escape.h"
 #include "ops/agent_config.h"
 #include "elf/elf_file.h"
@@ -65,20 +66,13 @@ int Fail(const Error& e) {
   return ExitStatus(e.code());
 }
 
-// Writes through a temporary file renamed into place, so a failed export never leaves a partial file behind.
+// Exports are written through a temporary file renamed into place (common/safe_file), so a failed export never
+// leaves a partial file behind and a planted symlink is never followed; under sudo the invoking user owns them.
 Status WriteOutput(const std::string& path, const std::function<Status(std::ostream&)>& write) {
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    return Error(ErrorCode::kOutputUnwritable,
-                 ErrnoMessage("cannot create output file " + path, errno) + "; choose another path with -o");
-  }
-  Status st = write(out);
-  out.close();
-  if (st && !out) st = Error(ErrorCode::kIo, ErrnoMessage("writing " + path, errno));
-  if (st && rename(tmp.c_str(), path.c_str()) != 0) st = Error(ErrorCode::kIo, ErrnoMessage("renaming to " + path, errno));
-  if (!st) unlink(tmp.c_str());
-  return st;
+  OutputFileOptions options;
+  options.owner = SudoInvokerOfProcess();
+  options.allow_fifo_or_device = true;
+  return WriteOutputFile(path, options, write);
 }
 
 }  // namespace
