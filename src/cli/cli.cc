@@ -39,7 +39,8 @@ constexpr const char* kDescription =
     "Kernel#sleep / Mutex#lock from outside the process, with eBPF uprobes on the VM's own hook sites.\n"
     "\n"
     "  rvbpfd --pid PID [-o FILE] [--duration SECONDS]   attach to a running Ruby process\n"
-    "  rvbpfd [-o FILE] -- COMMAND [ARGS...]             launch a program and record from its first instruction\n"
+    "  rvbpfd [-o FILE] [--user U] -- COMMAND [ARGS...]  launch a program and record from its first instruction\n"
+    "                                                    (under sudo: as the user who ran sudo; see --user)\n"
     "  rvbpfd inspect FILE                               event table and per-thread summary of a trace\n"
     "  rvbpfd stats FILE                                 counts by event, dropped events, ring high-water mark\n"
     "  rvbpfd report FILE [-o report.html]               self-contained HTML timeline (opens from disk)\n"
@@ -146,6 +147,11 @@ int RunCli(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "fallback"}));
   app.add_flag("--single-links", rec.force_single_links,
                "Attach one uprobe link per site even when the kernel has multi-uprobe links");
+  app.add_option("--user", rec.user,
+                 "Launch mode: run the command as this user (name or uid), with that user's groups, HOME, USER and "
+                 "SHELL. Default: under sudo, the user who ran sudo (SUDO_UID/SUDO_GID), never root; without sudo, "
+                 "rvbpfd's own user. --user root runs it as root. The probes are attached before the command "
+                 "starts either way.");
   bool no_status = false;
   app.add_flag("--no-status", no_status, "No live status line on stderr");
   app.add_flag("-q,--quiet", rec.quiet, "Only print errors");
@@ -369,6 +375,9 @@ int RunCli(int argc, char** argv) {
 
   if (rec.pid > 0 && !command.empty()) {
     return Fail(Error(ErrorCode::kUsage, "give either --pid PID or -- COMMAND, not both"));
+  }
+  if (!rec.user.empty() && command.empty()) {
+    return Fail(Error(ErrorCode::kUsage, "--user applies to launch mode only: rvbpfd --user NAME -- COMMAND"));
   }
   if (rec.pid <= 0 && command.empty()) {
     fprintf(stderr, "%s\n", app.help().c_str());

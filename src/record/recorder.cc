@@ -159,7 +159,13 @@ Result<int> Record(const RecordOptions& o) {
   const bool launch = !o.command.empty();
   Target target;
   std::optional<HeldChild> child;
+  std::optional<LaunchIdentity> launch_identity;
   if (launch) {
+    Result<std::optional<LaunchIdentity>> identity = DecideLaunchIdentity(
+        o.user, [](const char* name) { return static_cast<const char*>(getenv(name)); }, geteuid(),
+        SystemUserDatabase());
+    if (!identity) return identity.error();
+    launch_identity = std::move(identity).value();
     const char* path_env = getenv("PATH");
     const char* ld_path = getenv("LD_LIBRARY_PATH");
     Result<LaunchPlan> plan = PlanLaunch(o.command, path_env ? path_env : "/usr/bin:/bin", ld_path ? ld_path : "");
@@ -232,7 +238,7 @@ Result<int> Record(const RecordOptions& o) {
   }
 
   if (launch) {
-    Result<HeldChild> c = HeldChild::Spawn(o.command);
+    Result<HeldChild> c = HeldChild::Spawn(o.command, launch_identity);
     if (!c) return c.error();
     child.emplace(std::move(c.value()));
     target.pid = child->pid();
@@ -389,6 +395,15 @@ Result<int> Record(const RecordOptions& o) {
             attach_ms, EscapeControlBytes(output).c_str());
   }
   if (child) {
+    if (!o.quiet) {
+      if (launch_identity) {
+        fprintf(stderr, "rvbpfd: running the command as %s (uid %u, gid %u)\n",
+                launch_identity->user.empty() ? "?" : EscapeControlBytes(launch_identity->user).c_str(),
+                static_cast<unsigned>(launch_identity->uid), static_cast<unsigned>(launch_identity->gid));
+      } else if (geteuid() == 0) {
+        fprintf(stderr, "rvbpfd: running the command as root (not under sudo and no --user)\n");
+      }
+    }
     if (Status st = child->Release(); !st) return fail(st.error());
   }
 
