@@ -9,6 +9,8 @@
 #include <cstring>
 #include <utility>
 
+#include "common/capabilities.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -38,7 +40,7 @@ bool IsDigits(std::string_view s) {
 Error OpenError(const std::string& what, int err) {
   if (err == EACCES || err == EPERM) {
     return Error(ErrorCode::kNoPrivilege,
-                 ErrnoMessage(what, err) + "; run as root or grant CAP_SYS_PTRACE (and CAP_BPF/CAP_PERFMON)");
+                 ErrnoMessage(what, err) + "; " + PrivilegeHint({kCapSysPtrace, kCapDacReadSearch}));
   }
   return Error(ErrorCode::kIo, ErrnoMessage(what, err));
 }

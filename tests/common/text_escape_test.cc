@@ -9,7 +9,8 @@ namespace {
 
 TEST(EscapeControlBytesTest, OrdinaryTextAndUtf8PassUnchanged) {
   EXPECT_EQ(EscapeControlBytes("pid 42 (ruby) at /usr/lib/libruby.so"), "pid 42 (ruby) at /usr/lib/libruby.so");
-  EXPECT_EQ(EscapeControlBytes("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  const std::string utf8 = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80";
+  EXPECT_EQ(EscapeControlBytes(utf8), utf8);
 }
 
 TEST(EscapeControlBytesTest, TerminalSequencesBecomeVisible) {

@@ -15,7 +15,8 @@ TEST(RedactUrlTest, UserinfoIsHidden) {
 TEST(RedactUrlTest, SecretQueryParametersAreHidden) {
   EXPECT_EQ(RedactUrl("https://h/ingest?name=app&access_token=abc&from=1"),
             "https://h/ingest?name=app&access_token=***&from=1");
-  EXPECT_EQ(RedactUrl("https://h/?API_KEY=k1&X-Amz-Signature=zz#frag"), "https://h/?API_KEY=***&X-Amz-Signature=***#frag");
+  EXPECT_EQ(RedactUrl("https://h/?API_KEY=k1&X-Amz-Signature=zz#frag"),
+            "https://h/?API_KEY=***&X-Amz-Signature=***#frag");
   EXPECT_EQ(RedactUrl("https://h/?password=p"), "https://h/?password=***");
 }
 
