@@ -10,6 +10,8 @@
 #include <string_view>
 #include <utility>
 
+#include "common/capabilities.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -153,6 +155,14 @@ Result<OutputFile> OutputFile::CreateAt(int dir_fd, const std::string& dir_label
   if (::fchmod(file.fd_, options.mode) != 0) return Unwritable(path, "setting its mode", errno, options.fix_hint);
   if (options.owner && ::fchown(file.fd_, options.owner->uid, options.owner->gid) != 0) {
     const int err = errno;
+    if (err == EPERM) {
+      return Error(ErrorCode::kNoPrivilege,
+                   ErrnoMessage("giving output file " + path + " to the invoking user " +
+                                    std::to_string(options.owner->uid) + ":" + std::to_string(options.owner->gid) +
+                                    " (SUDO_UID/SUDO_GID)",
+                                err) +
+                       "; " + PrivilegeHint({kCapChown}));
+    }
     return Unwritable(path, "giving it to the invoking user " + std::to_string(options.owner->uid) + ":" +
                                 std::to_string(options.owner->gid) + " (SUDO_UID/SUDO_GID)",
                       err, options.fix_hint);

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/capabilities.h"
 #include "elf/elf_file.h"
 
 namespace rvbpfd {
@@ -374,8 +375,9 @@ Status HeldChild::Release() {
     int status;
     waitpid(pid_, &status, 0);
     reaped_ = true;
-    const ErrorCode code = msg[0] == kStepExec ? ErrorCode::kUsage : ErrorCode::kNoPrivilege;
-    return Error(code, ErrnoMessage(ChildStepName(msg[0]), msg[1]));
+    if (msg[0] == kStepExec) return Error(ErrorCode::kUsage, ErrnoMessage(ChildStepName(msg[0]), msg[1]));
+    return Error(ErrorCode::kNoPrivilege, ErrnoMessage(ChildStepName(msg[0]), msg[1]) + "; " +
+                                              PrivilegeHint({kCapSetgid, kCapSetuid}) + " (or --user root)");
   }
   return Status::Ok();
 }
