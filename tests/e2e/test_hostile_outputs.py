@@ -14,6 +14,7 @@ victim file outside the output (content and mtime) was not touched.
   comm           a non-Ruby process whose comm holds ESC sequences: exit 4 with the bytes escaped (\\x1b), no raw ESC
   --host         `rvbpfd agent --host $'bad\\xffhost'` and the same in a --config file: exit 2 naming --host, never
                  an abort (134) from the JSON writer
+  --push-url     user:password@ and token= never appear in the validation error or the agent's startup log
 """
 import json
 import os
@@ -247,6 +248,34 @@ def main():
     rc, out, err = run([rvbpfd, "agent", "--config", cfg, "--metrics-listen", "off"], timeout=60)
     res.check("agent --config with an invalid UTF-8 host: exit 2, no abort",
               one_error_line(rc, err, 2, r"host|UTF-8|JSON"))
+
+    # --push-url credentials never reach a log line or an error.
+    secret = "s3cr3t-pw"
+    rc, out, err = run([rvbpfd, "agent", "--push-url", f"http://alice:{secret}@127.0.0.1:9/x?token=tok-{secret}",
+                        "--metrics-listen", "off"], timeout=60)
+    p = one_error_line(rc, err, 2, r"\*\*\*@127\.0\.0\.1")
+    if secret.encode() in err:
+        p.append(f"the validation error shows the credentials: {err!r}")
+    res.check("a --push-url validation error redacts user:password and token", p)
+    a = subprocess.Popen([rvbpfd, "agent", "--push-url", f"http://alice:{secret}@127.0.0.1:9", "--output-dir",
+                          os.path.join(base, "agent-push"), "--interval", "1", "--metrics-listen", "off",
+                          "--include", "comm:no-such-rvbp", "--cache-dir", os.path.join(base, "sites")],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = rvlib.LineReader(a.stderr)
+    started = log.wait_for(lambda l: "agent started" in l, 60)
+    a.send_signal(signal.SIGTERM)
+    try:
+        a.wait(30)
+    except subprocess.TimeoutExpired:
+        a.kill()
+        a.wait()
+    log.t.join(5)
+    p = [] if started else ["no 'agent started' line within 60 s:\n" + log.text()[-1500:]]
+    if started and "***@127.0.0.1:9" not in started:
+        p.append(f"the startup line does not show the redacted URL: {started[:400]}")
+    if secret in log.text():
+        p.append("the agent's log shows the push credentials")
+    res.check("the agent's startup log shows --push-url without its credentials", p)
 
     if not res.failed:
         subprocess.run(["rm", "-rf", base])
