@@ -83,7 +83,6 @@ class DirSink : public ProfileSink {
   std::set<FileEntry> files_;                           // oldest first
   std::unordered_map<std::string, FileEntry> by_path_;  // the same entries, by path
   uint64_t total_bytes_ = 0;
-  uint64_t temp_counter_ = 0;
   std::unique_ptr<DeliveryWorker> worker_;  // stopped first, in ~DirSink
 };
 
