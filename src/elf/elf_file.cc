@@ -9,6 +9,8 @@
 #include <cstring>
 #include <utility>
 
+#include "common/capabilities.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -35,10 +37,18 @@ bool IsDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// A target's binary is opened through /proc/PID/root (ptrace access: CAP_SYS_PTRACE) and may sit in a directory
+// only its owner can search (CAP_DAC_READ_SEARCH): name the first of the two this process lacks.
+std::string OpenPrivilegeHint() {
+  const std::optional<uint64_t> caps = EffectiveCapabilities();
+  if (caps && !MissingCapabilities(*caps, {kCapSysPtrace}).empty()) return PrivilegeHint({kCapSysPtrace}, caps);
+  return PrivilegeHint({kCapDacReadSearch}, caps);
+}
+
 Error OpenError(const std::string& what, int err) {
   if (err == EACCES || err == EPERM) {
     return Error(ErrorCode::kNoPrivilege,
-                 ErrnoMessage(what, err) + "; run as root or grant CAP_SYS_PTRACE (and CAP_BPF/CAP_PERFMON)");
+                 ErrnoMessage(what, err) + "; " + OpenPrivilegeHint());
   }
   return Error(ErrorCode::kIo, ErrnoMessage(what, err));
 }

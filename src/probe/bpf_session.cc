@@ -12,6 +12,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "common/capabilities.h"
 #include "rvbpfd.skel.h"
 
 namespace rvbpfd {
@@ -52,7 +53,7 @@ int LibbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
 Error BpfError(std::string_view step, int err) {
   if (err == EPERM || err == EACCES) {
     return Error(ErrorCode::kNoPrivilege,
-                 ErrnoMessage(step, err) + "; run as root or grant CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE");
+                 ErrnoMessage(step, err) + "; " + PrivilegeHint({kCapBpf, kCapPerfmon}));
   }
   return Error(ErrorCode::kBpf, ErrnoMessage(step, err));
 }

@@ -24,6 +24,7 @@
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
+#include "common/text_escape.h"
 #include "record/launch.h"
 #include "record/ec_install.h"
 #include "record/overhead_budget.h"
@@ -159,7 +160,13 @@ Result<int> Record(const RecordOptions& o) {
   const bool launch = !o.command.empty();
   Target target;
   std::optional<HeldChild> child;
+  std::optional<LaunchIdentity> launch_identity;
   if (launch) {
+    Result<std::optional<LaunchIdentity>> identity = DecideLaunchIdentity(
+        o.user, [](const char* name) { return static_cast<const char*>(getenv(name)); }, geteuid(),
+        SystemUserDatabase());
+    if (!identity) return identity.error();
+    launch_identity = std::move(identity).value();
     const char* path_env = getenv("PATH");
     const char* ld_path = getenv("LD_LIBRARY_PATH");
     Result<LaunchPlan> plan = PlanLaunch(o.command, path_env ? path_env : "/usr/bin:/bin", ld_path ? ld_path : "");
@@ -253,7 +260,7 @@ Result<int> Record(const RecordOptions& o) {
   }
 
   if (launch) {
-    Result<HeldChild> c = HeldChild::Spawn(o.command);
+    Result<HeldChild> c = HeldChild::Spawn(o.command, launch_identity);
     if (!c) return c.error();
     child.emplace(std::move(c.value()));
     target.pid = child->pid();
@@ -310,7 +317,7 @@ Result<int> Record(const RecordOptions& o) {
     const ProcessEcInstaller::State st = ec_installer->Poll(*session);
     if (st == ProcessEcInstaller::State::kFailed && !o.quiet) {
       fprintf(stderr, "rvbpfd: warning: samples find their thread only through scheduler events: %s\n",
-              ec_installer->error().c_str());
+              EscapeControlBytes(ec_installer->error()).c_str());
     }
   };
 
@@ -406,10 +413,19 @@ Result<int> Record(const RecordOptions& o) {
   if (!o.quiet) {
     fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s (symbols: %s), in %.0f ms; writing %s\n",
             sites->sites.size(), session->uses_multi_links() ? "multi-uprobe links" : "one link per site",
-            target.pid, target.ruby_version.c_str(), target.vm_path.c_str(), sites->symbols_source.c_str(), attach_ms,
-            output.c_str());
+            target.pid, EscapeControlBytes(target.ruby_version).c_str(), EscapeControlBytes(target.vm_path).c_str(),
+            EscapeControlBytes(sites->symbols_source).c_str(), attach_ms, EscapeControlBytes(output).c_str());
   }
   if (child) {
+    if (!o.quiet) {
+      if (launch_identity) {
+        fprintf(stderr, "rvbpfd: running the command as %s (uid %u, gid %u)\n",
+                launch_identity->user.empty() ? "?" : EscapeControlBytes(launch_identity->user).c_str(),
+                static_cast<unsigned>(launch_identity->uid), static_cast<unsigned>(launch_identity->gid));
+      } else if (geteuid() == 0) {
+        fprintf(stderr, "rvbpfd: running the command as root (not under sudo and no --user)\n");
+      }
+    }
     if (Status st = child->Release(); !st) return fail(st.error());
   }
 
@@ -667,7 +683,7 @@ Result<int> Record(const RecordOptions& o) {
     fprintf(stderr, "rvbpfd: %s; %llu events, %llu dropped; %llu probe hits (%llu not events); wrote %s\n",
             stop_reason.c_str(), static_cast<unsigned long long>(seen.events),
             static_cast<unsigned long long>(seen.dropped), static_cast<unsigned long long>(seen.probe_hits),
-            static_cast<unsigned long long>(seen.hits_discarded), output.c_str());
+            static_cast<unsigned long long>(seen.hits_discarded), EscapeControlBytes(output).c_str());
     if (stack_setup && sampling) {
       fprintf(stderr, "rvbpfd: %llu samples, %llu lost to a full ring; EC by TLS %llu, ractor %llu, current_th %llu, "
               "none (dropped) %llu\n",

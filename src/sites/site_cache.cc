@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "elf/debug_lookup.h"
+#include "common/json_dump.h"
 #include "sites/sites.h"
 
 namespace rvbpfd {
@@ -91,7 +92,7 @@ std::string SiteSetToJson(const SiteSet& set) {
   nlohmann::json prov = nlohmann::json::array();
   for (const auto& [fact, source] : set.provenance) prov.push_back({fact, source});
   doc["provenance"] = std::move(prov);
-  return doc.dump(1) + "\n";
+  return DumpJson(doc, 1) + "\n";
 }
 
 Result<SiteSet> SiteSetFromJson(const std::string& text) {

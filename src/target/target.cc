@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/capabilities.h"
 #include "elf/elf_file.h"
 
 namespace rvbpfd {
@@ -19,8 +20,6 @@ namespace {
 constexpr size_t kMaxProcFileBytes = 64u << 20;
 // ruby_version is "X.Y.Z" (at most a few bytes); the bound only stops a scan through a corrupt file.
 constexpr size_t kMaxVersionLength = 32;
-
-const char* const kPrivilegeHint = "run as root or grant CAP_SYS_PTRACE and CAP_BPF/CAP_PERFMON";
 
 // Reads a whole /proc file (their st_size is 0, so read until EOF). Returns errno on failure.
 int ReadProcFile(const ProcFs& procfs, const std::string& path, std::string* out) {
@@ -59,7 +58,8 @@ bool IsLibrubyName(std::string_view base) {
 }
 
 Error PrivilegeError(const std::string& what, int err) {
-  return Error(ErrorCode::kNoPrivilege, ErrnoMessage(what, err) + "; " + kPrivilegeHint);
+  // Another user's /proc/PID/{maps,root,mem} need ptrace read access.
+  return Error(ErrorCode::kNoPrivilege, ErrnoMessage(what, err) + "; " + PrivilegeHint({kCapSysPtrace}));
 }
 
 }  // namespace

@@ -51,9 +51,9 @@ std::string FormatIso8601Utc(std::chrono::system_clock::time_point time) {
   return buf;
 }
 
-TraceWriter::TraceWriter(std::string path, int fd, const TraceHeader& header)
+TraceWriter::TraceWriter(std::string path, OutputFile file, const TraceHeader& header)
     : path_(std::move(path)),
-      fd_(fd),
+      file_(std::move(file)),
       last_timed_flush_(std::chrono::steady_clock::now()),
       accounting_(header.main_thread) {
   buffer_.reserve(kFlushBytes + 4096);
@@ -61,9 +61,8 @@ TraceWriter::TraceWriter(std::string path, int fd, const TraceHeader& header)
 
 TraceWriter::TraceWriter(TraceWriter&& other) noexcept
     : path_(std::move(other.path_)),
-      fd_(std::exchange(other.fd_, -1)),
+      file_(std::move(other.file_)),
       finished_(other.finished_),
-      remove_on_abandon_(other.remove_on_abandon_),
       buffer_(std::move(other.buffer_)),
       last_timed_flush_(other.last_timed_flush_),
       accounting_(std::move(other.accounting_)),
@@ -73,7 +72,6 @@ TraceWriter::TraceWriter(TraceWriter&& other) noexcept
       dropped_total_(other.dropped_total_),
       last_t_ns_(other.last_t_ns_) {
   other.finished_ = true;
-  other.remove_on_abandon_ = false;
   other.buffer_.clear();
 }
 
@@ -81,9 +79,8 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
   if (this != &other) {
     Close();
     path_ = std::move(other.path_);
-    fd_ = std::exchange(other.fd_, -1);
+    file_ = std::move(other.file_);
     finished_ = other.finished_;
-    remove_on_abandon_ = other.remove_on_abandon_;
     buffer_ = std::move(other.buffer_);
     last_timed_flush_ = other.last_timed_flush_;
     accounting_ = std::move(other.accounting_);
@@ -93,7 +90,6 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
     dropped_total_ = other.dropped_total_;
     last_t_ns_ = other.last_t_ns_;
     other.finished_ = true;
-    other.remove_on_abandon_ = false;
     other.buffer_.clear();
   }
   return *this;
@@ -102,26 +98,23 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
 TraceWriter::~TraceWriter() { Close(); }
 
 void TraceWriter::Close() {
-  if (fd_ < 0) return;
+  if (file_.fd() < 0) return;
   if (!buffer_.empty()) {
     // Best effort: a destructor cannot report, and what reaches the file is whole lines either way.
     (void)Flush();
   }
-  ::close(fd_);
-  fd_ = -1;
+  // The file is at its name since Create: committing only closes it, keeping what was written (a cut trace).
+  (void)file_.Commit();
 }
 
 Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHeader& header) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return Error(ErrorCode::kOutputUnwritable,
-                 ErrnoMessage("cannot create output file " + path, errno) + "; choose another path with -o");
-  }
-  struct stat st{};
-  // Only a regular file is ours to delete on Abandon: -o /dev/stdout or a FIFO must survive a failed recording.
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  TraceWriter writer(path, fd, header);
-  writer.remove_on_abandon_ = regular;
+  OutputFileOptions options;
+  options.owner = SudoInvokerOfProcess();
+  options.publish_at_create = true;
+  options.allow_fifo_or_device = true;  // a crash or a follower (tail -f) sees the trace as it is written
+  Result<OutputFile> file = OutputFile::Create(path, options);
+  if (!file) return file.error();
+  TraceWriter writer(path, std::move(file).value(), header);
   writer.AppendHeader(header);
   TraceEvent started;
   started.event = EventName::kTracingStarted;
@@ -129,7 +122,7 @@ Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHead
   started.provenance = Provenance::kObserved;
   started.t_ns = 0;
   writer.AppendEvent(started);
-  const int err = WriteAll(writer.fd_, writer.buffer_.data(), writer.buffer_.size());
+  const int err = WriteAll(writer.file_.fd(), writer.buffer_.data(), writer.buffer_.size());
   if (err != 0) {
     writer.buffer_.clear();
     writer.Abandon();
@@ -253,7 +246,7 @@ void TraceWriter::AppendEvent(const TraceEvent& event) {
 }
 
 Status TraceWriter::Write(const TraceEvent& event) {
-  if (finished_ || fd_ < 0) {
+  if (finished_ || file_.fd() < 0) {
     return Error(ErrorCode::kInternal, "writing trace event to " + path_ + ": the writer is already finished");
   }
   if (event.stack && stacks_.stack(*event.stack) == nullptr) {
@@ -312,8 +305,8 @@ Status TraceWriter::MaybeFlush(std::chrono::steady_clock::time_point now) {
 }
 
 Status TraceWriter::Flush() {
-  if (buffer_.empty() || fd_ < 0) return Status::Ok();
-  const int err = WriteAll(fd_, buffer_.data(), buffer_.size());
+  if (buffer_.empty() || file_.fd() < 0) return Status::Ok();
+  const int err = WriteAll(file_.fd(), buffer_.data(), buffer_.size());
   buffer_.clear();
   if (err != 0) {
     return Error(ErrorCode::kIo, ErrnoMessage("writing trace file " + path_, err) +
@@ -411,7 +404,7 @@ void TraceWriter::AppendSummary(const TraceSummary& summary) {
 }
 
 Status TraceWriter::Finish(const FinishInfo& info) {
-  if (finished_ || fd_ < 0) {
+  if (finished_ || file_.fd() < 0) {
     return Error(ErrorCode::kInternal, "finishing trace file " + path_ + ": the writer is already finished");
   }
   TraceEvent stopped;
@@ -433,25 +426,20 @@ Status TraceWriter::Finish(const FinishInfo& info) {
   AppendSummary(summary);
   finished_ = true;
   Status flushed = Flush();
-  const int rc = ::close(fd_);
-  const int close_errno = errno;
-  fd_ = -1;
+  // Closing reports a late write error (NFS, quota); the file keeps what reached it either way.
+  Status closed = file_.Commit();
   if (!flushed.ok()) return flushed;
-  if (rc != 0) {
-    return Error(ErrorCode::kIo, ErrnoMessage("closing trace file " + path_, close_errno) +
-                                     "; free space there or choose another path with -o");
+  if (!closed.ok()) {
+    return Error(ErrorCode::kIo, closed.error().message() + "; free space there or choose another path with -o");
   }
   return Status::Ok();
 }
 
 void TraceWriter::Abandon() {
   buffer_.clear();
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
   finished_ = true;
-  if (remove_on_abandon_ && !path_.empty()) ::unlink(path_.c_str());
+  // Removes the file while it is still the one Create made; a FIFO or device output is only closed.
+  file_.Abandon();
 }
 
 }  // namespace rvbpfd

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/safe_file.h"
 #include "trace/event.h"
 #include "trace/stacks.h"
 #include "trace/summary.h"
@@ -69,8 +70,9 @@ class TraceWriter {
   static constexpr size_t kFlushBytes = 64 * 1024;
   static constexpr std::chrono::milliseconds kFlushInterval{100};
 
-  // Creates (truncates) `path`, writes the header and the tracing_started line, and flushes them. Fails with
-  // kOutputUnwritable naming the path and errno; nothing is left behind on failure.
+  // Creates `path` as a new file (common/safe_file: mode 0600, owned by the sudo invoker, never through a symlink;
+  // an existing regular file there is replaced), writes the header and the tracing_started line, and flushes them.
+  // Fails with kOutputUnwritable naming the path and errno; nothing is left behind on failure.
   static Result<TraceWriter> Create(const std::string& path, const TraceHeader& header);
 
   TraceWriter(TraceWriter&& other) noexcept;
@@ -108,7 +110,7 @@ class TraceWriter {
   TraceSummary CurrentSummary(uint64_t end_t_ns) const;
 
  private:
-  TraceWriter(std::string path, int fd, const TraceHeader& header);
+  TraceWriter(std::string path, OutputFile file, const TraceHeader& header);
   void AppendHeader(const TraceHeader& header);
   void AppendEvent(const TraceEvent& event);
   void AppendSummary(const TraceSummary& summary);
@@ -117,9 +119,8 @@ class TraceWriter {
   void Close();
 
   std::string path_;
-  int fd_ = -1;  // owned
+  OutputFile file_;  // fd() is -1 once closed
   bool finished_ = false;
-  bool remove_on_abandon_ = false;  // a regular file this writer created (never a device or FIFO)
   std::string buffer_;  // whole lines not yet written
   std::chrono::steady_clock::time_point last_timed_flush_;  // last flush done by MaybeFlush (or Create)
   ThreadAccounting accounting_;
