@@ -112,6 +112,7 @@ TrackerEvent TrackerEventOf(const TraceEvent& e, uint64_t key, uint32_t stack);
 
 class SpanTracker {
  public:
+  // Called for every span as it closes; it must not call back into the tracker.
   using Sink = std::function<void(const Span&)>;
   explicit SpanTracker(Sink sink) : sink_(std::move(sink)) {}
 
