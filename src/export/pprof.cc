@@ -11,6 +11,7 @@
 
 #include "export/export_util.h"
 #include "export/pprof_builder.h"
+#include "model/span_tracker.h"
 #include "trace/inspect.h"
 
 namespace rvbpfd {
@@ -56,16 +57,18 @@ StackProfile AggregateStacks(const TraceFile& trace) {
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return trace.events[a].t_ns < trace.events[b].t_ns; });
 
-  struct ThreadState {
-    std::optional<uint64_t> wait_start_ns;  // open wants_gvl
-    uint32_t wait_stack = 0;                // stack the open wait is charged to (0: none yet)
-    // Stack of the release that began the thread's current time off the GVL; 0 once the thread ran again (3.2
-    // reports a timeslice as READY/RESUMED with no SUSPENDED, and the older release's stack would be stale) or when
-    // that release carried no stack.
-    uint32_t release_stack = 0;
-    uint32_t last_sample_stack = 0;
-  };
-  std::unordered_map<uint32_t, ThreadState> threads;
+  SpanTracker tracker([&p](const Span& s) {
+    if (s.kind != SpanKind::kGvlWait) return;
+    if (s.counted && s.end == SpanEnd::kAcquired) {
+      const uint64_t wait = s.duration_ns();
+      uint64_t& weight = p.weights[{s.stack, *TraceRubyThread(s.thread)}].gvl_wait_ns;
+      weight = SaturatingAdd(weight, wait);
+      p.total_gvl_wait_ns = SaturatingAdd(p.total_gvl_wait_ns, wait);
+      ++p.waits;
+    } else if (s.end == SpanEnd::kGap) {
+      ++p.waits_skipped;
+    }
+  });
   auto stack_of = [&](const TraceEvent& e) -> uint32_t {
     // An id the reader did not define cannot occur (it rejects such files), but an empty stack says nothing.
     if (!e.stack) return 0;
@@ -75,57 +78,15 @@ StackProfile AggregateStacks(const TraceFile& trace) {
 
   for (size_t idx : order) {
     const TraceEvent& e = trace.events[idx];
-    switch (e.event) {
-      case EventName::kEventsDropped:
-      case EventName::kTracingPaused:
-        for (auto& [serial, t] : threads) {
-          if (t.wait_start_ns) ++p.waits_skipped;
-          t.wait_start_ns.reset();
-        }
-        continue;
-      default:
-        break;
-    }
+    const uint64_t key = TraceThreadKey(e.ruby_thread);
     if (e.event == EventName::kSample) {
       const uint32_t stack = stack_of(e);
-      const uint32_t serial = e.ruby_thread.value_or(kNoThread);
-      p.weights[{stack, serial}].samples++;
+      p.weights[{stack, e.ruby_thread.value_or(kNoThread)}].samples++;
       ++p.total_samples;
-      if (e.ruby_thread && stack != 0) threads[serial].last_sample_stack = stack;
+      tracker.OnSample(key, stack, false);
       continue;
     }
-    if (!e.ruby_thread) continue;
-    ThreadState& t = threads[*e.ruby_thread];
-    switch (e.event) {
-      case EventName::kGvlReleased:
-        t.release_stack = stack_of(e);
-        break;
-      case EventName::kWantsGvl:
-        if (t.wait_start_ns) break;  // a repeated READY does not restart the wait
-        t.wait_start_ns = e.t_ns;
-        t.wait_stack = stack_of(e);
-        if (t.wait_stack == 0) t.wait_stack = t.release_stack;
-        if (t.wait_stack == 0) t.wait_stack = t.last_sample_stack;
-        break;
-      case EventName::kGvlAcquired:
-        if (t.wait_start_ns) {
-          const uint64_t wait = e.t_ns - *t.wait_start_ns;  // order is sorted, so never negative
-          // A stack still unknown when the wait began may have been learned from a sample during it.
-          const uint32_t stack = t.wait_stack != 0 ? t.wait_stack : t.last_sample_stack;
-          uint64_t& weight = p.weights[{stack, *e.ruby_thread}].gvl_wait_ns;
-          weight = SaturatingAdd(weight, wait);
-          p.total_gvl_wait_ns = SaturatingAdd(p.total_gvl_wait_ns, wait);
-          ++p.waits;
-          t.wait_start_ns.reset();
-        }
-        t.release_stack = 0;
-        break;
-      case EventName::kThreadExited:
-        t.wait_start_ns.reset();
-        break;
-      default:
-        break;
-    }
+    tracker.OnEvent(TrackerEventOf(e, key, stack_of(e)));
   }
   return p;
 }

@@ -372,7 +372,7 @@ Result<int> Record(const RecordOptions& o) {
       e.stack = writer.InternStack(frame_ids);
       if (e.event == EventName::kGvlReleased) {
         const std::string& fn = r.site < site_functions.size() ? site_functions[r.site] : std::string();
-        e.reason = std::string(ReleaseReasonString(DeriveReleaseReason(frame_infos, ClassifyReleaseSite(fn))));
+        e.reason = std::string(ReleaseReasonTraceName(DeriveReleaseReason(frame_infos, ClassifyReleaseSite(fn))));
         e.reason_provenance = Provenance::kDerived;
       }
       reorder.Push(std::move(e));
