@@ -229,6 +229,7 @@ Result<LaunchPlan> PlanLaunch(const std::vector<std::string>& argv, const std::s
   if (auto sym = exe->FindSymbol("ruby_version"); sym && sym->shndx != SHN_UNDEF) {
     plan.vm_path = elf_path;
     plan.vm_is_shared_library = false;
+    plan.vm_elf = std::make_shared<ElfFile>(std::move(*exe));
     return plan;
   }
   std::vector<std::string> needed, search;

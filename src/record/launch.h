@@ -7,11 +7,13 @@
 
 #include <functional>
 #include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "common/invoking_user.h"
+#include "elf/elf_file.h"
 
 namespace rvbpfd {
 
@@ -19,6 +21,9 @@ struct LaunchPlan {
   std::string executable;       // absolute path that will be exec'd (after PATH lookup and #! resolution)
   std::string vm_path;          // the ELF holding the VM: the executable itself (static) or its libruby.so
   bool vm_is_shared_library = false;
+  // The VM binary as parsed while planning, when it is the executable itself (a static ruby); null for a libruby,
+  // which planning only locates.
+  std::shared_ptr<ElfFile> vm_elf;
 };
 
 // Resolves argv[0] through PATH, follows one level of `#!` (including `#!/usr/bin/env ruby`), and finds the ELF that

@@ -134,6 +134,7 @@ struct Target {
   std::string vm_path;  // path the daemon attaches to (host view)
   std::string ruby_version;
   std::string build_id;
+  std::shared_ptr<ElfFile> vm_elf;  // the VM binary, parsed once for the whole run
 };
 
 // The rvtrace header's name for a --stacks value.
@@ -171,15 +172,19 @@ Result<int> Record(const RecordOptions& o) {
     const char* ld_path = getenv("LD_LIBRARY_PATH");
     Result<LaunchPlan> plan = PlanLaunch(o.command, path_env ? path_env : "/usr/bin:/bin", ld_path ? ld_path : "");
     if (!plan) return plan.error();
-    Result<ElfFile> vm = ElfFile::Open(plan->vm_path);
-    if (!vm) return Error(ErrorCode::kNotRuby, vm.error().message());
-    std::optional<std::string> version = ReadRubyVersion(*vm);
+    target.vm_elf = plan->vm_elf;  // a static ruby: planning parsed it already
+    if (!target.vm_elf) {
+      Result<ElfFile> vm = ElfFile::Open(plan->vm_path);
+      if (!vm) return Error(ErrorCode::kNotRuby, vm.error().message());
+      target.vm_elf = std::make_shared<ElfFile>(std::move(vm.value()));
+    }
+    std::optional<std::string> version = ReadRubyVersion(*target.vm_elf);
     if (!version) {
       return Error(ErrorCode::kNotRuby, plan->vm_path + " has no readable ruby_version string: not a CRuby VM");
     }
     target.vm_path = plan->vm_path;
     target.ruby_version = *version;
-    target.build_id = vm->build_id();
+    target.build_id = target.vm_elf->build_id();
   } else {
     Result<RubyTarget> t = DiscoverTarget(o.pid, ProcFs());
     if (!t) {
@@ -191,12 +196,18 @@ Result<int> Record(const RecordOptions& o) {
     target.vm_path = t->vm_host_path;
     target.ruby_version = t->ruby_version;
     target.build_id = t->build_id;
+    target.vm_elf = t->vm_elf;
+    if (!target.vm_elf) {
+      Result<ElfFile> vm = ElfFile::Open(target.vm_path);
+      if (!vm) return vm.error();
+      target.vm_elf = std::make_shared<ElfFile>(std::move(vm.value()));
+    }
   }
 
   // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
   const bool stacks_on = o.stacks != "off";
   const bool sampling = o.hz > 0;
-  Result<PreparedBinary> prepared = PrepareVmBinary(target.vm_path, target.ruby_version, o.cache_dir,
+  Result<PreparedBinary> prepared = PrepareVmBinary(*target.vm_elf, target.ruby_version, o.cache_dir,
                                                     stacks_on || sampling);
   if (!prepared) {
     if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
@@ -204,32 +215,28 @@ Result<int> Record(const RecordOptions& o) {
   }
   if (o.gc_probes == "fallback") {
     // Diagnostic: the function-level GC probes even where the binary has GC hook-check sites (src/sites).
-    Result<ElfFile> vm_elf = OpenWithDebugInfo(target.vm_path);
-    if (!vm_elf) return vm_elf.error();
-    if (Status st = UseGcFunctionProbes(*vm_elf, &prepared->sites); !st) return st.error();
+    AttachDebugInfo(target.vm_elf.get());  // the function-level sites need .symtab: by build-id when stripped
+    if (Status st = UseGcFunctionProbes(*target.vm_elf, &prepared->sites); !st) return st.error();
   }
   const SiteSet* sites = &prepared->sites;
   if (!launch) {
     // The live process must match what the analysis assumed (version, hook list, thread layout) before a probe
     // goes in; a launched child is checked by construction (its VM is the file analysed, not yet running).
-    Result<ElfFile> vm_elf = ElfFile::Open(target.vm_path);
-    if (!vm_elf) {
-      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
-      return vm_elf.error();
-    }
+    const ElfFile& vm_elf = *target.vm_elf;
     std::optional<uint64_t> lowest = LowestMappingOf(target.pid, target.vm_path);
     if (!lowest) {
       if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
       return Error(ErrorCode::kNotRuby, target.vm_path + " is not mapped in process " + std::to_string(target.pid));
     }
     ProcessMemoryReader mem(target.pid);
-    Status st = CheckLiveLayout(target.pid, target.ns_pid, *vm_elf, LoadBiasFromLowestMapping(*vm_elf, *lowest),
+    Status st = CheckLiveLayout(target.pid, target.ns_pid, vm_elf, LoadBiasFromLowestMapping(vm_elf, *lowest),
                                 *sites, mem);
     if (!st) {
       if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
       return st.error();
     }
   }
+  target.vm_elf.reset();  // everything the run needs from the file is in `prepared` now: its copy is freed
 
   // Everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than the
   // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
@@ -248,6 +255,14 @@ Result<int> Record(const RecordOptions& o) {
     SessionOptions so;
     so.ring_buffer_bytes = o.ring_buffer_kb * 1024u;
     so.force_single_links = o.force_single_links;
+    so.config.cold_gap_ns = OverheadBudget::kColdGapNs;
+    if (prepared->stacks) {
+      if (stacks_on) {
+        so.config.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
+        if (o.stacks.find("ready") != std::string::npos) so.config.stack_events |= 1u << RV_EV_THREAD_READY;
+      }
+      so.config.sampling = sampling ? 1 : 0;
+    }
     Result<std::unique_ptr<BpfSession>> s =
         BpfSession::Open(so, [&](const rv_record& r) {
           if (budget_tick && ++ring_records % 64 == 0) budget_tick();  // cheap records: look at the clock sometimes
@@ -327,18 +342,10 @@ Result<int> Record(const RecordOptions& o) {
   std::unique_ptr<StackResolver> resolver;
   std::vector<FrameInfo> frame_infos;
   std::vector<uint32_t> frame_ids;
-  rv_config cfg{};
-  cfg.cold_gap_ns = OverheadBudget::kColdGapNs;
   if (stack_setup) {
     rv_walk_config wc = WalkConfigFor(*stack_setup);
     if (Status st = session->SetWalkConfig(*bin, wc); !st) return fail(st.error());
-    if (stacks_on) {
-      cfg.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
-      if (o.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
-    }
-    cfg.sampling = sampling ? 1 : 0;
   }
-  if (Status st = session->SetConfig(cfg); !st) return fail(st.error());
   if (stack_setup) {
     session->SetStackCallback([&](const rv_record& r, const rv_stack_header& h,
                                   std::span<const rv_ruby_frame> frames) {
@@ -669,30 +676,45 @@ Result<int> Record(const RecordOptions& o) {
   fin.ring_high_water_bytes = seen.ring_high_water;
   fin.late_events = reorder.late();
   fin.stop_reason = stop_reason;
-  fin.probe_hits = seen.probe_hits;
-  fin.hits_discarded = seen.hits_discarded;
-  fin.cold_hits = seen.cold_hits;
-  fin.stepped_hits = seen.stepped_hits;
+#define RV_TRAP_FINISH(field, fold, label) fin.field = seen.field;
+  RV_TRAP_COUNTERS(RV_TRAP_FINISH)
+#undef RV_TRAP_FINISH
   if (stack_setup && sampling) {
-    fin.sample_ec_routes = SampleEcRoutes{seen.samples_ec_tls, seen.samples_ec_ractor, seen.samples_ec_current_th,
-                                          seen.samples_no_ec};
+    SampleEcRoutes routes;
+#define RV_ROUTE_FINISH(field, fold, label, key) routes.key = seen.field;
+    RV_EC_ROUTE_COUNTERS(RV_ROUTE_FINISH)
+#undef RV_ROUTE_FINISH
+    fin.sample_ec_routes = routes;
   }
   if (o.status_line) fprintf(stderr, "\r\033[K");
   if (Status st = writer.Finish(fin); !st) return st.error();
   if (!o.quiet) {
-    fprintf(stderr, "rvbpfd: %s; %llu events, %llu dropped; %llu probe hits (%llu not events); wrote %s\n",
-            stop_reason.c_str(), static_cast<unsigned long long>(seen.events),
-            static_cast<unsigned long long>(seen.dropped), static_cast<unsigned long long>(seen.probe_hits),
-            static_cast<unsigned long long>(seen.hits_discarded), EscapeControlBytes(output).c_str());
+    // The counters that have a label (include/rvbpfd/counters.h): events and traps on the first line, samples and
+    // their EC routes on the second.
+    std::string counts;
+    const char* sep = "";
+#define RV_COUNT_TEXT(field, fold, label, ...)                  \
+  if (label[0] != '\0') {                                       \
+    counts += sep + std::to_string(seen.field) + " " + label;   \
+    sep = ", ";                                                 \
+  }
+    RV_EVENT_COUNTERS(RV_COUNT_TEXT)
+    RV_TRAP_COUNTERS(RV_COUNT_TEXT)
+    fprintf(stderr, "rvbpfd: %s; %s; wrote %s\n", stop_reason.c_str(), counts.c_str(),
+            EscapeControlBytes(output).c_str());
     if (stack_setup && sampling) {
-      fprintf(stderr, "rvbpfd: %llu samples, %llu lost to a full ring; EC by TLS %llu, ractor %llu, current_th %llu, "
-              "none (dropped) %llu\n",
-              static_cast<unsigned long long>(seen.samples), static_cast<unsigned long long>(seen.samples_dropped),
-              static_cast<unsigned long long>(seen.samples_ec_tls),
-              static_cast<unsigned long long>(seen.samples_ec_ractor),
-              static_cast<unsigned long long>(seen.samples_ec_current_th),
-              static_cast<unsigned long long>(seen.samples_no_ec));
+      counts.clear();
+      sep = "";
+      RV_SAMPLE_COUNTERS(RV_COUNT_TEXT)
+      sep = "; EC by ";
+#define RV_ROUTE_TEXT(field, fold, label, key)                \
+  counts += sep + std::string(label) + " " + std::to_string(seen.field); \
+  sep = ", ";
+      RV_EC_ROUTE_COUNTERS(RV_ROUTE_TEXT)
+#undef RV_ROUTE_TEXT
+      fprintf(stderr, "rvbpfd: %s\n", counts.c_str());
     }
+#undef RV_COUNT_TEXT
     if (child && target_exited) {
       if (WIFEXITED(child_status)) {
         fprintf(stderr, "rvbpfd: command exited with status %d\n", WEXITSTATUS(child_status));

@@ -12,30 +12,37 @@
 
 namespace rvbpfd {
 
-Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& ruby_version) {
+Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version) {
   int major = 0, minor = 0, teeny = 0;
   if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
     return Error(ErrorCode::kUnsupportedVersion, "cannot parse ruby_version " + ruby_version);
   }
-  Result<ElfFile> elf = OpenWithDebugInfo(vm_path);
-  if (!elf) return elf.error();
-  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, nullptr);
+  AttachDebugInfo(&vm);  // the layout needs DWARF: from the binary or its debug file by build-id
+  Result<RubyOffsets> off = OffsetsForBinary(vm, major, minor, nullptr);
   if (!off) return off.error();
   StackSetup s;
   s.offsets = *off;
-  if (Result<uint64_t> g = FindGlobalSymbolsVaddr(*elf); g) s.global_symbols_vaddr = *g;
-  s.ec_route = ComputeEcRoute(*elf, s.offsets);
+  if (Result<uint64_t> g = FindGlobalSymbolsVaddr(vm); g) s.global_symbols_vaddr = *g;
+  s.ec_route = ComputeEcRoute(vm, s.offsets);
+  s.lowest_load_vaddr = LowestLoadVaddr(vm);
   return s;
 }
 
 Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::string& ruby_version,
                                        const std::string& cache_dir, bool want_stacks) {
-  Result<SiteSet> sites = LoadOrFindSites(vm_path, ruby_version, cache_dir);
+  Result<ElfFile> vm = ElfFile::Open(vm_path);
+  if (!vm) return vm.error();
+  return PrepareVmBinary(*vm, ruby_version, cache_dir, want_stacks);
+}
+
+Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_version,
+                                       const std::string& cache_dir, bool want_stacks) {
+  Result<SiteSet> sites = LoadOrFindSites(vm, ruby_version, cache_dir);
   if (!sites) return sites.error();
   PreparedBinary p;
   p.sites = std::move(sites.value());
   if (want_stacks) {
-    Result<StackSetup> ss = PrepareStacks(vm_path, ruby_version);
+    Result<StackSetup> ss = PrepareStacks(vm, ruby_version);
     if (ss) {
       p.stacks = std::move(ss.value());
     } else {
@@ -107,8 +114,7 @@ std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_
   uint64_t gsym = 0;
   if (setup.global_symbols_vaddr != 0) {
     if (std::optional<uint64_t> lowest = LowestMappingOf(pid, vm_path, proc_root)) {
-      Result<ElfFile> elf = ElfFile::Open(vm_path);
-      if (elf) gsym = setup.global_symbols_vaddr + LoadBiasFromLowestMapping(*elf, *lowest);
+      gsym = setup.global_symbols_vaddr + LoadBiasFromLowestMapping(setup.lowest_load_vaddr, *lowest);
     }
   }
   return std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), setup.offsets, gsym);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "record/stack_resolver.h"
 #include "rvbpfd/abi.h"
@@ -29,10 +30,12 @@ struct StackSetup {
   RubyOffsets offsets;
   uint64_t global_symbols_vaddr = 0;  // ELF vaddr of ruby_global_symbols (0: C function names unresolved)
   EcRoute ec_route;  // how samples find their EC (per-process part: ResolveProcessEc, src/stacks/ec_route.h)
+  uint64_t lowest_load_vaddr = UINT64_MAX;  // the VM's lowest PT_LOAD vaddr: its load bias in a process, with maps
 };
 
-// Walker/symbolizer layout of the VM at vm_path (DWARF over the version table).
-Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& ruby_version);
+// Walker/symbolizer layout of the VM binary `vm` (DWARF over the version table; debug info by build-id is attached
+// to `vm` when it has none of its own).
+Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version);
 
 struct PreparedBinary {
   SiteSet sites;
@@ -40,8 +43,12 @@ struct PreparedBinary {
   std::optional<Error> stacks_error;  // why `stacks` is empty although they were wanted
 };
 
-// Sites (LoadOrFindSites with the build-id cache in cache_dir) and, when want_stacks, the stack layout. A failure to
-// find sites is the error; a failure to set up stacks only leaves stacks empty (stacks_error says why).
+// Sites (LoadOrFindSites with the build-id cache in cache_dir) and, when want_stacks, the stack layout, all from the
+// one parse of the VM binary `vm`. A failure to find sites is the error; a failure to set up stacks only leaves
+// stacks empty (stacks_error says why).
+Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_version,
+                                       const std::string& cache_dir, bool want_stacks);
+// The same for the file at vm_path (opened and parsed once here).
 Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::string& ruby_version,
                                        const std::string& cache_dir, bool want_stacks);
 

@@ -161,7 +161,11 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
                                 const std::string& cache_dir) {
   Result<ElfFile> elf = ElfFile::Open(elf_path);
   if (!elf.ok()) return elf.error();
-  const std::string& build_id = elf->build_id();
+  return LoadOrFindSites(*elf, ruby_version, cache_dir);
+}
+
+Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, const std::string& cache_dir) {
+  const std::string& build_id = elf.build_id();
   // Without a build-id there is no safe key: two different binaries could share a cache entry.
   const bool cacheable = !build_id.empty() && !cache_dir.empty();
   const std::string cache_path = cache_dir + "/" + build_id + ".json";
@@ -172,10 +176,10 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
       text << in.rdbuf();
       Result<SiteSet> cached = SiteSetFromJson(text.str());
       if (cached.ok() && cached->build_id == build_id && cached->ruby_version == ruby_version &&
-          cached->analysed_with_symtab == elf->has_symtab() && cached->code_fingerprint == CodeFingerprint(*elf)) {
+          cached->analysed_with_symtab == elf.has_symtab() && cached->code_fingerprint == CodeFingerprint(elf)) {
         bool in_file = true;
         for (const ProbeSite& s : cached->sites) {
-          std::optional<uint64_t> off = elf->VaddrToFileOffset(s.vaddr);
+          std::optional<uint64_t> off = elf.VaddrToFileOffset(s.vaddr);
           in_file &= off.has_value() && *off == s.file_offset;
         }
         if (in_file) return cached;
@@ -183,8 +187,8 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
     }
   }
   // Not cached: the analysis needs .symtab/DWARF, from the binary or its debug file by build-id.
-  DebugLookupResult lookup = AttachDebugInfo(&elf.value());
-  Result<SiteSet> found = FindSites(*elf, ruby_version);
+  DebugLookupResult lookup = AttachDebugInfo(&elf);
+  Result<SiteSet> found = FindSites(elf, ruby_version);
   if (!found.ok() && found.error().code() == ErrorCode::kNoSymbols && !lookup.tried.empty()) {
     return Error(ErrorCode::kNoSymbols, found.error().message() + " (debug info by build-id: " + lookup.Summary() +
                                             "; see --debug-dir, DEBUGINFOD_URLS)");

@@ -97,6 +97,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version);
 // FindSites with a JSON cache `<cache_dir>/<build-id>.json`. A cache file that is corrupt, of another format version,
 // for another build-id/version, or whose values are out of range is ignored and rewritten (atomically: tmp+rename).
 // A cache directory that cannot be written only costs the cache, never the result.
+Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, const std::string& cache_dir);
+// The same for the file at elf_path (opened and parsed here).
 Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& ruby_version,
                                 const std::string& cache_dir);
 

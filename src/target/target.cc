@@ -254,6 +254,7 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
                                                      " has no thread scheduler events (they were added in 3.2); use "
                                                      "Ruby >= 3.2");
   }
+  target.vm_elf = std::make_shared<ElfFile>(std::move(*vm));
   return target;
 }
 

@@ -6,6 +6,7 @@
 #define RVBPFD_SRC_TARGET_TARGET_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -58,6 +59,7 @@ struct RubyTarget {
   // tid the VM itself recorded. Equals pid outside a container, and when the kernel reports no NSpid.
   int ns_pid = 0;
   uint64_t vm_load_start = 0;  // lowest mapping address of the VM file (for reports; uprobes use file offsets)
+  std::shared_ptr<ElfFile> vm_elf;  // the VM binary as parsed here (at vm_host_path): callers need not reopen it
 };
 
 // The VM's version string ("3.3.8") from the exported `ruby_version` array of a VM binary (the executable of a

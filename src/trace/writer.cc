@@ -65,6 +65,7 @@ TraceWriter::TraceWriter(TraceWriter&& other) noexcept
       finished_(other.finished_),
       buffer_(std::move(other.buffer_)),
       last_timed_flush_(other.last_timed_flush_),
+      first_events_flushed_(other.first_events_flushed_),
       accounting_(std::move(other.accounting_)),
       stacks_(std::move(other.stacks_)),
       counts_(other.counts_),
@@ -83,6 +84,7 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
     finished_ = other.finished_;
     buffer_ = std::move(other.buffer_);
     last_timed_flush_ = other.last_timed_flush_;
+    first_events_flushed_ = other.first_events_flushed_;
     accounting_ = std::move(other.accounting_);
     stacks_ = std::move(other.stacks_);
     counts_ = other.counts_;
@@ -299,7 +301,9 @@ void TraceWriter::AppendStackLine(uint32_t id, std::span<const uint32_t> frame_i
 
 Status TraceWriter::MaybeFlush(std::chrono::steady_clock::time_point now) {
   // Time is measured between MaybeFlush calls rather than per line, which keeps clock reads off the per-event path.
-  if (now - last_timed_flush_ < kFlushInterval) return Status::Ok();
+  const bool first_events = !first_events_flushed_ && events_written_ > 1;  // beyond tracing_started
+  if (!first_events && now - last_timed_flush_ < kFlushInterval) return Status::Ok();
+  if (events_written_ > 1) first_events_flushed_ = true;
   last_timed_flush_ = now;
   return Flush();
 }
@@ -366,32 +370,23 @@ void TraceWriter::AppendSummary(const TraceSummary& summary) {
   AppendFixed(&b, summary.duration_ms, 6);
   b.append(",\"late_events\":");
   AppendUint(&b, summary.late_events);
-  if (summary.probe_hits) {
-    b.append(",\"probe_hits\":");
-    AppendUint(&b, *summary.probe_hits);
+#define RV_TRAP_KEY(field, fold, label)   \
+  if (summary.field) {                     \
+    b.append(",\"" #field "\":");           \
+    AppendUint(&b, *summary.field);        \
   }
-  if (summary.hits_discarded) {
-    b.append(",\"hits_discarded\":");
-    AppendUint(&b, *summary.hits_discarded);
-  }
-  if (summary.cold_hits) {
-    b.append(",\"cold_hits\":");
-    AppendUint(&b, *summary.cold_hits);
-  }
-  if (summary.stepped_hits) {
-    b.append(",\"stepped_hits\":");
-    AppendUint(&b, *summary.stepped_hits);
-  }
+  RV_TRAP_COUNTERS(RV_TRAP_KEY)
+#undef RV_TRAP_KEY
   if (summary.sample_ec_routes) {
     const SampleEcRoutes& r = *summary.sample_ec_routes;
-    b.append(",\"sample_ec_routes\":{\"tls\":");
-    AppendUint(&b, r.tls);
-    b.append(",\"ractor\":");
-    AppendUint(&b, r.ractor);
-    b.append(",\"current_th\":");
-    AppendUint(&b, r.current_th);
-    b.append(",\"none\":");
-    AppendUint(&b, r.none);
+    b.append(",\"sample_ec_routes\":{");
+    const char* sep = "";
+#define RV_ROUTE_KEY(field, fold, label, key) \
+  b.append(sep).append("\"" #key "\":");      \
+  AppendUint(&b, r.key);                      \
+  sep = ",";
+    RV_EC_ROUTE_COUNTERS(RV_ROUTE_KEY)
+#undef RV_ROUTE_KEY
     b.push_back('}');
   }
   if (summary.frames > 0 || summary.stacks > 0) {
@@ -418,10 +413,9 @@ Status TraceWriter::Finish(const FinishInfo& info) {
   TraceSummary summary = CurrentSummary(stopped.t_ns);
   summary.ring_high_water_bytes = info.ring_high_water_bytes;
   summary.late_events = info.late_events;
-  summary.probe_hits = info.probe_hits;
-  summary.hits_discarded = info.hits_discarded;
-  summary.cold_hits = info.cold_hits;
-  summary.stepped_hits = info.stepped_hits;
+#define RV_TRAP_COPY(field, fold, label) summary.field = info.field;
+  RV_TRAP_COUNTERS(RV_TRAP_COPY)
+#undef RV_TRAP_COPY
   summary.sample_ec_routes = info.sample_ec_routes;
   AppendSummary(summary);
   finished_ = true;

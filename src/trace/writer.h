@@ -53,10 +53,10 @@ struct FinishInfo {
   // From the BPF counters (rvbpfd only): uprobe traps the target paid for, those that became no record, the cold
   // ones (no trap on their CPU in the 50 us before them) and those of single-stepped sites (both dearer, see
   // OverheadBudget).
-  std::optional<uint64_t> probe_hits;
-  std::optional<uint64_t> hits_discarded;
-  std::optional<uint64_t> cold_hits;
-  std::optional<uint64_t> stepped_hits;
+  // One member per RV_TRAP_COUNTERS entry (include/rvbpfd/counters.h), as in TraceSummary.
+#define RV_TRAP_MEMBER(field, fold, label) std::optional<uint64_t> field;
+  RV_TRAP_COUNTERS(RV_TRAP_MEMBER)
+#undef RV_TRAP_MEMBER
   std::optional<SampleEcRoutes> sample_ec_routes;  // when sampling: which route found each sample's EC
 };
 
@@ -95,7 +95,9 @@ class TraceWriter {
   uint32_t InternStack(std::span<const uint32_t> frame_ids);
   const StackTable& stack_table() const { return stacks_; }
   // Flushes when kFlushInterval has passed since the last timed flush. Calling it at least every 100 ms bounds how
-  // long a line can sit in memory (what a crash loses and a follower of the file waits for) to about 200 ms.
+  // long a line can sit in memory (what a crash loses and a follower of the file waits for) to about 200 ms. The
+  // first events after tracing_started are flushed at the first call that sees them: whoever follows the file learns
+  // at once that the recording runs.
   Status MaybeFlush(std::chrono::steady_clock::time_point now);
   Status Flush();
   // Writes tracing_stopped and the summary line, flushes, and closes. The writer accepts nothing afterwards.
@@ -123,6 +125,7 @@ class TraceWriter {
   bool finished_ = false;
   std::string buffer_;  // whole lines not yet written
   std::chrono::steady_clock::time_point last_timed_flush_;  // last flush done by MaybeFlush (or Create)
+  bool first_events_flushed_ = false;  // MaybeFlush has written events beyond tracing_started
   ThreadAccounting accounting_;
   StackTable stacks_;
   std::array<uint64_t, kEventNameCount> counts_{};
