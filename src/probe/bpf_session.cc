@@ -4,6 +4,7 @@
 #include <bpf/libbpf.h>
 #include <linux/bpf.h>
 #include <linux/perf_event.h>
+#include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -199,7 +200,6 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
 BpfSession::~BpfSession() {
   for (bpf_link* link : proc_links_) bpf_link__destroy(link);
   for (bpf_link* link : perf_links_) bpf_link__destroy(link);
-  for (int fd : perf_fds_) close(fd);
   if (ring_) ring_buffer__free(ring_);
   if (skel_) rvbpfd_bpf__destroy(skel_);
 }
@@ -255,10 +255,13 @@ Status BpfSession::StartSampling(int hz) {
       if (errno == ENODEV) continue;  // offline CPU
       return BpfError("opening a cpu-clock perf event on CPU " + std::to_string(cpu), errno);
     }
-    perf_fds_.push_back(fd);
     bpf_link* link = bpf_program__attach_perf_event(skel_->progs.rv_sample, fd);
-    if (!link) return BpfError("attaching the sampling program on CPU " + std::to_string(cpu), errno);
-    perf_links_.push_back(link);
+    if (!link) {
+      const int err = errno;
+      close(fd);
+      return BpfError("attaching the sampling program on CPU " + std::to_string(cpu), err);
+    }
+    perf_links_.push_back(link);  // the link owns the event's fd: destroying it closes the fd too
   }
   if (perf_links_.empty()) return Error(ErrorCode::kBpf, "no CPU accepted a cpu-clock perf event");
   return Status::Ok();
@@ -417,8 +420,15 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
 Result<int> BpfSession::Poll(int timeout_ms) {
   // BPF wakes the epoll only when the ring is a quarter full (bpf/rvbpfd.bpf.c), so the wait is mostly a timed sleep
   // and the records are taken with consume(), which reads whatever is there without waiting for a wakeup.
-  int n = ring_buffer__poll(ring_, timeout_ms);
-  if (n < 0 && n != -EINTR) return BpfError("polling the BPF ring buffer", -n);
+  int n = 0;
+  if (wake_fd_ >= 0) {
+    // The ring's epoll fd is itself pollable: one wait for the ring and the wake fd, then the ring is read.
+    pollfd fds[2] = {{ring_buffer__epoll_fd(ring_), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, timeout_ms) < 0 && errno != EINTR) return BpfError("polling the BPF ring buffer", errno);
+  } else {
+    n = ring_buffer__poll(ring_, timeout_ms);
+    if (n < 0 && n != -EINTR) return BpfError("polling the BPF ring buffer", -n);
+  }
   int m = ring_buffer__consume(ring_);
   if (m < 0) return BpfError("reading the BPF ring buffer", -m);
   return (n > 0 ? n : 0) + m;

@@ -135,6 +135,9 @@ class BpfSession {
 
   // Drains the ring buffer, waiting at most timeout_ms for data. Returns records consumed or a kBpf error.
   Result<int> Poll(int timeout_ms);
+  // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
+  // the end of a wait). Not owned; -1 removes it.
+  void WakePollOn(int fd) { wake_fd_ = fd; }
   // Folds the per-CPU counters (each as include/rvbpfd/counters.h says: a sum or a maximum).
   rv_counters ReadCounters() const;
   // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
@@ -154,8 +157,7 @@ class BpfSession {
   ring_buffer* ring_ = nullptr;
   RecordCallback on_record_;
   StackCallback on_stack_;
-  std::vector<int> perf_fds_;          // owned: one cpu-clock event per CPU
-  std::vector<bpf_link*> perf_links_;  // owned
+  std::vector<bpf_link*> perf_links_;  // owned, one per CPU; each owns its cpu-clock perf event fd
   std::vector<bpf_link*> proc_links_;  // owned: the lifecycle tracepoints (WatchProcesses)
   bool watch_processes_ = false;
   bool multi_supported_ = false;
@@ -163,6 +165,7 @@ class BpfSession {
   uint32_t next_cookie_ = 0;
   uint32_t next_binary_ = 0;
   int ncpus_ = 1;
+  int wake_fd_ = -1;  // WakePollOn
 };
 
 }  // namespace rvbpfd

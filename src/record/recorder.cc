@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <unordered_set>
 
 #include "elf/debug_lookup.h"
@@ -115,6 +116,8 @@ class TargetWatch {
   ~TargetWatch() {
     if (pidfd_ >= 0) close(pidfd_);
   }
+  // The pidfd (readable once the process exited), -1 without one.
+  int fd() const { return pidfd_; }
   bool Exited() const {
     if (pidfd_ >= 0) {
       pollfd p{pidfd_, POLLIN, 0};
@@ -400,6 +403,7 @@ Result<int> Record(const RecordOptions& o) {
   // the main loop, and the --max-overhead checks with it, while the target traps.
   if (stack_setup && !launch && !resolver) resolver = MakeStackResolver(target.pid, target.vm_path, *stack_setup);
   TargetWatch watch = TargetWatch::ForPid(target.pid);
+  session->WakePollOn(watch.fd());  // the main loop sees the exit at once, not at the end of its wait
   const uint64_t attach_start = MonotonicNs();
   std::unique_ptr<SiteGroup> low_group, high_group;
   for (auto* list : {&low, &high}) {
@@ -722,6 +726,13 @@ Result<int> Record(const RecordOptions& o) {
         fprintf(stderr, "rvbpfd: command killed by signal %d\n", WTERMSIG(child_status));
       }
     }
+  }
+  // Releasing a multi-uprobe link waits for an RCU grace period (tens of ms, more on a busy machine): both groups
+  // are released at the same time so that they wait for the same one.
+  if (low_group && high_group) {
+    std::thread release_low([&low_group] { low_group.reset(); });
+    high_group.reset();
+    release_low.join();
   }
   return 0;
 }
