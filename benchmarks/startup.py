@@ -15,7 +15,7 @@ within 150 ms of starting, with the site cache warm.
 One warm-up run of each fills the site cache (--cache-dir, a temporary directory by default) first.
 
 Usage: sudo benchmarks/startup.py --rvbpfd build/rvbpfd --ruby /var/cache/rvbpfd/rubies/3.4.5-static/bin/ruby
-       [--runs 9] [--json out.json]
+       [--runs 9] [--json out.json] [--rvbpfd-arg=--stacks=off --rvbpfd-arg=--hz --rvbpfd-arg=0]
 """
 import argparse
 import json
@@ -70,7 +70,7 @@ def first_event_ms(path, start, limit_s=10.0):
 def bench_launch(args, tmp):
     out = os.path.join(tmp, "launch.rvtrace")
     base_cmd = [args.ruby, "-e", "1"]
-    traced_cmd = [args.rvbpfd, "-q", "--cache-dir", args.cache_dir, "-o", out, "--"] + base_cmd
+    traced_cmd = [args.rvbpfd, "-q", "--cache-dir", args.cache_dir, "-o", out] + args.rvbpfd_arg + ["--"] + base_cmd
     run_timed(traced_cmd)  # warm-up: site cache, page cache
     run_timed(base_cmd)
     bare, traced, diffs = [], [], []
@@ -95,7 +95,7 @@ def bench_attach(args, tmp):
             out = os.path.join(tmp, f"attach{i}.rvtrace")
             start = time.monotonic()
             rv = subprocess.Popen([args.rvbpfd, "--pid", str(target.pid), "--cache-dir", args.cache_dir,
-                                   "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                   "-o", out] + args.rvbpfd_arg, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             first = first_event_ms(out, start)
             rv.send_signal(2)
             _, err = rv.communicate(timeout=30)
@@ -124,6 +124,8 @@ def main():
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--cache-dir", help="site cache (default: a fresh temporary directory, warmed first)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--rvbpfd-arg", action="append", default=[],
+                    help="extra rvbpfd option for every traced run (repeat: --rvbpfd-arg=--hz --rvbpfd-arg=0)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if not args.cache_dir:
