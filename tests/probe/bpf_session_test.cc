@@ -275,6 +275,20 @@ TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
   EXPECT_EQ(session->ReadCounters().probe_hits, 5u);
 }
 
+TEST_P(BpfSessionTest, TheSamplerIsLoadedOnlyWhenTheConfigSamples) {
+  // Without rv_config.sampling the perf_event program is never loaded (nor verified): sampling cannot start.
+  std::unique_ptr<BpfSession> plain = OpenOnSelf([](const rv_record&) {});
+  ASSERT_NE(plain, nullptr);
+  EXPECT_FALSE(plain->StartSampling(99).ok());
+  plain.reset();
+  SessionOptions opts;
+  opts.config.sampling = 1;
+  std::unique_ptr<BpfSession> sampling = OpenOnSelf([](const rv_record&) {}, opts);
+  ASSERT_NE(sampling, nullptr);
+  Status st = sampling->StartSampling(99);
+  EXPECT_TRUE(st.ok()) << st.error().ToString();
+}
+
 TEST_P(BpfSessionTest, HitsOfASingleSteppedSiteAreCountedApart) {
   std::unique_ptr<BpfSession> session = OpenOnSelf([](const rv_record&) {});
   ASSERT_NE(session, nullptr);
