@@ -134,6 +134,7 @@ class TargetWatch {
 
 struct Target {
   int pid = 0;
+  int ns_pid = 0;  // attach mode: the pid in the target's own pid namespace (RubyTarget::ns_pid)
   std::string vm_path;  // path the daemon attaches to (host view)
   std::string ruby_version;
   std::string build_id;
@@ -196,6 +197,7 @@ Result<int> Record(const RecordOptions& o) {
       return t.error();
     }
     target.pid = o.pid;
+    target.ns_pid = t->ns_pid;
     target.vm_path = t->vm_host_path;
     target.ruby_version = t->ruby_version;
     target.build_id = t->build_id;
