@@ -111,7 +111,6 @@ class BenchBackend : public ProbeBackend {
   }
   Result<uint8_t> AddBinary(const rv_offsets&) override { return uint8_t{0}; }
   Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
-  Status SetConfig(const rv_config&) override { return Status::Ok(); }
   Result<int> AttachGroup(const std::string&, const std::vector<SiteSpec>&) override { return groups_++; }
   void DetachGroup(int) override {}
   Status ReattachGroup(int, const std::string&) override { return Status::Ok(); }

@@ -29,7 +29,7 @@
 #define RV_WALKER_INLINE static inline
 #endif
 
-#include "ruby_walker_types.h"
+#include "rvbpfd/ruby_walker_types.h"
 
 /* Sets up a walk of the execution context at ec. Returns 0, or -1 with walk->status set (the walk then yields
  * RV_STEP_ERROR). A NULL ec->cfp (thread created but not started) is an empty walk, as in CRuby. */

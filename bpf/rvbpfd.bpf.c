@@ -106,12 +106,9 @@ struct {
   __type(value, struct rv_walk_config);
 } walk_config SEC(".maps");
 
-struct {
-  __uint(type, BPF_MAP_TYPE_ARRAY);
-  __uint(max_entries, 1);
-  __type(key, __u32);
-  __type(value, struct rv_config);
-} rv_cfg SEC(".maps");
+/* Set by userspace through the skeleton's rodata before load (rv_config says what each switch does); read-only once
+ * loaded, so the verifier knows every value and removes the branches a run switches off. */
+const volatile struct rv_config rv_cfg = {};
 
 /* How samples of a process find their EC (host tgid -> rv_proc_ec), filled by userspace once the VM is mapped and
  * relocated in that process (bpf/ruby_ec.h). A process without an entry uses only current_th. */
@@ -134,6 +131,33 @@ struct {
   __type(value, struct rv_stack_record);
 } stack_scratch SEC(".maps");
 
+/* Fills the fixed part every ring entry starts with. */
+static __always_inline void rv_fill_record(struct rv_record *r, __u64 ts, __u64 th, __u32 serial, __u32 tid,
+                                           __u32 probe_tid, __u32 pid, __u16 kind, __u16 site, __u32 flags) {
+  r->ts_ns = ts;
+  r->th = th;
+  r->serial = serial;
+  r->tid = tid;
+  r->probe_tid = probe_tid;
+  r->pid = pid;
+  r->kind = kind;
+  r->site = site;
+  r->flags = flags;
+}
+
+/* Submits a reserved single record, counted in events. No wakeup per record: waking the daemon's epoll costs an
+ * irq_work per event, a large share of the probe's cost at high rates. The daemon polls every few ms anyway; it is
+ * woken only once the ring is a quarter full, which leaves it room to drain before anything is dropped. */
+static __always_inline void rv_submit_record(struct rv_record *r, struct rv_counters *c) {
+  __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA); /* unconsumed bytes, this record included */
+  __u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+  bpf_ringbuf_submit(r, avail >= size / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+  if (c) {
+    c->events++;
+    if (avail > c->ring_high_water) c->ring_high_water = avail;
+  }
+}
+
 /* Submits a stack entry (record + header + frames, `size` bytes) from the scratch slot. Events count in
  * events/dropped like single records; samples in their own counters, so a lost sample is never reported as a lost
  * event. */
@@ -143,7 +167,7 @@ static __always_inline void rv_output_stack(struct rv_stack_record *s, __u32 siz
   __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
   __u64 ring = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
   if (size > sizeof(*s)) size = sizeof(*s);
-  /* Same wakeup rule as single records (see rv_handle): only when the ring is a quarter full. */
+  /* Same wakeup rule as single records (rv_submit_record): only when the ring is a quarter full. */
   if (bpf_ringbuf_output(&events, s, size, avail + size >= ring / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP) != 0) {
     if (c) {
       if (is_sample) c->samples_dropped++;
@@ -186,9 +210,8 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   int cold = 0;
   __u64 now = bpf_ktime_get_ns(); /* also the event's time, except at GC_EXIT (below) */
   __u64 *last = bpf_map_lookup_elem(&last_trap, &zero);
-  struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
   if (last) {
-    cold = cfg && cfg->cold_gap_ns != 0 && now - *last >= cfg->cold_gap_ns;
+    cold = rv_cfg.cold_gap_ns != 0 && now - *last >= rv_cfg.cold_gap_ns;
     *last = now;
   }
   __u32 key = (__u32)bpf_get_attach_cookie(ctx);
@@ -284,20 +307,12 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
 
   /* Events configured to carry a stack (gvl_released by default): the thread giving up the lock is the one running
    * this probe, so its VM stack is stable while we walk it. */
-  if (cfg && th != 0 && about_tid == tid && (cfg->stack_events & (1u << (site->event & 31)))) {
+  if (th != 0 && about_tid == tid && (rv_cfg.stack_events & (1u << (site->event & 31)))) {
     struct rv_walk_config *wc = bpf_map_lookup_elem(&walk_config, &bin);
     __u32 slot = bpf_get_smp_processor_id() * 2;
     struct rv_stack_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
     if (wc && wc->valid && s) {
-      s->rec.ts_ns = ts;
-      s->rec.th = th;
-      s->rec.serial = serial;
-      s->rec.tid = about_tid;
-      s->rec.probe_tid = tid;
-      s->rec.pid = tgid;
-      s->rec.kind = site->event;
-      s->rec.site = (__u16)key;
-      s->rec.flags = flags | RV_REC_HAS_STACK;
+      rv_fill_record(&s->rec, ts, th, serial, about_tid, tid, tgid, site->event, (__u16)key, flags | RV_REC_HAS_STACK);
       __u64 w0 = bpf_ktime_get_ns();
       rv_output_stack(s, rv_walk_thread_stack(wc, th, s), 0);
       __u64 walk = bpf_ktime_get_ns() - w0; /* the target's time, like the trap: --max-overhead charges it */
@@ -312,25 +327,8 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
     if (c) c->dropped++;
     return 0;
   }
-  r->ts_ns = ts;
-  r->th = th;
-  r->serial = serial;
-  r->tid = about_tid;
-  r->probe_tid = tid;
-  r->pid = tgid;
-  r->kind = site->event;
-  r->site = (__u16)key;
-  r->flags = flags;
-  /* No wakeup per record: waking the daemon's epoll costs an irq_work per event, a large share of the probe's cost
-   * at high rates. The daemon polls every few ms anyway; it is woken only once the ring is a quarter full, which
-   * leaves it room to drain before anything is dropped. */
-  __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA); /* unconsumed bytes, this record included */
-  __u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
-  bpf_ringbuf_submit(r, avail >= size / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
-  if (c) {
-    c->events++;
-    if (avail > c->ring_high_water) c->ring_high_water = avail;
-  }
+  rv_fill_record(r, ts, th, serial, about_tid, tid, tgid, site->event, (__u16)key, flags);
+  rv_submit_record(r, c);
   return 0;
 }
 
@@ -358,8 +356,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   (void)ctx;
   struct rv_pid_traps *pid_traps = bpf_map_lookup_elem(&target_pids, &tgid);
   if (!pid_traps) return 0;
-  struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
-  if (!cfg || !cfg->sampling) return 0;
+  if (!rv_cfg.sampling) return 0;
   __u64 ts = bpf_ktime_get_ns();
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   __u64 ec = 0, th = 0;
@@ -403,15 +400,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   if (!s) return 0;
   __u32 flags = RV_REC_HAS_STACK | RV_REC_SERIAL_UNKNOWN;
   if (bpf_map_lookup_elem(&in_gc, &tid)) flags |= RV_REC_IN_GC;
-  s->rec.ts_ns = ts;
-  s->rec.th = th;
-  s->rec.serial = 0;
-  s->rec.tid = tid;
-  s->rec.probe_tid = tid;
-  s->rec.pid = tgid;
-  s->rec.kind = RV_EV_SAMPLE;
-  s->rec.site = 0xffff;
-  s->rec.flags = flags;
+  rv_fill_record(&s->rec, ts, th, 0, tid, tid, tgid, RV_EV_SAMPLE, 0xffff, flags);
   rv_output_stack(s, rv_walk_ec_stack(wc, ec, s), 1);
   /* The whole sample ran in the target's context (an interrupt of it): --max-overhead charges it. */
   __u64 spent = bpf_ktime_get_ns() - ts;
@@ -435,22 +424,8 @@ static __always_inline void rv_output_proc(__u16 kind, __u32 tgid, __u32 tid) {
     if (c) c->dropped++; /* the agent rescans /proc after any drop, so a lost exec is found late, not never */
     return;
   }
-  r->ts_ns = bpf_ktime_get_ns();
-  r->th = 0;
-  r->serial = 0;
-  r->tid = tid;
-  r->probe_tid = tid;
-  r->pid = tgid;
-  r->kind = kind;
-  r->site = 0xffff;
-  r->flags = RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN;
-  __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-  __u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
-  bpf_ringbuf_submit(r, avail >= size / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
-  if (c) {
-    c->events++;
-    if (avail > c->ring_high_water) c->ring_high_water = avail;
-  }
+  rv_fill_record(r, bpf_ktime_get_ns(), 0, 0, tid, tid, tgid, kind, 0xffff, RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN);
+  rv_submit_record(r, c);
 }
 
 /* Every exec on the host (the new image is mapped, its dynamic loader has not run yet): the agent inspects the
@@ -458,10 +433,8 @@ static __always_inline void rv_output_proc(__u16 kind, __u32 tgid, __u32 tid) {
  * is the host tgid whatever pid namespace the process lives in. */
 SEC("raw_tp/sched_process_exec")
 int rv_proc_exec(void *ctx) {
-  __u32 zero = 0;
   (void)ctx;
-  struct rv_config *cfg = bpf_map_lookup_elem(&rv_cfg, &zero);
-  if (!cfg || !cfg->watch_exec) return 0;
+  if (!rv_cfg.watch_exec) return 0;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   rv_output_proc(RV_EV_PROC_EXEC, pid_tgid >> 32, (__u32)pid_tgid);
   return 0;

@@ -12,6 +12,8 @@
 #
 # Usage: tools/build-test-rubies.sh [--print-prefix NAME]
 set -euo pipefail
+# shellcheck source=tools/lib/apt-sources.sh
+source "$(dirname "$0")/lib/apt-sources.sh"
 
 cache=${RVBPFD_RUBY_CACHE:-/var/cache/rvbpfd/rubies}
 jobs=$(nproc)
@@ -35,39 +37,10 @@ apt_dir="$cache/.apt"
 apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
           -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
 apt_ready=0
-# The URI of the first apt source (one-line or deb822 format) that serves this machine's Debian release.
-debian_mirror() {
-  local codename
-  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-  [[ -n $codename ]] || return 1
-  python3 - "$codename" /etc/apt/sources.list /etc/apt/sources.list.d/* <<'PY'
-import sys, re, os
-codename, files = sys.argv[1], sys.argv[2:]
-for path in files:
-    if not os.path.isfile(path):
-        continue
-    text = open(path, errors="replace").read()
-    if path.endswith(".sources"):
-        for stanza in re.split(r"\n\s*\n", text):
-            fields = {}
-            for line in stanza.splitlines():
-                m = re.match(r"^([A-Za-z-]+):\s*(.*)$", line)
-                if m:
-                    fields[m.group(1).lower()] = m.group(2).split()
-            if "deb" in fields.get("types", []) and codename in fields.get("suites", []) and fields.get("uris"):
-                print(fields["uris"][0]); sys.exit(0)
-    else:
-        for line in text.splitlines():
-            parts = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
-            if len(parts) >= 3 and parts[0] == "deb" and parts[2] == codename:
-                print(parts[1]); sys.exit(0)
-sys.exit(1)
-PY
-}
 prepare_apt() {
   [[ $apt_ready == 1 ]] && return
   local mirror
-  mirror=$(debian_mirror) || { echo "build-test-rubies: no apt source for this Debian release in /etc/apt" >&2; exit 1; }
+  mirror=$(apt_source_uri release) || { echo "build-test-rubies: no apt source for this Debian release in /etc/apt" >&2; exit 1; }
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
   cat > "$apt_dir/sources.list" <<SRC
 deb-src $mirror sid main

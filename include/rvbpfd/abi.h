@@ -1,17 +1,16 @@
-/* The one ABI shared by the BPF programs (bpf/rvbpfd.bpf.c) and the C++ daemon.
+/* The ABI shared by the BPF programs (bpf/rvbpfd.bpf.c) and the C++ daemon.
  *
- * Everything here is fixed-width and laid out explicitly; the static_asserts at the bottom pin sizes and offsets so
- * that clang -target bpf and the host compiler agree. Userspace computes every per-binary fact (probe sites, where
+ * Everything here is fixed-width and laid out explicitly; the RV_ABI_ASSERTs at the bottom pin sizes and offsets so
+ * that clang -target bpf and the host compiler agree. The walker's types (ruby_walker_types.h) and the counters
+ * (counters.h) are the other headers of this boundary. Userspace computes every per-binary fact (probe sites, where
  * `th` lives at each site, struct offsets) and hands it over through the maps declared in the BPF object; the BPF
  * side has no version knowledge of its own. */
 #ifndef RVBPFD_INCLUDE_RVBPFD_ABI_H_
 #define RVBPFD_INCLUDE_RVBPFD_ABI_H_
 
-#ifdef __bpf__
-/* vmlinux.h provides __u8..__u64 for the BPF build. */
-#else
-#include <linux/types.h>
-#endif
+#include "rvbpfd/abi_base.h"
+#include "rvbpfd/counters.h"
+#include "rvbpfd/ruby_walker_types.h"
 
 /* What a probe observed. Values are stable: they appear in the ring buffer records. */
 enum rv_event_kind {
@@ -115,10 +114,9 @@ struct rv_record {
 
 /* ---- Stacks ----------------------------------------------------------------------------------------------------
  * A stack travels in the same ring entry as its event: struct rv_record (flags has RV_REC_HAS_STACK), then
- * struct rv_stack_header, then nframes struct rv_ruby_frame (bpf/ruby_walker_types.h), newest frame first. The whole
- * entry is written with one bpf_ringbuf_output from a per-CPU scratch slot, so an event and its stack are never
+ * struct rv_stack_header, then nframes struct rv_ruby_frame (rvbpfd/ruby_walker_types.h), newest frame first. The
+ * whole entry is written with one bpf_ringbuf_output from a per-CPU scratch slot, so an event and its stack are never
  * separated and a full ring drops both together (one drop counted). */
-#include "../../bpf/ruby_walker_types.h"
 
 /* Frames per stack (>= 4096 so deep recursion unwinds completely); a deeper stack is cut and flagged truncated.
  * A power of two: the BPF side masks indexes with it. */
@@ -190,7 +188,9 @@ enum rv_ec_route {
   RV_EC_ROUTE_CURRENT_TH = 3, /* the rb_thread_t the last scheduler event on this native thread named */
 };
 
-/* Global switches, one entry (key 0), written by userspace before attaching. */
+/* Global switches, fixed for the life of a loaded object: the BPF programs read them from read-only data
+ * (`const volatile struct rv_config rv_cfg`) that userspace sets through the skeleton before loading, so the verifier
+ * knows their values and drops the code they switch off. Per-target facts that change after load live in maps. */
 struct rv_config {
   __u32 stack_events; /* bit (1 << rv_event_kind): events that carry the stack of the thread they are about */
   __u32 sampling;     /* 1: the perf_event program records samples */
@@ -211,64 +211,26 @@ struct rv_pid_traps {
   __u64 stack_ns;
 };
 
-/* Per-CPU counters; the daemon sums over CPUs. */
+/* Per-CPU counters (include/rvbpfd/counters.h says what each is); the daemon folds them over CPUs. */
 struct rv_counters {
-  __u64 dropped;        /* ring buffer reservations that failed: each is one lost event */
-  __u64 ring_high_water; /* bytes of unconsumed data seen in the ring right after a submit (max) */
-  __u64 events;          /* records submitted */
-  __u64 samples;         /* perf_event samples submitted (not events: they are not in `events`) */
-  __u64 samples_dropped; /* samples lost to a full ring (kept apart from `dropped`, which counts lost events) */
-  /* Samples of target threads by the route that found their EC (enum rv_ec_route); counted before the ring write. */
-  __u64 samples_ec_tls;
-  __u64 samples_ec_ractor;
-  __u64 samples_ec_current_th;
-  __u64 samples_no_ec; /* dropped: no route gave an EC (a native thread that runs no Ruby, e.g. the timer thread) */
-  /* Uprobe hits of a target process (past the pid filter): each one int3 trap the target paid for, whether or not it
-   * became a record. The --max-overhead budget's input (records undercount traps, see hits_discarded). */
-  __u64 probe_hits;
-  /* Of those, hits that are not events: a function-entry site reached from an excluded caller (rb_mutex_lock called
-   * by rb_mutex_synchronize, i.e. every IO#write in a shared libruby), an unreadable register set. */
-  __u64 hits_discarded;
-  /* Of probe_hits, the cold ones (rv_config.cold_gap_ns), and those at RV_SITE_SINGLE_STEP sites. */
-  __u64 cold_hits;
-  __u64 stepped_hits;
-  __u64 stack_ns; /* rv_pid_traps.stack_ns over every target */
+#define RV_COUNTER_FIELD(field, fold, label, ...) __u64 field;
+  RV_COUNTERS(RV_COUNTER_FIELD)
+#undef RV_COUNTER_FIELD
 };
 
-#ifdef __cplusplus
-static_assert(sizeof(struct rv_site) == 40, "rv_site ABI");
-static_assert(__builtin_offsetof(struct rv_site, flags) == 32, "rv_site ABI");
-static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
-static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
-static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
-static_assert(sizeof(struct rv_counters) == 112, "rv_counters ABI");
-static_assert(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
-static_assert(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
-static_assert(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
-static_assert(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
-static_assert(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets ABI");
-static_assert(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
-static_assert(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
-static_assert(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
-static_assert(sizeof(struct rv_config) == 16, "rv_config ABI");
-static_assert(sizeof(struct rv_pid_traps) == 32, "rv_pid_traps ABI");
-#else
-_Static_assert(sizeof(struct rv_site) == 40, "rv_site ABI");
-_Static_assert(__builtin_offsetof(struct rv_site, flags) == 32, "rv_site ABI");
-_Static_assert(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
-_Static_assert(sizeof(struct rv_record) == 40, "rv_record ABI");
-_Static_assert(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
-_Static_assert(sizeof(struct rv_counters) == 112, "rv_counters ABI");
-_Static_assert(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
-_Static_assert(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
-_Static_assert(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
-_Static_assert(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
-_Static_assert(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets ABI");
-_Static_assert(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
-_Static_assert(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
-_Static_assert(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
-_Static_assert(sizeof(struct rv_config) == 16, "rv_config ABI");
-_Static_assert(sizeof(struct rv_pid_traps) == 32, "rv_pid_traps ABI");
-#endif
+RV_ABI_ASSERT(sizeof(struct rv_site) == 40, "rv_site ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_site, flags) == 32, "rv_site ABI");
+RV_ABI_ASSERT(sizeof(struct rv_offsets) == 16, "rv_offsets ABI");
+RV_ABI_ASSERT(sizeof(struct rv_record) == 40, "rv_record ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
+RV_ABI_ASSERT(sizeof(struct rv_counters) == 8 * RV_COUNTER_COUNT, "rv_counters ABI");
+RV_ABI_ASSERT(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
+RV_ABI_ASSERT(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
+RV_ABI_ASSERT(sizeof(struct rv_config) == 16, "rv_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_pid_traps) == 32, "rv_pid_traps ABI");
 
 #endif /* RVBPFD_INCLUDE_RVBPFD_ABI_H_ */

@@ -58,19 +58,22 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config, AgentEnv
   return a;
 }
 
+rv_config Agent::ProbeConfig(const AgentConfig& config) {
+  rv_config cfg{};
+  if (config.stacks != "off") {
+    cfg.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
+    if (config.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
+  }
+  cfg.sampling = config.hz > 0 ? 1 : 0;
+  cfg.watch_exec = 1;
+  cfg.cold_gap_ns = OverheadBudget::kColdGapNs;
+  return cfg;
+}
+
 Status Agent::Start() {
   env_.backend->SetHandlers([this](const rv_record& r) { OnRecord(r); },
                             [this](const rv_record& r, const rv_stack_header& h,
                                    std::span<const rv_ruby_frame> frames) { OnStack(r, h, frames); });
-  rv_config cfg{};
-  if (config_.stacks != "off") {
-    cfg.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
-    if (config_.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
-  }
-  cfg.sampling = config_.hz > 0 ? 1 : 0;
-  cfg.watch_exec = 1;
-  cfg.cold_gap_ns = OverheadBudget::kColdGapNs;
-  if (Status st = env_.backend->SetConfig(cfg); !st) return st;
   // Exec watching starts before the scan, so a process that execs during the scan is seen by one or the other.
   if (Status st = env_.backend->WatchProcesses(); !st) return st.error().Wrap("watching process exec/exit");
   if (config_.hz > 0) {
@@ -537,10 +540,14 @@ void Agent::UpdateMetrics() {
   const char* dropped_help = "Events, samples and profiles lost, by reason";
   SinkStats push = sinks_.push ? sinks_.push->stats() : SinkStats{};
   const SinkStats dir = sinks_.dir ? sinks_.dir->stats() : SinkStats{};
-  m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(kDropRingFullEvents)}},
-                static_cast<double>(seen_.dropped));
-  m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(kDropRingFullSamples)}},
-                static_cast<double>(seen_.samples_dropped));
+  // The BPF loss counters, each under its own reason (include/rvbpfd/counters.h).
+#define RV_DROP_METRIC(field, fold, label, reason)                                                          \
+  if (reason[0] != '\0') {                                                                                  \
+    m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(reason)}}, static_cast<double>(seen_.field)); \
+  }
+  RV_EVENT_COUNTERS(RV_DROP_METRIC)
+  RV_SAMPLE_COUNTERS(RV_DROP_METRIC)
+#undef RV_DROP_METRIC
   m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(kDropQueueFull)}},
                 static_cast<double>(push.dropped_queue_full + dir.dropped_queue_full +
                                     retired_push_stats_.dropped_queue_full + retired_dir_dropped_));

@@ -58,6 +58,10 @@ class Agent {
   // repay.
   static constexpr uint64_t kBudgetCheckNs = 200'000'000;
 
+  // The BPF programs' switches for `config`: stacks at release (and wants), sampling at hz, every exec watched. Fixed
+  // when the programs load (SessionOptions::config), so the backend is opened with them.
+  static rv_config ProbeConfig(const AgentConfig& config);
+
   // `config` must be valid (ValidateAgentConfig). The sinks are created here (errors: the sink's).
   static Result<std::unique_ptr<Agent>> Create(const AgentConfig& config, AgentEnv env);
   ~Agent();

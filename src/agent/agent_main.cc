@@ -7,6 +7,8 @@
 
 #include "agent/agent.h"
 #include "agent/probe_backend.h"
+#include "common/capabilities.h"
+#include "common/url_redact.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
 #include "record/vm_binary.h"
@@ -41,6 +43,15 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
   Logger& log = AgentLog();
   if (Result<LogFormat> f = ParseLogFormat(config.log_format); f) SetLogFormat(*f);
 
+  // The agent profiles every user's processes: without ptrace access it could attach none of theirs, so a missing
+  // CAP_SYS_PTRACE is an error at start rather than a skip per process. (CAP_BPF and CAP_PERFMON are checked by
+  // loading the BPF programs below; CAP_DAC_READ_SEARCH only improves service names, docs/deploy.md.)
+  if (std::optional<uint64_t> caps = EffectiveCapabilities();
+      caps && !MissingCapabilities(*caps, {kCapSysPtrace}).empty()) {
+    return Error(ErrorCode::kNoPrivilege,
+                 "agent: reading other users' processes (/proc/PID/maps, process_vm_readv): " +
+                     PrivilegeHint({kCapSysPtrace}, caps));
+  }
   MetricsRegistry metrics;
   std::unique_ptr<MetricsServer> server;
   if (!MetricsDisabled(config.metrics_listen)) {
@@ -48,7 +59,7 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
     if (!s) return s.error().Wrap("starting the metrics endpoint (--metrics-listen)");
     server = std::move(s.value());
   }
-  Result<std::unique_ptr<BpfProbeBackend>> backend = BpfProbeBackend::Open(config.ring_buffer_kb * 1024u);
+  Result<std::unique_ptr<BpfProbeBackend>> backend = BpfProbeBackend::Open(config.ring_buffer_kb * 1024u, Agent::ProbeConfig(config));
   if (!backend) return backend.error();
 
   SystemAgentClock clock;
@@ -72,9 +83,11 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
   if (!agent_or) return agent_or.error();
   Agent& agent = **agent_or;
   if (Status st = agent.Start(); !st) return st.error();
+  AgentConfig shown = config;  // the log must not carry --push-url's credentials
+  shown.push_url = RedactUrl(shown.push_url);
   log.Info("agent started", {{"pid", static_cast<int64_t>(getpid())},
                              {"host", agent.host()},
-                             {"config", AgentConfigToJson(config)},
+                             {"config", AgentConfigToJson(shown)},
                              {"metrics_port", static_cast<int64_t>(server ? server->port() : 0)},
                              {"multi_uprobe_links", (*backend)->uses_multi_links()},
                              {"processes", static_cast<uint64_t>(agent.watched_pids().size())}});

@@ -34,7 +34,6 @@ class ProbeBackend {
   virtual void SetHandlers(RecordHandler on_record, StackHandler on_stack) = 0;
   virtual Result<uint8_t> AddBinary(const rv_offsets& offsets) = 0;
   virtual Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) = 0;
-  virtual Status SetConfig(const rv_config& config) = 0;
   // Attaches `sites` of the file at `path` for every process mapping it (the pid filter decides whose hits count).
   virtual Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) = 0;
   virtual void DetachGroup(int group) = 0;
@@ -57,14 +56,14 @@ class ProbeBackend {
 // The real backend: one BpfSession opened with watch_processes.
 class BpfProbeBackend : public ProbeBackend {
  public:
-  static Result<std::unique_ptr<BpfProbeBackend>> Open(uint32_t ring_buffer_bytes);
+  // `config`: the programs' switches, fixed at load (Agent::ProbeConfig).
+  static Result<std::unique_ptr<BpfProbeBackend>> Open(uint32_t ring_buffer_bytes, const rv_config& config);
 
   void SetHandlers(RecordHandler on_record, StackHandler on_stack) override;
   Result<uint8_t> AddBinary(const rv_offsets& offsets) override { return session_->AddBinary(offsets); }
   Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) override {
     return session_->SetWalkConfig(binary, config);
   }
-  Status SetConfig(const rv_config& config) override { return session_->SetConfig(config); }
   Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) override;
   void DetachGroup(int group) override;
   Status ReattachGroup(int group, const std::string& path) override;

@@ -3,33 +3,13 @@
 #include <algorithm>
 #include <functional>
 
+#include "common/heap_estimate.h"
 #include "export/pprof.h"
 #include "export/pprof_builder.h"
 #include "rvbpfd/abi.h"
 
 namespace rvbpfd {
 namespace {
-
-// Bytes glibc's malloc takes for a request of n bytes: n plus its 8-byte header, rounded up to 16, at least 32.
-constexpr size_t HeapChunk(size_t n) {
-  return n == 0 ? 0 : std::max<size_t>(32, (n + 8 + 15) & ~size_t{15});
-}
-size_t StringHeap(const std::string& s) {
-  // libstdc++ keeps strings of up to 15 chars inside the object.
-  return s.capacity() > 15 ? HeapChunk(s.capacity() + 1) : 0;
-}
-template <typename T>
-size_t VectorHeap(const std::vector<T>& v) {
-  return HeapChunk(v.capacity() * sizeof(T));
-}
-// Buckets plus one node per element (next pointer, the value, and the cached hash libstdc++ keeps for hashers that
-// may throw, as ours may).
-template <typename Set>
-size_t HashSetHeap(const Set& s, size_t value_bytes, bool cached_hash) {
-  const size_t buckets = s.bucket_count() > 1 ? HeapChunk(s.bucket_count() * sizeof(void*)) : 0;
-  const size_t node = HeapChunk(sizeof(void*) + ((value_bytes + 7) & ~size_t{7}) + (cached_hash ? sizeof(size_t) : 0));
-  return buckets + s.size() * node;
-}
 
 // Reserves room for `extra` more elements growing by a quarter (at least 256), not by doubling.
 template <typename T>
@@ -204,7 +184,7 @@ uint32_t ProfileStackTable::InternOnTop(const FrameInfo& top, uint32_t base) {
 ProcessProfile::ProcessProfile(uint64_t sample_period_ns) : ProcessProfile(sample_period_ns, ProcessProfileLimits{}) {}
 
 ProcessProfile::ProcessProfile(uint64_t sample_period_ns, ProcessProfileLimits limits)
-    : sample_period_ns_(sample_period_ns), limits_(limits) {
+    : sample_period_ns_(sample_period_ns), limits_(limits), tracker_([this](const Span& s) { OnSpan(s); }) {
   NewTable();
 }
 
@@ -236,27 +216,10 @@ void ProcessProfile::NewTable() {
       moved.emplace(id, to);
       return to;
     };
-    for (auto& [th, t] : threads_) {
-      t.wait_stack = remap(t.wait_stack);
-      t.release_stack = remap(t.release_stack);
-      t.last_sample_stack = remap(t.last_sample_stack);
-    }
-    gc_base_stack_ = remap(gc_base_stack_);
+    tracker_.RemapStacks(remap);
   }
   table_ = std::move(next);
   special_ = s;
-}
-
-ProcessProfile::ThreadState& ProcessProfile::Thread(uint64_t th) {
-  // Consecutive events are mostly about one thread (READY, RESUMED, SUSPENDED of one hand-off): one compare instead
-  // of a hash lookup. Node-based map: the pointer stays valid until that element is erased (exit, pruning in Cut),
-  // where it is reset.
-  if (th != cached_th_ || cached_thread_ == nullptr) {
-    cached_thread_ = &threads_[th];
-    cached_th_ = th;
-  }
-  cached_thread_->idle_cuts = 0;
-  return *cached_thread_;
 }
 
 uint32_t ProcessProfile::InternOrFull(const StackInput& frames) {
@@ -276,54 +239,38 @@ uint32_t ProcessProfile::GcStack(uint32_t base) {
   return special_.gc_full;
 }
 
-uint32_t ProcessProfile::WaitStack(const ThreadState& t) const {
-  // A stack still unknown when the wait began may have been learned from a sample during it.
-  if (t.wait_stack != 0) return t.wait_stack;
-  if (t.last_sample_stack != 0) return t.last_sample_stack;
-  return special_.no_stack;
-}
-
-void ProcessProfile::EndWait(ThreadState& t, uint64_t end_ns) {
-  if (end_ns > t.wait_start_ns) weights_[WaitStack(t)].wait_ns += end_ns - t.wait_start_ns;
-  t.waiting = false;
-  t.wait_stack = 0;
-}
-
-void ProcessProfile::EndHold(ThreadState& t, uint64_t end_ns, uint32_t stack) {
-  if (stack == 0) stack = special_.no_stack;
-  if (end_ns > t.hold_start_ns) weights_[stack].held_ns += end_ns - t.hold_start_ns;
-  t.holding = false;
-}
-
-void ProcessProfile::EndGc(uint64_t end_ns) {
-  if (end_ns > gc_start_ns_) weights_[GcStack(gc_base_stack_)].gc_ns += end_ns - gc_start_ns_;
-  gc_open_ = false;
-  gc_th_ = 0;
-  gc_base_stack_ = 0;
-}
-
-void ProcessProfile::DiscardOpenSpans() {
-  for (auto& [th, t] : threads_) {
-    if (t.waiting) {
-      ++interval_discarded_waits_;
-      ++stats_.spans_discarded;
-      t.waiting = false;
-      t.wait_stack = 0;
-    }
-    if (t.holding) {
-      ++interval_discarded_holds_;
-      ++stats_.spans_discarded;
-      t.holding = false;
-    }
+void ProcessProfile::OnSpan(const Span& s) {
+  uint64_t Weights::*member = nullptr;
+  uint64_t* discarded = nullptr;
+  switch (s.kind) {
+    case SpanKind::kGvlWait:
+      member = &Weights::wait_ns;
+      discarded = &interval_discarded_waits_;
+      break;
+    case SpanKind::kGvlHold:
+      member = &Weights::held_ns;
+      discarded = &interval_discarded_holds_;
+      break;
+    case SpanKind::kGc:
+      member = &Weights::gc_ns;
+      discarded = &interval_discarded_gcs_;
+      break;
+    default:
+      return;  // blocked and holder spans have no profile of their own
   }
-  if (gc_open_) {
-    ++interval_discarded_gcs_;
+  if (!s.counted) {
+    ++*discarded;
     ++stats_.spans_discarded;
-    gc_open_ = false;
-    gc_th_ = 0;
-    gc_base_stack_ = 0;
+    return;
   }
-  owner_th_ = 0;  // whoever held the lock may have released it in the lost events
+  if (s.end_ns <= s.start_ns) return;
+  uint32_t stack;
+  if (s.kind == SpanKind::kGc) {
+    stack = GcStack(s.stack);
+  } else {
+    stack = s.stack != 0 ? s.stack : special_.no_stack;
+  }
+  weights_[stack].*member += s.end_ns - s.start_ns;
 }
 
 void ProcessProfile::OnSample(uint64_t /*ts_ns*/, uint64_t th, bool in_gc, std::span<const FrameInfo> frames) {
@@ -352,134 +299,46 @@ void ProcessProfile::Sample(uint64_t th, bool in_gc, const StackInput& frames) {
     cpu_stack = base != 0 ? base : special_.no_stack;
   }
   ++weights_[cpu_stack].samples;
-  if (th != 0) {
-    ThreadState& t = Thread(th);
-    if (base != 0) t.last_sample_stack = base;
-  }
-  // A sample inside the open GC shows where that GC was triggered: better than the thread's older sample.
-  if (in_gc && gc_open_ && base != 0 && (gc_th_ == 0 || gc_th_ == th)) {
-    gc_base_stack_ = base;
-    if (gc_th_ == 0) gc_th_ = th;
-  }
+  tracker_.OnSample(th, base, in_gc);
 }
 
 void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const StackInput& frames) {
   ++stats_.events;
+  TrackerEvent e;
+  e.t_ns = ts_ns;
+  e.thread = th;
   switch (kind) {
-    case RV_EV_GC_ENTER: {
-      if (gc_open_) return;  // a nested or repeated enter: the first one started this GC
-      gc_open_ = true;
-      gc_start_ns_ = ts_ns;
-      gc_th_ = th != 0 ? th : owner_th_;  // GC runs on the thread holding the GVL
-      gc_base_stack_ = 0;
-      if (gc_th_ != 0) {
-        auto it = threads_.find(gc_th_);
-        if (it != threads_.end()) gc_base_stack_ = it->second.last_sample_stack;
-      }
-      return;
-    }
-    case RV_EV_GC_EXIT:
-      if (gc_open_) EndGc(ts_ns);
-      return;
-    case RV_EV_THREAD_STARTED:
-    case RV_EV_THREAD_READY:
-    case RV_EV_THREAD_RESUMED:
-    case RV_EV_THREAD_SUSPENDED:
-    case RV_EV_THREAD_EXITED:
-      break;
+    case RV_EV_GC_ENTER: e.event = EventName::kGcEnter; break;
+    case RV_EV_GC_EXIT: e.event = EventName::kGcExit; break;
+    case RV_EV_THREAD_STARTED: e.event = EventName::kThreadStarted; break;
+    case RV_EV_THREAD_READY: e.event = EventName::kWantsGvl; break;
+    case RV_EV_THREAD_RESUMED: e.event = EventName::kGvlAcquired; break;
+    case RV_EV_THREAD_SUSPENDED: e.event = EventName::kGvlReleased; break;
+    case RV_EV_THREAD_EXITED: e.event = EventName::kThreadExited; break;
     default:
       return;  // sleep/mutex probes and unknown kinds carry nothing these profiles count
   }
-  if (th == 0) return;  // a scheduler event about no known thread cannot be attributed
-
-  switch (kind) {
-    case RV_EV_THREAD_STARTED: {
-      auto [it, inserted] = threads_.try_emplace(th);
-      if (!inserted) {
-        // A th reused after an exit we did not see: the old thread's open spans have no end.
-        ThreadState& old = it->second;
-        if (old.waiting) {
-          ++interval_discarded_waits_;
-          ++stats_.spans_discarded;
-        }
-        if (old.holding) {
-          ++interval_discarded_holds_;
-          ++stats_.spans_discarded;
-        }
-        old = ThreadState{};
-      }
-      if (owner_th_ == th) owner_th_ = 0;
-      return;
-    }
-    case RV_EV_THREAD_EXITED: {
-      auto it = threads_.find(th);
-      if (it != threads_.end()) {
-        ThreadState& t = it->second;
-        // CRuby 3.3+ fires SUSPENDED before EXITED, so a hold still open here lost its release: it ended by the exit.
-        if (t.holding) EndHold(t, ts_ns, t.last_sample_stack);
-        if (t.waiting) {
-          ++interval_discarded_waits_;
-          ++stats_.spans_discarded;
-        }
-        if (cached_thread_ == &it->second) cached_thread_ = nullptr;
-        threads_.erase(it);
-      }
-      if (owner_th_ == th) owner_th_ = 0;
-      return;
-    }
-    case RV_EV_THREAD_READY: {
-      ThreadState& t = Thread(th);
-      if (t.holding) {
-        // Wanting the lock while holding it means a release we did not see (3.2 timeslices): the hold ends here.
-        EndHold(t, ts_ns, t.last_sample_stack);
-        if (owner_th_ == th) owner_th_ = 0;
-      }
-      if (t.waiting) return;  // a repeated READY does not restart the wait
-      t.waiting = true;
-      t.wait_start_ns = ts_ns;
-      if (!frames.empty()) {
-        t.wait_stack = InternOrFull(frames);
-      } else {
-        t.wait_stack = t.release_stack;  // 0 when it ran since: decided at the end (latest sample, else no stack)
-      }
-      return;
-    }
-    case RV_EV_THREAD_RESUMED: {
-      ThreadState& t = Thread(th);
-      if (t.waiting) EndWait(t, ts_ns);
-      t.release_stack = 0;  // it runs again: its last release no longer says what it waits for
-      if (!t.holding) {
-        t.holding = true;
-        t.hold_start_ns = ts_ns;
-      }
-      owner_th_ = th;
-      return;
-    }
-    case RV_EV_THREAD_SUSPENDED: {
-      ThreadState& t = Thread(th);
-      const uint32_t released_in = frames.empty() ? 0 : InternOrFull(frames);
-      t.release_stack = released_in;
-      if (t.waiting) {
-        // Releasing the lock while waiting for it cannot happen in order: the wait's acquisition was not seen.
-        ++interval_discarded_waits_;
-        ++stats_.spans_discarded;
-        t.waiting = false;
-        t.wait_stack = 0;
-      }
-      if (t.holding) EndHold(t, ts_ns, released_in != 0 ? released_in : t.last_sample_stack);
-      if (owner_th_ == th) owner_th_ = 0;
-      return;
-    }
-    default:
-      return;
+  // Only the stacks the tracker can attribute are interned: a gvl_released's, and a wants_gvl's that begins a wait
+  // (a repeated one's is not used), of a known thread.
+  if (th != 0 && !frames.empty() &&
+      (kind == RV_EV_THREAD_SUSPENDED || (kind == RV_EV_THREAD_READY && !tracker_.waiting(th)))) {
+    e.stack = InternOrFull(frames);
   }
+  tracker_.OnEvent(e);
 }
 
-void ProcessProfile::OnEventsLost() { DiscardOpenSpans(); }
+void ProcessProfile::Gap(EventName event, uint64_t ts_ns) {
+  TrackerEvent e;
+  e.t_ns = ts_ns;
+  e.event = event;
+  tracker_.OnEvent(e);
+}
 
-void ProcessProfile::OnTracingPaused(uint64_t /*ts_ns*/) { DiscardOpenSpans(); }
+void ProcessProfile::OnEventsLost() { Gap(EventName::kEventsDropped, 0); }
 
-void ProcessProfile::OnTracingResumed(uint64_t /*ts_ns*/) { DiscardOpenSpans(); }
+void ProcessProfile::OnTracingPaused(uint64_t ts_ns) { Gap(EventName::kTracingPaused, ts_ns); }
+
+void ProcessProfile::OnTracingResumed(uint64_t ts_ns) { Gap(EventName::kTracingResumed, ts_ns); }
 
 std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<uint32_t>& stacks, bool cpu,
                                      uint64_t Weights::*member, int64_t interval_start_unix_ns, int64_t duration_ns,
@@ -525,22 +384,7 @@ std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<ui
 std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_start_unix_ns,
                                               int64_t duration_ns) {
   // The parts of open spans before the cut belong to this interval; they continue from the cut.
-  for (auto& [th, t] : threads_) {
-    if (t.waiting && cut_ns > t.wait_start_ns) {
-      weights_[WaitStack(t)].wait_ns += cut_ns - t.wait_start_ns;
-      t.wait_start_ns = cut_ns;
-    }
-    if (t.holding && cut_ns > t.hold_start_ns) {
-      // The release (and its stack) is still to come: what the thread was last seen running stands in.
-      weights_[t.last_sample_stack != 0 ? t.last_sample_stack : special_.no_stack].held_ns +=
-          cut_ns - t.hold_start_ns;
-      t.hold_start_ns = cut_ns;
-    }
-  }
-  if (gc_open_ && cut_ns > gc_start_ns_) {
-    weights_[GcStack(gc_base_stack_)].gc_ns += cut_ns - gc_start_ns_;
-    gc_start_ns_ = cut_ns;
-  }
+  tracker_.Cut(cut_ns);
 
   std::vector<uint32_t> stacks;
   stacks.reserve(weights_.size());
@@ -597,18 +441,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
   // A new interval: weights and per-interval counts start over; memory goes back to what live state needs.
   std::unordered_map<uint32_t, Weights>().swap(weights_);
   interval_discarded_waits_ = interval_discarded_holds_ = interval_discarded_gcs_ = interval_over_cap_ = 0;
-  for (auto it = threads_.begin(); it != threads_.end();) {
-    ThreadState& t = it->second;
-    if (!t.waiting && !t.holding && t.idle_cuts >= limits_.idle_cuts_before_prune) {
-      if (cached_thread_ == &it->second) cached_thread_ = nullptr;
-      it = threads_.erase(it);
-      ++stats_.threads_pruned;
-    } else {
-      ++t.idle_cuts;
-      ++it;
-    }
-  }
-  if (threads_.bucket_count() > 64 && threads_.bucket_count() > 4 * threads_.size()) threads_.rehash(0);
+  stats_.threads_pruned += tracker_.PruneIdle(limits_.idle_cuts_before_prune);
   if (table_->approx_memory_bytes() > limits_.reset_above_bytes) {
     NewTable();
     ++stats_.table_resets;
@@ -619,7 +452,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
 size_t ProcessProfile::approx_memory_bytes() const {
   return sizeof(*this) + HeapChunk(sizeof(ProfileStackTable)) + table_->approx_memory_bytes() +
          table_->memo_memory_bytes() +
-         HashSetHeap(threads_, sizeof(std::pair<const uint64_t, ThreadState>), false) +
+         tracker_.approx_memory_bytes() +
          HashSetHeap(weights_, sizeof(std::pair<const uint32_t, Weights>), false);
 }
 

@@ -7,31 +7,20 @@
 // Weights (all ns are event-time differences, CLOCK_MONOTONIC):
 //   - cpu: each sample counts 1 and sample_period_ns of CPU time, on its stack. A sample taken during GC (in_gc) gets
 //     the "(garbage collection)" pseudo-frame on top, as `rvbpfd record` writes it (src/record/recorder.cc).
-//   - gvl_wait: from a thread's wants_gvl (RV_EV_THREAD_READY) to its next gvl_acquired (RV_EV_THREAD_RESUMED), on
-//     the waiter's stack, chosen as `rvbpfd export --pprof` does (src/export/pprof.h): the wants_gvl's own stack if
-//     it carried one, else the stack of the gvl_released that began the thread's time off the lock (cleared once it
-//     ran again), else its latest sample's stack (also one learned during the wait), else "[no stack]". A repeated
-//     wants_gvl does not restart a wait.
-//   - gvl_held: from gvl_acquired to gvl_released (RV_EV_THREAD_SUSPENDED), on the stack the gvl_released carried
-//     (the code the thread ran when it let go), else its latest sample's stack, else "[no stack]". CRuby fires
-//     SUSPENDED before EXITED, so a hold still open at THREAD_EXITED lost its release: it ends at the exit. A
-//     wants_gvl while holding (a release not seen, as in 3.2's timeslices) ends the hold there. Both of these go to
-//     the latest sample's stack.
-//   - gc: from GC_ENTER to GC_EXIT (process-wide, one at a time), on the GC frame over the stack of the thread that
-//     ran the GC: the event's th, else the thread holding the GVL (GC runs on the lock owner, as the model derives),
-//     that thread's latest sample's stack, replaced by the stack of a sample taken inside this GC (exactly where GC
-//     was triggered); only the GC frame when none is known.
-// A thread's state starts at its first event (THREAD_STARTED, or any event for a thread first seen mid-run: a
-// RESUMED opens a hold but no wait) and ends at THREAD_EXITED. th 0 means "unknown thread": such samples count in cpu
-// only and such events are ignored. Events must come in time order (the agent's reorder window); an end before its
-// span's start counts 0.
+//   - gvl_wait, gvl_held, gc: the SpanTracker's (model/span_tracker.h) wait, hold and GC spans, each on the stack the
+//     tracker attributes it to ("[no stack]" when none; gc spans with the GC frame on top of it), exactly as
+//     `rvbpfd export --pprof` attributes its GVL waits. Spans the tracker leaves uncounted (lost events, pauses, a
+//     wait open at its thread's exit) are counted in the profiles' comments instead.
+// th is the tracker's thread key; th 0 means "unknown thread": such samples count in cpu only and such events are
+// ignored. Events must come in time order (the agent's reorder window).
 //
 // Interval cuts: Cut(cut_ns, ...) counts the parts of open spans before cut_ns in this interval and keeps them open
 // from cut_ns for the next. A hold split by a cut is attributed, for its part before the cut, to the thread's latest
 // sample stack (its release stack is not known yet).
 //
 // Lost events (OnEventsLost) and tracing pauses (OnTracingPaused / OnTracingResumed) discard every span open at that
-// point, waits, holds and GC alike: their ends may belong to different spans. Samples are unaffected.
+// point, waits, holds and GC alike (the tracker's rule): their ends may belong to different spans. Samples are
+// unaffected.
 //
 // Profiles carry no pprof labels: the process labels (host, pid, ...) travel with the upload (src/sink), and a
 // per-thread label would multiply both the profile size and, in Pyroscope which turns sample labels into series
@@ -58,6 +47,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "model/span_tracker.h"
 #include "record/stack_resolver.h"
 #include "trace/stacks.h"
 
@@ -209,22 +199,11 @@ class ProcessProfile {
   size_t approx_memory_bytes() const;  // for the agent's memory bound
 
   const ProcessProfileStats& stats() const { return stats_; }
-  size_t thread_count() const { return threads_.size(); }
+  size_t thread_count() const { return tracker_.thread_count(); }
   const ProfileStackTable& stack_table() const { return *table_; }
   uint64_t sample_period_ns() const { return sample_period_ns_; }
 
  private:
-  struct ThreadState {
-    bool waiting = false;
-    bool holding = false;
-    uint32_t idle_cuts = 0;       // cuts since the last event or sample of this thread
-    uint64_t wait_start_ns = 0;   // open wait's start (or the last cut)
-    uint64_t hold_start_ns = 0;   // open hold's start (or the last cut)
-    uint32_t wait_stack = 0;      // stack the open wait is charged to (0: decided when it ends)
-    // Stack of the gvl_released that began the thread's current time off the GVL; 0 once it ran again.
-    uint32_t release_stack = 0;
-    uint32_t last_sample_stack = 0;  // without the GC frame
-  };
   struct Weights {
     uint64_t samples = 0;
     uint64_t wait_ns = 0;
@@ -245,16 +224,12 @@ class ProcessProfile {
     bool empty() const { return values.empty() && shared.empty(); }
   };
 
-  ThreadState& Thread(uint64_t th);
   void Sample(uint64_t th, bool in_gc, const StackInput& frames);
   void Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const StackInput& frames);
+  void Gap(EventName event, uint64_t ts_ns);
+  void OnSpan(const Span& s);  // the tracker's spans become this interval's weights
   uint32_t InternOrFull(const StackInput& frames);
   uint32_t GcStack(uint32_t base);
-  uint32_t WaitStack(const ThreadState& t) const;
-  void EndWait(ThreadState& t, uint64_t end_ns);
-  void EndHold(ThreadState& t, uint64_t end_ns, uint32_t stack);
-  void EndGc(uint64_t end_ns);
-  void DiscardOpenSpans();
   void NewTable();  // a fresh table with the special stacks, remapping every stack id thread state holds
   std::string BuildOne(std::string_view type, const std::vector<uint32_t>& stacks, bool cpu,
                        uint64_t Weights::*member, int64_t interval_start_unix_ns, int64_t duration_ns,
@@ -264,15 +239,8 @@ class ProcessProfile {
   ProcessProfileLimits limits_;
   std::unique_ptr<ProfileStackTable> table_;
   SpecialStacks special_;
-  std::unordered_map<uint64_t, ThreadState> threads_;  // th -> state
-  uint64_t cached_th_ = 0;                 // Thread()'s last answer (nullptr: none), reset when that entry is erased
-  ThreadState* cached_thread_ = nullptr;
   std::unordered_map<uint32_t, Weights> weights_;     // this interval's weights by stack id
-  uint64_t owner_th_ = 0;  // th of the thread holding the GVL (latest gvl_acquired not yet released), 0 if unknown
-  bool gc_open_ = false;
-  uint64_t gc_start_ns_ = 0;
-  uint64_t gc_th_ = 0;
-  uint32_t gc_base_stack_ = 0;
+  SpanTracker tracker_;  // thread keys are th; stack ids are table_'s
   // This interval's discarded spans per kind and stacks over the cap, for the profiles' comments.
   uint64_t interval_discarded_waits_ = 0;
   uint64_t interval_discarded_holds_ = 0;

@@ -8,14 +8,19 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "agent/agent_main.h"
 #include "common/error.h"
+#include "common/safe_file.h"
+#include "common/text_escape.h"
 #include "ops/agent_config.h"
+#include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "record/recorder.h"
+#include "record/vm_binary.h"
 #include "sites/sites.h"
 #include "target/target.h"
 #include "export/folded.h"
@@ -36,7 +41,8 @@ constexpr const char* kDescription =
     "Kernel#sleep / Mutex#lock from outside the process, with eBPF uprobes on the VM's own hook sites.\n"
     "\n"
     "  rvbpfd --pid PID [-o FILE] [--duration SECONDS]   attach to a running Ruby process\n"
-    "  rvbpfd [-o FILE] -- COMMAND [ARGS...]             launch a program and record from its first instruction\n"
+    "  rvbpfd [-o FILE] [--user U] -- COMMAND [ARGS...]  launch a program and record from its first instruction\n"
+    "                                                    (under sudo: as the user who ran sudo; see --user)\n"
     "  rvbpfd inspect FILE                               event table and per-thread summary of a trace\n"
     "  rvbpfd stats FILE                                 counts by event, dropped events, ring high-water mark\n"
     "  rvbpfd report FILE [-o report.html]               self-contained HTML timeline (opens from disk)\n"
@@ -50,25 +56,26 @@ constexpr const char* kDescription =
     "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
     "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error.";
 
+// Prints a multi-line report whose text quotes what target processes controlled (thread names, frame labels, paths,
+// reasons) with their control bytes escaped, so a trace cannot drive the terminal that inspects it.
+void PrintEscaped(const std::function<void(std::ostream&)>& print) {
+  std::ostringstream text;
+  print(text);
+  std::cout << EscapeControlBytes(text.str(), /*keep_newlines=*/true);
+}
+
 int Fail(const Error& e) {
   fprintf(stderr, "%s\n", e.ToString().c_str());
   return ExitStatus(e.code());
 }
 
-// Writes through a temporary file renamed into place, so a failed export never leaves a partial file behind.
+// Exports are written through a temporary file renamed into place (common/safe_file), so a failed export never
+// leaves a partial file behind and a planted symlink is never followed; under sudo the invoking user owns them.
 Status WriteOutput(const std::string& path, const std::function<Status(std::ostream&)>& write) {
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    return Error(ErrorCode::kOutputUnwritable,
-                 ErrnoMessage("cannot create output file " + path, errno) + "; choose another path with -o");
-  }
-  Status st = write(out);
-  out.close();
-  if (st && !out) st = Error(ErrorCode::kIo, ErrnoMessage("writing " + path, errno));
-  if (st && rename(tmp.c_str(), path.c_str()) != 0) st = Error(ErrorCode::kIo, ErrnoMessage("renaming to " + path, errno));
-  if (!st) unlink(tmp.c_str());
-  return st;
+  OutputFileOptions options;
+  options.owner = SudoInvokerOfProcess();
+  options.allow_fifo_or_device = true;
+  return WriteOutputFile(path, options, write);
 }
 
 int RunCliUnguarded(int argc, char** argv);
@@ -149,6 +156,19 @@ int RunCliUnguarded(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached (by the binary's content hash)")
       ->capture_default_str();
+  // Debug info by build-id for a stripped VM binary (src/elf/debug_lookup.h); also for `sites`.
+  DebugLookupConfig debug_lookup = DebugLookupSettings();
+  auto add_debug_options = [&debug_lookup](CLI::App* a) {
+    a->add_option("--debug-dir", debug_lookup.debug_dir,
+                  "Where split debug files are looked up by build-id (<dir>/.build-id/xx/rest.debug), in the "
+                  "target's root and on the host (default /usr/lib/debug, or RVBPFD_DEBUG_DIR)")
+        ->check([](const std::string& v) { return !v.empty() && v[0] == '/' ? "" : "--debug-dir must be absolute"; });
+    a->add_option("--debuginfod-timeout", debug_lookup.debuginfod_timeout_s,
+                  "Seconds one debuginfod query (servers from DEBUGINFOD_URLS) may take (default 30; 0: no "
+                  "debuginfod)")
+        ->check(CLI::Range(0, 3600));
+  };
+  add_debug_options(&app);
   app.add_option("--gc-probes", rec.gc_probes,
                  "Diagnostic: how GC enter/exit are probed. auto (default): the VM's GC hook checks, entry/return of "
                  "the GC functions only in a binary that has none; fallback: always the GC functions (to test that "
@@ -156,6 +176,11 @@ int RunCliUnguarded(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "fallback"}));
   app.add_flag("--single-links", rec.force_single_links,
                "Attach one uprobe link per site even when the kernel has multi-uprobe links");
+  app.add_option("--user", rec.user,
+                 "Launch mode: run the command as this user (name or uid), with that user's groups, HOME, USER and "
+                 "SHELL. Default: under sudo, the user who ran sudo (SUDO_UID/SUDO_GID), never root; without sudo, "
+                 "rvbpfd's own user. --user root runs it as root. The probes are attached before the command "
+                 "starts either way.");
   bool no_status = false;
   app.add_flag("--no-status", no_status, "No live status line on stderr");
   app.add_flag("-q,--quiet", rec.quiet, "Only print errors");
@@ -198,6 +223,7 @@ int RunCliUnguarded(int argc, char** argv) {
   CLI::App* sites = app.add_subcommand("sites", "List the probe sites rvbpfd finds in a CRuby VM binary");
   sites->add_option("--pid", sites_pid, "Of the VM of this process")->check(CLI::PositiveNumber);
   sites->add_option("--binary", sites_binary, "Of this libruby.so or static ruby executable");
+  add_debug_options(sites);
   // Fleet mode. Every flag is also a key of the --config file; flags given on the command line win over the file.
   AgentConfig agent_flags;
   CLI::App* agent = app.add_subcommand(
@@ -258,6 +284,7 @@ int RunCliUnguarded(int argc, char** argv) {
     return ExitStatus(ErrorCode::kUsage);
   }
 
+  ConfigureDebugLookup(debug_lookup);
   if (agent->parsed()) {
     // Defaults, then the config file, then the flags given on the command line. SIGHUP runs the same again.
     auto build_config = [&]() -> Result<AgentConfig> {
@@ -304,11 +331,13 @@ int RunCliUnguarded(int argc, char** argv) {
   if (inspect->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(inspect_file);
     if (!trace) return Fail(trace.error());
-    PrintInspect(*trace, std::cout);
+    PrintEscaped([&](std::ostream& out) { PrintInspect(*trace, out); });
     Result<Model> model = Model::FromTrace(std::move(trace.value()));
     if (!model) return Fail(model.error());
-    std::cout << "\n";
-    PrintModelSummary(*model, std::cout);
+    PrintEscaped([&](std::ostream& out) {
+      out << "\n";
+      PrintModelSummary(*model, out);
+    });
     return 0;
   }
   if (report->parsed()) {
@@ -319,7 +348,7 @@ int RunCliUnguarded(int argc, char** argv) {
     }
     Status st = WriteReport(report_file, report_out);
     if (!st) return Fail(st.error());
-    fprintf(stderr, "rvbpfd: wrote %s\n", report_out.c_str());
+    fprintf(stderr, "rvbpfd: wrote %s\n", EscapeControlBytes(report_out).c_str());
     return 0;
   }
   if (exp->parsed()) {
@@ -344,10 +373,10 @@ int RunCliUnguarded(int argc, char** argv) {
   if (stats->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(stats_file);
     if (!trace) return Fail(trace.error());
-    PrintStats(*trace, std::cout);
+    PrintEscaped([&](std::ostream& out) { PrintStats(*trace, out); });
     Result<Model> model = Model::FromTrace(std::move(trace.value()));
     if (!model) return Fail(model.error());
-    PrintContentionSummary(*model, std::cout);
+    PrintEscaped([&](std::ostream& out) { PrintContentionSummary(*model, out); });
     return 0;
   }
   if (sites->parsed()) {
@@ -368,13 +397,21 @@ int RunCliUnguarded(int argc, char** argv) {
     }
     Result<SiteSet> set = LoadOrFindSites(path, version, rec.cache_dir);
     if (!set) return Fail(set.error());
-    std::cout << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
-              << FormatSites(*set);
+    PrintEscaped([&](std::ostream& out) {
+      out << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
+          << "# symbols: " << set->symbols_source << "\n"
+          << FormatProvenance(*set);
+      for (const auto& [fact, source] : StackProvenance(path, version)) out << "# " << fact << ": " << source << "\n";
+      out << FormatSites(*set);
+    });
     return 0;
   }
 
   if (rec.pid > 0 && !command.empty()) {
     return Fail(Error(ErrorCode::kUsage, "give either --pid PID or -- COMMAND, not both"));
+  }
+  if (!rec.user.empty() && command.empty()) {
+    return Fail(Error(ErrorCode::kUsage, "--user applies to launch mode only: rvbpfd --user NAME -- COMMAND"));
   }
   if (rec.pid <= 0 && command.empty()) {
     fprintf(stderr, "%s\n", app.help().c_str());

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/text_escape.h"
+
 namespace rvbpfd {
 
 std::string_view ErrorCodeName(ErrorCode code) {
@@ -26,7 +28,8 @@ std::string Error::ToString() const {
   std::string out = "rvbpfd: ";
   out += ErrorCodeName(code_);
   out += ": ";
-  out += message_;
+  // Messages quote comm, paths and argv of target processes: no control byte of theirs reaches the terminal.
+  out += EscapeControlBytes(message_);
   return out;
 }
 

@@ -38,7 +38,8 @@ class Error {
   Error(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}
   ErrorCode code() const { return code_; }
   const std::string& message() const { return message_; }
-  // "rvbpfd: <name>: <message>", the one-line form printed to stderr.
+  // "rvbpfd: <name>: <message>", the one-line form printed to stderr; control bytes in the message are escaped
+  // (EscapeControlBytes), since it may quote what a target process controls.
   std::string ToString() const;
   // Prepends the failing step: Wrap("attaching uprobes") -> "attaching uprobes: <message>".
   Error Wrap(std::string_view step) const { return Error(code_, std::string(step) + ": " + message_); }

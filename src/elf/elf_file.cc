@@ -9,11 +9,29 @@
 #include <cstring>
 #include <utility>
 
+#include "common/capabilities.h"
+
 namespace rvbpfd {
 namespace {
 
 bool IsDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// A target's binary is opened through /proc/PID/root (ptrace access: CAP_SYS_PTRACE) and may sit in a directory
+// only its owner can search (CAP_DAC_READ_SEARCH): name the first of the two this process lacks.
+std::string OpenPrivilegeHint() {
+  const std::optional<uint64_t> caps = EffectiveCapabilities();
+  if (caps && !MissingCapabilities(*caps, {kCapSysPtrace}).empty()) return PrivilegeHint({kCapSysPtrace}, caps);
+  return PrivilegeHint({kCapDacReadSearch}, caps);
+}
+
+Error OpenError(const std::string& what, int err) {
+  if (err == EACCES || err == EPERM) {
+    return Error(ErrorCode::kNoPrivilege,
+                 ErrnoMessage(what, err) + "; " + OpenPrivilegeHint());
+  }
+  return Error(ErrorCode::kIo, ErrnoMessage(what, err));
 }
 
 }  // namespace
@@ -75,6 +93,8 @@ ElfFile& ElfFile::operator=(ElfFile&& other) noexcept {
   has_interp_ = other.has_interp_;
   symbols_ = std::move(other.symbols_);
   functions_by_addr_ = std::move(other.functions_by_addr_);
+  debug_ = std::move(other.debug_);
+  symbols_source_ = std::move(other.symbols_source_);
   return *this;
 }
 
@@ -163,6 +183,12 @@ Status ElfFile::Parse() {
                           sh.sh_type == SHT_SYMTAB});
     }
   }
+  IndexFunctions();
+  return Status::Ok();
+}
+
+void ElfFile::IndexFunctions() {
+  functions_by_addr_.clear();
   for (size_t i = 0; i < symbols_.size(); ++i) {
     const ElfSymbol& s = symbols_[i];
     if (s.type == STT_FUNC && s.shndx != SHN_UNDEF && s.size > 0) functions_by_addr_.push_back(i);
@@ -170,7 +196,6 @@ Status ElfFile::Parse() {
   std::sort(functions_by_addr_.begin(), functions_by_addr_.end(), [this](size_t a, size_t b) {
     return symbols_[a].value != symbols_[b].value ? symbols_[a].value < symbols_[b].value : a < b;
   });
-  return Status::Ok();
 }
 
 std::vector<ElfRelocation> ElfFile::DynamicRelocations(uint32_t type) const {
@@ -299,6 +324,36 @@ std::optional<std::string> ElfFile::CStringAt(uint64_t vaddr, size_t max_len) co
   const void* nul = std::memchr(p, '\0', limit);
   if (nul == nullptr) return std::nullopt;
   return std::string(p, static_cast<const char*>(nul) - p);
+}
+
+Status ElfFile::AttachDebugFile(ElfFile debug, std::string source) {
+  if (build_id_.empty() || debug.build_id_ != build_id_) {
+    return Error(ErrorCode::kIo, "debug file " + debug.path_ + " has build-id " +
+                                     (debug.build_id_.empty() ? "none" : debug.build_id_) + ", " + path_ + " has " +
+                                     (build_id_.empty() ? "none" : build_id_) + ": not its debug info");
+  }
+  const bool has_dwarf = debug.FindSection(".debug_info").has_value();
+  if (!debug.has_symtab_ && !has_dwarf) {
+    return Error(ErrorCode::kIo, "debug file " + debug.path_ + " has neither .symtab nor .debug_info");
+  }
+  // The debug file's .symtab goes first, so lookups prefer it as they prefer an unstripped binary's own .symtab.
+  // Its section indices (shndx) are the debug file's; callers only compare them with SHN_UNDEF.
+  std::vector<ElfSymbol> merged;
+  for (const ElfSymbol& s : debug.symbols_) {
+    if (s.from_symtab) merged.push_back(s);
+  }
+  for (ElfSymbol& s : symbols_) merged.push_back(std::move(s));
+  symbols_ = std::move(merged);
+  has_symtab_ = has_symtab_ || debug.has_symtab_;
+  IndexFunctions();
+  debug_ = std::make_unique<ElfFile>(std::move(debug));
+  symbols_source_ = std::move(source);
+  return Status::Ok();
+}
+
+const ElfFile& ElfFile::dwarf_file() const {
+  if (debug_ != nullptr && debug_->FindSection(".debug_info")) return *debug_;
+  return *this;
 }
 
 }  // namespace rvbpfd

@@ -94,8 +94,20 @@ class ElfFile {
   bool has_symtab() const { return has_symtab_; }
   // ET_EXEC or ET_DYN (PIE executables and shared libraries are both ET_DYN).
   uint16_t elf_type() const { return elf_type_; }
-  // The raw libelf handle, for libdw (dwarf_begin_elf). Valid as long as this object lives.
+  // The raw libelf handle of this file (its code, .eh_frame, relocations). Valid as long as this object lives.
   Elf* handle() const { return elf_; }
+
+  // Split debug info (src/elf/debug_lookup.h): a separate file with this binary's .symtab and DWARF, found by build-id.
+  // Attaching it adds its .symtab symbols (same virtual addresses; they take precedence over .dynsym) and makes
+  // dwarf_file() return it; code bytes, segments, sections and relocations still come from this file.
+  // Errors (nothing changes): kIo when the build-ids differ or either has none, or the debug file has neither .symtab
+  // nor .debug_info. `source` says where it came from, for symbols_source().
+  Status AttachDebugFile(ElfFile debug, std::string source);
+  // The file whose DWARF (.debug_info, .debug_frame) describes this binary: the attached debug file if it has
+  // .debug_info, else this one.
+  const ElfFile& dwarf_file() const;
+  // Where .symtab/DWARF came from: "binary" (this file), else the `source` of the attached debug file.
+  const std::string& symbols_source() const { return symbols_source_; }
 
   // The PT_TLS header, if the object has thread-local storage.
   const std::optional<ElfTlsSegment>& tls_segment() const { return tls_; }
@@ -138,6 +150,7 @@ class ElfFile {
  private:
   ElfFile() = default;
   Status Parse();
+  void IndexFunctions();  // rebuilds functions_by_addr_ from symbols_
   void Reset();
 
   std::string path_;
@@ -154,6 +167,8 @@ class ElfFile {
   bool has_interp_ = false;
   std::vector<ElfSymbol> symbols_;
   std::vector<size_t> functions_by_addr_;  // indices into symbols_ of defined sized functions, sorted by value
+  std::unique_ptr<ElfFile> debug_;  // attached split debug file (AttachDebugFile), if any
+  std::string symbols_source_ = "binary";
 };
 
 }  // namespace rvbpfd

@@ -55,6 +55,27 @@ inline void AppendMicros(std::string* out, uint64_t ns) {
   out->push_back(static_cast<char>('0' + frac % 10));
 }
 
+// Arithmetic on numbers read from a trace file, which may hold anything (a started_at in year 4052, a duration of
+// 1e300 ms): results saturate at the type's limit instead of overflowing.
+inline uint64_t SaturatingMul(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+inline int64_t SaturatingToInt64(uint64_t v) {
+  return v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v);
+}
+// Milliseconds (a trace's duration_ms) to ns: 0 for negative or NaN, UINT64_MAX past what uint64 holds.
+inline uint64_t MsToNsSaturated(double ms) {
+  if (!(ms > 0)) return 0;
+  const double ns = ms * 1e6;
+  if (!(ns < 18446744073709551616.0)) return UINT64_MAX;  // 2^64, exactly representable
+  return static_cast<uint64_t>(ns);
+}
+
 }  // namespace rvbpfd
 
 #endif  // RVBPFD_SRC_EXPORT_EXPORT_UTIL_H_

@@ -9,13 +9,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "export/export_util.h"
 #include "export/pprof_builder.h"
+#include "model/span_tracker.h"
 #include "trace/inspect.h"
 
 namespace rvbpfd {
 namespace {
 
-// "2025-01-31T12:34:56.789012Z" -> ns since the Unix epoch; nullopt for anything else.
+// "2025-01-31T12:34:56.789012Z" -> ns since the Unix epoch; nullopt for anything else, including times int64 ns
+// cannot hold (before 1677 or after 2262: the file says something impossible, so no time is claimed).
 std::optional<int64_t> ParseIso8601Utc(const std::string& s) {
   std::tm tm{};
   char frac[16] = {0};
@@ -32,7 +35,12 @@ std::optional<int64_t> ParseIso8601Utc(const std::string& s) {
   int digits = 0;
   for (const char* p = frac; *p != '\0' && digits < 9; ++p, ++digits) frac_ns = frac_ns * 10 + (*p - '0');
   for (; digits < 9; ++digits) frac_ns *= 10;
-  return static_cast<int64_t>(secs) * 1'000'000'000 + frac_ns;
+  int64_t ns = 0;
+  if (__builtin_mul_overflow(static_cast<int64_t>(secs), int64_t{1'000'000'000}, &ns) ||
+      __builtin_add_overflow(ns, frac_ns, &ns)) {
+    return std::nullopt;
+  }
+  return ns;
 }
 
 }  // namespace
@@ -49,16 +57,18 @@ StackProfile AggregateStacks(const TraceFile& trace) {
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return trace.events[a].t_ns < trace.events[b].t_ns; });
 
-  struct ThreadState {
-    std::optional<uint64_t> wait_start_ns;  // open wants_gvl
-    uint32_t wait_stack = 0;                // stack the open wait is charged to (0: none yet)
-    // Stack of the release that began the thread's current time off the GVL; 0 once the thread ran again (3.2
-    // reports a timeslice as READY/RESUMED with no SUSPENDED, and the older release's stack would be stale) or when
-    // that release carried no stack.
-    uint32_t release_stack = 0;
-    uint32_t last_sample_stack = 0;
-  };
-  std::unordered_map<uint32_t, ThreadState> threads;
+  SpanTracker tracker([&p](const Span& s) {
+    if (s.kind != SpanKind::kGvlWait) return;
+    if (s.counted && s.end == SpanEnd::kAcquired) {
+      const uint64_t wait = s.duration_ns();
+      uint64_t& weight = p.weights[{s.stack, *TraceRubyThread(s.thread)}].gvl_wait_ns;
+      weight = SaturatingAdd(weight, wait);
+      p.total_gvl_wait_ns = SaturatingAdd(p.total_gvl_wait_ns, wait);
+      ++p.waits;
+    } else if (s.end == SpanEnd::kGap) {
+      ++p.waits_skipped;
+    }
+  });
   auto stack_of = [&](const TraceEvent& e) -> uint32_t {
     // An id the reader did not define cannot occur (it rejects such files), but an empty stack says nothing.
     if (!e.stack) return 0;
@@ -68,56 +78,15 @@ StackProfile AggregateStacks(const TraceFile& trace) {
 
   for (size_t idx : order) {
     const TraceEvent& e = trace.events[idx];
-    switch (e.event) {
-      case EventName::kEventsDropped:
-      case EventName::kTracingPaused:
-        for (auto& [serial, t] : threads) {
-          if (t.wait_start_ns) ++p.waits_skipped;
-          t.wait_start_ns.reset();
-        }
-        continue;
-      default:
-        break;
-    }
+    const uint64_t key = TraceThreadKey(e.ruby_thread);
     if (e.event == EventName::kSample) {
       const uint32_t stack = stack_of(e);
-      const uint32_t serial = e.ruby_thread.value_or(kNoThread);
-      p.weights[{stack, serial}].samples++;
+      p.weights[{stack, e.ruby_thread.value_or(kNoThread)}].samples++;
       ++p.total_samples;
-      if (e.ruby_thread && stack != 0) threads[serial].last_sample_stack = stack;
+      tracker.OnSample(key, stack, false);
       continue;
     }
-    if (!e.ruby_thread) continue;
-    ThreadState& t = threads[*e.ruby_thread];
-    switch (e.event) {
-      case EventName::kGvlReleased:
-        t.release_stack = stack_of(e);
-        break;
-      case EventName::kWantsGvl:
-        if (t.wait_start_ns) break;  // a repeated READY does not restart the wait
-        t.wait_start_ns = e.t_ns;
-        t.wait_stack = stack_of(e);
-        if (t.wait_stack == 0) t.wait_stack = t.release_stack;
-        if (t.wait_stack == 0) t.wait_stack = t.last_sample_stack;
-        break;
-      case EventName::kGvlAcquired:
-        if (t.wait_start_ns) {
-          const uint64_t wait = e.t_ns - *t.wait_start_ns;  // order is sorted, so never negative
-          // A stack still unknown when the wait began may have been learned from a sample during it.
-          const uint32_t stack = t.wait_stack != 0 ? t.wait_stack : t.last_sample_stack;
-          p.weights[{stack, *e.ruby_thread}].gvl_wait_ns += wait;
-          p.total_gvl_wait_ns += wait;
-          ++p.waits;
-          t.wait_start_ns.reset();
-        }
-        t.release_stack = 0;
-        break;
-      case EventName::kThreadExited:
-        t.wait_start_ns.reset();
-        break;
-      default:
-        break;
-    }
+    tracker.OnEvent(TrackerEventOf(e, key, stack_of(e)));
   }
   return p;
 }
@@ -160,8 +129,9 @@ std::string BuildPprofProfile(const TraceFile& trace) {
       for (uint32_t f : *frames) location_ids.push_back(location_for_frame(f));  // leaf first, as pprof wants
     }
     if (location_ids.empty()) location_ids.push_back(b.Location(no_stack_frame));
-    const int64_t values[] = {static_cast<int64_t>(w.samples), static_cast<int64_t>(w.samples * agg.period_ns),
-                              static_cast<int64_t>(w.gvl_wait_ns)};
+    const int64_t values[] = {SaturatingToInt64(w.samples),
+                              SaturatingToInt64(SaturatingMul(w.samples, agg.period_ns)),
+                              SaturatingToInt64(w.gvl_wait_ns)};
     labels.clear();
     std::string thread_name;
     if (serial != kNoThread) {
@@ -179,11 +149,11 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   if (std::optional<int64_t> wall = ParseIso8601Utc(trace.header.started_at)) b.SetTimeNanos(*wall);
   uint64_t duration_ns = 0;
   if (trace.summary) {
-    duration_ns = static_cast<uint64_t>(trace.summary->duration_ms * 1e6);
+    duration_ns = MsToNsSaturated(trace.summary->duration_ms);
   } else {
     for (const TraceEvent& e : trace.events) duration_ns = std::max(duration_ns, e.t_ns);
   }
-  b.SetDurationNanos(static_cast<int64_t>(duration_ns));
+  b.SetDurationNanos(SaturatingToInt64(duration_ns));
   b.SetPeriod("cpu", "nanoseconds", static_cast<int64_t>(agg.period_ns));
   b.AddComment("rvbpfd export of pid " + std::to_string(trace.header.pid) + " (" + trace.header.recorder +
                ", ruby " + trace.header.ruby_version + ")");

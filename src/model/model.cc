@@ -305,7 +305,7 @@ void ModelBuilder::OnReleased(Work& w, uint32_t serial, const TraceEvent& e, siz
     next.opened_by = idx;
     // A reason derived from the released stack names the blocking call itself, so it wins over a probe entry
     // seen earlier (which only says the thread was somewhere inside Kernel#sleep / Mutex#lock).
-    const ReleaseReason from_stack = e.reason.empty() ? ReleaseReason::kUnknown : ParseStackReleaseReason(e.reason);
+    const ReleaseReason from_stack = e.reason.empty() ? ReleaseReason::kUnknown : ParseReleaseReasonTraceName(e.reason);
     if (from_stack != ReleaseReason::kUnknown) {
       next.reason = from_stack;
       next.provenance = Provenance::kDerived;
@@ -660,6 +660,16 @@ Result<Model> Model::Build(std::vector<TraceEvent> events, const ModelOptions& o
   }
   ModelBuilder builder(&model);
   builder.Run();
+  SpanTracker tracker([&model](const Span& s) { model.spans_.push_back(s); });
+  for (const TraceEvent& e : model.events_) {
+    const uint64_t key = TraceThreadKey(e.ruby_thread);
+    if (e.event == EventName::kSample) {
+      tracker.OnSample(key, e.stack.value_or(0), false);
+    } else {
+      tracker.OnEvent(TrackerEventOf(e, key, e.stack.value_or(0)));
+    }
+  }
+  tracker.Finish(model.end_ns_);
   return model;
 }
 
@@ -703,41 +713,6 @@ std::string_view ThreadStateName(ThreadState state) {
     case ThreadState::kExited: return "exited";
     case ThreadState::kUnknown: return "unknown";
     case ThreadState::kCount: break;
-  }
-  return "?";
-}
-
-ReleaseReason ParseStackReleaseReason(std::string_view name) {
-  // The trace's vocabulary (docs/rvtrace.md) to the model's; "unknown" and names from a newer recorder stay unknown.
-  if (name == "sleep") return ReleaseReason::kSleeping;
-  if (name == "mutex") return ReleaseReason::kWaitingMutex;
-  if (name == "io") return ReleaseReason::kIo;
-  if (name == "queue") return ReleaseReason::kQueue;
-  if (name == "condition_variable") return ReleaseReason::kConditionVariable;
-  if (name == "join") return ReleaseReason::kJoin;
-  if (name == "pass") return ReleaseReason::kPass;
-  if (name == "process_wait") return ReleaseReason::kProcessWait;
-  if (name == "timeslice") return ReleaseReason::kTimeslice;
-  if (name == "exit") return ReleaseReason::kExit;
-  return ReleaseReason::kUnknown;
-}
-
-std::string_view ReleaseReasonName(ReleaseReason reason) {
-  switch (reason) {
-    case ReleaseReason::kUnknown: return "unknown";
-    case ReleaseReason::kStarting: return "starting";
-    case ReleaseReason::kSleeping: return "sleeping";
-    case ReleaseReason::kWaitingMutex: return "waiting_mutex";
-    case ReleaseReason::kPreempted: return "preempted";
-    case ReleaseReason::kIo: return "io";
-    case ReleaseReason::kQueue: return "queue";
-    case ReleaseReason::kConditionVariable: return "condition_variable";
-    case ReleaseReason::kJoin: return "join";
-    case ReleaseReason::kPass: return "pass";
-    case ReleaseReason::kProcessWait: return "process_wait";
-    case ReleaseReason::kTimeslice: return "timeslice";
-    case ReleaseReason::kExit: return "exit";
-    case ReleaseReason::kCount: break;
   }
   return "?";
 }

@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "common/error.h"
+#include "model/span_tracker.h"
 #include "trace/event.h"
 #include "trace/reader.h"
+#include "trace/release_reason.h"
 
 namespace rvbpfd {
 
@@ -36,27 +38,6 @@ enum class ThreadState : uint8_t {
   kCount,
 };
 inline constexpr size_t kThreadStateCount = static_cast<size_t>(ThreadState::kCount);
-
-// Why a thread is in kReleased (or, for kPreempted, why it is in kWantsGvl). CRuby never reports a reason; all but
-// kUnknown and kStarting come from a rule and make the block kDerived. Keep kCount last.
-enum class ReleaseReason : uint8_t {
-  kUnknown,       // IO, Thread.pass, a queue, a timeslice on 3.3+...: the scheduler does not say
-  kStarting,      // STARTED seen, READY not yet: the new thread never held the GVL
-  kSleeping,      // the release fell inside a Kernel#sleep probe
-  kWaitingMutex,  // the release fell inside a Thread::Mutex#lock probe
-  kPreempted,     // 3.2 timeslice: another thread's RESUMED while this one had not released
-  // From the stack the recorder took at the release (gvl_released "reason", docs/rvtrace.md "Release reasons"):
-  kIo,
-  kQueue,
-  kConditionVariable,
-  kJoin,
-  kPass,
-  kProcessWait,
-  kTimeslice,
-  kExit,
-  kCount,
-};
-inline constexpr size_t kReleaseReasonCount = static_cast<size_t>(ReleaseReason::kCount);
 
 // The documented rule behind a block that is not plainly observed.
 enum class ModelRule : uint8_t {
@@ -83,7 +64,9 @@ struct StateBlock {
   uint64_t start_ns = 0;
   uint64_t end_ns = 0;
   ThreadState state = ThreadState::kUnknown;
-  ReleaseReason reason = ReleaseReason::kUnknown;  // meaningful for kReleased and kWantsGvl only
+  // Meaningful for kReleased and kWantsGvl only (for kPreempted, why it is in kWantsGvl). CRuby never reports a
+  // reason; all but kUnknown and kStarting come from a rule and make the block kDerived.
+  ReleaseReason reason = ReleaseReason::kUnknown;
   Provenance provenance = Provenance::kObserved;
   ModelRule rule = ModelRule::kNone;
   EventRef opened_by;          // the event at start_ns that caused the block (nullopt for inferred blocks)
@@ -222,6 +205,10 @@ class Model {
   const std::vector<UnknownWindow>& unknown_windows() const { return unknown_windows_; }
   const std::vector<NativeThread>& native_threads() const { return native_threads_; }  // sorted by native_tid
   const std::vector<ModelMarker>& markers() const { return markers_; }
+  // The SpanTracker's GVL wait, hold, blocked, GC and holder spans over the trace, in the order they closed (spans
+  // still open at the end close there with SpanEnd::kCut). Thread keys are TraceThreadKey(ruby_thread); stacks are
+  // the trace's stack ids.
+  const std::vector<Span>& spans() const { return spans_; }
   // Thread events that named no Ruby thread, or arrived after the thread's EXITED: counted, not modelled.
   uint64_t unattributed_events() const { return unattributed_events_; }
 
@@ -243,14 +230,12 @@ class Model {
   std::vector<UnknownWindow> unknown_windows_;
   std::vector<NativeThread> native_threads_;
   std::vector<ModelMarker> markers_;
+  std::vector<Span> spans_;
   uint64_t unattributed_events_ = 0;
 };
 
 // Stable lower-case names, used in exports and summaries: "running", "wants_gvl", "released", "gc", ...
 std::string_view ThreadStateName(ThreadState state);
-std::string_view ReleaseReasonName(ReleaseReason reason);
-// A gvl_released "reason" from the trace (stack-derived vocabulary) as a ReleaseReason; kUnknown when not one.
-ReleaseReason ParseStackReleaseReason(std::string_view name);  // "unknown", "starting", "sleeping", "waiting_mutex", ...
 std::string_view ModelRuleName(ModelRule rule);            // "" for kNone, else e.g. "sleep_probe"
 std::string_view OwnerEndName(OwnerEnd end);
 // "running", "released: sleeping", "wants_gvl: preempted": the label a viewer shows for a block.

@@ -8,7 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_dump.h"
+#include "common/url_redact.h"
 #include "ops/file_read.h"
+#include "ops/log.h"
 #include "ops/metrics.h"
 #include "ops/process_filter.h"
 
@@ -131,7 +134,7 @@ std::string KnownKeys() {
 
 std::string FormatNumber(double v) {
   ordered_json j = v;
-  return j.dump();
+  return DumpJson(j);
 }
 
 bool HasControlChars(std::string_view s) {
@@ -220,7 +223,7 @@ Result<AgentConfig> ApplyConfigJson(const AgentConfig& base, std::string_view js
     std::string expected = spec->apply(value, &config);
     if (!expected.empty()) {
       return Error(ErrorCode::kUsage, where + ": key \"" + key + "\": expected " + expected + ", got " +
-                                          (value.is_number() ? value.dump() : std::string(value.type_name())));
+                                          (value.is_number() ? DumpJson(value) : std::string(value.type_name())));
     }
   }
   return config;
@@ -244,7 +247,7 @@ Result<AgentConfig> ApplyConfigFile(const AgentConfig& base, const std::string& 
 std::string AgentConfigToJson(const AgentConfig& config) {
   ordered_json o = ordered_json::object();
   for (const KeySpec& s : Specs()) s.to_json(config, &o);
-  return o.dump();
+  return DumpJson(o);
 }
 
 bool MetricsDisabled(const std::string& metrics_listen) {
@@ -275,7 +278,7 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   }
   if (!c.push_url.empty()) {
     std::string why = CheckPushUrl(c.push_url);
-    if (!why.empty()) return bad("push-url", "--push-url", "\"" + c.push_url + "\" " + why);
+    if (!why.empty()) return bad("push-url", "--push-url", "\"" + RedactUrl(c.push_url) + "\" " + why);
   }
   if (c.push_queue < 1 || c.push_queue > kMaxPushQueue) {
     return bad("push-queue", "--push-queue",
@@ -291,8 +294,8 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   if (c.log_format != "json" && c.log_format != "text") {
     return bad("log-format", "--log-format", "must be json or text, not \"" + c.log_format + "\"");
   }
-  if (c.host.size() > 255 || HasControlChars(c.host)) {
-    return bad("host", "--host", "must be at most 255 bytes without control characters");
+  if (c.host.size() > 255 || HasControlChars(c.host) || !IsValidUtf8(c.host)) {
+    return bad("host", "--host", "must be at most 255 bytes of UTF-8 without control characters");
   }
   if (c.ring_buffer_kb < kMinRingBufferKb || c.ring_buffer_kb > kMaxRingBufferKb) {
     return bad("ring-buffer-kb", "--ring-buffer-kb",

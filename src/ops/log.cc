@@ -7,37 +7,10 @@
 #include <cstdio>
 #include <iostream>
 
+#include "common/utf8.h"
+
 namespace rvbpfd {
 namespace {
-
-// Length of the valid UTF-8 sequence starting at s[i], or 0 when the bytes there are not one (RFC 3629 table:
-// no overlong forms, no UTF-16 surrogates, nothing above U+10FFFF).
-size_t Utf8SequenceLength(std::string_view s, size_t i) {
-  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  unsigned char c = byte(i);
-  if (c < 0x80) return 1;
-  size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    if (c == 0xe0) lo = 0xa0;  // overlong
-    if (c == 0xed) hi = 0x9f;  // surrogates
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    if (c == 0xf0) lo = 0x90;  // overlong
-    if (c == 0xf4) hi = 0x8f;  // > U+10FFFF
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (size_t k = 2; k < len; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
-  }
-  return len;
-}
 
 void AppendHexEscape(std::string* out, unsigned char c) {
   char buf[8];

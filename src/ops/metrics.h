@@ -32,9 +32,8 @@ inline constexpr std::string_view kMetricAgentCpuSeconds = "rvbpfd_agent_cpu_sec
 inline constexpr std::string_view kMetricAgentRssBytes = "rvbpfd_agent_rss_bytes";           // gauge
 inline constexpr std::string_view kMetricProcessesSkipped = "rvbpfd_processes_skipped_total";  // counter{reason}
 inline constexpr std::string_view kMetricConfigReloads = "rvbpfd_config_reloads_total";      // counter{result}
-// Values of rvbpfd_dropped_total's "reason" label.
-inline constexpr std::string_view kDropRingFullEvents = "ring_full_events";
-inline constexpr std::string_view kDropRingFullSamples = "ring_full_samples";
+// Values of rvbpfd_dropped_total's "reason" label; the BPF loss counters' reasons (ring_full_events,
+// ring_full_samples) are declared with the counters (include/rvbpfd/counters.h).
 inline constexpr std::string_view kDropQueueFull = "queue_full";
 inline constexpr std::string_view kDropUnsymbolized = "unsymbolized";
 

@@ -4,6 +4,7 @@
 #include <bpf/libbpf.h>
 #include <linux/bpf.h>
 #include <linux/perf_event.h>
+#include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "common/capabilities.h"
 #include "rvbpfd.skel.h"
 
 namespace rvbpfd {
@@ -52,9 +54,41 @@ int LibbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
 Error BpfError(std::string_view step, int err) {
   if (err == EPERM || err == EACCES) {
     return Error(ErrorCode::kNoPrivilege,
-                 ErrnoMessage(step, err) + "; run as root or grant CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE");
+                 ErrnoMessage(step, err) + "; " + PrivilegeHint({kCapBpf, kCapPerfmon}));
   }
   return Error(ErrorCode::kBpf, ErrnoMessage(step, err));
+}
+
+// Whether the kernel has multi-uprobe links, asked the way an attach would: a one-instruction program of the
+// uprobe-multi attach type, linked to "/". A kernel that knows the link type gets as far as the path and refuses a
+// directory with EBADF; one that does not refuses the attach type itself (EINVAL). Costs two syscalls and no
+// verification worth the name, where loading the real program only to find it unusable costs a full verification.
+bool KernelHasUprobeMultiLinks() {
+  const struct bpf_insn insns[] = {
+      {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .src_reg = 0, .off = 0, .imm = 0},  // r0 = 0
+      {.code = BPF_JMP | BPF_EXIT, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0},                 // exit
+  };
+  LIBBPF_OPTS(bpf_prog_load_opts, load_opts,
+              .expected_attach_type = static_cast<enum bpf_attach_type>(kBpfTraceUprobeMulti));
+  const int prog_fd = bpf_prog_load(BPF_PROG_TYPE_KPROBE, "rv_multi_probe", "GPL", insns, 2, &load_opts);
+  if (prog_fd < 0) return false;
+  const char* path = "/";
+  const uint64_t offset = 0, cookie = 0;
+  UprobeMultiLinkAttr multi{};
+  multi.prog_fd = static_cast<uint32_t>(prog_fd);
+  multi.attach_type = kBpfTraceUprobeMulti;
+  multi.path = reinterpret_cast<uint64_t>(path);
+  multi.offsets = reinterpret_cast<uint64_t>(&offset);
+  multi.cookies = reinterpret_cast<uint64_t>(&cookie);
+  multi.cnt = 1;
+  union bpf_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  std::memcpy(&attr, &multi, sizeof(multi));
+  const int link_fd = static_cast<int>(syscall(__NR_bpf, BPF_LINK_CREATE, &attr, sizeof(attr)));
+  const int err = errno;
+  if (link_fd >= 0) close(link_fd);  // not expected ("/" is no file), but then the link type exists too
+  close(prog_fd);
+  return link_fd >= 0 || err == EBADF;
 }
 
 uint32_t RoundRingSize(uint32_t bytes) {
@@ -114,23 +148,28 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
   session->ncpus_ = libbpf_num_possible_cpus();
   if (session->ncpus_ <= 0) return BpfError("counting possible CPUs", -session->ncpus_);
 
-  // Try with the multi-uprobe program first; a kernel that does not know the attach type rejects the load, and then
-  // the object is loaded again with only the per-site program.
+  // Only the programs this run uses are loaded (each costs a verification): one of the two uprobe flavours, the
+  // sampler only when sampling, the lifecycle tracepoints only for the agent. The multi-uprobe flavour where the
+  // kernel has its links; should its load still fail, the object is loaded again with the per-site flavour.
+  const bool multi_links = !options.force_single_links && KernelHasUprobeMultiLinks();
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const bool want_multi = attempt == 0 && !options.force_single_links;
+    const bool want_multi = attempt == 0 && multi_links;
     rvbpfd_bpf* skel = rvbpfd_bpf__open();
     if (!skel) return BpfError("opening the BPF object", errno);
     bpf_map__set_max_entries(skel->maps.events, RoundRingSize(options.ring_buffer_bytes));
     // Two stack scratch slots per possible CPU, uprobes and samples apart (bpf/rvbpfd.bpf.c says why).
     bpf_map__set_max_entries(skel->maps.stack_scratch, 2 * static_cast<uint32_t>(session->ncpus_));
+    skel->rodata->rv_cfg = options.config;
     if (!options.watch_processes) {
       bpf_program__set_autoload(skel->progs.rv_proc_exec, false);
       bpf_program__set_autoload(skel->progs.rv_proc_exit, false);
       bpf_program__set_autoload(skel->progs.rv_proc_fork, false);
     }
+    if (!options.config.sampling) bpf_program__set_autoload(skel->progs.rv_sample, false);
     if (want_multi) {
       bpf_program__set_expected_attach_type(skel->progs.rv_site_multi,
                                             static_cast<enum bpf_attach_type>(kBpfTraceUprobeMulti));
+      bpf_program__set_autoload(skel->progs.rv_site_single, false);
     } else {
       bpf_program__set_autoload(skel->progs.rv_site_multi, false);
     }
@@ -146,7 +185,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
       return Error(ErrorCode::kBpf, ErrnoMessage("the kernel's BPF verifier rejected rvbpfd's program", -err) +
                                         "; rerun with RVBPFD_LIBBPF_DEBUG=1 for the verifier log");
     }
-    if (err == -EPERM || attempt == 1 || !want_multi) {
+    if (err == -EPERM || !want_multi) {
       return BpfError("loading the BPF programs (rvbpfd.bpf.o)", -err);
     }
   }
@@ -161,7 +200,6 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
 BpfSession::~BpfSession() {
   for (bpf_link* link : proc_links_) bpf_link__destroy(link);
   for (bpf_link* link : perf_links_) bpf_link__destroy(link);
-  for (int fd : perf_fds_) close(fd);
   if (ring_) ring_buffer__free(ring_);
   if (skel_) rvbpfd_bpf__destroy(skel_);
 }
@@ -197,16 +235,11 @@ Status BpfSession::SetWalkConfig(uint8_t binary, const rv_walk_config& config) {
   return Status::Ok();
 }
 
-Status BpfSession::SetConfig(const rv_config& config) {
-  uint32_t key = 0;
-  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.rv_cfg), &key, &config, BPF_ANY) != 0) {
-    return BpfError("writing the BPF configuration map", errno);
-  }
-  return Status::Ok();
-}
-
 Status BpfSession::StartSampling(int hz) {
   if (hz <= 0 || hz > 10000) return Error(ErrorCode::kInternal, "sampling frequency out of range");
+  if (bpf_program__fd(skel_->progs.rv_sample) < 0) {
+    return Error(ErrorCode::kInternal, "the session was opened without rv_config.sampling: no sampling program");
+  }
   const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
   for (long cpu = 0; cpu < ncpu; ++cpu) {
     perf_event_attr attr{};
@@ -222,10 +255,13 @@ Status BpfSession::StartSampling(int hz) {
       if (errno == ENODEV) continue;  // offline CPU
       return BpfError("opening a cpu-clock perf event on CPU " + std::to_string(cpu), errno);
     }
-    perf_fds_.push_back(fd);
     bpf_link* link = bpf_program__attach_perf_event(skel_->progs.rv_sample, fd);
-    if (!link) return BpfError("attaching the sampling program on CPU " + std::to_string(cpu), errno);
-    perf_links_.push_back(link);
+    if (!link) {
+      const int err = errno;
+      close(fd);
+      return BpfError("attaching the sampling program on CPU " + std::to_string(cpu), err);
+    }
+    perf_links_.push_back(link);  // the link owns the event's fd: destroying it closes the fd too
   }
   if (perf_links_.empty()) return Error(ErrorCode::kBpf, "no CPU accepted a cpu-clock perf event");
   return Status::Ok();
@@ -357,11 +393,10 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
       (ret ? group.multi_ret_link_fd_ : group.multi_link_fd_) = fd;
     }
     if (err == 0) return Status::Ok();
-    if (err == EPERM || err == EACCES || err == ESRCH || err == ENOENT) {
-      return BpfError("attaching " + std::to_string(group.offsets_.size()) + " uprobes to " + group.path_, err);
-    }
-    // EINVAL/EOPNOTSUPP: the kernel has no multi-uprobe links; use one link per site from now on.
-    multi_supported_ = false;
+    // Only the multi-uprobe program is loaded (Open asked the kernel for its links): no per-site fallback here.
+    std::string what = "attaching " + std::to_string(group.offsets_.size()) + " uprobes to " + group.path_;
+    if (err == EINVAL || err == EOPNOTSUPP) what += " with a multi-uprobe link (--single-links uses one per site)";
+    return BpfError(what, err);
   }
   for (size_t i = 0; i < group.offsets_.size(); ++i) {
     const bool ret = group.return_probe_[i];
@@ -385,8 +420,15 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
 Result<int> BpfSession::Poll(int timeout_ms) {
   // BPF wakes the epoll only when the ring is a quarter full (bpf/rvbpfd.bpf.c), so the wait is mostly a timed sleep
   // and the records are taken with consume(), which reads whatever is there without waiting for a wakeup.
-  int n = ring_buffer__poll(ring_, timeout_ms);
-  if (n < 0 && n != -EINTR) return BpfError("polling the BPF ring buffer", -n);
+  int n = 0;
+  if (wake_fd_ >= 0) {
+    // The ring's epoll fd is itself pollable: one wait for the ring and the wake fd, then the ring is read.
+    pollfd fds[2] = {{ring_buffer__epoll_fd(ring_), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, timeout_ms) < 0 && errno != EINTR) return BpfError("polling the BPF ring buffer", errno);
+  } else {
+    n = ring_buffer__poll(ring_, timeout_ms);
+    if (n < 0 && n != -EINTR) return BpfError("polling the BPF ring buffer", -n);
+  }
   int m = ring_buffer__consume(ring_);
   if (m < 0) return BpfError("reading the BPF ring buffer", -m);
   return (n > 0 ? n : 0) + m;
@@ -398,20 +440,13 @@ rv_counters BpfSession::ReadCounters() const {
   uint32_t zero = 0;
   if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.counters), &zero, per_cpu.data()) != 0) return total;
   for (const rv_counters& c : per_cpu) {
-    total.dropped += c.dropped;
-    total.events += c.events;
-    total.samples += c.samples;
-    total.samples_dropped += c.samples_dropped;
-    total.samples_ec_tls += c.samples_ec_tls;
-    total.samples_ec_ractor += c.samples_ec_ractor;
-    total.samples_ec_current_th += c.samples_ec_current_th;
-    total.samples_no_ec += c.samples_no_ec;
-    total.probe_hits += c.probe_hits;
-    total.hits_discarded += c.hits_discarded;
-    total.cold_hits += c.cold_hits;
-    total.stepped_hits += c.stepped_hits;
-    total.stack_ns += c.stack_ns;
-    total.ring_high_water = std::max(total.ring_high_water, c.ring_high_water);
+#define RV_FOLD_SUM(a, b) ((a) + (b))
+#define RV_FOLD_MAX(a, b) std::max((a), (b))
+#define RV_FOLD_COUNTER(field, fold, label, ...) total.field = fold(total.field, c.field);
+    RV_COUNTERS(RV_FOLD_COUNTER)
+#undef RV_FOLD_COUNTER
+#undef RV_FOLD_MAX
+#undef RV_FOLD_SUM
   }
   return total;
 }

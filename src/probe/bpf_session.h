@@ -31,6 +31,10 @@ struct SessionOptions {
   // Load the process lifecycle tracepoints (exec, exit of a watched process) for the fleet agent; the
   // single-process recorder leaves them out of the kernel entirely. WatchProcesses() attaches them.
   bool watch_processes = false;
+  // The programs' switches (which events carry stacks, sampling, exec watching, the cold-hit gap), fixed at load:
+  // they become read-only data the verifier folds into the programs. Without `sampling` the sampling program is not
+  // loaded at all (StartSampling then fails).
+  rv_config config{};
 };
 
 // One site to attach: its file offset in the VM binary and what the BPF program needs to know about it.
@@ -94,8 +98,6 @@ class BpfSession {
   Result<uint8_t> AddBinary(const rv_offsets& offsets);
   // Per-binary walker layout (index from AddBinary). Without it no stacks are taken for that binary.
   Status SetWalkConfig(uint8_t binary, const rv_walk_config& config);
-  // Which events carry stacks and whether samples are kept (rv_config).
-  Status SetConfig(const rv_config& config);
   // Records with a stack go to `on_stack` instead of the record callback (without one, the stack is ignored and
   // samples are dropped).
   void SetStackCallback(StackCallback on_stack) { on_stack_ = std::move(on_stack); }
@@ -133,7 +135,10 @@ class BpfSession {
 
   // Drains the ring buffer, waiting at most timeout_ms for data. Returns records consumed or a kBpf error.
   Result<int> Poll(int timeout_ms);
-  // Sums the per-CPU counters.
+  // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
+  // the end of a wait). Not owned; -1 removes it.
+  void WakePollOn(int fd) { wake_fd_ = fd; }
+  // Folds the per-CPU counters (each as include/rvbpfd/counters.h says: a sum or a maximum).
   rv_counters ReadCounters() const;
   // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
   // BPF discarded. Empty when the map cannot be read.
@@ -152,8 +157,7 @@ class BpfSession {
   ring_buffer* ring_ = nullptr;
   RecordCallback on_record_;
   StackCallback on_stack_;
-  std::vector<int> perf_fds_;          // owned: one cpu-clock event per CPU
-  std::vector<bpf_link*> perf_links_;  // owned
+  std::vector<bpf_link*> perf_links_;  // owned, one per CPU; each owns its cpu-clock perf event fd
   std::vector<bpf_link*> proc_links_;  // owned: the lifecycle tracepoints (WatchProcesses)
   bool watch_processes_ = false;
   bool multi_supported_ = false;
@@ -161,6 +165,7 @@ class BpfSession {
   uint32_t next_cookie_ = 0;
   uint32_t next_binary_ = 0;
   int ncpus_ = 1;
+  int wake_fd_ = -1;  // WakePollOn
 };
 
 }  // namespace rvbpfd

@@ -2,16 +2,20 @@
 
 #include <elf.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "common/capabilities.h"
 #include "elf/elf_file.h"
 
 namespace rvbpfd {
@@ -72,7 +76,126 @@ void ReadDynamic(const ElfFile& elf, std::vector<std::string>* needed, std::vect
   }
 }
 
+// What the child reports through the exec status pipe: the failing step and its errno.
+enum ChildStep : int { kStepExec = 0, kStepSetgroups = 1, kStepSetgid = 2, kStepSetuid = 3 };
+
+const char* ChildStepName(int step) {
+  switch (step) {
+    case kStepSetgroups: return "setting the command's supplementary groups (setgroups)";
+    case kStepSetgid: return "switching the command to its group (setgid)";
+    case kStepSetuid: return "switching the command to its user (setuid)";
+    default: return "executing the command";
+  }
+}
+
+std::optional<uid_t> ParseUid(const std::string& s) {
+  uint32_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v == UINT32_MAX) return std::nullopt;
+  return static_cast<uid_t>(v);
+}
+
+std::optional<UserAccount> FromPasswd(const struct passwd* pw) {
+  if (pw == nullptr) return std::nullopt;
+  return UserAccount{pw->pw_name ? pw->pw_name : "", pw->pw_uid, pw->pw_gid, pw->pw_dir ? pw->pw_dir : "",
+                     pw->pw_shell ? pw->pw_shell : ""};
+}
+
 }  // namespace
+
+UserDatabase SystemUserDatabase() {
+  UserDatabase db;
+  db.by_name = [](const std::string& name) -> std::optional<UserAccount> {
+    struct passwd pw {};
+    struct passwd* found = nullptr;
+    std::vector<char> buf(16384);
+    if (getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found) != 0) return std::nullopt;
+    return FromPasswd(found);
+  };
+  db.by_uid = [](uid_t uid) -> std::optional<UserAccount> {
+    struct passwd pw {};
+    struct passwd* found = nullptr;
+    std::vector<char> buf(16384);
+    if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0) return std::nullopt;
+    return FromPasswd(found);
+  };
+  db.groups = [](const std::string& name, gid_t gid) {
+    std::vector<gid_t> groups(64);
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      int n = static_cast<int>(groups.size());
+      if (getgrouplist(name.c_str(), gid, groups.data(), &n) >= 0) {
+        groups.resize(static_cast<size_t>(n));
+        return groups;
+      }
+      groups.resize(static_cast<size_t>(n) > groups.size() ? static_cast<size_t>(n) : groups.size() * 2);
+    }
+    return std::vector<gid_t>{gid};
+  };
+  return db;
+}
+
+Result<std::optional<LaunchIdentity>> DecideLaunchIdentity(const std::string& user_flag, const EnvLookup& env,
+                                                           uid_t euid, const UserDatabase& db) {
+  std::optional<UserAccount> account;
+  if (!user_flag.empty()) {
+    account = db.by_name(user_flag);
+    if (!account) {
+      if (std::optional<uid_t> uid = ParseUid(user_flag)) {
+        account = db.by_uid(*uid);
+        if (!account) {
+          return Error(ErrorCode::kUsage, "--user " + user_flag + ": uid " + user_flag +
+                                              " has no passwd entry (its group would be unknown); give a user name");
+        }
+      } else {
+        return Error(ErrorCode::kUsage, "--user " + user_flag + ": no such user");
+      }
+    }
+    if (euid != 0 && account->uid != euid) {
+      return Error(ErrorCode::kNoPrivilege,
+                   "--user " + user_flag + ": running the command as another user needs root (run rvbpfd with sudo)");
+    }
+  } else if (std::optional<UserIds> invoker = SudoInvoker(env, euid)) {
+    account = db.by_uid(invoker->uid);
+    if (!account) {
+      // A uid without a passwd entry (e.g. from a container's sudo): its ids, no supplementary groups.
+      LaunchIdentity id;
+      id.uid = invoker->uid;
+      id.gid = invoker->gid;
+      id.groups = {invoker->gid};
+      return std::optional<LaunchIdentity>(std::move(id));
+    }
+    account->gid = invoker->gid;  // sudo's record of the invoker's primary group wins over the passwd default
+  } else {
+    return std::optional<LaunchIdentity>();
+  }
+  LaunchIdentity id;
+  id.uid = account->uid;
+  id.gid = account->gid;
+  id.groups = db.groups(account->name, account->gid);
+  id.user = account->name;
+  id.home = account->home;
+  id.shell = account->shell;
+  return std::optional<LaunchIdentity>(std::move(id));
+}
+
+std::vector<std::string> LaunchEnvironment(const std::vector<std::string>& env, const LaunchIdentity& identity) {
+  std::vector<std::pair<std::string, std::string>> set;
+  if (!identity.home.empty()) set.emplace_back("HOME", identity.home);
+  if (!identity.user.empty()) {
+    set.emplace_back("USER", identity.user);
+    set.emplace_back("LOGNAME", identity.user);
+  }
+  if (!identity.shell.empty()) set.emplace_back("SHELL", identity.shell);
+  std::vector<std::string> out;
+  for (const std::string& kv : env) {
+    const std::string name = kv.substr(0, kv.find('='));
+    bool replaced = false;
+    for (const auto& [n, v] : set) replaced |= n == name;
+    if (!replaced) out.push_back(kv);
+  }
+  for (const auto& [n, v] : set) out.push_back(n + "=" + v);
+  return out;
+}
 
 Result<LaunchPlan> PlanLaunch(const std::vector<std::string>& argv, const std::string& path_env,
                               const std::string& ld_library_path) {
@@ -106,6 +229,7 @@ Result<LaunchPlan> PlanLaunch(const std::vector<std::string>& argv, const std::s
   if (auto sym = exe->FindSymbol("ruby_version"); sym && sym->shndx != SHN_UNDEF) {
     plan.vm_path = elf_path;
     plan.vm_is_shared_library = false;
+    plan.vm_elf = std::make_shared<ElfFile>(std::move(*exe));
     return plan;
   }
   std::vector<std::string> needed, search;
@@ -140,8 +264,19 @@ Result<LaunchPlan> PlanLaunch(const std::vector<std::string>& argv, const std::s
                                         "directories; attach with --pid instead");
 }
 
-Result<HeldChild> HeldChild::Spawn(const std::vector<std::string>& argv) {
+Result<HeldChild> HeldChild::Spawn(const std::vector<std::string>& argv,
+                                   const std::optional<LaunchIdentity>& identity) {
   if (argv.empty()) return Error(ErrorCode::kUsage, "no command given after --");
+  // Everything the child needs is built here: between fork and exec only async-signal-safe calls.
+  std::vector<std::string> env_strings;
+  std::vector<char*> cenv;
+  if (identity) {
+    std::vector<std::string> current;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) current.emplace_back(*e);
+    env_strings = LaunchEnvironment(current, *identity);
+    for (std::string& kv : env_strings) cenv.push_back(kv.data());
+    cenv.push_back(nullptr);
+  }
   int gate[2], err_pipe[2];
   if (pipe2(gate, O_CLOEXEC) != 0) return Error(ErrorCode::kIo, ErrnoMessage("creating the launch gate pipe", errno));
   if (pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -172,11 +307,27 @@ Result<HeldChild> HeldChild::Spawn(const std::vector<std::string>& argv) {
     } while (n < 0 && errno == EINTR);
     if (n != 1 || go != 'g') _exit(127);  // the daemon gave up: never run unobserved
     close(gate[0]);
-    execvp(cargv[0], cargv.data());
-    int e = errno;
-    ssize_t w = write(err_pipe[1], &e, sizeof(e));
-    (void)w;
-    _exit(127);
+    auto report = [&](int step) {
+      const int msg[2] = {step, errno};
+      ssize_t w = write(err_pipe[1], msg, sizeof(msg));
+      (void)w;
+      _exit(127);
+    };
+    if (identity) {
+      // Groups first (needs root), then the gid, then the uid (after which nothing can be regained); each checked,
+      // so the command never runs with a half-dropped identity.
+      if (setgroups(identity->groups.size(), identity->groups.data()) != 0) report(kStepSetgroups);
+      if (setgid(identity->gid) != 0) report(kStepSetgid);
+      if (setuid(identity->uid) != 0) report(kStepSetuid);
+      if (identity->uid != 0 && (setuid(0) == 0 || geteuid() != identity->uid)) {
+        errno = EPERM;
+        report(kStepSetuid);
+      }
+      execvpe(cargv[0], cargv.data(), cenv.data());
+    } else {
+      execvp(cargv[0], cargv.data());
+    }
+    report(kStepExec);
   }
   close(gate[0]);
   close(err_pipe[1]);
@@ -214,18 +365,20 @@ Status HeldChild::Release() {
   close(gate_fd_);
   gate_fd_ = -1;
   released_ = true;
-  int e = 0;
+  int msg[2] = {0, 0};  // {ChildStep, errno}
   ssize_t n;
   do {
-    n = read(exec_err_fd_, &e, sizeof(e));
+    n = read(exec_err_fd_, msg, sizeof(msg));
   } while (n < 0 && errno == EINTR);
   close(exec_err_fd_);
   exec_err_fd_ = -1;
-  if (n == sizeof(e)) {
+  if (n == sizeof(msg)) {
     int status;
     waitpid(pid_, &status, 0);
     reaped_ = true;
-    return Error(ErrorCode::kUsage, ErrnoMessage("executing the command", e));
+    if (msg[0] == kStepExec) return Error(ErrorCode::kUsage, ErrnoMessage(ChildStepName(msg[0]), msg[1]));
+    return Error(ErrorCode::kNoPrivilege, ErrnoMessage(ChildStepName(msg[0]), msg[1]) + "; " +
+                                              PrivilegeHint({kCapSetgid, kCapSetuid}) + " (or --user root)");
   }
   return Status::Ok();
 }

@@ -19,11 +19,14 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <unordered_set>
 
 #include "common/target_file.h"
+#include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
+#include "common/text_escape.h"
 #include "record/launch.h"
 #include "record/ec_install.h"
 #include "record/overhead_budget.h"
@@ -114,6 +117,8 @@ class TargetWatch {
   ~TargetWatch() {
     if (pidfd_ >= 0) close(pidfd_);
   }
+  // The pidfd (readable once the process exited), -1 without one.
+  int fd() const { return pidfd_; }
   bool Exited() const {
     if (pidfd_ >= 0) {
       pollfd p{pidfd_, POLLIN, 0};
@@ -130,6 +135,7 @@ class TargetWatch {
 
 struct Target {
   int pid = 0;
+  int ns_pid = 0;  // attach mode: the pid in the target's own pid namespace (RubyTarget::ns_pid)
   std::string vm_path;  // the VM binary's path for messages (host view: /proc/PID/root/... in attach mode)
   // What is read and probed: vm_path itself in launch mode; in attach mode /proc/self/fd/N of an O_PATH descriptor
   // opened inside the target's root (an absolute symlink there never names a host file, and the file analysed is the
@@ -138,6 +144,7 @@ struct Target {
   FileFd vm_file;
   std::string ruby_version;
   std::string build_id;
+  std::shared_ptr<ElfFile> vm_elf;  // the VM binary, parsed once for the whole run
 };
 
 // The rvtrace header's name for a --stacks value.
@@ -164,21 +171,31 @@ Result<int> Record(const RecordOptions& o) {
   const bool launch = !o.command.empty();
   Target target;
   std::optional<HeldChild> child;
+  std::optional<LaunchIdentity> launch_identity;
   if (launch) {
+    Result<std::optional<LaunchIdentity>> identity = DecideLaunchIdentity(
+        o.user, [](const char* name) { return static_cast<const char*>(getenv(name)); }, geteuid(),
+        SystemUserDatabase());
+    if (!identity) return identity.error();
+    launch_identity = std::move(identity).value();
     const char* path_env = getenv("PATH");
     const char* ld_path = getenv("LD_LIBRARY_PATH");
     Result<LaunchPlan> plan = PlanLaunch(o.command, path_env ? path_env : "/usr/bin:/bin", ld_path ? ld_path : "");
     if (!plan) return plan.error();
-    Result<ElfFile> vm = ElfFile::Open(plan->vm_path);
-    if (!vm) return Error(ErrorCode::kNotRuby, vm.error().message());
-    std::optional<std::string> version = ReadRubyVersion(*vm);
+    target.vm_elf = plan->vm_elf;  // a static ruby: planning parsed it already
+    if (!target.vm_elf) {
+      Result<ElfFile> vm = ElfFile::Open(plan->vm_path);
+      if (!vm) return Error(ErrorCode::kNotRuby, vm.error().message());
+      target.vm_elf = std::make_shared<ElfFile>(std::move(vm.value()));
+    }
+    std::optional<std::string> version = ReadRubyVersion(*target.vm_elf);
     if (!version) {
       return Error(ErrorCode::kNotRuby, plan->vm_path + " has no readable ruby_version string: not a CRuby VM");
     }
     target.vm_path = plan->vm_path;
     target.open_path = plan->vm_path;
     target.ruby_version = *version;
-    target.build_id = vm->build_id();
+    target.build_id = target.vm_elf->build_id();
   } else {
     Result<RubyTarget> t = DiscoverTarget(o.pid, ProcFs());
     if (!t) {
@@ -187,6 +204,7 @@ Result<int> Record(const RecordOptions& o) {
       return t.error();
     }
     target.pid = o.pid;
+    target.ns_pid = t->ns_pid;
     target.vm_path = t->vm_host_path;
     Result<FileFd> vm_file = OpenPathInRoot(t->vm_host_path);
     if (!vm_file) {
@@ -197,12 +215,20 @@ Result<int> Record(const RecordOptions& o) {
     target.open_path = "/proc/self/fd/" + std::to_string(target.vm_file.get());
     target.ruby_version = t->ruby_version;
     target.build_id = t->build_id;
+    // The file analysed must be the file probed: parse it through the descriptor opened inside the target's root,
+    // not the copy discovery parsed by path (the path may have been swapped since).
+    Result<ElfFile> vm = ElfFile::Open(target.open_path);
+    if (!vm) {
+      if (ProcessGone(o.pid)) return TargetExitedError(o.pid);
+      return vm.error();
+    }
+    target.vm_elf = std::make_shared<ElfFile>(std::move(vm.value()));
   }
 
   // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
   const bool stacks_on = o.stacks != "off";
   const bool sampling = o.hz > 0;
-  Result<PreparedBinary> prepared = PrepareVmBinary(target.open_path, target.ruby_version, o.cache_dir,
+  Result<PreparedBinary> prepared = PrepareVmBinary(*target.vm_elf, target.ruby_version, o.cache_dir,
                                                     stacks_on || sampling);
   if (!prepared) {
     if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
@@ -210,11 +236,28 @@ Result<int> Record(const RecordOptions& o) {
   }
   if (o.gc_probes == "fallback") {
     // Diagnostic: the function-level GC probes even where the binary has GC hook-check sites (src/sites).
-    Result<ElfFile> vm_elf = ElfFile::Open(target.open_path);
-    if (!vm_elf) return vm_elf.error();
-    if (Status st = UseGcFunctionProbes(*vm_elf, &prepared->sites); !st) return st.error();
+    AttachDebugInfo(target.vm_elf.get());  // the function-level sites need .symtab: by build-id when stripped
+    if (Status st = UseGcFunctionProbes(*target.vm_elf, &prepared->sites); !st) return st.error();
   }
   const SiteSet* sites = &prepared->sites;
+  if (!launch) {
+    // The live process must match what the analysis assumed (version, hook list, thread layout) before a probe
+    // goes in; a launched child is checked by construction (its VM is the file analysed, not yet running).
+    const ElfFile& vm_elf = *target.vm_elf;
+    std::optional<uint64_t> lowest = LowestMappingOf(target.pid, target.vm_path);
+    if (!lowest) {
+      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
+      return Error(ErrorCode::kNotRuby, target.vm_path + " is not mapped in process " + std::to_string(target.pid));
+    }
+    ProcessMemoryReader mem(target.pid);
+    Status st = CheckLiveLayout(target.pid, target.ns_pid, vm_elf, LoadBiasFromLowestMapping(vm_elf, *lowest),
+                                *sites, mem);
+    if (!st) {
+      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
+      return st.error();
+    }
+  }
+  target.vm_elf.reset();  // everything the run needs from the file is in `prepared` now: its copy is freed
 
   // Everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than the
   // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
@@ -233,6 +276,14 @@ Result<int> Record(const RecordOptions& o) {
     SessionOptions so;
     so.ring_buffer_bytes = o.ring_buffer_kb * 1024u;
     so.force_single_links = o.force_single_links;
+    so.config.cold_gap_ns = OverheadBudget::kColdGapNs;
+    if (prepared->stacks) {
+      if (stacks_on) {
+        so.config.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
+        if (o.stacks.find("ready") != std::string::npos) so.config.stack_events |= 1u << RV_EV_THREAD_READY;
+      }
+      so.config.sampling = sampling ? 1 : 0;
+    }
     Result<std::unique_ptr<BpfSession>> s =
         BpfSession::Open(so, [&](const rv_record& r) {
           if (budget_tick && ++ring_records % 64 == 0) budget_tick();  // cheap records: look at the clock sometimes
@@ -245,7 +296,7 @@ Result<int> Record(const RecordOptions& o) {
   }
 
   if (launch) {
-    Result<HeldChild> c = HeldChild::Spawn(o.command);
+    Result<HeldChild> c = HeldChild::Spawn(o.command, launch_identity);
     if (!c) return c.error();
     child.emplace(std::move(c.value()));
     target.pid = child->pid();
@@ -302,7 +353,7 @@ Result<int> Record(const RecordOptions& o) {
     const ProcessEcInstaller::State st = ec_installer->Poll(*session);
     if (st == ProcessEcInstaller::State::kFailed && !o.quiet) {
       fprintf(stderr, "rvbpfd: warning: samples find their thread only through scheduler events: %s\n",
-              ec_installer->error().c_str());
+              EscapeControlBytes(ec_installer->error()).c_str());
     }
   };
 
@@ -312,18 +363,10 @@ Result<int> Record(const RecordOptions& o) {
   std::unique_ptr<StackResolver> resolver;
   std::vector<FrameInfo> frame_infos;
   std::vector<uint32_t> frame_ids;
-  rv_config cfg{};
-  cfg.cold_gap_ns = OverheadBudget::kColdGapNs;
   if (stack_setup) {
     rv_walk_config wc = WalkConfigFor(*stack_setup);
     if (Status st = session->SetWalkConfig(*bin, wc); !st) return fail(st.error());
-    if (stacks_on) {
-      cfg.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
-      if (o.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
-    }
-    cfg.sampling = sampling ? 1 : 0;
   }
-  if (Status st = session->SetConfig(cfg); !st) return fail(st.error());
   if (stack_setup) {
     session->SetStackCallback([&](const rv_record& r, const rv_stack_header& h,
                                   std::span<const rv_ruby_frame> frames) {
@@ -357,7 +400,7 @@ Result<int> Record(const RecordOptions& o) {
       e.stack = writer.InternStack(frame_ids);
       if (e.event == EventName::kGvlReleased) {
         const std::string& fn = r.site < site_functions.size() ? site_functions[r.site] : std::string();
-        e.reason = std::string(ReleaseReasonString(DeriveReleaseReason(frame_infos, ClassifyReleaseSite(fn))));
+        e.reason = std::string(ReleaseReasonTraceName(DeriveReleaseReason(frame_infos, ClassifyReleaseSite(fn))));
         e.reason_provenance = Provenance::kDerived;
       }
       reorder.Push(std::move(e));
@@ -378,6 +421,7 @@ Result<int> Record(const RecordOptions& o) {
   // the main loop, and the --max-overhead checks with it, while the target traps.
   if (stack_setup && !launch && !resolver) resolver = MakeStackResolver(target.pid, target.open_path, *stack_setup);
   TargetWatch watch = TargetWatch::ForPid(target.pid);
+  session->WakePollOn(watch.fd());  // the main loop sees the exit at once, not at the end of its wait
   const uint64_t attach_start = MonotonicNs();
   std::unique_ptr<SiteGroup> low_group, high_group;
   for (auto* list : {&low, &high}) {
@@ -396,11 +440,21 @@ Result<int> Record(const RecordOptions& o) {
   const double attach_ms = static_cast<double>(attached_ns - attach_start) / 1e6;
   if (!launch && watch.Exited()) return fail(TargetExitedError(target.pid));
   if (!o.quiet) {
-    fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s, in %.0f ms; writing %s\n",
+    fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s (symbols: %s), in %.0f ms; writing %s\n",
             sites->sites.size(), session->uses_multi_links() ? "multi-uprobe links" : "one link per site",
-            target.pid, target.ruby_version.c_str(), target.vm_path.c_str(), attach_ms, output.c_str());
+            target.pid, EscapeControlBytes(target.ruby_version).c_str(), EscapeControlBytes(target.vm_path).c_str(),
+            EscapeControlBytes(sites->symbols_source).c_str(), attach_ms, EscapeControlBytes(output).c_str());
   }
   if (child) {
+    if (!o.quiet) {
+      if (launch_identity) {
+        fprintf(stderr, "rvbpfd: running the command as %s (uid %u, gid %u)\n",
+                launch_identity->user.empty() ? "?" : EscapeControlBytes(launch_identity->user).c_str(),
+                static_cast<unsigned>(launch_identity->uid), static_cast<unsigned>(launch_identity->gid));
+      } else if (geteuid() == 0) {
+        fprintf(stderr, "rvbpfd: running the command as root (not under sudo and no --user)\n");
+      }
+    }
     if (Status st = child->Release(); !st) return fail(st.error());
   }
 
@@ -644,30 +698,45 @@ Result<int> Record(const RecordOptions& o) {
   fin.ring_high_water_bytes = seen.ring_high_water;
   fin.late_events = reorder.late();
   fin.stop_reason = stop_reason;
-  fin.probe_hits = seen.probe_hits;
-  fin.hits_discarded = seen.hits_discarded;
-  fin.cold_hits = seen.cold_hits;
-  fin.stepped_hits = seen.stepped_hits;
+#define RV_TRAP_FINISH(field, fold, label) fin.field = seen.field;
+  RV_TRAP_COUNTERS(RV_TRAP_FINISH)
+#undef RV_TRAP_FINISH
   if (stack_setup && sampling) {
-    fin.sample_ec_routes = SampleEcRoutes{seen.samples_ec_tls, seen.samples_ec_ractor, seen.samples_ec_current_th,
-                                          seen.samples_no_ec};
+    SampleEcRoutes routes;
+#define RV_ROUTE_FINISH(field, fold, label, key) routes.key = seen.field;
+    RV_EC_ROUTE_COUNTERS(RV_ROUTE_FINISH)
+#undef RV_ROUTE_FINISH
+    fin.sample_ec_routes = routes;
   }
   if (o.status_line) fprintf(stderr, "\r\033[K");
   if (Status st = writer.Finish(fin); !st) return st.error();
   if (!o.quiet) {
-    fprintf(stderr, "rvbpfd: %s; %llu events, %llu dropped; %llu probe hits (%llu not events); wrote %s\n",
-            stop_reason.c_str(), static_cast<unsigned long long>(seen.events),
-            static_cast<unsigned long long>(seen.dropped), static_cast<unsigned long long>(seen.probe_hits),
-            static_cast<unsigned long long>(seen.hits_discarded), output.c_str());
+    // The counters that have a label (include/rvbpfd/counters.h): events and traps on the first line, samples and
+    // their EC routes on the second.
+    std::string counts;
+    const char* sep = "";
+#define RV_COUNT_TEXT(field, fold, label, ...)                  \
+  if (label[0] != '\0') {                                       \
+    counts += sep + std::to_string(seen.field) + " " + label;   \
+    sep = ", ";                                                 \
+  }
+    RV_EVENT_COUNTERS(RV_COUNT_TEXT)
+    RV_TRAP_COUNTERS(RV_COUNT_TEXT)
+    fprintf(stderr, "rvbpfd: %s; %s; wrote %s\n", stop_reason.c_str(), counts.c_str(),
+            EscapeControlBytes(output).c_str());
     if (stack_setup && sampling) {
-      fprintf(stderr, "rvbpfd: %llu samples, %llu lost to a full ring; EC by TLS %llu, ractor %llu, current_th %llu, "
-              "none (dropped) %llu\n",
-              static_cast<unsigned long long>(seen.samples), static_cast<unsigned long long>(seen.samples_dropped),
-              static_cast<unsigned long long>(seen.samples_ec_tls),
-              static_cast<unsigned long long>(seen.samples_ec_ractor),
-              static_cast<unsigned long long>(seen.samples_ec_current_th),
-              static_cast<unsigned long long>(seen.samples_no_ec));
+      counts.clear();
+      sep = "";
+      RV_SAMPLE_COUNTERS(RV_COUNT_TEXT)
+      sep = "; EC by ";
+#define RV_ROUTE_TEXT(field, fold, label, key)                \
+  counts += sep + std::string(label) + " " + std::to_string(seen.field); \
+  sep = ", ";
+      RV_EC_ROUTE_COUNTERS(RV_ROUTE_TEXT)
+#undef RV_ROUTE_TEXT
+      fprintf(stderr, "rvbpfd: %s\n", counts.c_str());
     }
+#undef RV_COUNT_TEXT
     if (child && target_exited) {
       if (WIFEXITED(child_status)) {
         fprintf(stderr, "rvbpfd: command exited with status %d\n", WEXITSTATUS(child_status));
@@ -675,6 +744,13 @@ Result<int> Record(const RecordOptions& o) {
         fprintf(stderr, "rvbpfd: command killed by signal %d\n", WTERMSIG(child_status));
       }
     }
+  }
+  // Releasing a multi-uprobe link waits for an RCU grace period (tens of ms, more on a busy machine): both groups
+  // are released at the same time so that they wait for the same one.
+  if (low_group && high_group) {
+    std::thread release_low([&low_group] { low_group.reset(); });
+    high_group.reset();
+    release_low.join();
   }
   return 0;
 }

@@ -18,6 +18,9 @@ namespace rvbpfd {
 struct RecordOptions {
   int pid = 0;                        // attach mode when > 0
   std::vector<std::string> command;   // launch mode when non-empty
+  // Launch mode's --user: the command's user (name or uid). "": the sudo invoker under sudo, else rvbpfd's own
+  // identity (record/launch DecideLaunchIdentity).
+  std::string user;
   std::string output;                 // empty: rvbpfd-<pid>-<time>.rvtrace in the current directory
   double duration_s = 0;              // 0: until the target exits or a signal
   uint32_t ring_buffer_kb = 4096;     // BPF ring buffer size (KiB)

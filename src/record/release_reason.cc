@@ -15,34 +15,34 @@ bool IsLibraryFrame(const FrameInfo& f) {
 }
 
 // Exact labels (rb_profile_frame_full_label) of methods that block the calling thread.
-constexpr std::array<std::pair<std::string_view, StackReleaseReason>, 27> kExact = {{
-    {"Kernel#sleep", StackReleaseReason::kSleep},
-    {"Thread::Mutex#lock", StackReleaseReason::kMutex},
-    {"Thread::Mutex#synchronize", StackReleaseReason::kMutex},
-    {"Monitor#enter", StackReleaseReason::kMutex},
-    {"Monitor#synchronize", StackReleaseReason::kMutex},
-    {"Monitor#mon_enter", StackReleaseReason::kMutex},
-    {"Thread::Queue#pop", StackReleaseReason::kQueue},
-    {"Thread::Queue#shift", StackReleaseReason::kQueue},
-    {"Thread::Queue#deq", StackReleaseReason::kQueue},
-    {"Thread::SizedQueue#pop", StackReleaseReason::kQueue},
-    {"Thread::SizedQueue#shift", StackReleaseReason::kQueue},
-    {"Thread::SizedQueue#deq", StackReleaseReason::kQueue},
-    {"Thread::SizedQueue#push", StackReleaseReason::kQueue},
-    {"Thread::SizedQueue#<<", StackReleaseReason::kQueue},
-    {"Thread::SizedQueue#enq", StackReleaseReason::kQueue},
-    {"Thread::ConditionVariable#wait", StackReleaseReason::kConditionVariable},
-    {"Thread::Mutex#sleep", StackReleaseReason::kConditionVariable},  // what ConditionVariable#wait blocks in
-    {"MonitorMixin::ConditionVariable#wait", StackReleaseReason::kConditionVariable},
-    {"Thread#join", StackReleaseReason::kJoin},
-    {"Thread#value", StackReleaseReason::kJoin},
-    {"Thread.pass", StackReleaseReason::kPass},
-    {"Process.wait", StackReleaseReason::kProcessWait},
-    {"Process.wait2", StackReleaseReason::kProcessWait},
-    {"Process.waitpid", StackReleaseReason::kProcessWait},
-    {"Process.waitpid2", StackReleaseReason::kProcessWait},
-    {"Process.waitall", StackReleaseReason::kProcessWait},
-    {"Process::Status.wait", StackReleaseReason::kProcessWait},
+constexpr std::array<std::pair<std::string_view, ReleaseReason>, 27> kExact = {{
+    {"Kernel#sleep", ReleaseReason::kSleeping},
+    {"Thread::Mutex#lock", ReleaseReason::kWaitingMutex},
+    {"Thread::Mutex#synchronize", ReleaseReason::kWaitingMutex},
+    {"Monitor#enter", ReleaseReason::kWaitingMutex},
+    {"Monitor#synchronize", ReleaseReason::kWaitingMutex},
+    {"Monitor#mon_enter", ReleaseReason::kWaitingMutex},
+    {"Thread::Queue#pop", ReleaseReason::kQueue},
+    {"Thread::Queue#shift", ReleaseReason::kQueue},
+    {"Thread::Queue#deq", ReleaseReason::kQueue},
+    {"Thread::SizedQueue#pop", ReleaseReason::kQueue},
+    {"Thread::SizedQueue#shift", ReleaseReason::kQueue},
+    {"Thread::SizedQueue#deq", ReleaseReason::kQueue},
+    {"Thread::SizedQueue#push", ReleaseReason::kQueue},
+    {"Thread::SizedQueue#<<", ReleaseReason::kQueue},
+    {"Thread::SizedQueue#enq", ReleaseReason::kQueue},
+    {"Thread::ConditionVariable#wait", ReleaseReason::kConditionVariable},
+    {"Thread::Mutex#sleep", ReleaseReason::kConditionVariable},  // what ConditionVariable#wait blocks in
+    {"MonitorMixin::ConditionVariable#wait", ReleaseReason::kConditionVariable},
+    {"Thread#join", ReleaseReason::kJoin},
+    {"Thread#value", ReleaseReason::kJoin},
+    {"Thread.pass", ReleaseReason::kPass},
+    {"Process.wait", ReleaseReason::kProcessWait},
+    {"Process.wait2", ReleaseReason::kProcessWait},
+    {"Process.waitpid", ReleaseReason::kProcessWait},
+    {"Process.waitpid2", ReleaseReason::kProcessWait},
+    {"Process.waitall", ReleaseReason::kProcessWait},
+    {"Process::Status.wait", ReleaseReason::kProcessWait},
 }};
 
 // IO: any library method of IO or its subclasses (C, or <internal:io> on 3.4+), Dir, socket classes, Kernel's
@@ -62,43 +62,26 @@ bool IsIoFrame(const FrameInfo& f) {
 
 }  // namespace
 
-std::string_view ReleaseReasonString(StackReleaseReason reason) {
-  switch (reason) {
-    case StackReleaseReason::kSleep: return "sleep";
-    case StackReleaseReason::kIo: return "io";
-    case StackReleaseReason::kMutex: return "mutex";
-    case StackReleaseReason::kQueue: return "queue";
-    case StackReleaseReason::kConditionVariable: return "condition_variable";
-    case StackReleaseReason::kJoin: return "join";
-    case StackReleaseReason::kPass: return "pass";
-    case StackReleaseReason::kProcessWait: return "process_wait";
-    case StackReleaseReason::kTimeslice: return "timeslice";
-    case StackReleaseReason::kExit: return "exit";
-    case StackReleaseReason::kUnknown: break;
-  }
-  return "unknown";
-}
-
 ReleaseSite ClassifyReleaseSite(std::string_view function) {
   if (function == "rb_thread_schedule_limits") return ReleaseSite::kYield;
   if (function == "thread_start_func_2") return ReleaseSite::kThreadEnd;
   return ReleaseSite::kOther;
 }
 
-StackReleaseReason DeriveReleaseReason(std::span<const FrameInfo> frames, ReleaseSite site) {
+ReleaseReason DeriveReleaseReason(std::span<const FrameInfo> frames, ReleaseSite site) {
   // The site alone: the release at the end of thread_start_func_2 is the thread finishing, whatever the stack.
-  if (site == ReleaseSite::kThreadEnd) return StackReleaseReason::kExit;
+  if (site == ReleaseSite::kThreadEnd) return ReleaseReason::kExit;
   for (const FrameInfo& f : frames) {
     if (!IsLibraryFrame(f)) break;
     for (const auto& [label, reason] : kExact) {
       if (f.label == label) return reason;
     }
-    if (IsIoFrame(f)) return StackReleaseReason::kIo;
+    if (IsIoFrame(f)) return ReleaseReason::kIo;
   }
   // A yield with no Thread.pass on the stack: the timer thread asked the running thread to give others a turn
   // (the ready queue was non-empty when its time slice ran out); the program was not blocked.
-  if (site == ReleaseSite::kYield) return StackReleaseReason::kTimeslice;
-  return StackReleaseReason::kUnknown;
+  if (site == ReleaseSite::kYield) return ReleaseReason::kTimeslice;
+  return ReleaseReason::kUnknown;
 }
 
 }  // namespace rvbpfd

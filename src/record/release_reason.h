@@ -6,30 +6,10 @@
 #include <span>
 #include <string_view>
 
+#include "trace/release_reason.h"
 #include "trace/stacks.h"
 
 namespace rvbpfd {
-
-// The recorder's side of the release-reason vocabulary: what the rule derives from a stack, written into the trace as
-// the strings of ReleaseReasonString. (The thread-state model reads those strings into its own ReleaseReason, which
-// also holds reasons no stack gives, such as a 3.2 preemption.)
-enum class StackReleaseReason : uint8_t {
-  kUnknown,
-  kSleep,
-  kIo,
-  kMutex,
-  kQueue,
-  kConditionVariable,
-  kJoin,
-  kPass,
-  kProcessWait,
-  kTimeslice,
-  kExit,
-};
-
-// "sleep", "io", "mutex", "queue", "condition_variable", "join", "pass", "process_wait", "timeslice", "exit",
-// "unknown": the vocabulary of the gvl_released "reason" field (docs/rvtrace.md).
-std::string_view ReleaseReasonString(StackReleaseReason reason);
 
 // Where a SUSPENDED hook site is, as far as the rule cares.
 enum class ReleaseSite : uint8_t {
@@ -41,10 +21,11 @@ enum class ReleaseSite : uint8_t {
 // Classifies a SUSPENDED site by its enclosing function (ProbeSite::function).
 ReleaseSite ClassifyReleaseSite(std::string_view function);
 
-// The rule. `frames` is the released thread's stack, leaf first. Only the frames above the innermost frame of
-// program code are looked at (C frames and <internal:...> builtins: the library call the program is blocked in);
-// the first of those that names a known blocking method decides.
-StackReleaseReason DeriveReleaseReason(std::span<const FrameInfo> frames, ReleaseSite site);
+// The rule; the recorder writes its result with ReleaseReasonTraceName. `frames` is the released thread's stack,
+// leaf first. Only the frames above the innermost frame of program code are looked at (C frames and <internal:...>
+// builtins: the library call the program is blocked in); the first of those that names a known blocking method
+// decides. Never kStarting or kPreempted, which no stack gives.
+ReleaseReason DeriveReleaseReason(std::span<const FrameInfo> frames, ReleaseSite site);
 
 }  // namespace rvbpfd
 

@@ -3,39 +3,48 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "common/target_file.h"
+#include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "stacks/memory_reader.h"
 
 namespace rvbpfd {
 
-Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& ruby_version) {
+Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version) {
   int major = 0, minor = 0, teeny = 0;
   if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
     return Error(ErrorCode::kUnsupportedVersion, "cannot parse ruby_version " + ruby_version);
   }
-  Result<ElfFile> elf = ElfFile::Open(vm_path);
-  if (!elf) return elf.error();
-  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, nullptr);
+  AttachDebugInfo(&vm);  // the layout needs DWARF: from the binary or its debug file by build-id
+  Result<RubyOffsets> off = OffsetsForBinary(vm, major, minor, nullptr);
   if (!off) return off.error();
   StackSetup s;
   s.offsets = *off;
-  if (Result<uint64_t> g = FindGlobalSymbolsVaddr(*elf); g) s.global_symbols_vaddr = *g;
-  s.ec_route = ComputeEcRoute(*elf, s.offsets);
+  if (Result<uint64_t> g = FindGlobalSymbolsVaddr(vm); g) s.global_symbols_vaddr = *g;
+  s.ec_route = ComputeEcRoute(vm, s.offsets);
+  s.lowest_load_vaddr = LowestLoadVaddr(vm);
   return s;
 }
 
 Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::string& ruby_version,
                                        const std::string& cache_dir, bool want_stacks) {
-  Result<SiteSet> sites = LoadOrFindSites(vm_path, ruby_version, cache_dir);
+  Result<ElfFile> vm = ElfFile::Open(vm_path);
+  if (!vm) return vm.error();
+  return PrepareVmBinary(*vm, ruby_version, cache_dir, want_stacks);
+}
+
+Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_version,
+                                       const std::string& cache_dir, bool want_stacks) {
+  Result<SiteSet> sites = LoadOrFindSites(vm, ruby_version, cache_dir);
   if (!sites) return sites.error();
   PreparedBinary p;
   p.sites = std::move(sites.value());
   if (want_stacks) {
-    Result<StackSetup> ss = PrepareStacks(vm_path, ruby_version);
+    Result<StackSetup> ss = PrepareStacks(vm, ruby_version);
     if (ss) {
       p.stacks = std::move(ss.value());
     } else {
@@ -109,11 +118,91 @@ std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_
   uint64_t gsym = 0;
   if (setup.global_symbols_vaddr != 0) {
     if (std::optional<uint64_t> lowest = LowestMappingOf(pid, vm_path, proc_root)) {
-      Result<ElfFile> elf = ElfFile::Open(vm_path);
-      if (elf) gsym = setup.global_symbols_vaddr + LoadBiasFromLowestMapping(*elf, *lowest);
+      gsym = setup.global_symbols_vaddr + LoadBiasFromLowestMapping(setup.lowest_load_vaddr, *lowest);
     }
   }
   return std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), setup.offsets, gsym);
+}
+
+std::vector<std::pair<std::string, std::string>> StackProvenance(const std::string& vm_path,
+                                                                 const std::string& ruby_version) {
+  std::vector<std::pair<std::string, std::string>> out;
+  int major = 0, minor = 0, teeny = 0;
+  Result<ElfFile> elf = ElfFile::Open(vm_path);
+  if (!elf || !ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
+    out.push_back({"stack offsets", "none: " + (elf ? "unparseable ruby_version" : elf.error().message())});
+    return out;
+  }
+  OffsetsReport report;
+  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, &report);
+  if (!off) {
+    out.push_back({"stack offsets", "none: " + off.error().message()});
+    return out;
+  }
+  const std::string table = "table " + std::to_string(major) + "." + std::to_string(minor);
+  out.push_back({"stack offsets", report.from_dwarf > 0 ? "dwarf (" + std::to_string(report.from_dwarf) +
+                                                              " fields) over " + table
+                                                        : table});
+  out.push_back({"sample EC route", DescribeEcRoute(ComputeEcRoute(*elf, *off))});
+  std::optional<ElfSymbol> gsym = elf->FindSymbol("ruby_global_symbols");
+  Result<uint64_t> gvaddr = FindGlobalSymbolsVaddr(*elf);
+  out.push_back({"ruby_global_symbols", !gvaddr ? "none: " + gvaddr.error().message()
+                                        : gsym && gsym->shndx != SHN_UNDEF ? "symtab"
+                                                                           : "disassembly of rb_id2str (exports)"});
+  return out;
+}
+
+Status CheckLiveLayout(int pid, int ns_pid, const ElfFile& vm, uint64_t load_bias, const SiteSet& sites,
+                       MemoryReader& mem) {
+  auto refuse = [&](const std::string& what) {
+    return Error(ErrorCode::kNoSymbols,
+                 vm.path() + " (CRuby " + sites.ruby_version + ", build-id " +
+                     (sites.build_id.empty() ? "none" : sites.build_id) + ", " +
+                     (sites.analysed_with_symtab ? "symbols" : "no symbols: offsets " + sites.offsets_source) +
+                     "): process " + std::to_string(pid) + " does not match the layout rvbpfd derived: " + what +
+                     "; supported without debug symbols: CRuby 3.3 and 3.4 release builds (GCC, x86-64), otherwise "
+                     "install the VM's debug symbols");
+  };
+  // 1. The version the tables were chosen for.
+  if (std::optional<ElfSymbol> v = vm.FindSymbol("ruby_version"); v && v->shndx != SHN_UNDEF) {
+    char buf[32] = {};
+    if (!mem.Read(v->value + load_bias, buf, sizeof(buf) - 1)) return refuse("ruby_version is unreadable");
+    if (std::string(buf, strnlen(buf, sizeof(buf) - 1)) != sites.ruby_version) {
+      return refuse("its ruby_version is \"" + std::string(buf, strnlen(buf, sizeof(buf) - 1)) + "\"");
+    }
+  }
+  // 2. The hook list the sites test.
+  if (sites.hooks_vaddr != 0) {
+    uint64_t head = 0;
+    if (!mem.ReadValue(sites.hooks_vaddr + load_bias, &head)) return refuse("the hook list pointer is unreadable");
+    uint64_t word = 0;
+    if (head != 0 && !mem.ReadValue(head, &word)) return refuse("the hook list points to unreadable memory");
+  }
+  // 3. th->nt->tid of the main thread, with the offsets BPF will use.
+  if (sites.main_ractor_vaddr != 0 && sites.ractor_main_thread != 0) {
+    uint64_t ractor = 0, th = 0, nt = 0;
+    int32_t tid = 0;
+    if (!mem.ReadValue(sites.main_ractor_vaddr + load_bias, &ractor)) return refuse("the main ractor is unreadable");
+    if (ractor != 0) {  // 0: several ractors; the check does not apply
+      if (!mem.ReadValue(ractor + sites.ractor_main_thread, &th) || th == 0) {
+        return refuse("the main ractor's main thread is unreadable");
+      }
+      if (!mem.ReadValue(th + sites.offsets.th_nt, &nt) || nt == 0) {
+        return refuse("the main thread's native thread (th->nt at +" + std::to_string(sites.offsets.th_nt) +
+                      ") is unreadable");
+      }
+      if (!mem.ReadValue(nt + sites.offsets.nt_tid, &tid)) {
+        return refuse("the main thread's native tid (nt->tid at +" + std::to_string(sites.offsets.nt_tid) +
+                      ") is unreadable");
+      }
+      if (tid != ns_pid) {
+        return refuse("the main thread's native tid (nt->tid at +" + std::to_string(sites.offsets.nt_tid) +
+                      ") is " + std::to_string(tid) + ", not the pid (" + std::to_string(ns_pid) +
+                      " in its pid namespace)");
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 void AppendStackEndMarker(const rv_stack_header& h, std::vector<FrameInfo>* frames) {

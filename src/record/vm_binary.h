@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "common/error.h"
+#include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "record/stack_resolver.h"
 #include "rvbpfd/abi.h"
 #include "sites/sites.h"
 #include "stacks/ec_route.h"
+#include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
 #include "trace/stacks.h"
 
@@ -28,10 +30,12 @@ struct StackSetup {
   RubyOffsets offsets;
   uint64_t global_symbols_vaddr = 0;  // ELF vaddr of ruby_global_symbols (0: C function names unresolved)
   EcRoute ec_route;  // how samples find their EC (per-process part: ResolveProcessEc, src/stacks/ec_route.h)
+  uint64_t lowest_load_vaddr = UINT64_MAX;  // the VM's lowest PT_LOAD vaddr: its load bias in a process, with maps
 };
 
-// Walker/symbolizer layout of the VM at vm_path (DWARF over the version table).
-Result<StackSetup> PrepareStacks(const std::string& vm_path, const std::string& ruby_version);
+// Walker/symbolizer layout of the VM binary `vm` (DWARF over the version table; debug info by build-id is attached
+// to `vm` when it has none of its own).
+Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version);
 
 struct PreparedBinary {
   SiteSet sites;
@@ -39,8 +43,12 @@ struct PreparedBinary {
   std::optional<Error> stacks_error;  // why `stacks` is empty although they were wanted
 };
 
-// Sites (LoadOrFindSites with the content-hash cache in cache_dir) and, when want_stacks, the stack layout. A failure to
-// find sites is the error; a failure to set up stacks only leaves stacks empty (stacks_error says why).
+// Sites (LoadOrFindSites with the content-hash cache in cache_dir) and, when want_stacks, the stack layout, all from the
+// one parse of the VM binary `vm`. A failure to find sites is the error; a failure to set up stacks only leaves
+// stacks empty (stacks_error says why).
+Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_version,
+                                       const std::string& cache_dir, bool want_stacks);
+// The same for the file at vm_path (opened and parsed once here).
 Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::string& ruby_version,
                                        const std::string& cache_dir, bool want_stacks);
 
@@ -69,6 +77,23 @@ std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const 
 // ruby_global_symbols once the VM is mapped (0 otherwise).
 std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_path, const StackSetup& setup,
                                                  const std::string& proc_root = "/proc");
+
+// Where the stack facts of the VM at vm_path come from (fact, source), for `rvbpfd sites`: the walker and
+// symbolizer offsets (DWARF over the version table, or the table alone), how samples find their EC, and
+// ruby_global_symbols (symtab, or rb_id2str's code). A fact that cannot be set up says why.
+std::vector<std::pair<std::string, std::string>> StackProvenance(const std::string& vm_path,
+                                                                 const std::string& ruby_version);
+
+// Checks a live process against what the analysis of its VM binary assumes, before any probe goes in: the
+// ruby_version string the process holds is the analysed one, the hook list pointer is readable (NULL, or the
+// address of a readable hook), and in a single-ractor process the main thread's native tid (th->nt->tid, with the
+// offsets the probes will use) is the pid. `vm` is the VM binary, `load_bias` its load bias in the process. A
+// mismatch is kNoSymbols with one line naming the version, the failed check and what is supported; a process where a
+// check cannot apply (several ractors) skips that check, never guesses.
+// ns_pid: the pid as the target sees it in its own pid namespace (RubyTarget::ns_pid), which its main thread's
+// nt->tid holds.
+Status CheckLiveLayout(int pid, int ns_pid, const ElfFile& vm, uint64_t load_bias, const SiteSet& sites,
+                       MemoryReader& mem);
 
 // A stack that is not complete says so at its oldest end rather than passing for a whole one: cut at
 // RV_MAX_STACK_FRAMES ("<truncated>"), or the walk could not read a frame ("<incomplete stack>").

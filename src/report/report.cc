@@ -8,6 +8,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/safe_file.h"
 #include "report/report_data.h"
 #include "report/report_ui.h"
 #include "trace/reader.h"
@@ -74,25 +75,19 @@ Status WriteReport(const std::string& trace_path, const std::string& out_path) {
   const std::optional<uint32_t> sample_hz = trace->header.sample_hz;
   Result<Model> model = Model::FromTrace(std::move(trace).value());
   if (!model.ok()) return model.error();
-  std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    return Error(ErrorCode::kOutputUnwritable,
-                 ErrnoMessage("cannot create the report " + out_path, errno) + "; choose another path with -o");
-  }
   ReportOptions options;
   options.title = std::filesystem::path(trace_path).filename().string();
   options.frames = &frames;
   options.stacks = &stacks;
   options.sample_hz = sample_hz;
-  const Status status = WriteReportHtml(*model, options, out);
-  out.close();
-  if (!status.ok() || !out) {
-    std::error_code ignored;
-    std::filesystem::remove(out_path, ignored);
+  OutputFileOptions file_options;
+  file_options.owner = SudoInvokerOfProcess();
+  file_options.allow_fifo_or_device = true;
+  return WriteOutputFile(out_path, file_options, [&](std::ostream& out) -> Status {
+    const Status status = WriteReportHtml(*model, options, out);
     if (!status.ok()) return status.error().Wrap(out_path);
-    return Error(ErrorCode::kIo, "writing the report " + out_path + " failed");
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 }  // namespace rvbpfd

@@ -10,13 +10,15 @@
 #include <charconv>
 #include <vector>
 
+#include "common/safe_file.h"
+
 namespace rvbpfd {
 namespace {
 
 constexpr size_t kMaxComponentBytes = 100;
 constexpr std::string_view kProfileSuffix = ".pb.gz";
 constexpr mode_t kDirMode = 0750;   // profiles name the code and command lines of the machine's processes
-constexpr mode_t kFileMode = 0640;
+constexpr mode_t kFileMode = 0600;
 
 class Fd {
  public:
@@ -187,11 +189,43 @@ void DirSink::IndexFile(FileEntry entry) {
   by_path_.emplace(entry.path, entry);
 }
 
+Result<int> DirSink::OpenAppDir(const std::string& app, bool create) const {
+  Fd top(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!top.ok()) return Error(ErrorCode::kOutputUnwritable, ErrnoMessage("opening --output-dir " + dir_, errno));
+  const std::string where = dir_ + "/" + app;
+  if (create && ::mkdirat(top.get(), app.c_str(), kDirMode) != 0 && errno != EEXIST) {
+    return Error(ErrorCode::kOutputUnwritable, ErrnoMessage("creating " + where, errno));
+  }
+  // O_NOFOLLOW: a <dir>/<service> planted as a symlink would send root's writes (and rotation's deletes) elsewhere.
+  const int fd = ::openat(top.get(), app.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP || err == ENOTDIR) {
+      return Error(ErrorCode::kOutputUnwritable,
+                   where + " is a symbolic link or not a directory; rvbpfd never writes through one (remove it)");
+    }
+    return Error(ErrorCode::kOutputUnwritable, ErrnoMessage("opening " + where, err));
+  }
+  return fd;
+}
+
+void DirSink::RemoveProfile(const std::string& path) const {
+  // path is dir_ + "/" + app + "/" + name (IndexFile's form).
+  if (path.size() <= dir_.size() + 1) return;
+  const std::string rel = path.substr(dir_.size() + 1);
+  const size_t slash = rel.find('/');
+  if (slash == std::string::npos) return;
+  Result<int> app = OpenAppDir(rel.substr(0, slash), /*create=*/false);
+  if (!app) return;  // gone or replaced by a symlink: nothing of ours to remove there
+  Fd fd(*app);
+  ::unlinkat(fd.get(), rel.substr(slash + 1).c_str(), 0);
+}
+
 uint64_t DirSink::Rotate() {
   uint64_t deleted = 0;
   while (total_bytes_ > max_total_bytes_ && !files_.empty()) {
     const FileEntry oldest = *files_.begin();
-    ::unlink(oldest.path.c_str());  // ENOENT: someone else removed it; either way it no longer counts
+    RemoveProfile(oldest.path);  // ENOENT: someone else removed it; either way it no longer counts
     files_.erase(files_.begin());
     by_path_.erase(oldest.path);
     total_bytes_ -= oldest.size;
@@ -231,37 +265,26 @@ DeliveryOutcome DirSink::Deliver(const ProfileUpload& upload) {
                                    " bytes, more than the whole --output-max-mb cap (" +
                                    std::to_string(max_total_bytes_) + " bytes)");
   }
-  if (::mkdir(app_dir.c_str(), kDirMode) != 0 && errno != EEXIST) {
-    return DeliveryOutcome::Failed(ErrnoMessage("creating " + app_dir, errno));
-  }
-
-  const std::string temp = app_dir + "/." + base + "." + std::to_string(::getpid()) + "." +
-                           std::to_string(++temp_counter_) + ".tmp";
-  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, kFileMode));
-  if (!fd.ok()) return DeliveryOutcome::Failed(ErrnoMessage("creating " + temp, errno));
-  const auto fail = [&](std::string_view step, int err) {
-    fd.Reset();
-    ::unlink(temp.c_str());
-    return DeliveryOutcome::Failed(ErrnoMessage(std::string(step) + " " + temp, err));
-  };
+  Result<int> app_fd = OpenAppDir(path.substr(dir_.size() + 1, slash - dir_.size() - 1), /*create=*/true);
+  if (!app_fd) return DeliveryOutcome::Failed(app_fd.error().message());
+  Fd app(*app_fd);
+  OutputFileOptions options;
+  options.mode = kFileMode;
+  options.owner = SudoInvokerOfProcess();
+  options.sync = true;
+  options.fix_hint = "check --output-dir";
+  Result<OutputFile> file = OutputFile::CreateAt(app.get(), app_dir, base, options);
+  if (!file) return DeliveryOutcome::Failed(file.error().message());
   std::string_view rest = upload.pprof_gz;
   while (!rest.empty()) {
-    const ssize_t n = ::write(fd.get(), rest.data(), rest.size());
+    const ssize_t n = ::write(file->fd(), rest.data(), rest.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail("writing", n < 0 ? errno : EIO);
+    if (n <= 0) return DeliveryOutcome::Failed(ErrnoMessage("writing " + path, n < 0 ? errno : EIO));
     rest.remove_prefix(static_cast<size_t>(n));
   }
-  if (::fsync(fd.get()) != 0) return fail("syncing", errno);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return fail("checking", errno);
-  if (const int err = fd.Close(); err != 0) return fail("closing", err);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return DeliveryOutcome::Failed(ErrnoMessage("renaming " + temp + " to " + path, err));
-  }
-  // The rename is durable only once the directory is synced; failing that is not worth losing the profile over.
-  if (Fd dir_fd(::open(app_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir_fd.ok()) ::fsync(dir_fd.get());
+  if (::fstat(file->fd(), &st) != 0) return DeliveryOutcome::Failed(ErrnoMessage("checking " + path, errno));
+  if (Status committed = file->Commit(); !committed) return DeliveryOutcome::Failed(committed.error().message());
 
   IndexFile(FileEntry{std::max<int64_t>(upload.from_unix_s, 0), MtimeNs(st), path, upload.pprof_gz.size()});
   if (const uint64_t deleted = Rotate(); deleted > 0) worker_->CountRotated(deleted);

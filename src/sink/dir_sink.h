@@ -67,6 +67,11 @@ class DirSink : public ProfileSink {
   };
 
   DirSink(std::string dir, uint64_t max_total_bytes) : dir_(std::move(dir)), max_total_bytes_(max_total_bytes) {}
+  // The directory <dir_>/<app> (made first when `create`), opened without following a symlink there. Returns the
+  // owned descriptor.
+  Result<int> OpenAppDir(const std::string& app, bool create) const;
+  // Unlinks one indexed profile inside its app directory, never through a symlink.
+  void RemoveProfile(const std::string& path) const;
   Status ScanExisting();
   void IndexFile(FileEntry entry);
   uint64_t Rotate();  // returns the number of files deleted
@@ -78,7 +83,6 @@ class DirSink : public ProfileSink {
   std::set<FileEntry> files_;                           // oldest first
   std::unordered_map<std::string, FileEntry> by_path_;  // the same entries, by path
   uint64_t total_bytes_ = 0;
-  uint64_t temp_counter_ = 0;
   std::unique_ptr<DeliveryWorker> worker_;  // stopped first, in ~DirSink
 };
 

@@ -36,20 +36,6 @@ bool EnsureCurlGlobalInit() {
   return ok;
 }
 
-std::string RedactUrl(std::string_view url) {
-  const size_t scheme_end = url.find("://");
-  if (scheme_end == std::string_view::npos) return std::string(url);
-  const size_t authority_start = scheme_end + 3;
-  const size_t authority_end = std::min(url.find_first_of("/?#", authority_start), url.size());
-  const std::string_view authority = url.substr(authority_start, authority_end - authority_start);
-  const size_t at = authority.rfind('@');
-  if (at == std::string_view::npos) return std::string(url);
-  std::string out(url.substr(0, authority_start));
-  out += "***";
-  out += url.substr(authority_start + at);
-  return out;
-}
-
 Result<std::unique_ptr<CurlTransport>> CurlTransport::Create() {
   if (!EnsureCurlGlobalInit()) {
     return Error(ErrorCode::kInternal, "initializing libcurl failed (curl_global_init); reinstall libcurl4");

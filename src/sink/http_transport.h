@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/url_redact.h"
 
 namespace rvbpfd {
 
@@ -59,9 +60,6 @@ class CurlTransport : public HttpTransport {
 // Initializes libcurl once per process, thread-safely (curl_global_init is not thread-safe by itself). Returns
 // false if it failed. Cleanup is left to process exit, as other threads may still use libcurl until then.
 bool EnsureCurlGlobalInit();
-
-// `url` with any user:password@ replaced by ***@, for messages and logs.
-std::string RedactUrl(std::string_view url);
 
 }  // namespace rvbpfd
 

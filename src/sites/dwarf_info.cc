@@ -27,8 +27,11 @@ bool FitsInt32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
 }  // namespace
 
 std::unique_ptr<DwarfInfo> DwarfInfo::Open(const ElfFile& elf) {
-  if (!elf.FindSection(".debug_info")) return nullptr;
-  Dwarf* dwarf = dwarf_begin_elf(elf.handle(), DWARF_C_READ, nullptr);
+  // DWARF from the binary or its split debug file; .eh_frame only from the binary (a debug file made by
+  // `objcopy --only-keep-debug` keeps allocated sections such as .eh_frame as NOBITS).
+  const ElfFile& dw = elf.dwarf_file();
+  if (!dw.FindSection(".debug_info")) return nullptr;
+  Dwarf* dwarf = dwarf_begin_elf(dw.handle(), DWARF_C_READ, nullptr);
   if (dwarf == nullptr) return nullptr;
   std::unique_ptr<DwarfInfo> info(new DwarfInfo());
   info->dwarf_ = dwarf;

@@ -1,5 +1,6 @@
 #include "sites/placement.h"
 
+#include <algorithm>
 #include <string>
 
 namespace rvbpfd {
@@ -26,11 +27,20 @@ bool BranchLandsIn(const ElfFile& vm, Disassembler& dis, const ElfSymbol& fn, ui
 }
 
 // Moves one site if it can (see the header); false when it stays.
-bool MoveToEmulated(const ElfFile& vm, Disassembler& dis, DwarfInfo* dwarf, ProbeSite& s) {
+bool MoveToEmulated(const ElfFile& vm, Disassembler& dis, DwarfInfo* dwarf, ProbeSite& s,
+                    const StrippedCode* stripped) {
   if (s.method != "hook-site" && s.method != "gc-hook-site" && s.method != "function-entry") return false;
-  std::optional<ElfSymbol> fn = vm.FunctionContaining(s.vaddr);
-  if (!fn) return false;
-  const uint64_t fn_end = fn->value + fn->size;
+  std::optional<ElfSymbol> fn;
+  uint64_t fn_end = 0;
+  if (stripped != nullptr) {
+    std::optional<CodeRange> r = RangeContaining(stripped->functions, s.vaddr);
+    if (!r) return false;
+    fn_end = r->end;
+  } else {
+    fn = vm.FunctionContaining(s.vaddr);
+    if (!fn) return false;
+    fn_end = fn->value + fn->size;
+  }
   std::optional<uint64_t> target;
   uint32_t written = 0;  // DWARF registers written by the instructions the probe would skip
   int seen = 0;
@@ -45,7 +55,12 @@ bool MoveToEmulated(const ElfFile& vm, Disassembler& dis, DwarfInfo* dwarf, Prob
     return true;
   });
   if (!target || *target == s.vaddr) return false;
-  if (BranchLandsIn(vm, dis, *fn, s.vaddr + 1, *target)) return false;
+  if (stripped != nullptr) {
+    auto it = std::lower_bound(stripped->branch_targets.begin(), stripped->branch_targets.end(), s.vaddr + 1);
+    if (it != stripped->branch_targets.end() && *it <= *target) return false;
+  } else if (BranchLandsIn(vm, dis, *fn, s.vaddr + 1, *target)) {
+    return false;
+  }
   ThLocation th = s.th;
   if (s.th_source == "dwarf") {
     if (!dwarf) return false;
@@ -63,10 +78,10 @@ bool MoveToEmulated(const ElfFile& vm, Disassembler& dis, DwarfInfo* dwarf, Prob
 }  // namespace
 
 void PlaceOnEmulatedInstructions(const ElfFile& vm, Disassembler& dis, DwarfInfo* dwarf,
-                                 std::vector<ProbeSite>* sites) {
+                                 std::vector<ProbeSite>* sites, const StrippedCode* stripped) {
   for (ProbeSite& s : *sites) {
     if (s.check_vaddr == 0) s.check_vaddr = s.vaddr;
-    if (s.vaddr == s.check_vaddr) MoveToEmulated(vm, dis, dwarf, s);
+    if (s.vaddr == s.check_vaddr) MoveToEmulated(vm, dis, dwarf, s, stripped);
     const cs_insn* insn = dis.DecodeAt(vm, s.vaddr);
     s.single_step = insn == nullptr || !IsKernelEmulated(*insn);
   }

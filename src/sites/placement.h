@@ -9,6 +9,7 @@
 #include "sites/disasm.h"
 #include "sites/dwarf_info.h"
 #include "sites/sites.h"
+#include "sites/stripped.h"
 
 namespace rvbpfd {
 
@@ -21,8 +22,10 @@ namespace rvbpfd {
 // return address is still at [rsp]) and `th`: a DWARF location is evaluated again at the new address (the probe
 // stays if DWARF loses th there), other locations need their registers unwritten in between. Sets check_vaddr
 // (where unset) and single_step (whether the kernel single-steps the instruction the probe ends up on) of every site.
+// Without .symtab (`stripped` set) a function's extent is its FDE and the branches considered are every direct
+// branch of the whole binary.
 void PlaceOnEmulatedInstructions(const ElfFile& vm, Disassembler& dis, DwarfInfo* dwarf,
-                                 std::vector<ProbeSite>* sites);
+                                 std::vector<ProbeSite>* sites, const StrippedCode* stripped = nullptr);
 
 }  // namespace rvbpfd
 

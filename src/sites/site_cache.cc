@@ -10,8 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/target_file.h"
+#include "common/json_dump.h"
 #include "common/sha256.h"
+#include "common/target_file.h"
+#include "elf/debug_lookup.h"
 #include "sites/sites.h"
 
 namespace rvbpfd {
@@ -20,8 +22,12 @@ namespace {
 // Bump when the meaning of any field changes, so old caches are recomputed rather than misread.
 // 2: exclude_caller range on function-entry sites. 3: function-level GC probes where a binary has no GC hook check.
 // 4: probes moved to emulated instructions (check_vaddr); older caches hold single-stepped probe addresses.
-// 5: keyed by the binary's SHA-256 (content_sha256), no longer by its build-id.
+// 5: keyed by the binary's SHA-256 (content_sha256), no longer by its build-id; provenance of each fact (binaries
+// without .symtab are analysed too).
 constexpr int kCacheFormat = 5;
+// Bounds on the provenance list (a handful of facts, each a short line).
+constexpr size_t kMaxProvenance = 32;
+constexpr size_t kMaxProvenanceText = 512;
 // The probe sits at most this far after the instruction it stands for (a few instructions, see sites.cc).
 constexpr uint64_t kMaxProbeAfterCheck = 64;
 // No CRuby struct we read from is near this large; a bigger "offset" can only be corruption.
@@ -77,12 +83,20 @@ std::string SiteSetToJson(const SiteSet& set) {
       {"ruby_version", set.ruby_version},
       {"main_thread_serial", set.main_thread_serial},
       {"offsets_source", set.offsets_source},
+      {"symbols_source", set.symbols_source},
+      {"analysed_with_symtab", set.analysed_with_symtab},
+      {"hooks_vaddr", set.hooks_vaddr},
+      {"code_fingerprint", set.code_fingerprint},
+      {"main_ractor_vaddr", set.main_ractor_vaddr},
+      {"ractor_main_thread", set.ractor_main_thread},
       {"offsets",
        {{"th_serial", set.offsets.th_serial}, {"th_nt", set.offsets.th_nt}, {"nt_tid", set.offsets.nt_tid},
         {"flags", set.offsets.flags}}},
       {"sites", std::move(sites)}};
-  // Symbol names come from the binary: invalid UTF-8 there is replaced (U+FFFD) rather than thrown about.
-  return doc.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  nlohmann::json prov = nlohmann::json::array();
+  for (const auto& [fact, source] : set.provenance) prov.push_back({fact, source});
+  doc["provenance"] = std::move(prov);
+  return DumpJson(doc, 1) + "\n";
 }
 
 Result<SiteSet> SiteSetFromJson(const std::string& text) {
@@ -97,6 +111,13 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     set.ruby_version = doc.at("ruby_version").get<std::string>();
     set.main_thread_serial = doc.at("main_thread_serial").get<uint32_t>();
     set.offsets_source = doc.at("offsets_source").get<std::string>();
+    if (doc.contains("symbols_source")) set.symbols_source = doc.at("symbols_source").get<std::string>();
+    set.analysed_with_symtab = doc.at("analysed_with_symtab").get<bool>();
+    set.hooks_vaddr = doc.at("hooks_vaddr").get<uint64_t>();
+    set.code_fingerprint = doc.at("code_fingerprint").get<uint64_t>();
+    set.main_ractor_vaddr = doc.at("main_ractor_vaddr").get<uint64_t>();
+    set.ractor_main_thread = doc.at("ractor_main_thread").get<uint32_t>();
+    if (set.hooks_vaddr == 0 || set.ractor_main_thread >= kMaxStructOffset) return bad("layout facts out of range");
     const nlohmann::json& off = doc.at("offsets");
     set.offsets = rv_offsets{off.at("th_serial").get<uint32_t>(), off.at("th_nt").get<uint32_t>(),
                              off.at("nt_tid").get<uint32_t>(), off.at("flags").get<uint32_t>()};
@@ -104,6 +125,13 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
         set.offsets.nt_tid >= kMaxStructOffset || set.main_thread_serial > 1 ||
         (set.offsets_source != "dwarf" && set.offsets_source != "table")) {
       return bad("offsets out of range");
+    }
+    const nlohmann::json& prov = doc.at("provenance");
+    if (!prov.is_array() || prov.size() > kMaxProvenance) return bad("provenance is not a bounded array");
+    for (const nlohmann::json& p : prov) {
+      std::string fact = p.at(0).get<std::string>(), source = p.at(1).get<std::string>();
+      if (fact.size() > kMaxProvenanceText || source.size() > kMaxProvenanceText) return bad("provenance too long");
+      set.provenance.emplace_back(std::move(fact), std::move(source));
     }
     const nlohmann::json& sites = doc.at("sites");
     if (!sites.is_array() || sites.size() > RV_MAX_SITES) return bad("sites is not a bounded array");
@@ -172,25 +200,36 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
                                 const std::string& cache_dir) {
   Result<ElfFile> elf = ElfFile::Open(elf_path);
   if (!elf.ok()) return elf.error();
-  // The key is what the analysis reads: the whole file (its zero blocks cost nothing: a sparse file is cheap).
-  const std::string content_sha256 = SparseContentSha256Hex(elf->content());
+  return LoadOrFindSites(*elf, ruby_version, cache_dir);
+}
+
+Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, const std::string& cache_dir) {
+  // The key is what the analysis reads: the whole file (its zero blocks cost nothing: a sparse file is cheap). A
+  // binary claiming another's build-id, or a modified copy keeping it, only ever finds or writes its own entry.
+  const std::string content_sha256 = SparseContentSha256Hex(elf.content());
   const bool cacheable = !cache_dir.empty();
   const std::string cache_path = cache_dir + "/" + content_sha256 + ".json";
   if (cacheable) {
     if (std::optional<std::string> text = ReadCacheFile(cache_path)) {
       Result<SiteSet> cached = SiteSetFromJson(*text);
-      if (cached.ok() && cached->content_sha256 == content_sha256 && cached->build_id == elf->build_id() &&
+      if (cached.ok() && cached->content_sha256 == content_sha256 && cached->build_id == elf.build_id() &&
           cached->ruby_version == ruby_version) {
         bool in_file = true;
         for (const ProbeSite& s : cached->sites) {
-          std::optional<uint64_t> off = elf->VaddrToFileOffset(s.vaddr);
+          std::optional<uint64_t> off = elf.VaddrToFileOffset(s.vaddr);
           in_file &= off.has_value() && *off == s.file_offset;
         }
         if (in_file) return cached;
       }
     }
   }
-  Result<SiteSet> found = FindSites(*elf, ruby_version);
+  // Not cached: the analysis uses .symtab/DWARF when the binary or its debug file by build-id has them.
+  DebugLookupResult lookup = AttachDebugInfo(&elf);
+  Result<SiteSet> found = FindSites(elf, ruby_version);
+  if (!found.ok() && found.error().code() == ErrorCode::kNoSymbols && !lookup.tried.empty()) {
+    return Error(ErrorCode::kNoSymbols, found.error().message() + " (debug info by build-id: " + lookup.Summary() +
+                                            "; see --debug-dir, DEBUGINFOD_URLS)");
+  }
   if (!found.ok()) return found;
   found->content_sha256 = content_sha256;
   if (!cacheable) return found;

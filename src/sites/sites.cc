@@ -10,6 +10,7 @@
 #include "sites/disasm.h"
 #include "sites/dwarf_info.h"
 #include "sites/placement.h"
+#include "sites/stripped.h"
 
 namespace rvbpfd {
 namespace {
@@ -81,7 +82,15 @@ struct Finder {
   Disassembler& dis;
   DwarfInfo* dwarf;  // may be null
   int major, minor;
-  std::set<uint64_t> execute_hooks;  // addresses of rb_thread_execute_hooks and its clones
+  std::set<uint64_t> execute_hooks;  // addresses of rb_thread_execute_hooks and its clones (.symtab)
+  StrippedCode* stripped;            // without .symtab: rb_thread_execute_hooks is recognised by its code
+  std::set<uint64_t> execute_hooks_called;  // the entries the hook sites' taken paths call
+
+  bool IsExecuteHooks(uint64_t target) {
+    bool yes = stripped != nullptr ? LooksLikeExecuteHooks(vm, dis, *stripped, target) : execute_hooks.count(target) != 0;
+    if (yes) execute_hooks_called.insert(target);
+    return yes;
+  }
 
   bool ThreadHookTakesTh() const { return major > 3 || minor >= 3; }
 
@@ -123,7 +132,7 @@ struct Finder {
       uint64_t next = insn->address + insn->size;
       if (insn->id == X86_INS_CALL || insn->id == X86_INS_JMP) {
         std::optional<uint64_t> target = DirectBranchTarget(*insn);
-        if (target && execute_hooks.count(*target) != 0) {
+        if (target && IsExecuteHooks(*target)) {
           out.event = EventFromThreadEventBit(edi_imm);
           if (out.event == RV_EV_NONE) {
             out.why = "the event argument (edi) is not a single RUBY_INTERNAL_THREAD_EVENT_* bit";
@@ -186,7 +195,8 @@ struct Finder {
   }
 };
 
-std::string FunctionName(const ElfFile& vm, uint64_t vaddr) {
+std::string FunctionName(const ElfFile& vm, const StrippedCode* stripped, uint64_t vaddr) {
+  if (stripped != nullptr) return StrippedFunctionName(vm, *stripped, vaddr);
   std::optional<ElfSymbol> f = vm.FunctionContaining(vaddr);
   return f ? f->name : Hex(vaddr);
 }
@@ -207,9 +217,61 @@ Status AssignFileOffsetsAndSort(const ElfFile& vm, std::vector<ProbeSite>* sites
   return Status::Ok();
 }
 
+// Without .symtab, the two scheduler functions whose names the release-reason rules read
+// (record/release_reason.h) are recognised by what they do: thread_start_func_2 holds the EXITED checks (its
+// SUSPENDED checks are the thread's last release), and rb_thread_schedule_limits is the first function the exported
+// rb_thread_schedule calls. Sites elsewhere keep their exported or fn@ names.
+void NameStrippedSchedulerFunctions(const ElfFile& vm, Disassembler& dis, const StrippedCode& code, SiteSet* set) {
+  std::set<uint64_t> exit_fns;
+  for (const ProbeSite& s : set->sites) {
+    if (s.method != "hook-site" || s.event != RV_EV_THREAD_EXITED) continue;
+    if (std::optional<CodeRange> r = RangeContaining(code.functions, s.vaddr)) exit_fns.insert(r->start);
+  }
+  uint64_t limits = 0;
+  if (std::optional<ElfSymbol> sched = vm.FindSymbol("rb_thread_schedule");
+      sched && sched->shndx != SHN_UNDEF && sched->size > 0) {
+    dis.DecodeRange(vm.BytesAt(sched->value, sched->size), sched->value, [&](const cs_insn& insn) {
+      if (insn.id != X86_INS_CALL) return true;
+      std::optional<uint64_t> t = DirectBranchTarget(insn);
+      if (t && RangeContaining(code.functions, *t) && RangeContaining(code.functions, *t)->start == *t) limits = *t;
+      return false;
+    });
+  }
+  int named = 0;
+  for (ProbeSite& s : set->sites) {
+    if (s.method != "hook-site") continue;
+    std::optional<CodeRange> r = RangeContaining(code.functions, s.vaddr);
+    if (!r || vm.FunctionContaining(s.vaddr)) continue;  // an exported function keeps its own name
+    if (exit_fns.count(r->start) != 0) {
+      s.function = "thread_start_func_2";
+      ++named;
+    } else if (r->start == limits) {
+      s.function = "rb_thread_schedule_limits";
+      ++named;
+    }
+  }
+  set->provenance.push_back(
+      {"function names", "exports where a site lies in an exported function; thread_start_func_2 = the function "
+                         "of the EXITED checks, rb_thread_schedule_limits = rb_thread_schedule's first callee "
+                         "(disassembly, " + std::to_string(named) + " sites); others fn@<entry>"});
+}
+
 bool IsGcEvent(uint8_t event) { return event == RV_EV_GC_ENTER || event == RV_EV_GC_EXIT; }
 
 }  // namespace
+
+uint64_t CodeFingerprint(const ElfFile& vm) {
+  constexpr uint64_t kOffsetBasis = 0xcbf29ce484222325ull, kPrime = 0x100000001b3ull;
+  uint64_t h = kOffsetBasis;
+  bool any = false;
+  for (const char* name : {".text", ".rodata"}) {
+    std::optional<ElfSection> sec = vm.FindSection(name);
+    if (!sec) continue;
+    for (uint8_t b : vm.SectionData(*sec)) h = (h ^ b) * kPrime;
+    any = true;
+  }
+  return any ? h : 0;
+}
 
 bool ParseRubyVersion(const std::string& version, int* major, int* minor, int* teeny) {
   int a = 0, b = 0, c = 0, n = 0;
@@ -258,6 +320,12 @@ std::string EventKindName(uint8_t event) {
   }
 }
 
+std::string FormatProvenance(const SiteSet& set) {
+  std::string out;
+  for (const auto& [fact, source] : set.provenance) out += "# " + fact + ": " + source + "\n";
+  return out;
+}
+
 std::string FormatThLocation(const ThLocation& loc) {
   static constexpr const char* kRegs[] = {"rax", "rdx", "rcx", "rbx", "rsi", "rdi", "rbp", "rsp",
                                           "r8",  "r9",  "r10", "r11", "r12", "r13", "r14", "r15"};
@@ -298,65 +366,137 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                                                      " has no thread scheduler events (they were added in 3.2); "
                                                      "use Ruby >= 3.2");
   }
-  std::optional<ElfSymbol> hooks = vm.FindSymbol(kHooksSymbol);
-  if (!vm.has_symtab() || !hooks || hooks->shndx == SHN_UNDEF) {
-    return Error(ErrorCode::kNoSymbols,
-                 vm.path() + " (build-id " + (vm.build_id().empty() ? "none" : vm.build_id()) +
-                     ") has no symbol table: cannot find the VM's thread-event hook sites; install the matching debug "
-                     "symbols (e.g. the -dbgsym package) or use a Ruby built with symbols");
-  }
   Result<Disassembler> dis = Disassembler::Create();
   if (!dis.ok()) return dis.error();
-  std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(vm);
-  Finder finder{vm, *dis, dwarf.get(), major, minor, {}};
-  for (const ElfSymbol& s : vm.FindSymbolsWithPrefix("rb_thread_execute_hooks")) finder.execute_hooks.insert(s.value);
-  if (finder.execute_hooks.empty()) {
-    return Error(ErrorCode::kNoSymbols, vm.path() + " has no rb_thread_execute_hooks in its symbol table; install the "
-                                                    "matching debug symbols or use a Ruby built with symbols");
-  }
-
   SiteSet set;
   set.build_id = vm.build_id();
   set.ruby_version = ruby_version;
+  set.symbols_source = vm.symbols_source();
+  set.analysed_with_symtab = vm.has_symtab();
+  set.code_fingerprint = CodeFingerprint(vm);
   const bool gc_flags_global = major >= 4 || minor >= 4;  // 3.4+: GC hooks test ruby_vm_event_flags (§4)
   uint64_t gc_flags_target = 0;
+  std::string gc_flags_source;
   if (gc_flags_global) {
+    // Exported for extensions (vm_trace.c), so .dynsym has it when .symtab is gone.
     std::optional<ElfSymbol> flags = vm.FindSymbol("ruby_vm_event_flags");
-    if (flags && flags->shndx != SHN_UNDEF) gc_flags_target = flags->value + kGcFlagsByte;
-  }
-
-  // Decode function by function (extents from .symtab) so data in .text never desynchronises the decoder.
-  static const std::set<std::string> kExcluded = {"rb_internal_thread_add_event_hook",
-                                                  "rb_internal_thread_remove_event_hook", "rb_thread_execute_hooks"};
-  std::set<uint64_t> seen_functions;
-  std::vector<std::pair<uint64_t, std::string>> hook_refs;          // (vaddr, function)
-  std::vector<std::pair<uint64_t, uint8_t>> gc_global_refs;        // (vaddr, event)
-  for (const ElfSymbol& sym : vm.symbols()) {
-    if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0) continue;
-    if (!seen_functions.insert(sym.value).second) continue;
-    std::span<const uint8_t> code = vm.BytesAt(sym.value, sym.size);
-    if (code.empty()) continue;
-    bool want_hooks = MayReference(code, sym.value, hooks->value);
-    bool want_gc = gc_flags_target != 0 && MayReference(code, sym.value, gc_flags_target);
-    if (!want_hooks && !want_gc) continue;
-    bool excluded = std::any_of(kExcluded.begin(), kExcluded.end(),
-                                [&](const std::string& base) { return MatchesWithCloneSuffix(sym.name, base); });
-    dis->DecodeRange(code, sym.value, [&](const cs_insn& insn) {
-      std::optional<uint64_t> target = RipRelativeTarget(insn);
-      if (!target) return true;
-      if (*target == hooks->value && !excluded) hook_refs.emplace_back(insn.address, sym.name);
-      if (gc_flags_target != 0 && *target == gc_flags_target && insn.id == X86_INS_TEST) {
-        const cs_x86& x86 = insn.detail->x86;
-        for (uint8_t i = 0; i < x86.op_count; ++i) {
-          if (x86.operands[i].type != X86_OP_IMM) continue;
-          if (x86.operands[i].imm == kGcEnterByteBit) gc_global_refs.emplace_back(insn.address, RV_EV_GC_ENTER);
-          if (x86.operands[i].imm == kGcExitByteBit) gc_global_refs.emplace_back(insn.address, RV_EV_GC_EXIT);
+    if (flags && flags->shndx != SHN_UNDEF) {
+      gc_flags_target = flags->value + kGcFlagsByte;
+      gc_flags_source = flags->from_symtab ? "symtab" : "exports";
+    } else if (Result<Disassembler> d = Disassembler::Create(); d.ok()) {
+      // Hidden since 3.3. The exported GC event entry points test it first (`ruby_vm_event_flags & event`):
+      // rb_gc_event_hook (3.4), rb_gc_event_hook_required_p (where a build exports it).
+      for (const char* fn : {"rb_gc_event_hook", "rb_gc_event_hook_required_p"}) {
+        if (std::optional<uint64_t> v = SoleGlobalReadBy(vm, *d, fn)) {
+          gc_flags_target = *v + kGcFlagsByte;
+          gc_flags_source = std::string("exports + disassembly of ") + fn;
+          break;
         }
       }
-      return true;
-    });
+    }
+  }
+  std::optional<ElfSymbol> hooks = vm.FindSymbol(kHooksSymbol);
+  const bool use_symtab = vm.has_symtab() && hooks && hooks->shndx != SHN_UNDEF;
+  // Without .symtab: the hook list, the function extents and rb_thread_execute_hooks come from .dynsym, .eh_frame
+  // and the code (sites/stripped.h).
+  std::optional<StrippedCode> stripped;
+  if (!use_symtab) {
+    Result<StrippedCode> code = AnalyzeStrippedCode(vm, *dis, gc_flags_target);
+    if (!code.ok()) {
+      return Error(code.error().code(),
+                   vm.path() + " (build-id " + (vm.build_id().empty() ? "none" : vm.build_id()) +
+                       ") has no symbol table and its hook sites cannot be recovered from its exports and code: " +
+                       code.error().message() +
+                       "; install the matching debug symbols (e.g. the -dbgsym package) or use a Ruby built with "
+                       "symbols");
+    }
+    stripped = std::move(code.value());
+  }
+  StrippedCode* stripped_ptr = stripped ? &*stripped : nullptr;
+  const uint64_t hooks_addr = stripped ? stripped->hooks : hooks->value;
+  set.hooks_vaddr = hooks_addr;
+  if (std::optional<MainThreadRoute> mt = FindMainThreadRoute(vm, *dis)) {
+    set.main_ractor_vaddr = mt->main_ractor_vaddr;
+    set.ractor_main_thread = mt->ractor_main_thread;
+  }
+  std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(vm);
+  Finder finder{vm, *dis, dwarf.get(), major, minor, {}, stripped_ptr, {}};
+  if (stripped) {
+    set.provenance.push_back({"hook list", Hex(hooks_addr) + " from exports + disassembly (the one global both "
+                                                             "rb_internal_thread_add_event_hook and "
+                                                             "rb_internal_thread_remove_event_hook access)"});
+    set.provenance.push_back({"function extents", ".eh_frame (" + std::to_string(stripped->functions.size()) +
+                                                      " FDEs)"});
+  } else {
+    for (const ElfSymbol& s : vm.FindSymbolsWithPrefix("rb_thread_execute_hooks")) {
+      finder.execute_hooks.insert(s.value);
+    }
+    if (finder.execute_hooks.empty()) {
+      return Error(ErrorCode::kNoSymbols, vm.path() + " has no rb_thread_execute_hooks in its symbol table; install "
+                                                      "the matching debug symbols or use a Ruby built with symbols");
+    }
+    set.provenance.push_back({"hook list", Hex(hooks_addr) + " from symtab (" + kHooksSymbol + ")"});
+    set.provenance.push_back({"function extents", "symtab"});
   }
 
+  // Decode function by function (extents from .symtab or .eh_frame) so data in .text never desynchronises the
+  // decoder.
+  std::vector<std::pair<uint64_t, std::string>> hook_refs;          // (vaddr, function)
+  std::vector<std::pair<uint64_t, uint8_t>> gc_global_refs;        // (vaddr, event)
+  if (stripped) {
+    for (uint64_t ref : stripped->hook_refs) {
+      std::optional<CodeRange> fn = RangeContaining(stripped->functions, ref);
+      if (!fn) continue;
+      // The registry functions and rb_thread_execute_hooks read the list too; they are not hook checks.
+      const bool registry = std::find(stripped->registry.begin(), stripped->registry.end(), fn->start) !=
+                            stripped->registry.end();
+      if (registry || LooksLikeExecuteHooks(vm, *dis, *stripped, fn->start)) continue;
+      hook_refs.emplace_back(ref, StrippedFunctionName(vm, *stripped, ref));
+    }
+    for (const auto& [vaddr, imm] : stripped->extra_refs) {
+      if (imm == kGcEnterByteBit) gc_global_refs.emplace_back(vaddr, RV_EV_GC_ENTER);
+      if (imm == kGcExitByteBit) gc_global_refs.emplace_back(vaddr, RV_EV_GC_EXIT);
+    }
+  } else {
+    static const std::set<std::string> kExcluded = {"rb_internal_thread_add_event_hook",
+                                                    "rb_internal_thread_remove_event_hook", "rb_thread_execute_hooks"};
+    std::set<uint64_t> seen_functions;
+    for (const ElfSymbol& sym : vm.symbols()) {
+      if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0) continue;
+      if (!seen_functions.insert(sym.value).second) continue;
+      std::span<const uint8_t> code = vm.BytesAt(sym.value, sym.size);
+      if (code.empty()) continue;
+      bool want_hooks = MayReference(code, sym.value, hooks_addr);
+      bool want_gc = gc_flags_target != 0 && MayReference(code, sym.value, gc_flags_target);
+      if (!want_hooks && !want_gc) continue;
+      bool excluded = std::any_of(kExcluded.begin(), kExcluded.end(),
+                                  [&](const std::string& base) { return MatchesWithCloneSuffix(sym.name, base); });
+      dis->DecodeRange(code, sym.value, [&](const cs_insn& insn) {
+        std::optional<uint64_t> target = RipRelativeTarget(insn);
+        if (!target) return true;
+        if (*target == hooks_addr && !excluded) hook_refs.emplace_back(insn.address, sym.name);
+        if (gc_flags_target != 0 && *target == gc_flags_target && insn.id == X86_INS_TEST) {
+          const cs_x86& x86 = insn.detail->x86;
+          for (uint8_t i = 0; i < x86.op_count; ++i) {
+            if (x86.operands[i].type != X86_OP_IMM) continue;
+            if (x86.operands[i].imm == kGcEnterByteBit) gc_global_refs.emplace_back(insn.address, RV_EV_GC_ENTER);
+            if (x86.operands[i].imm == kGcExitByteBit) gc_global_refs.emplace_back(insn.address, RV_EV_GC_EXIT);
+          }
+        }
+        return true;
+      });
+    }
+  }
+
+  if (stripped && hook_refs.empty()) {
+    return Error(ErrorCode::kNoSymbols, vm.path() + ": no instruction outside the hook registry tests the hook list " +
+                                            Hex(hooks_addr) + " (an unknown build shape); install the matching debug "
+                                                              "symbols (-dbgsym)");
+  }
+  set.provenance.push_back({"hook sites", std::to_string(hook_refs.size()) + " RIP-relative references to the hook "
+                                          "list (disassembly of every " + (stripped ? "FDE" : "symtab function") + ")"});
+  set.provenance.push_back({"events", "disassembly (the RUBY_INTERNAL_THREAD_EVENT_* immediate in edi before the "
+                                      "hook call on each check's taken path)"});
   // Thread-scheduler hook sites.
   for (const auto& [vaddr, function] : hook_refs) {
     HookAnalysis a = finder.AnalyzeHookSite(vaddr);
@@ -368,7 +508,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     ProbeSite site;
     site.vaddr = vaddr;
     site.event = a.event;
-    site.function = FunctionName(vm, vaddr);
+    site.function = FunctionName(vm, stripped_ptr, vaddr);
     site.method = "hook-site";
     site.th_disasm = a.rsi_th;
     // STARTED and READY can fire on another native thread in 3.3+, so "the current thread" would be wrong there.
@@ -414,9 +554,11 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     set.sites.push_back(std::move(site));
   }
 
+  if (stripped) NameStrippedSchedulerFunctions(vm, *dis, *stripped, &set);
+
   // GC enter/exit hook-check sites (§4).
   for (const auto& [vaddr, event] : gc_global_refs) {
-    set.sites.push_back({vaddr, 0, event, {RV_LOC_CURRENT, 0, 0}, FunctionName(vm, vaddr), "gc-hook-site", "current",
+    set.sites.push_back({vaddr, 0, event, {RV_LOC_CURRENT, 0, 0}, FunctionName(vm, stripped_ptr, vaddr), "gc-hook-site", "current",
                          std::nullopt});
   }
   if (!gc_flags_global) {
@@ -435,10 +577,33 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                                                      "gc_continue",        "gc_marks_continue",
                                                      "gc_sweep_continue",  "rb_objspace_call_finalizer",
                                                      "rb_memerror"};
-      std::set<uint64_t> done;
-      for (const char* base : kGcFunctions) {
-        for (const ElfSymbol& sym : vm.FindSymbolsWithPrefix(base)) {
-          if (!sym.from_symtab || sym.type != STT_FUNC || sym.size == 0 || !done.insert(sym.value).second) continue;
+      // The functions to search: the GC functions by name, or without .symtab every function whose bytes hold a
+      // `testb $imm8, disp8(%reg)` of the hook byte (the during_gc pairing below is what makes a match a GC hook).
+      std::vector<CodeRange> gc_units;
+      if (stripped) {
+        for (const CodeRange& fn : stripped->functions) {
+          std::span<const uint8_t> b = vm.BytesAt(fn.start, fn.end - fn.start);
+          auto is_bit = [](uint8_t v) { return v == kGcEnterByteBit || v == kGcExitByteBit; };
+          const uint8_t hb = static_cast<uint8_t>(hook_byte);
+          for (size_t i = 0; i + 4 < b.size(); ++i) {
+            // f6 modrm [sib] disp8 imm8
+            if (b[i] == 0xf6 && ((b[i + 2] == hb && is_bit(b[i + 3])) || (b[i + 3] == hb && is_bit(b[i + 4])))) {
+              gc_units.push_back(fn);
+              break;
+            }
+          }
+        }
+      } else {
+        std::set<uint64_t> done;
+        for (const char* base : kGcFunctions) {
+          for (const ElfSymbol& sym : vm.FindSymbolsWithPrefix(base)) {
+            if (!sym.from_symtab || sym.type != STT_FUNC || sym.size == 0 || !done.insert(sym.value).second) continue;
+            gc_units.push_back({sym.value, sym.value + sym.size});
+          }
+        }
+      }
+      {
+        for (const CodeRange& unit : gc_units) {
           struct Seen {
             uint64_t addr;
             uint8_t event;   // RV_EV_GC_* when this is a hook check
@@ -447,7 +612,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
             uint64_t branch_target;  // direct jcc target, 0 otherwise
           };
           std::vector<Seen> insns;
-          dis->DecodeRange(vm.BytesAt(sym.value, sym.size), sym.value, [&](const cs_insn& insn) {
+          dis->DecodeRange(vm.BytesAt(unit.start, unit.end - unit.start), unit.start, [&](const cs_insn& insn) {
             Seen s{insn.address, RV_EV_NONE, -1, false, 0};
             if (IsConditionalJump(insn)) s.branch_target = DirectBranchTarget(insn).value_or(0);
             const cs_x86& x86 = insn.detail->x86;
@@ -490,7 +655,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
             }
             if (!near) continue;
             set.sites.push_back({insns[i].addr, 0, insns[i].event, {RV_LOC_CURRENT, 0, 0},
-                                 FunctionName(vm, insns[i].addr), "gc-hook-site", "current", std::nullopt});
+                                 FunctionName(vm, stripped_ptr, insns[i].addr), "gc-hook-site", "current", std::nullopt});
           }
         }
       }
@@ -506,6 +671,20 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   if (!has_gc_enter || !has_gc_exit) {
     std::erase_if(set.sites, [](const ProbeSite& s) { return IsGcEvent(s.event); });
     for (ProbeSite& s : FindGcFunctionSites(vm, ruby_version)) set.sites.push_back(std::move(s));
+    const bool any = std::any_of(set.sites.begin(), set.sites.end(), [](const ProbeSite& s) { return IsGcEvent(s.event); });
+    set.provenance.push_back(
+        {"GC enter/exit", any ? "symtab (entry and return of gc_start, gc_rest, gc_continue)"
+                              : "none: no GC hook check found" + std::string(stripped ? " and no GC function names "
+                                                                                        "without .symtab"
+                                                                                      : "")});
+  } else if (gc_flags_global) {
+    set.provenance.push_back({"GC enter/exit", "hook checks of ruby_vm_event_flags+3 (address from " +
+                                                   gc_flags_source + "; checks by disassembly)"});
+  } else {
+    set.provenance.push_back(
+        {"GC enter/exit", std::string("hook checks of objspace->hook_events (offsets ") +
+                              (dwarf ? "dwarf" : "table") + ", functions " + (stripped ? "all, by code shape" : "symtab") +
+                              " + disassembly)"});
   }
 
   // Kernel#sleep and Thread::Mutex#lock: entry of their workers (§5). A `.part.N`/`.cold` piece is reached from its
@@ -521,7 +700,40 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                            std::nullopt});
     }
   };
-  add_entries("rb_f_sleep", RV_EV_SLEEP_ENTER);
+  // Without .symtab the static method functions are found where the VM registers them: the Init functions' calls
+  // rb_define_global_function("sleep", rb_f_sleep, -1) and rb_define_method(rb_cMutex, "synchronize",
+  // rb_mutex_synchronize_m, 0) (exported callees, string and function loaded by lea). Exactly one such call must
+  // exist, naming the entry of a function of its own.
+  auto add_registered = [&](const std::string& definer, const std::string& method, bool name_in_rdi,
+                            const std::string& label, uint8_t event) {
+    const std::vector<uint64_t> names = RodataStrings(vm, method);
+    std::set<uint64_t> funcs;
+    for (const DefineCall& c : stripped->define_calls) {
+      if (c.callee != definer) continue;
+      const uint64_t name = name_in_rdi ? c.name_rdi : c.name_rsi;
+      const uint64_t func = name_in_rdi ? c.func_rsi : c.func_rdx;
+      if (name == 0 || func == 0 || std::find(names.begin(), names.end(), name) == names.end()) continue;
+      funcs.insert(func);
+    }
+    std::optional<CodeRange> fn = funcs.size() == 1 ? RangeContaining(stripped->functions, *funcs.begin())
+                                                    : std::nullopt;
+    if (!fn || fn->start != *funcs.begin()) {
+      set.provenance.push_back({label, "none: " + std::to_string(funcs.size()) + " registrations " + definer + "(\"" +
+                                           method + "\") found in the code (one whose target starts a function is "
+                                           "needed)"});
+      return;
+    }
+    set.sites.push_back({fn->start, 0, event, {RV_LOC_CURRENT, 0, 0}, StrippedFunctionName(vm, *stripped, fn->start),
+                         "function-entry", "current", std::nullopt});
+    set.provenance.push_back({label, Hex(fn->start) + " from disassembly of its registration " + definer + "(\"" +
+                                         method + "\")"});
+  };
+  if (stripped) {
+    add_registered("rb_define_global_function", "sleep", true, "Kernel#sleep", RV_EV_SLEEP_ENTER);
+  } else {
+    add_entries("rb_f_sleep", RV_EV_SLEEP_ENTER);
+    set.provenance.push_back({"Kernel#sleep", "symtab (rb_f_sleep)"});
+  }
   if (major >= 4) {
     // 4.0: Mutex#lock and #synchronize are Ruby methods reaching the builtin rb_mut_lock.
     add_entries("rb_mut_lock", RV_EV_MUTEX_LOCK_ENTER);
@@ -531,8 +743,14 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     // which an in-process Mutex#lock probe never sees, so the probe is on the method functions, and a call of
     // rb_mutex_lock made from rb_mutex_synchronize (the C API; in a shared libruby it goes through the PLT) is
     // excluded by its return address. Static builds inline rb_mutex_lock there, so the exclusion is moot.
-    add_entries("rb_mutex_lock", RV_EV_MUTEX_LOCK_ENTER);
-    add_entries("rb_mutex_synchronize_m", RV_EV_MUTEX_LOCK_ENTER);
+    add_entries("rb_mutex_lock", RV_EV_MUTEX_LOCK_ENTER);  // exported: .dynsym has it when .symtab is gone
+    set.provenance.push_back({"Mutex#lock", std::string(use_symtab ? "symtab" : "exports") + " (rb_mutex_lock)"});
+    if (stripped) {
+      add_registered("rb_define_method", "synchronize", false, "Mutex#synchronize", RV_EV_MUTEX_LOCK_ENTER);
+    } else {
+      add_entries("rb_mutex_synchronize_m", RV_EV_MUTEX_LOCK_ENTER);
+      set.provenance.push_back({"Mutex#synchronize", "symtab (rb_mutex_synchronize_m)"});
+    }
     if (std::optional<ElfSymbol> sync = vm.FindSymbol("rb_mutex_synchronize"); sync && sync->size > 0) {
       for (ProbeSite& s : set.sites) {
         if (s.event == RV_EV_MUTEX_LOCK_ENTER && s.function == "rb_mutex_lock") {
@@ -543,7 +761,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     }
   }
 
-  PlaceOnEmulatedInstructions(vm, *dis, dwarf.get(), &set.sites);
+  PlaceOnEmulatedInstructions(vm, *dis, dwarf.get(), &set.sites, stripped_ptr);
   if (Status st = AssignFileOffsetsAndSort(vm, &set.sites); !st) return st.error();
   if (set.sites.size() > RV_MAX_SITES) {
     return Error(ErrorCode::kUnsupportedVersion, vm.path() + " yields " + std::to_string(set.sites.size()) +
@@ -554,8 +772,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   // Struct offsets: DWARF of the CU that holds the scheduler (thread.c), else the version table.
   bool have_table = TableOffsets(major, minor, &set.offsets, &set.main_thread_serial);
   set.offsets_source = "table";
-  if (dwarf) {
-    uint64_t cu_pc = *finder.execute_hooks.begin();
+  if (dwarf && !(finder.execute_hooks.empty() && finder.execute_hooks_called.empty())) {
+    uint64_t cu_pc = !finder.execute_hooks.empty() ? *finder.execute_hooks.begin() : *finder.execute_hooks_called.begin();
     std::optional<uint32_t> serial = dwarf->MemberOffset(cu_pc, "rb_thread_struct", "serial");
     std::optional<uint32_t> nt = dwarf->MemberOffset(cu_pc, "rb_thread_struct", "nt");
     std::optional<uint32_t> tid = dwarf->MemberOffset(cu_pc, "rb_native_thread", "tid");
@@ -570,6 +788,15 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     return Error(ErrorCode::kUnsupportedVersion, "CRuby " + ruby_version + " (" + vm.path() +
                                                      ") has no DWARF struct layout and no built-in offset table; "
                                                      "install its debug symbols (-dbgsym)");
+  }
+  set.provenance.push_back({"thread struct offsets", set.offsets_source == "dwarf"
+                                                         ? std::string("dwarf")
+                                                         : "table " + std::to_string(major) + "." + std::to_string(minor)});
+  if (stripped) {
+    set.provenance.push_back({"rb_thread_execute_hooks", "disassembly: the callee of the hook checks' taken paths "
+                                                         "that takes the hook list's lock (" +
+                                                         std::to_string(finder.execute_hooks_called.size()) +
+                                                         " entries)"});
   }
   return set;
 }

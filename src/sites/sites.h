@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -64,7 +65,27 @@ struct SiteSet {
   rv_offsets offsets{};          // th->serial, th->nt, nt->tid in bytes
   uint32_t main_thread_serial = 1;  // 1 on 3.3+ (vm.c th_init), 0 on 3.2
   std::string offsets_source;    // "dwarf" or "table"
+  // Where the .symtab/DWARF the sites were computed from came from: ElfFile::symbols_source() ("binary", a build-id
+  // debug file, debuginfod).
+  std::string symbols_source = "binary";
+  // Where each fact the sites rest on came from (fact, source): symtab, DWARF, exports (.dynsym), .eh_frame,
+  // disassembly or a built-in table. Printed by `rvbpfd sites` and kept in the cache.
+  std::vector<std::pair<std::string, std::string>> provenance;
+  // Whether the analysed file had a .symtab. A stripped copy keeps its build-id, so the cache checks this too: a
+  // result computed from the symbols is not reported as found without them, nor the other way round.
+  bool analysed_with_symtab = true;
+  // For the attach-time check of the live process (record/vm_binary.h CheckLiveLayout): the hook list, and the main
+  // thread's route from rb_thread_main's code (0: unknown).
+  // FNV-1a 64 of .text and .rodata: a cached result is used only for the same code, since a modified copy of a
+  // binary can keep its build-id (CodeFingerprint).
+  uint64_t code_fingerprint = 0;
+  uint64_t hooks_vaddr = 0;
+  uint64_t main_ractor_vaddr = 0;
+  uint32_t ractor_main_thread = 0;
 };
+
+// FNV-1a 64 over the bytes of .text then .rodata (0 when neither is in the file).
+uint64_t CodeFingerprint(const ElfFile& vm);
 
 // Parsed "X.Y.Z"; false when the string is not of that shape.
 bool ParseRubyVersion(const std::string& version, int* major, int* minor, int* teeny);
@@ -82,6 +103,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version);
 // version, or whose values are out of range is ignored and rewritten (atomically: an O_EXCL temporary file renamed
 // into place, removed on any failure). Names are written with invalid UTF-8 replaced, so no symbol name can make the
 // write throw. A cache directory that cannot be written only costs the cache, never the result.
+Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, const std::string& cache_dir);
+// The same for the file at elf_path (opened and parsed here).
 Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& ruby_version,
                                 const std::string& cache_dir);
 
@@ -106,6 +129,8 @@ Result<SiteSet> SiteSetFromJson(const std::string& text);
 // Human-readable table, one line per site in the style of the reference tables:
 // "0x2ac90e   READY     thread_sched_to_ready_common   th: $rsi".
 std::string FormatSites(const SiteSet& set);
+// One "# fact: source" line per provenance entry.
+std::string FormatProvenance(const SiteSet& set);
 // "$rsi", "$rbx-288", "[$rsp+80]", "current".
 std::string FormatThLocation(const ThLocation& loc);
 // "STARTED", "READY", ..., "GC_ENTER", "SLEEP", "MUTEX_LOCK".

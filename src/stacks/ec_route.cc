@@ -82,6 +82,73 @@ std::optional<uint64_t> FindDtpmodSlot(const ElfFile& elf, uint64_t symbol_value
   return any_own;
 }
 
+// Without a ruby_current_ec symbol (hidden since 3.3 and gone with .symtab): how the exported rb_errinfo(), which
+// is `return GET_EC()->errinfo`, reaches it. A shared libruby's general-dynamic code is `lea X(%rip), %rdi; call
+// __tls_get_addr`, X the {module, offset} GOT pair whose DTPOFF word ld wrote into the file; TLSDESC code is
+// `lea X(%rip), %rax; call *(%rax)`, X a TLSDESC relocation whose addend is the offset. An executable's local-exec
+// code is `mov %fs:OFF, %reg`.
+struct EcFromCode {
+  std::optional<uint64_t> tls_value;    // ruby_current_ec's offset in the module's TLS block
+  std::optional<int64_t> tp_offset;     // local-exec: offset from the thread pointer
+};
+
+EcFromCode EcFromErrinfo(const ElfFile& elf) {
+  EcFromCode out;
+  std::optional<ElfSymbol> fn = elf.FindSymbol("rb_errinfo");
+  if (!fn || fn->shndx == SHN_UNDEF || fn->type != STT_FUNC || fn->size == 0) return out;
+  Result<Disassembler> d = Disassembler::Create();
+  if (!d) return out;
+  std::optional<uint64_t> lea_rdi, lea_rax;
+  std::optional<int64_t> imm_reg_value;  // `mov $imm, %reg` just before: GCC's `mov %fs:(%reg)` form
+  unsigned imm_reg = X86_REG_INVALID;
+  d->DecodeRange(elf.BytesAt(fn->value, std::min<uint64_t>(fn->size, 96)), fn->value, [&](const cs_insn& insn) {
+    const cs_x86& x = insn.detail->x86;
+    if (insn.id == X86_INS_MOV && x.op_count == 2 && x.operands[1].type == X86_OP_MEM &&
+        x.operands[1].mem.segment == X86_REG_FS && x.operands[1].mem.index == X86_REG_INVALID &&
+        x.operands[1].size == 8) {
+      const x86_op_mem& m = x.operands[1].mem;
+      if (m.base == X86_REG_INVALID) {
+        out.tp_offset = m.disp;
+      } else if (m.base == imm_reg && imm_reg_value) {
+        out.tp_offset = *imm_reg_value + m.disp;
+      }
+      return false;
+    }
+    if (insn.id == X86_INS_MOV && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
+        x.operands[1].type == X86_OP_IMM && x.operands[0].size == 8) {
+      imm_reg = x.operands[0].reg;
+      imm_reg_value = x.operands[1].imm;
+      return true;
+    }
+    imm_reg_value.reset();
+    if (insn.id == X86_INS_LEA && x.op_count == 2 && x.operands[0].type == X86_OP_REG) {
+      std::optional<uint64_t> t = RipRelativeTarget(insn);
+      if (t && x.operands[0].reg == X86_REG_RDI) lea_rdi = t;
+      if (t && x.operands[0].reg == X86_REG_RAX) lea_rax = t;
+      return true;
+    }
+    if (insn.id == X86_INS_CALL) {
+      if (lea_rax) {
+        for (const ElfRelocation& r : elf.DynamicRelocations(R_X86_64_TLSDESC)) {
+          if (r.offset == *lea_rax && r.symbol == 0 && r.addend >= 0) out.tls_value = static_cast<uint64_t>(r.addend);
+        }
+      }
+      if (!out.tls_value && lea_rdi) {
+        for (const ElfRelocation& r : elf.DynamicRelocations(R_X86_64_DTPMOD64)) {
+          std::span<const uint8_t> word = elf.BytesAt(*lea_rdi + 8, 8);
+          if (r.offset != *lea_rdi || r.symbol != 0 || word.size() != 8) continue;
+          uint64_t dtpoff = 0;
+          std::copy(word.begin(), word.end(), reinterpret_cast<uint8_t*>(&dtpoff));
+          out.tls_value = dtpoff;
+        }
+      }
+      return false;
+    }
+    return !IsControlTransfer(insn);
+  });
+  return out;
+}
+
 }  // namespace
 
 const char* EcTlsKindName(EcTlsKind kind) {
@@ -112,8 +179,23 @@ EcRoute ComputeEcRoute(const ElfFile& elf, const RubyOffsets& offsets) {
 
   std::optional<ElfSymbol> ec = elf.FindSymbol("ruby_current_ec");
   if (!ec || ec->shndx == SHN_UNDEF || ec->type != STT_TLS) {
-    r.why_none = elf.path() + " has no thread-local ruby_current_ec symbol (stripped, or CRuby built without TLS)";
-    return r;
+    const EcFromCode code = EcFromErrinfo(elf);
+    const bool exe = elf.has_interp() || elf.elf_type() == ET_EXEC;
+    if (exe && code.tp_offset && *code.tp_offset < 0 && *code.tp_offset > -kMaxStaticTlsOffset) {
+      r.kind = EcTlsKind::kLocalExec;
+      r.tp_offset = *code.tp_offset;
+      r.tp_offset_from_code = code.tp_offset;
+      r.from_exported_code = true;
+      return r;
+    }
+    if (!exe && code.tls_value) {
+      ec = ElfSymbol{"ruby_current_ec", *code.tls_value, 8, STT_TLS, STB_LOCAL, 1, false};
+      r.from_exported_code = true;
+    } else {
+      r.why_none = elf.path() + " has no thread-local ruby_current_ec symbol and rb_errinfo's code does not show "
+                                "how it is reached (stripped, or CRuby built without TLS)";
+      return r;
+    }
   }
   const std::optional<ElfTlsSegment>& tls = elf.tls_segment();
   if (!tls || ec->value > tls->memsz || tls->memsz - ec->value < 8) {
@@ -173,12 +255,14 @@ std::string DescribeEcRoute(const EcRoute& route) {
       return "none (" + route.why_none + ")";
     case EcTlsKind::kLocalExec:
       return std::string("local-exec fs") + SignedHex(route.tp_offset) +
-             (route.tp_offset_from_code ? " (from rb_current_ec_noinline)" : " (from PT_TLS)");
+             (route.from_exported_code ? " (from rb_errinfo's code)"
+              : route.tp_offset_from_code ? " (from rb_current_ec_noinline)" : " (from PT_TLS)");
     case EcTlsKind::kTlsDesc:
       return "tlsdesc (descriptor " + Hex(route.got_vaddr) +
              (route.tlsdesc_extra != 0 ? " of the module's block, +" + Hex(route.tlsdesc_extra) : "") + ")";
     case EcTlsKind::kDtv:
-      return "dtv (GOT " + Hex(route.got_vaddr) + ", +" + Hex(route.tls_symbol_value) + ")";
+      return "dtv (GOT " + Hex(route.got_vaddr) + ", +" + Hex(route.tls_symbol_value) + ")" +
+             (route.from_exported_code ? " (ruby_current_ec's offset from rb_errinfo's code)" : "");
   }
   return "none";
 }

@@ -57,6 +57,7 @@ struct EcRoute {
   uint64_t got_vaddr = 0;             // kTlsDesc: the 16-byte descriptor; kDtv: the tls_index {module, offset} slot
   uint64_t tlsdesc_extra = 0;         // kTlsDesc: ruby_current_ec minus what the descriptor resolves to (0, or
                                       // st_value for a local-dynamic descriptor of the module's block start)
+  bool from_exported_code = false;    // no ruby_current_ec symbol: its TLS offset came from rb_errinfo's code
   uint64_t vm_ptr_vaddr = 0;          // ruby_current_vm_ptr (0: no ractor route)
   uint64_t lowest_load_vaddr = 0;     // page-aligned lowest PT_LOAD vaddr, to turn a mapping address into a load bias
   // Struct offsets the BPF side needs with the route (from RubyOffsets: DWARF over the version table).

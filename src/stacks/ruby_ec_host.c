@@ -6,7 +6,7 @@
 #include "ruby_walker_host.h"
 
 #define RV_WALKER_READ(ctx, dst, len, addr) rv_host_read((ctx), (dst), (len), (addr))
-#include "../../bpf/ruby_ec.h"
+#include "ruby_ec.h"
 
 __u32 rv_host_find_ec(void *ctx, const struct rv_proc_ec *pe, const struct rv_walk_config *wc, __u32 th_nt,
                       __u32 nt_tid, __u64 tp, __u32 tid, __u64 *ec, __u64 *th, int *tls_unavailable) {

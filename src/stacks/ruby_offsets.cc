@@ -192,12 +192,20 @@ Result<uint64_t> FindGlobalSymbolsVaddr(const ElfFile& elf) {
                "ruby_global_symbols is not in .symtab (stripped binary?): " + from_code.error().message());
 }
 
-uint64_t LoadBiasFromLowestMapping(const ElfFile& elf, uint64_t lowest_mapping_start) {
+uint64_t LowestLoadVaddr(const ElfFile& elf) {
   uint64_t lowest = UINT64_MAX;
   for (const ElfSegment& s : elf.load_segments()) lowest = std::min(lowest, s.vaddr);
-  if (lowest == UINT64_MAX) return 0;
+  return lowest;
+}
+
+uint64_t LoadBiasFromLowestMapping(uint64_t lowest_load_vaddr, uint64_t lowest_mapping_start) {
+  if (lowest_load_vaddr == UINT64_MAX) return 0;
   constexpr uint64_t kPage = 4096;
-  return lowest_mapping_start - (lowest & ~(kPage - 1));
+  return lowest_mapping_start - (lowest_load_vaddr & ~(kPage - 1));
+}
+
+uint64_t LoadBiasFromLowestMapping(const ElfFile& elf, uint64_t lowest_mapping_start) {
+  return LoadBiasFromLowestMapping(LowestLoadVaddr(elf), lowest_mapping_start);
 }
 
 }  // namespace rvbpfd

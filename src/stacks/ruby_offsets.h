@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "../../bpf/ruby_walker_types.h"
+#include "rvbpfd/ruby_walker_types.h"
 #include "common/error.h"
 #include "elf/elf_file.h"
 
@@ -99,6 +99,10 @@ Result<uint64_t> FindGlobalSymbolsVaddr(const ElfFile& elf);
 
 // Load bias of an ELF whose lowest mapping in the process starts at `lowest_mapping_start`.
 uint64_t LoadBiasFromLowestMapping(const ElfFile& elf, uint64_t lowest_mapping_start);
+// The same from the ELF's lowest PT_LOAD vaddr (LowestLoadVaddr), for callers that keep that number, not the file.
+uint64_t LoadBiasFromLowestMapping(uint64_t lowest_load_vaddr, uint64_t lowest_mapping_start);
+// The lowest p_vaddr of the ELF's PT_LOAD headers; UINT64_MAX when it has none.
+uint64_t LowestLoadVaddr(const ElfFile& elf);
 
 }  // namespace rvbpfd
 

@@ -5,7 +5,7 @@
 #include "ruby_walker_host.h"
 
 #define RV_WALKER_READ(ctx, dst, len, addr) rv_host_read((ctx), (dst), (len), (addr))
-#include "../../bpf/ruby_walker.h"
+#include "ruby_walker.h"
 
 int rv_host_walk(void *ctx, const struct rv_ruby_walk_offsets *off, __u64 ec, struct rv_ruby_frame *frames,
                  __u32 max_frames, __u64 max_steps, __u32 *count, __u32 *status) {

@@ -4,7 +4,7 @@
 
 #include <linux/types.h>
 
-#include "../../bpf/ruby_walker_types.h"
+#include "rvbpfd/ruby_walker_types.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,7 +14,7 @@
 #include <optional>
 #include <string>
 
-#include "../../bpf/ruby_walker_types.h"
+#include "rvbpfd/ruby_walker_types.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
 

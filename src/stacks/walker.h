@@ -8,7 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "../../bpf/ruby_walker_types.h"
+#include "rvbpfd/ruby_walker_types.h"
 #include "stacks/memory_reader.h"
 
 namespace rvbpfd {

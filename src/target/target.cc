@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/capabilities.h"
 #include "elf/elf_file.h"
 
 namespace rvbpfd {
@@ -19,8 +20,6 @@ namespace {
 constexpr size_t kMaxProcFileBytes = 64u << 20;
 // ruby_version is "X.Y.Z" (at most a few bytes); the bound only stops a scan through a corrupt file.
 constexpr size_t kMaxVersionLength = 32;
-
-const char* const kPrivilegeHint = "run as root or grant CAP_SYS_PTRACE and CAP_BPF/CAP_PERFMON";
 
 // Reads a whole /proc file (their st_size is 0, so read until EOF). Returns errno on failure.
 int ReadProcFile(const ProcFs& procfs, const std::string& path, std::string* out) {
@@ -59,7 +58,8 @@ bool IsLibrubyName(std::string_view base) {
 }
 
 Error PrivilegeError(const std::string& what, int err) {
-  return Error(ErrorCode::kNoPrivilege, ErrnoMessage(what, err) + "; " + kPrivilegeHint);
+  // Another user's /proc/PID/{maps,root,mem} need ptrace read access.
+  return Error(ErrorCode::kNoPrivilege, ErrnoMessage(what, err) + "; " + PrivilegeHint({kCapSysPtrace}));
 }
 
 }  // namespace
@@ -107,6 +107,24 @@ std::vector<MapsEntry> ParseMaps(std::string_view text) {
   return out;
 }
 
+std::optional<int> ParseNsPid(std::string_view status_text) {
+  size_t at = status_text.find("\nNSpid:");
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view line = status_text.substr(at + 7);
+  line = line.substr(0, line.find('\n'));
+  // Fields are tab-separated pids from the outermost namespace to the innermost: the last is the target's own.
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\t')) line.remove_suffix(1);
+  const size_t sep = line.find_last_of(" \t");
+  std::string_view last = sep == std::string_view::npos ? line : line.substr(sep + 1);
+  if (last.empty() || last.size() > 9) return std::nullopt;
+  int v = 0;
+  for (char c : last) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v > 0 ? std::optional<int>(v) : std::nullopt;
+}
+
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   const std::string pid_str = std::to_string(pid);
   struct stat st;
@@ -118,7 +136,11 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   target.pid = pid;
   if (ReadProcFile(procfs, procfs.PidPath(pid, "comm"), &target.comm) == 0) {
     while (!target.comm.empty() && target.comm.back() == '\n') target.comm.pop_back();
+  }  target.ns_pid = pid;
+  if (std::string status; ReadProcFile(procfs, procfs.PidPath(pid, "status"), &status) == 0) {
+    if (std::optional<int> ns = ParseNsPid(status)) target.ns_pid = *ns;
   }
+
   std::string maps_text;
   if (int err = ReadProcFile(procfs, procfs.PidPath(pid, "maps"), &maps_text); err != 0) {
     if (err == EACCES || err == EPERM) return PrivilegeError("reading " + procfs.PidPath(pid, "maps"), err);
@@ -232,6 +254,7 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
                                                      " has no thread scheduler events (they were added in 3.2); use "
                                                      "Ruby >= 3.2");
   }
+  target.vm_elf = std::make_shared<ElfFile>(std::move(*vm));
   return target;
 }
 

@@ -6,6 +6,7 @@
 #define RVBPFD_SRC_TARGET_TARGET_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -54,13 +55,21 @@ struct RubyTarget {
   std::string ruby_version;   // "3.3.8", from the exported `ruby_version` string in the ELF
   int major = 0, minor = 0, teeny = 0;
   std::string comm;           // /proc/PID/comm
+  // The pid as the target sees it in its own pid namespace (the last NSpid of /proc/PID/status): the main thread's
+  // tid the VM itself recorded. Equals pid outside a container, and when the kernel reports no NSpid.
+  int ns_pid = 0;
   uint64_t vm_load_start = 0;  // lowest mapping address of the VM file (for reports; uprobes use file offsets)
+  std::shared_ptr<ElfFile> vm_elf;  // the VM binary as parsed here (at vm_host_path): callers need not reopen it
 };
 
 // The VM's version string ("3.3.8") from the exported `ruby_version` array of a VM binary (the executable of a
 // static ruby or libruby.so); nullopt when the binary defines none or it is not a short NUL-terminated string.
 // The one place rvbpfd reads it: discovery, launch mode and `rvbpfd sites --binary` all call this.
 std::optional<std::string> ReadRubyVersion(const ElfFile& vm);
+
+// The last field of the "NSpid:" line of /proc/PID/status text (the pid in the innermost pid namespace); nullopt
+// when there is none or it does not parse.
+std::optional<int> ParseNsPid(std::string_view status_text);
 
 // Errors: kNoSuchProcess, kNotRuby, kUnsupportedVersion (< 3.2), kNoPrivilege (maps/root not readable), kIo.
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs);

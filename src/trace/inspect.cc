@@ -148,8 +148,14 @@ void PrintStats(const TraceFile& trace, std::ostream& out) {
     }
     if (const std::optional<SampleEcRoutes>& r = trace.summary->sample_ec_routes) {
       // How each sample found its thread's EC (docs/design.md, "How a sample finds its EC").
-      out << "sample EC routes: tls " << r->tls << ", ractor " << r->ractor << ", current_th " << r->current_th
-          << ", none (dropped) " << r->none << '\n';
+      out << "sample EC routes:";
+      const char* sep = " ";
+#define RV_ROUTE_SHOW(field, fold, label, key) \
+  out << sep << label << ' ' << r->key;        \
+  sep = ", ";
+      RV_EC_ROUTE_COUNTERS(RV_ROUTE_SHOW)
+#undef RV_ROUTE_SHOW
+      out << '\n';
     }
   } else {
     out << "ring buffer high-water mark: unknown (no summary line: the recording did not finish)\n";

@@ -155,16 +155,16 @@ TraceSummary ParseSummary(const json& obj, bool* threads_valid) {
   s.late_events = uint_or_zero("late_events");
   s.frames = uint_or_zero("frames");
   s.stacks = uint_or_zero("stacks");
-  for (auto [key, field] : {std::pair{"probe_hits", &s.probe_hits}, std::pair{"hits_discarded", &s.hits_discarded},
-                            std::pair{"cold_hits", &s.cold_hits}, std::pair{"stepped_hits", &s.stepped_hits}}) {
-    if (auto it = obj.find(key); it != obj.end() && it->is_number_unsigned()) *field = it->get<uint64_t>();
-  }
+#define RV_TRAP_READ(field, fold, label)                                                      \
+  if (auto it = obj.find(#field); it != obj.end() && it->is_number_unsigned()) s.field = it->get<uint64_t>();
+  RV_TRAP_COUNTERS(RV_TRAP_READ)
+#undef RV_TRAP_READ
   if (auto it = obj.find("sample_ec_routes"); it != obj.end() && it->is_object()) {
     SampleEcRoutes r;
-    for (auto [key, field] : {std::pair{"tls", &r.tls}, std::pair{"ractor", &r.ractor},
-                              std::pair{"current_th", &r.current_th}, std::pair{"none", &r.none}}) {
-      if (auto v = it->find(key); v != it->end() && v->is_number_unsigned()) *field = v->get<uint64_t>();
-    }
+#define RV_ROUTE_READ(field, fold, label, key)                                                   \
+  if (auto v = it->find(#key); v != it->end() && v->is_number_unsigned()) r.key = v->get<uint64_t>();
+    RV_EC_ROUTE_COUNTERS(RV_ROUTE_READ)
+#undef RV_ROUTE_READ
     s.sample_ec_routes = r;
   }
   if (auto it = obj.find("duration_ms"); it != obj.end() && it->is_number()) s.duration_ms = it->get<double>();

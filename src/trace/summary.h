@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "rvbpfd/counters.h"
 #include "trace/event.h"
 
 namespace rvbpfd {
@@ -23,11 +24,12 @@ struct ThreadSummary {
 
 // On-CPU samples by the route that found their execution context (rvbpfd's BPF counters; docs/design.md, "How a
 // sample finds its EC"). Counted when the sample is taken, so a sample later lost to a full ring still counts.
+// One member per route of RV_EC_ROUTE_COUNTERS (include/rvbpfd/counters.h), named by its key there: tls, ractor,
+// current_th, none.
 struct SampleEcRoutes {
-  uint64_t tls = 0;         // the sampled thread's own ruby_current_ec
-  uint64_t ractor = 0;      // the main ractor's running EC, the GVL holder on this native thread
-  uint64_t current_th = 0;  // the thread the last scheduler event on this native thread named (TLS not usable)
-  uint64_t none = 0;        // no EC: the sample was dropped (a native thread that runs no Ruby)
+#define RV_ROUTE_MEMBER(field, fold, label, key) uint64_t key = 0;
+  RV_EC_ROUTE_COUNTERS(RV_ROUTE_MEMBER)
+#undef RV_ROUTE_MEMBER
 };
 
 struct TraceSummary {
@@ -43,10 +45,10 @@ struct TraceSummary {
   // Uprobe traps of the target (rvbpfd's BPF counters; absent in other recorders' traces): every probe hit, and the
   // hits that are not events (e.g. rb_mutex_lock entered from rb_mutex_synchronize, excluded by caller), the cold hits
   // (no trap on their CPU in the 50 us before them) and the hits of single-stepped sites.
-  std::optional<uint64_t> probe_hits;
-  std::optional<uint64_t> hits_discarded;
-  std::optional<uint64_t> cold_hits;
-  std::optional<uint64_t> stepped_hits;
+  // One member per RV_TRAP_COUNTERS entry: probe_hits, hits_discarded, cold_hits, stepped_hits.
+#define RV_TRAP_MEMBER(field, fold, label) std::optional<uint64_t> field;
+  RV_TRAP_COUNTERS(RV_TRAP_MEMBER)
+#undef RV_TRAP_MEMBER
   std::optional<SampleEcRoutes> sample_ec_routes;  // present when the recording sampled
 
   uint64_t count(EventName event) const { return event_counts[static_cast<size_t>(event)]; }

@@ -51,9 +51,9 @@ std::string FormatIso8601Utc(std::chrono::system_clock::time_point time) {
   return buf;
 }
 
-TraceWriter::TraceWriter(std::string path, int fd, const TraceHeader& header)
+TraceWriter::TraceWriter(std::string path, OutputFile file, const TraceHeader& header)
     : path_(std::move(path)),
-      fd_(fd),
+      file_(std::move(file)),
       last_timed_flush_(std::chrono::steady_clock::now()),
       accounting_(header.main_thread) {
   buffer_.reserve(kFlushBytes + 4096);
@@ -61,11 +61,11 @@ TraceWriter::TraceWriter(std::string path, int fd, const TraceHeader& header)
 
 TraceWriter::TraceWriter(TraceWriter&& other) noexcept
     : path_(std::move(other.path_)),
-      fd_(std::exchange(other.fd_, -1)),
+      file_(std::move(other.file_)),
       finished_(other.finished_),
-      remove_on_abandon_(other.remove_on_abandon_),
       buffer_(std::move(other.buffer_)),
       last_timed_flush_(other.last_timed_flush_),
+      first_events_flushed_(other.first_events_flushed_),
       accounting_(std::move(other.accounting_)),
       stacks_(std::move(other.stacks_)),
       counts_(other.counts_),
@@ -73,7 +73,6 @@ TraceWriter::TraceWriter(TraceWriter&& other) noexcept
       dropped_total_(other.dropped_total_),
       last_t_ns_(other.last_t_ns_) {
   other.finished_ = true;
-  other.remove_on_abandon_ = false;
   other.buffer_.clear();
 }
 
@@ -81,11 +80,11 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
   if (this != &other) {
     Close();
     path_ = std::move(other.path_);
-    fd_ = std::exchange(other.fd_, -1);
+    file_ = std::move(other.file_);
     finished_ = other.finished_;
-    remove_on_abandon_ = other.remove_on_abandon_;
     buffer_ = std::move(other.buffer_);
     last_timed_flush_ = other.last_timed_flush_;
+    first_events_flushed_ = other.first_events_flushed_;
     accounting_ = std::move(other.accounting_);
     stacks_ = std::move(other.stacks_);
     counts_ = other.counts_;
@@ -93,7 +92,6 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
     dropped_total_ = other.dropped_total_;
     last_t_ns_ = other.last_t_ns_;
     other.finished_ = true;
-    other.remove_on_abandon_ = false;
     other.buffer_.clear();
   }
   return *this;
@@ -102,26 +100,23 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
 TraceWriter::~TraceWriter() { Close(); }
 
 void TraceWriter::Close() {
-  if (fd_ < 0) return;
+  if (file_.fd() < 0) return;
   if (!buffer_.empty()) {
     // Best effort: a destructor cannot report, and what reaches the file is whole lines either way.
     (void)Flush();
   }
-  ::close(fd_);
-  fd_ = -1;
+  // The file is at its name since Create: committing only closes it, keeping what was written (a cut trace).
+  (void)file_.Commit();
 }
 
 Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHeader& header) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return Error(ErrorCode::kOutputUnwritable,
-                 ErrnoMessage("cannot create output file " + path, errno) + "; choose another path with -o");
-  }
-  struct stat st{};
-  // Only a regular file is ours to delete on Abandon: -o /dev/stdout or a FIFO must survive a failed recording.
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  TraceWriter writer(path, fd, header);
-  writer.remove_on_abandon_ = regular;
+  OutputFileOptions options;
+  options.owner = SudoInvokerOfProcess();
+  options.publish_at_create = true;
+  options.allow_fifo_or_device = true;  // a crash or a follower (tail -f) sees the trace as it is written
+  Result<OutputFile> file = OutputFile::Create(path, options);
+  if (!file) return file.error();
+  TraceWriter writer(path, std::move(file).value(), header);
   writer.AppendHeader(header);
   TraceEvent started;
   started.event = EventName::kTracingStarted;
@@ -129,7 +124,7 @@ Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHead
   started.provenance = Provenance::kObserved;
   started.t_ns = 0;
   writer.AppendEvent(started);
-  const int err = WriteAll(writer.fd_, writer.buffer_.data(), writer.buffer_.size());
+  const int err = WriteAll(writer.file_.fd(), writer.buffer_.data(), writer.buffer_.size());
   if (err != 0) {
     writer.buffer_.clear();
     writer.Abandon();
@@ -253,7 +248,7 @@ void TraceWriter::AppendEvent(const TraceEvent& event) {
 }
 
 Status TraceWriter::Write(const TraceEvent& event) {
-  if (finished_ || fd_ < 0) {
+  if (finished_ || file_.fd() < 0) {
     return Error(ErrorCode::kInternal, "writing trace event to " + path_ + ": the writer is already finished");
   }
   if (event.stack && stacks_.stack(*event.stack) == nullptr) {
@@ -306,14 +301,16 @@ void TraceWriter::AppendStackLine(uint32_t id, std::span<const uint32_t> frame_i
 
 Status TraceWriter::MaybeFlush(std::chrono::steady_clock::time_point now) {
   // Time is measured between MaybeFlush calls rather than per line, which keeps clock reads off the per-event path.
-  if (now - last_timed_flush_ < kFlushInterval) return Status::Ok();
+  const bool first_events = !first_events_flushed_ && events_written_ > 1;  // beyond tracing_started
+  if (!first_events && now - last_timed_flush_ < kFlushInterval) return Status::Ok();
+  if (events_written_ > 1) first_events_flushed_ = true;
   last_timed_flush_ = now;
   return Flush();
 }
 
 Status TraceWriter::Flush() {
-  if (buffer_.empty() || fd_ < 0) return Status::Ok();
-  const int err = WriteAll(fd_, buffer_.data(), buffer_.size());
+  if (buffer_.empty() || file_.fd() < 0) return Status::Ok();
+  const int err = WriteAll(file_.fd(), buffer_.data(), buffer_.size());
   buffer_.clear();
   if (err != 0) {
     return Error(ErrorCode::kIo, ErrnoMessage("writing trace file " + path_, err) +
@@ -373,32 +370,23 @@ void TraceWriter::AppendSummary(const TraceSummary& summary) {
   AppendFixed(&b, summary.duration_ms, 6);
   b.append(",\"late_events\":");
   AppendUint(&b, summary.late_events);
-  if (summary.probe_hits) {
-    b.append(",\"probe_hits\":");
-    AppendUint(&b, *summary.probe_hits);
+#define RV_TRAP_KEY(field, fold, label)   \
+  if (summary.field) {                     \
+    b.append(",\"" #field "\":");           \
+    AppendUint(&b, *summary.field);        \
   }
-  if (summary.hits_discarded) {
-    b.append(",\"hits_discarded\":");
-    AppendUint(&b, *summary.hits_discarded);
-  }
-  if (summary.cold_hits) {
-    b.append(",\"cold_hits\":");
-    AppendUint(&b, *summary.cold_hits);
-  }
-  if (summary.stepped_hits) {
-    b.append(",\"stepped_hits\":");
-    AppendUint(&b, *summary.stepped_hits);
-  }
+  RV_TRAP_COUNTERS(RV_TRAP_KEY)
+#undef RV_TRAP_KEY
   if (summary.sample_ec_routes) {
     const SampleEcRoutes& r = *summary.sample_ec_routes;
-    b.append(",\"sample_ec_routes\":{\"tls\":");
-    AppendUint(&b, r.tls);
-    b.append(",\"ractor\":");
-    AppendUint(&b, r.ractor);
-    b.append(",\"current_th\":");
-    AppendUint(&b, r.current_th);
-    b.append(",\"none\":");
-    AppendUint(&b, r.none);
+    b.append(",\"sample_ec_routes\":{");
+    const char* sep = "";
+#define RV_ROUTE_KEY(field, fold, label, key) \
+  b.append(sep).append("\"" #key "\":");      \
+  AppendUint(&b, r.key);                      \
+  sep = ",";
+    RV_EC_ROUTE_COUNTERS(RV_ROUTE_KEY)
+#undef RV_ROUTE_KEY
     b.push_back('}');
   }
   if (summary.frames > 0 || summary.stacks > 0) {
@@ -411,7 +399,7 @@ void TraceWriter::AppendSummary(const TraceSummary& summary) {
 }
 
 Status TraceWriter::Finish(const FinishInfo& info) {
-  if (finished_ || fd_ < 0) {
+  if (finished_ || file_.fd() < 0) {
     return Error(ErrorCode::kInternal, "finishing trace file " + path_ + ": the writer is already finished");
   }
   TraceEvent stopped;
@@ -425,33 +413,27 @@ Status TraceWriter::Finish(const FinishInfo& info) {
   TraceSummary summary = CurrentSummary(stopped.t_ns);
   summary.ring_high_water_bytes = info.ring_high_water_bytes;
   summary.late_events = info.late_events;
-  summary.probe_hits = info.probe_hits;
-  summary.hits_discarded = info.hits_discarded;
-  summary.cold_hits = info.cold_hits;
-  summary.stepped_hits = info.stepped_hits;
+#define RV_TRAP_COPY(field, fold, label) summary.field = info.field;
+  RV_TRAP_COUNTERS(RV_TRAP_COPY)
+#undef RV_TRAP_COPY
   summary.sample_ec_routes = info.sample_ec_routes;
   AppendSummary(summary);
   finished_ = true;
   Status flushed = Flush();
-  const int rc = ::close(fd_);
-  const int close_errno = errno;
-  fd_ = -1;
+  // Closing reports a late write error (NFS, quota); the file keeps what reached it either way.
+  Status closed = file_.Commit();
   if (!flushed.ok()) return flushed;
-  if (rc != 0) {
-    return Error(ErrorCode::kIo, ErrnoMessage("closing trace file " + path_, close_errno) +
-                                     "; free space there or choose another path with -o");
+  if (!closed.ok()) {
+    return Error(ErrorCode::kIo, closed.error().message() + "; free space there or choose another path with -o");
   }
   return Status::Ok();
 }
 
 void TraceWriter::Abandon() {
   buffer_.clear();
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
   finished_ = true;
-  if (remove_on_abandon_ && !path_.empty()) ::unlink(path_.c_str());
+  // Removes the file while it is still the one Create made; a FIFO or device output is only closed.
+  file_.Abandon();
 }
 
 }  // namespace rvbpfd

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/safe_file.h"
 #include "trace/event.h"
 #include "trace/stacks.h"
 #include "trace/summary.h"
@@ -52,10 +53,10 @@ struct FinishInfo {
   // From the BPF counters (rvbpfd only): uprobe traps the target paid for, those that became no record, the cold
   // ones (no trap on their CPU in the 50 us before them) and those of single-stepped sites (both dearer, see
   // OverheadBudget).
-  std::optional<uint64_t> probe_hits;
-  std::optional<uint64_t> hits_discarded;
-  std::optional<uint64_t> cold_hits;
-  std::optional<uint64_t> stepped_hits;
+  // One member per RV_TRAP_COUNTERS entry (include/rvbpfd/counters.h), as in TraceSummary.
+#define RV_TRAP_MEMBER(field, fold, label) std::optional<uint64_t> field;
+  RV_TRAP_COUNTERS(RV_TRAP_MEMBER)
+#undef RV_TRAP_MEMBER
   std::optional<SampleEcRoutes> sample_ec_routes;  // when sampling: which route found each sample's EC
 };
 
@@ -69,8 +70,9 @@ class TraceWriter {
   static constexpr size_t kFlushBytes = 64 * 1024;
   static constexpr std::chrono::milliseconds kFlushInterval{100};
 
-  // Creates (truncates) `path`, writes the header and the tracing_started line, and flushes them. Fails with
-  // kOutputUnwritable naming the path and errno; nothing is left behind on failure.
+  // Creates `path` as a new file (common/safe_file: mode 0600, owned by the sudo invoker, never through a symlink;
+  // an existing regular file there is replaced), writes the header and the tracing_started line, and flushes them.
+  // Fails with kOutputUnwritable naming the path and errno; nothing is left behind on failure.
   static Result<TraceWriter> Create(const std::string& path, const TraceHeader& header);
 
   TraceWriter(TraceWriter&& other) noexcept;
@@ -93,7 +95,9 @@ class TraceWriter {
   uint32_t InternStack(std::span<const uint32_t> frame_ids);
   const StackTable& stack_table() const { return stacks_; }
   // Flushes when kFlushInterval has passed since the last timed flush. Calling it at least every 100 ms bounds how
-  // long a line can sit in memory (what a crash loses and a follower of the file waits for) to about 200 ms.
+  // long a line can sit in memory (what a crash loses and a follower of the file waits for) to about 200 ms. The
+  // first events after tracing_started are flushed at the first call that sees them: whoever follows the file learns
+  // at once that the recording runs.
   Status MaybeFlush(std::chrono::steady_clock::time_point now);
   Status Flush();
   // Writes tracing_stopped and the summary line, flushes, and closes. The writer accepts nothing afterwards.
@@ -108,7 +112,7 @@ class TraceWriter {
   TraceSummary CurrentSummary(uint64_t end_t_ns) const;
 
  private:
-  TraceWriter(std::string path, int fd, const TraceHeader& header);
+  TraceWriter(std::string path, OutputFile file, const TraceHeader& header);
   void AppendHeader(const TraceHeader& header);
   void AppendEvent(const TraceEvent& event);
   void AppendSummary(const TraceSummary& summary);
@@ -117,11 +121,11 @@ class TraceWriter {
   void Close();
 
   std::string path_;
-  int fd_ = -1;  // owned
+  OutputFile file_;  // fd() is -1 once closed
   bool finished_ = false;
-  bool remove_on_abandon_ = false;  // a regular file this writer created (never a device or FIFO)
   std::string buffer_;  // whole lines not yet written
   std::chrono::steady_clock::time_point last_timed_flush_;  // last flush done by MaybeFlush (or Create)
+  bool first_events_flushed_ = false;  // MaybeFlush has written events beyond tracing_started
   ThreadAccounting accounting_;
   StackTable stacks_;
   std::array<uint64_t, kEventNameCount> counts_{};

@@ -104,10 +104,6 @@ class FakeBackend : public ProbeBackend {
   }
   Result<uint8_t> AddBinary(const rv_offsets&) override { return static_cast<uint8_t>(binaries++); }
   Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
-  Status SetConfig(const rv_config& c) override {
-    config = c;
-    return Status::Ok();
-  }
   Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) override {
     groups.push_back(Group{path, sites});
     return static_cast<int>(groups.size() - 1);
@@ -227,7 +223,6 @@ class FakeBackend : public ProbeBackend {
   std::vector<Group> groups;
   std::set<uint32_t> pids;
   std::map<uint32_t, rv_pid_traps> pid_traps;  // uprobe hits per watched pid
-  rv_config config{};
   rv_counters counters{};
   int binaries = 0;
   int sampling_hz = 0;

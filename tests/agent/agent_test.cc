@@ -125,9 +125,10 @@ TEST_F(AgentTest, StartWatchesEveryRubyProcessWithOneProbeSetPerBinary) {
   EXPECT_TRUE(backend_.watching);
   EXPECT_GE(backend_.ec_polls, 3);  // every process gets its EC route installed (samples of CPU-bound threads)
   EXPECT_EQ(backend_.sampling_hz, 19);
-  EXPECT_EQ(backend_.config.watch_exec, 1u);
-  EXPECT_EQ(backend_.config.sampling, 1u);
-  EXPECT_EQ(backend_.config.stack_events, 1u << RV_EV_THREAD_SUSPENDED);
+  const rv_config probe_config = Agent::ProbeConfig(config_);
+  EXPECT_EQ(probe_config.watch_exec, 1u);
+  EXPECT_EQ(probe_config.sampling, 1u);
+  EXPECT_EQ(probe_config.stack_events, 1u << RV_EV_THREAD_SUSPENDED);
   // host's libruby (10, 11) and the container's own copy (20): two sets, two groups each.
   EXPECT_EQ(backend_.groups.size(), 4u);
   EXPECT_EQ(agent_->probe_sets().active_sets(), 2u);
@@ -372,7 +373,7 @@ TEST_F(AgentTest, ColdAndSingleSteppedTrapsWeighInTheProcesssBudget) {
     Run(20 * kMs);
   }
   EXPECT_TRUE(host->paused);
-  EXPECT_EQ(backend_.config.cold_gap_ns, OverheadBudget::kColdGapNs);
+  EXPECT_EQ(Agent::ProbeConfig(config_).cold_gap_ns, OverheadBudget::kColdGapNs);
   // ... and so do a few hits of a single-stepped site (10.5 us): 100 of them add 4.5% to 3.75%.
   Run(5 * kS);
   ASSERT_FALSE(host->paused);

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -455,8 +456,11 @@ def diff_sequences(label, ref_seq, rv_seq, lo, context=4, max_lines=60):
     return out
 
 
-def compare_traces(ref, rv, probes=True):
-    """Fidelity comparison over the intersection of the two windows. Returns a dict check-name -> problems."""
+def compare_traces(ref, rv, probes=True, pid_namespace=False):
+    """Fidelity comparison over the intersection of the two windows. Returns a dict check-name -> problems.
+    pid_namespace: the target ran in its own pid namespace, so the reference records the tids it sees there and
+    rvbpfd the host's: native tids must then correspond one to one (the same host tid for every event of one
+    namespace tid, and back) instead of being equal."""
     results = {}
     fmt = list(ref.problems) + [f"rvbpfd trace: {p}" for p in rv.problems]
     if ref.summary.get("events_dropped", 0) or ref.summary.get("unpublished", 0):
@@ -516,14 +520,26 @@ def compare_traces(ref, rv, probes=True):
 
     # The native thread of events that run on the thread itself (under M:N it changes; it is never the identity).
     tp = []
+    ns_to_host, host_to_ns = {}, {}
     if not sp:
         for c in sorted(ref_seq):
             for a, b in zip(ref_seq[c], rv_seq.get(c, [])):
-                if a.get("event") in OWN_THREAD_EVENTS and a.get("native_tid") != b.get("native_tid"):
-                    tp.append(f"Ruby thread #{c + 1} {a.get('event')} at {fmt_rel(a, lo)}: native_tid "
-                              f"{a.get('native_tid')} in the reference, {b.get('native_tid')} in rvbpfd")
+                if a.get("event") not in OWN_THREAD_EVENTS:
+                    continue
+                x, y = a.get("native_tid"), b.get("native_tid")
+                if pid_namespace and isinstance(x, int) and isinstance(y, int):
+                    if ns_to_host.setdefault(x, y) == y and host_to_ns.setdefault(y, x) == x:
+                        continue
+                    tp.append(f"Ruby thread #{c + 1} {a.get('event')} at {fmt_rel(a, lo)}: namespace tid {x} is "
+                              f"host tid {y} here, but {ns_to_host[x]} (host tid {y} was namespace tid "
+                              f"{host_to_ns[y]}) earlier")
                     break
-    results["native_tid of RESUMED/SUSPENDED/EXITED equal"] = tp
+                if x != y:
+                    tp.append(f"Ruby thread #{c + 1} {a.get('event')} at {fmt_rel(a, lo)}: native_tid "
+                              f"{x} in the reference, {y} in rvbpfd")
+                    break
+    results["native_tid of RESUMED/SUSPENDED/EXITED " +
+            ("one to one with the namespace's" if pid_namespace else "equal")] = tp
 
     if probes:
         ref_p = per_thread(ref_ev, PROBE_EVENTS, ref_ids)
@@ -767,31 +783,49 @@ def _kill(p):
 
 
 def run_workload(ruby, workload, mode, outdir, ref=True, probes=True, rvbpfd=None, rv_args=(), env_extra=None,
-                 attach_timeout=60.0, run_timeout=120.0):
+                 attach_timeout=60.0, run_timeout=120.0, container=None, rv_env=None):
     """mode: 'attach' (rvbpfd --pid after "ready"), 'launch' (rvbpfd -o F -- ruby ...), 'none' (no rvbpfd).
-    ref: load rvref with RVREF_OUT. Returns Run; raises RunError with details when the run itself failed."""
-    script = workload_path(workload)
+    ref: load rvref with RVREF_OUT. Returns Run; raises RunError with details when the run itself failed.
+    container: a Container the workload runs in (attach mode only; outdir must lie inside its root; ruby's paths are
+    the container's); rvbpfd runs on the host and attaches to the workload's host pid. rv_env: extra environment of
+    rvbpfd only."""
     tag = f"{ruby.name}-{workload}-{mode}{'-ref' if ref else ''}"
     ref_out = os.path.join(outdir, f"{tag}.ref.rvtrace")
     rv_out = os.path.join(outdir, f"{tag}.rvbpfd.rvtrace")
-    env = dict(os.environ)
-    for k in ("RVREF_OUT", "RVREF_PROBES", "RUBY_MN_THREADS", "RUBYOPT"):
-        env.pop(k, None)
+    if container is None:
+        script = workload_path(workload)
+        env = dict(os.environ)
+        for k in ("RVREF_OUT", "RVREF_PROBES", "RUBY_MN_THREADS", "RUBYOPT"):
+            env.pop(k, None)
+        ref_out_seen = ref_out
+    else:
+        if mode != "attach":
+            raise RunError(f"{tag}: a container workload runs in attach mode only")
+        script = container.workload(workload)
+        env = container.environment()
+        ref_out_seen = container.inside(ref_out)
     env.update(env_extra or {})
     cmd = [ruby.bin]
     if ref:
-        env["RVREF_OUT"] = ref_out
+        env["RVREF_OUT"] = ref_out_seen
         if probes:
             env["RVREF_PROBES"] = "1"
         cmd += ["-I", ruby.rvref_dir, "-rrvref"]
     cmd.append(script)
+    if container is not None:
+        cmd = container.wrap(cmd)
+    rv_environ = dict(os.environ)
+    rv_environ.update(rv_env or {})
     run = Run()
     target = rv = None
+    for stale in (ref_out, rv_out):  # a file left by an earlier run must never pass for this run's
+        if os.path.exists(stale):
+            os.unlink(stale)
     target_err = open(os.path.join(outdir, f"{tag}.target.stderr"), "w+b")
     try:
         if mode == "launch":
             rv = subprocess.Popen([rvbpfd, "-o", rv_out, *rv_args, "--", *cmd], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, **(rv_env or {})})
             out_proc = rv
         else:
             target = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=target_err, env=env)
@@ -801,9 +835,14 @@ def run_workload(ruby, workload, mode, outdir, ref=True, probes=True, rvbpfd=Non
         rv_err = LineReader(rv.stderr) if rv else None
         if out.wait_for(lambda l: l == "ready", attach_timeout) is None:
             raise RunError(f"{tag}: the workload never printed 'ready'")
+        if container is not None:
+            run.target_pid = container.host_pid(target)
+            if run.target_pid is None:
+                raise RunError(f"{tag}: cannot find the host pid of the workload under {cmd[0]} (pid {target.pid})")
         if mode == "attach":
-            rv = subprocess.Popen([rvbpfd, "--pid", str(target.pid), "-o", rv_out, *rv_args],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+            rv = subprocess.Popen([rvbpfd, "--pid", str(run.target_pid), "-o", rv_out, *rv_args],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=rv_environ)
             rv_err = LineReader(rv.stderr)
             if rv_err.wait_for(lambda l: l.startswith("rvbpfd: attached"), attach_timeout) is None:
                 raise RunError(f"{tag}: rvbpfd did not print 'rvbpfd: attached' within {attach_timeout:.0f} s "
@@ -868,6 +907,183 @@ def run_workload(ruby, workload, mode, outdir, ref=True, probes=True, rvbpfd=Non
             raise RunError(f"{tag}: the reference wrote no trace; target stderr:\n{run.target_stderr[-2000:]}")
         run.ref = Trace(ref_out)
     return run
+
+
+class Container:
+    """A Debian root (tools/make-trixie-root.sh) a workload runs in like a container: new mount and pid namespaces
+    chrooted into the root (unshare --mount --pid --fork --mount-proc --root ROOT), so it sees its own files and
+    pids, and rvbpfd on the host reaches its files through /proc/PID/root. Workloads and traces live in a directory
+    under the root's /tmp (self.workdir: pass it as run_workload's outdir)."""
+
+    def __init__(self, root, pid_namespace=True):
+        self.root = os.path.realpath(root)
+        self.pid_namespace = pid_namespace
+        os.makedirs(os.path.join(self.root, "tmp"), exist_ok=True)
+        self.workdir = tempfile.mkdtemp(prefix="rvbpfd-e2e-", dir=os.path.join(self.root, "tmp"))
+        os.chmod(self.workdir, 0o755)
+        shutil.copytree(WORKLOAD_DIR, os.path.join(self.workdir, "workloads"))
+
+    def inside(self, host_path):
+        """The container's path of a host path under the root."""
+        real = os.path.realpath(host_path)
+        if not real.startswith(self.root + "/"):
+            raise Fatal(f"{host_path} is not inside the container root {self.root}")
+        return real[len(self.root):]
+
+    def workload(self, name):
+        return self.inside(os.path.join(self.workdir, "workloads", f"{name}.rb"))
+
+    def environment(self):
+        """The environment of a process in the container: none of the host's."""
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+
+    # pid 1 of the namespace: runs the command and reaps every process until none is left, as a container's init
+    # does. When pid 1 exits the kernel kills the whole namespace, so the command itself must not be pid 1: rvref
+    # writes its trace from a child forked at exit.
+    INIT = ("/usr/bin/perl", "-e", "my $c = fork // die 'fork'; if (!$c) { exec @ARGV or die 'exec' } my $rc = 0; "
+            "while ((my $p = wait()) != -1) { $rc = $? >> 8 if $p == $c } exit $rc", "--")
+
+    def wrap(self, cmd):
+        if not self.pid_namespace:
+            return ["unshare", "--mount", "--fork", "--kill-child", f"--root={self.root}", "--", *cmd]
+        return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", f"--root={self.root}", "--",
+                *self.INIT, *cmd]
+
+    def host_pid(self, unshare_proc, timeout=10.0):
+        """The host pid of the command wrap() started: unshare's child (mount namespace only), or the child of the
+        new pid namespace's init (pid 2 there)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{unshare_proc.pid}/task/{unshare_proc.pid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+                if kids and self.pid_namespace:
+                    with open(f"/proc/{kids[0]}/task/{kids[0]}/children") as f:
+                        kids = [int(x) for x in f.read().split()]
+                if kids:
+                    with open(f"/proc/{kids[0]}/status") as f:
+                        nspid = [l.split()[1:] for l in f if l.startswith("NSpid:")]
+                    if nspid and (len(nspid[0]) == 2 or not self.pid_namespace):
+                        return kids[0]
+            except (OSError, ValueError):
+                pass
+            if unshare_proc.poll() is not None:
+                return None
+            time.sleep(0.05)
+        return None
+
+    def cleanup(self, keep=False):
+        if keep:
+            print(f"container traces kept in {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def trixie_root(source_dir):
+    """The Debian trixie root of tools/make-trixie-root.sh, if it is complete with its compiled test extensions."""
+    script = os.path.join(source_dir, "tools", "make-trixie-root.sh")
+    try:
+        root = subprocess.run(["bash", script, "--print-root"], check=True, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        raise Fatal(f"{script} --print-root failed: {e}")
+    for f in (".complete", "opt/rvbpfd/.ext-complete", "opt/rvbpfd/rvref/rvref.so", "opt/rvbpfd/rvgolden/rvgolden.so"):
+        if not os.path.exists(os.path.join(root, f)):
+            raise Fatal(f"the Debian trixie root at {root} is incomplete ({f} missing): run tools/make-trixie-root.sh")
+    return root
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Debuginfod:
+    """Debian's debuginfod server on loopback serving the debug files in one directory (debuginfod -F DIR), and the
+    client environment that points at it with a private cache (DEBUGINFOD_URLS, DEBUGINFOD_CACHE_PATH)."""
+
+    def __init__(self, serve_dir, work_dir):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(work_dir, "debuginfod.log")
+        self.cache = os.path.join(work_dir, "debuginfod-client-cache")
+        os.makedirs(self.cache, exist_ok=True)
+        self.log = open(self.log_path, "wb")
+        try:
+            self.proc = subprocess.Popen(["debuginfod", "-F", serve_dir, "-p", str(self.port), "-d",
+                                          os.path.join(work_dir, "debuginfod.sqlite")],
+                                         stdout=self.log, stderr=subprocess.STDOUT)
+        except OSError as e:
+            raise Fatal(f"cannot start debuginfod (package debuginfod, tools/install-deps.sh): {e}")
+
+    def env(self):
+        return {"DEBUGINFOD_URLS": self.url, "DEBUGINFOD_CACHE_PATH": self.cache}
+
+    def wait_serving(self, build_id, timeout=90.0):
+        """Waits until the server has indexed `build_id` (its scan of -F runs in the background)."""
+        import urllib.error
+        import urllib.request
+        deadline = time.monotonic() + timeout
+        url = f"{self.url}/buildid/{build_id}/debuginfo"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        self.log.flush()
+        with open(self.log_path, "rb") as f:
+            tail = f.read()[-2000:].decode("utf-8", "replace")
+        raise Fatal(f"debuginfod on {self.url} did not serve {build_id} within {timeout:.0f} s "
+                    f"(exit {self.proc.poll()}); log:\n{tail}")
+
+    def stop(self):
+        _kill(self.proc)
+        self.log.close()
+
+
+def elf_build_id(path):
+    """NT_GNU_BUILD_ID of an ELF file, lower-case hex (readelf -n), or None."""
+    out = subprocess.run(["readelf", "-n", path], capture_output=True, text=True, timeout=60).stdout
+    m = re.search(r"Build ID:\s*([0-9a-f]+)", out)
+    return m.group(1) if m else None
+
+
+def split_debug(binary, debug_out, stripped_out, debuglink=False):
+    """objcopy --only-keep-debug BINARY DEBUG_OUT, then a stripped copy (optionally with .gnu_debuglink)."""
+    for cmd in (["objcopy", "--only-keep-debug", binary, debug_out],
+                ["strip", "-o", stripped_out, binary]):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise Fatal(f"{' '.join(cmd)} failed: {p.stderr[-2000:]}")
+    if debuglink:
+        p = subprocess.run(["objcopy", f"--add-gnu-debuglink={debug_out}", stripped_out], capture_output=True,
+                           text=True, timeout=300)
+        if p.returncode != 0:
+            raise Fatal(f"objcopy --add-gnu-debuglink failed: {p.stderr[-2000:]}")
+    shutil.copymode(binary, stripped_out)
+
+
+def install_build_id_debug(debug_file, debug_dir, build_id):
+    """Puts debug_file where a distribution's debug package would: DEBUG_DIR/.build-id/xx/rest.debug."""
+    dest = os.path.join(debug_dir, ".build-id", build_id[:2], build_id[2:] + ".debug")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copyfile(debug_file, dest)
+    return dest
+
+
+def attached_symbols_problems(run, wants):
+    """Problems unless rvbpfd's "rvbpfd: attached" line says its symbols came from one of `wants` (prefixes of
+    what follows "(symbols: ")."""
+    attached = [l for l in run.rv_stderr.splitlines() if l.startswith("rvbpfd: attached")]
+    if attached and any(f"(symbols: {w}" in attached[0] for w in wants):
+        return []
+    return [f"the attached line does not say the symbols came from {' or '.join(wants)}: {attached[:1]}"]
 
 
 def make_outdir(args, prefix):

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -91,6 +93,29 @@ TEST(PprofExport, CpuSamplesCountAndNanosecondsAtThePeriod) {
     found |= fn == std::make_pair(std::string("Foo#hot"), std::string("/app/Foo#hot.rb"));
   }
   EXPECT_TRUE(found);
+}
+
+TEST(PprofExport, ImpossibleTimesInTheTraceSaturateInsteadOfOverflowing) {
+  TraceFile trace = CpuTrace(/*hz=*/250, /*hot=*/3, /*cold=*/1);
+  // Year 4052 is past what int64 nanoseconds hold (2262): no time is claimed rather than a wrapped one (1714).
+  trace.header.started_at = "4052-01-31T12:00:00.250000Z";
+  ASSERT_TRUE(trace.summary.has_value());
+  trace.summary->duration_ms = 1e300;
+  DecodedProfile p = DecodeProfile(BuildPprofProfile(trace));
+  ASSERT_TRUE(p.errors.empty()) << p.errors.front();
+  EXPECT_EQ(p.time_nanos, 0);
+  EXPECT_EQ(p.duration_nanos, INT64_MAX);
+  trace.header.started_at = "1500-01-01T00:00:00.0Z";
+  trace.summary->duration_ms = -5;
+  p = DecodeProfile(BuildPprofProfile(trace));
+  EXPECT_EQ(p.time_nanos, 0);
+  EXPECT_EQ(p.duration_nanos, 0);
+  trace.header.started_at = "2262-04-11T23:47:16.854775807Z";  // the last instant int64 ns can hold
+  p = DecodeProfile(BuildPprofProfile(trace));
+  EXPECT_EQ(p.time_nanos, INT64_MAX);
+  trace.summary->duration_ms = std::nan("");
+  p = DecodeProfile(BuildPprofProfile(trace));
+  EXPECT_EQ(p.duration_nanos, 0);
 }
 
 TEST(PprofExport, SampleHzMissingAssumesTheDefaultAndSaysSo) {

@@ -145,12 +145,12 @@ TEST(ModelStackReasons, ReasonFromTheReleasedStackLabelsTheBlockAndBeatsAProbe) 
 TEST(ModelStackReasons, EveryTraceReasonNameParses) {
   for (const char* name : {"sleep", "io", "mutex", "queue", "condition_variable", "join", "pass", "process_wait",
                            "timeslice", "exit"}) {
-    const ReleaseReason r = ParseStackReleaseReason(name);
+    const ReleaseReason r = ParseReleaseReasonTraceName(name);
     EXPECT_NE(r, ReleaseReason::kUnknown) << name;
     EXPECT_FALSE(ReleaseReasonName(r).empty());
   }
-  EXPECT_EQ(ParseStackReleaseReason("unknown"), ReleaseReason::kUnknown);
-  EXPECT_EQ(ParseStackReleaseReason("from-the-future"), ReleaseReason::kUnknown);
+  EXPECT_EQ(ParseReleaseReasonTraceName("unknown"), ReleaseReason::kUnknown);
+  EXPECT_EQ(ParseReleaseReasonTraceName("from-the-future"), ReleaseReason::kUnknown);
 }
 
 TEST(ModelRepeats, DoubleSuspendedOpensOneSleepingBlock) {

@@ -180,6 +180,33 @@ TEST(AgentConfigTest, ToJsonRoundTrips) {
   EXPECT_EQ(*back, c);
 }
 
+TEST(AgentConfigTest, InvalidUtf8NeverThrowsAndIsRejectedInTheHost) {
+  AgentConfig c;
+  c.host = "bad\xffhost";
+  c.output_dir = "/out/\xc0\xaf";
+  c.include = {"comm:\xfe"};
+  std::string text;
+  ASSERT_NO_THROW(text = AgentConfigToJson(c));
+  EXPECT_NE(text.find("\"host\":\"bad\xef\xbf\xbdhost\""), std::string::npos) << text;
+  Status st = ValidateAgentConfig(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kUsage);
+  EXPECT_THAT(st.error().message(), HasSubstr("host (--host) must be at most 255 bytes of UTF-8"));
+  // A number in a config file with invalid UTF-8 around it: an error naming the key, no exception.
+  Result<AgentConfig> parsed = ApplyConfigJson(AgentConfig(), "{\"hz\": \"\xff\"}");
+  ASSERT_FALSE(parsed.ok());
+}
+
+TEST(AgentConfigTest, PushUrlCredentialsAreRedactedInErrors) {
+  AgentConfig c;
+  c.push_url = "https://alice:s3cret@pyro:4040/x?token=abc";
+  Status st = ValidateAgentConfig(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.error().message(), HasSubstr("https://***@pyro:4040/x?token=***"));
+  EXPECT_EQ(st.error().message().find("s3cret"), std::string::npos) << st.error().message();
+  EXPECT_EQ(st.error().message().find("abc"), std::string::npos) << st.error().message();
+}
+
 Status Validate(void (*edit)(AgentConfig*)) {
   AgentConfig c;
   edit(&c);

@@ -236,14 +236,13 @@ TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
   CPU_SET(static_cast<int>(sched_getcpu()), &one);
   ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
   uint64_t received = 0;
-  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record&) { ++received; });
+  SessionOptions opts;
+  opts.config.cold_gap_ns = 20'000'000;  // 20 ms: far above one call's trap (1-10 us), far below the sleeps below
+  std::unique_ptr<BpfSession> session = OpenOnSelf([&](const rv_record&) { ++received; }, opts);
   ASSERT_NE(session, nullptr);
-  rv_config cfg{};
-  cfg.cold_gap_ns = 20'000'000;  // 20 ms: far above one call's trap (1-10 us), far below the sleeps below
-  ASSERT_TRUE(session->SetConfig(cfg).ok());
-  auto group = session->Attach(
-      SelfPath(), {{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}}},
-      getpid());
+  const std::vector<SiteSpec> sites = {
+      {FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}}};
+  auto group = session->Attach(SelfPath(), sites, getpid());
   ASSERT_TRUE(group.ok()) << group.error().ToString();
   FakeThread th{0, 7, 0};
   // Back to back: only the first hit finds no recent one on its CPU.
@@ -261,13 +260,33 @@ TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
   EXPECT_EQ(mine.traps, 105u);
   EXPECT_EQ(mine.cold, 6u);
 
-  // cold_gap_ns 0 (a session that never set it, as bench_uprobe_cost): no hit is cold.
-  cfg.cold_gap_ns = 0;
-  ASSERT_TRUE(session->SetConfig(cfg).ok());
-  usleep(50'000);
-  for (int i = 0; i < 10; ++i) RvProbeTargetReg(&th);
-  EXPECT_EQ(session->ReadCounters().cold_hits, 6u);
-  EXPECT_EQ(session->ReadCounters().probe_hits, 115u);
+  // cold_gap_ns 0 (a session opened without it, as bench_uprobe_cost): no hit is cold.
+  group.value().reset();
+  session.reset();
+  session = OpenOnSelf([&](const rv_record&) { ++received; });
+  ASSERT_NE(session, nullptr);
+  auto plain_group = session->Attach(SelfPath(), sites, getpid());
+  ASSERT_TRUE(plain_group.ok()) << plain_group.error().ToString();
+  for (int i = 0; i < 5; ++i) {
+    usleep(50'000);
+    RvProbeTargetReg(&th);
+  }
+  EXPECT_EQ(session->ReadCounters().cold_hits, 0u);
+  EXPECT_EQ(session->ReadCounters().probe_hits, 5u);
+}
+
+TEST_P(BpfSessionTest, TheSamplerIsLoadedOnlyWhenTheConfigSamples) {
+  // Without rv_config.sampling the perf_event program is never loaded (nor verified): sampling cannot start.
+  std::unique_ptr<BpfSession> plain = OpenOnSelf([](const rv_record&) {});
+  ASSERT_NE(plain, nullptr);
+  EXPECT_FALSE(plain->StartSampling(99).ok());
+  plain.reset();
+  SessionOptions opts;
+  opts.config.sampling = 1;
+  std::unique_ptr<BpfSession> sampling = OpenOnSelf([](const rv_record&) {}, opts);
+  ASSERT_NE(sampling, nullptr);
+  Status st = sampling->StartSampling(99);
+  EXPECT_TRUE(st.ok()) << st.error().ToString();
 }
 
 TEST_P(BpfSessionTest, HitsOfASingleSteppedSiteAreCountedApart) {

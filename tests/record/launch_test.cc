@@ -9,6 +9,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <vector>
 #include <string>
 
 namespace rvbpfd {
@@ -108,6 +111,138 @@ TEST(HeldChild, RunsOnlyAfterReleaseAndNeverWhenAbandoned) {
   Result<HeldChild> bad = HeldChild::Spawn({"/nonexistent/binary"});
   ASSERT_TRUE(bad.ok());
   EXPECT_FALSE(bad->Release().ok()) << "exec failure must be reported";
+  rmdir(tmpl);
+}
+
+// A fake passwd/group database: alice (1000:1000, also in group 27), root, and nothing else.
+UserDatabase FakeUsers() {
+  UserDatabase db;
+  const std::vector<UserAccount> users = {{"alice", 1000, 1000, "/home/alice", "/bin/zsh"},
+                                          {"root", 0, 0, "/root", "/bin/bash"}};
+  db.by_name = [users](const std::string& name) -> std::optional<UserAccount> {
+    for (const UserAccount& u : users) {
+      if (u.name == name) return u;
+    }
+    return std::nullopt;
+  };
+  db.by_uid = [users](uid_t uid) -> std::optional<UserAccount> {
+    for (const UserAccount& u : users) {
+      if (u.uid == uid) return u;
+    }
+    return std::nullopt;
+  };
+  db.groups = [](const std::string& name, gid_t gid) {
+    return name == "alice" ? std::vector<gid_t>{gid, 27} : std::vector<gid_t>{gid};
+  };
+  return db;
+}
+
+EnvLookup Env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+const std::map<std::string, std::string> kSudoAlice = {{"SUDO_UID", "1000"}, {"SUDO_GID", "1000"},
+                                                       {"SUDO_USER", "alice"}};
+
+TEST(DecideLaunchIdentity, UnderSudoTheCommandRunsAsTheInvoker) {
+  Result<std::optional<LaunchIdentity>> id = DecideLaunchIdentity("", Env(kSudoAlice), 0, FakeUsers());
+  ASSERT_TRUE(id.ok()) << id.error().ToString();
+  ASSERT_TRUE(id->has_value());
+  EXPECT_EQ((*id)->uid, 1000u);
+  EXPECT_EQ((*id)->gid, 1000u);
+  EXPECT_EQ((*id)->groups, (std::vector<gid_t>{1000, 27}));  // re-initialised, not root's
+  EXPECT_EQ((*id)->user, "alice");
+  EXPECT_EQ((*id)->home, "/home/alice");
+}
+
+TEST(DecideLaunchIdentity, RootWithoutSudoOrUserKeepsItsIdentity) {
+  Result<std::optional<LaunchIdentity>> id = DecideLaunchIdentity("", Env({}), 0, FakeUsers());
+  ASSERT_TRUE(id.ok());
+  EXPECT_FALSE(id->has_value());
+  // Not root: SUDO_* mean nothing (nothing to drop).
+  id = DecideLaunchIdentity("", Env(kSudoAlice), 1000, FakeUsers());
+  ASSERT_TRUE(id.ok());
+  EXPECT_FALSE(id->has_value());
+}
+
+TEST(DecideLaunchIdentity, UserFlagWinsAndRootOnlyWhenNamed) {
+  Result<std::optional<LaunchIdentity>> id = DecideLaunchIdentity("root", Env(kSudoAlice), 0, FakeUsers());
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(id->has_value());
+  EXPECT_EQ((*id)->uid, 0u);
+  EXPECT_EQ((*id)->home, "/root");
+  id = DecideLaunchIdentity("1000", Env({}), 0, FakeUsers());  // a numeric uid with a passwd entry
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ((*id)->user, "alice");
+  id = DecideLaunchIdentity("alice", Env({}), 0, FakeUsers());
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ((*id)->uid, 1000u);
+}
+
+TEST(DecideLaunchIdentity, UnknownUsersAndUnprivilegedSwitchesAreErrors) {
+  Result<std::optional<LaunchIdentity>> id = DecideLaunchIdentity("mallory", Env({}), 0, FakeUsers());
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.error().code(), ErrorCode::kUsage);
+  EXPECT_NE(id.error().message().find("no such user"), std::string::npos);
+  id = DecideLaunchIdentity("4242", Env({}), 0, FakeUsers());
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.error().code(), ErrorCode::kUsage);
+  id = DecideLaunchIdentity("root", Env({}), 1000, FakeUsers());
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.error().code(), ErrorCode::kNoPrivilege);
+  id = DecideLaunchIdentity("alice", Env({}), 1000, FakeUsers());  // oneself: fine without root
+  ASSERT_TRUE(id.ok());
+}
+
+TEST(DecideLaunchIdentity, SudoInvokerWithoutPasswdEntryKeepsItsIds) {
+  Result<std::optional<LaunchIdentity>> id =
+      DecideLaunchIdentity("", Env({{"SUDO_UID", "5555"}, {"SUDO_GID", "5556"}}), 0, FakeUsers());
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(id->has_value());
+  EXPECT_EQ((*id)->uid, 5555u);
+  EXPECT_EQ((*id)->gid, 5556u);
+  EXPECT_EQ((*id)->groups, std::vector<gid_t>{5556});
+}
+
+TEST(LaunchEnvironment, HomeUserLognameShellAreTheCommandUsers) {
+  LaunchIdentity id;
+  id.uid = 1000;
+  id.user = "alice";
+  id.home = "/home/alice";
+  id.shell = "/bin/zsh";
+  const std::vector<std::string> env =
+      LaunchEnvironment({"HOME=/root", "PATH=/usr/bin", "USER=root", "LOGNAME=root", "SUDO_UID=1000"}, id);
+  EXPECT_EQ(env, (std::vector<std::string>{"PATH=/usr/bin", "SUDO_UID=1000", "HOME=/home/alice", "USER=alice",
+                                           "LOGNAME=alice", "SHELL=/bin/zsh"}));
+}
+
+TEST(HeldChild, DropsToTheIdentityBeforeExec) {
+  if (geteuid() != 0) GTEST_SKIP() << "switching users needs root";
+  char tmpl[] = "/tmp/rvbpfd-held-id-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ASSERT_EQ(chmod(tmpl, 0777), 0);
+  const std::string out = std::string(tmpl) + "/id";
+  LaunchIdentity id;
+  id.uid = 65534;
+  id.gid = 65534;
+  id.groups = {65534};
+  id.user = "nobody";
+  id.home = "/nonexistent";
+  Result<HeldChild> child = HeldChild::Spawn(
+      {"/bin/sh", "-c", "echo $(id -u) $(id -g) $(id -G) $HOME $USER > " + out}, id);
+  ASSERT_TRUE(child.ok());
+  ASSERT_TRUE(child->Release().ok());
+  int status = 0;
+  for (int i = 0; i < 500 && !child->Reap(&status); ++i) usleep(10 * 1000);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::ifstream in(out);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "65534 65534 65534 /nonexistent nobody");
+  unlink(out.c_str());
   rmdir(tmpl);
 }
 

@@ -67,12 +67,31 @@ TEST(DirSinkTest, WritesOneCompleteFilePerProfile) {
   EXPECT_EQ(ReadFile(path), body);
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0640u);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
   const SinkStats s = (*sink)->stats();
   EXPECT_EQ(s.delivered, 2u);
   EXPECT_EQ(s.bytes_delivered, body.size() + 3);
   EXPECT_EQ(s.delivery_failures, 0u);
   EXPECT_EQ((*sink)->total_bytes_for_test(), body.size() + 3);
+}
+
+TEST(DirSinkTest, NeverWritesThroughAPlantedServiceSymlink) {
+  TempDir tmp, elsewhere;
+  const std::string victim = elsewhere.path() + "/victim";
+  WriteFile(victim, "precious");
+  auto sink = DirSink::Create(tmp.path(), 1 << 20);
+  ASSERT_TRUE(sink.ok());
+  // Someone who can write the output directory plants <dir>/<service> -> a directory of root's choosing.
+  ASSERT_EQ(::symlink(elsewhere.path().c_str(), (tmp.path() + "/shop-api").c_str()), 0);
+  (*sink)->Submit(MakeUpload("profile", 1700000000));
+  (*sink)->Submit(MakeUpload("other", 1700000000, "cpu", "1", "other-app"));
+  (void)(*sink)->Flush(60s);  // waits for both; its result depends on whether the failure came before the call
+  const SinkStats s = (*sink)->stats();
+  EXPECT_EQ(s.delivered, 1u);  // the other service's profile still goes out
+  EXPECT_EQ(s.delivery_failures, 1u);
+  EXPECT_NE(s.last_error.find("shop-api is a symbolic link"), std::string::npos) << s.last_error;
+  EXPECT_EQ(ListFiles(elsewhere.path()), (std::set<std::string>{"victim"}));
+  EXPECT_EQ(ReadFile(victim), "precious");
 }
 
 TEST(DirSinkTest, SanitizesNamesIntoTheDirectory) {
@@ -155,7 +174,8 @@ TEST(DirSinkTest, FailedWriteLeavesNoFileBehind) {
   TempDir tmp;
   auto sink = DirSink::Create(tmp.path(), 1 << 20);
   ASSERT_TRUE(sink.ok());
-  // The final name is taken by a non-empty directory: the rename fails after the data was written and synced.
+  // The final name is taken by a non-empty directory: nothing is written (safe_file's tests cover failures after
+  // the data was written: the temporary file is removed).
   WriteFile(tmp.path() + "/shop-api/cpu-4242-10-25.pb.gz/blocker", "x");
   (*sink)->Submit(MakeUpload("profile", 10));
   EXPECT_FALSE((*sink)->Flush(60s));
@@ -163,7 +183,7 @@ TEST(DirSinkTest, FailedWriteLeavesNoFileBehind) {
   const SinkStats s = (*sink)->stats();
   EXPECT_EQ(s.delivery_failures, 1u);
   EXPECT_EQ(s.delivered, 0u);
-  EXPECT_NE(s.last_error.find("renaming"), std::string::npos) << s.last_error;
+  EXPECT_NE(s.last_error.find("a directory is there"), std::string::npos) << s.last_error;
 }
 
 TEST(DirSinkTest, CreateFailsWithAnActionableError) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <tuple>
 
 #include "common/sha256.h"
 #include "elf/elf_fixtures.h"
@@ -28,11 +29,38 @@ static void *rb_internal_thread_event_hooks;
 void *volatile rv_sink;
 extern void rv_external(void);
 extern struct rb_thread_struct *rv_get_th(void);
+#ifdef RV_REGISTRY
+/* CRuby's registry shape: add/remove take the list's lock by address and read/write the list. */
+#include <pthread.h>
+static pthread_rwlock_t hooks_lock = PTHREAD_RWLOCK_INITIALIZER;
+__attribute__((noinline)) static void rb_thread_execute_hooks(unsigned event, struct rb_thread_struct *th) {
+  pthread_rwlock_rdlock(&hooks_lock);
+  if (rb_internal_thread_event_hooks) { rv_sink = th; rv_sink = (void *)(size_t)event; }
+  pthread_rwlock_unlock(&hooks_lock);
+}
+void rb_internal_thread_add_event_hook(void *h) {
+  pthread_rwlock_wrlock(&hooks_lock);
+  *(void **)h = rb_internal_thread_event_hooks;
+  __atomic_exchange_n(&rb_internal_thread_event_hooks, h, __ATOMIC_SEQ_CST);
+  pthread_rwlock_unlock(&hooks_lock);
+}
+int rb_internal_thread_remove_event_hook(void *h) {
+  int found = 0;
+  pthread_rwlock_wrlock(&hooks_lock);
+  if (rb_internal_thread_event_hooks == h) {
+    __atomic_exchange_n(&rb_internal_thread_event_hooks, *(void **)h, __ATOMIC_SEQ_CST);
+    found = 1;
+  }
+  pthread_rwlock_unlock(&hooks_lock);
+  return found;
+}
+#else
 __attribute__((noinline)) static void rb_thread_execute_hooks(unsigned event, struct rb_thread_struct *th) {
   rv_sink = th; rv_sink = (void *)(size_t)event; rv_sink = rb_internal_thread_event_hooks;
 }
-#define HOOK(ev, th) do { if (rb_internal_thread_event_hooks != NULL) rb_thread_execute_hooks((ev), (th)); } while (0)
 void rb_internal_thread_add_event_hook(void *h) { rb_internal_thread_event_hooks = h; }
+#endif
+#define HOOK(ev, th) do { if (rb_internal_thread_event_hooks != NULL) rb_thread_execute_hooks((ev), (th)); } while (0)
 void fx_started(struct rb_thread_struct *th) { HOOK(1, th); }
 void fx_ready(int unused, struct rb_thread_struct *th) { rv_sink = (void *)(size_t)unused; HOOK(2, th); }
 void fx_resumed(struct rb_thread_struct *th) { rv_external(); HOOK(4, th); }
@@ -217,14 +245,48 @@ TEST_F(FixtureTest, ReadyWithUnlocatableThIsAnErrorButSuspendedFallsBackToCurren
   EXPECT_EQ(by_fn["fx_lost"]->th_source, "current");
 }
 
-TEST_F(FixtureTest, StrippedBinaryIsNoSymbolsWithTheFix) {
+TEST_F(FixtureTest, StrippedBinaryWithoutTheHookRegistryExportsIsNoSymbolsWithTheFix) {
+  // No rb_internal_thread_remove_event_hook to recover the hook list from.
   std::string path = Build("libfx-stripped.so", "-g0 -s -Wl,--build-id=0xabcdef12");
   Result<SiteSet> set = Find(path, "3.3.8");
   ASSERT_FALSE(set.ok());
   EXPECT_EQ(set.error().code(), ErrorCode::kNoSymbols);
   EXPECT_EQ(set.error().message(),
-            path + " (build-id abcdef12) has no symbol table: cannot find the VM's thread-event hook sites; install "
-                   "the matching debug symbols (e.g. the -dbgsym package) or use a Ruby built with symbols");
+            path + " (build-id abcdef12) has no symbol table and its hook sites cannot be recovered from its exports "
+                   "and code: " + path + " exports no rb_internal_thread_add_event_hook/"
+                   "rb_internal_thread_remove_event_hook (CRuby < 3.2, or not a CRuby VM); install the matching "
+                   "debug symbols (e.g. the -dbgsym package) or use a Ruby built with symbols");
+}
+
+TEST_F(FixtureTest, StrippedBinaryGivesTheSitesOfTheUnstrippedOne) {
+  const std::string full = Build("libfx-registry.so", "-g -DRV_REGISTRY");
+  const std::string stripped = dir_.Join("libfx-registry-stripped.so");
+  ASSERT_EQ(std::system(("strip -o '" + stripped + "' '" + full + "'").c_str()), 0);
+  Result<SiteSet> want = Find(full, "3.3.0");
+  Result<SiteSet> got = Find(stripped, "3.3.0");
+  ASSERT_TRUE(want.ok()) << want.error().ToString();
+  ASSERT_TRUE(got.ok()) << got.error().ToString();
+  std::vector<std::tuple<uint64_t, uint8_t, ThLocation>> want_hooks, got_hooks;
+  for (const ProbeSite& s : want->sites) {
+    if (s.method == "hook-site") want_hooks.emplace_back(s.vaddr, s.event, s.th);
+  }
+  for (const ProbeSite& s : got->sites) {
+    if (s.method == "hook-site") {
+      got_hooks.emplace_back(s.vaddr, s.event, s.th);
+      EXPECT_EQ(s.th_source, "disasm");
+    }
+  }
+  EXPECT_EQ(want_hooks.size(), 5u) << FormatSites(*want);
+  EXPECT_EQ(got_hooks, want_hooks) << FormatProvenance(*got) << FormatSites(*got);
+  // rb_mutex_lock is exported, so it is found in .dynsym; rb_f_sleep and rb_mutex_synchronize_m of the fixture are
+  // exported too but have no registration call, and without .symtab a name alone is not trusted for them.
+  std::string prov = FormatProvenance(*got);
+  EXPECT_NE(prov.find("# hook list: 0x"), std::string::npos) << prov;
+  EXPECT_NE(prov.find("exports + disassembly"), std::string::npos) << prov;
+  EXPECT_NE(prov.find("# function extents: .eh_frame"), std::string::npos) << prov;
+  EXPECT_NE(prov.find("# Kernel#sleep: none"), std::string::npos) << prov;
+  EXPECT_NE(prov.find("# Mutex#lock: exports (rb_mutex_lock)"), std::string::npos) << prov;
+  EXPECT_EQ(got->offsets_source, "table");
 }
 
 TEST_F(FixtureTest, OldOrUnparseableVersionsAreUnsupported) {
@@ -281,6 +343,33 @@ TEST_F(FixtureTest, CacheRoundTripsAndIsUsedOnTheSecondCall) {
   Result<SiteSet> other = LoadOrFindSites(lib, "3.3.1", cache);
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(FormatSites(*other).find("fx_marked"), std::string::npos);
+}
+
+TEST_F(FixtureTest, ModifiedCopyWithTheSameBuildIdIsNotServedTheCache) {
+  const std::string lib = Build("libfx-fp.so", "-g -Wl,--build-id=0x5566778899aabbcc");
+  const std::string cache = dir_.Join("fp-cache");
+  Result<SiteSet> first = LoadOrFindSites(lib, "3.3.0", cache);
+  ASSERT_TRUE(first.ok());
+  // Mark the cache, then change one byte of .text in a copy (same build-id): the mark must not come back for it.
+  const std::string file = cache + "/5566778899aabbcc.json";
+  std::string text = testing::ReadFile(file);
+  size_t at = text.find("\"fx_ready\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 10, "\"fx_marked\"");
+  testing::WriteFile(file, text);
+  Result<ElfFile> elf = ElfFile::Open(lib);
+  ASSERT_TRUE(elf.ok());
+  std::optional<ElfSymbol> fn = elf->FindSymbol("fx_layout");
+  ASSERT_TRUE(fn.has_value());
+  std::string bytes = testing::ReadFile(lib);
+  const uint64_t off = *elf->VaddrToFileOffset(fn->value);
+  bytes[off] = static_cast<char>(0xcc);
+  const std::string copy = dir_.Join("libfx-fp-copy.so");
+  testing::WriteFile(copy, bytes);
+  Result<SiteSet> other = LoadOrFindSites(copy, "3.3.0", cache);
+  ASSERT_TRUE(other.ok()) << other.error().ToString();
+  EXPECT_EQ(FormatSites(*other).find("fx_marked"), std::string::npos) << "served the original's cache";
+  EXPECT_NE(other->code_fingerprint, first->code_fingerprint);
 }
 
 TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
@@ -713,6 +802,113 @@ TEST(RealBinaryGcFallbackTest, ReplacesTheGcHookSitesWithTheGcFunctions) {
   }
   if (ran == 0) GTEST_SKIP() << "test Rubies not built (tools/build-test-rubies.sh)";
 }
+
+// A stripped copy (`strip`, `objcopy --strip-all`: no .symtab, no DWARF) must give the same sites as the binary
+// with symbols: the same checks and probe offsets, events, th locations and entry probes. Only the function names
+// (unknown without .symtab) and where each fact came from differ.
+struct StripCase {
+  const char* ruby;
+  const char* elf;
+  const char* version;
+};
+
+class StrippedCopyTest : public ::testing::TestWithParam<StripCase> {};
+
+std::string SiteKey(const ProbeSite& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "check 0x%lx probe 0x%lx %s %s th %s exclude 0x%lx-0x%lx",
+                static_cast<unsigned long>(s.check_file_offset()), static_cast<unsigned long>(s.file_offset),
+                EventKindName(s.event).c_str(), s.method.c_str(), FormatThLocation(s.th).c_str(),
+                static_cast<unsigned long>(s.exclude_caller_start), static_cast<unsigned long>(s.exclude_caller_end));
+  return buf;
+}
+
+TEST_P(StrippedCopyTest, SitesEqualTheUnstrippedBinarys) {
+  const StripCase& c = GetParam();
+  std::string dir = testing::TestRuby(c.ruby);
+  if (dir.empty()) GTEST_SKIP() << "test Ruby " << c.ruby << " not built (tools/build-test-rubies.sh)";
+  const std::string original = dir + "/" + c.elf;
+  Result<ElfFile> full = ElfFile::Open(original);
+  ASSERT_TRUE(full.ok()) << full.error().ToString();
+  ASSERT_TRUE(full->has_symtab());
+  Result<SiteSet> want = FindSites(*full, c.version);
+  ASSERT_TRUE(want.ok()) << want.error().ToString();
+  TempDir tmp;
+  for (const char* tool : {"strip -o", "objcopy --strip-all"}) {
+    SCOPED_TRACE(tool);
+    const std::string copy = tmp.Join(std::string("stripped-") + (tool[0] == 's' ? "strip" : "objcopy"));
+    const std::string cmd = tool[0] == 's' ? "strip -o '" + copy + "' '" + original + "'"
+                                           : "objcopy --strip-all '" + original + "' '" + copy + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    Result<ElfFile> elf = ElfFile::Open(copy);
+    ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+    ASSERT_FALSE(elf->has_symtab());
+    ASSERT_FALSE(elf->FindSection(".debug_info").has_value());
+    auto t0 = std::chrono::steady_clock::now();
+    Result<SiteSet> got = FindSites(*elf, c.version);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(got.ok()) << got.error().ToString();
+    std::printf("FindSites(stripped %s): %zu sites in %.1f ms\n%s%s", c.ruby, got->sites.size(), ms,
+                FormatProvenance(*got).c_str(), FormatSites(*got).c_str());
+    // th: DWARF's location where the binary has DWARF; the stripped copy has only the disassembly's, which the
+    // unstripped analysis computes too (th_disasm, its cross-check). At every event but SUSPENDED the two are the
+    // same place; at some SUSPENDED sites th is in several places at once, or DWARF says "optimized out" (then the
+    // unstripped binary uses the current thread), and the disassembly names the rsi load the hook call itself uses.
+    std::vector<std::string> want_keys, got_keys;
+    for (ProbeSite s : want->sites) {
+      if (s.method == "hook-site" && s.event == RV_EV_THREAD_SUSPENDED && s.th_disasm && *s.th_disasm != s.th) {
+        std::printf("SUSPENDED 0x%lx: dwarf/current %s, disassembly %s\n", static_cast<unsigned long>(s.check()),
+                    FormatThLocation(s.th).c_str(), FormatThLocation(*s.th_disasm).c_str());
+        s.th = *s.th_disasm;
+      }
+      want_keys.push_back(SiteKey(s));
+    }
+    for (const ProbeSite& s : got->sites) got_keys.push_back(SiteKey(s));
+    // The release-reason rules read these two function names; they are recognised without symbols too.
+    for (size_t i = 0; i < want->sites.size() && i < got->sites.size(); ++i) {
+      const std::string& w = want->sites[i].function;
+      if (w == "thread_start_func_2" || w == "rb_thread_schedule_limits") {
+        EXPECT_EQ(got->sites[i].function, w) << "site 0x" << std::hex << want->sites[i].check();
+      }
+      if (got->sites[i].function == "thread_start_func_2" || got->sites[i].function == "rb_thread_schedule_limits") {
+        EXPECT_EQ(got->sites[i].function, w) << "site 0x" << std::hex << want->sites[i].check();
+      }
+    }
+    EXPECT_EQ(got_keys, want_keys) << "unstripped:\n" << FormatSites(*want);
+    for (size_t i = 0; i < want->sites.size() && i < got->sites.size(); ++i) {
+      const ProbeSite &w = want->sites[i], &g = got->sites[i];
+      if (w.event != RV_EV_THREAD_SUSPENDED && w.method == "hook-site") {
+        EXPECT_EQ(g.th, w.th) << "th at a non-SUSPENDED site must be DWARF's own location, 0x" << std::hex << w.check();
+      }
+    }
+    for (const ProbeSite& s : got->sites) {
+      if (s.method == "hook-site") {
+        EXPECT_NE(s.th_source, "dwarf");
+      }
+    }
+    EXPECT_EQ(got->offsets.th_nt, want->offsets.th_nt);
+    EXPECT_EQ(got->offsets.nt_tid, want->offsets.nt_tid);
+    EXPECT_EQ(got->offsets.th_serial, want->offsets.th_serial);
+    EXPECT_EQ(got->main_thread_serial, want->main_thread_serial);
+    EXPECT_EQ(got->offsets_source, "table");
+    // Every fact says where it came from, and none claims a symbol table the copy does not have.
+    ASSERT_FALSE(got->provenance.empty());
+    for (const auto& [fact, source] : got->provenance) {
+      EXPECT_EQ(source.find("symtab"), std::string::npos) << fact << ": " << source;
+      EXPECT_EQ(source.find("dwarf"), std::string::npos) << fact << ": " << source;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TestRubies, StrippedCopyTest,
+                         ::testing::Values(StripCase{"3.3.8-shared", "lib/libruby.so.3.3.8", "3.3.8"},
+                                           StripCase{"3.4.5-static", "bin/ruby", "3.4.5"},
+                                           StripCase{"3.4.5-shared-yjit", "lib/libruby.so.3.4.5", "3.4.5"}),
+                         [](const ::testing::TestParamInfo<StripCase>& info) {
+                           std::string n = info.param.ruby;
+                           std::erase_if(n, [](char ch) { return ch == '.' || ch == '-'; });
+                           return "Ruby" + n;
+                         });
 
 TEST(DebianRuby31Test, StrippedLibraryGivesTheRightErrors) {
   const std::string path = "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1";

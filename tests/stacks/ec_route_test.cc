@@ -402,5 +402,47 @@ TEST(EcRouteFixtureTest, BinaryWithoutTheTlsSymbolHasNoTlsRouteButKeepsTheReason
   EXPECT_NE(r.vm_ptr_vaddr, 0u) << "the ractor route stays available";
 }
 
+
+// A stripped copy has no ruby_current_ec symbol (hidden since 3.3; .symtab gone): the route comes from the exported
+// rb_errinfo's code and must be the one the symbols give.
+TEST(EcRouteRubyTest, StrippedCopyGivesTheRouteOfTheBinaryWithSymbols) {
+  struct Case {
+    const char* ruby;
+    const char* elf;
+    int major, minor;
+  };
+  int ran = 0;
+  for (const Case& c : {Case{"3.3.8-shared", "lib/libruby.so.3.3.8", 3, 3}, Case{"3.4.5-static", "bin/ruby", 3, 4},
+                        Case{"3.4.5-shared-yjit", "lib/libruby.so.3.4.5", 3, 4}}) {
+    const std::string dir = TestRuby(c.ruby);
+    if (dir.empty()) continue;
+    ++ran;
+    SCOPED_TRACE(c.ruby);
+    TempDir tmp;
+    const std::string copy = tmp.Join("vm");
+    ASSERT_EQ(std::system(("strip -o '" + copy + "' '" + dir + "/" + c.elf + "'").c_str()), 0);
+    Result<ElfFile> full = ElfFile::Open(dir + "/" + c.elf);
+    Result<ElfFile> stripped = ElfFile::Open(copy);
+    ASSERT_TRUE(full.ok() && stripped.ok());
+    ASSERT_FALSE(stripped->has_symtab());
+    Result<RubyOffsets> off = RubyOffsets::ForVersion(c.major, c.minor);
+    ASSERT_TRUE(off.ok());
+    const EcRoute want = ComputeEcRoute(*full, *off);
+    const EcRoute got = ComputeEcRoute(*stripped, *off);
+    ASSERT_NE(want.kind, EcTlsKind::kNone) << want.why_none;
+    EXPECT_EQ(got.kind, want.kind) << DescribeEcRoute(got) << " vs " << DescribeEcRoute(want);
+    EXPECT_TRUE(got.from_exported_code);
+    if (want.kind == EcTlsKind::kLocalExec) {
+      EXPECT_EQ(got.tp_offset, want.tp_offset);
+    } else {
+      EXPECT_EQ(got.got_vaddr, want.got_vaddr);
+      EXPECT_EQ(got.tls_symbol_value, want.tls_symbol_value);
+      EXPECT_EQ(got.tlsdesc_extra, want.tlsdesc_extra);
+    }
+    std::printf("%s stripped: %s\n", c.ruby, DescribeEcRoute(got).c_str());
+  }
+  if (ran == 0) GTEST_SKIP() << "no test Ruby built";
+}
+
 }  // namespace
 }  // namespace rvbpfd

@@ -61,6 +61,15 @@ class FakeProc {
   ProcFs procfs_;
 };
 
+TEST(ParseNsPidTest, TheLastNsPidIsThePidInTheTargetsOwnNamespace) {
+  EXPECT_EQ(ParseNsPid("Name:\truby\nPid:\t4321\nNSpid:\t4321\t7\nNStgid:\t4321\t7\n"), 7);
+  EXPECT_EQ(ParseNsPid("Name:\truby\nNSpid:\t4321\n"), 4321);
+  EXPECT_EQ(ParseNsPid("Name:\truby\nPid:\t4321\n"), std::nullopt);     // an old kernel: no NSpid line
+  EXPECT_EQ(ParseNsPid("Name:\truby\nNSpid:\t4321\tx1\n"), std::nullopt);  // hostile or garbled
+  EXPECT_EQ(ParseNsPid("Name:\truby\nNSpid:\t\n"), std::nullopt);
+  EXPECT_EQ(ParseNsPid("Name:\truby\nNSpid:\t99999999999\n"), std::nullopt);
+}
+
 TEST(ParseMapsTest, ParsesPathsWithSpacesDeletedMarkersAndAnonymousMappings) {
   std::vector<MapsEntry> maps = ParseMaps(
       "55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 42 /usr/bin/ruby\n"

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -372,16 +373,21 @@ TEST(TraceWriter, BuffersUntilFlushAndWritesOnlyWholeLines) {
   ASSERT_TRUE(writer->Write(Ev(1, EventName::kGcEnter, 1, 1)).ok());
   EXPECT_EQ(ReadAll(path).size(), after_create) << "small writes stay in memory";
 
-  // MaybeFlush right after Create: not yet 100 ms.
+  // The first events are written by the first MaybeFlush that sees them, though 100 ms have not passed...
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(writer->MaybeFlush(t0).ok());
-  EXPECT_EQ(ReadAll(path).size(), after_create);
+  const size_t after_first = ReadAll(path).size();
+  EXPECT_GT(after_first, after_create) << "the first events reach the file at once";
+  // ... the later ones only 100 ms after the previous timed flush.
+  ASSERT_TRUE(writer->Write(Ev(2, EventName::kGcExit, 1, 1)).ok());
+  ASSERT_TRUE(writer->MaybeFlush(t0 + std::chrono::milliseconds(50)).ok());
+  EXPECT_EQ(ReadAll(path).size(), after_first);
   ASSERT_TRUE(writer->MaybeFlush(t0 + std::chrono::milliseconds(150)).ok());
   const size_t after_timed = ReadAll(path).size();
-  EXPECT_GT(after_timed, after_create);
+  EXPECT_GT(after_timed, after_first);
 
   // Past kFlushBytes the writer flushes by itself; whatever reached the file ends at a line boundary.
-  uint64_t t = 2;
+  uint64_t t = 3;
   while (ReadAll(path).size() == after_timed) {
     ASSERT_TRUE(writer->Write(Ev(t++, EventName::kGcExit, 1, 1)).ok());
     ASSERT_LT(t, 100'000u) << "never flushed";
@@ -465,18 +471,48 @@ TEST(TraceWriter, PermissionDeniedWhenNotRoot) {
 
 TEST(TraceWriter, WriteErrorsAreReportedAndDevicesAreNotDeleted) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
-  // /dev/full accepts open() and fails every write with ENOSPC, like a full disk. Reached through a symlink in the
-  // scratch directory so that even a broken cleanup could only remove the link.
-  ScratchDir dir;
-  const std::string link = dir.File("full.rvtrace");
-  ASSERT_EQ(symlink("/dev/full", link.c_str()), 0);
-  Result<TraceWriter> writer = TraceWriter::Create(link, TestHeader());
+  // /dev/full accepts open() and fails every write with ENOSPC, like a full disk. A device named with -o is written
+  // in place: never created, replaced or removed.
+  Result<TraceWriter> writer = TraceWriter::Create("/dev/full", TestHeader());
   ASSERT_FALSE(writer.ok());
   EXPECT_EQ(writer.error().code(), ErrorCode::kOutputUnwritable);
   EXPECT_NE(writer.error().message().find("errno 28"), std::string::npos) << writer.error().message();
-  // Only regular files the writer created are removed on failure; a device named with -o is left alone.
+  struct stat st {};
+  ASSERT_EQ(stat("/dev/full", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+}
+
+TEST(TraceWriter, PlantedSymlinkIsRefusedAndItsTargetUntouched) {
+  ScratchDir dir;
+  const std::string victim = dir.File("victim");
+  { std::ofstream(victim) << "precious\n"; }
+  const std::string link = dir.File("planted.rvtrace");
+  ASSERT_EQ(symlink(victim.c_str(), link.c_str()), 0);
+  Result<TraceWriter> writer = TraceWriter::Create(link, TestHeader());
+  ASSERT_FALSE(writer.ok());
+  EXPECT_EQ(writer.error().code(), ErrorCode::kOutputUnwritable);
+  EXPECT_NE(writer.error().message().find("symbolic link"), std::string::npos) << writer.error().message();
+  std::ifstream in(victim);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "precious\n");
   EXPECT_TRUE(std::filesystem::is_symlink(link));
-  EXPECT_TRUE(std::filesystem::exists("/dev/full"));
+}
+
+TEST(TraceWriter, TraceFileIsMode0600AndReplacesAnOldOne) {
+  ScratchDir dir;
+  const std::string path = dir.File("t.rvtrace");
+  { std::ofstream(path) << "an older recording\n"; }
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  Result<TraceWriter> writer = TraceWriter::Create(path, TestHeader());
+  ASSERT_TRUE(writer.ok()) << writer.error().ToString();
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);  // traces hold command lines and paths
+  ASSERT_TRUE(writer->Finish(FinishInfo{}).ok());
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  EXPECT_EQ(first.find("an older"), std::string::npos) << first;
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
-/* Types and constants of the CRuby control-frame walker (ruby_walker.h), without the walker code, so C++ can use them
- * without providing a memory reader. Fixed-width fields only: the same layout under clang -target bpf and the host
- * compiler. The includer provides __u32/__u64 (vmlinux.h in BPF, <linux/types.h> on the host). */
-#ifndef RVBPFD_BPF_RUBY_WALKER_TYPES_H_
-#define RVBPFD_BPF_RUBY_WALKER_TYPES_H_
+/* Types and constants of the CRuby control-frame walker (bpf/ruby_walker.h), without the walker code, so C++ can use
+ * them without providing a memory reader. Fixed-width fields only: the same layout under clang -target bpf and the
+ * host compiler (pinned by the asserts at the end). */
+#ifndef RVBPFD_INCLUDE_RVBPFD_RUBY_WALKER_TYPES_H_
+#define RVBPFD_INCLUDE_RVBPFD_RUBY_WALKER_TYPES_H_
+
+#include "rvbpfd/abi_base.h"
 
 /* Env flags (ep[VM_ENV_DATA_INDEX_FLAGS]). */
 #define RV_RB_VM_FRAME_FLAG_CFRAME 0x80ull
@@ -96,4 +98,8 @@ enum rv_ruby_step_result {
   RV_STEP_ERROR = 3, /* walk->status says why; no more frames */
 };
 
-#endif /* RVBPFD_BPF_RUBY_WALKER_TYPES_H_ */
+RV_ABI_ASSERT(sizeof(struct rv_ruby_walk_offsets) == 48, "rv_ruby_walk_offsets ABI");
+RV_ABI_ASSERT(sizeof(struct rv_ruby_frame) == 32, "rv_ruby_frame ABI");
+RV_ABI_ASSERT(sizeof(struct rv_ruby_walk) == 32, "rv_ruby_walk ABI");
+
+#endif /* RVBPFD_INCLUDE_RVBPFD_RUBY_WALKER_TYPES_H_ */

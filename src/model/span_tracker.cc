@@ -1,0 +1,412 @@
+#include "model/span_tracker.h"
+
+#include <algorithm>
+
+#include "common/heap_estimate.h"
+
+namespace rvbpfd {
+
+TrackerEvent TrackerEventOf(const TraceEvent& e, uint64_t key, uint32_t stack) {
+  TrackerEvent out;
+  out.t_ns = e.t_ns;
+  out.event = e.event;
+  out.thread = key;
+  out.stack = stack;
+  if (e.event == EventName::kGvlReleased) out.reason = ParseReleaseReasonTraceName(e.reason);
+  return out;
+}
+
+SpanTracker::Thread& SpanTracker::Touch(uint64_t key) {
+  // Node-based map: the cached pointer stays valid until that element is erased, where the cache is reset.
+  if (key != cached_key_ || cached_ == nullptr) {
+    cached_ = &threads_[key];
+    cached_key_ = key;
+  }
+  cached_->idle = 0;
+  return *cached_;
+}
+
+SpanTracker::Thread* SpanTracker::Find(uint64_t key) {
+  if (key == cached_key_ && cached_ != nullptr) return cached_;
+  auto it = threads_.find(key);
+  return it == threads_.end() ? nullptr : &it->second;
+}
+
+SpanTracker::Holder& SpanTracker::HolderOf(uint32_t vm) {
+  for (Holder& h : holders_) {
+    if (h.vm == vm) return h;
+  }
+  holders_.push_back(Holder{vm, false, 0, 0});
+  return holders_.back();
+}
+
+bool SpanTracker::waiting(uint64_t thread) const {
+  auto it = threads_.find(thread);
+  return it != threads_.end() && it->second.waiting;
+}
+
+uint64_t SpanTracker::holder(uint32_t vm) const {
+  for (const Holder& h : holders_) {
+    if (h.vm == vm) return h.known ? h.thread : 0;
+  }
+  return 0;
+}
+
+bool SpanTracker::holder_known(uint32_t vm) const {
+  for (const Holder& h : holders_) {
+    if (h.vm == vm) return h.known;
+  }
+  return false;
+}
+
+void SpanTracker::SetHolder(uint32_t vm, uint64_t thread, uint64_t t, SpanEnd end) {
+  Holder& h = HolderOf(vm);
+  if (h.known && h.thread == thread) return;
+  if (h.known) {
+    Span s;
+    s.kind = SpanKind::kHolder;
+    s.end = end;
+    s.provenance = Provenance::kDerived;
+    s.thread = h.thread;
+    s.vm = vm;
+    s.start_ns = h.since_ns;
+    s.end_ns = std::max(t, h.since_ns);
+    Emit(s);
+  }
+  h.known = true;
+  h.thread = thread;
+  h.since_ns = t;
+}
+
+void SpanTracker::LoseHolders(uint64_t t) {
+  for (Holder& h : holders_) {
+    if (!h.known) continue;
+    Span s;
+    s.kind = SpanKind::kHolder;
+    s.end = SpanEnd::kGap;
+    s.counted = false;
+    s.provenance = Provenance::kDerived;
+    s.thread = h.thread;
+    s.vm = h.vm;
+    s.start_ns = h.since_ns;
+    s.end_ns = std::max(t, h.since_ns);
+    Emit(s);
+    h.known = false;
+    h.thread = 0;
+  }
+}
+
+uint32_t SpanTracker::WaitStack(const Thread& t) const {
+  // A stack still unknown when the wait began may have been learned from a sample during it.
+  return t.wait_stack != 0 ? t.wait_stack : t.last_sample_stack;
+}
+
+void SpanTracker::EndWait(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted) {
+  Span s;
+  s.kind = SpanKind::kGvlWait;
+  s.end = end;
+  s.counted = counted;
+  s.thread = key;
+  s.vm = t.vm;
+  s.start_ns = t.wait_start_ns;
+  s.end_ns = std::max(end_ns, t.wait_start_ns);
+  s.stack = WaitStack(t);
+  Emit(s);
+  t.waiting = false;
+  t.wait_stack = 0;
+}
+
+void SpanTracker::EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, uint32_t stack,
+                          Provenance provenance, bool counted) {
+  Span s;
+  s.kind = SpanKind::kGvlHold;
+  s.end = end;
+  s.counted = counted;
+  s.provenance = provenance;
+  s.thread = key;
+  s.vm = t.vm;
+  s.start_ns = t.hold_start_ns;
+  s.end_ns = std::max(end_ns, t.hold_start_ns);
+  s.stack = stack;
+  Emit(s);
+  t.holding = false;
+}
+
+void SpanTracker::EndBlocked(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted) {
+  Span s;
+  s.kind = SpanKind::kBlocked;
+  s.end = end;
+  s.counted = counted;
+  s.thread = key;
+  s.vm = t.vm;
+  s.start_ns = t.blocked_start_ns;
+  s.end_ns = std::max(end_ns, t.blocked_start_ns);
+  s.stack = t.release_stack;
+  s.reason = t.blocked_reason;
+  s.reason_provenance = t.blocked_reason_provenance;
+  Emit(s);
+  t.blocked = false;
+}
+
+void SpanTracker::EndGc(uint64_t end_ns, SpanEnd end, bool counted) {
+  Span s;
+  s.kind = SpanKind::kGc;
+  s.end = end;
+  s.counted = counted;
+  s.provenance = gc_thread_derived_ ? Provenance::kDerived : Provenance::kObserved;
+  s.thread = gc_thread_;
+  s.start_ns = gc_start_ns_;
+  s.end_ns = std::max(end_ns, gc_start_ns_);
+  s.stack = gc_stack_;
+  Emit(s);
+  gc_open_ = false;
+  gc_thread_ = 0;
+  gc_thread_derived_ = false;
+  gc_stack_ = 0;
+}
+
+void SpanTracker::DiscardOpen(uint64_t t) {
+  // Whatever was open may have ended, and begun again, in the events that are missing.
+  for (auto& [key, th] : threads_) {
+    if (th.waiting) EndWait(key, th, t, SpanEnd::kGap, false);
+    if (th.holding) EndHold(key, th, t, SpanEnd::kGap, th.last_sample_stack, Provenance::kObserved, false);
+    if (th.blocked) EndBlocked(key, th, t, SpanEnd::kGap, false);
+    th.probe_reason = ReleaseReason::kUnknown;
+  }
+  if (gc_open_) EndGc(t, SpanEnd::kGap, false);
+  LoseHolders(t);
+}
+
+void SpanTracker::OnSample(uint64_t thread, uint32_t stack, bool in_gc) {
+  if (thread != 0) {
+    Thread& t = Touch(thread);
+    if (stack != 0) t.last_sample_stack = stack;
+  }
+  // A sample inside the open GC shows where that GC was triggered: better than the thread's older sample.
+  if (in_gc && gc_open_ && stack != 0 && (gc_thread_ == 0 || gc_thread_ == thread)) {
+    gc_stack_ = stack;
+    if (gc_thread_ == 0) gc_thread_ = thread;
+  }
+}
+
+void SpanTracker::OnEvent(const TrackerEvent& e) {
+  const uint64_t ts = e.t_ns;
+  const uint64_t key = e.thread;
+  switch (e.event) {
+    case EventName::kEventsDropped:
+    case EventName::kTracingPaused:
+    case EventName::kTracingResumed:
+      DiscardOpen(ts);
+      return;
+    case EventName::kGcEnter: {
+      if (gc_open_) return;  // a nested or repeated enter: the first one started this GC
+      gc_open_ = true;
+      gc_start_ns_ = ts;
+      gc_thread_derived_ = key == 0;
+      gc_thread_ = key != 0 ? key : holder(e.vm);  // GC runs on the thread holding the GVL
+      gc_stack_ = 0;
+      if (gc_thread_ != 0) {
+        if (const Thread* t = Find(gc_thread_)) gc_stack_ = t->last_sample_stack;
+      }
+      return;
+    }
+    case EventName::kGcExit:
+      if (gc_open_) EndGc(ts, SpanEnd::kGcExit, true);
+      return;
+    case EventName::kSleepEnter:
+    case EventName::kMutexLockEnter:
+      // No exit probe exists: the reason holds for the thread's next release, until it runs again.
+      if (key == 0) return;
+      if (Thread* t = Find(key)) {
+        t->probe_reason =
+            e.event == EventName::kSleepEnter ? ReleaseReason::kSleeping : ReleaseReason::kWaitingMutex;
+      }
+      return;
+    case EventName::kThreadStarted:
+    case EventName::kWantsGvl:
+    case EventName::kGvlAcquired:
+    case EventName::kGvlReleased:
+    case EventName::kThreadExited:
+      break;
+    default:
+      return;
+  }
+  if (key == 0) return;  // a scheduler event about no known thread cannot be attributed
+
+  switch (e.event) {
+    case EventName::kThreadStarted: {
+      auto [it, inserted] = threads_.try_emplace(key);
+      Thread& t = it->second;
+      if (!inserted) {
+        // A key reused after an exit that was not seen: the old thread's open spans have no end.
+        if (t.waiting) EndWait(key, t, ts, SpanEnd::kRestarted, false);
+        if (t.holding) EndHold(key, t, ts, SpanEnd::kRestarted, t.last_sample_stack, Provenance::kObserved, false);
+        if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kRestarted, false);
+        t = Thread{};
+      }
+      t.vm = e.vm;
+      // A new thread has not held the GVL yet: it is blocked, starting, until its first wants_gvl.
+      t.blocked = true;
+      t.blocked_start_ns = ts;
+      t.blocked_reason = ReleaseReason::kStarting;
+      t.blocked_reason_provenance = Provenance::kObserved;
+      if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kRestarted);
+      return;
+    }
+    case EventName::kThreadExited: {
+      auto it = threads_.find(key);
+      if (it != threads_.end()) {
+        Thread& t = it->second;
+        // CRuby 3.3+ fires no SUSPENDED at exit, so a hold still open here ends by the exit.
+        if (t.holding) EndHold(key, t, ts, SpanEnd::kExited, t.last_sample_stack, Provenance::kDerived, true);
+        if (t.waiting) EndWait(key, t, ts, SpanEnd::kExited, false);
+        if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kExited, true);
+        if (cached_ == &t) cached_ = nullptr;
+        threads_.erase(it);
+      }
+      if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kExited);
+      return;
+    }
+    case EventName::kWantsGvl: {
+      Thread& t = Touch(key);
+      t.vm = e.vm;
+      if (t.holding) {
+        // Wanting the lock while holding it means a release that was not seen (3.2 timeslices): the hold ends here.
+        EndHold(key, t, ts, SpanEnd::kWantsGvl, t.last_sample_stack, Provenance::kDerived, true);
+        if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kWantsGvl);
+      }
+      if (t.waiting) return;  // a repeated READY does not restart the wait
+      if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kWantsGvl, true);
+      t.waiting = true;
+      t.wait_start_ns = ts;
+      // What the thread was doing when it gave the lock up is what it waits to continue: its own stack, else its
+      // release's; 0: its latest sample's, decided when the wait ends.
+      t.wait_stack = e.stack != 0 ? e.stack : t.release_stack;
+      return;
+    }
+    case EventName::kGvlAcquired: {
+      Thread& t = Touch(key);
+      t.vm = e.vm;
+      if (t.waiting) EndWait(key, t, ts, SpanEnd::kAcquired, true);
+      if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kAcquired, true);
+      t.release_stack = 0;  // it runs again: its last release no longer says what it waits for
+      t.probe_reason = ReleaseReason::kUnknown;
+      if (!t.holding) {
+        t.holding = true;
+        t.hold_start_ns = ts;
+      }
+      SetHolder(e.vm, key, ts, SpanEnd::kAcquired);
+      return;
+    }
+    case EventName::kGvlReleased: {
+      Thread& t = Touch(key);
+      t.vm = e.vm;
+      t.release_stack = e.stack;
+      // Releasing the lock while waiting for it cannot happen in order: the wait's acquisition was not seen.
+      if (t.waiting) EndWait(key, t, ts, SpanEnd::kReleased, false);
+      if (t.holding) {
+        EndHold(key, t, ts, SpanEnd::kReleased, e.stack != 0 ? e.stack : t.last_sample_stack, Provenance::kObserved,
+                true);
+      }
+      if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kReleased);
+      if (!t.blocked) {
+        // A repeated release (3.2 reports two for one sleep) continues the block the first one opened.
+        t.blocked = true;
+        t.blocked_start_ns = ts;
+        // A reason derived from the released stack names the blocking call itself, so it wins over a probe entry
+        // seen earlier (which only says the thread was somewhere inside Kernel#sleep / Mutex#lock).
+        t.blocked_reason = e.reason != ReleaseReason::kUnknown ? e.reason : t.probe_reason;
+        t.blocked_reason_provenance =
+            t.blocked_reason != ReleaseReason::kUnknown ? Provenance::kDerived : Provenance::kObserved;
+      }
+      t.probe_reason = ReleaseReason::kUnknown;
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void SpanTracker::Cut(uint64_t cut_ns) {
+  for (auto& [key, t] : threads_) {
+    Span s;
+    s.end = SpanEnd::kCut;
+    s.thread = key;
+    s.vm = t.vm;
+    s.end_ns = cut_ns;
+    if (t.waiting && cut_ns > t.wait_start_ns) {
+      s.kind = SpanKind::kGvlWait;
+      s.start_ns = t.wait_start_ns;
+      s.stack = WaitStack(t);
+      Emit(s);
+      t.wait_start_ns = cut_ns;
+    }
+    if (t.holding && cut_ns > t.hold_start_ns) {
+      // The release (and its stack) is still to come: what the thread was last seen running stands in.
+      s.kind = SpanKind::kGvlHold;
+      s.start_ns = t.hold_start_ns;
+      s.stack = t.last_sample_stack;
+      Emit(s);
+      t.hold_start_ns = cut_ns;
+    }
+    if (t.blocked && cut_ns > t.blocked_start_ns) {
+      s.kind = SpanKind::kBlocked;
+      s.start_ns = t.blocked_start_ns;
+      s.stack = t.release_stack;
+      s.reason = t.blocked_reason;
+      s.reason_provenance = t.blocked_reason_provenance;
+      Emit(s);
+      t.blocked_start_ns = cut_ns;
+    }
+  }
+  if (gc_open_ && cut_ns > gc_start_ns_) {
+    Span s;
+    s.kind = SpanKind::kGc;
+    s.end = SpanEnd::kCut;
+    s.provenance = gc_thread_derived_ ? Provenance::kDerived : Provenance::kObserved;
+    s.thread = gc_thread_;
+    s.start_ns = gc_start_ns_;
+    s.end_ns = cut_ns;
+    s.stack = gc_stack_;
+    Emit(s);
+    gc_start_ns_ = cut_ns;
+  }
+}
+
+size_t SpanTracker::PruneIdle(uint32_t max_idle) {
+  size_t dropped = 0;
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    Thread& t = it->second;
+    if (!t.waiting && !t.holding && t.idle >= max_idle) {
+      // Its open blocked span (a long sleep) is not ended by anything seen: left out.
+      if (t.blocked) EndBlocked(it->first, t, t.blocked_start_ns, SpanEnd::kCut, false);
+      if (cached_ == &t) cached_ = nullptr;
+      it = threads_.erase(it);
+      ++dropped;
+    } else {
+      ++t.idle;
+      ++it;
+    }
+  }
+  if (threads_.bucket_count() > 64 && threads_.bucket_count() > 4 * threads_.size()) threads_.rehash(0);
+  return dropped;
+}
+
+void SpanTracker::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
+  auto remap = [&map](uint32_t& id) {
+    if (id != 0) id = map(id);
+  };
+  for (auto& [key, t] : threads_) {
+    remap(t.wait_stack);
+    remap(t.release_stack);
+    remap(t.last_sample_stack);
+  }
+  remap(gc_stack_);
+}
+
+size_t SpanTracker::approx_memory_bytes() const {
+  return HashSetHeap(threads_, sizeof(std::pair<const uint64_t, Thread>), false) +
+         HeapChunk(holders_.capacity() * sizeof(Holder));
+}
+
+}  // namespace rvbpfd

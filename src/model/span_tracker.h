@@ -1,0 +1,195 @@
+// SpanTracker: the one streaming derivation of GVL and GC spans from scheduler events, read by the pprof and folded
+// exports, the fleet agent's per-process profiles and the thread-state model.
+//
+// Like a kernel-trace thread-state tracker, it keeps only the open state of each thread and of each VM's GVL, and
+// emits a Span each time an interval closes; nothing is buffered, so it serves a whole trace file and a continuous
+// agent alike. Spans:
+//   - kGvlWait: from a thread's wants_gvl to its gvl_acquired. A repeated wants_gvl does not restart it.
+//   - kGvlHold: from gvl_acquired to gvl_released; a thread_exited (3.3+ reports no release at exit) or a wants_gvl
+//     while holding (a release not seen, as in 3.2's timeslices) also ends it. A repeated gvl_acquired does not
+//     restart it.
+//   - kBlocked: from gvl_released to the thread's next wants_gvl / gvl_acquired / thread_exited, with the release
+//     reason (the one the gvl_released carried, derived by the recorder from the stack; else a Kernel#sleep or
+//     Mutex#lock probe entered since the thread last ran; else unknown).
+//   - kGc: from gc_enter to gc_exit, one at a time per process, on the thread that ran it: the event's thread, else
+//     the thread holding the GVL of the default VM (GC runs on the lock owner: derived).
+//   - kHolder: who held a VM's GVL (`thread`, or 0 = nobody) over an interval: the thread of the last gvl_acquired not
+//     yet followed by its release, exit or a wants_gvl while holding. A later consumer intersects waits with these
+//     to say who made each waiter wait. Under RUBY_MN_THREADS=1 several Ruby threads share a native thread; holders
+//     are Ruby threads, never native ones, so M:N needs nothing special. Each VM (ractor) has its own GVL: events
+//     name their VM (0 when the process has one).
+// Each span says how it ended (SpanEnd); a span cut by lost events or a tracing pause, by the thread's exit while
+// waiting, by a release while waiting or by the thread's id being restarted has unknown extent: it is emitted with
+// `counted == false` (its duration is not a fact) so consumers can say how many were left out. Time not covered by a
+// holder span (before the first gvl_acquired, and from a gap to the next gvl_acquired) is unknown.
+//
+// Stacks are ids chosen by the caller (a trace's stack ids, or the agent's interned ones); 0 means "no stack". Each
+// span carries the stack it is attributed to:
+//   - wait: the wants_gvl's own stack, else the stack of the gvl_released that began the thread's time off the lock
+//     (forgotten once the thread ran again: 3.2 timeslices report READY/RESUMED without a release), else the
+//     thread's latest sample's stack when the wait ends (a waiting thread is off CPU, so that is the sample from
+//     before the wait, unless none was taken then); else 0.
+//   - hold: the gvl_released's stack, else (and when ended otherwise) the latest sample's stack; else 0.
+//   - blocked: the gvl_released's stack.
+//   - gc: the latest sample stack of the GC's thread when it began, replaced by a stack sampled inside this GC.
+//
+// Thread keys are the caller's (a trace's ruby_thread + 1, the agent's rb_thread_t pointer); 0 means "no known
+// thread": such events only count for GC and samples. Events must come in time order; an end before its span's
+// start is clamped to the start (a zero-length span).
+//
+// Provenance: waits, holds and GC times are observed (both ends are the VM's own events); a hold ended by an exit or
+// a wants_gvl, a GC's thread taken from the GVL holder, holder intervals and release reasons from a probe are derived.
+//
+// Not thread-safe. Memory: one small state per live thread and per VM.
+#ifndef RVBPFD_SRC_MODEL_SPAN_TRACKER_H_
+#define RVBPFD_SRC_MODEL_SPAN_TRACKER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "trace/event.h"
+#include "trace/release_reason.h"
+
+namespace rvbpfd {
+
+enum class SpanKind : uint8_t { kGvlWait, kGvlHold, kBlocked, kGc, kHolder };
+
+enum class SpanEnd : uint8_t {
+  kAcquired,      // the thread's gvl_acquired (waits, blocked; holder spans: another thread's)
+  kReleased,      // the thread's gvl_released (holds; a wait: the acquisition was not seen; holder spans)
+  kWantsGvl,      // the thread's wants_gvl (blocked; a hold or holder span: a release not seen)
+  kExited,        // the thread's thread_exited
+  kRestarted,     // a thread_started for a key already live: the old thread's exit was not seen
+  kGcExit,        // gc_exit
+  kGap,           // events_dropped, tracing_paused or tracing_resumed
+  kCut,           // Cut(): the span continues from the cut in the next interval
+};
+
+struct Span {
+  SpanKind kind = SpanKind::kGvlWait;
+  SpanEnd end = SpanEnd::kAcquired;
+  bool counted = true;  // false: the span's end is unknown (see above); its times are not a fact
+  Provenance provenance = Provenance::kObserved;
+  uint64_t thread = 0;  // the thread (kHolder: the holder, 0 = nobody held the GVL; kGc: 0 = not known)
+  uint32_t vm = 0;
+  uint64_t start_ns = 0;
+  uint64_t end_ns = 0;
+  uint32_t stack = 0;  // see above; 0 = none known
+  ReleaseReason reason = ReleaseReason::kUnknown;  // kBlocked
+  Provenance reason_provenance = Provenance::kObserved;  // kBlocked with a reason other than kUnknown: kDerived
+
+  uint64_t duration_ns() const { return end_ns - start_ns; }
+};
+
+// One event as the tracker needs it. `event` is one of the scheduler, GC, probe and gap events (kSample goes to
+// OnSample); others are ignored.
+struct TrackerEvent {
+  uint64_t t_ns = 0;
+  EventName event = EventName::kTracingStarted;
+  uint64_t thread = 0;  // 0: not known
+  uint32_t vm = 0;
+  uint32_t stack = 0;   // the stack the event carried, 0 = none
+  ReleaseReason reason = ReleaseReason::kUnknown;  // gvl_released: the reason it carried
+};
+
+// The tracker key of a trace's Ruby thread: ruby_thread + 1 (serial 0 is 3.2's main thread), 0 for none.
+inline uint64_t TraceThreadKey(std::optional<uint32_t> ruby_thread) {
+  return ruby_thread ? uint64_t{*ruby_thread} + 1 : 0;
+}
+// The inverse: the Ruby thread of a span of a trace's tracker; nullopt for key 0 (no thread, or nobody held the GVL).
+inline std::optional<uint32_t> TraceRubyThread(uint64_t key) {
+  if (key == 0) return std::nullopt;
+  return static_cast<uint32_t>(key - 1);
+}
+
+// A trace event as the tracker takes it: `key` is the caller's key for its thread (0: none), `stack` the event's
+// stack as the caller numbers stacks (0: none); the gvl_released reason is read from the trace's vocabulary.
+TrackerEvent TrackerEventOf(const TraceEvent& e, uint64_t key, uint32_t stack);
+
+class SpanTracker {
+ public:
+  // Called for every span as it closes; it must not call back into the tracker.
+  using Sink = std::function<void(const Span&)>;
+  explicit SpanTracker(Sink sink) : sink_(std::move(sink)) {}
+
+  void OnEvent(const TrackerEvent& e);
+  // An on-CPU sample of `thread` (0: none known) on `stack` (0: none); in_gc: taken while a GC ran.
+  void OnSample(uint64_t thread, uint32_t stack, bool in_gc);
+  // Emits the parts before cut_ns of every open wait, hold, blocked and GC span (end kCut, counted) and continues
+  // them from cut_ns. Holder spans are not cut. A hold is attributed to its thread's latest sample (the release is
+  // still to come).
+  void Cut(uint64_t cut_ns);
+  // Emits every open span as ending at end_ns (end kCut), e.g. at the end of a trace.
+  void Finish(uint64_t end_ns) { Cut(end_ns); }
+
+  // True while `thread` waits for the GVL (a wants_gvl now would be a repeat, whose stack is not used).
+  bool waiting(uint64_t thread) const;
+  // Which thread holds `vm`'s GVL now: 0 when nobody does or it is not known (known_holder tells them apart).
+  uint64_t holder(uint32_t vm = 0) const;
+  bool holder_known(uint32_t vm = 0) const;
+
+  // Thread state kept between calls: ages it (per call) and drops states idle for more than `max_idle` calls with
+  // no open wait or hold (their release and sample stacks are forgotten). Returns how many were dropped.
+  size_t PruneIdle(uint32_t max_idle);
+  // Replaces every stack id the tracker holds (the caller renumbered its stacks); `map` is never given 0.
+  void RemapStacks(const std::function<uint32_t(uint32_t)>& map);
+  size_t thread_count() const { return threads_.size(); }
+  size_t approx_memory_bytes() const;
+
+ private:
+  struct Thread {
+    uint32_t vm = 0;
+    uint32_t idle = 0;          // PruneIdle calls since the thread's last scheduler event or sample
+    bool waiting = false;
+    bool holding = false;
+    bool blocked = false;
+    uint64_t wait_start_ns = 0;
+    uint64_t hold_start_ns = 0;
+    uint64_t blocked_start_ns = 0;
+    uint32_t wait_stack = 0;     // chosen at the wants_gvl; 0: the latest sample's, when the wait ends
+    uint32_t release_stack = 0;  // of the release that began the current time off the GVL; 0 once it ran again
+    uint32_t last_sample_stack = 0;
+    ReleaseReason blocked_reason = ReleaseReason::kUnknown;
+    Provenance blocked_reason_provenance = Provenance::kObserved;
+    ReleaseReason probe_reason = ReleaseReason::kUnknown;  // a sleep/mutex probe entered since the thread last ran
+  };
+  struct Holder {
+    uint32_t vm = 0;
+    bool known = false;
+    uint64_t thread = 0;
+    uint64_t since_ns = 0;
+  };
+
+  Thread& Touch(uint64_t key);
+  Thread* Find(uint64_t key);
+  Holder& HolderOf(uint32_t vm);
+  void SetHolder(uint32_t vm, uint64_t thread, uint64_t t, SpanEnd end);
+  void LoseHolders(uint64_t t);
+  void EndWait(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted);
+  void EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, uint32_t stack, Provenance provenance,
+               bool counted);
+  void EndBlocked(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted);
+  void EndGc(uint64_t end_ns, SpanEnd end, bool counted);
+  void DiscardOpen(uint64_t t);
+  uint32_t WaitStack(const Thread& t) const;
+  void Emit(const Span& s) { sink_(s); }
+
+  Sink sink_;
+  std::unordered_map<uint64_t, Thread> threads_;
+  uint64_t cached_key_ = 0;
+  Thread* cached_ = nullptr;  // threads_[cached_key_]: consecutive events are mostly about one thread
+  std::vector<Holder> holders_;  // one per VM seen, few
+  bool gc_open_ = false;
+  uint64_t gc_start_ns_ = 0;
+  uint64_t gc_thread_ = 0;
+  bool gc_thread_derived_ = false;
+  uint32_t gc_stack_ = 0;
+};
+
+}  // namespace rvbpfd
+
+#endif  // RVBPFD_SRC_MODEL_SPAN_TRACKER_H_
