@@ -79,7 +79,9 @@ std::string SiteSetToJson(const SiteSet& set) {
        {{"th_serial", set.offsets.th_serial}, {"th_nt", set.offsets.th_nt}, {"nt_tid", set.offsets.nt_tid},
         {"flags", set.offsets.flags}}},
       {"sites", std::move(sites)}};
-  return doc.dump(1) + "\n";
+  // Symbol names come from the target's binary and need not be UTF-8: replace such bytes with U+FFFD instead of
+  // letting dump() throw.
+  return doc.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 Result<SiteSet> SiteSetFromJson(const std::string& text) {

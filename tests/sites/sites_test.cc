@@ -663,5 +663,24 @@ TEST(DebianRuby31Test, StrippedLibraryGivesTheRightErrors) {
   EXPECT_NE(pretend.error().message().find("-dbgsym"), std::string::npos);
 }
 
+TEST(SiteCacheJsonTest, SymbolNamesThatAreNotUtf8AreReplacedNotThrown) {
+  // A target's binary can name a function with any bytes (found by tests/fuzz's fuzz_elf).
+  SiteSet set;
+  set.build_id = "00ff";
+  set.ruby_version = "3.4.5";
+  ProbeSite site;
+  site.vaddr = 0x1000;
+  site.file_offset = 0x1000;
+  site.event = RV_EV_THREAD_READY;
+  site.function = "fx_\xaf\xff";
+  site.method = "hook-site";
+  set.sites.push_back(site);
+  const std::string json = SiteSetToJson(set);
+  Result<SiteSet> back = SiteSetFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  ASSERT_EQ(back->sites.size(), 1u);
+  EXPECT_EQ(back->sites[0].function, "fx_\xef\xbf\xbd\xef\xbf\xbd");
+}
+
 }  // namespace
 }  // namespace rvbpfd
