@@ -32,7 +32,12 @@ std::optional<int64_t> ParseIso8601Utc(const std::string& s) {
   int digits = 0;
   for (const char* p = frac; *p != '\0' && digits < 9; ++p, ++digits) frac_ns = frac_ns * 10 + (*p - '0');
   for (; digits < 9; ++digits) frac_ns *= 10;
-  return static_cast<int64_t>(secs) * 1'000'000'000 + frac_ns;
+  int64_t ns = 0;
+  if (__builtin_mul_overflow(static_cast<int64_t>(secs), int64_t{1'000'000'000}, &ns) ||
+      __builtin_add_overflow(ns, frac_ns, &ns)) {
+    return std::nullopt;  // outside int64 ns since the epoch (before 1677 or after 2262)
+  }
+  return ns;
 }
 
 }  // namespace
