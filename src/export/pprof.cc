@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <numeric>
@@ -183,12 +184,15 @@ std::string BuildPprofProfile(const TraceFile& trace) {
                trace.header.build_id);
   if (std::optional<int64_t> wall = ParseIso8601Utc(trace.header.started_at)) b.SetTimeNanos(*wall);
   uint64_t duration_ns = 0;
-  if (trace.summary) {
+  // The summary's duration when it is a number of ns int64 can hold (the file says what it likes: negative, 1e300),
+  // else the last event's time.
+  constexpr double kMaxDurationNs = 9.2e18;
+  if (trace.summary && trace.summary->duration_ms >= 0 && trace.summary->duration_ms * 1e6 < kMaxDurationNs) {
     duration_ns = static_cast<uint64_t>(trace.summary->duration_ms * 1e6);
   } else {
     for (const TraceEvent& e : trace.events) duration_ns = std::max(duration_ns, e.t_ns);
   }
-  b.SetDurationNanos(static_cast<int64_t>(duration_ns));
+  b.SetDurationNanos(static_cast<int64_t>(std::min<uint64_t>(duration_ns, INT64_MAX)));
   b.SetPeriod("cpu", "nanoseconds", static_cast<int64_t>(agg.period_ns));
   b.AddComment("rvbpfd export of pid " + std::to_string(trace.header.pid) + " (" + trace.header.recorder +
                ", ruby " + trace.header.ruby_version + ")");
