@@ -668,12 +668,14 @@ TEST(SiteCacheJsonTest, SymbolNamesThatAreNotUtf8AreReplacedNotThrown) {
   SiteSet set;
   set.build_id = "00ff";
   set.ruby_version = "3.4.5";
+  set.offsets_source = "table";
   ProbeSite site;
   site.vaddr = 0x1000;
   site.file_offset = 0x1000;
   site.event = RV_EV_THREAD_READY;
   site.function = "fx_\xaf\xff";
   site.method = "hook-site";
+  site.th_source = "current";
   set.sites.push_back(site);
   const std::string json = SiteSetToJson(set);
   Result<SiteSet> back = SiteSetFromJson(json);
