@@ -39,10 +39,18 @@ cmake --build "$build" -j"$(nproc)" --target fuzzers
 real_seeds="$build/fuzz-seeds/elf_real"
 rm -rf "$real_seeds"
 mkdir -p "$real_seeds" "$build/fuzz-logs"
-for vm in /var/cache/rvbpfd/rubies/*/lib/libruby.so.*.*.* /var/cache/rvbpfd/rubies/*-static/bin/ruby \
-          /usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1; do
-  if [[ -f $vm ]]; then ln -sf "$(readlink -f "$vm")" "$real_seeds/$(echo "${vm#/}" | tr / _)"; fi
+for ruby in /var/cache/rvbpfd/rubies/*/; do
+  [[ -e $ruby/.complete ]] || continue  # still being built
+  for vm in "$ruby"lib/libruby.so.*.*.* "$ruby"bin/ruby; do
+    # A static ruby holds the VM; a shared one's bin/ruby is a small launcher, left out.
+    if [[ -f $vm && ( $vm == *libruby* || $(stat -c %s "$vm") -gt 4000000 ) ]]; then
+      ln -sf "$(readlink -f "$vm")" "$real_seeds/$(basename "$ruby")-$(basename "$vm")"
+    fi
+  done
 done
+if [[ -f /usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1 ]]; then
+  ln -sf "$(readlink -f /usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1)" "$real_seeds/debian-libruby-3.1.so"
+fi
 
 failed=()
 for h in "${harnesses[@]}"; do
@@ -58,6 +66,8 @@ for h in "${harnesses[@]}"; do
     fi
   fi
   corpus="$build/fuzz-corpus/$h"
+  # elf_real's new inputs are whole binaries (tens of MB each): its work corpus starts empty every run.
+  [[ $h == elf_real ]] && rm -rf "$corpus"
   artifacts="$build/fuzz-artifacts/$h"
   log="$build/fuzz-logs/$h.log"
   mkdir -p "$corpus" "$artifacts"
