@@ -291,9 +291,18 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);
   huge_offset.replace(at, 16, "\"th_serial\": 99999");
+  // Numbers that are not integers of the field's type: a float (converting 1e300 to int32 is undefined behaviour),
+  // and an event that only wraps to a valid one (258 -> 2 as uint8) (found by tests/fuzz's fuzz_site_cache).
+  std::string float_offset = good_json;
+  at = float_offset.find("\"offset\": 0");
+  ASSERT_NE(at, std::string::npos);
+  float_offset.replace(at, 11, "\"offset\": 1e300");
+  std::string wrapped_event = good_json;
+  at = wrapped_event.find("\"event\": 2");
+  wrapped_event.replace(at, 10, "\"event\": 258");
 
   for (const std::string& bad : {std::string("{ this is not json"), std::string(""), good_json.substr(0, 100),
-                                 out_of_range, stale_format, huge_offset}) {
+                                 out_of_range, stale_format, huge_offset, float_offset, wrapped_event}) {
     testing::WriteFile(file, bad);
     EXPECT_FALSE(SiteSetFromJson(bad).ok());
     Result<SiteSet> again = LoadOrFindSites(lib, "3.3.0", cache);
