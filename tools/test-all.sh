@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up on a fresh Debian 12 machine and runs every test: unit tests, the end-to-end BPF tests against
-# the test Rubies, then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer. Run as root.
+# the test Rubies, the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer, then every libFuzzer
+# harness for RVBPFD_FUZZ_SECONDS (default 60) each. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -24,3 +25,6 @@ cmake --build build-asan -j"$jobs"
 echo "== tests under ASan + UBSan: unit =="
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
    ctest -L unit --output-on-failure --timeout 600)
+
+echo "== fuzzing (libFuzzer + ASan + UBSan, ${RVBPFD_FUZZ_SECONDS:-60}s per harness) =="
+bash tools/run-fuzzers.sh

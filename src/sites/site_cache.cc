@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <optional>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,22 @@ constexpr uint64_t kMaxProbeAfterCheck = 64;
 // No CRuby struct we read from is near this large; a bigger "offset" can only be corruption.
 constexpr uint32_t kMaxStructOffset = 4096;
 
+// A cache value that is not what its field holds (thrown by Int, reported as a corrupt cache).
+struct BadValue {
+  std::string what;
+};
+
+// An integer field as T. nlohmann's get<T>() converts a float or a wider integer without checking (a float out of
+// T's range is undefined behaviour, a wider integer wraps), so anything but an integer T holds exactly is refused.
+template <typename T>
+T Int(const nlohmann::json& v) {
+  if (v.is_number_unsigned() && std::in_range<T>(v.get<uint64_t>())) return static_cast<T>(v.get<uint64_t>());
+  if (v.is_number_integer() && !v.is_number_unsigned() && std::in_range<T>(v.get<int64_t>())) {
+    return static_cast<T>(v.get<int64_t>());
+  }
+  throw BadValue{std::string("a field holds ") + v.type_name() + " where an integer in range belongs"};
+}
+
 bool ValidSite(const ProbeSite& s) {
   bool thread_event = s.event >= RV_EV_THREAD_STARTED && s.event <= RV_EV_THREAD_EXITED;
   bool gc_event = s.event == RV_EV_GC_ENTER || s.event == RV_EV_GC_EXIT;
@@ -58,7 +75,7 @@ bool ValidSite(const ProbeSite& s) {
 nlohmann::json LocToJson(const ThLocation& l) { return {{"kind", l.kind}, {"reg", l.reg}, {"offset", l.offset}}; }
 
 ThLocation LocFromJson(const nlohmann::json& j) {
-  return ThLocation{j.at("kind").get<uint8_t>(), j.at("reg").get<uint8_t>(), j.at("offset").get<int32_t>()};
+  return ThLocation{Int<uint8_t>(j.at("kind")), Int<uint8_t>(j.at("reg")), Int<int32_t>(j.at("offset"))};
 }
 
 }  // namespace
@@ -104,12 +121,12 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
   nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return bad("not a JSON object");
   try {
-    if (doc.at("format").get<int>() != kCacheFormat) return bad("format version differs");
+    if (Int<int>(doc.at("format")) != kCacheFormat) return bad("format version differs");
     SiteSet set;
     set.build_id = doc.at("build_id").get<std::string>();
     set.content_sha256 = doc.at("content_sha256").get<std::string>();
     set.ruby_version = doc.at("ruby_version").get<std::string>();
-    set.main_thread_serial = doc.at("main_thread_serial").get<uint32_t>();
+    set.main_thread_serial = Int<uint32_t>(doc.at("main_thread_serial"));
     set.offsets_source = doc.at("offsets_source").get<std::string>();
     if (doc.contains("symbols_source")) set.symbols_source = doc.at("symbols_source").get<std::string>();
     set.analysed_with_symtab = doc.at("analysed_with_symtab").get<bool>();
@@ -119,8 +136,8 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     set.ractor_main_thread = doc.at("ractor_main_thread").get<uint32_t>();
     if (set.hooks_vaddr == 0 || set.ractor_main_thread >= kMaxStructOffset) return bad("layout facts out of range");
     const nlohmann::json& off = doc.at("offsets");
-    set.offsets = rv_offsets{off.at("th_serial").get<uint32_t>(), off.at("th_nt").get<uint32_t>(),
-                             off.at("nt_tid").get<uint32_t>(), off.at("flags").get<uint32_t>()};
+    set.offsets = rv_offsets{Int<uint32_t>(off.at("th_serial")), Int<uint32_t>(off.at("th_nt")),
+                             Int<uint32_t>(off.at("nt_tid")), Int<uint32_t>(off.at("flags"))};
     if (set.offsets.th_serial >= kMaxStructOffset || set.offsets.th_nt >= kMaxStructOffset ||
         set.offsets.nt_tid >= kMaxStructOffset || set.main_thread_serial > 1 ||
         (set.offsets_source != "dwarf" && set.offsets_source != "table")) {
@@ -137,20 +154,20 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     if (!sites.is_array() || sites.size() > RV_MAX_SITES) return bad("sites is not a bounded array");
     for (const nlohmann::json& j : sites) {
       ProbeSite s;
-      s.vaddr = j.at("vaddr").get<uint64_t>();
-      s.file_offset = j.at("file_offset").get<uint64_t>();
-      s.event = j.at("event").get<uint8_t>();
+      s.vaddr = Int<uint64_t>(j.at("vaddr"));
+      s.file_offset = Int<uint64_t>(j.at("file_offset"));
+      s.event = Int<uint8_t>(j.at("event"));
       s.th = LocFromJson(j.at("th"));
       s.function = j.at("function").get<std::string>();
       s.method = j.at("method").get<std::string>();
       s.th_source = j.at("th_source").get<std::string>();
-      s.check_vaddr = j.at("check_vaddr").get<uint64_t>();
+      s.check_vaddr = Int<uint64_t>(j.at("check_vaddr"));
       s.single_step = j.at("single_step").get<bool>();
       s.return_probe = s.method == "gc-function-return";
       if (j.contains("th_disasm")) s.th_disasm = LocFromJson(j.at("th_disasm"));
       if (j.contains("exclude_caller")) {
-        s.exclude_caller_start = j.at("exclude_caller").at(0).get<uint64_t>();
-        s.exclude_caller_end = j.at("exclude_caller").at(1).get<uint64_t>();
+        s.exclude_caller_start = Int<uint64_t>(j.at("exclude_caller").at(0));
+        s.exclude_caller_end = Int<uint64_t>(j.at("exclude_caller").at(1));
         if (s.exclude_caller_end <= s.exclude_caller_start) return bad("empty exclude_caller range");
       }
       if (!ValidSite(s)) return bad("invalid site at file offset " + std::to_string(s.file_offset));
@@ -159,6 +176,8 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     return set;
   } catch (const nlohmann::json::exception& e) {
     return bad(e.what());
+  } catch (const BadValue& e) {
+    return bad(e.what);
   }
 }
 

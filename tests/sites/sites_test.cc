@@ -392,9 +392,18 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);
   huge_offset.replace(at, 16, "\"th_serial\": 99999");
+  // Numbers that are not integers of the field's type: a float (converting 1e300 to int32 is undefined behaviour),
+  // and an event that only wraps to a valid one (258 -> 2 as uint8) (found by tests/fuzz's fuzz_site_cache).
+  std::string float_offset = good_json;
+  at = float_offset.find("\"offset\": 0");
+  ASSERT_NE(at, std::string::npos);
+  float_offset.replace(at, 11, "\"offset\": 1e300");
+  std::string wrapped_event = good_json;
+  at = wrapped_event.find("\"event\": 2");
+  wrapped_event.replace(at, 10, "\"event\": 258");
 
   for (const std::string& bad : {std::string("{ this is not json"), std::string(""), good_json.substr(0, 100),
-                                 out_of_range, stale_format, huge_offset}) {
+                                 out_of_range, stale_format, huge_offset, float_offset, wrapped_event}) {
     testing::WriteFile(file, bad);
     EXPECT_FALSE(SiteSetFromJson(bad).ok());
     Result<SiteSet> again = LoadOrFindSites(lib, "3.3.0", cache);
@@ -924,6 +933,27 @@ TEST(DebianRuby31Test, StrippedLibraryGivesTheRightErrors) {
   EXPECT_EQ(pretend.error().code(), ErrorCode::kNoSymbols);
   EXPECT_NE(pretend.error().message().find("build-id 862794fb"), std::string::npos) << pretend.error().message();
   EXPECT_NE(pretend.error().message().find("-dbgsym"), std::string::npos);
+}
+
+TEST(SiteCacheJsonTest, SymbolNamesThatAreNotUtf8AreReplacedNotThrown) {
+  // A target's binary can name a function with any bytes (found by tests/fuzz's fuzz_elf).
+  SiteSet set;
+  set.build_id = "00ff";
+  set.ruby_version = "3.4.5";
+  set.offsets_source = "table";
+  ProbeSite site;
+  site.vaddr = 0x1000;
+  site.file_offset = 0x1000;
+  site.event = RV_EV_THREAD_READY;
+  site.function = "fx_\xaf\xff";
+  site.method = "hook-site";
+  site.th_source = "current";
+  set.sites.push_back(site);
+  const std::string json = SiteSetToJson(set);
+  Result<SiteSet> back = SiteSetFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.error().ToString();
+  ASSERT_EQ(back->sites.size(), 1u);
+  EXPECT_EQ(back->sites[0].function, "fx_\xef\xbf\xbd\xef\xbf\xbd");
 }
 
 }  // namespace
