@@ -47,7 +47,7 @@ constexpr const char* kDescription =
     "  rvbpfd stats FILE                                 counts by event, dropped events, ring high-water mark\n"
     "  rvbpfd report FILE [-o report.html]               self-contained HTML timeline (opens from disk)\n"
     "  rvbpfd export --perfetto|--speedscope FILE -o OUT  Chrome trace JSON (ui.perfetto.dev) or speedscope\n"
-    "  rvbpfd export --pprof|--folded FILE -o OUT        gzipped pprof (CPU + GVL wait by stack) or folded stacks\n"
+    "  rvbpfd export --pprof|--folded FILE -o OUT        pprof (CPU, GVL wait, GVL blame, wall) or folded\n"
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
     "  rvbpfd agent (--output-dir DIR | --push-url URL)  fleet mode: profile every Ruby process on the host\n"
     "                                                    continuously (cpu, GVL wait/held, GC pprof per --interval)\n"
@@ -201,8 +201,10 @@ int RunCli(int argc, char** argv) {
                           ->excludes(perfetto_flag)
                           ->excludes(speedscope_flag)
                           ->excludes(pprof_flag);
-  exp->add_option("--weight", folded_weight, "With --folded: cpu (samples) or gvl_wait (ns waiting for the GVL)")
-      ->check(CLI::IsMember({"cpu", "gvl_wait"}))
+  exp->add_option("--weight", folded_weight,
+                  "With --folded: cpu (samples), gvl_wait (ns waiting for the GVL), gvl_blame (ns others waited, "
+                  "at the holder's stack) or wall (every thread's ns by state)")
+      ->check(CLI::IsMember({"cpu", "gvl_wait", "gvl_blame", "wall"}))
       ->needs(folded_flag);
   int sites_pid = 0;
   std::string sites_binary;
@@ -345,7 +347,10 @@ int RunCli(int argc, char** argv) {
       // Stack-based formats read the trace's frame and stack dictionaries directly (the model has no stacks).
       Result<TraceFile> trace = TraceReader::ReadFile(export_file);
       if (!trace) return Fail(trace.error());
-      const FoldedWeight weight = folded_weight == "gvl_wait" ? FoldedWeight::kGvlWaitNs : FoldedWeight::kCpuSamples;
+      const FoldedWeight weight = folded_weight == "gvl_wait"    ? FoldedWeight::kGvlWaitNs
+                                  : folded_weight == "gvl_blame" ? FoldedWeight::kGvlBlameNs
+                                  : folded_weight == "wall"      ? FoldedWeight::kWallNs
+                                                                 : FoldedWeight::kCpuSamples;
       Status st = WriteOutput(export_out, [&](std::ostream& out) {
         return export_pprof ? ExportPprof(*trace, out) : ExportFolded(*trace, out, weight);
       });
