@@ -198,6 +198,9 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     const std::string thread = thread_name(key.thread);
     labels.clear();
     labels.push_back(PprofLabel{.key = thread_key, .str = thread});
+    if (std::optional<uint32_t> serial = TraceRubyThread(key.thread)) {
+      labels.push_back(PprofLabel{.key = serial_key, .num = static_cast<int64_t>(*serial)});
+    }
     labels.push_back(PprofLabel{.key = state_key, .str = WallStateName(key.state)});
     if (key.state == WallState::kBlocked) {
       labels.push_back(PprofLabel{.key = reason_key, .str = ReleaseReasonName(key.reason)});
