@@ -32,9 +32,7 @@ Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weig
       break;
     case FoldedWeight::kGvlBlameNs:
       for (const auto& [key, ns] : agg.attribution.blame_ns) {
-        const std::string_view stand_in = key.source == BlameSource::kGvlFree         ? kGvlFreeFrame
-                                          : key.source == BlameSource::kHolderUnknown ? kHolderUnknownFrame
-                                                                                      : kNoStackFrame;
+        const std::string_view stand_in = BlameStandInFrame(key.source);
         if (ns > 0) per_stack[{key.stack, key.gc ? std::string(kGcFrame) : std::string(), stand_in}] += ns;
       }
       break;

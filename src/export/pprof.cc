@@ -178,9 +178,7 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   const FrameInfo gc_frame{std::string(kGcFrame), "", 0, FrameKind::kUnresolved};
   for (const auto& [key, ns] : agg.attribution.blame_ns) {
     if (ns == 0) continue;
-    const std::string_view stand_in = key.source == BlameSource::kGvlFree         ? kGvlFreeFrame
-                                      : key.source == BlameSource::kHolderUnknown ? kHolderUnknownFrame
-                                                                                  : kNoStackFrame;
+    const std::string_view stand_in = BlameStandInFrame(key.source);
     locations_of(key.stack, stand_in);
     if (key.gc) location_ids.insert(location_ids.begin(), b.Location(gc_frame));
     const std::string holder = key.holder != 0 ? thread_name(key.holder) : std::string("-");

@@ -41,6 +41,13 @@ inline constexpr std::string_view kNoStackFrame = "[no stack]";
 inline constexpr std::string_view kGvlFreeFrame = "[GVL not held]";
 inline constexpr std::string_view kHolderUnknownFrame = "[holder unknown]";
 inline constexpr std::string_view kGcFrame = "[GC]";
+// The frame that stands in for a blame key's stack when it has none: kGvlFreeFrame, kHolderUnknownFrame or
+// kNoStackFrame by its source.
+inline std::string_view BlameStandInFrame(BlameSource source) {
+  return source == BlameSource::kGvlFree         ? kGvlFreeFrame
+         : source == BlameSource::kHolderUnknown ? kHolderUnknownFrame
+                                                 : kNoStackFrame;
+}
 
 struct StackWeights {
   uint64_t samples = 0;      // CPU samples
