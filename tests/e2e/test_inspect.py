@@ -218,7 +218,7 @@ def main():
             for sub, extra, fn in (("inspect", ("--events",), check_inspect), ("inspect", (), check_summary),
                                    ("stats", (), check_stats)):
                 rc, out, err = run_tool(rvbpfd, sub, trace.path, *extra)
-                name = f"{sub} {' '.join(extra)} {rname} {wl} ({label})"
+                name = " ".join([sub, *extra, rname, wl]) + f" ({label})"
                 if rc != 0:
                     res.check(name, [f"exit {rc}; stderr: {err[-1000:]}"])
                     continue
