@@ -228,11 +228,17 @@ void PrintBlameTotals(const TraceFile& trace, const StackProfile& agg, std::ostr
   std::vector<std::pair<uint64_t, Holder>> v(holders.begin(), holders.end());
   std::stable_sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ns > y.second.ns; });
   out << "gvl blame by holder: " << Ms(a.total_gvl_wait_ns) << " ms of GVL waiting in " << a.waits << " waits\n";
-  for (const auto& [holder, h] : v) {
+  for (size_t i = 0; i < v.size() && i < kStatsHolders; ++i) {
+    const auto& [holder, h] = v[i];
     const auto top = std::max_element(h.methods.begin(), h.methods.end(),
                                       [](const auto& x, const auto& y) { return x.second < y.second; });
     out << "  " << Pad(ThreadName(trace, holder), 12) << PadLeft(Ms(h.ns), 10) << " ms "
         << PadLeft(Pct(h.ns, a.total_gvl_wait_ns), 7) << "  top: " << top->first << '\n';
+  }
+  if (v.size() > kStatsHolders) {
+    uint64_t rest = 0;
+    for (size_t i = kStatsHolders; i < v.size(); ++i) rest += v[i].second.ns;
+    out << "  ... " << v.size() - kStatsHolders << " more holders, " << Ms(rest) << " ms\n";
   }
 }
 

@@ -17,6 +17,8 @@ namespace rvbpfd {
 inline constexpr size_t kSummaryThreads = 12;
 inline constexpr size_t kSummaryBlockers = 5;
 inline constexpr size_t kSummaryBlockedStacks = 5;
+// Holders `stats` lists by name (the rest in one line).
+inline constexpr size_t kStatsHolders = 10;
 
 // The run (pid, ruby, duration, threads, events, samples); per thread its wall clock by state (ms: lifetime,
 // running, gc, gvl_wait, blocked, unknown) and native tids; total GVL contention; the top blockers (holder thread,

@@ -139,11 +139,33 @@ TEST(RunSummary, ManyThreadsStayOnOneScreen) {
     t.Event(now += 1000, EventName::kEventsDropped, std::nullopt);
   }
   const TraceFile trace = t.Finish(now + 1000);
-  const std::string out = Render(trace).summary;
+  const Outputs o = Render(trace);
+  const std::string& out = o.summary;
   const std::vector<std::string> lines = Lines(out);
   EXPECT_LE(lines.size(), 40u) << out;
   EXPECT_NE(out.find("... 47 more threads"), std::string::npos) << out;  // 59 threads, 12 rows
   EXPECT_NE(out.find("lost: 174 events dropped (58 records)"), std::string::npos) << out;  // 3 per record
+}
+
+// Thread 100 waits 15 ms while threads 2..16 hold the GVL 1 ms each: stats names 10 holders and counts the rest.
+TEST(RunSummary, StatsNamesTheTopHoldersAndCountsTheRest) {
+  SyntheticTrace t(99);
+  t.Event(0, EventName::kWantsGvl, 100);
+  for (uint32_t th = 2; th <= 16; ++th) {
+    const uint64_t at = (th - 2) * kMs;
+    t.Event(at, EventName::kGvlAcquired, th);
+    t.Event(at + kMs, EventName::kGvlReleased, th, t.Stack({"<main>", "M" + std::to_string(th) + "#run"}));
+  }
+  t.Event(15 * kMs, EventName::kGvlAcquired, 100);
+  const TraceFile trace = t.Finish(16 * kMs);
+  const std::vector<std::string> lines = Lines(Render(trace).blame);
+  ASSERT_EQ(lines.size(), 1u + kStatsHolders + 1u) << Render(trace).blame;
+  EXPECT_NE(lines[0].find("15.0 ms of GVL waiting in 1 waits"), std::string::npos) << lines[0];
+  for (size_t i = 1; i <= kStatsHolders; ++i) {
+    EXPECT_NE(lines[i].find("1.0 ms"), std::string::npos) << lines[i];
+    EXPECT_NE(lines[i].find("6.7%"), std::string::npos) << lines[i];
+  }
+  EXPECT_EQ(lines.back(), "  ... 5 more holders, 5.0 ms");
 }
 
 }  // namespace
