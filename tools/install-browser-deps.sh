@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the report's browser test (tests/browser) and benchmarks/report_load.mjs need: Debian's chromium
-# (the test drives /usr/bin/chromium; nothing downloads a browser) and playwright-core from npm, pinned by
-# tests/browser/package-lock.json. Idempotent: each step runs only when its result is missing. Run as root.
+# (the test drives /usr/bin/chromium; nothing downloads a browser), playwright-core and the speedscope app from npm,
+# pinned by tests/browser/package-lock.json. Idempotent: each step runs only when its result is missing. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +33,7 @@ node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0
 # playwright-core (tests/browser/package.json) declares node >= 20.
 ((node_major >= 20)) || fail "node $(node --version 2>/dev/null || echo '(none)') is too old: playwright-core needs Node.js 20 or newer"
 
-if [[ ! -d tests/browser/node_modules/playwright-core ]]; then
+if [[ ! -d tests/browser/node_modules/playwright-core || ! -f tests/browser/node_modules/speedscope/dist/release/index.html ]]; then
   echo "install-browser-deps: npm ci in tests/browser" >&2
   (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error) || fail "npm ci in tests/browser failed"
 fi

@@ -26,6 +26,7 @@
 #include "export/folded.h"
 #include "export/perfetto.h"
 #include "export/pprof.h"
+#include "export/run_summary.h"
 #include "export/speedscope.h"
 #include "model/model.h"
 #include "model/model_summary.h"
@@ -43,11 +44,12 @@ constexpr const char* kDescription =
     "  rvbpfd --pid PID [-o FILE] [--duration SECONDS]   attach to a running Ruby process\n"
     "  rvbpfd [-o FILE] [--user U] -- COMMAND [ARGS...]  launch a program and record from its first instruction\n"
     "                                                    (under sudo: as the user who ran sudo; see --user)\n"
-    "  rvbpfd inspect FILE                               event table and per-thread summary of a trace\n"
-    "  rvbpfd stats FILE                                 counts by event, dropped events, ring high-water mark\n"
+    "  rvbpfd inspect FILE [--events]                    one-screen summary: time by thread and state, who\n"
+    "                                                    held the GVL while others waited (--events: event table)\n"
+    "  rvbpfd stats FILE                                 counts by event, drops, ring high-water, GVL blame\n"
     "  rvbpfd report FILE [-o report.html]               self-contained HTML timeline (opens from disk)\n"
     "  rvbpfd export --perfetto|--speedscope FILE -o OUT  Chrome trace JSON (ui.perfetto.dev) or speedscope\n"
-    "  rvbpfd export --pprof|--folded FILE -o OUT        gzipped pprof (CPU + GVL wait by stack) or folded stacks\n"
+    "  rvbpfd export --pprof|--folded FILE -o OUT        pprof (CPU, GVL wait, GVL blame, wall) or folded\n"
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
     "  rvbpfd agent (--output-dir DIR | --push-url URL)  fleet mode: profile every Ruby process on the host\n"
     "                                                    continuously (cpu, GVL wait/held, GC pprof per --interval)\n"
@@ -186,8 +188,21 @@ int RunCliUnguarded(int argc, char** argv) {
   app.add_flag("-q,--quiet", rec.quiet, "Only print errors");
 
   std::string inspect_file;
-  CLI::App* inspect = app.add_subcommand("inspect", "Print the event table and per-thread summary of a trace");
+  bool inspect_events = false;
+  EventFilter event_filter;
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "Summarize a trace on one screen: wall clock by thread and state, GVL contention, who blocked whom "
+                 "doing what, the top blocked stacks, lost events (--events: the event table)");
   inspect->add_option("file", inspect_file, "The .rvtrace file")->required();
+  auto* events_flag = inspect->add_flag("--events", inspect_events,
+                                        "Print the event table, per-thread running time and state table instead of the summary");
+  inspect->add_option("--thread", event_filter.thread, "With --events: only this Ruby thread's events (its id)")
+      ->needs(events_flag);
+  inspect->add_option("--from", event_filter.from_ms, "With --events: only events at or after MS (ms into the trace)")
+      ->needs(events_flag);
+  inspect->add_option("--to", event_filter.to_ms, "With --events: only events at or before MS (ms into the trace)")
+      ->needs(events_flag);
+  inspect->add_option("--limit", event_filter.limit, "With --events: at most N rows")->needs(events_flag);
   std::string stats_file;
   CLI::App* stats = app.add_subcommand("stats", "Print event counts, dropped events and ring high-water of a trace");
   stats->add_option("file", stats_file, "The .rvtrace file")->required();
@@ -204,7 +219,7 @@ int RunCliUnguarded(int argc, char** argv) {
   auto* perfetto_flag = exp->add_flag("--perfetto", export_perfetto,
                                       "Chrome trace event JSON for ui.perfetto.dev and chrome://tracing");
   auto* speedscope_flag =
-      exp->add_flag("--speedscope", export_speedscope, "speedscope's file format, one profile per Ruby thread")
+      exp->add_flag("--speedscope", export_speedscope, "speedscope's file format: thread states per Ruby thread, GVL blame and wall clock by stack")
           ->excludes(perfetto_flag);
   auto* pprof_flag = exp->add_flag("--pprof", export_pprof,
                                    "gzipped pprof profile: CPU samples and GVL wait time by Ruby stack "
@@ -215,8 +230,10 @@ int RunCliUnguarded(int argc, char** argv) {
                           ->excludes(perfetto_flag)
                           ->excludes(speedscope_flag)
                           ->excludes(pprof_flag);
-  exp->add_option("--weight", folded_weight, "With --folded: cpu (samples) or gvl_wait (ns waiting for the GVL)")
-      ->check(CLI::IsMember({"cpu", "gvl_wait"}))
+  exp->add_option("--weight", folded_weight,
+                  "With --folded: cpu (samples), gvl_wait (ns waiting for the GVL), gvl_blame (ns others waited, "
+                  "at the holder's stack) or wall (every thread's ns by state)")
+      ->check(CLI::IsMember({"cpu", "gvl_wait", "gvl_blame", "wall"}))
       ->needs(folded_flag);
   int sites_pid = 0;
   std::string sites_binary;
@@ -331,13 +348,20 @@ int RunCliUnguarded(int argc, char** argv) {
   if (inspect->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(inspect_file);
     if (!trace) return Fail(trace.error());
-    PrintEscaped([&](std::ostream& out) { PrintInspect(*trace, out); });
-    Result<Model> model = Model::FromTrace(std::move(trace.value()));
+    if (inspect_events) {
+      PrintEscaped([&](std::ostream& out) { PrintInspect(*trace, out, event_filter); });
+      Result<Model> model = Model::FromTrace(std::move(trace.value()));
+      if (!model) return Fail(model.error());
+      PrintEscaped([&](std::ostream& out) {
+        out << "\n";
+        PrintModelSummary(*model, out);
+      });
+      return 0;
+    }
+    const StackProfile agg = AggregateStacks(*trace);
+    Result<Model> model = Model::FromTrace(*trace);
     if (!model) return Fail(model.error());
-    PrintEscaped([&](std::ostream& out) {
-      out << "\n";
-      PrintModelSummary(*model, out);
-    });
+    PrintEscaped([&](std::ostream& out) { PrintRunSummary(*trace, agg, *model, out); });
     return 0;
   }
   if (report->parsed()) {
@@ -359,7 +383,10 @@ int RunCliUnguarded(int argc, char** argv) {
       // Stack-based formats read the trace's frame and stack dictionaries directly (the model has no stacks).
       Result<TraceFile> trace = TraceReader::ReadFile(export_file);
       if (!trace) return Fail(trace.error());
-      const FoldedWeight weight = folded_weight == "gvl_wait" ? FoldedWeight::kGvlWaitNs : FoldedWeight::kCpuSamples;
+      const FoldedWeight weight = folded_weight == "gvl_wait"    ? FoldedWeight::kGvlWaitNs
+                                  : folded_weight == "gvl_blame" ? FoldedWeight::kGvlBlameNs
+                                  : folded_weight == "wall"      ? FoldedWeight::kWallNs
+                                                                 : FoldedWeight::kCpuSamples;
       Status st = WriteOutput(export_out, [&](std::ostream& out) {
         return export_pprof ? ExportPprof(*trace, out) : ExportFolded(*trace, out, weight);
       });
@@ -373,7 +400,10 @@ int RunCliUnguarded(int argc, char** argv) {
   if (stats->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(stats_file);
     if (!trace) return Fail(trace.error());
-    PrintEscaped([&](std::ostream& out) { PrintStats(*trace, out); });
+    PrintEscaped([&](std::ostream& out) {
+      PrintStats(*trace, out);
+      PrintBlameTotals(*trace, AggregateStacks(*trace), out);
+    });
     Result<Model> model = Model::FromTrace(std::move(trace.value()));
     if (!model) return Fail(model.error());
     PrintEscaped([&](std::ostream& out) { PrintContentionSummary(*model, out); });

@@ -17,6 +17,10 @@ namespace rvbpfd {
 enum class FoldedWeight {
   kCpuSamples,  // number of CPU samples (the default: what a CPU flame graph shows)
   kGvlWaitNs,   // ns spent waiting for the GVL
+  kGvlBlameNs,  // ns others waited for the GVL, at the holder's stack (model/attribution.h); a holder's GC ends in
+                // a "[GC]" frame, time nobody held the lock is "[GVL not held]", an unknown holder "[holder unknown]"
+  kWallNs,      // every thread's wall-clock ns, at its stack, with the state as the leaf frame: "[running]",
+                // "[gc]", "[gvl_wait]", "[blocked: sleeping]", "[unknown]"
 };
 
 // A frame's name in a folded line: its label, with ';' (the frame separator) replaced by ':' and line breaks by

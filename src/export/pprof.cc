@@ -58,7 +58,9 @@ StackProfile AggregateStacks(const TraceFile& trace) {
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return trace.events[a].t_ns < trace.events[b].t_ns; });
 
-  SpanTracker tracker([&p](const Span& s) {
+  Attribution attribution;
+  SpanTracker tracker([&p, &attribution](const Span& s) {
+    attribution.OnSpan(s);
     if (s.kind != SpanKind::kGvlWait) return;
     if (s.counted && s.end == SpanEnd::kAcquired) {
       const uint64_t wait = s.duration_ns();
@@ -77,18 +79,25 @@ StackProfile AggregateStacks(const TraceFile& trace) {
     return frames != nullptr && !frames->empty() ? *e.stack : 0;
   };
 
+  uint64_t end_ns = 0;
   for (size_t idx : order) {
     const TraceEvent& e = trace.events[idx];
     const uint64_t key = TraceThreadKey(e.ruby_thread);
+    end_ns = std::max(end_ns, e.t_ns);
+    attribution.OnThreadEvent(e.t_ns, key, e.event == EventName::kThreadExited);
     if (e.event == EventName::kSample) {
       const uint32_t stack = stack_of(e);
       p.weights[{stack, e.ruby_thread.value_or(kNoThread)}].samples++;
       ++p.total_samples;
       tracker.OnSample(key, stack, false);
+      attribution.OnSample(e.t_ns, key, stack, false);
       continue;
     }
     tracker.OnEvent(TrackerEventOf(e, key, stack_of(e)));
   }
+  // Spans still open at the last event end there (waits cut so are not counted as GVL wait: their end is unknown).
+  tracker.Finish(end_ns);
+  p.attribution = attribution.Compute(end_ns);
   return p;
 }
 
@@ -99,11 +108,19 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   b.AddSampleType("samples", "count");
   b.AddSampleType("cpu", "nanoseconds");
   b.AddSampleType("gvl_wait", "nanoseconds");
+  b.AddSampleType("gvl_blame", "nanoseconds");
+  b.AddSampleType("wall", "nanoseconds");
   const std::string_view thread_key = "thread";
   const std::string_view serial_key = "ruby_thread";
+  const std::string_view holder_key = "holder";
+  const std::string_view waiter_key = "waiter";
+  const std::string_view source_key = "blame_source";
+  const std::string_view state_key = "state";
+  const std::string_view reason_key = "reason";
   // Interned before the samples' label values so the string table keeps its order.
-  b.String(thread_key);
-  b.String(serial_key);
+  for (std::string_view k : {thread_key, serial_key, holder_key, waiter_key, source_key, state_key, reason_key}) {
+    b.String(k);
+  }
 
   // Locations are frames (a label at a line), so pprof's line-level views work. Trace frame ids map 1:1 to
   // FrameInfo (the writer interns them), so caching by id only saves hashing the strings again.
@@ -132,7 +149,7 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     if (location_ids.empty()) location_ids.push_back(b.Location(no_stack_frame));
     const int64_t values[] = {SaturatingToInt64(w.samples),
                               SaturatingToInt64(SaturatingMul(w.samples, agg.period_ns)),
-                              SaturatingToInt64(w.gvl_wait_ns)};
+                              SaturatingToInt64(w.gvl_wait_ns), 0, 0};
     labels.clear();
     std::string thread_name;
     if (serial != kNoThread) {
@@ -141,7 +158,53 @@ std::string BuildPprofProfile(const TraceFile& trace) {
       // Numeric, written even when 0: main on 3.2 is serial 0.
       labels.push_back(PprofLabel{.key = serial_key, .num = static_cast<int64_t>(serial)});
     }
-    // Cannot fail: three values for three sample types, ids from Location.
+    // Cannot fail: one value per sample type, ids from Location.
+    (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
+  }
+
+  // The locations of a stack id, leaf first; `stand_in` when the stack is unknown or empty.
+  auto locations_of = [&](uint32_t stack_id, std::string_view stand_in) {
+    location_ids.clear();
+    if (const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr; frames != nullptr) {
+      for (uint32_t f : *frames) location_ids.push_back(location_for_frame(f));
+    }
+    if (location_ids.empty()) {
+      location_ids.push_back(b.Location(FrameInfo{std::string(stand_in), "", 0, FrameKind::kUnresolved}));
+    }
+  };
+  auto thread_name = [&](uint64_t key) -> std::string {
+    std::optional<uint32_t> serial = TraceRubyThread(key);
+    return serial ? RubyThreadLabel(trace, *serial) : std::string("-");
+  };
+  const FrameInfo gc_frame{std::string(kGcFrame), "", 0, FrameKind::kUnresolved};
+  for (const auto& [key, ns] : agg.attribution.blame_ns) {
+    if (ns == 0) continue;
+    const std::string_view stand_in = BlameStandInFrame(key.source);
+    locations_of(key.stack, stand_in);
+    if (key.gc) location_ids.insert(location_ids.begin(), b.Location(gc_frame));
+    const std::string holder = key.holder != 0 ? thread_name(key.holder) : std::string("-");
+    const std::string waiter = thread_name(key.waiter);
+    labels.clear();
+    labels.push_back(PprofLabel{.key = holder_key, .str = holder});
+    labels.push_back(PprofLabel{.key = waiter_key, .str = waiter});
+    labels.push_back(PprofLabel{.key = source_key, .str = BlameSourceName(key.source)});
+    const int64_t values[] = {0, 0, 0, SaturatingToInt64(ns), 0};
+    (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
+  }
+  for (const auto& [key, ns] : agg.attribution.wall_ns) {
+    if (ns == 0) continue;
+    locations_of(key.stack, key.state == WallState::kUnknown ? std::string_view("[unknown]") : kNoStackFrame);
+    const std::string thread = thread_name(key.thread);
+    labels.clear();
+    labels.push_back(PprofLabel{.key = thread_key, .str = thread});
+    if (std::optional<uint32_t> serial = TraceRubyThread(key.thread)) {
+      labels.push_back(PprofLabel{.key = serial_key, .num = static_cast<int64_t>(*serial)});
+    }
+    labels.push_back(PprofLabel{.key = state_key, .str = WallStateName(key.state)});
+    if (key.state == WallState::kBlocked) {
+      labels.push_back(PprofLabel{.key = reason_key, .str = ReleaseReasonName(key.reason)});
+    }
+    const int64_t values[] = {0, 0, 0, 0, SaturatingToInt64(ns)};
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
 

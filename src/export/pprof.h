@@ -9,6 +9,11 @@
 //     followed by a gvl_acquired, as in 3.2's timeslices), else the stack of its latest sample, else a "[no stack]"
 //     frame. A wait open across lost events (events_dropped) or a tracing pause is not
 //     counted: its end points may belong to different waits.
+//   - GVL blame (model/attribution.h): each counted wait's ns attributed to the thread(s) that held the GVL meanwhile
+//     and what they ran (their samples inside the wait, else their release stack), labelled holder, waiter and
+//     blame_source (sampled, release_stack, last_sample, no_stack, gvl_free, holder_unknown).
+//   - Wall clock: each thread's lifetime by state (label "state": running, gc, gvl_wait, blocked, unknown; blocked
+//     time also has a "reason" label) at the stack it was attributed to.
 // Samples and waits are aggregated per (stack, Ruby thread); each pprof sample is labelled with the thread. The
 // Profile message is encoded by PprofBuilder (export/pprof_builder.h), which the fleet agent's profiles share.
 #ifndef RVBPFD_SRC_EXPORT_PPROF_H_
@@ -23,6 +28,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "model/attribution.h"
 #include "trace/reader.h"
 
 namespace rvbpfd {
@@ -31,6 +37,17 @@ namespace rvbpfd {
 inline constexpr uint32_t kDefaultSampleHz = 99;
 // The label of the frame standing in for a weight whose thread had no known stack.
 inline constexpr std::string_view kNoStackFrame = "[no stack]";
+// Frames standing in for blame that no holder's stack carries, and the leaf frame of a holder's GC.
+inline constexpr std::string_view kGvlFreeFrame = "[GVL not held]";
+inline constexpr std::string_view kHolderUnknownFrame = "[holder unknown]";
+inline constexpr std::string_view kGcFrame = "[GC]";
+// The frame that stands in for a blame key's stack when it has none: kGvlFreeFrame, kHolderUnknownFrame or
+// kNoStackFrame by its source.
+inline std::string_view BlameStandInFrame(BlameSource source) {
+  return source == BlameSource::kGvlFree         ? kGvlFreeFrame
+         : source == BlameSource::kHolderUnknown ? kHolderUnknownFrame
+                                                 : kNoStackFrame;
+}
 
 struct StackWeights {
   uint64_t samples = 0;      // CPU samples
@@ -46,6 +63,8 @@ struct StackProfile {
   uint64_t total_gvl_wait_ns = 0;
   uint64_t waits = 0;          // wants_gvl -> gvl_acquired pairs counted
   uint64_t waits_skipped = 0;  // waits dropped because lost events or a pause fell inside them
+  // GVL blame and wall-clock time (model/attribution.h); thread keys are TraceThreadKey(ruby_thread).
+  AttributionResult attribution;
 };
 inline constexpr uint32_t kNoThread = UINT32_MAX;
 

@@ -66,11 +66,17 @@ std::vector<ThreadSummary> ThreadSummaries(const TraceFile& trace) {
   return accounting.Summarize(LastEventNs(trace));
 }
 
-void PrintInspect(const TraceFile& trace, std::ostream& out) {
+void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& filter) {
   constexpr size_t kTimeWidth = 14, kThreadWidth = 13, kNativeWidth = 9, kEventWidth = 18, kCrubyWidth = 39;
   out << PadLeft("time", kTimeWidth) << "  " << Pad("ruby_thread", kThreadWidth) << Pad("native", kNativeWidth)
       << Pad("event", kEventWidth) << Pad("cruby event", kCrubyWidth) << "source\n";
+  uint64_t shown = 0;
   for (const TraceEvent& e : trace.events) {
+    if (filter.thread && e.ruby_thread != filter.thread && (e.ruby_thread || e.source != kSourceDaemon)) continue;
+    const double t_ms = static_cast<double>(e.t_ns) / 1e6;
+    if ((filter.from_ms && t_ms < *filter.from_ms) || (filter.to_ms && t_ms > *filter.to_ms)) continue;
+    if (filter.limit && shown >= *filter.limit) break;
+    ++shown;
     out << PadLeft(NsToMs(e.t_ns), kTimeWidth) << "  " << Pad(RubyThreadLabel(trace, e.ruby_thread), kThreadWidth)
         << Pad(OptionalNumber(e.native_tid), kNativeWidth) << Pad(EventNameString(e.event), kEventWidth)
         << Pad(CrubyLabel(e.event), kCrubyWidth) << (e.source.empty() ? std::string_view("-") : e.source);
@@ -90,6 +96,7 @@ void PrintInspect(const TraceFile& trace, std::ostream& out) {
     if (e.overhead_pct >= 0) out << "  overhead=" << e.overhead_pct << "%";
     out << '\n';
   }
+  if (filter.active()) out << "(" << shown << " of " << trace.events.size() << " events shown)\n";
   out << "threads:";
   if (!trace.summary || !trace.summary_has_threads) out << " (not in the summary: computed from the events)";
   out << '\n';

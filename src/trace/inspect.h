@@ -1,4 +1,5 @@
-// `rvbpfd inspect FILE` and `rvbpfd stats FILE`: human-readable views of an .rvtrace.
+// `rvbpfd inspect --events FILE` and `rvbpfd stats FILE`: human-readable views of an .rvtrace (the summary `inspect`
+// opens with needs the model: export/run_summary.h).
 #ifndef RVBPFD_SRC_TRACE_INSPECT_H_
 #define RVBPFD_SRC_TRACE_INSPECT_H_
 
@@ -10,9 +11,21 @@
 
 namespace rvbpfd {
 
+// Which rows of the event table to print: events of one Ruby thread (its ruby_thread id), with from_ms <= t <= to_ms
+// (ms since the trace's origin), at most `limit` rows. Events about no thread are kept when a thread is asked for
+// only if they are daemon records (drops, pauses, start/stop), which concern every thread.
+struct EventFilter {
+  std::optional<uint32_t> thread;
+  std::optional<double> from_ms;
+  std::optional<double> to_ms;
+  std::optional<uint64_t> limit;
+  bool active() const { return thread || from_ms || to_ms || limit; }
+};
+
 // The event table (time in ms with 3 decimals, Ruby thread, native tid, event, CRuby event, source) followed by a
-// per-thread summary (id, native tids, running ms).
-void PrintInspect(const TraceFile& trace, std::ostream& out);
+// per-thread summary (id, native tids, running ms). With an active filter, a line after the table says how many of
+// the trace's events it showed.
+void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& filter = {});
 // Counts by event, dropped events (total and number of events_dropped records), ring buffer high-water mark,
 // duration, late (reordered) events.
 void PrintStats(const TraceFile& trace, std::ostream& out);

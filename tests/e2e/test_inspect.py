@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""`rvbpfd inspect FILE` and `rvbpfd stats FILE` on recorded traces agree with the file.
+"""`rvbpfd inspect [--events] FILE` and `rvbpfd stats FILE` on recorded traces agree with the file.
 
 Traces: mutex_contention on 3.4.5-static and many_threads (41 threads) on 3.3.8-shared, recorded in attach mode with
 the reference running too, so each run gives an rvbpfd trace and an in-process trace (the same format, which
 rvbpfd's tools must read as well). For each trace:
-  inspect: exit 0; the event table has one row per event (for each event name, the number of rows - lines that
+  inspect: exit 0; at most 40 lines; the wall clock table has a row for each Ruby thread (at most 12 rows, then a
+           line counting the others) whose lifetime is the thread's first event to its thread_exited, within 1%;
+  inspect --events: exit 0; the event table has one row per event (for each event name, the number of rows - lines that
            start with a time - naming it equals the count in the file) and each row starts with the event's time in
            ms; the per-thread
            summary lists every Ruby thread with its native tid, and its running time in ms (sum of
            gvl_acquired -> gvl_released intervals) for every non-main thread;
   stats:   exit 0; for each event name a line with its count; a line about dropped events with the file's total;
            a line about the ring buffer high-water mark (with the summary's value when the summary has one).
-Also: inspect on a trace cut in the middle (as after a crash: no summary line) still exits 0 and shows its events.
+  inspect --events --thread N --from A --to B --limit K: only rows of thread N (or about no thread) within [A, B]
+           ms, at most K of them.
+Also: inspect --events on a trace cut in the middle (as after a crash: no summary line) still exits 0 and shows its
+events.
 """
 import os
 import re
@@ -26,9 +31,9 @@ ROW_START = re.compile(r"^\s*-?\d+(?:\.\d+)?\s*(?:ms)?\s")
 NUM = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
 
 
-def run_tool(rvbpfd, sub, path):
+def run_tool(rvbpfd, sub, path, *extra):
     try:
-        p = subprocess.run([rvbpfd, sub, path], capture_output=True, timeout=120)
+        p = subprocess.run([rvbpfd, sub, *extra, path], capture_output=True, timeout=120)
     except subprocess.TimeoutExpired:
         return None, "", "timed out"
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
@@ -96,6 +101,78 @@ def check_inspect(trace, out):
     return p
 
 
+def lifetimes_ms(trace):
+    """ruby_thread -> ms from its first event to its thread_exited (or the trace's last event)."""
+    first, exited, last = {}, {}, 0
+    for e in trace.events:
+        if isinstance(e.get("t_ns"), int):
+            last = max(last, e["t_ns"])
+    for e in trace.events:
+        tid = e.get("ruby_thread")
+        if tid is None or not isinstance(e.get("t_ns"), int):
+            continue
+        first[tid] = min(first.get(tid, e["t_ns"]), e["t_ns"])
+        if e.get("event") == "thread_exited":
+            exited[tid] = e["t_ns"]
+    return {t: (exited.get(t, last) - f) / 1e6 for t, f in first.items()}
+
+
+def check_summary(trace, out):
+    p = []
+    lines = [normalize(l) for l in out.splitlines()]
+    if len(lines) > 40:
+        p.append(f"{len(lines)} lines, want at most 40")
+    try:
+        start = next(i for i, l in enumerate(lines) if l.startswith("wall clock by thread")) + 2
+    except StopIteration:
+        return p + ["no 'wall clock by thread' table"]
+    rows = []
+    for l in lines[start:]:
+        if not l.startswith("  ") or l.startswith("  ..."):
+            break
+        rows.append(l)
+    life = lifetimes_ms(trace)
+    more = [l for l in lines[start:] if l.startswith("  ...")]
+    if len(life) > 12:
+        if len(rows) != 12 or not more or not word(len(life) - 12).search(more[0]):
+            p.append(f"{len(life)} threads: want 12 rows and a line counting {len(life) - 12} more, got {len(rows)} "
+                     f"rows and {more[:1]}")
+    elif len(rows) != len(life):
+        p.append(f"{len(rows)} thread rows, the trace has {len(life)} threads")
+    for tid, ms in life.items():
+        label = "main" if trace.threads.get(tid, {}).get("main") else f"Thread #{tid}"
+        row = [r for r in rows if r.strip().startswith(label + " ")]
+        if not row:
+            if len(life) <= 12:
+                p.append(f"no row for {label}")
+            continue
+        cells = row[0].split()
+        nums = [float(x) for x in NUM.findall(row[0][len("  " + label):])]
+        # Columns after the native tids: lifetime first.
+        ok = any(abs(x - ms) <= max(0.15, 0.01 * ms) for x in nums[:3])
+        if not ok:
+            p.append(f"{label}: no lifetime of {ms:.1f} ms in {row[0].strip()!r} ({cells[:4]})")
+    return p
+
+
+def check_filtered(trace, out, tid, lo_ms, hi_ms, limit):
+    p = []
+    want = [e for e in trace.events
+            if (e.get("ruby_thread") == tid or (e.get("ruby_thread") is None and e.get("source") == "daemon"))
+            and lo_ms <= e["t_ns"] / 1e6 <= hi_ms][:limit]
+    table = [l for l in out.splitlines() if ROW_START.match(normalize(l))]
+    if len(table) != len(want):
+        p.append(f"{len(table)} rows, want {len(want)} (thread {tid}, {lo_ms:.3f}..{hi_ms:.3f} ms, limit {limit})")
+    for e, row in zip(want, table):
+        t = float(NUM.findall(normalize(row))[0])
+        if abs(t - e["t_ns"] / 1e6) > 0.0015 or e["event"] not in row:
+            p.append(f"row {row.strip()!r} is not {e['event']} at {e['t_ns'] / 1e6:.3f} ms")
+            break
+    if not re.search(rf"\({len(table)} of {len(trace.events)} events shown\)", out):
+        p.append(f"no '({len(table)} of {len(trace.events)} events shown)' line")
+    return p
+
+
 def check_stats(trace, out):
     p = []
     lines = [normalize(l) for l in out.splitlines()]
@@ -138,13 +215,27 @@ def main():
             res.check(f"record {rname} {wl}", run.problems or ["no rvbpfd trace"])
             continue
         for label, trace in (("rvbpfd trace", run.rv), ("in-process trace", run.ref)):
-            for sub, fn in (("inspect", check_inspect), ("stats", check_stats)):
-                rc, out, err = run_tool(rvbpfd, sub, trace.path)
-                name = f"{sub} {rname} {wl} ({label})"
+            for sub, extra, fn in (("inspect", ("--events",), check_inspect), ("inspect", (), check_summary),
+                                   ("stats", (), check_stats)):
+                rc, out, err = run_tool(rvbpfd, sub, trace.path, *extra)
+                name = " ".join([sub, *extra, rname, wl]) + f" ({label})"
                 if rc != 0:
                     res.check(name, [f"exit {rc}; stderr: {err[-1000:]}"])
                     continue
                 res.check(name, fn(trace, out))
+        # The filters, on the thread with the most events, over the middle half of the trace.
+        counts = {}
+        for e in run.rv.events:
+            if e.get("ruby_thread") is not None:
+                counts[e["ruby_thread"]] = counts.get(e["ruby_thread"], 0) + 1
+        tid = max(counts, key=counts.get)
+        end_ms = max(e["t_ns"] for e in run.rv.events) / 1e6
+        lo_ms, hi_ms, limit = round(end_ms / 4, 3), round(3 * end_ms / 4, 3), 25
+        rc, out, err = run_tool(rvbpfd, "inspect", run.rv.path, "--events", "--thread", str(tid), "--from",
+                                f"{lo_ms:.3f}", "--to", f"{hi_ms:.3f}", "--limit", str(limit))
+        name = f"inspect --events --thread --from --to --limit {rname} {wl}"
+        res.check(name, [f"exit {rc}; stderr: {err[-1000:]}"] if rc != 0 else
+                  check_filtered(run.rv, out, tid, lo_ms, hi_ms, limit))
         # A trace cut in the middle, as a crash leaves it.
         with open(run.rv.path) as f:
             lines = f.read().splitlines(True)
@@ -152,8 +243,8 @@ def main():
         with open(cut, "w") as f:
             f.writelines(lines[: max(2, len(lines) // 2)])
         t = rvlib.Trace(cut)
-        rc, out, err = run_tool(rvbpfd, "inspect", cut)
-        name = f"inspect {rname} {wl} (trace cut in half, no summary)"
+        rc, out, err = run_tool(rvbpfd, "inspect", cut, "--events")
+        name = f"inspect --events {rname} {wl} (trace cut in half, no summary)"
         if rc != 0:
             res.check(name, [f"exit {rc}; stderr: {err[-1000:]}"])
         else:

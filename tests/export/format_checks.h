@@ -92,7 +92,8 @@ inline std::vector<std::string> CheckTraceEventFormat(const nlohmann::json& doc)
 // with a string "name"), and "profiles"; an evented profile has type "evented", name, unit (one of the schema's
 // units), numeric startValue/endValue and events of type "O"/"C" with a numeric "at" and an integer frame index.
 // Events must be ordered by "at" within [startValue, endValue], and every "C" closes the innermost open frame;
-// nothing stays open at the end.
+// nothing stays open at the end. A sampled profile has type "sampled", name, unit, startValue/endValue, "samples"
+// (arrays of frame indices) and as many non-negative numeric "weights", summing to endValue - startValue.
 inline std::vector<std::string> CheckSpeedscope(const nlohmann::json& doc) {
   std::vector<std::string> errors;
   if (!doc.is_object()) return {"not an object"};
@@ -109,9 +110,38 @@ inline std::vector<std::string> CheckSpeedscope(const nlohmann::json& doc) {
   size_t p = 0;
   for (const auto& prof : doc["profiles"]) {
     const std::string at = "profile " + std::to_string(p++) + ": ";
-    if (prof.value("type", "") != "evented") errors.push_back(at + "type is not evented");
     if (!prof.contains("name") || !prof["name"].is_string()) errors.push_back(at + "no name");
     if (!units.count(prof.value("unit", ""))) errors.push_back(at + "bad unit");
+    if (prof.value("type", "") == "sampled") {
+      if (!prof.contains("startValue") || !prof["startValue"].is_number() || !prof.contains("endValue") ||
+          !prof["endValue"].is_number() || !prof.contains("samples") || !prof["samples"].is_array() ||
+          !prof.contains("weights") || !prof["weights"].is_array() ||
+          prof["samples"].size() != prof["weights"].size()) {
+        errors.push_back(at + "sampled profile without startValue/endValue or matching samples/weights");
+        continue;
+      }
+      double sum = 0;
+      for (const auto& w : prof["weights"]) {
+        if (!w.is_number() || w.get<double>() < 0) errors.push_back(at + "bad weight");
+        else sum += w.get<double>();
+      }
+      if (sum != prof["endValue"].get<double>() - prof["startValue"].get<double>()) {
+        errors.push_back(at + "weights do not sum to endValue - startValue");
+      }
+      for (const auto& st : prof["samples"]) {
+        if (!st.is_array()) {
+          errors.push_back(at + "a sample is not an array");
+          continue;
+        }
+        for (const auto& f : st) {
+          if (!f.is_number_integer() || f.get<long long>() < 0 || f.get<long long>() >= static_cast<long long>(frames.size())) {
+            errors.push_back(at + "sample frame out of range");
+          }
+        }
+      }
+      continue;
+    }
+    if (prof.value("type", "") != "evented") errors.push_back(at + "type is neither evented nor sampled");
     if (!prof.contains("startValue") || !prof["startValue"].is_number() || !prof.contains("endValue") ||
         !prof["endValue"].is_number() || !prof.contains("events") || !prof["events"].is_array()) {
       errors.push_back(at + "missing startValue/endValue/events");

@@ -112,6 +112,53 @@ TEST(Inspect, EventTableRowsFollowTheTrace) {
   }
 }
 
+// Each filter alone and together, against the rows of kRows they must keep (computed here from kRows).
+TEST(Inspect, FilterKeepsTheThreadsRowsInTheWindowUpToTheLimit) {
+  ScratchDir dir;
+  const std::string path = dir.File("t.rvtrace");
+  WriteAll(path, RenderTrace(""));
+  Result<TraceFile> trace = TraceReader::ReadFile(path);
+  ASSERT_TRUE(trace.ok());
+  struct Case {
+    EventFilter filter;
+  };
+  const Case cases[] = {
+      {EventFilter{.thread = 2}},
+      {EventFilter{.from_ms = 0.6, .to_ms = 102.5}},
+      {EventFilter{.limit = 3}},
+      {EventFilter{.thread = 3, .from_ms = 100.0, .limit = 2}},
+      {EventFilter{.thread = 9}},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> want;
+    for (const Row& r : kRows) {
+      const bool daemon = r.ruby_thread < 0 && std::string(r.source) == "daemon";
+      if (c.filter.thread && r.ruby_thread != static_cast<int>(*c.filter.thread) && !daemon) continue;
+      const double ms = r.t_ns / 1e6;
+      if ((c.filter.from_ms && ms < *c.filter.from_ms) || (c.filter.to_ms && ms > *c.filter.to_ms)) continue;
+      if (c.filter.limit && want.size() >= *c.filter.limit) break;
+      want.push_back(Ms(r.t_ns) + " " + r.event);
+    }
+    std::ostringstream out;
+    PrintInspect(*trace, out, c.filter);
+    std::vector<std::string> got;
+    std::string shown;
+    for (const std::string& l : OutputLines(out.str())) {
+      const std::vector<std::string> cells = Cells(l);
+      if (cells.size() >= 4 && cells[0].size() > 3 && cells[0].substr(cells[0].size() - 3) == " ms") {
+        got.push_back(cells[0] + " " + cells[3]);
+      }
+      if (l.find("events shown") != std::string::npos) shown = l;
+    }
+    EXPECT_EQ(got, want) << out.str();
+    EXPECT_EQ(shown, "(" + std::to_string(want.size()) + " of " + std::to_string(std::size(kRows)) + " events shown)");
+  }
+  // No filter: no count line.
+  std::ostringstream out;
+  PrintInspect(*trace, out);
+  EXPECT_EQ(out.str().find("events shown"), std::string::npos);
+}
+
 // Running time per thread computed here from kRows, independently of ThreadAccounting.
 std::map<int, uint64_t> RunningNs(uint64_t end_ns) {
   std::map<int, uint64_t> total;

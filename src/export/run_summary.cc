@@ -1,0 +1,245 @@
+#include "export/run_summary.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trace/inspect.h"
+
+namespace rvbpfd {
+namespace {
+
+std::string Ms(uint64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", static_cast<double>(ns) / 1e6);
+  return buf;
+}
+
+std::string Pct(uint64_t part, uint64_t whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / whole);
+  return buf;
+}
+
+std::string Pad(std::string_view s, size_t width) {
+  std::string out(s);
+  if (out.size() < width) out.append(width - out.size(), ' ');
+  return out;
+}
+
+std::string PadLeft(std::string_view s, size_t width) {
+  std::string out;
+  if (s.size() < width) out.append(width - s.size(), ' ');
+  out.append(s);
+  return out;
+}
+
+// The label of frame `depth` (0 = leaf) of a stack; "" when the stack has no such frame.
+std::string FrameLabel(const TraceFile& trace, uint32_t stack, size_t depth) {
+  const std::vector<uint32_t>* frames = stack != 0 ? trace.Stack(stack) : nullptr;
+  if (frames == nullptr || frames->size() <= depth) return "";
+  const FrameInfo* f = trace.Frame((*frames)[depth]);
+  return f != nullptr ? f->label : "<unresolved frame " + std::to_string((*frames)[depth]) + ">";
+}
+
+// What a blamed holder ran, as the summary names it: the leaf frame of the blamed stack, "[GC]" for a GC, else the
+// stand-in frame of the blame's source.
+std::string BlameMethod(const TraceFile& trace, const BlameKey& key) {
+  if (key.gc) return std::string(kGcFrame);
+  std::string leaf = FrameLabel(trace, key.stack, 0);
+  return leaf.empty() ? std::string(BlameStandInFrame(key.source)) : leaf;
+}
+
+std::string ThreadName(const TraceFile& trace, uint64_t key) {
+  if (key == 0) return "-";
+  std::optional<uint32_t> serial = TraceRubyThread(key);
+  return serial ? RubyThreadLabel(trace, *serial) : std::string("-");
+}
+
+// Blame summed by (holder, method), with the ns of each source, heaviest first.
+struct BlameGroup {
+  uint64_t holder = 0;
+  std::string method;
+  uint64_t ns = 0;
+  std::map<BlameSource, uint64_t> by_source;
+};
+
+std::vector<BlameGroup> GroupBlame(const TraceFile& trace, const AttributionResult& a) {
+  std::map<std::pair<uint64_t, std::string>, BlameGroup> groups;
+  for (const auto& [key, ns] : a.blame_ns) {
+    if (ns == 0) continue;
+    std::string method = BlameMethod(trace, key);
+    BlameGroup& g = groups[{key.holder, method}];
+    g.holder = key.holder;
+    g.method = std::move(method);
+    g.ns += ns;
+    g.by_source[key.source] += ns;
+  }
+  std::vector<BlameGroup> out;
+  for (auto& [k, g] : groups) out.push_back(std::move(g));
+  std::stable_sort(out.begin(), out.end(), [](const BlameGroup& a, const BlameGroup& b) { return a.ns > b.ns; });
+  return out;
+}
+
+// "sampled 95%, release_stack 5%": how the blamed stacks were known, largest share first.
+std::string SourceShares(const std::map<BlameSource, uint64_t>& by_source, uint64_t total) {
+  std::vector<std::pair<uint64_t, BlameSource>> v;
+  for (const auto& [s, ns] : by_source) v.emplace_back(ns, s);
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string out;
+  for (const auto& [ns, s] : v) {
+    if (!out.empty()) out += ", ";
+    out += std::string(BlameSourceName(s)) + " " + Pct(ns, total);
+  }
+  return out;
+}
+
+}  // namespace
+
+void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Model& model, std::ostream& out) {
+  const AttributionResult& a = agg.attribution;
+  const TraceHeader& h = trace.header;
+  uint64_t samples = 0;
+  for (const TraceEvent& e : trace.events) samples += e.event == EventName::kSample ? 1 : 0;
+  out << "run: pid " << h.pid << ", ruby " << (h.ruby_version.empty() ? "?" : h.ruby_version) << ", "
+      << Ms(model.end_ns() - model.start_ns()) << " ms, " << a.lifetime_ns.size() << " threads, "
+      << trace.events.size() << " events, " << samples << " samples";
+  if (h.sample_hz) out << " at " << *h.sample_hz << " Hz";
+  out << " (recorded by " << h.recorder << ")\n";
+
+  // Per thread: wall clock by state.
+  struct Row {
+    uint64_t state_ns[static_cast<size_t>(WallState::kCount)] = {};
+    std::map<ReleaseReason, uint64_t> blocked_by_reason;
+  };
+  std::map<uint64_t, Row> rows;
+  for (const auto& [thread, life] : a.lifetime_ns) rows[thread];
+  for (const auto& [key, ns] : a.wall_ns) {
+    Row& r = rows[key.thread];
+    r.state_ns[static_cast<size_t>(key.state)] += ns;
+    if (key.state == WallState::kBlocked) r.blocked_by_reason[key.reason] += ns;
+  }
+  uint64_t lifetimes = 0;
+  for (const auto& [thread, life] : a.lifetime_ns) lifetimes += life;
+  constexpr size_t kThreadWidth = 12, kNativeWidth = 10, kNumWidth = 10;
+  out << "\nwall clock by thread (ms; the states sum to the lifetime):\n  " << Pad("thread", kThreadWidth)
+      << Pad("native", kNativeWidth) << PadLeft("lifetime", kNumWidth);
+  for (size_t s = 0; s < static_cast<size_t>(WallState::kCount); ++s) {
+    out << PadLeft(WallStateName(static_cast<WallState>(s)), kNumWidth);
+  }
+  out << "  most blocked on\n";
+  size_t shown = 0;
+  for (const auto& [thread, r] : rows) {
+    if (shown++ == kSummaryThreads) break;
+    std::string natives;
+    if (std::optional<uint32_t> serial = TraceRubyThread(thread)) {
+      if (const RubyThread* t = model.FindThread(*serial)) {
+        for (uint32_t tid : t->native_tids) natives += (natives.empty() ? "" : ",") + std::to_string(tid);
+      }
+    }
+    auto life = a.lifetime_ns.find(thread);
+    out << "  " << Pad(ThreadName(trace, thread), kThreadWidth) << Pad(natives.empty() ? "-" : natives, kNativeWidth)
+        << PadLeft(Ms(life != a.lifetime_ns.end() ? life->second : 0), kNumWidth);
+    for (uint64_t ns : r.state_ns) out << PadLeft(Ms(ns), kNumWidth);
+    const auto top = std::max_element(r.blocked_by_reason.begin(), r.blocked_by_reason.end(),
+                                      [](const auto& x, const auto& y) { return x.second < y.second; });
+    out << "  " << (top == r.blocked_by_reason.end() ? "-" : std::string(ReleaseReasonName(top->first))) << '\n';
+  }
+  if (rows.size() > kSummaryThreads) {
+    out << "  ... " << rows.size() - kSummaryThreads << " more threads (rvbpfd export --pprof, -sample_index=wall)\n";
+  }
+
+  out << "\ngvl contention: " << Ms(a.total_gvl_wait_ns) << " ms waiting for the GVL in " << a.waits << " waits ("
+      << Pct(a.total_gvl_wait_ns, lifetimes) << " of all threads' lifetime)";
+  if (agg.waits_skipped > 0) out << "; " << agg.waits_skipped << " waits not counted (lost events or a pause)";
+  out << '\n';
+
+  const std::vector<BlameGroup> blame = GroupBlame(trace, a);
+  if (!blame.empty()) {
+    out << "top blockers (holder of the GVL while others waited, what it ran, share of all waiting):\n";
+    for (size_t i = 0; i < blame.size() && i < kSummaryBlockers; ++i) {
+      const BlameGroup& g = blame[i];
+      out << "  " << Pad(ThreadName(trace, g.holder), kThreadWidth) << Pad(g.method, 36)
+          << PadLeft(Pct(g.ns, a.total_gvl_wait_ns), 7) << PadLeft(Ms(g.ns), kNumWidth) << " ms  ("
+          << SourceShares(g.by_source, g.ns) << ")\n";
+    }
+  }
+
+  // Blocked time by (reason, stack) over all threads.
+  struct Blocked {
+    uint64_t ns = 0;
+    std::set<uint64_t> threads;
+  };
+  std::map<std::pair<ReleaseReason, uint32_t>, Blocked> blocked;
+  for (const auto& [key, ns] : a.wall_ns) {
+    if (key.state != WallState::kBlocked || ns == 0) continue;
+    Blocked& b = blocked[{key.reason, key.stack}];
+    b.ns += ns;
+    b.threads.insert(key.thread);
+  }
+  std::vector<std::pair<std::pair<ReleaseReason, uint32_t>, Blocked>> by_ns(blocked.begin(), blocked.end());
+  std::stable_sort(by_ns.begin(), by_ns.end(), [](const auto& x, const auto& y) { return x.second.ns > y.second.ns; });
+  if (!by_ns.empty()) {
+    out << "top blocked stacks (time off the GVL by release reason, leaf < caller):\n";
+    for (size_t i = 0; i < by_ns.size() && i < kSummaryBlockedStacks; ++i) {
+      const auto& [k, b] = by_ns[i];
+      std::string where = FrameLabel(trace, k.second, 0);
+      if (where.empty()) where = std::string(kNoStackFrame);
+      if (std::string caller = FrameLabel(trace, k.second, 1); !caller.empty()) where += " < " + caller;
+      out << "  " << Pad(ReleaseReasonName(k.first), kThreadWidth) << PadLeft(Ms(b.ns), kNumWidth) << " ms  "
+          << PadLeft(std::to_string(b.threads.size()), 3) << (b.threads.size() == 1 ? " thread   " : " threads  ")
+          << where << '\n';
+    }
+  }
+
+  uint64_t dropped = 0, paused_ns = 0;
+  size_t drop_records = 0, pauses = 0;
+  for (const UnknownWindow& w : model.unknown_windows()) {
+    if (w.cause == ModelRule::kEventsDropped) {
+      dropped += w.dropped;
+      ++drop_records;
+    } else {
+      paused_ns += w.end_ns - w.start_ns;
+      ++pauses;
+    }
+  }
+  out << "\nlost: " << dropped << " events dropped (" << drop_records << " records), tracing paused " << pauses
+      << " times for " << Ms(paused_ns) << " ms; time there is counted as unknown\n";
+  out << "more: --events for the event table (--thread N, --from MS, --to MS, --limit N); rvbpfd report for the "
+         "timeline; rvbpfd export --pprof for gvl_blame and wall by stack\n";
+}
+
+void PrintBlameTotals(const TraceFile& trace, const StackProfile& agg, std::ostream& out) {
+  const AttributionResult& a = agg.attribution;
+  struct Holder {
+    uint64_t ns = 0;
+    std::map<std::string, uint64_t> methods;
+  };
+  std::map<uint64_t, Holder> holders;
+  for (const BlameGroup& g : GroupBlame(trace, a)) {
+    Holder& h = holders[g.holder];
+    h.ns += g.ns;
+    h.methods[g.method] += g.ns;
+  }
+  std::vector<std::pair<uint64_t, Holder>> v(holders.begin(), holders.end());
+  std::stable_sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ns > y.second.ns; });
+  out << "gvl blame by holder: " << Ms(a.total_gvl_wait_ns) << " ms of GVL waiting in " << a.waits << " waits\n";
+  for (size_t i = 0; i < v.size() && i < kStatsHolders; ++i) {
+    const auto& [holder, h] = v[i];
+    const auto top = std::max_element(h.methods.begin(), h.methods.end(),
+                                      [](const auto& x, const auto& y) { return x.second < y.second; });
+    out << "  " << Pad(ThreadName(trace, holder), 12) << PadLeft(Ms(h.ns), 10) << " ms "
+        << PadLeft(Pct(h.ns, a.total_gvl_wait_ns), 7) << "  top: " << top->first << '\n';
+  }
+  if (v.size() > kStatsHolders) {
+    uint64_t rest = 0;
+    for (size_t i = kStatsHolders; i < v.size(); ++i) rest += v[i].second.ns;
+    out << "  ... " << v.size() - kStatsHolders << " more holders, " << Ms(rest) << " ms\n";
+  }
+}
+
+}  // namespace rvbpfd

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""GVL blame and wall clock on a hog + IO-threads workload (workloads/gvl_hog.rb), 3.3.8-shared and 3.4.5-static.
+
+gvl_hog: HogKlass.spin holds the GVL for ~1 s in a CPU loop while four threads do one-byte pipe round trips, each of
+which ends with a wait for the lock. Recorded in attach mode with on-CPU samples (--hz 99). For each Ruby:
+  pprof:   `go tool pprof -sample_index=gvl_blame -top` lists HogKlass.spin first (flat); the gvl_blame values sum to
+           the gvl_wait values (every counted wait is blamed on someone); the samples carrying HogKlass.spin are
+           labelled with the hog's thread as holder (the thread whose on-CPU samples are in HogKlass.spin);
+  wall:    per thread, the `wall` values sum to the thread's lifetime computed here from the trace's events (first
+           event to thread_exited, or the last event) within 2%, and so does the total; the unknown state is under 5%
+           of the total;
+  inspect: `rvbpfd inspect` is at most 40 lines, its top blocker line names the hog's thread and HogKlass.spin;
+  stats:   `rvbpfd stats` has a blame line for the hog's thread naming HogKlass.spin;
+  folded:  `export --folded --weight gvl_blame`: HogKlass.spin is the heaviest leaf frame.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pprof_decode  # noqa: E402
+import rvlib  # noqa: E402
+
+HOG = "HogKlass.spin"
+
+
+def run(cmd, timeout=120):
+    try:
+        p = subprocess.run(cmd, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "", f"{cmd[0]} timed out"
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def hog_thread(trace):
+    """The ruby_thread whose samples mostly have HogKlass.spin as leaf (None if no thread's do)."""
+    counts = {}
+    for e in trace.events:
+        if e.get("event") == "sample":
+            labels = trace.stack_labels(e)
+            if labels and labels[0] == HOG:
+                counts[e.get("ruby_thread")] = counts.get(e.get("ruby_thread"), 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def thread_label(trace, tid):
+    return "main" if trace.threads.get(tid, {}).get("main") else f"Thread #{tid}"
+
+
+def lifetimes(trace):
+    """ruby_thread -> ns from its first event to its thread_exited (or the trace's last event)."""
+    first, exited = {}, {}
+    last = max((e["t_ns"] for e in trace.events if isinstance(e.get("t_ns"), int)), default=0)
+    for e in trace.events:
+        tid = e.get("ruby_thread")
+        if tid is None or not isinstance(e.get("t_ns"), int):
+            continue
+        first[tid] = min(first.get(tid, e["t_ns"]), e["t_ns"])
+        if e.get("event") == "thread_exited":
+            exited[tid] = e["t_ns"]
+    return {t: exited.get(t, last) - f for t, f in first.items()}
+
+
+def check_pprof(trace, prof, pprof_path, hog):
+    p = []
+    names = [t for t, _ in prof["sample_types"]]
+    for want in ("gvl_wait", "gvl_blame", "wall"):
+        if want not in names:
+            return [f"no sample type {want} in {names}"]
+    i_wait, i_blame, i_wall = names.index("gvl_wait"), names.index("gvl_blame"), names.index("wall")
+    wait, blame = pprof_decode.total(prof, i_wait), pprof_decode.total(prof, i_blame)
+    if wait <= 0:
+        p.append("no GVL wait at all: the IO threads never waited for the hog")
+    elif blame != wait:
+        p.append(f"gvl_blame sums to {blame} ns, gvl_wait to {wait} ns: some wait is not blamed on anyone")
+    hog_holders = {s["labels"].get("holder") for s in prof["samples"]
+                   if s["values"][i_blame] > 0 and s["stack"] and s["stack"][0] == HOG}
+    if hog_holders != {thread_label(trace, hog)}:
+        p.append(f"blame samples with leaf {HOG} have holder labels {hog_holders}, want "
+                 f"{{{thread_label(trace, hog)!r}}}")
+    go = shutil.which("go")
+    if go is None:
+        p.append("go is not installed: `go tool pprof` cannot be checked (tools/install-deps.sh installs golang)")
+        return p
+    rc, out, err = run([go, "tool", "pprof", "-sample_index=gvl_blame", "-top", pprof_path])
+    if rc != 0:
+        return p + [f"go tool pprof exit {rc}: {err[-1500:]}"]
+    rows = []
+    seen_header = False
+    for line in out.splitlines():
+        if re.match(r"\s*flat\s+flat%", line):
+            seen_header = True
+            continue
+        if seen_header and line.strip():
+            cols = line.split(None, 5)
+            if len(cols) == 6:
+                rows.append(cols[5].strip())
+    if not rows:
+        p.append(f"go tool pprof -top printed no rows:\n{out[-1500:]}")
+    elif rows[0] != HOG:
+        p.append(f"go tool pprof -sample_index=gvl_blame -top: first row {rows[0]!r}, want {HOG}; top rows "
+                 f"{rows[:5]}")
+    # Wall clock: per thread and in total, the wall samples sum to the thread's lifetime.
+    life = lifetimes(trace)
+    by_thread, unknown = {}, 0
+    for s in prof["samples"]:
+        v = s["values"][i_wall]
+        if v == 0:
+            continue
+        by_thread[s["labels"].get("ruby_thread")] = by_thread.get(s["labels"].get("ruby_thread"), 0) + v
+        if s["labels"].get("state") == "unknown":
+            unknown += v
+        if "state" not in s["labels"]:
+            p.append(f"a wall sample without a state label: {s['labels']}")
+            break
+    total_life, total_wall = sum(life.values()), sum(by_thread.values())
+    if set(by_thread) != set(life):
+        p.append(f"wall profile threads {sorted(by_thread, key=str)} != the trace's {sorted(life, key=str)}")
+    for tid, ns in sorted(life.items()):
+        got = by_thread.get(tid, 0)
+        if abs(got - ns) > 0.02 * ns:
+            p.append(f"thread {tid}: wall sums to {got / 1e6:.3f} ms, its lifetime is {ns / 1e6:.3f} ms")
+    if total_life <= 0 or abs(total_wall - total_life) > 0.02 * total_life:
+        p.append(f"wall sums to {total_wall / 1e6:.3f} ms, threads x lifetime is {total_life / 1e6:.3f} ms")
+    if total_wall > 0 and unknown > 0.05 * total_wall:
+        p.append(f"the unknown state is {unknown / 1e6:.3f} ms, {100.0 * unknown / total_wall:.1f}% of the wall "
+                 f"clock (want < 5%)")
+    return p
+
+
+def check_inspect(trace, out, hog):
+    p = []
+    lines = out.splitlines()
+    if len(lines) > 40:
+        p.append(f"inspect printed {len(lines)} lines (want at most 40)")
+    try:
+        i = next(i for i, l in enumerate(lines) if l.startswith("top blockers"))
+    except StopIteration:
+        return p + [f"no 'top blockers' section:\n{out[-2000:]}"]
+    first = lines[i + 1] if i + 1 < len(lines) else ""
+    label = thread_label(trace, hog)
+    if not (re.search(rf"(?<![\w#]){re.escape(label)}(?!\w)", first) and HOG in first):
+        p.append(f"top blocker line {first.strip()!r} does not name {label} running {HOG}")
+    for section in ("wall clock by thread", "gvl contention", "lost:"):
+        if not any(l.startswith(section) for l in lines):
+            p.append(f"no {section!r} line")
+    return p
+
+
+def check_stats(trace, out, hog):
+    label = thread_label(trace, hog)
+    rows = [l for l in out.splitlines() if re.search(rf"(?<![\w#]){re.escape(label)}(?!\w)", l) and HOG in l]
+    return [] if rows else [f"no blame line naming {label} and {HOG} in stats:\n{out[-2000:]}"]
+
+
+def check_folded(out):
+    leaves = {}
+    for line in out.splitlines():
+        stack, _, v = line.rpartition(" ")
+        if not stack:
+            continue
+        leaf = stack.split(";")[-1]
+        leaves[leaf] = leaves.get(leaf, 0) + int(v)
+    if not leaves:
+        return ["the folded gvl_blame export is empty"]
+    top = max(leaves, key=leaves.get)
+    return [] if top == HOG else [f"heaviest gvl_blame leaf is {top!r} ({leaves[top]} ns), want {HOG} "
+                                  f"({leaves.get(HOG, 0)} ns)"]
+
+
+def main():
+    args, res, rvbpfd, rubies = rvlib.begin(__doc__)
+    outdir = rvlib.make_outdir(args, "blame")
+    for ruby in rubies:
+        name = f"{ruby.name} gvl_hog"
+        try:
+            r = rvlib.run_workload(ruby, "gvl_hog", "attach", outdir, ref=False, rvbpfd=rvbpfd,
+                                   rv_args=("--hz", "99"))
+        except rvlib.RunError as e:
+            res.check(f"record {name}", [str(e)])
+            continue
+        if r.problems or r.rv is None:
+            res.check(f"record {name}", r.problems or ["no rvbpfd trace"])
+            continue
+        trace = r.rv
+        hog = hog_thread(trace)
+        if not res.check(f"record {name}: samples in {HOG}",
+                         [] if hog is not None else [f"no on-CPU sample has {HOG} as its leaf"]):
+            continue
+        pb = os.path.join(outdir, f"{ruby.name}-gvl_hog.pb.gz")
+        rc, _, err = run([rvbpfd, "export", "--pprof", trace.path, "-o", pb])
+        if rc != 0:
+            res.check(f"pprof {name}", [f"export exit {rc}: {err[-1000:]}"])
+        else:
+            with open(pb, "rb") as f:
+                prof = pprof_decode.decode(f.read())
+            res.check(f"pprof {name}: gvl_blame top is {HOG}, wall sums to the lifetimes",
+                      check_pprof(trace, prof, pb, hog))
+        rc, out, err = run([rvbpfd, "inspect", trace.path])
+        res.check(f"inspect {name}: one screen, {HOG} the top blocker",
+                  [f"exit {rc}: {err[-1000:]}"] if rc != 0 else check_inspect(trace, out, hog))
+        rc, out, err = run([rvbpfd, "stats", trace.path])
+        res.check(f"stats {name}: blame by holder",
+                  [f"exit {rc}: {err[-1000:]}"] if rc != 0 else check_stats(trace, out, hog))
+        folded = os.path.join(outdir, f"{ruby.name}-gvl_hog.blame.folded")
+        rc, _, err = run([rvbpfd, "export", "--folded", "--weight", "gvl_blame", trace.path, "-o", folded])
+        if rc != 0:
+            res.check(f"folded {name}", [f"export exit {rc}: {err[-1000:]}"])
+        else:
+            with open(folded) as f:
+                res.check(f"folded gvl_blame {name}: {HOG} the heaviest leaf", check_folded(f.read()))
+    rvlib.cleanup_outdir(args, outdir)
+    res.finish()
+
+
+if __name__ == "__main__":
+    main()
