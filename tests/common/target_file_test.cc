@@ -19,7 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class SafeFileTest : public ::testing::Test {
+class TargetFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/rvbpfd_target_file_XXXXXX";
@@ -58,14 +58,14 @@ TEST(SplitTargetPathTest, FindsTheProcRoot) {
   EXPECT_TRUE(SplitTargetPath("/proc/123/exe").root_dir.empty());
 }
 
-TEST_F(SafeFileTest, MapsARegularFile) {
+TEST_F(TargetFileTest, MapsARegularFile) {
   Write(dir_ + "/f", "hello");
   Result<MappedFile> m = MappedFile::Map(dir_ + "/f", "test file", 1024);
   ASSERT_TRUE(m.ok()) << m.error().message();
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(m->data()), m->size()), "hello");
 }
 
-TEST_F(SafeFileTest, FifoIsRefusedWithoutBlocking) {
+TEST_F(TargetFileTest, FifoIsRefusedWithoutBlocking) {
   const std::string fifo = dir_ + "/fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   // A blocking open of a FIFO with no writer would hang this test (and ctest's timeout would fail it).
@@ -78,7 +78,7 @@ TEST_F(SafeFileTest, FifoIsRefusedWithoutBlocking) {
   EXPECT_NE(fd.error().message().find("trace file " + fifo + " is a FIFO"), std::string::npos);
 }
 
-TEST_F(SafeFileTest, DirectoryAndDeviceAreRefused) {
+TEST_F(TargetFileTest, DirectoryAndDeviceAreRefused) {
   Result<MappedFile> d = MappedFile::Map(dir_, "trace file", 1 << 20);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.error().message().find("is a directory"), std::string::npos) << d.error().message();
@@ -87,7 +87,7 @@ TEST_F(SafeFileTest, DirectoryAndDeviceAreRefused) {
   EXPECT_NE(z.error().message().find("is a character device"), std::string::npos) << z.error().message();
 }
 
-TEST_F(SafeFileTest, SizeCapAndEmptyFile) {
+TEST_F(TargetFileTest, SizeCapAndEmptyFile) {
   Write(dir_ + "/big", std::string(4096, 'x'));
   Result<MappedFile> m = MappedFile::Map(dir_ + "/big", "ELF file", 4095);
   ASSERT_FALSE(m.ok());
@@ -99,7 +99,7 @@ TEST_F(SafeFileTest, SizeCapAndEmptyFile) {
   EXPECT_EQ(e->size(), 0u);
 }
 
-TEST_F(SafeFileTest, SparseFileCostsOnlyItsData) {
+TEST_F(TargetFileTest, SparseFileCostsOnlyItsData) {
   const std::string path = dir_ + "/sparse";
   constexpr uint64_t kGiB = 1ull << 30;
   {
@@ -121,7 +121,7 @@ TEST_F(SafeFileTest, SparseFileCostsOnlyItsData) {
   EXPECT_LT(ResidentBytes() - std::min(before, ResidentBytes()), 64ull << 20);
 }
 
-TEST_F(SafeFileTest, ZeroFilledDataIsNotCopied) {
+TEST_F(TargetFileTest, ZeroFilledDataIsNotCopied) {
   // A file system without holes (or a file written full of zeros) still costs only its non-zero pages.
   const std::string path = dir_ + "/zeros";
   std::string content(1 << 20, '\0');
@@ -135,7 +135,7 @@ TEST_F(SafeFileTest, ZeroFilledDataIsNotCopied) {
   EXPECT_LE(m->copied_bytes(), 4096u);
 }
 
-TEST_F(SafeFileTest, AbsoluteSymlinkResolvesInsideTheRoot) {
+TEST_F(TargetFileTest, AbsoluteSymlinkResolvesInsideTheRoot) {
   // A chroot-like tree shaped as /proc/PID/root: an absolute symlink there names the root's own file, never the
   // host's.
   const std::string root = dir_ + "/proc/42/root";
@@ -151,7 +151,7 @@ TEST_F(SafeFileTest, AbsoluteSymlinkResolvesInsideTheRoot) {
   EXPECT_EQ(st.st_ino, inside_st.st_ino);
 }
 
-TEST_F(SafeFileTest, SymlinkEscapingTheRootStaysInside) {
+TEST_F(TargetFileTest, SymlinkEscapingTheRootStaysInside) {
   // A file outside the root, reached by a relative link that climbs above it and by an absolute one.
   Write(dir_ + "/host_secret", "host");
   const std::string root = dir_ + "/proc/43/root";
@@ -165,7 +165,7 @@ TEST_F(SafeFileTest, SymlinkEscapingTheRootStaysInside) {
   }
 }
 
-TEST_F(SafeFileTest, MagicLinkInsideTheRootIsRefused) {
+TEST_F(TargetFileTest, MagicLinkInsideTheRootIsRefused) {
   const std::string root = dir_ + "/proc/44/root";
   fs::create_directories(root);
   Write(dir_ + "/host_file", "host");
@@ -178,7 +178,7 @@ TEST_F(SafeFileTest, MagicLinkInsideTheRootIsRefused) {
   close(fd);
 }
 
-TEST_F(SafeFileTest, RealProcRootOfThisProcess) {
+TEST_F(TargetFileTest, RealProcRootOfThisProcess) {
   // /proc/self/root is this process's own root: the path resolves as usual through it.
   Write(dir_ + "/f", "x");
   const std::string via = "/proc/" + std::to_string(getpid()) + "/root" + dir_ + "/f";
@@ -187,7 +187,7 @@ TEST_F(SafeFileTest, RealProcRootOfThisProcess) {
   EXPECT_EQ(m->size(), 1u);
 }
 
-TEST_F(SafeFileTest, OperatorPathSymlinkIsFollowed) {
+TEST_F(TargetFileTest, OperatorPathSymlinkIsFollowed) {
   Write(dir_ + "/target", "t");
   fs::create_symlink(dir_ + "/target", dir_ + "/link");
   EXPECT_TRUE(MappedFile::Map(dir_ + "/link", "trace file", 16).ok());

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <tuple>
@@ -351,7 +352,10 @@ TEST_F(FixtureTest, ModifiedCopyWithTheSameBuildIdIsNotServedTheCache) {
   Result<SiteSet> first = LoadOrFindSites(lib, "3.3.0", cache);
   ASSERT_TRUE(first.ok());
   // Mark the cache, then change one byte of .text in a copy (same build-id): the mark must not come back for it.
-  const std::string file = cache + "/5566778899aabbcc.json";
+  // The cache holds one file, named by the binary's content hash.
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(cache)) file = e.path().string();
+  ASSERT_FALSE(file.empty());
   std::string text = testing::ReadFile(file);
   size_t at = text.find("\"fx_ready\"");
   ASSERT_NE(at, std::string::npos);
@@ -842,6 +846,15 @@ TEST_P(StrippedCopyTest, SitesEqualTheUnstrippedBinarys) {
   ASSERT_TRUE(full->has_symtab());
   Result<SiteSet> want = FindSites(*full, c.version);
   ASSERT_TRUE(want.ok()) << want.error().ToString();
+  // Where even the binary with symbols has no GC hook-check sites (a shared 3.4 libruby reads ruby_vm_event_flags
+  // through the GOT, a shape the finder does not follow yet), its GC events come from function probes, which need
+  // the symbol table: the stripped copy then has no GC sites, and `rvbpfd sites` says so.
+  const bool gc_by_function_probes = std::any_of(want->sites.begin(), want->sites.end(), [](const ProbeSite& s) {
+    return s.method.rfind("gc-function-", 0) == 0;
+  });
+  if (gc_by_function_probes) {
+    std::erase_if(want->sites, [](const ProbeSite& s) { return s.method.rfind("gc-function-", 0) == 0; });
+  }
   TempDir tmp;
   for (const char* tool : {"strip -o", "objcopy --strip-all"}) {
     SCOPED_TRACE(tool);
@@ -863,6 +876,12 @@ TEST_P(StrippedCopyTest, SitesEqualTheUnstrippedBinarys) {
     // unstripped analysis computes too (th_disasm, its cross-check). At every event but SUSPENDED the two are the
     // same place; at some SUSPENDED sites th is in several places at once, or DWARF says "optimized out" (then the
     // unstripped binary uses the current thread), and the disassembly names the rsi load the hook call itself uses.
+    if (gc_by_function_probes) {
+      for (const ProbeSite& s : got->sites) {
+        EXPECT_NE(s.event, RV_EV_GC_ENTER) << "a GC site where the binary with symbols has none";
+        EXPECT_NE(s.event, RV_EV_GC_EXIT) << "a GC site where the binary with symbols has none";
+      }
+    }
     std::vector<std::string> want_keys, got_keys;
     for (ProbeSite s : want->sites) {
       if (s.method == "hook-site" && s.event == RV_EV_THREAD_SUSPENDED && s.th_disasm && *s.th_disasm != s.th) {
@@ -903,6 +922,7 @@ TEST_P(StrippedCopyTest, SitesEqualTheUnstrippedBinarys) {
     // Every fact says where it came from, and none claims a symbol table the copy does not have.
     ASSERT_FALSE(got->provenance.empty());
     for (const auto& [fact, source] : got->provenance) {
+      if (source.rfind("none:", 0) == 0) continue;  // a fact not found, saying why (e.g. "... without .symtab")
       EXPECT_EQ(source.find("symtab"), std::string::npos) << fact << ": " << source;
       EXPECT_EQ(source.find("dwarf"), std::string::npos) << fact << ": " << source;
     }
@@ -941,6 +961,7 @@ TEST(SiteCacheJsonTest, SymbolNamesThatAreNotUtf8AreReplacedNotThrown) {
   set.build_id = "00ff";
   set.ruby_version = "3.4.5";
   set.offsets_source = "table";
+  set.hooks_vaddr = 0x2000;
   ProbeSite site;
   site.vaddr = 0x1000;
   site.file_offset = 0x1000;
