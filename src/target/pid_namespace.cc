@@ -54,38 +54,6 @@ Error StepError(const std::string& what, int err) {
 
 }  // namespace
 
-std::optional<uint32_t> ParseInnermostNsPid(std::string_view status, uint32_t* outer) {
-  size_t at = 0;
-  if (status.rfind("NSpid:", 0) != 0) {
-    at = status.find("\nNSpid:");
-    if (at == std::string_view::npos) return std::nullopt;
-    ++at;
-  }
-  std::string_view line = status.substr(at + 6);
-  line = line.substr(0, line.find('\n'));
-  uint32_t fields = 0, first = 0, last = 0;
-  size_t i = 0;
-  while (i < line.size()) {
-    if (line[i] == ' ' || line[i] == '\t') {
-      ++i;
-      continue;
-    }
-    uint64_t v = 0;
-    size_t start = i;
-    while (i < line.size() && line[i] >= '0' && line[i] <= '9') {
-      v = v * 10 + static_cast<uint64_t>(line[i] - '0');
-      if (v > UINT32_MAX) return std::nullopt;
-      ++i;
-    }
-    if (i == start || v == 0) return std::nullopt;  // not a number, or pid 0 (never a thread)
-    if (fields++ == 0) first = static_cast<uint32_t>(v);
-    last = static_cast<uint32_t>(v);
-  }
-  if (fields < 2) return std::nullopt;
-  if (outer) *outer = first;
-  return last;
-}
-
 Result<TargetPidNamespace> ReadPidNamespace(int pid, const ProcFs& procfs) {
   struct stat own{}, target{};
   const std::string own_path = procfs.root() + "/self/ns/pid";
@@ -122,11 +90,10 @@ Result<TargetPidNamespace> ReadPidNamespace(int pid, const ProcFs& procfs) {
       continue;
     }
     if (!ReadBounded(procfs, task_dir + "/" + de->d_name + "/status", kMaxStatusBytes, &status)) continue;
-    uint32_t outer = 0;
-    std::optional<uint32_t> inner = ParseInnermostNsPid(status, &outer);
-    // The first NSpid field is the tid in the procfs' namespace: it must be the directory's.
-    if (!inner || outer != tid) continue;
-    out.threads.emplace_back(*inner, static_cast<uint32_t>(tid));
+    // The thread's tid in the process's namespace: the last NSpid field (the directory names it in the procfs').
+    std::optional<int> inner = ParseNsPid(status);
+    if (!inner) continue;
+    out.threads.emplace_back(static_cast<uint32_t>(*inner), static_cast<uint32_t>(tid));
   }
   closedir(d);
   return out;

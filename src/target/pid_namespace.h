@@ -6,8 +6,6 @@
 #define RVBPFD_SRC_TARGET_PID_NAMESPACE_H_
 
 #include <cstdint>
-#include <optional>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,12 +27,8 @@ struct TargetPidNamespace {
 // Threads listed per target; the BPF ns_tids map holds 65,536 entries over all targets.
 inline constexpr size_t kMaxNamespaceThreads = 16384;
 
-// The innermost tid of a /proc/PID/task/TID/status text's NSpid line (its last field), with the outermost (the
-// procfs' own namespace) in *outer; nullopt without a well-formed line of at least two fields.
-std::optional<uint32_t> ParseInnermostNsPid(std::string_view status, uint32_t* outer);
-
 // Compares <proc>/PID/ns/pid with <proc>/self/ns/pid (fstat of each: device and inode) and, when they differ, lists
-// <proc>/PID/task/*/status NSpid lines. Errors: kNoSuchProcess (the process is gone), kNoPrivilege (EACCES/EPERM),
+// <proc>/PID/task/*/status NSpid lines (ParseNsPid). Errors: kNoSuchProcess (the process is gone), kNoPrivilege (EACCES/EPERM),
 // kIo; a thread that exits while the list is read is left out.
 Result<TargetPidNamespace> ReadPidNamespace(int pid, const ProcFs& procfs);
 

@@ -19,27 +19,6 @@ using testing::WriteFile;
 
 constexpr int kPid = 4242;
 
-TEST(ParseInnermostNsPidTest, TakesTheLastFieldOfTheNSpidLine) {
-  uint32_t outer = 0;
-  EXPECT_EQ(ParseInnermostNsPid("Name:\truby\nNSpid:\t4242\t17\t2\nVmPeak:\t1 kB\n", &outer), 2u);
-  EXPECT_EQ(outer, 4242u);
-  EXPECT_EQ(ParseInnermostNsPid("NSpid:\t9\t3", &outer), 3u);
-  EXPECT_EQ(outer, 9u);
-}
-
-TEST(ParseInnermostNsPidTest, RejectsOneLevelMalformedAndOverflowingLines) {
-  uint32_t outer = 0;
-  EXPECT_FALSE(ParseInnermostNsPid("Name:\truby\nNSpid:\t4242\n", &outer));  // the procfs' own namespace
-  EXPECT_FALSE(ParseInnermostNsPid("Name:\truby\nPid:\t4242\n", &outer));
-  EXPECT_FALSE(ParseInnermostNsPid("NSpid:\t4242\tx\n", &outer));
-  EXPECT_FALSE(ParseInnermostNsPid("NSpid:\t4242\t-2\n", &outer));
-  EXPECT_FALSE(ParseInnermostNsPid("NSpid:\t4242\t0\n", &outer));
-  EXPECT_FALSE(ParseInnermostNsPid("NSpid:\t4242\t99999999999\n", &outer));
-  EXPECT_FALSE(ParseInnermostNsPid("", &outer));
-  // Another line that merely contains the word is not the field.
-  EXPECT_FALSE(ParseInnermostNsPid("Name:\tNSpid:\t1\t2\n", &outer));
-}
-
 // A /proc tree with self/ns/pid and <kPid>/ns/pid (a hard link for the same namespace, a file of its own for another).
 class PidNamespaceTest : public ::testing::Test {
  protected:
@@ -71,8 +50,8 @@ TEST_F(PidNamespaceTest, AnotherNamespaceGivesItsInodeKernelDeviceAndEveryThread
   WriteFile(PidDir() + "/ns/pid", "");
   AddTask(kPid, "Name:\truby\nNSpid:\t4242\t1\n");
   AddTask(4250, "Name:\truby\nNSpid:\t4250\t9\n");
-  AddTask(4251, "Name:\truby\nNSpid:\t4251\n");         // one level: not in the namespace, left out
-  AddTask(4252, "Name:\truby\nNSpid:\t5000\t3\n");      // the outer tid is not the directory's: left out
+  AddTask(4251, "Name:\truby\nNSpid:\t4251\tx\n");     // malformed: left out
+  AddTask(4252, "Name:\truby\nPid:\t4252\n");           // no NSpid line: left out
   std::filesystem::create_directories(PidDir() + "/task/4253");  // exited while listed: no status
   std::filesystem::create_directories(PidDir() + "/task/junk");
   Result<TargetPidNamespace> ns = ReadPidNamespace(kPid, procfs_);
