@@ -243,7 +243,9 @@ def refusal(rvbpfd, container, host_pid_ruby, rv_args):
             return None, f"the workload printed {line!r} instead of 'ready'"
         pid = container.host_pid(p)
         r = subprocess.run([rvbpfd, "--pid", str(pid), "-o", os.path.join(container.workdir, "refused.rvtrace"),
-                            "--cache-dir", tempfile.mkdtemp(dir=container.workdir, prefix="cache-"), *rv_args],
+                            "--cache-dir", tempfile.mkdtemp(dir=container.workdir, prefix="cache-"),
+                            # A binary it can analyse is attached: the run must end while the workload waits.
+                            "--duration", "3", *rv_args],
                            capture_output=True, text=True, timeout=120)
         return r.returncode, r.stderr.strip()
     finally:
