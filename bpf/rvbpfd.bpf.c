@@ -49,6 +49,19 @@ struct {
   __type(value, struct rv_pid_traps);
 } target_pids SEC(".maps");
 
+/* Threads of targets in their own pid namespace (rv_pid_traps.pidns): (host tgid, namespace tid) -> host tid. The VM
+ * names the subject of a STARTED/READY by the tid it sees in its namespace (rb_native_thread.tid); this is how such
+ * an event fired on another thread gets the subject's host tid. Filled by every hit a thread of such a target takes
+ * on itself (and by userspace, for the threads that exist when it adds the process); an EXITED on the thread removes
+ * its entry, since the namespace may give the tid to a new thread once this one is gone. Never used for targets in
+ * the host's namespace. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __type(key, struct rv_ns_tid_key);
+  __type(value, __u32);
+} ns_tids SEC(".maps");
+
 /* When a target process last trapped on this CPU (CLOCK_MONOTONIC ns): a hit long after the previous one on the
  * same CPU finds the trap path out of the caches (rv_config.cold_gap_ns). Per CPU because caches are. */
 struct {
@@ -184,9 +197,31 @@ static __always_inline void rv_output_stack(struct rv_stack_record *s, __u32 siz
 }
 
 /* Events that may run on a native thread other than the one they are about (3.3+: STARTED on the creator, READY on
- * a waker or the timer thread). For these the tid comes from th->nt->tid. */
+ * a waker or the timer thread). For these the tid comes from th->nt->tid (a namespace tid in a target with its own pid
+ * namespace, translated through ns_tids). */
 static __always_inline int rv_maybe_foreign(__u8 event) {
   return event == RV_EV_THREAD_STARTED || event == RV_EV_THREAD_READY;
+}
+
+/* The current task's tid in the target's pid namespace (rv_pidns set), 0 when the kernel cannot say: the tid the
+ * VM knows this thread by. One helper call, made only for targets in their own pid namespace. */
+static __always_inline __u32 rv_ns_tid(const struct rv_pidns *ns) {
+  struct bpf_pidns_info info = {};
+  if (bpf_get_ns_current_pid_tgid(ns->dev, ns->ino, &info, sizeof(info)) != 0) return 0;
+  return info.pid;
+}
+
+/* Keeps ns_tids' entry of the current thread (namespace tid ns_tid, host tid tid) current; an EXITED removes it. A
+ * lookup per hit; the map is written only when the entry is missing or names another host tid. */
+static __always_inline void rv_note_ns_tid(__u32 tgid, __u32 ns_tid, __u32 tid, __u8 event) {
+  struct rv_ns_tid_key k = {.tgid = tgid, .ns_tid = ns_tid};
+  if (ns_tid == 0) return;
+  if (event == RV_EV_THREAD_EXITED) {
+    bpf_map_delete_elem(&ns_tids, &k);
+    return;
+  }
+  __u32 *known = bpf_map_lookup_elem(&ns_tids, &k);
+  if (!known || *known != tid) bpf_map_update_elem(&ns_tids, &k, &tid, BPF_ANY);
 }
 
 /* A hit that becomes no record: the trap was paid all the same, so it is counted. */
@@ -269,6 +304,10 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
       break;
   }
 
+  /* A target in its own pid namespace: the tids in its memory are that namespace's (rv_ns_tid). Host targets skip
+   * all of this on the one flag test. */
+  const int pidns = pid_traps->pidns.ino != 0;
+  const __u32 ns_tid = pidns ? rv_ns_tid(&pid_traps->pidns) : 0;
   __u32 serial = 0;
   __u32 about_tid = tid;
   if (th == 0) {
@@ -290,8 +329,21 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
           bpf_probe_read_user(&nt_tid, sizeof(nt_tid), (void *)(nt + off->nt_tid)) != 0 || nt_tid <= 0) {
         about_tid = 0;
         flags |= RV_REC_TID_UNKNOWN;
-      } else {
+      } else if (!pidns) {
         about_tid = (__u32)nt_tid;
+      } else if (ns_tid != 0 && (__u32)nt_tid == ns_tid) {
+        about_tid = tid; /* the thread itself */
+      } else {
+        /* Another thread (or the current one, when the kernel could not give its namespace tid): its host tid only if
+         * one of its own hits (or userspace) recorded it; never the namespace tid. */
+        struct rv_ns_tid_key k = {.tgid = tgid, .ns_tid = (__u32)nt_tid};
+        __u32 *host = ns_tid != 0 ? bpf_map_lookup_elem(&ns_tids, &k) : 0;
+        if (host && *host != 0) {
+          about_tid = *host;
+        } else {
+          about_tid = 0;
+          flags |= RV_REC_TID_UNKNOWN;
+        }
       }
     }
     if (about_tid == tid && site->loc_kind != RV_LOC_CURRENT) {
@@ -299,6 +351,11 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
       bpf_map_update_elem(&current_th, &tid, &th, BPF_ANY);
       bpf_map_update_elem(&current_bin, &tid, &bin, BPF_ANY);
     }
+  }
+  /* Every event that certainly runs on its own thread teaches ns_tids this thread's pair: all but STARTED/READY,
+   * and those when they named this thread. */
+  if (pidns && about_tid == tid) {
+    rv_note_ns_tid(tgid, ns_tid, tid, site->event);
   }
   if (site->event == RV_EV_GC_ENTER) {
     __u8 one = 1;
@@ -373,7 +430,9 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
       /* The thread pointer of the interrupted task: glibc sets it with arch_prctl/clone, which record it here. */
       struct task_struct *task = bpf_get_current_task_btf();
       __u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
-      route = rv_find_ec((void *)0, pe, wc, off->th_nt, off->nt_tid, fsbase, tid, &ec, &th, &tls_unavailable);
+      /* The ractor route compares the VM's rb_native_thread.tid with this thread's: in the target's namespace. */
+      __u32 vm_tid = pid_traps->pidns.ino != 0 ? rv_ns_tid(&pid_traps->pidns) : tid;
+      route = rv_find_ec((void *)0, pe, wc, off->th_nt, off->nt_tid, fsbase, vm_tid, &ec, &th, &tls_unavailable);
     }
   }
   if (route == RV_EC_ROUTE_NONE && tls_unavailable) {

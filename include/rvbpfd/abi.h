@@ -94,7 +94,9 @@ struct rv_offsets {
 
 /* Record flags. */
 #define RV_REC_TH_UNKNOWN 0x1u  /* th could not be determined (CURRENT with no RESUMED seen yet) */
-#define RV_REC_TID_UNKNOWN 0x2u /* the native tid of the thread the event is about is not known (th->nt NULL) */
+/* The host tid of the thread the event is about is not known: th->nt NULL, or a target in its own pid namespace
+ * names a thread by a namespace tid that no hit of that thread has translated yet. */
+#define RV_REC_TID_UNKNOWN 0x2u
 #define RV_REC_SERIAL_UNKNOWN 0x4u
 #define RV_REC_HAS_STACK 0x8u /* an rv_stack_header and its frames follow the rv_record in the same ring entry */
 #define RV_REC_IN_GC 0x10u    /* samples: the native thread was between GC_ENTER and GC_EXIT */
@@ -104,7 +106,7 @@ struct rv_record {
   __u64 ts_ns;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC nanoseconds */
   __u64 th;          /* rb_thread_t * of the thread the event is about (0 if unknown) */
   __u32 serial;      /* th->serial when RV_OFF_HAS_SERIAL, else 0 (see rv_offsets) */
-  __u32 tid;         /* native tid of the thread the event is about (0 if unknown) */
+  __u32 tid;         /* host tid of the thread the event is about (0 if unknown) */
   __u32 probe_tid;   /* native tid that ran the probe */
   __u32 pid;         /* tgid of the target process (host pid namespace) */
   __u16 kind;        /* enum rv_event_kind */
@@ -201,7 +203,22 @@ struct rv_config {
   __u32 cold_gap_ns;
 };
 
-/* Value of the target_pids map: one process's uprobe hits since it was added, each an int3 trap it paid for. */
+/* A target's pid namespace, for bpf_get_ns_current_pid_tgid: the nsfs inode of /proc/PID/ns/pid and its device as
+ * the kernel encodes a dev_t (major << 20 | minor, not stat's st_dev encoding). Both 0: the process lives in the
+ * namespace BPF's tids are numbered in (the host's), so the tids the VM writes into its memory are host tids. */
+struct rv_pidns {
+  __u64 dev;
+  __u64 ino;
+};
+
+/* Key of the ns_tids map: a thread of a target in its own pid namespace, by the tid the VM knows it by there. */
+struct rv_ns_tid_key {
+  __u32 tgid;   /* host tgid of the process */
+  __u32 ns_tid; /* the thread's tid in the process's pid namespace (rb_native_thread.tid) */
+};
+
+/* Value of the target_pids map: one process's uprobe hits since it was added, each an int3 trap it paid for, and its
+ * pid namespace (set by userspace when it adds the process, read-only for BPF). */
 struct rv_pid_traps {
   __u64 traps;
   __u64 cold;    /* of those, hits after rv_config.cold_gap_ns without a target hit on their CPU */
@@ -209,6 +226,7 @@ struct rv_pid_traps {
   /* ns the BPF programs spent walking and writing this process's Ruby stacks (stacked events, samples), in its own
    * context: a cost on top of its traps that grows with stack depth (~0.4 us a frame). */
   __u64 stack_ns;
+  struct rv_pidns pidns;
 };
 
 /* Per-CPU counters (include/rvbpfd/counters.h says what each is); the daemon folds them over CPUs. */
@@ -231,6 +249,9 @@ RV_ABI_ASSERT(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
 RV_ABI_ASSERT(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
 RV_ABI_ASSERT(sizeof(struct rv_config) == 16, "rv_config ABI");
-RV_ABI_ASSERT(sizeof(struct rv_pid_traps) == 32, "rv_pid_traps ABI");
+RV_ABI_ASSERT(sizeof(struct rv_pid_traps) == 48, "rv_pid_traps ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_pid_traps, pidns) == 32, "rv_pid_traps ABI");
+RV_ABI_ASSERT(sizeof(struct rv_pidns) == 16, "rv_pidns ABI");
+RV_ABI_ASSERT(sizeof(struct rv_ns_tid_key) == 8, "rv_ns_tid_key ABI");
 
 #endif /* RVBPFD_INCLUDE_RVBPFD_ABI_H_ */

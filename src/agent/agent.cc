@@ -9,6 +9,7 @@
 
 #include "ops/process_labels.h"
 #include "record/vm_binary.h"
+#include "target/pid_namespace.h"
 
 namespace rvbpfd {
 namespace {
@@ -174,7 +175,15 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how) {
                                  {"stacks", set->stacks.has_value()},
                                  {"attach_ms", set->attach_ms}});
   }
-  if (Status st = env_.backend->AddPid(static_cast<uint32_t>(pid)); !st) {
+  // A process in a pid namespace of its own (a container) names threads by that namespace's tids.
+  Result<TargetPidNamespace> pidns = ReadPidNamespace(pid, ProcFs(config_.proc_root));
+  if (!pidns) {
+    probe_sets_.Release(pid, set);
+    if (pidns.error().code() == ErrorCode::kNoSuchProcess) return InspectOutcome::kGone;
+    log().Warn("cannot read the pid namespace of a process", {{"pid", pid}, {"error", pidns.error().message()}});
+    return InspectOutcome::kSkip;
+  }
+  if (Status st = env_.backend->AddPid(static_cast<uint32_t>(pid), pidns->ns, pidns->threads); !st) {
     probe_sets_.Release(pid, set);
     log().Warn("cannot add process to the BPF filter", {{"pid", pid}, {"error", st.error().message()}});
     return InspectOutcome::kSkip;

@@ -40,7 +40,9 @@ class ProbeBackend {
   // Attaches a detached group again, through `path` (another path to the same file).
   virtual Status ReattachGroup(int group, const std::string& path) = 0;
   virtual bool GroupAttached(int group) const = 0;
-  virtual Status AddPid(uint32_t pid) = 0;
+  // pidns / threads: as BpfSession::AddPid (the process's pid namespace when it is not the host's).
+  virtual Status AddPid(uint32_t pid, const rv_pidns& pidns,
+                        std::span<const std::pair<uint32_t, uint32_t>> threads) = 0;
   virtual Status RemovePid(uint32_t pid) = 0;
   virtual Status StartSampling(int hz) = 0;
   virtual Status WatchProcesses() = 0;
@@ -68,7 +70,9 @@ class BpfProbeBackend : public ProbeBackend {
   void DetachGroup(int group) override;
   Status ReattachGroup(int group, const std::string& path) override;
   bool GroupAttached(int group) const override;
-  Status AddPid(uint32_t pid) override { return session_->AddPid(pid); }
+  Status AddPid(uint32_t pid, const rv_pidns& pidns, std::span<const std::pair<uint32_t, uint32_t>> threads) override {
+    return session_->AddPid(pid, pidns, threads);
+  }
   Status RemovePid(uint32_t pid) override { return session_->RemovePid(pid); }
   Status StartSampling(int hz) override { return session_->StartSampling(hz); }
   Status WatchProcesses() override { return session_->WatchProcesses(); }

@@ -279,10 +279,43 @@ Result<uint8_t> BpfSession::AddBinary(const rv_offsets& offsets) {
   return static_cast<uint8_t>(key);
 }
 
-Status BpfSession::AddPid(uint32_t pid) {
-  const rv_pid_traps no_traps{};
+Status BpfSession::AddPid(uint32_t pid, const rv_pidns& pidns,
+                          std::span<const std::pair<uint32_t, uint32_t>> threads) {
+  // A reused pid must not inherit another process's namespace tids.
+  if (Status st = ForgetNamespaceTids(pid); !st) return st;
+  if (pidns.ino != 0) {
+    const int fd = bpf_map__fd(skel_->maps.ns_tids);
+    for (const auto& [ns_tid, host_tid] : threads) {
+      const rv_ns_tid_key key{pid, ns_tid};
+      if (bpf_map_update_elem(fd, &key, &host_tid, BPF_ANY) != 0) {
+        return BpfError("seeding the namespace tids of pid " + std::to_string(pid), errno);
+      }
+    }
+  }
+  rv_pid_traps no_traps{};
+  no_traps.pidns = pidns;
   if (bpf_map_update_elem(bpf_map__fd(skel_->maps.target_pids), &pid, &no_traps, BPF_ANY) != 0) {
     return BpfError("adding pid " + std::to_string(pid) + " to the BPF pid filter", errno);
+  }
+  return Status::Ok();
+}
+
+Status BpfSession::ForgetNamespaceTids(uint32_t pid) {
+  const int fd = bpf_map__fd(skel_->maps.ns_tids);
+  std::vector<rv_ns_tid_key> mine;
+  rv_ns_tid_key key{}, next{};
+  const rv_ns_tid_key* prev = nullptr;
+  // One pass over the keys (BPF may add entries meanwhile; those of a pid not in the filter are never added).
+  for (size_t n = 0; n <= bpf_map__max_entries(skel_->maps.ns_tids); ++n) {
+    if (bpf_map_get_next_key(fd, prev, &next) != 0) break;
+    if (next.tgid == pid) mine.push_back(next);
+    key = next;
+    prev = &key;
+  }
+  for (const rv_ns_tid_key& k : mine) {
+    if (bpf_map_delete_elem(fd, &k) != 0 && errno != ENOENT) {
+      return BpfError("removing the namespace tids of pid " + std::to_string(pid), errno);
+    }
   }
   return Status::Ok();
 }
@@ -295,7 +328,7 @@ Status BpfSession::RemovePid(uint32_t pid) {
   if (bpf_map_delete_elem(bpf_map__fd(skel_->maps.proc_ec), &pid) != 0 && errno != ENOENT) {
     return BpfError("removing pid " + std::to_string(pid) + " from the BPF proc_ec map", errno);
   }
-  return Status::Ok();
+  return ForgetNamespaceTids(pid);
 }
 
 Status BpfSession::SetProcEc(uint32_t pid, const rv_proc_ec& route) {

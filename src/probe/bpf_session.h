@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -107,8 +108,11 @@ class BpfSession {
   // How samples of process `pid` find their EC (proc_ec map, bpf/ruby_ec.h; src/stacks/ec_route.h computes it).
   // Without it that process's samples use only current_th. RemovePid removes it too.
   Status SetProcEc(uint32_t pid, const rv_proc_ec& route);
-  // Adds a process to the BPF pid filter.
-  Status AddPid(uint32_t pid);
+  // Adds a process to the BPF pid filter. `pidns`: its pid namespace when it is not the host's (zero otherwise), so
+  // BPF translates the namespace tids its VM writes (rv_pidns); `threads`: the (namespace tid, host tid) pairs of its
+  // threads known now, for events about a thread that has not hit a probe itself since (others are learned by BPF).
+  Status AddPid(uint32_t pid, const rv_pidns& pidns = {}, std::span<const std::pair<uint32_t, uint32_t>> threads = {});
+  // Removes it from the filter, with its EC route and its namespace tids.
   Status RemovePid(uint32_t pid);
 
   // Writes the sites into the sites map (assigning cookies) and attaches uprobes at their file offsets in `path`.
@@ -151,6 +155,8 @@ class BpfSession {
  private:
   BpfSession() = default;
   Status AttachGroup(SiteGroup& group);
+  // Deletes pid's entries of the ns_tids map.
+  Status ForgetNamespaceTids(uint32_t pid);
   static int OnSample(void* ctx, void* data, size_t size);
 
   rvbpfd_bpf* skel_ = nullptr;

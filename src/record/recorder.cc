@@ -36,6 +36,7 @@
 #include "sites/sites.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
+#include "target/pid_namespace.h"
 #include "target/target.h"
 #include "trace/event.h"
 #include "trace/reorder.h"
@@ -406,7 +407,16 @@ Result<int> Record(const RecordOptions& o) {
       reorder.Push(std::move(e));
     });
   }
-  if (Status st = session->AddPid(static_cast<uint32_t>(target.pid)); !st) return fail(st.error());
+  // A target in a pid namespace of its own (a container) names threads by that namespace's tids (launch mode: the
+  // child shares rvbpfd's).
+  Result<TargetPidNamespace> pidns = ReadPidNamespace(target.pid, ProcFs());
+  if (!pidns) {
+    if (!launch && ProcessGone(target.pid)) return fail(TargetExitedError(target.pid));
+    return fail(pidns.error().Wrap("reading the target's pid namespace"));
+  }
+  if (Status st = session->AddPid(static_cast<uint32_t>(target.pid), pidns->ns, pidns->threads); !st) {
+    return fail(st.error());
+  }
   if (stack_setup && sampling) {
     ec_installer.emplace(target.pid, target.open_path, stack_setup->ec_route, *bin);
     poll_ec_route();

@@ -65,6 +65,25 @@ class FakeProc {
     std::filesystem::create_directory_symlink(RootFs(rootfs), d + "/root");
     std::filesystem::create_symlink(RootFs(rootfs) + exe, d + "/exe");
     SetMaps(pid, exe, mapped);
+    // The host's pid namespace: the same inode as the agent's own.
+    std::filesystem::create_directories(d + "/ns");
+    std::filesystem::create_directories(root() + "/self/ns");
+    if (!std::filesystem::exists(root() + "/self/ns/pid")) WriteFile(root() + "/self/ns/pid", "");
+    std::filesystem::remove(d + "/ns/pid", ec);
+    std::filesystem::create_hard_link(root() + "/self/ns/pid", d + "/ns/pid");
+  }
+  // Moves the process into a pid namespace of its own (an inode of its own) with threads (host tid, namespace tid),
+  // each with its task/TID/status NSpid line.
+  void OwnPidNamespace(int pid, const std::vector<std::pair<int, int>>& threads) {
+    const std::string d = PidDir(pid);
+    std::filesystem::remove(d + "/ns/pid");
+    WriteFile(d + "/ns/pid", "");
+    for (const auto& [host, ns] : threads) {
+      const std::string t = d + "/task/" + std::to_string(host);
+      std::filesystem::create_directories(t);
+      WriteFile(t + "/status", "Name:\truby\nTgid:\t" + std::to_string(pid) + "\nNSpid:\t" + std::to_string(host) +
+                                   "\t" + std::to_string(ns) + "\nVmPeak:\t1 kB\n");
+    }
   }
   void SetMaps(int pid, const std::string& exe, const std::vector<std::string>& mapped) {
     std::string text;
@@ -121,8 +140,10 @@ class FakeBackend : public ProbeBackend {
     return Status::Ok();
   }
   bool GroupAttached(int g) const override { return g >= 0 && groups.at(static_cast<size_t>(g)).attached; }
-  Status AddPid(uint32_t pid) override {
+  Status AddPid(uint32_t pid, const rv_pidns& ns, std::span<const std::pair<uint32_t, uint32_t>> threads) override {
     pids.insert(pid);
+    pidns[pid] = ns;
+    ns_threads[pid].assign(threads.begin(), threads.end());
     pid_traps[pid] = {};  // as BPF: the count starts over
     return Status::Ok();
   }
@@ -223,6 +244,8 @@ class FakeBackend : public ProbeBackend {
   std::vector<Group> groups;
   std::set<uint32_t> pids;
   std::map<uint32_t, rv_pid_traps> pid_traps;  // uprobe hits per watched pid
+  std::map<uint32_t, rv_pidns> pidns;                                            // AddPid's namespace, per pid
+  std::map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> ns_threads;  // AddPid's (ns tid, host tid)
   rv_counters counters{};
   int binaries = 0;
   int sampling_hz = 0;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "agent_fakes.h"
@@ -137,6 +138,20 @@ TEST_F(AgentTest, StartWatchesEveryRubyProcessWithOneProbeSetPerBinary) {
   const std::string m = metrics_.RenderPrometheus();
   EXPECT_NE(m.find("rvbpfd_processes_watched 3"), std::string::npos) << m;
   EXPECT_NE(m.find("rvbpfd_binaries_probed 2"), std::string::npos) << m;
+}
+
+TEST_F(AgentTest, AProcessInItsOwnPidNamespaceIsAddedWithItAndItsThreadsNamespaceTids) {
+  proc_.OwnPidNamespace(20, {{20, 1}, {23, 7}});
+  StartAgent();
+  ASSERT_EQ(backend_.pids.count(20), 1u);
+  EXPECT_NE(backend_.pidns[20].ino, 0u);
+  auto threads = backend_.ns_threads[20];
+  std::sort(threads.begin(), threads.end());
+  EXPECT_EQ(threads, (std::vector<std::pair<uint32_t, uint32_t>>{{1, 20}, {7, 23}}));
+  // The host's processes: no namespace, nothing to translate.
+  EXPECT_EQ(backend_.pidns[10].ino, 0u);
+  EXPECT_EQ(backend_.pidns[10].dev, 0u);
+  EXPECT_TRUE(backend_.ns_threads[10].empty());
 }
 
 TEST_F(AgentTest, EachIntervalCutsLabelledProfilesOfEveryProcess) {

@@ -6,10 +6,9 @@ from the host (attach mode: rvbpfd's launch mode cannot start a command through 
 
 Cases (each: the in-process reference recorder and the golden-frames extension compiled inside the root; checks:
 scheduler/GC/probe events identical to the reference with native tids one to one with the namespace's, stacks at
-release equal rb_profile_frames, pprof top is the hot method). The event comparison runs twice: in the container
-(pid + mount namespaces), where a thread-identity difference is an expected failure until PIDNS_BUG below is fixed
-(printed as XFAIL with its first problems; any other difference fails), and in the same root with a mount namespace
-only, where the events must be identical:
+release equal rb_profile_frames, pprof top is the hot method). The event comparison runs twice, and the events must
+be identical both times: in the container (pid + mount namespaces: the VM names threads by the namespace's tids,
+which rvbpfd translates to host tids), and in the same root with a mount namespace only:
   - debian-ruby3.3, no debug info at all: needs the analysis of stripped binaries (.dynsym + disassembly + offsets
     tables). Until rvbpfd has it, rvbpfd refuses with exit 6 and that is the expected outcome, printed with its reason
     (XFAIL); once it attaches, the full checks run and must pass;
@@ -37,14 +36,6 @@ import pprof_decode  # noqa: E402
 import rvlib  # noqa: E402
 import test_stacks  # noqa: E402
 
-# rvbpfd reads the tid of an event's subject thread (STARTED, READY from the waker) from the VM's
-# rb_native_thread_t.tid, which a target in its own pid namespace wrote as the tid it sees there, and compares it with
-# the host tid BPF gives: in such a target threads are confused (the main thread shows up twice). Until that is
-# fixed, events in the pid-namespaced container are expected to differ in thread identity; the mount-namespace-only
-# runs (the same root, the same lookup through /proc/PID/root) must match exactly.
-PIDNS_BUG = ("known issue: native tids read from a pid-namespaced target's memory are namespace tids, compared "
-             "with host tids (bpf/rvbpfd.bpf.c about_tid).")
-PIDNS_SIGNATURE = "thread identity (ids and main flag agree)"
 WORKLOADS = ("mutex_contention", "gc_threads", "pipe_io", "many_threads")
 HOT_LEAF = "Foo.hot"
 
@@ -100,10 +91,6 @@ def full_checks(res, rvbpfd, ruby, containers, args, tag, rv_args, rv_env, want_
             for check, probs in compared.items():
                 problems += [f"[{check}] {x}" for x in probs]
             problems += rvlib.check_invariants(run.rv, rvlib.FIDELITY_WORKLOADS[wl], exact_window=True)
-            if c.pid_namespace and compared.get(PIDNS_SIGNATURE) and not run.problems:
-                # PIDNS_BUG: expected until fixed; any other failure still fails.
-                print(f"XFAIL {name}: {PIDNS_BUG} First problems: {'; '.join(problems[:3])[:600]}")
-                problems = []
         res.check(name, problems)
 
     if not args.workload or "stacks_golden" in args.workload:
@@ -256,7 +243,9 @@ def refusal(rvbpfd, container, host_pid_ruby, rv_args):
             return None, f"the workload printed {line!r} instead of 'ready'"
         pid = container.host_pid(p)
         r = subprocess.run([rvbpfd, "--pid", str(pid), "-o", os.path.join(container.workdir, "refused.rvtrace"),
-                            "--cache-dir", tempfile.mkdtemp(dir=container.workdir, prefix="cache-"), *rv_args],
+                            "--cache-dir", tempfile.mkdtemp(dir=container.workdir, prefix="cache-"),
+                            # A binary it can analyse is attached: the run must end while the workload waits.
+                            "--duration", "3", *rv_args],
                            capture_output=True, text=True, timeout=120)
         return r.returncode, r.stderr.strip()
     finally:

@@ -5,9 +5,14 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -415,6 +420,105 @@ TEST_P(BpfSessionTest, ReturnProbesFireWhenTheFunctionReturns) {
   RvProbeTargetReg(&th);
   ASSERT_TRUE(session->Poll(100).ok());
   EXPECT_EQ(got.size(), 2u * kCalls + 2);
+}
+
+// A target in a pid namespace of its own: the VM names threads by namespace tids (rb_native_thread.tid), the records
+// must carry host tids. Layout of this fake VM: th->nt at 8, nt->tid at 0.
+struct FakeNt {
+  int32_t tid;
+};
+struct FakeNsThread {
+  uint64_t pad;
+  FakeNt* nt;
+};
+extern "C" __attribute__((noinline)) void RvProbeNsReady(FakeNsThread* th) { g_sink = g_sink + th->nt->tid; }
+extern "C" __attribute__((noinline)) void RvProbeNsResumed(FakeNsThread* th) { g_sink = g_sink + th->pad; }
+
+TEST(BpfSessionPidNamespaceTest, NamespaceTidsBecomeHostTidsOrUnknownNeverNamespaceNumbers) {
+  if (std::string why = SkipReason(); !why.empty()) GTEST_SKIP() << why;
+  int to_test[2], to_target[2];
+  ASSERT_EQ(pipe(to_test), 0);
+  ASSERT_EQ(pipe(to_target), 0);
+  // The target: the grandchild of a child that unshared its pid namespace (pid 1 there). Its host pid comes back
+  // through the pipe from the child, which sees it in the host's namespace.
+  pid_t mid = fork();
+  ASSERT_GE(mid, 0);
+  if (mid == 0) {
+    if (unshare(CLONE_NEWPID) != 0) _exit(2);
+    pid_t target = fork();
+    if (target == 0) {
+      char go = 0;
+      if (read(to_target[0], &go, 1) != 1) _exit(3);
+      FakeNt own_nt{static_cast<int32_t>(gettid())};  // 1: the namespace's number of this thread
+      FakeNsThread self{0, &own_nt};
+      RvProbeNsReady(&self);  // about itself
+      // A second thread reports itself once (RESUMED), then is named by the first (READY from a waker).
+      std::atomic<int32_t> other_ns_tid{0};
+      std::thread other([&] {
+        other_ns_tid = static_cast<int32_t>(gettid());
+        FakeNt nt{other_ns_tid};
+        FakeNsThread th{0, &nt};
+        RvProbeNsResumed(&th);
+      });
+      other.join();
+      FakeNt other_nt{other_ns_tid};
+      FakeNsThread named{0, &other_nt};
+      RvProbeNsReady(&named);
+      FakeNt unknown_nt{999};  // no thread of this number ever hit a probe
+      FakeNsThread unknown{0, &unknown_nt};
+      RvProbeNsReady(&unknown);
+      const int32_t reply = other_ns_tid;
+      _exit(write(to_test[1], &reply, sizeof(reply)) == sizeof(reply) ? 0 : 4);
+    }
+    const int32_t host_pid = target;
+    if (target < 0 || write(to_test[1], &host_pid, sizeof(host_pid)) != sizeof(host_pid)) _exit(5);
+    int status = 0;
+    waitpid(target, &status, 0);
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 6);
+  }
+  int32_t target = 0;
+  ASSERT_EQ(read(to_test[0], &target, sizeof(target)), static_cast<ssize_t>(sizeof(target)));
+  ASSERT_GT(target, 0);
+
+  std::vector<rv_record> got;
+  Result<std::unique_ptr<BpfSession>> session = BpfSession::Open({}, [&](const rv_record& r) { got.push_back(r); });
+  ASSERT_TRUE(session.ok()) << session.error().ToString();
+  ASSERT_TRUE((*session)->AddBinary(rv_offsets{0, 8, 0, 0}).ok());
+  struct stat st{};
+  ASSERT_EQ(stat(("/proc/" + std::to_string(target) + "/ns/pid").c_str(), &st), 0);
+  const rv_pidns ns{(static_cast<uint64_t>(major(st.st_dev)) << 20) | minor(st.st_dev), st.st_ino};
+  ASSERT_TRUE((*session)->AddPid(static_cast<uint32_t>(target), ns).ok());
+  std::vector<SiteSpec> sites = {
+      {FileOffsetOf("RvProbeNsReady"), rv_site{RV_EV_THREAD_READY, RV_LOC_REG, RV_REG_RDI, 0, 0}},
+      {FileOffsetOf("RvProbeNsResumed"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, 0, 0}},
+  };
+  auto group = (*session)->Attach(SelfPath(), sites, target);
+  ASSERT_TRUE(group.ok()) << group.error().ToString();
+  ASSERT_EQ(write(to_target[1], "g", 1), 1);
+  int32_t other_ns_tid = 0;
+  ASSERT_EQ(read(to_test[0], &other_ns_tid, sizeof(other_ns_tid)), static_cast<ssize_t>(sizeof(other_ns_tid)));
+  int status = 0;
+  ASSERT_EQ(waitpid(mid, &status, 0), mid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int i = 0; i < 10 && got.size() < 4; ++i) ASSERT_TRUE((*session)->Poll(100).ok());
+  ASSERT_EQ(got.size(), 4u);
+  const uint32_t host = static_cast<uint32_t>(target);
+  // READY about itself: the host tid, as a thread's own event.
+  EXPECT_EQ(got[0].kind, RV_EV_THREAD_READY);
+  EXPECT_EQ(got[0].tid, host);
+  EXPECT_EQ(got[0].flags & RV_REC_TID_UNKNOWN, 0u);
+  // The second thread's own RESUMED: its host tid, which the READY naming it by its namespace tid then carries.
+  EXPECT_EQ(got[1].kind, RV_EV_THREAD_RESUMED);
+  const uint32_t other_host = got[1].probe_tid;
+  EXPECT_NE(other_host, host);
+  EXPECT_NE(other_host, static_cast<uint32_t>(other_ns_tid));  // host and namespace numbers differ here
+  EXPECT_EQ(got[1].tid, other_host);
+  EXPECT_EQ(got[2].probe_tid, host);
+  EXPECT_EQ(got[2].tid, other_host);
+  EXPECT_EQ(got[2].flags & RV_REC_TID_UNKNOWN, 0u);
+  // A namespace tid no hit translated: unknown, not 999.
+  EXPECT_EQ(got[3].tid, 0u);
+  EXPECT_NE(got[3].flags & RV_REC_TID_UNKNOWN, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Links, BpfSessionTest, ::testing::Values(false, true),
