@@ -115,7 +115,9 @@ class BenchBackend : public ProbeBackend {
   void DetachGroup(int) override {}
   Status ReattachGroup(int, const std::string&) override { return Status::Ok(); }
   bool GroupAttached(int) const override { return true; }
-  Status AddPid(uint32_t) override { return Status::Ok(); }
+  Status AddPid(uint32_t, const rv_pidns&, std::span<const std::pair<uint32_t, uint32_t>>) override {
+    return Status::Ok();
+  }
   Status RemovePid(uint32_t) override { return Status::Ok(); }
   Status StartSampling(int) override { return Status::Ok(); }
   Status WatchProcesses() override { return Status::Ok(); }

@@ -238,6 +238,12 @@ Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, c
           std::optional<uint64_t> off = elf.VaddrToFileOffset(s.vaddr);
           in_file &= off.has_value() && *off == s.file_offset;
         }
+        // A result computed without symbols stays sound, but a debug file found since (a -dbgsym package installed,
+        // a debuginfod server added) gives the richer analysis: look once more before reusing it.
+        if (in_file && !cached->analysed_with_symtab) {
+          AttachDebugInfo(&elf);
+          if (elf.has_symtab()) in_file = false;
+        }
         if (in_file) return cached;
       }
     }
