@@ -144,7 +144,7 @@ DebugLookupResult AttachDebugInfo(ElfFile* elf, const DebugLookupConfig& config,
     return true;
   };
   std::vector<std::string> roots;
-  if (std::string target_root = FileSystemRootOf(elf->path()); !target_root.empty()) roots.push_back(target_root);
+  if (std::string target_root = FileSystemRootOf(elf->origin_path()); !target_root.empty()) roots.push_back(target_root);
   roots.push_back("");
   for (const std::string& root : roots) {
     const std::string path = BuildIdDebugPath(root, config.debug_dir, build_id);

@@ -80,6 +80,7 @@ ElfFile& ElfFile::operator=(ElfFile&& other) noexcept {
   if (this == &other) return *this;
   Reset();
   path_ = std::move(other.path_);
+  origin_path_ = std::move(other.origin_path_);
   file_ = std::move(other.file_);
   data_ = std::exchange(other.data_, nullptr);
   size_ = std::exchange(other.size_, 0);

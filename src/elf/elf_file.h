@@ -89,6 +89,11 @@ class ElfFile {
   ~ElfFile();
 
   const std::string& path() const { return path_; }
+  // The path the file is known by in its process's view (/proc/PID/root/..., /proc/PID/map_files/...) when it was
+  // opened through another one (/proc/self/fd/N of a descriptor opened inside the target's root): where the debug
+  // lookup finds the target's own /usr/lib/debug. path() when not set.
+  const std::string& origin_path() const { return origin_path_.empty() ? path_ : origin_path_; }
+  void set_origin_path(std::string p) { origin_path_ = std::move(p); }
   // Lower-case hex of NT_GNU_BUILD_ID, empty when the file has none.
   const std::string& build_id() const { return build_id_; }
   bool has_symtab() const { return has_symtab_; }
@@ -154,6 +159,7 @@ class ElfFile {
   void Reset();
 
   std::string path_;
+  std::string origin_path_;
   MappedFile file_;  // the whole file; stable address for libelf's elf_memory
   const uint8_t* data_ = nullptr;  // file_.data()
   uint64_t size_ = 0;

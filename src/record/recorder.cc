@@ -224,6 +224,7 @@ Result<int> Record(const RecordOptions& o) {
       return vm.error();
     }
     target.vm_elf = std::make_shared<ElfFile>(std::move(vm.value()));
+    target.vm_elf->set_origin_path(t->vm_host_path);  // its debug file is looked up in the target's root
   }
 
   // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
