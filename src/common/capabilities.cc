@@ -73,4 +73,10 @@ std::string PrivilegeHint(std::initializer_list<int> needed, std::optional<uint6
   return "needs " + MissingCapabilities(0, needed) + " (or root)";
 }
 
+std::string TargetFileAccessHint() {
+  const std::optional<uint64_t> caps = EffectiveCapabilities();
+  if (caps && !MissingCapabilities(*caps, {kCapSysPtrace}).empty()) return PrivilegeHint({kCapSysPtrace}, caps);
+  return PrivilegeHint({kCapDacReadSearch}, caps);
+}
+
 }  // namespace rvbpfd

@@ -39,6 +39,9 @@ std::string PrivilegeHint(std::initializer_list<int> needed, std::optional<uint6
 inline std::string PrivilegeHint(std::initializer_list<int> needed) {
   return PrivilegeHint(needed, EffectiveCapabilities());
 }
+// A target's files are opened through /proc/PID/root (ptrace access: CAP_SYS_PTRACE) and may sit in a directory only
+// their owner can search (CAP_DAC_READ_SEARCH): the hint names the first of the two this process lacks.
+std::string TargetFileAccessHint();
 
 }  // namespace rvbpfd
 

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <utility>
 
+#include "common/capabilities.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -24,7 +26,7 @@ bool AllDigits(std::string_view s) {
 Error OpenFailure(const std::string& step, int err) {
   if (err == EACCES || err == EPERM) {
     return Error(ErrorCode::kNoPrivilege,
-                 ErrnoMessage(step, err) + "; run as root or grant CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH");
+                 ErrnoMessage(step, err) + "; " + TargetFileAccessHint());
   }
   if (err == ENOSYS) {
     return Error(ErrorCode::kIo, ErrnoMessage(step, err) + "; openat2 needs Linux 5.6 or newer");

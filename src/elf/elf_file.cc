@@ -18,22 +18,6 @@ bool IsDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// A target's binary is opened through /proc/PID/root (ptrace access: CAP_SYS_PTRACE) and may sit in a directory
-// only its owner can search (CAP_DAC_READ_SEARCH): name the first of the two this process lacks.
-std::string OpenPrivilegeHint() {
-  const std::optional<uint64_t> caps = EffectiveCapabilities();
-  if (caps && !MissingCapabilities(*caps, {kCapSysPtrace}).empty()) return PrivilegeHint({kCapSysPtrace}, caps);
-  return PrivilegeHint({kCapDacReadSearch}, caps);
-}
-
-Error OpenError(const std::string& what, int err) {
-  if (err == EACCES || err == EPERM) {
-    return Error(ErrorCode::kNoPrivilege,
-                 ErrnoMessage(what, err) + "; " + OpenPrivilegeHint());
-  }
-  return Error(ErrorCode::kIo, ErrnoMessage(what, err));
-}
-
 }  // namespace
 
 bool MatchesWithCloneSuffix(std::string_view name, std::string_view base) {
