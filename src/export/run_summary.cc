@@ -25,19 +25,6 @@ std::string Pct(uint64_t part, uint64_t whole) {
   return buf;
 }
 
-std::string Pad(std::string_view s, size_t width) {
-  std::string out(s);
-  if (out.size() < width) out.append(width - out.size(), ' ');
-  return out;
-}
-
-std::string PadLeft(std::string_view s, size_t width) {
-  std::string out;
-  if (s.size() < width) out.append(width - s.size(), ' ');
-  out.append(s);
-  return out;
-}
-
 // The label of frame `depth` (0 = leaf) of a stack; "" when the stack has no such frame.
 std::string FrameLabel(const TraceFile& trace, uint32_t stack, size_t depth) {
   const std::vector<uint32_t>* frames = stack != 0 ? trace.Stack(stack) : nullptr;

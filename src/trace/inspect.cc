@@ -27,6 +27,16 @@ std::string FormatMs(double ms) {
 
 std::string NsToMs(uint64_t ns) { return FormatMs(static_cast<double>(ns) / 1e6); }
 
+std::string OptionalNumber(std::optional<uint32_t> v) { return v ? std::to_string(*v) : "-"; }
+
+uint64_t LastEventNs(const TraceFile& trace) {
+  uint64_t last = 0;
+  for (const TraceEvent& e : trace.events) last = std::max(last, e.t_ns);
+  return last;
+}
+
+}  // namespace
+
 std::string Pad(std::string_view s, size_t width) {
   std::string out(s);
   if (out.size() < width) out.append(width - out.size(), ' ');
@@ -39,16 +49,6 @@ std::string PadLeft(std::string_view s, size_t width) {
   out.append(s);
   return out;
 }
-
-std::string OptionalNumber(std::optional<uint32_t> v) { return v ? std::to_string(*v) : "-"; }
-
-uint64_t LastEventNs(const TraceFile& trace) {
-  uint64_t last = 0;
-  for (const TraceEvent& e : trace.events) last = std::max(last, e.t_ns);
-  return last;
-}
-
-}  // namespace
 
 std::string RubyThreadLabel(const TraceFile& trace, std::optional<uint32_t> ruby_thread) {
   if (!ruby_thread) return "-";

@@ -6,6 +6,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 
 #include "trace/reader.h"
 
@@ -29,6 +30,10 @@ void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& 
 // Counts by event, dropped events (total and number of events_dropped records), ring buffer high-water mark,
 // duration, late (reordered) events.
 void PrintStats(const TraceFile& trace, std::ostream& out);
+
+// `s` padded with spaces to `width` columns, on the right (Pad) or the left (PadLeft); longer strings are kept whole.
+std::string Pad(std::string_view s, size_t width);
+std::string PadLeft(std::string_view s, size_t width);
 
 // "main" for the main thread, "Thread #N" for others, "-" when the event is about no known thread.
 std::string RubyThreadLabel(const TraceFile& trace, std::optional<uint32_t> ruby_thread);
