@@ -651,7 +651,8 @@ TEST_P(RealBinaryTest, ReproducesTheReferenceTables) {
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(set.ok()) << set.error().ToString();
   std::printf("FindSites(%s): %zu sites in %.1f ms\n%s", b.ruby, set->sites.size(), ms, FormatSites(*set).c_str());
-  EXPECT_LT(ms, 1000.0) << "site analysis must stay well under a second";
+  // The time is printed, not asserted: a timed unit test fails on a loaded machine or under ASan; analysis speed is
+  // benchmarks/startup.py's to measure.
 
   std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(*elf);
   ASSERT_NE(dwarf, nullptr);
