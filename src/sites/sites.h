@@ -4,7 +4,7 @@
 // one uprobe, mapped to the event the VM would deliver there and to where `th` (rb_thread_t *) lives at that
 // instruction. Probing the VM's own hook sites rather than functions makes the events identical to the in-process
 // hook's whatever the compiler inlined. GC enter/exit use the equivalent GC hook-check sites, Kernel#sleep and
-// Mutex#lock the entry of their workers. See shared/reference (beside the repository)/cruby-scheduler-probe-points.md §1-§6.
+// Mutex#lock the entry of their workers. See ../shared/reference/cruby-scheduler-probe-points.md §1-§6.
 #ifndef RVBPFD_SRC_SITES_SITES_H_
 #define RVBPFD_SRC_SITES_SITES_H_
 

@@ -534,7 +534,7 @@ TEST_F(FixtureTest, NoGcFunctionsNoGcSitesAndForcingTheFallbackIsAnError) {
   EXPECT_NE(st.error().message().find("--gc-probes=fallback"), std::string::npos) << st.error().message();
 }
 
-// --- The real test Rubies: the reference tables (shared/reference (beside the repository)/hooksites-*.txt and §3-§5) -----------------
+// --- The real test Rubies: the reference tables (../shared/reference/hooksites-*.txt and §3-§5) -----------------
 
 // One row of a reference table. th: "$reg", "CFA-N" (a stack slot at CFA-N), "$reg+K value", or "current".
 struct RefSite {
