@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses (tests/fuzz) into build-fuzz with clang, ASan and UBSan, and runs each for a bounded
-# time. Fails when any harness reports a crash, a leak, a UBSan finding, a timeout or running out of memory; the
-# input that did it is left in build-fuzz/fuzz-artifacts/<harness>/ and the log in build-fuzz/fuzz-logs/.
-#   RVBPFD_FUZZ_SECONDS  seconds per harness (default 60)
-#   RVBPFD_FUZZ_JOBS     parallel fuzzing processes per harness (default 1)
+# Builds the libFuzzer harnesses (tests/fuzz) into build-fuzz with clang, ASan and UBSan, and runs each one. Fails
+# when any harness reports a crash, a leak, a UBSan finding, a timeout or running out of memory; the input that did
+# it is left in build-fuzz/fuzz-artifacts/<harness>/ and the log in build-fuzz/fuzz-logs/.
+# Two modes:
+#   default (what CI runs): a fixed number of executions per harness (about a minute each here) with a fixed random
+#     seed, from the committed and generated seeds only, so one tree always gives the same result: a bug is found
+#     by whoever runs the exploration below, fixed, and its input committed, instead of failing a later, unrelated
+#     landing at random.
+#   RVBPFD_FUZZ_SECONDS=N: exploration, N seconds per harness with a fresh random seed, reusing and growing the work
+#     corpus in build-fuzz/fuzz-corpus/<harness>/.
+#   RVBPFD_FUZZ_RUNS     executions per harness in the default mode (default: the table below)
+#   RVBPFD_FUZZ_JOBS     parallel fuzzing processes per harness, exploration only (default 1)
 #   arguments            harness names to run (default: all but elf_real): trace_reader trace_export elf
 #                        site_cache stacks, and elf_real: fuzz_elf on mutations of real VM binaries (the test
 #                        Rubies' libruby / static ruby when built, Debian's libruby-3.1 when installed; slow, since
@@ -12,8 +19,11 @@
 # the committed seeds (tests/fuzz/corpus/<harness>/) and the generated ones (build-fuzz/fuzz-seeds/) are read only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${RVBPFD_FUZZ_SECONDS:-60}
+seconds=${RVBPFD_FUZZ_SECONDS:-}
 jobs=${RVBPFD_FUZZ_JOBS:-1}
+# Executions per harness in the default mode: about 60 s each under ASan+UBSan on a 2-core VM.
+declare -A runs=([trace_reader]=150000 [trace_export]=80000 [elf]=40000 [site_cache]=150000 [stacks]=100000
+                 [elf_real]=200)
 build=build-fuzz
 all=(trace_reader trace_export elf site_cache stacks)
 harnesses=("$@")
@@ -66,18 +76,30 @@ for h in "${harnesses[@]}"; do
     fi
   fi
   corpus="$build/fuzz-corpus/$h"
-  # elf_real's new inputs are whole binaries (tens of MB each): its work corpus starts empty every run.
-  [[ $h == elf_real ]] && rm -rf "$corpus"
+  # elf_real's new inputs are whole binaries (tens of MB each), and the default mode must not depend on earlier
+  # runs: their work corpus starts empty.
+  if [[ $h == elf_real || -z $seconds ]]; then
+    corpus="$build/fuzz-corpus-fixed/$h"
+    rm -rf "$corpus"
+  fi
   artifacts="$build/fuzz-artifacts/$h"
   log="$build/fuzz-logs/$h.log"
   mkdir -p "$corpus" "$artifacts"
   dirs=("$corpus")
   [[ -d tests/fuzz/corpus/$h ]] && dirs+=("tests/fuzz/corpus/$h")
   [[ -d $build/fuzz-seeds/${seeds[$h]} ]] && dirs+=("$build/fuzz-seeds/${seeds[$h]}")
-  args=(-max_total_time="$seconds" "${limits[@]}" -print_final_stats=1 -artifact_prefix="$artifacts/")
+  args=("${limits[@]}" -print_final_stats=1 -artifact_prefix="$artifacts/")
+  if [[ -n $seconds ]]; then
+    args+=(-max_total_time="$seconds")
+    ((jobs > 1)) && args+=(-fork="$jobs" -ignore_crashes=0)
+    what="${seconds}s, random seed"
+  else
+    n=${RVBPFD_FUZZ_RUNS:-${runs[$h]}}
+    args+=(-runs="$n" -seed=1)
+    what="$n executions, seed 1"
+  fi
   [[ -n ${dicts[$h]+x} ]] && args+=(-dict="${dicts[$h]}")
-  ((jobs > 1)) && args+=(-fork="$jobs" -ignore_crashes=0)
-  echo "== fuzz $h (${seconds}s) =="
+  echo "== fuzz $h ($what) =="
   if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      LSAN_OPTIONS=suppressions=tests/fuzz/lsan.supp:print_suppressions=0 "$exe" "${args[@]}" "${dirs[@]}" >"$log" 2>&1
   then

@@ -26,5 +26,5 @@ echo "== tests under ASan + UBSan: unit =="
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
    ctest -L unit --output-on-failure --timeout 600)
 
-echo "== fuzzing (libFuzzer + ASan + UBSan, ${RVBPFD_FUZZ_SECONDS:-60}s per harness) =="
+echo "== fuzzing (libFuzzer + ASan + UBSan, fixed executions and seed per harness) =="
 bash tools/run-fuzzers.sh

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_dump.h"
+#include "common/json_read.h"
 #include "common/url_redact.h"
 #include "ops/file_read.h"
 #include "ops/log.h"
@@ -29,29 +30,16 @@ std::string Parse(const json& j, double* out) {
 }
 
 template <typename T>
-  requires(std::is_integral_v<T> && std::is_signed_v<T>)
+  requires(std::is_integral_v<T>)
 std::string Parse(const json& j, T* out) {
-  if (!j.is_number_integer()) return "an integer";
-  if (j.is_number_unsigned()) {
-    uint64_t v = j.get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return "an integer that fits " + std::string("int");
-    *out = static_cast<T>(v);
+  if (std::optional<T> v = JsonInteger<T>(j)) {
+    *out = *v;
     return "";
   }
-  int64_t v = j.get<int64_t>();
-  if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) return "an integer that fits int";
-  *out = static_cast<T>(v);
-  return "";
-}
-
-template <typename T>
-  requires(std::is_integral_v<T> && std::is_unsigned_v<T>)
-std::string Parse(const json& j, T* out) {
-  if (!j.is_number_unsigned()) return j.is_number_integer() ? "a non-negative integer" : "an integer";
-  uint64_t v = j.get<uint64_t>();
-  if (v > std::numeric_limits<T>::max()) return "an integer up to " + std::to_string(std::numeric_limits<T>::max());
-  *out = static_cast<T>(v);
-  return "";
+  if (!j.is_number_integer()) return "an integer";
+  if (std::is_unsigned_v<T> && !j.is_number_unsigned()) return "a non-negative integer";
+  return "an integer in " + std::to_string(std::numeric_limits<T>::min()) + ".." +
+         std::to_string(std::numeric_limits<T>::max());
 }
 
 std::string Parse(const json& j, std::string* out) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_dump.h"
+#include "common/json_read.h"
 #include "common/sha256.h"
 #include "common/target_file.h"
 #include "elf/debug_lookup.h"
@@ -39,14 +40,10 @@ struct BadValue {
   std::string what;
 };
 
-// An integer field as T. nlohmann's get<T>() converts a float or a wider integer without checking (a float out of
-// T's range is undefined behaviour, a wider integer wraps), so anything but an integer T holds exactly is refused.
+// An integer field as T (see common/json_read.h); anything else is a corrupt cache.
 template <typename T>
 T Int(const nlohmann::json& v) {
-  if (v.is_number_unsigned() && std::in_range<T>(v.get<uint64_t>())) return static_cast<T>(v.get<uint64_t>());
-  if (v.is_number_integer() && !v.is_number_unsigned() && std::in_range<T>(v.get<int64_t>())) {
-    return static_cast<T>(v.get<int64_t>());
-  }
+  if (std::optional<T> i = JsonInteger<T>(v)) return *i;
   throw BadValue{std::string("a field holds ") + v.type_name() + " where an integer in range belongs"};
 }
 
@@ -130,10 +127,10 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     set.offsets_source = doc.at("offsets_source").get<std::string>();
     if (doc.contains("symbols_source")) set.symbols_source = doc.at("symbols_source").get<std::string>();
     set.analysed_with_symtab = doc.at("analysed_with_symtab").get<bool>();
-    set.hooks_vaddr = doc.at("hooks_vaddr").get<uint64_t>();
-    set.code_fingerprint = doc.at("code_fingerprint").get<uint64_t>();
-    set.main_ractor_vaddr = doc.at("main_ractor_vaddr").get<uint64_t>();
-    set.ractor_main_thread = doc.at("ractor_main_thread").get<uint32_t>();
+    set.hooks_vaddr = Int<uint64_t>(doc.at("hooks_vaddr"));
+    set.code_fingerprint = Int<uint64_t>(doc.at("code_fingerprint"));
+    set.main_ractor_vaddr = Int<uint64_t>(doc.at("main_ractor_vaddr"));
+    set.ractor_main_thread = Int<uint32_t>(doc.at("ractor_main_thread"));
     if (set.hooks_vaddr == 0 || set.ractor_main_thread >= kMaxStructOffset) return bad("layout facts out of range");
     const nlohmann::json& off = doc.at("offsets");
     set.offsets = rv_offsets{Int<uint32_t>(off.at("th_serial")), Int<uint32_t>(off.at("th_nt")),

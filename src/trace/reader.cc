@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_read.h"
 #include "common/target_file.h"
 
 namespace rvbpfd {
@@ -21,20 +22,17 @@ struct LineError {
 uint64_t GetUint64(const json& obj, const char* key) {
   auto it = obj.find(key);
   if (it == obj.end()) throw LineError{std::string("missing \"") + key + "\""};
-  if (!it->is_number_unsigned()) {
-    // nlohmann stores non-negative integers as unsigned; anything else (negative, float, string) is wrong here.
-    throw LineError{std::string("\"") + key + "\" must be a non-negative integer"};
-  }
-  return it->get<uint64_t>();
+  std::optional<uint64_t> v = JsonInteger<uint64_t>(*it);
+  if (!v) throw LineError{std::string("\"") + key + "\" must be a non-negative integer"};
+  return *v;
 }
 
 std::optional<uint32_t> GetOptionalUint32(const json& obj, const char* key) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number_unsigned() || it->get<uint64_t>() > UINT32_MAX) {
-    throw LineError{std::string("\"") + key + "\" must be null or an integer in 0..4294967295"};
-  }
-  return it->get<uint32_t>();
+  std::optional<uint32_t> v = JsonInteger<uint32_t>(*it);
+  if (!v) throw LineError{std::string("\"") + key + "\" must be null or an integer in 0..4294967295"};
+  return v;
 }
 
 std::string GetString(const json& obj, const char* key, const std::string& fallback) {
@@ -74,8 +72,9 @@ TraceHeader ParseHeader(const json& obj) {
   if (h.recorder.empty()) throw LineError{"missing \"recorder\""};
   h.recorder_version = GetString(obj, "recorder_version", "");
   if (auto it = obj.find("pid"); it != obj.end() && !it->is_null()) {
-    if (!it->is_number_integer()) throw LineError{"\"pid\" must be an integer"};
-    h.pid = it->get<int64_t>();
+    std::optional<int64_t> pid = JsonInteger<int64_t>(*it);
+    if (!pid) throw LineError{"\"pid\" must be a 64-bit integer"};
+    h.pid = *pid;
   }
   h.ruby_version = GetString(obj, "ruby_version", "");
   h.clock = GetString(obj, "clock", "monotonic");
@@ -181,8 +180,9 @@ TraceSummary ParseSummary(const json& obj, bool* threads_valid) {
       if (auto n = t.find("native_tids"); n != t.end() && !n->is_null()) {
         if (!n->is_array()) throw LineError{"\"native_tids\" must be an array"};
         for (const json& tid : *n) {
-          if (!tid.is_number_unsigned()) throw LineError{"\"native_tids\" must hold integers"};
-          ts.native_tids.push_back(tid.get<uint32_t>());
+          std::optional<uint32_t> t = JsonInteger<uint32_t>(tid);
+          if (!t) throw LineError{"\"native_tids\" must hold integers in 0..4294967295"};
+          ts.native_tids.push_back(*t);
         }
       }
       ts.running_ms = GetDouble(t, "running_ms", 0);
@@ -202,8 +202,9 @@ FrameInfo ParseFrame(const json& obj, uint32_t* id) {
   f.label = GetString(obj, "label", "");
   f.path = GetString(obj, "path", "");
   if (auto l = obj.find("line"); l != obj.end() && !l->is_null()) {
-    if (!l->is_number_integer()) throw LineError{"frame \"line\" must be an integer"};
-    f.line = static_cast<int32_t>(l->get<int64_t>());
+    std::optional<int32_t> line = JsonInteger<int32_t>(*l);
+    if (!line) throw LineError{"frame \"line\" must be a 32-bit integer"};
+    f.line = *line;
   }
   const std::string kind = GetString(obj, "kind", "ruby");
   std::optional<FrameKind> k = ParseFrameKind(kind);
@@ -222,10 +223,9 @@ std::vector<uint32_t> ParseStack(const json& obj, const TraceFile& file, uint32_
   std::vector<uint32_t> ids;
   ids.reserve(it->size());
   for (const json& v : *it) {
-    if (!v.is_number_unsigned() || v.get<uint64_t>() > UINT32_MAX) {
-      throw LineError{"stack \"frames\" must be an array of frame ids"};
-    }
-    const auto fid = v.get<uint32_t>();
+    std::optional<uint32_t> frame_id = JsonInteger<uint32_t>(v);
+    if (!frame_id) throw LineError{"stack \"frames\" must be an array of frame ids"};
+    const uint32_t fid = *frame_id;
     if (!file.frames.contains(fid)) {
       throw LineError{"stack " + std::to_string(*id) + " uses frame " + std::to_string(fid) +
                       " before its frame line"};

@@ -1,6 +1,7 @@
 #include "sites/sites.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -406,6 +407,21 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   at = wrapped_event.find("\"event\": 2");
   wrapped_event.replace(at, 10, "\"event\": 258");
 
+  // Every integer of the cache, one at a time, replaced by a float beyond uint64's range (converting it is undefined
+  // behaviour; found by tests/fuzz's fuzz_site_cache in hooks_vaddr): each refuses the file.
+  {
+    const nlohmann::json doc = nlohmann::json::parse(good_json);
+    const nlohmann::json flat = doc.flatten();
+    int integers = 0;
+    for (const auto& [pointer, value] : flat.items()) {
+      if (!value.is_number_integer()) continue;
+      ++integers;
+      nlohmann::json changed = flat;
+      changed[pointer] = 8.09049e19;
+      EXPECT_FALSE(SiteSetFromJson(changed.unflatten().dump()).ok()) << pointer;
+    }
+    EXPECT_GT(integers, 10);
+  }
   for (const std::string& bad : {std::string("{ this is not json"), std::string(""), good_json.substr(0, 100),
                                  out_of_range, stale_format, huge_offset, float_offset, wrapped_event}) {
     testing::WriteFile(file, bad);
