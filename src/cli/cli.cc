@@ -410,28 +410,32 @@ int RunCliUnguarded(int argc, char** argv) {
     return 0;
   }
   if (sites->parsed()) {
+    // One parse of the VM binary serves the sites and the stack facts.
     std::string path = sites_binary, version;
+    std::shared_ptr<ElfFile> vm;
     if (sites_pid > 0) {
       Result<RubyTarget> t = DiscoverTarget(sites_pid, ProcFs());
       if (!t) return Fail(t.error());
       path = t->vm_host_path;
       version = t->ruby_version;
+      vm = t->vm_elf;
     } else if (!path.empty()) {
       Result<ElfFile> elf = ElfFile::Open(path);
       if (!elf) return Fail(elf.error());
       std::optional<std::string> v = ReadRubyVersion(*elf);
       if (!v) return Fail(Error(ErrorCode::kNotRuby, path + " defines no ruby_version: not a CRuby VM binary"));
       version = *v;
+      vm = std::make_shared<ElfFile>(std::move(elf.value()));
     } else {
       return Fail(Error(ErrorCode::kUsage, "sites needs --pid PID or --binary PATH"));
     }
-    Result<SiteSet> set = LoadOrFindSites(path, version, rec.cache_dir);
+    Result<SiteSet> set = LoadOrFindSites(*vm, version, rec.cache_dir);
     if (!set) return Fail(set.error());
     PrintEscaped([&](std::ostream& out) {
       out << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
           << "# symbols: " << set->symbols_source << "\n"
           << FormatProvenance(*set);
-      for (const auto& [fact, source] : StackProvenance(path, version)) out << "# " << fact << ": " << source << "\n";
+      for (const auto& [fact, source] : StackProvenance(*vm, version)) out << "# " << fact << ": " << source << "\n";
       out << FormatSites(*set);
     });
     return 0;

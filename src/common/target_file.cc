@@ -147,15 +147,19 @@ Result<FileFd> OpenRegularFile(const std::string& path, std::string_view what) {
   // and its fstat says what the file is before anything reads it.
   Result<FileFd> handle = OpenConfined(path, O_PATH | O_CLOEXEC, what);
   if (!handle) return handle.error();
+  return ReopenRegularFile(*handle, path, what);
+}
+
+Result<FileFd> ReopenRegularFile(const FileFd& handle, const std::string& path, std::string_view what) {
   struct stat st;
-  if (fstat(handle->get(), &st) != 0) return OpenFailure("fstat of " + std::string(what) + " " + path, errno);
+  if (fstat(handle.get(), &st) != 0) return OpenFailure("fstat of " + std::string(what) + " " + path, errno);
   if (!S_ISREG(st.st_mode)) {
     return Error(ErrorCode::kIo, std::string(what) + " " + path + " is " + std::string(FileTypeName(st.st_mode)) +
                                      ", not a regular file");
   }
   // Then the readable descriptor, reopened from that same inode (no second path walk a rename could redirect).
   // O_NONBLOCK: a regular file never blocks on open, but should the inode change type under us it cannot wait.
-  const std::string self = "/proc/self/fd/" + std::to_string(handle->get());
+  const std::string self = "/proc/self/fd/" + std::to_string(handle.get());
   FileFd fd(open(self.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
   if (!fd.ok()) return OpenFailure("opening " + std::string(what) + " " + path, errno);
   return fd;

@@ -72,6 +72,11 @@ Result<FileFd> OpenRegularFile(const std::string& path, std::string_view what);
 // kernel /proc/self/fd/N (uprobe attach). Any file type is accepted; the caller fstats.
 Result<FileFd> OpenPathInRoot(const std::string& path);
 
+// The readable descriptor of the file an O_PATH `handle` (OpenPathInRoot's) refers to, after checking it is a regular
+// file: no second path walk, so it is the very inode the handle names. `path` and `what` name it in messages; errors
+// as OpenRegularFile's.
+Result<FileFd> ReopenRegularFile(const FileFd& handle, const std::string& path, std::string_view what);
+
 // stat of a target's file without following it out of its root (OpenPathInRoot + fstat). Returns errno (0: ok).
 int StatInRoot(const std::string& path, struct stat* st);
 

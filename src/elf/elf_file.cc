@@ -48,9 +48,21 @@ bool MatchesWithCloneSuffix(std::string_view name, std::string_view base) {
 Result<ElfFile> ElfFile::Open(const std::string& path) {
   Result<MappedFile> mapped = MappedFile::Map(path, "ELF file", kMaxBytes, {.writable = true});
   if (!mapped) return mapped.error();
+  return FromMapped(std::move(mapped.value()), path);
+}
+
+Result<ElfFile> ElfFile::OpenHandle(const FileFd& handle, const std::string& path) {
+  Result<FileFd> fd = ReopenRegularFile(handle, path, "ELF file");
+  if (!fd) return fd.error();
+  Result<MappedFile> mapped = MappedFile::FromFd(fd->get(), path, "ELF file", kMaxBytes, {.writable = true});
+  if (!mapped) return mapped.error();
+  return FromMapped(std::move(mapped.value()), path);
+}
+
+Result<ElfFile> ElfFile::FromMapped(MappedFile mapped, const std::string& path) {
   ElfFile file;
   file.path_ = path;
-  file.file_ = std::move(mapped.value());
+  file.file_ = std::move(mapped);
   file.data_ = file.file_.data();
   file.size_ = file.file_.size();
   Status parsed = file.Parse();

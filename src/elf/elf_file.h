@@ -79,6 +79,9 @@ class ElfFile {
   // Errors: kIo when the file cannot be read; kNotRuby is not decided here (callers know the context), a file that is
   // not a 64-bit little-endian ELF yields kIo with a message saying so.
   static Result<ElfFile> Open(const std::string& path);
+  // The same for the file an O_PATH descriptor (OpenPathInRoot's) refers to: the very inode, however its path changes
+  // meanwhile. `path` names it in messages and is where its debug file is looked up (origin_path).
+  static Result<ElfFile> OpenHandle(const FileFd& handle, const std::string& path);
   // A VM binary with full DWARF is tens of MB; a larger file is not a plausible libruby/ruby (bytes).
   static constexpr uint64_t kMaxBytes = 1ull << 30;
 
@@ -153,6 +156,7 @@ class ElfFile {
   std::optional<std::string> CStringAt(uint64_t vaddr, size_t max_len) const;
 
  private:
+  static Result<ElfFile> FromMapped(MappedFile mapped, const std::string& path);
   ElfFile() = default;
   Status Parse();
   void IndexFunctions();  // rebuilds functions_by_addr_ from symbols_

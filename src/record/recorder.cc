@@ -142,7 +142,7 @@ struct Target {
   // opened inside the target's root (an absolute symlink there never names a host file, and the file analysed is the
   // file probed even if the path is swapped meanwhile).
   std::string open_path;
-  FileFd vm_file;
+  std::shared_ptr<const FileFd> vm_file;  // attach mode: the descriptor open_path names
   std::string ruby_version;
   std::string build_id;
   std::shared_ptr<ElfFile> vm_elf;  // the VM binary, parsed once for the whole run
@@ -207,24 +207,13 @@ Result<int> Record(const RecordOptions& o) {
     target.pid = o.pid;
     target.ns_pid = t->ns_pid;
     target.vm_path = t->vm_host_path;
-    Result<FileFd> vm_file = OpenPathInRoot(t->vm_host_path);
-    if (!vm_file) {
-      if (ProcessGone(o.pid)) return TargetExitedError(o.pid);
-      return vm_file.error();
-    }
-    target.vm_file = std::move(vm_file.value());
-    target.open_path = "/proc/self/fd/" + std::to_string(target.vm_file.get());
+    // Discovery parsed the VM through an O_PATH descriptor opened inside the target's root: that one file is
+    // analysed, read and probed for the whole run.
+    target.vm_file = t->vm_fd;
+    target.open_path = t->vm_fd_path();
     target.ruby_version = t->ruby_version;
     target.build_id = t->build_id;
-    // The file analysed must be the file probed: parse it through the descriptor opened inside the target's root,
-    // not the copy discovery parsed by path (the path may have been swapped since).
-    Result<ElfFile> vm = ElfFile::Open(target.open_path);
-    if (!vm) {
-      if (ProcessGone(o.pid)) return TargetExitedError(o.pid);
-      return vm.error();
-    }
-    target.vm_elf = std::make_shared<ElfFile>(std::move(vm.value()));
-    target.vm_elf->set_origin_path(t->vm_host_path);  // its debug file is looked up in the target's root
+    target.vm_elf = t->vm_elf;
   }
 
   // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.

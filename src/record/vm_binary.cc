@@ -124,15 +124,15 @@ std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_
   return std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), setup.offsets, gsym);
 }
 
-std::vector<std::pair<std::string, std::string>> StackProvenance(const std::string& vm_path,
-                                                                 const std::string& ruby_version) {
+std::vector<std::pair<std::string, std::string>> StackProvenance(ElfFile& vm, const std::string& ruby_version) {
   std::vector<std::pair<std::string, std::string>> out;
   int major = 0, minor = 0, teeny = 0;
-  Result<ElfFile> elf = ElfFile::Open(vm_path);
-  if (!elf || !ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
-    out.push_back({"stack offsets", "none: " + (elf ? "unparseable ruby_version" : elf.error().message())});
+  if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
+    out.push_back({"stack offsets", "none: unparseable ruby_version"});
     return out;
   }
+  AttachDebugInfo(&vm);  // as PrepareStacks does: the offsets come from the debug file's DWARF when there is one
+  ElfFile* const elf = &vm;
   OffsetsReport report;
   Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, &report);
   if (!off) {

@@ -78,11 +78,11 @@ std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const 
 std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_path, const StackSetup& setup,
                                                  const std::string& proc_root = "/proc");
 
-// Where the stack facts of the VM at vm_path come from (fact, source), for `rvbpfd sites`: the walker and
-// symbolizer offsets (DWARF over the version table, or the table alone), how samples find their EC, and
-// ruby_global_symbols (symtab, or rb_id2str's code). A fact that cannot be set up says why.
-std::vector<std::pair<std::string, std::string>> StackProvenance(const std::string& vm_path,
-                                                                 const std::string& ruby_version);
+// Where the stack facts of the VM binary come from (fact, source), for `rvbpfd sites`: the walker and symbolizer
+// offsets (DWARF over the version table, or the table alone), how samples find their EC, and ruby_global_symbols
+// (symtab, or rb_id2str's code). Looks up its debug file first, as a recording does. A fact that cannot be set up
+// says why.
+std::vector<std::pair<std::string, std::string>> StackProvenance(ElfFile& vm, const std::string& ruby_version);
 
 // Checks a live process against what the analysis of its VM binary assumes, before any probe goes in: the
 // ruby_version string the process holds is the analysed one, the hook list pointer is readable (NULL, or the

@@ -25,8 +25,8 @@ namespace {
 // 2: exclude_caller range on function-entry sites. 3: function-level GC probes where a binary has no GC hook check.
 // 4: probes moved to emulated instructions (check_vaddr); older caches hold single-stepped probe addresses.
 // 5: keyed by the binary's SHA-256 (content_sha256), no longer by its build-id; provenance of each fact (binaries
-// without .symtab are analysed too).
-constexpr int kCacheFormat = 5;
+// without .symtab are analysed too). 6: no code fingerprint (the SHA-256 of the whole file already names the code).
+constexpr int kCacheFormat = 6;
 // Bounds on the provenance list (a handful of facts, each a short line).
 constexpr size_t kMaxProvenance = 32;
 constexpr size_t kMaxProvenanceText = 512;
@@ -100,7 +100,6 @@ std::string SiteSetToJson(const SiteSet& set) {
       {"symbols_source", set.symbols_source},
       {"analysed_with_symtab", set.analysed_with_symtab},
       {"hooks_vaddr", set.hooks_vaddr},
-      {"code_fingerprint", set.code_fingerprint},
       {"main_ractor_vaddr", set.main_ractor_vaddr},
       {"ractor_main_thread", set.ractor_main_thread},
       {"offsets",
@@ -128,7 +127,6 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     if (doc.contains("symbols_source")) set.symbols_source = doc.at("symbols_source").get<std::string>();
     set.analysed_with_symtab = doc.at("analysed_with_symtab").get<bool>();
     set.hooks_vaddr = Int<uint64_t>(doc.at("hooks_vaddr"));
-    set.code_fingerprint = Int<uint64_t>(doc.at("code_fingerprint"));
     set.main_ractor_vaddr = Int<uint64_t>(doc.at("main_ractor_vaddr"));
     set.ractor_main_thread = Int<uint32_t>(doc.at("ractor_main_thread"));
     if (set.hooks_vaddr == 0 || set.ractor_main_thread >= kMaxStructOffset) return bad("layout facts out of range");

@@ -260,19 +260,6 @@ bool IsGcEvent(uint8_t event) { return event == RV_EV_GC_ENTER || event == RV_EV
 
 }  // namespace
 
-uint64_t CodeFingerprint(const ElfFile& vm) {
-  constexpr uint64_t kOffsetBasis = 0xcbf29ce484222325ull, kPrime = 0x100000001b3ull;
-  uint64_t h = kOffsetBasis;
-  bool any = false;
-  for (const char* name : {".text", ".rodata"}) {
-    std::optional<ElfSection> sec = vm.FindSection(name);
-    if (!sec) continue;
-    for (uint8_t b : vm.SectionData(*sec)) h = (h ^ b) * kPrime;
-    any = true;
-  }
-  return any ? h : 0;
-}
-
 bool ParseRubyVersion(const std::string& version, int* major, int* minor, int* teeny) {
   int a = 0, b = 0, c = 0, n = 0;
   if (std::sscanf(version.c_str(), "%d.%d.%d%n", &a, &b, &c, &n) != 3 || static_cast<size_t>(n) != version.size() ||
@@ -373,7 +360,6 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   set.ruby_version = ruby_version;
   set.symbols_source = vm.symbols_source();
   set.analysed_with_symtab = vm.has_symtab();
-  set.code_fingerprint = CodeFingerprint(vm);
   const bool gc_flags_global = major >= 4 || minor >= 4;  // 3.4+: GC hooks test ruby_vm_event_flags (§4)
   uint64_t gc_flags_target = 0;
   std::string gc_flags_source;

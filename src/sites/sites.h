@@ -76,16 +76,10 @@ struct SiteSet {
   bool analysed_with_symtab = true;
   // For the attach-time check of the live process (record/vm_binary.h CheckLiveLayout): the hook list, and the main
   // thread's route from rb_thread_main's code (0: unknown).
-  // FNV-1a 64 of .text and .rodata: a cached result is used only for the same code, since a modified copy of a
-  // binary can keep its build-id (CodeFingerprint).
-  uint64_t code_fingerprint = 0;
   uint64_t hooks_vaddr = 0;
   uint64_t main_ractor_vaddr = 0;
   uint32_t ractor_main_thread = 0;
 };
-
-// FNV-1a 64 over the bytes of .text then .rodata (0 when neither is in the file).
-uint64_t CodeFingerprint(const ElfFile& vm);
 
 // Parsed "X.Y.Z"; false when the string is not of that shape.
 bool ParseRubyVersion(const std::string& version, int* major, int* minor, int* teeny);

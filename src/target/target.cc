@@ -62,6 +62,19 @@ Error PrivilegeError(const std::string& what, int err) {
   return Error(ErrorCode::kNoPrivilege, ErrnoMessage(what, err) + "; " + PrivilegeHint({kCapSysPtrace}));
 }
 
+// Opens `path` O_PATH inside the target's root and parses the ELF file through that descriptor, so that the file
+// analysed is the file later read and probed (target->vm_fd), however the path changes meanwhile. On success records
+// the descriptor and path in *target.
+Result<ElfFile> OpenThroughDescriptor(const std::string& path, RubyTarget* target) {
+  Result<FileFd> handle = OpenPathInRoot(path);
+  if (!handle) return handle.error();
+  Result<ElfFile> elf = ElfFile::OpenHandle(*handle, path);
+  if (!elf) return elf.error();
+  target->vm_fd = std::make_shared<const FileFd>(std::move(handle.value()));
+  target->vm_host_path = path;
+  return elf;
+}
+
 }  // namespace
 
 std::string ProcFs::PidPath(int pid, std::string_view rel) const {
@@ -165,23 +178,14 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
     std::string via_root = procfs.PidPath(pid, "root") + path;
     Result<ElfFile> elf = Error(ErrorCode::kIo, "not opened");
     if (mapping == nullptr || !mapping->deleted) {
-      elf = ElfFile::Open(via_root);
-      if (elf.ok()) {
-        target.vm_host_path = via_root;
-        return elf;
-      }
-      if (elf.error().code() == ErrorCode::kNoPrivilege) return elf.error();
+      elf = OpenThroughDescriptor(via_root, &target);
+      if (elf.ok() || elf.error().code() == ErrorCode::kNoPrivilege) return elf;
     }
     if (mapping != nullptr) {
       char range[64];
       std::snprintf(range, sizeof(range), "%" PRIx64 "-%" PRIx64, mapping->start, mapping->end);
-      std::string via_map_files = procfs.PidPath(pid, "map_files/") + range;
-      Result<ElfFile> alt = ElfFile::Open(via_map_files);
-      if (alt.ok()) {
-        target.vm_host_path = via_map_files;
-        return alt;
-      }
-      if (alt.error().code() == ErrorCode::kNoPrivilege) return alt.error();
+      Result<ElfFile> alt = OpenThroughDescriptor(procfs.PidPath(pid, "map_files/") + range, &target);
+      if (alt.ok() || alt.error().code() == ErrorCode::kNoPrivilege) return alt;
     }
     return elf.ok() ? Error(ErrorCode::kIo, "cannot open " + path) : elf.error();
   };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/target_file.h"
 #include "elf/elf_file.h"
 
 namespace rvbpfd {
@@ -59,7 +60,14 @@ struct RubyTarget {
   // tid the VM itself recorded. Equals pid outside a container, and when the kernel reports no NSpid.
   int ns_pid = 0;
   uint64_t vm_load_start = 0;  // lowest mapping address of the VM file (for reports; uprobes use file offsets)
-  std::shared_ptr<ElfFile> vm_elf;  // the VM binary as parsed here (at vm_host_path): callers need not reopen it
+  // The VM binary as parsed here, through vm_fd: callers analyse, read and probe this one file and never reopen
+  // vm_host_path (which the target may have swapped since).
+  std::shared_ptr<ElfFile> vm_elf;
+  // O_PATH descriptor of the file vm_elf parsed, opened inside the target's root (an absolute symlink there never
+  // names a host file); vm_fd_path() names it for uprobes and readers.
+  std::shared_ptr<const FileFd> vm_fd;
+
+  std::string vm_fd_path() const { return vm_fd ? "/proc/self/fd/" + std::to_string(vm_fd->get()) : vm_host_path; }
 };
 
 // The VM's version string ("3.3.8") from the exported `ruby_version` array of a VM binary (the executable of a

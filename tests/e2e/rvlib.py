@@ -93,7 +93,14 @@ class Results:
         sys.stdout.flush()
         return not problems
 
-    def finish(self):
+    def finish(self, work_dir=None, keep=False):
+        """Prints the tally and exits 0 when every check passed, else 1. work_dir (a test's temporary directory) is
+        removed when everything passed and keep is false, and otherwise kept and printed for a look."""
+        if work_dir:
+            if keep or self.failed:
+                print(f"kept {work_dir}")
+            else:
+                shutil.rmtree(work_dir, ignore_errors=True)
         if self.failures:
             print("failed checks:")
             for f in self.failures:
@@ -163,6 +170,17 @@ def find_ruby(source_dir, name):
                                                                             os.X_OK):
         raise Fatal(f"test Ruby {name} missing at {prefix} (no .complete stamp): run tools/build-test-rubies.sh")
     return prefix
+
+
+def any_test_ruby(source_dir):
+    """bin/ruby of the first test Ruby that is built, for tests where any CRuby will do."""
+    errors = []
+    for name in RUBIES:
+        try:
+            return find_ruby(source_dir, name) + "/bin/ruby"
+        except Fatal as e:
+            errors.append(str(e))
+    raise Fatal("; ".join(errors))
 
 
 def build_rvref(source_dir, build_dir, name, ruby_bin):

@@ -326,11 +326,7 @@ def main():
                          "that delays the attach")
         print("  exit 9 sweep: " + ", ".join(outcomes))
         res.check(f"exit 9 target exited during attach (attach {attach_s * 1000:.0f} ms)", probs)
-    if not args.keep:
-        shutil.rmtree(base, ignore_errors=True)
-    else:
-        print(f"kept {base}")
-    res.finish()
+    res.finish(base, keep=args.keep)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ victim file outside the output (content and mtime) was not touched.
                  an abort (134) from the JSON writer
   --push-url     user:password@ and token= never appear in the validation error or the agent's startup log
 """
-import json
 import os
 import re
 import signal
@@ -86,24 +85,13 @@ def one_error_line(rc, err, want_rc, must):
     return p
 
 
-def any_test_ruby(source_dir):
-    """The first test Ruby that is built (any CRuby will do here)."""
-    errors = []
-    for name in rvlib.RUBIES:
-        try:
-            return rvlib.find_ruby(source_dir, name) + "/bin/ruby"
-        except rvlib.Fatal as e:
-            errors.append(str(e))
-    raise rvlib.Fatal("; ".join(errors))
-
-
 def main():
     args = rvlib.parse_args(__doc__)
     rvlib.require_bpf_environment()
     res = rvlib.Results()
     try:
         rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        ruby = any_test_ruby(args.source_dir)
+        ruby = rvlib.any_test_ruby(args.source_dir)
     except rvlib.Fatal as e:
         res.check("setup (rvbpfd binary, a test Ruby)", [str(e)])
         res.finish()
@@ -277,11 +265,7 @@ def main():
         p.append("the agent's log shows the push credentials")
     res.check("the agent's startup log shows --push-url without its credentials", p)
 
-    if not res.failed:
-        subprocess.run(["rm", "-rf", base])
-    else:
-        print(f"kept {base}")
-    res.finish()
+    res.finish(base, keep=args.keep)
 
 
 if __name__ == "__main__":

@@ -320,11 +320,7 @@ ln -s "{decoy_dir}/libruby.so" "{libruby}"
     finally:
         for t in targets:
             t.stop()
-        if args.keep:
-            print(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    res.finish()
+    res.finish(work, keep=args.keep)
 
 
 if __name__ == "__main__":

@@ -56,24 +56,13 @@ def recorded(out):
     return p
 
 
-def any_test_ruby(source_dir):
-    """The first test Ruby that is built (any CRuby will do here)."""
-    errors = []
-    for name in rvlib.RUBIES:
-        try:
-            return rvlib.find_ruby(source_dir, name) + "/bin/ruby"
-        except rvlib.Fatal as e:
-            errors.append(str(e))
-    raise rvlib.Fatal("; ".join(errors))
-
-
 def main():
     args = rvlib.parse_args(__doc__)
     rvlib.require_bpf_environment()
     res = rvlib.Results()
     try:
         rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        ruby = any_test_ruby(args.source_dir)
+        ruby = rvlib.any_test_ruby(args.source_dir)
     except rvlib.Fatal as e:
         res.check("setup (rvbpfd binary, a test Ruby)", [str(e)])
         res.finish()
@@ -135,11 +124,7 @@ def main():
         prob.append("a trace was left behind")
     res.check("launch --user no-such-user: exit 2, nothing run", prob)
 
-    if not res.failed:
-        subprocess.run(["rm", "-rf", base])
-    else:
-        print(f"kept {base}")
-    res.finish()
+    res.finish(base, keep=args.keep)
 
 
 if __name__ == "__main__":

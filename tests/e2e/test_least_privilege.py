@@ -167,11 +167,7 @@ def main():
     finally:
         target.kill()
         target.wait()
-    if not res.failed:
-        subprocess.run(["rm", "-rf", base])
-    else:
-        print(f"kept {base}")
-    res.finish()
+    res.finish(base, keep=args.keep)
 
 
 if __name__ == "__main__":

@@ -374,7 +374,7 @@ TEST_F(FixtureTest, ModifiedCopyWithTheSameBuildIdIsNotServedTheCache) {
   Result<SiteSet> other = LoadOrFindSites(copy, "3.3.0", cache);
   ASSERT_TRUE(other.ok()) << other.error().ToString();
   EXPECT_EQ(FormatSites(*other).find("fx_marked"), std::string::npos) << "served the original's cache";
-  EXPECT_NE(other->code_fingerprint, first->code_fingerprint);
+  EXPECT_NE(other->content_sha256, first->content_sha256);
 }
 
 TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
@@ -390,9 +390,9 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   ASSERT_NE(at, std::string::npos) << out_of_range;
   out_of_range.replace(at, 10, "\"event\": 99");
   std::string stale_format = good_json;
-  at = stale_format.find("\"format\": 5");
+  at = stale_format.find("\"format\": 6");
   ASSERT_NE(at, std::string::npos);
-  stale_format.replace(at, 11, "\"format\": 4");  // the previous format (keyed by build-id): recomputed
+  stale_format.replace(at, 11, "\"format\": 5");  // the previous format (with a code fingerprint): recomputed
   std::string huge_offset = good_json;
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);

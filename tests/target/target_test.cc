@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -161,6 +162,46 @@ TEST(DiscoverTargetTest, FindsSharedLibrubyThroughTheTargetRoot) {
   EXPECT_EQ(t->minor, 3);
   EXPECT_EQ(t->teeny, 8);
   EXPECT_EQ(t->vm_load_start, 0x7f0000010000u);
+}
+
+// The file discovery parsed is the file every later step reads and probes: vm_fd names that inode even after the
+// path is replaced (a target swapping its libruby for another after discovery changes nothing).
+TEST(DiscoverTargetTest, TheDescriptorKeepsTheParsedFileWhenThePathIsSwapped) {
+  FakeProc proc;
+  proc.SetComm("ruby");
+  ASSERT_TRUE(proc.AddFile("/usr/lib/libruby.so.3.3.8", VersionLib("3.3.8"),
+                           "-shared -fPIC -Wl,--build-id=0xfeedface00112233"));
+  proc.SetMaps({"/usr/lib/libruby.so.3.3.8"});
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_TRUE(t.ok()) << t.error().ToString();
+  ASSERT_NE(t->vm_fd, nullptr);
+  EXPECT_EQ(t->vm_fd_path(), "/proc/self/fd/" + std::to_string(t->vm_fd->get()));
+  // Messages and the debug-file lookup name the path as found, never the descriptor.
+  EXPECT_EQ(t->vm_elf->path(), t->vm_host_path);
+  EXPECT_EQ(t->vm_elf->origin_path(), t->vm_host_path);
+
+  const std::string swapped = proc.PidDir() + "/root/usr/lib/libruby.so.3.3.8";
+  ASSERT_TRUE(CompileC(VersionLib("3.3.9"), swapped + ".new", "-shared -fPIC -Wl,--build-id=0x0badc0de"));
+  std::filesystem::rename(swapped + ".new", swapped);
+  Result<ElfFile> reread = ElfFile::Open(t->vm_fd_path());
+  ASSERT_TRUE(reread.ok()) << reread.error().ToString();
+  EXPECT_EQ(reread->build_id(), "feedface00112233");
+  EXPECT_EQ(ElfFile::Open(swapped)->build_id(), "0badc0de");
+}
+
+// A FIFO where the VM should be: refused from its descriptor's type, without ever opening it for reading (which would
+// wait for a writer).
+TEST(DiscoverTargetTest, FifoInPlaceOfTheVmIsRefusedWithoutBlocking) {
+  FakeProc proc;
+  proc.SetComm("ruby");
+  std::filesystem::create_directories(proc.PidDir() + "/root/usr/lib");
+  ASSERT_EQ(mkfifo((proc.PidDir() + "/root/usr/lib/libruby.so.3.3.8").c_str(), 0600), 0);
+  proc.SetMaps({"/usr/lib/libruby.so.3.3.8"});
+  Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.error().message().find("is a FIFO"), std::string::npos) << t.error().message();
+  EXPECT_NE(t.error().message().find(proc.PidDir() + "/root/usr/lib/libruby.so.3.3.8"), std::string::npos)
+      << t.error().message();
 }
 
 TEST(DiscoverTargetTest, FindsStaticRubyExecutable) {
