@@ -74,7 +74,7 @@ struct SiteSet {
   // Whether the analysed file had a .symtab. A stripped copy keeps its build-id, so the cache checks this too: a
   // result computed from the symbols is not reported as found without them, nor the other way round.
   bool analysed_with_symtab = true;
-  // For the attach-time check of the live process (record/vm_binary.h CheckLiveLayout): the hook list, and the main
+  // For the check of a live process (record/vm_binary.h CheckLiveLayout): the hook list, and the main
   // thread's route from rb_thread_main's code (0: unknown).
   // FNV-1a 64 of .text and .rodata: a cached result is used only for the same code, since a modified copy of a
   // binary can keep its build-id (CodeFingerprint).
