@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "agent_fakes.h"
-#include "stacks/fake_memory.h"
+#include "record/fake_vm_memory.h"
 
 namespace rvbpfd {
 namespace {
@@ -134,35 +134,27 @@ class AgentTest : public ::testing::Test {
   int memory_opened_ = 0;
 };
 
-// The layout a prepared binary reports for the live check (the libruby of FakeProc, mapped at 0x7f0000000000 by
-// its first process): ruby_single_main_ractor at +0x5008, threads.main at +0x188, th->nt at +40, nt->tid at +24.
+// The layout a prepared binary reports for the live check: testing::FakeVm's, in the libruby of FakeProc (mapped at
+// 0x7f0000000000 by every process).
 constexpr uint64_t kFakeLibrubyBias = 0x7f0000000000;
 LiveLayout FakeLayout() {
+  using testing::FakeVm;
   LiveLayout l;
   l.vm_path = "/usr/lib/libruby.so.3.3.8";
   l.ruby_version = "3.3.8";
   l.description = "CRuby 3.3.8, build-id none, no symbols: offsets table";
-  l.hooks_vaddr = 0x5000;
-  l.main_ractor_vaddr = 0x5008;
-  l.ractor_main_thread = 0x188;
-  l.th_nt = 40;
-  l.nt_tid = 24;
+  l.hooks_vaddr = FakeVm::kHooks;
+  l.main_ractor_vaddr = FakeVm::kMainRactor;
+  l.ractor_main_thread = FakeVm::kRactorMainThread;
+  l.th_nt = FakeVm::kThNt;
+  l.nt_tid = FakeVm::kNtTid;
   l.lowest_load_vaddr = 0;
   return l;
 }
 // A process whose memory holds that layout with main thread tid `tid` (its pid when it matches); `main_thread` 0:
 // the VM has not set its main thread up yet.
-testing::FakeMemory FakeVmMemory(int tid, uint64_t main_thread = 0x20000) {
-  testing::FakeMemory m;
-  m.Map(kFakeLibrubyBias + 0x5000, 16);
-  m.Map(0x10000, 0x400);  // ractor
-  m.Map(0x20000, 0x100);  // th
-  m.Map(0x30000, 0x40);   // nt
-  m.Put64(kFakeLibrubyBias + 0x5008, 0x10000);
-  m.Put64(0x10000 + 0x188, main_thread);
-  m.Put64(0x20000 + 40, 0x30000);
-  m.Put32(0x30000 + 24, static_cast<uint32_t>(tid));
-  return m;
+testing::FakeMemory FakeVmMemory(int tid, uint64_t main_thread = testing::FakeVm::kThread) {
+  return testing::FakeVmMemory(kFakeLibrubyBias, tid, main_thread);
 }
 
 TEST_F(AgentTest, StartWatchesEveryRubyProcessWithOneProbeSetPerBinary) {

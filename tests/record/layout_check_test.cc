@@ -15,6 +15,7 @@
 #include "elf/elf_fixtures.h"
 #include "record/vm_binary.h"
 #include "sites/sites.h"
+#include "record/fake_vm_memory.h"
 #include "stacks/fake_memory.h"
 #include "stacks/ruby_offsets.h"
 
@@ -37,20 +38,13 @@ class LayoutFakeTest : public ::testing::Test {
     elf_.emplace(std::move(elf.value()));
     const uint64_t version = elf_->FindSymbol("ruby_version")->value;
     sites_.ruby_version = "3.3.8";
-    sites_.offsets = rv_offsets{200, 40, 24, 0};
-    sites_.hooks_vaddr = 0x5000;
-    sites_.main_ractor_vaddr = 0x5008;
-    sites_.ractor_main_thread = 0x188;
+    sites_.offsets = rv_offsets{200, testing::FakeVm::kThNt, testing::FakeVm::kNtTid, 0};
+    sites_.hooks_vaddr = testing::FakeVm::kHooks;
+    sites_.main_ractor_vaddr = testing::FakeVm::kMainRactor;
+    sites_.ractor_main_thread = testing::FakeVm::kRactorMainThread;
+    mem_ = testing::FakeVmMemory(kBias, kPid);  // ractor 0x10000, th 0x20000, nt 0x30000
     mem_.Map(kBias + version, 32);
     mem_.Put(kBias + version, "3.3.8", 6);
-    mem_.Map(kBias + 0x5000, 16);
-    mem_.Map(0x10000, 0x400);  // ractor
-    mem_.Map(0x20000, 0x100);  // th
-    mem_.Map(0x30000, 0x40);   // nt
-    mem_.Put64(kBias + 0x5008, 0x10000);
-    mem_.Put64(0x10000 + 0x188, 0x20000);
-    mem_.Put64(0x20000 + 40, 0x30000);
-    mem_.Put32(0x30000 + 24, kPid);
   }
   Result<LiveLayoutResult> Check(int ns_pid = kPid, bool vm_may_be_starting = false) {
     return CheckLiveLayout(kPid, ns_pid, LiveLayoutOf(*elf_, sites_), kBias, mem_, vm_may_be_starting);
