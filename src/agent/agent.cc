@@ -106,9 +106,9 @@ bool Agent::FirstTimeLogged(const std::string& problem) {
   return logged_problems_.insert(std::hash<std::string>{}(problem)).second;
 }
 
-InspectOutcome Agent::TryWatch(int pid, const char* how) {
+InspectOutcome Agent::TryWatch(int pid, const char* how, bool vm_may_be_starting) {
   try {
-    return TryWatchUnguarded(pid, how);
+    return TryWatchUnguarded(pid, how, vm_may_be_starting);
   } catch (const std::exception& e) {
     // A hostile process must not take the agent down with it (a bad name, a huge allocation): skip it.
     ++skipped_exception_;
@@ -119,7 +119,7 @@ InspectOutcome Agent::TryWatch(int pid, const char* how) {
   }
 }
 
-InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how) {
+InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be_starting) {
   const uint64_t inspect_timeouts = inspector_.timed_out();
   Inspection insp = inspector_.Inspect(pid);
   if (insp.outcome == InspectOutcome::kSkip) {
@@ -175,6 +175,30 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how) {
                                  {"stacks", set->stacks.has_value()},
                                  {"attach_ms", set->attach_ms}});
   }
+  // The process's memory must match what the analysis of its binary assumed before any of its events count.
+  {
+    std::unique_ptr<MemoryReader> mem = env_.memory ? env_.memory(pid) : std::make_unique<ProcessMemoryReader>(pid);
+    Result<LiveLayoutResult> layout =
+        CheckLiveLayout(pid, insp.target.ns_pid, set->layout,
+                        LoadBiasFromLowestMapping(set->layout.lowest_load_vaddr, insp.target.vm_load_start), *mem,
+                        vm_may_be_starting);
+    if (!layout || *layout == LiveLayoutResult::kNotStarted) {
+      probe_sets_.Release(pid, set);
+      if (!ProcessAlive(config_.proc_root, pid)) return InspectOutcome::kGone;
+      if (layout && vm_may_be_starting) {
+        log().Debug("VM of a process still starting; inspected again later", {{"pid", pid}});
+        return InspectOutcome::kNotRuby;
+      }
+      // A VM still without its main thread at the last look (2 s after its exec, or found by a scan) is refused too.
+      const Error e = layout ? LiveLayoutRefusal(set->layout, pid, NotStartedReason(set->layout)) : layout.error();
+      if (FirstTimeLogged(e.message())) {
+        ++skipped_layout_;
+        log().Warn("not profiling a Ruby process: its memory does not match its binary's analysis",
+                   {{"pid", pid}, {"comm", labels->comm}, {"error", e.message()}});
+      }
+      return InspectOutcome::kSkip;
+    }
+  }
   // A process in a pid namespace of its own (a container) names threads by that namespace's tids.
   Result<TargetPidNamespace> pidns = ReadPidNamespace(pid, ProcFs(config_.proc_root));
   if (!pidns) {
@@ -225,7 +249,8 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how) {
 void Agent::InspectDue(uint64_t now) {
   for (const ExecRetrySchedule::Due& due : retries_.TakeDue(now)) {
     if (registry_.Find(due.pid) != nullptr) continue;
-    if (TryWatch(due.pid, "exec") == InspectOutcome::kNotRuby) retries_.Retry(due);
+    const bool more_attempts = static_cast<size_t>(due.attempt) + 1 < ExecRetrySchedule::kDelaysNs.size();
+    if (TryWatch(due.pid, "exec", more_attempts) == InspectOutcome::kNotRuby) retries_.Retry(due);
   }
 }
 
@@ -571,10 +596,12 @@ void Agent::UpdateMetrics() {
   m->SetCounter(kMetricPushRetries, "Push attempts that failed and were retried", {},
                 static_cast<double>(push.retries + retired_push_stats_.retries));
   m->SetGauge(kMetricPushQueueLength, "Profiles waiting for the push backend", {}, static_cast<double>(push.queued));
-  const char* skipped_help = "Processes not profiled because handling them hit a bound, by reason";
+  const char* skipped_help = "Processes not profiled, by reason: timeout (a time bound hit), exception (handling "
+                             "threw), layout (its memory does not match its VM binary's analysis)";
   m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "timeout"}}, static_cast<double>(skipped_timeout_));
   m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "exception"}},
                 static_cast<double>(skipped_exception_));
+  m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "layout"}}, static_cast<double>(skipped_layout_));
   Result<SelfUsage> usage = env_.self_usage ? env_.self_usage() : ReadSelfUsage("/proc");
   if (usage) ExportSelfUsage(*usage, m);
 }

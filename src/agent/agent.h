@@ -115,11 +115,14 @@ class Agent {
   void DrainRing();
   void ScanProc(const char* how);
   void InspectDue(uint64_t now);
-  // Inspects pid and starts watching it when it is a supported CRuby matching the filter. Returns the outcome.
-  // `how` says what found it (logged): "scan", "rescan", "exec", "fork".
+  // Inspects pid and starts watching it when it is a supported CRuby matching the filter and its memory matches its
+  // binary's analysis (CheckLiveLayout; a mismatch is logged once and counted as skipped, reason "layout"). Returns
+  // the outcome. `how` says what found it (logged): "scan", "rescan", "exec", "fork". `vm_may_be_starting`: the
+  // process was just exec'd and will be inspected again (ExecRetrySchedule), so a VM that has not set its main
+  // thread up yet is kNotRuby, to be tried at the next attempt.
   // No exception escapes: one that does is logged and counted, and the process is skipped.
-  InspectOutcome TryWatch(int pid, const char* how);
-  InspectOutcome TryWatchUnguarded(int pid, const char* how);
+  InspectOutcome TryWatch(int pid, const char* how, bool vm_may_be_starting = false);
+  InspectOutcome TryWatchUnguarded(int pid, const char* how, bool vm_may_be_starting);
   // True the first time `problem` is seen (then it is logged); remembered as a hash, at most kMaxLoggedProblems of
   // them (then forgotten all at once: a problem may be logged again, memory stays bounded).
   bool FirstTimeLogged(const std::string& problem);
@@ -150,6 +153,7 @@ class Agent {
   std::unordered_set<uint64_t> logged_problems_;  // hashes of skip reasons already logged (once per problem)
   uint64_t skipped_timeout_ = 0;    // processes skipped because inspecting or preparing them hit the time bound
   uint64_t skipped_exception_ = 0;  // processes skipped because their handling threw
+  uint64_t skipped_layout_ = 0;     // processes skipped because their memory does not match their binary's analysis
   int64_t mono_to_unix_ns_ = 0;
   uint64_t interval_ns_ = 0;
   uint64_t next_cut_ns_ = 0;

@@ -18,6 +18,7 @@
 #include "ops/metrics.h"
 #include "record/stack_resolver.h"
 #include "sink/sink.h"
+#include "stacks/memory_reader.h"
 #include "target/target.h"
 #include "trace/stacks.h"
 
@@ -73,6 +74,8 @@ struct AgentEnv {
   Logger* log = nullptr;               // null: AgentLog()
   // Reads the agent's own CPU and RSS (null: ReadSelfUsage("/proc")).
   std::function<Result<SelfUsage>()> self_usage;
+  // The memory of a process, for the check of its live layout before it is watched (null: process_vm_readv).
+  std::function<std::unique_ptr<MemoryReader>(int pid)> memory;
 };
 
 }  // namespace rvbpfd

@@ -239,6 +239,7 @@ std::optional<Inspection> ProcessInspector::State::FromVmCache(int pid, const st
   t.major = facts.major;
   t.minor = facts.minor;
   t.teeny = facts.teeny;
+  t.ns_pid = ReadNsPid(*procfs, pid);
   for (const MapsEntry& e : maps) {
     if (e.path == path && (t.vm_load_start == 0 || e.start < t.vm_load_start)) t.vm_load_start = e.start;
   }

@@ -126,6 +126,7 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
   set->vm_path = target.vm_path;
   set->ruby_version = target.ruby_version;
   set->stacks = prepared->stacks;
+  set->layout = prepared->live_layout;
   set->site_count = prepared->sites.sites.size();
   Result<UniqueFd> fd = OpenBinary(target.vm_host_path, key);
   if (!fd) return fd.error();

@@ -75,6 +75,7 @@ struct ProbeSet {
   std::string ruby_version;
   uint8_t binary = 0;        // index of its offsets in BPF
   std::optional<StackSetup> stacks;
+  LiveLayout layout;         // what each process of the binary is checked against (CheckLiveLayout)
   size_t site_count = 0;
   int low_group = -1;        // thread start/exit sites
   int high_group = -1;       // READY/RESUMED/SUSPENDED, GC, sleep, Mutex#lock: what the budget pauses

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -233,19 +234,21 @@ Result<int> Record(const RecordOptions& o) {
   const SiteSet* sites = &prepared->sites;
   if (!launch) {
     // The live process must match what the analysis assumed (version, hook list, thread layout) before a probe
-    // goes in; a launched child is checked by construction (its VM is the file analysed, not yet running).
-    const ElfFile& vm_elf = *target.vm_elf;
-    std::optional<uint64_t> lowest = LowestMappingOf(target.pid, target.vm_path);
-    if (!lowest) {
+    // goes in. A process caught while its VM is still starting is checked again every ms (LiveLayoutGate).
+    if (!LowestMappingOf(target.pid, target.vm_path)) {
       if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
       return Error(ErrorCode::kNotRuby, target.vm_path + " is not mapped in process " + std::to_string(target.pid));
     }
+    LiveLayoutGate gate(target.pid, target.ns_pid, prepared->live_layout);
     ProcessMemoryReader mem(target.pid);
-    Status st = CheckLiveLayout(target.pid, target.ns_pid, vm_elf, LoadBiasFromLowestMapping(vm_elf, *lowest),
-                                *sites, mem);
-    if (!st) {
+    auto lowest = [&] { return LowestMappingOf(target.pid, target.vm_path); };
+    while (gate.Poll(MonotonicNs(), lowest, mem) == LiveLayoutGate::State::kPending) {
       if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
-      return st.error();
+      usleep(static_cast<useconds_t>(LiveLayoutGate::kRetryNs / 1000));
+    }
+    if (gate.state() == LiveLayoutGate::State::kFailed) {
+      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
+      return gate.error();
     }
   }
   target.vm_elf.reset();  // everything the run needs from the file is in `prepared` now: its copy is freed
@@ -262,6 +265,16 @@ Result<int> Record(const RecordOptions& o) {
   // records can hold Poll for ~100 ms while new frames are symbolized, and the target's traps do not wait for it.
   std::function<void()> budget_tick;
   uint64_t ring_records = 0;
+  // Launch mode: the command's VM runs once the first scheduler event arrives (a scheduler event needs the VM's
+  // thread structures); only then can its memory be checked against the analysis (LiveLayoutGate), and its events
+  // stay in the reorder window until that check has passed.
+  bool vm_running = false;
+  std::optional<LiveLayoutGate> launch_gate;
+  std::function<void()> poll_launch_gate;
+  auto saw_record = [&](uint16_t kind) {
+    if (kind >= RV_EV_THREAD_STARTED && kind <= RV_EV_THREAD_EXITED) vm_running = true;
+    if (poll_launch_gate) poll_launch_gate();
+  };
   std::unique_ptr<BpfSession> session;
   {
     SessionOptions so;
@@ -281,6 +294,7 @@ Result<int> Record(const RecordOptions& o) {
           // Objects move or die only inside GC: the stack resolver's cache is revalidated after each one.
           if (r.kind == RV_EV_GC_ENTER) ++gc_epoch;
           reorder.Push(FromRecord(r, origin_ns));
+          saw_record(r.kind);
         });
     if (!s) return s.error();
     session = std::move(s.value());
@@ -363,6 +377,7 @@ Result<int> Record(const RecordOptions& o) {
                                   std::span<const rv_ruby_frame> frames) {
       if (budget_tick) budget_tick();
       poll_ec_route();
+      saw_record(r.kind);
       TraceEvent e;
       if (r.kind == RV_EV_SAMPLE) {
         e.t_ns = r.ts_ns > origin_ns ? r.ts_ns - origin_ns : 0;
@@ -457,6 +472,28 @@ Result<int> Record(const RecordOptions& o) {
     }
     if (Status st = child->Release(); !st) return fail(st.error());
   }
+  std::optional<ProcessMemoryReader> gate_mem;
+  if (launch) {
+    // The command shares rvbpfd's pid namespace: its main thread's tid is its pid as rvbpfd sees it.
+    launch_gate.emplace(target.pid, target.pid, prepared->live_layout);
+    gate_mem.emplace(target.pid);
+    poll_launch_gate = [&]() {
+      if (!vm_running || launch_gate->state() != LiveLayoutGate::State::kPending) return;
+      launch_gate->Poll(MonotonicNs(), [&] { return LowestMappingOf(target.pid, target.open_path); }, *gate_mem);
+    };
+  }
+  auto layout_checked = [&]() { return !launch_gate || launch_gate->state() == LiveLayoutGate::State::kPassed; };
+  // Launch mode: why nothing is written when the layout check failed or never ran (the command keeps running: not
+  // rvbpfd's to kill).
+  auto launch_gate_error = [&](const char* why_unchecked) {
+    if (launch_gate->state() == LiveLayoutGate::State::kFailed) {
+      return Error(launch_gate->error().code(), launch_gate->error().message() + "; the command (pid " +
+                                                    std::to_string(target.pid) + ") runs on untraced");
+    }
+    return Error(ErrorCode::kTargetExited, "the command (pid " + std::to_string(target.pid) + ") " + why_unchecked +
+                                               " before its memory could be checked against the layout rvbpfd "
+                                               "derived; nothing was recorded");
+  };
 
   // Main loop.
   ThreadIds thread_ids(static_cast<uint32_t>(target.pid));
@@ -602,6 +639,9 @@ Result<int> Record(const RecordOptions& o) {
       const uint64_t now = MonotonicNs();
       timeout_ms = next_check_ns > now ? static_cast<int>((next_check_ns - now + 999'999) / 1'000'000) : 0;
     }
+    // While the launched command's layout is unchecked, records are taken as they come: the check is due as soon as
+    // the first scheduler event arrives, while the command is still starting.
+    if (!layout_checked()) timeout_ms = std::min(timeout_ms, 1);
     Result<int> n = session->Poll(timeout_ms);
     if (!n) {
       fprintf(stderr, "%s\n", n.error().ToString().c_str());
@@ -610,7 +650,11 @@ Result<int> Record(const RecordOptions& o) {
     }
     check_counters();
     poll_ec_route();
-    reorder.PopReady(&ready);
+    if (poll_launch_gate) {
+      poll_launch_gate();
+      if (launch_gate->state() == LiveLayoutGate::State::kFailed) return fail(launch_gate_error(""));
+    }
+    if (layout_checked()) reorder.PopReady(&ready);
     Status wst = Status::Ok();
     for (TraceEvent& e : ready) {
       if (!KeepEvent(e)) continue;
@@ -686,6 +730,11 @@ Result<int> Record(const RecordOptions& o) {
   budget_tick = nullptr;
   drain_ring();
   check_counters();
+  if (!layout_checked()) {
+    return fail(launch_gate_error(target_exited                ? "exited"
+                                  : stop_reason == "signal"    ? "was still starting when rvbpfd was stopped"
+                                                               : "was still starting when the recording ended"));
+  }
   reorder.Drain(&ready);
   for (TraceEvent& e : ready) {
     if (!KeepEvent(e)) continue;

@@ -43,6 +43,7 @@ Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_vers
   if (!sites) return sites.error();
   PreparedBinary p;
   p.sites = std::move(sites.value());
+  p.live_layout = LiveLayoutOf(vm, p.sites);
   if (want_stacks) {
     Result<StackSetup> ss = PrepareStacks(vm, ruby_version);
     if (ss) {
@@ -152,57 +153,108 @@ std::vector<std::pair<std::string, std::string>> StackProvenance(ElfFile& vm, co
   return out;
 }
 
-Status CheckLiveLayout(int pid, int ns_pid, const ElfFile& vm, uint64_t load_bias, const SiteSet& sites,
-                       MemoryReader& mem) {
-  auto refuse = [&](const std::string& what) {
-    return Error(ErrorCode::kNoSymbols,
-                 vm.path() + " (CRuby " + sites.ruby_version + ", build-id " +
-                     (sites.build_id.empty() ? "none" : sites.build_id) + ", " +
-                     (sites.analysed_with_symtab ? "symbols" : "no symbols: offsets " + sites.offsets_source) +
-                     "): process " + std::to_string(pid) + " does not match the layout rvbpfd derived: " + what +
-                     "; supported without debug symbols: CRuby 3.3 and 3.4 release builds (GCC, x86-64), otherwise "
-                     "install the VM's debug symbols");
-  };
-  // 1. The version the tables were chosen for.
+LiveLayout LiveLayoutOf(const ElfFile& vm, const SiteSet& sites) {
+  LiveLayout l;
+  l.vm_path = vm.origin_path();
+  l.ruby_version = sites.ruby_version;
+  l.description = "CRuby " + sites.ruby_version + ", build-id " + (sites.build_id.empty() ? "none" : sites.build_id) +
+                  ", " + (sites.analysed_with_symtab ? "symbols" : "no symbols: offsets " + sites.offsets_source);
   if (std::optional<ElfSymbol> v = vm.FindSymbol("ruby_version"); v && v->shndx != SHN_UNDEF) {
+    l.ruby_version_vaddr = v->value;
+  }
+  l.hooks_vaddr = sites.hooks_vaddr;
+  l.main_ractor_vaddr = sites.main_ractor_vaddr;
+  l.ractor_main_thread = sites.ractor_main_thread;
+  l.th_nt = sites.offsets.th_nt;
+  l.nt_tid = sites.offsets.nt_tid;
+  l.lowest_load_vaddr = LowestLoadVaddr(vm);
+  return l;
+}
+
+std::string NotStartedReason(const LiveLayout& layout) {
+  return "its main thread is not set up (the main ractor's threads.main at +" +
+         std::to_string(layout.ractor_main_thread) + " stays NULL)";
+}
+
+Error LiveLayoutRefusal(const LiveLayout& layout, int pid, const std::string& what) {
+  return Error(ErrorCode::kNoSymbols,
+               layout.vm_path + " (" + layout.description + "): process " + std::to_string(pid) +
+                   " does not match the layout rvbpfd derived: " + what +
+                   "; supported without debug symbols: CRuby 3.3 and 3.4 release builds (GCC, x86-64), otherwise "
+                   "install the VM's debug symbols");
+}
+
+Result<LiveLayoutResult> CheckLiveLayout(int pid, int ns_pid, const LiveLayout& layout, uint64_t load_bias,
+                                         MemoryReader& mem, bool vm_may_be_starting) {
+  auto refuse = [&](const std::string& what) { return LiveLayoutRefusal(layout, pid, what); };
+  // 1. The version the tables were chosen for.
+  if (layout.ruby_version_vaddr != 0) {
     char buf[32] = {};
-    if (!mem.Read(v->value + load_bias, buf, sizeof(buf) - 1)) return refuse("ruby_version is unreadable");
-    if (std::string(buf, strnlen(buf, sizeof(buf) - 1)) != sites.ruby_version) {
+    if (!mem.Read(layout.ruby_version_vaddr + load_bias, buf, sizeof(buf) - 1)) {
+      return refuse("ruby_version is unreadable");
+    }
+    if (std::string(buf, strnlen(buf, sizeof(buf) - 1)) != layout.ruby_version) {
       return refuse("its ruby_version is \"" + std::string(buf, strnlen(buf, sizeof(buf) - 1)) + "\"");
     }
   }
   // 2. The hook list the sites test.
-  if (sites.hooks_vaddr != 0) {
+  if (layout.hooks_vaddr != 0) {
     uint64_t head = 0;
-    if (!mem.ReadValue(sites.hooks_vaddr + load_bias, &head)) return refuse("the hook list pointer is unreadable");
+    if (!mem.ReadValue(layout.hooks_vaddr + load_bias, &head)) return refuse("the hook list pointer is unreadable");
     uint64_t word = 0;
     if (head != 0 && !mem.ReadValue(head, &word)) return refuse("the hook list points to unreadable memory");
   }
   // 3. th->nt->tid of the main thread, with the offsets BPF will use.
-  if (sites.main_ractor_vaddr != 0 && sites.ractor_main_thread != 0) {
+  if (layout.main_ractor_vaddr != 0 && layout.ractor_main_thread != 0) {
     uint64_t ractor = 0, th = 0, nt = 0;
     int32_t tid = 0;
-    if (!mem.ReadValue(sites.main_ractor_vaddr + load_bias, &ractor)) return refuse("the main ractor is unreadable");
-    if (ractor != 0) {  // 0: several ractors; the check does not apply
-      if (!mem.ReadValue(ractor + sites.ractor_main_thread, &th) || th == 0) {
-        return refuse("the main ractor's main thread is unreadable");
-      }
-      if (!mem.ReadValue(th + sites.offsets.th_nt, &nt) || nt == 0) {
-        return refuse("the main thread's native thread (th->nt at +" + std::to_string(sites.offsets.th_nt) +
-                      ") is unreadable");
-      }
-      if (!mem.ReadValue(nt + sites.offsets.nt_tid, &tid)) {
-        return refuse("the main thread's native tid (nt->tid at +" + std::to_string(sites.offsets.nt_tid) +
-                      ") is unreadable");
-      }
-      if (tid != ns_pid) {
-        return refuse("the main thread's native tid (nt->tid at +" + std::to_string(sites.offsets.nt_tid) +
-                      ") is " + std::to_string(tid) + ", not the pid (" + std::to_string(ns_pid) +
-                      " in its pid namespace)");
-      }
+    if (!mem.ReadValue(layout.main_ractor_vaddr + load_bias, &ractor)) return refuse("the main ractor is unreadable");
+    // NULL: several ractors (the check does not apply), or a VM that has not reached ruby_setup yet.
+    if (ractor == 0) return vm_may_be_starting ? LiveLayoutResult::kNotStarted : LiveLayoutResult::kMatches;
+    if (!mem.ReadValue(ractor + layout.ractor_main_thread, &th)) {
+      return refuse("the main ractor's main thread is unreadable");
+    }
+    if (th == 0) return LiveLayoutResult::kNotStarted;  // ruby_setup has not set the main thread up yet
+    if (!mem.ReadValue(th + layout.th_nt, &nt) || nt == 0) {
+      return refuse("the main thread's native thread (th->nt at +" + std::to_string(layout.th_nt) +
+                    ") is unreadable");
+    }
+    if (!mem.ReadValue(nt + layout.nt_tid, &tid)) {
+      return refuse("the main thread's native tid (nt->tid at +" + std::to_string(layout.nt_tid) +
+                    ") is unreadable");
+    }
+    if (tid != ns_pid) {
+      return refuse("the main thread's native tid (nt->tid at +" + std::to_string(layout.nt_tid) + ") is " +
+                    std::to_string(tid) + ", not the pid (" + std::to_string(ns_pid) + " in its pid namespace)");
     }
   }
-  return Status::Ok();
+  return LiveLayoutResult::kMatches;
+}
+
+LiveLayoutGate::State LiveLayoutGate::Poll(uint64_t now_ns,
+                                           const std::function<std::optional<uint64_t>()>& lowest_mapping_of,
+                                           MemoryReader& mem) {
+  if (state_ != State::kPending) return state_;
+  if (last_ns_ && now_ns - *last_ns_ < kRetryNs) return state_;
+  if (!first_ns_) first_ns_ = now_ns;
+  last_ns_ = now_ns;
+  const std::optional<uint64_t> lowest_mapping = lowest_mapping_of();
+  Result<LiveLayoutResult> r =
+      lowest_mapping ? CheckLiveLayout(pid_, ns_pid_, layout_,
+                                       LoadBiasFromLowestMapping(layout_.lowest_load_vaddr, *lowest_mapping), mem)
+                     : Result<LiveLayoutResult>(LiveLayoutResult::kNotStarted);
+  if (!r) {
+    error_ = r.error();
+    state_ = State::kFailed;
+  } else if (*r == LiveLayoutResult::kMatches) {
+    state_ = State::kPassed;
+  } else if (now_ns - *first_ns_ >= kGiveUpNs) {
+    error_ = LiveLayoutRefusal(layout_, pid_,
+                               (lowest_mapping ? NotStartedReason(layout_) : "it does not map its VM binary") + " " +
+                                   std::to_string(kGiveUpNs / 1'000'000'000) + " s after it started");
+    state_ = State::kFailed;
+  }
+  return state_;
 }
 
 void AppendStackEndMarker(const rv_stack_header& h, std::vector<FrameInfo>* frames) {

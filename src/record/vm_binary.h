@@ -7,9 +7,11 @@
 #define RVBPFD_SRC_RECORD_VM_BINARY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -37,8 +39,26 @@ struct StackSetup {
 // to `vm` when it has none of its own).
 Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version);
 
+// What CheckLiveLayout compares a live process with: the facts of its VM binary's analysis that the probes rely on,
+// kept by PrepareVmBinary so that every process of a binary can be checked without the file (the fleet agent's probe
+// sets, launch mode once the command runs).
+struct LiveLayout {
+  std::string vm_path;       // for messages (the binary as the daemon reached it)
+  std::string ruby_version;  // the analysed version
+  std::string description;   // "CRuby 3.4.5, build-id ..., symbols" / "..., no symbols: offsets table": for messages
+  uint64_t ruby_version_vaddr = 0;  // ELF vaddr of the exported ruby_version string (0: none, not checked)
+  uint64_t hooks_vaddr = 0;         // the thread-event hook list the sites test (0: not checked)
+  uint64_t main_ractor_vaddr = 0;   // ruby_single_main_ractor, from rb_thread_main's code (0: unknown)
+  uint32_t ractor_main_thread = 0;  // rb_ractor_t.threads.main (0: unknown)
+  uint32_t th_nt = 0;               // rb_thread_t.nt, as the probes read it
+  uint32_t nt_tid = 0;              // rb_native_thread.tid, as the probes read it
+  uint64_t lowest_load_vaddr = UINT64_MAX;  // the binary's lowest PT_LOAD vaddr: its load bias with the maps
+};
+LiveLayout LiveLayoutOf(const ElfFile& vm, const SiteSet& sites);
+
 struct PreparedBinary {
   SiteSet sites;
+  LiveLayout live_layout;  // LiveLayoutOf(the binary, sites)
   std::optional<StackSetup> stacks;   // empty when stacks were not wanted or could not be set up
   std::optional<Error> stacks_error;  // why `stacks` is empty although they were wanted
 };
@@ -84,16 +104,50 @@ std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_
 // says why.
 std::vector<std::pair<std::string, std::string>> StackProvenance(ElfFile& vm, const std::string& ruby_version);
 
-// Checks a live process against what the analysis of its VM binary assumes, before any probe goes in: the
+// Checks a live process against what the analysis of its VM binary assumes, before its events are trusted: the
 // ruby_version string the process holds is the analysed one, the hook list pointer is readable (NULL, or the
 // address of a readable hook), and in a single-ractor process the main thread's native tid (th->nt->tid, with the
-// offsets the probes will use) is the pid. `vm` is the VM binary, `load_bias` its load bias in the process. A
-// mismatch is kNoSymbols with one line naming the version, the failed check and what is supported; a process where a
-// check cannot apply (several ractors) skips that check, never guesses.
+// offsets the probes use) is the pid. `load_bias` is the binary's load bias in the process. A mismatch is kNoSymbols
+// with one line naming the version, the failed check and what is supported; a process where a check cannot apply
+// (several ractors) skips that check, never guesses.
 // ns_pid: the pid as the target sees it in its own pid namespace (RubyTarget::ns_pid), which its main thread's
 // nt->tid holds.
-Status CheckLiveLayout(int pid, int ns_pid, const ElfFile& vm, uint64_t load_bias, const SiteSet& sites,
-                       MemoryReader& mem);
+// kNotStarted: the VM has not set its main thread up yet, so the thread check cannot run now: the main ractor exists
+// but has no main thread (ruby_setup is still running: a process caught right after exec), or, when
+// `vm_may_be_starting` (the caller cannot rule out a process that has not reached ruby_setup), there is no single
+// main ractor. Check again later.
+enum class LiveLayoutResult { kMatches, kNotStarted };
+Result<LiveLayoutResult> CheckLiveLayout(int pid, int ns_pid, const LiveLayout& layout, uint64_t load_bias,
+                                         MemoryReader& mem, bool vm_may_be_starting = false);
+// The one-line refusal (kNoSymbols) of process `pid` whose memory does not match `layout`: `what` failed, and what is
+// supported. NotStartedReason: the `what` of a VM whose main thread stays unset past the caller's patience.
+Error LiveLayoutRefusal(const LiveLayout& layout, int pid, const std::string& what);
+std::string NotStartedReason(const LiveLayout& layout);
+
+// CheckLiveLayout for a process whose VM may still be starting (launch mode, once the command runs), repeated until
+// it decides: at most one attempt per kRetryNs, and a process whose VM has not set its main thread up kGiveUpNs after
+// the first attempt is refused. Threading: one owner.
+class LiveLayoutGate {
+ public:
+  static constexpr uint64_t kRetryNs = 1'000'000;        // 1 ms: ruby_setup takes a few ms
+  static constexpr uint64_t kGiveUpNs = 5'000'000'000;   // far beyond ruby_setup on a loaded machine
+  enum class State { kPending, kPassed, kFailed };
+
+  LiveLayoutGate(int pid, int ns_pid, LiveLayout layout) : pid_(pid), ns_pid_(ns_pid), layout_(std::move(layout)) {}
+  // One attempt when due. `lowest_mapping` gives the VM's lowest mapping in the process (nullopt while it is not
+  // mapped); it is asked only when an attempt is due (it scans /proc/PID/maps).
+  State Poll(uint64_t now_ns, const std::function<std::optional<uint64_t>()>& lowest_mapping, MemoryReader& mem);
+  State state() const { return state_; }
+  // Why it failed (kFailed only).
+  const Error& error() const { return *error_; }
+
+ private:
+  int pid_, ns_pid_;
+  LiveLayout layout_;
+  State state_ = State::kPending;
+  std::optional<uint64_t> first_ns_, last_ns_;  // the first and the latest attempt
+  std::optional<Error> error_;
+};
 
 // A stack that is not complete says so at its oldest end rather than passing for a whole one: cut at
 // RV_MAX_STACK_FRAMES ("<truncated>"), or the walk could not read a frame ("<incomplete stack>").

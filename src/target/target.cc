@@ -120,6 +120,12 @@ std::vector<MapsEntry> ParseMaps(std::string_view text) {
   return out;
 }
 
+int ReadNsPid(const ProcFs& procfs, int pid) {
+  std::string status;
+  if (ReadProcFile(procfs, procfs.PidPath(pid, "status"), &status) != 0) return pid;
+  return ParseNsPid(status).value_or(pid);
+}
+
 std::optional<int> ParseNsPid(std::string_view status_text) {
   size_t at = status_text.find("\nNSpid:");
   if (at == std::string_view::npos) return std::nullopt;
@@ -149,10 +155,8 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   target.pid = pid;
   if (ReadProcFile(procfs, procfs.PidPath(pid, "comm"), &target.comm) == 0) {
     while (!target.comm.empty() && target.comm.back() == '\n') target.comm.pop_back();
-  }  target.ns_pid = pid;
-  if (std::string status; ReadProcFile(procfs, procfs.PidPath(pid, "status"), &status) == 0) {
-    if (std::optional<int> ns = ParseNsPid(status)) target.ns_pid = *ns;
   }
+  target.ns_pid = ReadNsPid(procfs, pid);
 
   std::string maps_text;
   if (int err = ReadProcFile(procfs, procfs.PidPath(pid, "maps"), &maps_text); err != 0) {

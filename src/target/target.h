@@ -78,6 +78,9 @@ std::optional<std::string> ReadRubyVersion(const ElfFile& vm);
 // The last field of the "NSpid:" line of /proc/PID/status text (the pid in the innermost pid namespace); nullopt
 // when there is none or it does not parse.
 std::optional<int> ParseNsPid(std::string_view status_text);
+// The pid as the process sees it in its own pid namespace (RubyTarget::ns_pid): ParseNsPid of <root>/PID/status, or
+// `pid` when the kernel reports no NSpid (or the file is unreadable).
+int ReadNsPid(const ProcFs& procfs, int pid);
 
 // Errors: kNoSuchProcess, kNotRuby, kUnsupportedVersion (< 3.2), kNoPrivilege (maps/root not readable), kIo.
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs);

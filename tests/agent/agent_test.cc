@@ -4,9 +4,12 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "agent_fakes.h"
+#include "record/fake_vm_memory.h"
 
 namespace rvbpfd {
 namespace {
@@ -64,9 +67,17 @@ class AgentTest : public ::testing::Test {
     AgentEnv env;
     env.backend = &backend_;
     env.clock = &clock_;
-    env.preparer = [](const std::string&, const std::string& v) -> Result<PreparedBinary> {
-      return FakePrepared(v);
+    env.preparer = [this](const std::string&, const std::string& v) -> Result<PreparedBinary> {
+      PreparedBinary p = FakePrepared(v);
+      if (layout_) p.live_layout = *layout_;
+      return p;
     };
+    if (layout_) {
+      env.memory = [this](int pid) -> std::unique_ptr<MemoryReader> {
+        ++memory_opened_;
+        return std::make_unique<testing::FakeMemory>(memory_[pid]);
+      };
+    }
     env.frame_source = [this](int, const RubyTarget&, const ProbeSet&) {
       return std::make_unique<FakeFrameSource>(&resolve_epochs_);
     };
@@ -117,7 +128,34 @@ class AgentTest : public ::testing::Test {
   RecordingSink* sink_ = nullptr;
   int sinks_made_ = 0;
   std::vector<uint64_t> resolve_epochs_;  // GC epoch of every stack the agent had named, in order
+  // With a live layout: what the prepared binary says of every process, and each process's memory.
+  std::optional<LiveLayout> layout_;
+  std::map<int, testing::FakeMemory> memory_;
+  int memory_opened_ = 0;
 };
+
+// The layout a prepared binary reports for the live check: testing::FakeVm's, in the libruby of FakeProc (mapped at
+// 0x7f0000000000 by every process).
+constexpr uint64_t kFakeLibrubyBias = 0x7f0000000000;
+LiveLayout FakeLayout() {
+  using testing::FakeVm;
+  LiveLayout l;
+  l.vm_path = "/usr/lib/libruby.so.3.3.8";
+  l.ruby_version = "3.3.8";
+  l.description = "CRuby 3.3.8, build-id none, no symbols: offsets table";
+  l.hooks_vaddr = FakeVm::kHooks;
+  l.main_ractor_vaddr = FakeVm::kMainRactor;
+  l.ractor_main_thread = FakeVm::kRactorMainThread;
+  l.th_nt = FakeVm::kThNt;
+  l.nt_tid = FakeVm::kNtTid;
+  l.lowest_load_vaddr = 0;
+  return l;
+}
+// A process whose memory holds that layout with main thread tid `tid` (its pid when it matches); `main_thread` 0:
+// the VM has not set its main thread up yet.
+testing::FakeMemory FakeVmMemory(int tid, uint64_t main_thread = testing::FakeVm::kThread) {
+  return testing::FakeVmMemory(kFakeLibrubyBias, tid, main_thread);
+}
 
 TEST_F(AgentTest, StartWatchesEveryRubyProcessWithOneProbeSetPerBinary) {
   StartAgent();
@@ -461,6 +499,84 @@ TEST_F(AgentTest, AgentNeedsASink) {
   Result<std::unique_ptr<Agent>> a = Agent::Create(config_, env);
   ASSERT_FALSE(a.ok());
   EXPECT_EQ(a.error().code(), ErrorCode::kUsage);
+}
+
+TEST_F(AgentTest, AProcessWhoseMemoryDoesNotMatchItsBinarysLayoutIsSkippedLoggedOnceAndCounted) {
+  layout_ = FakeLayout();
+  memory_[10] = FakeVmMemory(10);
+  memory_[11] = FakeVmMemory(4711);  // its main thread's nt->tid is not its pid: the table does not fit this process
+  memory_[20] = FakeVmMemory(20);
+  StartAgent();
+  EXPECT_EQ(agent_->watched_pids(), (std::vector<int>{10, 20}));
+  EXPECT_EQ(backend_.pids, (std::set<uint32_t>{10, 20}));
+  EXPECT_GE(memory_opened_, 3);
+  const std::string log = log_text_.str();
+  EXPECT_NE(log.find("its memory does not match its binary's analysis"), std::string::npos) << log;
+  EXPECT_NE(log.find("is 4711, not the pid (11 in its pid namespace)"), std::string::npos) << log;
+  agent_->UpdateMetrics();
+  std::string m = metrics_.RenderPrometheus();
+  EXPECT_NE(m.find("rvbpfd_processes_skipped_total{reason=\"layout\"} 1"), std::string::npos) << m;
+  // Its records never reach a profile, and looking at it again logs and counts nothing new.
+  backend_.Stack(clock_.mono + 5 * kMs, 11, RV_EV_SAMPLE, 0x1000, {111});
+  backend_.Record(clock_.mono + 6 * kMs, 11, RV_EV_PROC_EXEC);
+  Run(200 * kMs);
+  EXPECT_EQ(agent_->process(11), nullptr);
+  EXPECT_EQ(backend_.pids.count(11), 0u);
+  agent_->UpdateMetrics();
+  m = metrics_.RenderPrometheus();
+  EXPECT_NE(m.find("rvbpfd_processes_skipped_total{reason=\"layout\"} 1"), std::string::npos) << m;
+  size_t warnings = 0;
+  for (size_t at = 0; (at = log_text_.str().find("is 4711, not the pid", at)) != std::string::npos; ++at) ++warnings;
+  EXPECT_EQ(warnings, 1u);
+}
+
+TEST_F(AgentTest, AProcessAloneOnItsBinaryWithAMismatchLeavesNoProbesAttached) {
+  layout_ = FakeLayout();
+  proc_.Remove(10);
+  proc_.Remove(11);
+  memory_[20] = FakeVmMemory(21);  // the container's own libruby: its only process does not match
+  StartAgent();
+  EXPECT_TRUE(agent_->watched_pids().empty());
+  EXPECT_EQ(agent_->probe_sets().active_sets(), 0u);
+  EXPECT_EQ(backend_.attached_groups(), 0u);
+}
+
+TEST_F(AgentTest, AnExecdProcessWhoseVmIsStillStartingIsCheckedAgainAtTheNextAttempt) {
+  layout_ = FakeLayout();
+  memory_[10] = FakeVmMemory(10);
+  memory_[11] = FakeVmMemory(11);
+  memory_[20] = FakeVmMemory(20);
+  StartAgent();
+  AddRuby(30, "host", "ruby");
+  memory_[30] = FakeVmMemory(30, /*main_thread=*/0);  // mapped, but ruby_setup has not set the main thread up yet
+  backend_.Record(clock_.mono + 1 * kMs, 30, RV_EV_PROC_EXEC);
+  Run(50 * kMs);  // the 20 ms inspection
+  EXPECT_EQ(agent_->process(30), nullptr);
+  EXPECT_TRUE(agent_->retries().contains(30));
+  memory_[30] = FakeVmMemory(30);
+  Run(60 * kMs);  // the 100 ms inspection
+  ASSERT_NE(agent_->process(30), nullptr);
+  EXPECT_TRUE(backend_.pids.count(30));
+  agent_->UpdateMetrics();
+  EXPECT_NE(metrics_.RenderPrometheus().find("rvbpfd_processes_skipped_total{reason=\"layout\"} 0"),
+            std::string::npos);
+  // One whose main thread never appears (a threads.main offset that reads a field staying NULL) is refused at the
+  // last attempt, 2 s after its exec, and counted.
+  AddRuby(31, "host", "ruby");
+  memory_[31] = FakeVmMemory(31, /*main_thread=*/0);
+  backend_.Record(clock_.mono + 1 * kMs, 31, RV_EV_PROC_EXEC);
+  Run(1900 * kMs);
+  EXPECT_EQ(agent_->process(31), nullptr);
+  EXPECT_TRUE(agent_->retries().contains(31));
+  Run(200 * kMs);
+  EXPECT_EQ(agent_->process(31), nullptr);
+  EXPECT_FALSE(agent_->retries().contains(31));
+  EXPECT_NE(log_text_.str().find("process 31 does not match the layout rvbpfd derived: its main thread is not set up"),
+            std::string::npos)
+      << log_text_.str();
+  agent_->UpdateMetrics();
+  EXPECT_NE(metrics_.RenderPrometheus().find("rvbpfd_processes_skipped_total{reason=\"layout\"} 1"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -113,6 +113,12 @@ TEST(ProcessInspectorTest, TheNextProcessOfAKnownVmBinaryIsDescribedWithoutReadi
   EXPECT_EQ(b.target.ruby_version, "3.3.8");
   EXPECT_EQ(b.target.vm_is_shared_library, true);
   EXPECT_EQ(b.target.vm_load_start, a.target.vm_load_start);
+  EXPECT_EQ(a.target.ns_pid, 100);  // no NSpid line: the pid itself
+  EXPECT_EQ(b.target.ns_pid, 101);
+  // The pid as a process in its own pid namespace sees it (its main thread's tid there) comes from its status too.
+  agent_testing::WriteFile(proc.PidDir(101) + "/status", "Name:\tpuma\nNSpid:\t101\t7\n");
+  EXPECT_EQ(insp.Inspect(101).target.ns_pid, 7);
+  EXPECT_EQ(insp.full_inspections(), 1u);
   // Another file (a container's own copy) is read.
   ASSERT_EQ(insp.Inspect(102).outcome, InspectOutcome::kRuby);
   EXPECT_EQ(insp.full_inspections(), 2u);

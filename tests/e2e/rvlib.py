@@ -33,7 +33,12 @@ import tempfile
 import threading
 import time
 
-RUBIES = ("3.3.8-shared", "3.4.5-static")
+RUBIES = ("3.3.8-shared", "3.4.5-static", "3.4.5-shared-yjit")
+# The environment every process of a test Ruby runs with. The YJIT build runs with YJIT enabled (RUBY_YJIT_ENABLE=1 is
+# --yjit) and compiling every method and block at its first call (YJIT's default waits for 30 calls), so the workloads'
+# own code runs as JIT code and each test that covers this Ruby compares the events and frames of JIT code with
+# CRuby's own; setup_rubies refuses it when YJIT is not actually on.
+RUBY_ENV = {"3.4.5-shared-yjit": {"RUBY_YJIT_ENABLE": "1", "RUBYOPT": "--yjit-call-threshold=1"}}
 
 SCHED_EVENTS = ("thread_started", "wants_gvl", "gvl_acquired", "gvl_released", "thread_exited")
 GC_EVENTS = ("gc_enter", "gc_exit")
@@ -157,6 +162,9 @@ class Ruby:
         self.bin = os.path.join(prefix, "bin", "ruby")
         self.rvref_dir = rvref_dir
         self.version = name.split("-")[0]
+        self.shared = "-shared" in name  # the VM is lib/libruby.so (else the ruby executable itself)
+        self.env = dict(RUBY_ENV.get(name, {}))
+        self.yjit = self.env.get("RUBY_YJIT_ENABLE") == "1"
 
 
 def find_ruby(source_dir, name):
@@ -207,12 +215,27 @@ def build_rvref(source_dir, build_dir, name, ruby_bin):
     return out
 
 
+def check_jit(ruby):
+    """A Ruby meant to run with YJIT must have it on in its environment (a build without YJIT would only warn)."""
+    if not ruby.yjit:
+        return
+    env = dict(os.environ)
+    env.pop("RUBYOPT", None)
+    env.update(ruby.env)
+    p = subprocess.run([ruby.bin, "-e", "exit(defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? 0 : 1)"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise Fatal(f"test Ruby {ruby.name} does not run with YJIT enabled ({ruby.env}): {p.stderr.strip()[:300]} "
+                    f"(tools/build-test-rubies.sh builds it with Debian's rustc)")
+
+
 def setup_rubies(args):
     rubies = []
     for name in (args.ruby or RUBIES):
         prefix = find_ruby(args.source_dir, name)
-        rubies.append(Ruby(name, prefix, build_rvref(args.source_dir, args.build_dir, name,
-                                                     os.path.join(prefix, "bin", "ruby"))))
+        ruby = Ruby(name, prefix, build_rvref(args.source_dir, args.build_dir, name, os.path.join(prefix, "bin", "ruby")))
+        check_jit(ruby)
+        rubies.append(ruby)
     return rubies
 
 
@@ -813,7 +836,7 @@ def run_workload(ruby, workload, mode, outdir, ref=True, probes=True, rvbpfd=Non
     if container is None:
         script = workload_path(workload)
         env = dict(os.environ)
-        for k in ("RVREF_OUT", "RVREF_PROBES", "RUBY_MN_THREADS", "RUBYOPT"):
+        for k in ("RVREF_OUT", "RVREF_PROBES", "RUBY_MN_THREADS", "RUBYOPT", "RUBY_YJIT_ENABLE"):
             env.pop(k, None)
         ref_out_seen = ref_out
     else:
@@ -822,6 +845,7 @@ def run_workload(ruby, workload, mode, outdir, ref=True, probes=True, rvbpfd=Non
         script = container.workload(workload)
         env = container.environment()
         ref_out_seen = container.inside(ref_out)
+    env.update(getattr(ruby, "env", {}))
     env.update(env_extra or {})
     cmd = [ruby.bin]
     if ref:

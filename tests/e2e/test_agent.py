@@ -10,6 +10,8 @@ contending for a mutex and the GVL in a per-process hot method, a third running 
   D  3.4.5, started after the agent inside a new mount and pid namespace (unshare --mount --pid --fork
      --mount-proc), hot_d; its host pid is not the pid it sees
   E  3.3.8, started after the agent, hot_e; it forks a worker process W (like a preforking server: W never execs)
+  F  a stripped copy of 3.4.5's ruby patched so its main thread's route is 8 bytes off (test_errors.py's copy),
+     started after the agent: its memory does not match the analysis of its binary
 The agent runs with --interval 2, --output-dir too, and a --config file giving push-queue 64 (one interval of these
 four processes is up to 16 uploads). Checked:
   - every pprof the receiver accepted decodes (pprof_decode.py), with the sample types of its profile;
@@ -18,6 +20,8 @@ four processes is up to 16 uploads). Checked:
   - the hot method of every live process appears in its cpu profiles; gvl_wait, gvl_held and gc profiles appear for
     every live process; A and C share one libruby probe set and B and D one static-ruby set (binaries_probed);
   - the forked worker W is found through the fork tracepoint and profiled (its own pid label, hot_a);
+  - F is refused by the live layout check: one warning naming its pid and the main thread, counted in
+    rvbpfd_processes_skipped_total{reason="layout"}, no upload with its pid, and the agent goes on;
   - after C exits, its last (partial) profile arrives and no later upload names its pid;
   - SIGHUP reloads the config file (push-queue 4 now; rvbpfd_config_reloads_total{result="ok"});
   - backend down: while DIR/REFUSE exists the receiver answers 503; the agent keeps running, retries, drops the
@@ -43,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fake_pyroscope  # noqa: E402
 import pprof_decode  # noqa: E402
 import rvlib  # noqa: E402
+import test_errors  # noqa: E402
 
 INTERVAL = 2
 HOST = "e2e-host"
@@ -333,6 +338,25 @@ def main():
         res.check("processes started after the agent are found through exec (one in its own pid namespace), a forked "
                   "worker through fork", prob)
 
+        f = None
+        patched = os.path.join(work, "ruby-patched")
+        prob = test_errors.patched_stripped_copy(r34.bin, patched)
+        if not prob:
+            patched_ruby = rvlib.Ruby(r34.name, r34.prefix, None)
+            patched_ruby.bin = patched
+            f = Proc("F", patched_ruby, "hot_f")
+            procs.append(f)
+            refused = agent.wait_log(lambda r: r.get("msg", "").startswith("not profiling a Ruby process: its memory "
+                                                                            "does not match") and r.get("pid") == f.pid,
+                                     60)
+            if refused is None:
+                prob.append(f"no layout refusal logged for F (pid {f.pid}) within 60 s")
+            elif "main thread" not in refused.get("error", ""):
+                prob.append(f"F's refusal does not name the main thread: {refused}")
+            if agent.wait_log(attached(f.pid), 0.1):
+                prob.append("F was attached although its layout does not match")
+        res.check("a process whose memory does not match its binary's layout is refused (F)", prob)
+
         time.sleep(3 * INTERVAL + 1.5)
         m = agent.metrics()
         prob = []
@@ -364,6 +388,18 @@ def main():
             res.check(f"{proc.name}: labels, profile types and hot method {proc.hot}", check_process(uploads, proc))
         w = Worker(e)
         res.check(f"W (E's forked worker): labels, profile types and hot method {w.hot}", check_process(uploads, w))
+        if f is not None:
+            prob = []
+            if by_pid(uploads, f.pid):
+                prob.append(f"{len(by_pid(uploads, f.pid))} uploads of F, whose layout was refused")
+            skipped = agent.metrics().get('rvbpfd_processes_skipped_total{reason="layout"}')
+            if skipped != 1:
+                prob.append(f'rvbpfd_processes_skipped_total{{reason="layout"}} = {skipped}, expected 1')
+            warnings = [r for r in agent.records() if r.get("msg", "").startswith("not profiling a Ruby process: its "
+                                                                                   "memory") and r.get("pid") == f.pid]
+            if len(warnings) != 1:
+                prob.append(f"{len(warnings)} layout warnings for F, expected exactly one")
+            res.check("F is never profiled, counted once as skipped (layout) and warned about once", prob)
         prob = []
         late = [u for u in by_pid(uploads, c.pid) if u["from"] > c.exited_at + 1]
         if late:

@@ -5,8 +5,9 @@ round trips from one thread, each IO#write and IO#read releasing the GVL).
 Complete recording (no budget):
   - the summary's probe_hits is exactly the probe events written + events_dropped + hits_discarded (every hit of the
     target is counted once, before BPF can discard it);
-  - 3.3.8-shared: hits_discarded >= 50,000 (rb_mutex_lock entered from rb_mutex_synchronize by every IO#write, which
-    the Mutex#lock site excludes by caller); 3.4.5-static inlines rb_mutex_lock there: hits_discarded == 0;
+  - a shared libruby (3.3.8-shared, 3.4.5-shared-yjit): hits_discarded >= 50,000 (rb_mutex_lock entered from
+    rb_mutex_synchronize by every IO#write, which the Mutex#lock site excludes by caller); 3.4.5-static inlines
+    rb_mutex_lock there: hits_discarded == 0;
   - no mutex_lock_enter event comes from those writes (the workload never calls Mutex#lock);
   - cold_hits (traps with none on their CPU in the 50 us before) is at least 1 (the first trap) and at most
     probe_hits.
@@ -67,9 +68,9 @@ def main():
         if run.rv is not None:
             problems += accounting(run.rv)
             discarded = run.rv.summary.get("hits_discarded", -1)
-            if ruby.name.endswith("-shared") and discarded < WRITES:
+            if ruby.shared and discarded < WRITES:
                 problems.append(f"hits_discarded {discarded} < {WRITES}: every IO#write enters rb_mutex_lock")
-            if ruby.name.endswith("-static") and discarded != 0:
+            if not ruby.shared and discarded != 0:
                 problems.append(f"hits_discarded {discarded} != 0 (rb_mutex_lock is inlined into rb_mutex_synchronize)")
             locks = len(run.rv.named(("mutex_lock_enter",)))
             if locks:

@@ -36,10 +36,11 @@ class StrippedRuby:
 
     def __init__(self, ruby, work):
         self.name, self.version, self.rvref_dir, self.prefix = ruby.name, ruby.version, ruby.rvref_dir, ruby.prefix
+        self.env, self.yjit = ruby.env, ruby.yjit  # the Ruby's own settings (rvlib.RUBY_ENV: YJIT)
         self.env_extra = {}
         d = os.path.join(work, ruby.name)
         os.makedirs(d)
-        if ruby.name.endswith("-static"):
+        if not ruby.shared:
             self.original = ruby.bin
             self.vm = os.path.join(d, "ruby")
             self.bin = self.vm
@@ -129,7 +130,7 @@ def record_checks(res, rvbpfd, sr, args, outdir, work, tag, rv_args, rv_env, wan
         return
     problems = list(run.problems)
     if run.rv is not None:
-        problems += test_stacks.check_golden(run.rv, gout)
+        problems += test_stacks.check_golden(run.rv, gout, jit=sr.yjit)
         if any("stacks" in l and "warning" in l for l in run.rv_stderr.splitlines()):
             problems.append(f"rvbpfd warned about stacks: {run.rv_stderr[-1000:]}")
     res.check(name, problems)

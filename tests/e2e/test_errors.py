@@ -7,6 +7,9 @@
   5 unsupported version      Debian's /usr/bin/ruby (3.1), attach and launch; the message names the version
   6 no symbols               a `strip`ped copy of 3.4.5-static/bin/ruby, with an empty --cache-dir (the copy has the
                              build-id of the original, whose sites may be cached); the message says what to install
+  6 layout mismatch          that copy patched so its main thread's route is 8 bytes off: attached, it is refused
+                             before any probe; launched, once its VM runs and before any event is written, and the
+                             command runs on untraced (it still writes its marker file)
   7 no privileges            rvbpfd run as `nobody` (setpriv, no capabilities), attach and launch; the message names
                              root or the capabilities
   8 output path unwritable   -o in a missing directory, -o naming a directory; the target is unharmed
@@ -228,6 +231,24 @@ def main():
                                                                  r"supported"]))
         finally:
             t.finish()
+        # Launched: the layout can be checked only once the command's VM runs (its first scheduler event); the check
+        # fails then, before any event is written, and the command is left to run, untraced. --quiet: the attach and
+        # "running the command as" lines come before the check, and only the error line is judged here.
+        d, out = fresh_dir()
+        cache = os.path.join(base, "empty-cache-launch")
+        os.mkdir(cache)
+        marker = os.path.join(base, "launched-ran")
+        rc, so, se = run_rvbpfd([rvbpfd, "-q", "-o", out, "--cache-dir", cache, "--", stripped, "--disable-gems", "-e",
+                                 f"sleep 0.5; File.write({marker!r}, 'ran')"], timeout=60)
+        probs = judge(rc, so, se, 6, d, out, must_mention=[r"main thread"])
+        if "untraced" not in se:
+            probs.append(f"the message does not say the command runs on untraced: {se.strip()[:300]}")
+        deadline = time.monotonic() + 15
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not os.path.exists(marker):
+            probs.append("the launched command did not run to its end after the refusal")
+        res.check("exit 6 layout mismatch (launch a patched stripped 3.4.5-static ruby, empty site cache)", probs)
 
     # 7: no privileges: rvbpfd as nobody with no capabilities, against a target owned by nobody (so that /proc is
     # readable and only the BPF privileges are missing).

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Ruby stacks from rvbpfd (docs/design.md, "Stacks" and "Release reasons").
 
-Per test Ruby (3.3.8-shared, 3.4.5-static), rvbpfd attached to the workload with the defaults (--stacks=release,
---hz 99):
+Per test Ruby (3.3.8-shared, 3.4.5-static, and 3.4.5-shared-yjit with YJIT on and every method compiled at its first
+call: rvlib.RUBY_ENV), rvbpfd attached to the workload with the defaults (--stacks=release, --hz 99):
   - sampling: workloads/stacks_hot.rb runs a known hot path for 2 s in one thread. The header says
     sample_hz 99 and lists the perf_event channel; that thread has at least half the samples 99 Hz gives in 2 s, and
     at least 95% of them carry exactly the frames rb_profile_frames reports there (labels, leaf first), with the leaf's
-    line inside Foo.hot's loop;
+    line inside Foo.hot's loop, or under YJIT line 0 (rule JIT_TOP_LINE_ZERO below);
   - GC: workloads/stacks_gc.rb allocates in one thread; some of its samples carry the "(garbage collection)"
     pseudo-frame (kind gc) on top of its Ruby stack, and each of those lies inside one of its gc_enter..gc_exit;
   - release reasons: workloads/stacks_block.rb has a thread in Kernel#sleep, one blocked in Thread::Mutex#lock and
@@ -24,7 +24,15 @@ Per test Ruby (3.3.8-shared, 3.4.5-static), rvbpfd attached to the workload with
   - golden: workloads/stacks_golden.rb blocks three threads (Kernel#sleep inside a block inside a class method,
     Thread::Mutex#synchronize, IO#read inside Integer#times/Enumerator) and captures CRuby's own frames for them with
     tests/golden's extension; the stack rvbpfd took when each of them released the GVL to block equals the golden
-    frames exactly (label, path, line, frame for frame).
+    frames exactly (label, path, line, frame for frame). A fourth thread spins in Blocker.spin until the capture is
+    over: its last release there (a timeslice, with a Ruby frame on top) equals its golden frames too, and the top
+    frame's line is 0 under YJIT and a line of the loop otherwise (rule JIT_TOP_LINE_ZERO).
+Rule JIT_TOP_LINE_ZERO: under YJIT the topmost frame, when it runs JIT code, has line 0, in rvbpfd as in
+rb_profile_frames. YJIT writes cfp->pc only before calls (so every frame below the top has its line) and marks each
+frame that runs JIT code by setting cfp->jit_return (its entry prologue, and each JIT-to-JIT call); CRuby's
+thread_profile_frames (vm_backtrace.c) reports line 0 for the topmost frame when jit_return is set rather than
+decoding a stale pc, and rvbpfd's walker applies the same rule (bpf/ruby_walker.h, RV_RB_FRAME_F_LINE_ZERO). Labels,
+paths and the other frames' lines are unaffected.
 """
 import json
 import os
@@ -41,6 +49,8 @@ BUSY_EXPECTED = ["Spin.hot", "Spin.run", "<main>"]
 BUSY_LINES = range(12, 16)  # the while loop of Spin.hot in workloads/stacks_busy_main.rb
 BUSY_SECONDS = 10.0  # attach mode: long enough to outlast a slow attach on a loaded machine (seen: 7 s)
 BUSY_LAUNCH_SECONDS = 4.0  # launch mode records from exec: no attach to wait for
+JIT_TOP_LINE_RULE = ("JIT_TOP_LINE_ZERO: under YJIT the topmost frame running JIT code has line 0, as rb_profile_frames "
+                     "reports it (cfp->jit_return set: YJIT keeps cfp->pc current only before calls)")
 BLOCKERS = {  # method of the thread -> (label of the blocking call, expected reason)
     "Object#sleeper_body": ("Kernel#sleep", "sleep"),
     "Object#mutex_body": ("Thread::Mutex#lock", "mutex"),
@@ -65,7 +75,14 @@ def ec_routes(t):
     return r, []
 
 
-def check_hot(t):
+def top_line_ok(ruby, line, loop_lines):
+    """The leaf frame's line as rb_profile_frames reports it while the loop runs: under YJIT the loop's method was
+    compiled at its first call (--yjit-call-threshold=1), so it runs JIT code with cfp->jit_return set and the line is
+    0 (JIT_TOP_LINE_ZERO); interpreted, a line of the loop."""
+    return line == 0 if ruby.yjit else line in loop_lines
+
+
+def check_hot(t, ruby):
     p = common_checks(t)
     routes, rp = ec_routes(t)
     p += rp
@@ -95,8 +112,8 @@ def check_hot(t):
     for e in samples:
         frames = t.stack_frames(e)
         labels = [f.get("label") for f in frames]
-        if labels == HOT_EXPECTED and frames[0].get("line") in HOT_LINES and frames[0].get("path", "").endswith(
-                "stacks_hot.rb"):
+        if labels == HOT_EXPECTED and top_line_ok(ruby, frames[0].get("line"), HOT_LINES) and frames[0].get(
+                "path", "").endswith("stacks_hot.rb"):
             good += 1
         else:
             key = tuple((f.get("label"), f.get("line")) for f in frames[:8])
@@ -109,13 +126,13 @@ def check_hot(t):
     return p
 
 
-def busy_sample_ok(t, e):
+def busy_sample_ok(t, e, ruby):
     frames = t.stack_frames(e)
-    return ([f.get("label") for f in frames] == BUSY_EXPECTED and frames[0].get("line") in BUSY_LINES
+    return ([f.get("label") for f in frames] == BUSY_EXPECTED and top_line_ok(ruby, frames[0].get("line"), BUSY_LINES)
             and frames[0].get("path", "").endswith("stacks_busy_main.rb"))
 
 
-def check_busy_main(t):
+def check_busy_main(t, ruby):
     p = common_checks(t)
     main = [e for e in t.events if e.get("ruby_thread") == 1]
     sched = [e["t_ns"] for e in main if e["event"] in ("wants_gvl", "gvl_acquired", "gvl_released")]
@@ -132,14 +149,15 @@ def check_busy_main(t):
     # whoever is on the CPU; ~30 Hz reached the spinner on a loaded 2-core CI VM), and the old route gave none at all
     # before the first scheduler event.
     want = max(50, int(99 * span_s * 0.1))
-    good = sum(1 for e in before if busy_sample_ok(t, e))
+    good = sum(1 for e in before if busy_sample_ok(t, e, ruby))
     print(f"  main thread: {len(before)} samples in the {span_s:.2f} s before its first scheduler event, {good} with "
           f"exactly {BUSY_EXPECTED}; routes {t.summary.get('sample_ec_routes')}")
     if len(before) < want:
         p.append(f"only {len(before)} samples of the busy main thread in {span_s:.2f} s before its first scheduler "
                  f"event, expected at least {want}")
     if good < 0.95 * len(before):
-        bad = [t.stack_labels(e)[:4] for e in before if not busy_sample_ok(t, e)][:5]
+        bad = [[(f.get("label"), f.get("line")) for f in t.stack_frames(e)[:4]] for e in before
+               if not busy_sample_ok(t, e, ruby)][:5]
         p.append(f"only {good} of {len(before)} early samples have exactly {BUSY_EXPECTED}; e.g. {bad}")
     routes, rp = ec_routes(t)
     p += rp
@@ -152,10 +170,10 @@ def check_busy_main(t):
     return p
 
 
-def check_busy_main_launch(t):
+def check_busy_main_launch(t, ruby):
     p = common_checks(t)
     samples = [e for e in t.named(("sample",)) if e.get("ruby_thread") == 1]
-    good = sum(1 for e in samples if busy_sample_ok(t, e))
+    good = sum(1 for e in samples if busy_sample_ok(t, e, ruby))
     want = int(99 * BUSY_LAUNCH_SECONDS * 0.1)
     routes, rp = ec_routes(t)
     p += rp
@@ -169,7 +187,7 @@ def check_busy_main_launch(t):
     return p
 
 
-def check_gc(t):
+def check_gc(t, ruby):
     p = common_checks(t)
     started = t.named(("thread_started",))
     if len(started) != 1:
@@ -203,7 +221,7 @@ def check_gc(t):
     return p
 
 
-def check_block(t):
+def check_block(t, ruby):
     p = common_checks(t)
     released = t.named(("gvl_released",))
     for method, (call, reason) in BLOCKERS.items():
@@ -230,7 +248,7 @@ def check_block(t):
     return p
 
 
-def check_off(t):
+def check_off(t, ruby):
     p = list(t.problems)
     if t.frames or t.stacks:
         p.append(f"--stacks=off --hz 0 wrote {len(t.frames)} frames and {len(t.stacks)} stacks")
@@ -258,14 +276,18 @@ def build_golden(build_dir, source_dir, ruby):
     return d
 
 
-def check_golden(t, golden_path):
+def check_golden(t, golden_path, jit=False):
+    """jit: the target ran with YJIT compiling every method at its first call, so the spinner's top frame runs JIT
+    code and rb_profile_frames reports its line as 0 (JIT_TOP_LINE_ZERO); otherwise a line of its loop."""
     p = common_checks(t)
     try:
         with open(golden_path) as f:
             golden = json.load(f)
     except (OSError, ValueError) as e:
         return p + [f"cannot read the golden capture {golden_path}: {e}"]
-    want_tops = {"Kernel#sleep", "Thread::Mutex#synchronize", "IO#read"}
+    # The spinner's last release in Blocker.spin is its stack at the capture: the main thread holds the GVL from the
+    # capture until it has set the stop flag, so the spinner's next run leaves the loop.
+    want_tops = {"Kernel#sleep", "Thread::Mutex#synchronize", "IO#read", "Blocker.spin"}
     seen = set()
     for g in golden["threads"]:
         frames = g["frames"]
@@ -285,7 +307,11 @@ def check_golden(t, golden_path):
             p.append(f"thread blocked in {top}: rvbpfd's stack at release differs from rb_profile_frames:\n"
                      f"      rvbpfd: {got}\n      golden: {want}")
         else:
-            print(f"  {top}: {len(got)} frames equal to rb_profile_frames")
+            print(f"  {top}: {len(got)} frames equal to rb_profile_frames"
+                  + (f" (top line {got[0][2]})" if top == "Blocker.spin" else ""))
+        if top == "Blocker.spin" and (frames[0]["line"] == 0) != jit:
+            p.append(f"the spinner's top frame has line {frames[0]['line']} in rb_profile_frames; expected "
+                     + ("0 (JIT code, JIT_TOP_LINE_ZERO)" if jit else "a line of its loop (interpreted)"))
     if seen != want_tops:
         p.append(f"the golden capture has blocked threads in {sorted(seen)}, expected {sorted(want_tops)}")
     return p
@@ -293,6 +319,7 @@ def check_golden(t, golden_path):
 
 def main():
     args, res, rvbpfd, rubies = rvlib.begin(__doc__)
+    print(f"rule {JIT_TOP_LINE_RULE}")
     outdir = rvlib.make_outdir(args, "stacks")
     cases = [
         ("stacks_hot", (), check_hot, {"STACKS_HOT_SECONDS": str(HOT_SECONDS)}),
@@ -316,7 +343,7 @@ def main():
                 continue
             problems = list(run.problems)
             if run.rv is not None:
-                problems += check(run.rv)
+                problems += check(run.rv, ruby)
             res.check(name, problems)
         if args.workload and "stacks_golden" not in args.workload:
             continue
@@ -331,7 +358,7 @@ def main():
             continue
         problems = list(run.problems)
         if run.rv is not None:
-            problems += check_golden(run.rv, gout)
+            problems += check_golden(run.rv, gout, jit=ruby.yjit)
         res.check(name, problems)
     rvlib.cleanup_outdir(args, outdir)
     res.finish()

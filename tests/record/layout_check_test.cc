@@ -1,5 +1,6 @@
 // CheckLiveLayout: a live process whose memory does not match what the analysis of its VM binary assumed is refused
-// before any probe goes in (exit 6), with one line naming the version and the failed check.
+// before its events are trusted (exit 6), with one line naming the version and the failed check; LiveLayoutGate
+// repeats the check while the VM is still starting (launch mode).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 #include "elf/elf_fixtures.h"
 #include "record/vm_binary.h"
 #include "sites/sites.h"
+#include "record/fake_vm_memory.h"
 #include "stacks/fake_memory.h"
 #include "stacks/ruby_offsets.h"
 
@@ -36,33 +38,29 @@ class LayoutFakeTest : public ::testing::Test {
     elf_.emplace(std::move(elf.value()));
     const uint64_t version = elf_->FindSymbol("ruby_version")->value;
     sites_.ruby_version = "3.3.8";
-    sites_.offsets = rv_offsets{200, 40, 24, 0};
-    sites_.hooks_vaddr = 0x5000;
-    sites_.main_ractor_vaddr = 0x5008;
-    sites_.ractor_main_thread = 0x188;
+    sites_.offsets = rv_offsets{200, testing::FakeVm::kThNt, testing::FakeVm::kNtTid, 0};
+    sites_.hooks_vaddr = testing::FakeVm::kHooks;
+    sites_.main_ractor_vaddr = testing::FakeVm::kMainRactor;
+    sites_.ractor_main_thread = testing::FakeVm::kRactorMainThread;
+    mem_ = testing::FakeVmMemory(kBias, kPid);  // ractor 0x10000, th 0x20000, nt 0x30000
     mem_.Map(kBias + version, 32);
     mem_.Put(kBias + version, "3.3.8", 6);
-    mem_.Map(kBias + 0x5000, 16);
-    mem_.Map(0x10000, 0x400);  // ractor
-    mem_.Map(0x20000, 0x100);  // th
-    mem_.Map(0x30000, 0x40);   // nt
-    mem_.Put64(kBias + 0x5008, 0x10000);
-    mem_.Put64(0x10000 + 0x188, 0x20000);
-    mem_.Put64(0x20000 + 40, 0x30000);
-    mem_.Put32(0x30000 + 24, kPid);
   }
-  Status Check() { return CheckLiveLayout(kPid, kPid, *elf_, kBias, sites_, mem_); }
+  Result<LiveLayoutResult> Check(int ns_pid = kPid, bool vm_may_be_starting = false) {
+    return CheckLiveLayout(kPid, ns_pid, LiveLayoutOf(*elf_, sites_), kBias, mem_, vm_may_be_starting);
+  }
+  static bool Matches(Result<LiveLayoutResult> r) { return r.ok() && r.value() == LiveLayoutResult::kMatches; }
   TempDir dir_;
   std::optional<ElfFile> elf_;
   SiteSet sites_;
   FakeMemory mem_;
 };
 
-TEST_F(LayoutFakeTest, MatchingProcessPasses) { EXPECT_TRUE(Check().ok()) << Check().error().ToString(); }
+TEST_F(LayoutFakeTest, MatchingProcessPasses) { EXPECT_TRUE(Matches(Check())); }
 
 TEST_F(LayoutFakeTest, MainThreadOfAnotherTidIsRefused) {
   mem_.Put32(0x30000 + 24, kPid + 1);
-  Status st = Check();
+  Result<LiveLayoutResult> st = Check();
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code(), ErrorCode::kNoSymbols);
   EXPECT_NE(st.error().message().find("CRuby 3.3.8"), std::string::npos) << st.error().message();
@@ -75,8 +73,8 @@ TEST_F(LayoutFakeTest, MainThreadOfAnotherTidIsRefused) {
 TEST_F(LayoutFakeTest, InAPidNamespaceTheMainThreadHoldsTheNamespacePid) {
   // A container's VM records the tid it sees (here 1), not the host pid.
   mem_.Put32(0x30000 + 24, 1);
-  EXPECT_TRUE(CheckLiveLayout(kPid, /*ns_pid=*/1, *elf_, kBias, sites_, mem_).ok());
-  Status st = CheckLiveLayout(kPid, /*ns_pid=*/2, *elf_, kBias, sites_, mem_);
+  EXPECT_TRUE(Matches(Check(/*ns_pid=*/1)));
+  Result<LiveLayoutResult> st = Check(/*ns_pid=*/2);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message().find("is 1, not the pid (2 in its pid namespace)"), std::string::npos)
       << st.error().message();
@@ -101,7 +99,59 @@ TEST_F(LayoutFakeTest, OtherVersionUnreadableHookListOrThreadAreRefused) {
 TEST_F(LayoutFakeTest, SeveralRactorsSkipTheMainThreadCheck) {
   mem_.Put64(kBias + 0x5008, 0);  // ruby_single_main_ractor is NULL once a second ractor exists
   mem_.Put32(0x30000 + 24, 1);
-  EXPECT_TRUE(Check().ok());
+  EXPECT_TRUE(Matches(Check()));
+  // ... unless the caller cannot tell that from a VM that has not reached ruby_setup yet.
+  Result<LiveLayoutResult> r = Check(kPid, /*vm_may_be_starting=*/true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value(), LiveLayoutResult::kNotStarted);
+}
+
+TEST_F(LayoutFakeTest, AMainRactorWithoutMainThreadIsNotStartedYet) {
+  mem_.Put64(0x10000 + 0x188, 0);  // ruby_setup has allocated the main ractor, not yet given it its main thread
+  Result<LiveLayoutResult> r = Check();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r.value(), LiveLayoutResult::kNotStarted);
+}
+
+// The gate of a launched command: pending while the VM starts (checked at most once per kRetryNs), then passed.
+TEST_F(LayoutFakeTest, GatePassesOnceTheMainThreadIsSetUp) {
+  LiveLayoutGate gate(kPid, kPid, LiveLayoutOf(*elf_, sites_));
+  int scans = 0;
+  auto lowest = [&]() -> std::optional<uint64_t> {
+    ++scans;
+    return kBias + LowestLoadVaddr(*elf_);
+  };
+  mem_.Put64(0x10000 + 0x188, 0);
+  uint64_t t = 1'000;
+  EXPECT_EQ(gate.Poll(t, lowest, mem_), LiveLayoutGate::State::kPending);
+  EXPECT_EQ(gate.Poll(t + LiveLayoutGate::kRetryNs / 2, lowest, mem_), LiveLayoutGate::State::kPending);
+  EXPECT_EQ(scans, 1) << "an attempt at most once per kRetryNs";
+  mem_.Put64(0x10000 + 0x188, 0x20000);
+  EXPECT_EQ(gate.Poll(t + LiveLayoutGate::kRetryNs, lowest, mem_), LiveLayoutGate::State::kPassed);
+  EXPECT_EQ(scans, 2);
+}
+
+TEST_F(LayoutFakeTest, GateRefusesAMismatchAtOnce) {
+  LiveLayoutGate gate(kPid, kPid, LiveLayoutOf(*elf_, sites_));
+  mem_.Put32(0x30000 + 24, 77);
+  auto lowest = [&]() -> std::optional<uint64_t> { return kBias + LowestLoadVaddr(*elf_); };
+  ASSERT_EQ(gate.Poll(0, lowest, mem_), LiveLayoutGate::State::kFailed);
+  EXPECT_EQ(gate.error().code(), ErrorCode::kNoSymbols);
+  EXPECT_NE(gate.error().message().find("is 77, not the pid"), std::string::npos) << gate.error().message();
+}
+
+TEST_F(LayoutFakeTest, GateRefusesAVmThatNeverSetsUpItsMainThread) {
+  LiveLayoutGate gate(kPid, kPid, LiveLayoutOf(*elf_, sites_));
+  mem_.Put64(0x10000 + 0x188, 0);  // e.g. a wrong threads.main offset that reads a field that stays 0
+  auto lowest = [&]() -> std::optional<uint64_t> { return kBias + LowestLoadVaddr(*elf_); };
+  EXPECT_EQ(gate.Poll(0, lowest, mem_), LiveLayoutGate::State::kPending);
+  EXPECT_EQ(gate.Poll(LiveLayoutGate::kGiveUpNs - LiveLayoutGate::kRetryNs, lowest, mem_),
+            LiveLayoutGate::State::kPending);
+  ASSERT_EQ(gate.Poll(LiveLayoutGate::kGiveUpNs, lowest, mem_), LiveLayoutGate::State::kFailed);
+  EXPECT_EQ(gate.error().code(), ErrorCode::kNoSymbols);
+  EXPECT_NE(gate.error().message().find("threads.main at +392 stays NULL) 5 s after it started"), std::string::npos)
+      << gate.error().message();
+  EXPECT_EQ(gate.error().message().find('\n'), std::string::npos) << "one line";
 }
 
 // A real test Ruby whose libruby copy is patched so the main thread's route (rb_thread_main's threads.main load)
@@ -160,7 +210,8 @@ TEST(LayoutLiveTest, PatchedCopyOfLibrubyIsRefusedUnpatchedCopyPasses) {
     }
     ASSERT_TRUE(lowest.has_value()) << "the child never mapped " << lib;
     ProcessMemoryReader mem(pid);
-    Status st = CheckLiveLayout(pid, pid, *elf, LoadBiasFromLowestMapping(*elf, *lowest), *sites, mem);
+    Result<LiveLayoutResult> st =
+        CheckLiveLayout(pid, pid, LiveLayoutOf(*elf, *sites), LoadBiasFromLowestMapping(*elf, *lowest), mem);
     close(to_child[1]);
     int status = 0;
     waitpid(pid, &status, 0);
@@ -170,7 +221,8 @@ TEST(LayoutLiveTest, PatchedCopyOfLibrubyIsRefusedUnpatchedCopyPasses) {
       EXPECT_NE(st.error().message().find("main thread"), std::string::npos) << st.error().message();
       std::printf("refused: %s\n", st.error().ToString().c_str());
     } else {
-      EXPECT_TRUE(st.ok()) << st.error().ToString();
+      ASSERT_TRUE(st.ok()) << st.error().ToString();
+      EXPECT_EQ(st.value(), LiveLayoutResult::kMatches);
     }
   }
 }

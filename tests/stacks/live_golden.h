@@ -74,6 +74,12 @@ class StoppedGoldenRuby {
     if (pid == 0) {
       setenv("RVGOLDEN_OUT", out.c_str(), 1);
       setenv("RVGOLDEN_STOP", "1", 1);
+      if (ruby_name.ends_with("-yjit")) {
+        // The YJIT test Ruby runs with YJIT on, compiling every method and block at its first call, so the frames
+        // compared are those of JIT code (as tests/e2e/rvlib.py runs it).
+        setenv("RUBY_YJIT_ENABLE", "1", 1);
+        setenv("RUBYOPT", "--yjit-call-threshold=1", 1);
+      }
       const std::string program = std::string(RVBPFD_SOURCE_DIR) + "/coredump-testdata/programs/scenarios.rb";
       execl(ruby_bin.c_str(), ruby_bin.c_str(), "-I", golden_dir.c_str(), "-rrvgolden", program.c_str(), nullptr);
       _exit(127);
