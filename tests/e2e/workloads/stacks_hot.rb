@@ -4,7 +4,7 @@
 # nearly every sample lands in it. Blocks report their method's CME in rb_profile_frames, so CRuby labels the two
 # blocks "Foo.bar" too: the expected stack, leaf first, is
 #   Foo.hot, Foo.bar, Integer#times, Foo.bar, Array#each, Foo.bar, block in <main>
-# Protocol: see cpu_sleep.rb.
+# Protocol: see cpu_sleep.rb. With STACKS_HOT_CPU_OUT set, the hot thread writes its CPU time (s) to that file.
 class Foo
   def self.hot
     i = 0
@@ -28,6 +28,12 @@ end
 $stdout.write("ready\n"); $stdout.flush
 $stdin.gets
 seconds = Float(ENV.fetch("STACKS_HOT_SECONDS", "2"))
-t = Thread.new { Foo.bar(Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds) }
+t = Thread.new do
+  Foo.bar(Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds)
+  # The CPU time this thread got (s): on a shared machine it can be well under `seconds`, and the sampler can only
+  # sample the time the thread was on a CPU.
+  cpu = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+  File.write(ENV["STACKS_HOT_CPU_OUT"], "#{cpu}\n") if ENV["STACKS_HOT_CPU_OUT"]
+end
 t.join
 $stdout.write("done\n"); $stdout.flush
