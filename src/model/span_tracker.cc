@@ -45,6 +45,14 @@ bool SpanTracker::waiting(uint64_t thread) const {
   return it != threads_.end() && it->second.waiting;
 }
 
+uint64_t SpanTracker::oldest_open_wait_ns(uint64_t otherwise) const {
+  uint64_t oldest = otherwise;
+  for (const auto& [key, t] : threads_) {
+    if (t.waiting) oldest = std::min(oldest, t.wait_start_ns);
+  }
+  return oldest;
+}
+
 uint64_t SpanTracker::holder(uint32_t vm) const {
   for (const Holder& h : holders_) {
     if (h.vm == vm) return h.known ? h.thread : 0;
@@ -370,6 +378,19 @@ void SpanTracker::Cut(uint64_t cut_ns) {
     s.stack = gc_stack_;
     Emit(s);
     gc_start_ns_ = cut_ns;
+  }
+  for (Holder& h : holders_) {
+    if (!h.known || cut_ns <= h.since_ns) continue;
+    Span s;
+    s.kind = SpanKind::kHolder;
+    s.end = SpanEnd::kCut;
+    s.provenance = Provenance::kDerived;
+    s.thread = h.thread;
+    s.vm = h.vm;
+    s.start_ns = h.since_ns;
+    s.end_ns = cut_ns;
+    Emit(s);
+    h.since_ns = cut_ns;
   }
 }
 

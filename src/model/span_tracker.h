@@ -119,15 +119,19 @@ class SpanTracker {
   void OnEvent(const TrackerEvent& e);
   // An on-CPU sample of `thread` (0: none known) on `stack` (0: none); in_gc: taken while a GC ran.
   void OnSample(uint64_t thread, uint32_t stack, bool in_gc);
-  // Emits the parts before cut_ns of every open wait, hold, blocked and GC span (end kCut, counted) and continues
-  // them from cut_ns. Holder spans are not cut. A hold is attributed to its thread's latest sample (the release is
-  // still to come).
+  // Emits the parts before cut_ns of every open wait, hold, blocked, GC and holder span (end kCut, counted) and
+  // continues them from cut_ns. A hold is attributed to its thread's latest sample (the release is still to come).
+  // The holder's part is emitted with the waits' so that each interval holds every span its waits' blame needs (the
+  // blame of consecutive intervals then sums to that of the whole wait).
   void Cut(uint64_t cut_ns);
   // Emits every open span as ending at end_ns (end kCut), e.g. at the end of a trace.
   void Finish(uint64_t end_ns) { Cut(end_ns); }
 
   // True while `thread` waits for the GVL (a wants_gvl now would be a repeat, whose stack is not used).
   bool waiting(uint64_t thread) const;
+  // The start of the earliest wait still open (since the last Cut, for a wait open across one), or `otherwise` when
+  // no thread waits: no wait emitted later can begin before it.
+  uint64_t oldest_open_wait_ns(uint64_t otherwise) const;
   // Which thread holds `vm`'s GVL now: 0 when nobody does or it is not known (known_holder tells them apart).
   uint64_t holder(uint32_t vm = 0) const;
   bool holder_known(uint32_t vm = 0) const;
