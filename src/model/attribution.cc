@@ -365,4 +365,16 @@ size_t Attribution::approx_memory_bytes() const {
   return n;
 }
 
+AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const TraceEvent> events, uint64_t end_ns,
+                                 AttributionOptions options) {
+  Attribution a(options);
+  for (const Span& s : spans) a.OnSpan(s);
+  for (const TraceEvent& e : events) {
+    const uint64_t key = TraceThreadKey(e.ruby_thread);
+    a.OnThreadEvent(e.t_ns, key, e.event == EventName::kThreadExited);
+    if (e.event == EventName::kSample) a.OnSample(e.t_ns, key, e.stack.value_or(0), false);
+  }
+  return a.Compute(end_ns);
+}
+
 }  // namespace rvbpfd

@@ -199,6 +199,12 @@ class Attribution {
   std::map<uint64_t, Life> lives_;
 };
 
+// A whole trace's attribution from its tracker spans (Model::spans(): the SpanTracker's over these events, stacks
+// as event stack ids) and its events in time order (the samples; every event's time and thread for the lifetimes).
+// end_ns: the end of the trace.
+AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const TraceEvent> events, uint64_t end_ns,
+                                 AttributionOptions options);
+
 }  // namespace rvbpfd
 
 #endif  // RVBPFD_SRC_MODEL_ATTRIBUTION_H_
