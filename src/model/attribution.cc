@@ -47,7 +47,7 @@ void Attribution::OnSpan(const Span& s) {
       if (s.counted && options_.wall) into = &blocked_;
       break;
     case SpanKind::kGc:
-      if (s.counted && s.thread != 0) into = &gcs_;
+      if (s.counted && s.thread != 0) into = &gcs_[s.thread];
       break;
   }
   if (into == nullptr) return;
@@ -83,12 +83,18 @@ std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::S
   return {v.data() + (lo - v.begin()), v.data() + (hi - v.begin())};
 }
 
+std::span<const Span> Attribution::GcsIn(uint64_t thread, uint64_t from, uint64_t to) const {
+  auto it = gcs_.find(thread);
+  if (it == gcs_.end()) return {};
+  const std::vector<Span>& v = it->second;  // one GC at a time: sorted by start and by end
+  auto lo = std::upper_bound(v.begin(), v.end(), from, [](uint64_t t, const Span& g) { return t < g.end_ns; });
+  auto hi = std::lower_bound(lo, v.end(), to, [](const Span& g, uint64_t t) { return g.start_ns < t; });
+  return {v.data() + (lo - v.begin()), static_cast<size_t>(hi - lo)};
+}
+
 uint64_t Attribution::GcOverlap(uint64_t thread, uint64_t from, uint64_t to) const {
   uint64_t ns = 0;
-  for (const Span& g : gcs_) {  // few: one per GC run
-    if (g.thread != thread || g.end_ns <= from || g.start_ns >= to) continue;
-    ns += std::min(g.end_ns, to) - std::max(g.start_ns, from);
-  }
+  for (const Span& g : GcsIn(thread, from, to)) ns += std::min(g.end_ns, to) - std::max(g.start_ns, from);
   return ns;
 }
 
@@ -144,8 +150,7 @@ const Span* Attribution::HoldAt(uint64_t thread, uint64_t t) const {
 void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const {
   // GC the holder ran inside the overlap: attributed to the GC's stack.
   uint64_t gc_ns = 0;
-  for (const Span& g : gcs_) {
-    if (g.thread != holder || g.end_ns <= from || g.start_ns >= to) continue;
+  for (const Span& g : GcsIn(holder, from, to)) {
     const uint64_t ns = std::min(g.end_ns, to) - std::max(g.start_ns, from);
     out.Add(g.stack, true, g.stack != 0 ? BlameSource::kLastSample : BlameSource::kNoStack, ns, 0);
     gc_ns += ns;
@@ -175,8 +180,7 @@ void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from,
 
 void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const Span& hold) const {
   uint64_t gc_ns = 0;
-  for (const Span& g : gcs_) {
-    if (g.thread != thread || g.end_ns <= hold.start_ns || g.start_ns >= hold.end_ns) continue;
+  for (const Span& g : GcsIn(thread, hold.start_ns, hold.end_ns)) {
     const uint64_t ns = std::min(g.end_ns, hold.end_ns) - std::max(g.start_ns, hold.start_ns);
     r.wall_ns[WallKey{.thread = thread, .state = WallState::kGc, .stack = g.stack}] += ns;
     gc_ns += ns;
@@ -312,10 +316,11 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
     std::erase_if(it->second, ended);
     it = it->second.empty() ? holders_.erase(it) : std::next(it);
   }
-  std::erase_if(gcs_, ended);
-  for (auto it = holds_.begin(); it != holds_.end();) {
-    std::erase_if(it->second, ended);
-    it = it->second.empty() ? holds_.erase(it) : std::next(it);
+  for (auto* by : {&holds_, &gcs_}) {
+    for (auto it = by->begin(); it != by->end();) {
+      std::erase_if(it->second, ended);
+      it = it->second.empty() ? by->erase(it) : std::next(it);
+    }
   }
   for (auto it = samples_.begin(); it != samples_.end();) {
     std::vector<Sample>& v = it->second;
@@ -328,11 +333,12 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
     if (v.capacity() > 64 && v.capacity() > 4 * v.size()) v.shrink_to_fit();
   };
   shrink(waits_);
-  shrink(gcs_);
   for (auto& [vm, v] : holders_) shrink(v);
   for (auto& [thread, v] : holds_) shrink(v);
+  for (auto& [thread, v] : gcs_) shrink(v);
   for (auto& [thread, v] : samples_) shrink(v);
-  kept_ = blocked_.size() + gcs_.size();
+  kept_ = blocked_.size();
+  for (const auto& [thread, v] : gcs_) kept_ += v.size();
   for (const auto& [vm, v] : holders_) kept_ += v.size();
   for (const auto& [thread, v] : holds_) kept_ += v.size();
   for (const auto& [thread, v] : samples_) kept_ += v.size();
@@ -342,11 +348,13 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
   auto remap = [&map](uint32_t& id) {
     if (id != 0) id = map(id);
   };
-  for (std::vector<Span>* v : {&waits_, &blocked_, &gcs_}) {
+  for (std::vector<Span>* v : {&waits_, &blocked_}) {
     for (Span& s : *v) remap(s.stack);
   }
-  for (auto& [thread, v] : holds_) {
-    for (Span& s : v) remap(s.stack);
+  for (auto* by : {&holds_, &gcs_}) {
+    for (auto& [thread, v] : *by) {
+      for (Span& s : v) remap(s.stack);
+    }
   }
   for (auto& [thread, v] : samples_) {
     for (Sample& s : v) remap(s.stack);
@@ -354,13 +362,15 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
 }
 
 size_t Attribution::approx_memory_bytes() const {
-  size_t n = VectorHeap(waits_) + VectorHeap(blocked_) + VectorHeap(gcs_) +
+  size_t n = VectorHeap(waits_) + VectorHeap(blocked_) +
+             HashSetHeap(gcs_, sizeof(std::pair<const uint64_t, std::vector<Span>>), false) +
              holders_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint32_t, std::vector<Span>>)) +
              HashSetHeap(holds_, sizeof(std::pair<const uint64_t, std::vector<Span>>), false) +
              HashSetHeap(samples_, sizeof(std::pair<const uint64_t, std::vector<Sample>>), false) +
              lives_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint64_t, Life>));  // tree nodes
   for (const auto& [vm, v] : holders_) n += VectorHeap(v);
   for (const auto& [thread, v] : holds_) n += VectorHeap(v);
+  for (const auto& [thread, v] : gcs_) n += VectorHeap(v);
   for (const auto& [thread, v] : samples_) n += VectorHeap(v);
   return n;
 }

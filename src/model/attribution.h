@@ -187,11 +187,14 @@ class Attribution {
   void AttributeRunning(AttributionResult& r, uint64_t thread, const Span& hold) const;
   // The samples of `thread` with from <= t < to.
   std::pair<const Sample*, const Sample*> SamplesIn(uint64_t thread, uint64_t from, uint64_t to) const;
+  // The GCs `thread` ran that overlap [from, to).
+  std::span<const Span> GcsIn(uint64_t thread, uint64_t from, uint64_t to) const;
   // ns of [from, to) inside a GC that `thread` ran.
   uint64_t GcOverlap(uint64_t thread, uint64_t from, uint64_t to) const;
 
   AttributionOptions options_;
-  std::vector<Span> waits_, blocked_, gcs_;
+  std::vector<Span> waits_, blocked_;
+  std::unordered_map<uint64_t, std::vector<Span>> gcs_;    // per thread, in time order
   std::map<uint32_t, std::vector<Span>> holders_;           // per VM, in time order
   std::unordered_map<uint64_t, std::vector<Span>> holds_;  // per thread, in time order
   size_t kept_ = 0;  // spans and samples in the containers above
