@@ -108,7 +108,7 @@ class Attribution::PartSink {
     if (!per_wait_) return;
     BlameSegment seg{.holder = holder, .from_ns = from, .to_ns = to};
     if (hold != nullptr && hold->end == SpanEnd::kReleased) {
-      seg.release_stack = hold->stack;
+      seg.release_stack = hold->release_stack ? hold->stack : 0;
       seg.release_ns = hold->end_ns;
     }
     seg.first_part = static_cast<uint32_t>(r_.wait_parts.size());
@@ -171,8 +171,7 @@ void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from,
   // No sample: the hold of `holder` that covers `from`.
   const Span* h = HoldAt(holder, from);
   if (h != nullptr && h->stack != 0) {
-    out.Add(h->stack, false, h->end == SpanEnd::kReleased ? BlameSource::kReleaseStack : BlameSource::kLastSample,
-            rest, 0);
+    out.Add(h->stack, false, h->release_stack ? BlameSource::kReleaseStack : BlameSource::kLastSample, rest, 0);
   } else {
     out.Add(0, false, BlameSource::kNoStack, rest, 0);
   }

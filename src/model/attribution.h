@@ -7,7 +7,8 @@
 //   - a holder h (another thread) over an overlap O: O is attributed to h. What h was running: its on-CPU samples
 //     inside O, |O| / k ns to each of the k samples (source kSampled); with none, the stack of h's GVL hold that
 //     covers O: the stack of the gvl_released that ended it (kReleaseStack) or, for a hold ended otherwise (exit,
-//     a lost release), the stack of h's latest sample (kLastSample); else no stack (kNoStack). The part of O in which
+//     a lost release, a cut) or by a release that carried no stack, the stack of h's latest sample (kLastSample);
+//     else no stack (kNoStack). The part of O in which
 //     h ran a GC is attributed with `gc` set (GC runs on the lock holder and keeps every other thread waiting).
 //   - nobody held the GVL (holder thread 0): the hand-off between a release and the waiter's acquisition, or the
 //     time the scheduler took to wake the waiter: holder kNoThread, source kGvlFree.
@@ -111,8 +112,8 @@ struct BlameSegment {
   uint64_t holder = 0;  // tracker key; 0: nobody held the GVL (kGvlFree) or who did is not known (kHolderUnknown)
   uint64_t from_ns = 0;
   uint64_t to_ns = 0;
-  // The holder's hold covering the end of the segment ended by its gvl_released, with this stack (0: no stack, or
-  // the hold ended otherwise) at release_ns (0: not ended by a release).
+  // The holder's hold covering the end of the segment ended by its gvl_released at release_ns (0: the hold did not
+  // end by a release, e.g. it was still open at a cut), which carried this stack (0: the release carried none).
   uint32_t release_stack = 0;
   uint64_t release_ns = 0;
   uint32_t first_part = 0;  // parts [first_part, first_part + parts) of AttributionResult::wait_parts

@@ -125,7 +125,7 @@ void SpanTracker::EndWait(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end,
 }
 
 void SpanTracker::EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, uint32_t stack,
-                          Provenance provenance, bool counted) {
+                          Provenance provenance, bool counted, bool release_stack) {
   Span s;
   s.kind = SpanKind::kGvlHold;
   s.end = end;
@@ -136,6 +136,7 @@ void SpanTracker::EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end,
   s.start_ns = t.hold_start_ns;
   s.end_ns = std::max(end_ns, t.hold_start_ns);
   s.stack = stack;
+  s.release_stack = release_stack;
   Emit(s);
   t.holding = false;
 }
@@ -314,7 +315,7 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       if (t.waiting) EndWait(key, t, ts, SpanEnd::kReleased, false);
       if (t.holding) {
         EndHold(key, t, ts, SpanEnd::kReleased, e.stack != 0 ? e.stack : t.last_sample_stack, Provenance::kObserved,
-                true);
+                true, e.stack != 0);
       }
       if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kReleased);
       if (!t.blocked) {

@@ -79,6 +79,9 @@ struct Span {
   uint64_t start_ns = 0;
   uint64_t end_ns = 0;
   uint32_t stack = 0;  // see above; 0 = none known
+  // kGvlHold: `stack` is the gvl_released's own, not the thread's latest sample's (the release carried none, or the
+  // hold ended otherwise).
+  bool release_stack = false;
   ReleaseReason reason = ReleaseReason::kUnknown;  // kBlocked
   Provenance reason_provenance = Provenance::kObserved;  // kBlocked with a reason other than kUnknown: kDerived
 
@@ -175,7 +178,7 @@ class SpanTracker {
   void LoseHolders(uint64_t t);
   void EndWait(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted);
   void EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, uint32_t stack, Provenance provenance,
-               bool counted);
+               bool counted, bool release_stack = false);
   void EndBlocked(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted);
   void EndGc(uint64_t end_ns, SpanEnd end, bool counted);
   void DiscardOpen(uint64_t t);

@@ -123,6 +123,24 @@ TEST(Attribution, HolderChangeMidWaitSplitsTheBlame) {
   EXPECT_EQ(BlameTotal(r), r.total_gvl_wait_ns);
 }
 
+TEST(Attribution, AReleaseWithoutAStackIsNotCalledTheReleaseStack) {
+  // A's release carried no stack: its hold ends on its latest sample's stack (before the wait), which is what the
+  // blame says, and the segment names no release stack.
+  Feed run(AttributionOptions{.per_wait = true});
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Sample(5, kA, 6);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Ev(60, EventName::kGvlReleased, kA, 0);
+  run.Ev(60, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(70);
+  EXPECT_EQ(Blame(r, kB, kA, 6, BlameSource::kLastSample), 50u);
+  EXPECT_EQ(Blame(r, kB, kA, 6, BlameSource::kReleaseStack), 0u);
+  ASSERT_EQ(r.wait_segments.size(), 1u);
+  EXPECT_EQ(r.wait_segments[0].release_ns, 60u);
+  EXPECT_EQ(r.wait_segments[0].release_stack, 0u);
+}
+
 TEST(Attribution, TimeNobodyHeldTheLockIsGvlFree) {
   Feed run;
   run.Ev(0, EventName::kGvlAcquired, kA);
