@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -490,15 +491,21 @@ class ReportStacks : public ::testing::Test {
     return i;
   }
   Model Build(const std::string& reason = "io") {
+    return BuildWith([&](std::vector<TraceEvent>& events) {
+      events[release_].stack = 10;
+      events[release_].reason = reason;
+      events[release_].reason_provenance = Provenance::kDerived;
+      events[unknown_stack_].stack = 77;  // not in the dictionary: shown as no stack
+    });
+  }
+  // The sequence's events, the samples with their stacks, then `edit`, as a 3.4.5 model.
+  Model BuildWith(const std::function<void(std::vector<TraceEvent>&)>& edit) {
     std::vector<TraceEvent> events = s_.events();
     for (const auto& [i, stack] : stack_of_) {
       events[i].stack = stack;
       events[i].source = kSourcePerfEvent;
     }
-    events[release_].stack = 10;
-    events[release_].reason = reason;
-    events[release_].reason_provenance = Provenance::kDerived;
-    events[unknown_stack_].stack = 77;  // not in the dictionary: shown as no stack
+    edit(events);
     ModelOptions options;
     options.ruby_version = "3.4.5";
     options.main_thread = 1;
@@ -604,20 +611,11 @@ class ReportBlame : public ReportStacks {
     s_.Add(100 * kUs, EventName::kTracingStopped);
   }
   Model BuildBlame() {
-    std::vector<TraceEvent> events = s_.events();
-    for (const auto& [i, stack] : stack_of_) {
-      events[i].stack = stack;
-      events[i].source = kSourcePerfEvent;
-    }
-    events[b_release_].stack = 10;
-    events[a_release_].stack = 11;
-    events[b_release2_].stack = 10;
-    ModelOptions options;
-    options.ruby_version = "3.4.5";
-    options.main_thread = 1;
-    Result<Model> model = Model::Build(events, options);
-    EXPECT_TRUE(model.ok()) << model.error().ToString();
-    return std::move(model).value();
+    return BuildWith([&](std::vector<TraceEvent>& events) {
+      events[b_release_].stack = 10;
+      events[a_release_].stack = 11;
+      events[b_release2_].stack = 10;
+    });
   }
   size_t b_release_ = 0, a_release_ = 0, b_release2_ = 0;
 };
