@@ -551,7 +551,8 @@ size_t ProcessProfile::approx_memory_bytes() const {
          tracker_.approx_memory_bytes() + blame_.approx_memory_bytes() +
          HashSetHeap(weights_, sizeof(std::pair<const uint32_t, Weights>), false) +
          HashSetHeap(thread_numbers_, sizeof(std::pair<const uint64_t, uint32_t>), false) +
-         VectorHeap(exited_threads_) + interval_blame_.blame_ns.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const BlameKey, uint64_t>));
+         VectorHeap(exited_threads_) +
+         interval_blame_.blame_ns.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const BlameKey, uint64_t>));
 }
 
 }  // namespace rvbpfd

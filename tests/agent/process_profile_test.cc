@@ -350,7 +350,8 @@ TEST(ProcessProfile, GvlBlameGoesToWhatTheHolderRanLabelledByHolderAndWaiter) {
   // main (its sample at 3000), 1500 for nobody and 500 while thread 2 ran (no sample: its release in IO#read).
   using Key = std::tuple<std::string, std::string, std::string>;
   EXPECT_EQ(BlameBy(*p, {"Hog.spin", "<main>"}),
-            (std::map<Key, int64_t>{{{"main", "Thread #2", "sampled"}, 3900}, {{"main", "Thread #3", "sampled"}, 2000}}));
+            (std::map<Key, int64_t>{{{"main", "Thread #2", "sampled"}, 3900},
+                                    {{"main", "Thread #3", "sampled"}, 2000}}));
   EXPECT_EQ(BlameBy(*p, {std::string(kGvlFreeFrame)}),
             (std::map<Key, int64_t>{{{"-", "Thread #2", "gvl_free"}, 1000}, {{"-", "Thread #3", "gvl_free"}, 1500}}));
   EXPECT_EQ(BlameBy(*p, {"IO#read", "Io#loop", "<main>"}),
