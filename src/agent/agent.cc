@@ -260,6 +260,7 @@ void Agent::OnRecord(const rv_record& r) {
   item.pid = static_cast<int>(r.pid);
   item.kind = r.kind;
   item.th = r.th;
+  item.tid = r.tid;
   if (r.kind < RV_EV_KIND_COUNT) {
     WatchedProcess* p = registry_.Find(item.pid);
     if (p == nullptr) return;
@@ -284,6 +285,7 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
   item.pid = p->pid;
   item.kind = r.kind;
   item.th = r.th;
+  item.tid = r.tid;
   item.in_gc = (r.flags & RV_REC_IN_GC) != 0;
   if (!spare_frames_.empty()) {
     item.frames = std::move(spare_frames_.back());
@@ -347,6 +349,8 @@ void Agent::Dispatch(Pending& item) {
   }
   WatchedProcess* p = registry_.Find(pid);
   if (p == nullptr) return;
+  // The thread on the process's initial native thread is main (CRuby runs no other Ruby thread there).
+  if (item.th != 0 && item.tid == static_cast<uint32_t>(pid)) p->profile->SetMainThread(item.th);
   if (item.kind == RV_EV_SAMPLE) {
     if (item.th != 0 && p->exited_th.count(item.th) != 0) return;
     p->profile->OnSample(item.ts_ns, item.th, item.in_gc, item.frames);

@@ -103,6 +103,7 @@ class Agent {
     int pid = 0;
     uint32_t kind = 0;
     uint64_t th = 0;
+    uint32_t tid = 0;  // host tid of the thread the record is about (0: unknown)
     bool in_gc = false;
     std::vector<SharedFrame> frames;  // shared with the resolver's cache: no per-record string copies
   };

@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "common/heap_estimate.h"
+#include "export/export_util.h"
 #include "export/pprof.h"
 #include "export/pprof_builder.h"
 #include "rvbpfd/abi.h"
@@ -25,6 +26,11 @@ size_t DequeHeap(const std::deque<T>& d) {
   const size_t blocks = d.size() / kPerBlock + 1;
   return blocks * HeapChunk(kPerBlock * sizeof(T)) + HeapChunk(std::max<size_t>(8, blocks + 2) * sizeof(void*));
 }
+
+// gvl_blame's sample labels.
+constexpr std::string_view kHolderLabel = "holder";
+constexpr std::string_view kWaiterLabel = "waiter";
+constexpr std::string_view kSourceLabel = "blame_source";
 
 const FrameInfo& GcFrame() {
   static const FrameInfo* const kFrame = new FrameInfo{std::string(kGcFrameLabel), "", 0, FrameKind::kGc};
@@ -184,7 +190,10 @@ uint32_t ProfileStackTable::InternOnTop(const FrameInfo& top, uint32_t base) {
 ProcessProfile::ProcessProfile(uint64_t sample_period_ns) : ProcessProfile(sample_period_ns, ProcessProfileLimits{}) {}
 
 ProcessProfile::ProcessProfile(uint64_t sample_period_ns, ProcessProfileLimits limits)
-    : sample_period_ns_(sample_period_ns), limits_(limits), tracker_([this](const Span& s) { OnSpan(s); }) {
+    : sample_period_ns_(sample_period_ns),
+      limits_(limits),
+      tracker_([this](const Span& s) { OnSpan(s); }),
+      blame_(AttributionOptions{.blame_cut_waits = true, .wall = false}) {
   NewTable();
 }
 
@@ -200,6 +209,10 @@ void ProcessProfile::NewTable() {
   s.gc_only = next->Intern(std::span<const FrameInfo>(&GcFrame(), 1));
   s.full = next->Intern(std::span<const FrameInfo>(&full, 1));
   s.gc_full = next->InternOnTop(GcFrame(), s.full);
+  const FrameInfo gvl_free{std::string(kGvlFreeFrame), "", 0, FrameKind::kUnresolved};
+  const FrameInfo holder_unknown{std::string(kHolderUnknownFrame), "", 0, FrameKind::kUnresolved};
+  s.gvl_free = next->Intern(std::span<const FrameInfo>(&gvl_free, 1));
+  s.holder_unknown = next->Intern(std::span<const FrameInfo>(&holder_unknown, 1));
 
   if (table_) {
     // Only thread state and an open GC refer to stacks between intervals (the weights were just emptied).
@@ -217,6 +230,7 @@ void ProcessProfile::NewTable() {
       return to;
     };
     tracker_.RemapStacks(remap);
+    blame_.RemapStacks(remap);
   }
   table_ = std::move(next);
   special_ = s;
@@ -240,6 +254,7 @@ uint32_t ProcessProfile::GcStack(uint32_t base) {
 }
 
 void ProcessProfile::OnSpan(const Span& s) {
+  blame_.OnSpan(s);
   uint64_t Weights::*member = nullptr;
   uint64_t* discarded = nullptr;
   switch (s.kind) {
@@ -273,12 +288,12 @@ void ProcessProfile::OnSpan(const Span& s) {
   weights_[stack].*member += s.end_ns - s.start_ns;
 }
 
-void ProcessProfile::OnSample(uint64_t /*ts_ns*/, uint64_t th, bool in_gc, std::span<const FrameInfo> frames) {
-  Sample(th, in_gc, StackInput{frames, {}});
+void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const FrameInfo> frames) {
+  Sample(ts_ns, th, in_gc, StackInput{frames, {}});
 }
 
-void ProcessProfile::OnSample(uint64_t /*ts_ns*/, uint64_t th, bool in_gc, std::span<const SharedFrame> frames) {
-  Sample(th, in_gc, StackInput{{}, frames});
+void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames) {
+  Sample(ts_ns, th, in_gc, StackInput{{}, frames});
 }
 
 void ProcessProfile::OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const FrameInfo> frames) {
@@ -289,7 +304,7 @@ void ProcessProfile::OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::sp
   Event(ts_ns, th, kind, StackInput{{}, frames});
 }
 
-void ProcessProfile::Sample(uint64_t th, bool in_gc, const StackInput& frames) {
+void ProcessProfile::Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames) {
   ++stats_.samples;
   const uint32_t base = frames.empty() ? 0 : InternOrFull(frames);
   uint32_t cpu_stack;
@@ -300,6 +315,15 @@ void ProcessProfile::Sample(uint64_t th, bool in_gc, const StackInput& frames) {
   }
   ++weights_[cpu_stack].samples;
   tracker_.OnSample(th, base, in_gc);
+  blame_.OnSample(ts_ns, th, base, in_gc);
+  if (blame_.kept() >= blame_drain_at_) DrainBlame(ts_ns);
+}
+
+void ProcessProfile::DrainBlame(uint64_t now_ns) {
+  ++stats_.blame_drains;
+  blame_.DrainBlame(tracker_.oldest_open_wait_ns(now_ns), &interval_blame_);
+  // What the open waits still need stays; the next drain comes once as much again has been kept.
+  blame_drain_at_ = std::max(kBlameDrainMin, 2 * blame_.kept());
 }
 
 void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const StackInput& frames) {
@@ -310,11 +334,19 @@ void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const Sta
   switch (kind) {
     case RV_EV_GC_ENTER: e.event = EventName::kGcEnter; break;
     case RV_EV_GC_EXIT: e.event = EventName::kGcExit; break;
-    case RV_EV_THREAD_STARTED: e.event = EventName::kThreadStarted; break;
+    case RV_EV_THREAD_STARTED:
+      e.event = EventName::kThreadStarted;
+      // A thread at a reused thread pointer is a new thread: it gets a number of its own.
+      thread_numbers_.erase(th);
+      std::erase(exited_threads_, th);
+      break;
     case RV_EV_THREAD_READY: e.event = EventName::kWantsGvl; break;
     case RV_EV_THREAD_RESUMED: e.event = EventName::kGvlAcquired; break;
     case RV_EV_THREAD_SUSPENDED: e.event = EventName::kGvlReleased; break;
-    case RV_EV_THREAD_EXITED: e.event = EventName::kThreadExited; break;
+    case RV_EV_THREAD_EXITED:
+      e.event = EventName::kThreadExited;
+      if (th != 0) exited_threads_.push_back(th);
+      break;
     default:
       return;  // sleep/mutex probes and unknown kinds carry nothing these profiles count
   }
@@ -325,6 +357,7 @@ void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const Sta
     e.stack = InternOrFull(frames);
   }
   tracker_.OnEvent(e);
+  if (blame_.kept() >= blame_drain_at_) DrainBlame(ts_ns);
 }
 
 void ProcessProfile::Gap(EventName event, uint64_t ts_ns) {
@@ -381,10 +414,57 @@ std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<ui
   return b.Build();
 }
 
+std::string ProcessProfile::ThreadName(uint64_t th) {
+  if (th == 0) return "-";
+  if (th == main_th_) return "main";
+  if (thread_numbers_.size() >= kMaxThreadNames && !thread_numbers_.contains(th)) thread_numbers_.clear();
+  auto [it, fresh] = thread_numbers_.try_emplace(th, next_thread_number_);
+  if (fresh) ++next_thread_number_;
+  return "Thread #" + std::to_string(it->second);
+}
+
+std::string ProcessProfile::BuildBlame(int64_t interval_start_unix_ns, int64_t duration_ns,
+                                       const std::vector<std::string>& comments) {
+  PprofBuilder b;
+  b.AddSampleType("gvl_blame", "nanoseconds");
+  b.SetPeriod("gvl_blame", "nanoseconds", 1);
+  b.SetDefaultSampleType("gvl_blame");
+  b.SetTimeNanos(interval_start_unix_ns);
+  b.SetDurationNanos(duration_ns);
+  for (const std::string& c : comments) b.AddComment(c);
+  std::unordered_map<uint32_t, uint64_t> location_of_frame;  // table frame id -> location id
+  std::vector<uint64_t> locations;
+  for (const auto& [key, ns] : interval_blame_.blame_ns) {
+    if (ns == 0) continue;
+    uint32_t stack = key.stack;
+    if (stack == 0) {
+      stack = key.source == BlameSource::kGvlFree         ? special_.gvl_free
+              : key.source == BlameSource::kHolderUnknown ? special_.holder_unknown
+                                                          : special_.no_stack;
+    }
+    if (key.gc) stack = GcStack(key.stack);
+    locations.clear();
+    for (uint32_t f : table_->stack(stack)) {
+      uint64_t& loc = location_of_frame[f];
+      if (loc == 0) loc = b.Location(table_->frame(f));
+      locations.push_back(loc);
+    }
+    const std::string holder = ThreadName(key.holder), waiter = ThreadName(key.waiter);
+    const PprofLabel labels[] = {{.key = kHolderLabel, .str = holder},
+                                 {.key = kWaiterLabel, .str = waiter},
+                                 {.key = kSourceLabel, .str = BlameSourceName(key.source)}};
+    const int64_t values[] = {SaturatingToInt64(ns)};
+    // Cannot fail: one value for the one sample type, ids from Location.
+    (void)b.AddSample(std::span<const uint64_t>(locations), values, labels);
+  }
+  return b.Build();
+}
+
 std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_start_unix_ns,
                                               int64_t duration_ns) {
   // The parts of open spans before the cut belong to this interval; they continue from the cut.
   tracker_.Cut(cut_ns);
+  blame_.DrainBlame(tracker_.oldest_open_wait_ns(cut_ns), &interval_blame_);
 
   std::vector<uint32_t> stacks;
   stacks.reserve(weights_.size());
@@ -435,12 +515,28 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
       ++stats_.build_failures;
       continue;
     }
-    out.push_back(BuiltProfile{std::string(k.type), std::move(gz.value()), k.total});
+    out.push_back(BuiltProfile{std::string(k.type), std::move(gz.value()), k.total, {}});
+  }
+  if (interval_blame_.total_gvl_wait_ns > 0) {
+    Result<std::string> gz =
+        Gzip(BuildBlame(interval_start_unix_ns, duration_ns, with(interval_discarded_waits_, "GVL waits")));
+    if (gz.ok()) {
+      out.push_back(BuiltProfile{"gvl_blame", std::move(gz.value()), interval_blame_.total_gvl_wait_ns,
+                                 {std::string(kHolderLabel), std::string(kWaiterLabel), std::string(kSourceLabel)}});
+    } else {
+      ++stats_.build_failures;
+    }
   }
 
   // A new interval: weights and per-interval counts start over; memory goes back to what live state needs.
   std::unordered_map<uint32_t, Weights>().swap(weights_);
   interval_discarded_waits_ = interval_discarded_holds_ = interval_discarded_gcs_ = interval_over_cap_ = 0;
+  interval_blame_ = AttributionResult{};
+  blame_drain_at_ = std::max(kBlameDrainMin, 2 * blame_.kept());
+  for (uint64_t th : exited_threads_) {
+    if (th != main_th_) thread_numbers_.erase(th);
+  }
+  exited_threads_.clear();
   stats_.threads_pruned += tracker_.PruneIdle(limits_.idle_cuts_before_prune);
   if (table_->approx_memory_bytes() > limits_.reset_above_bytes) {
     NewTable();
@@ -452,8 +548,11 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
 size_t ProcessProfile::approx_memory_bytes() const {
   return sizeof(*this) + HeapChunk(sizeof(ProfileStackTable)) + table_->approx_memory_bytes() +
          table_->memo_memory_bytes() +
-         tracker_.approx_memory_bytes() +
-         HashSetHeap(weights_, sizeof(std::pair<const uint32_t, Weights>), false);
+         tracker_.approx_memory_bytes() + blame_.approx_memory_bytes() +
+         HashSetHeap(weights_, sizeof(std::pair<const uint32_t, Weights>), false) +
+         HashSetHeap(thread_numbers_, sizeof(std::pair<const uint64_t, uint32_t>), false) +
+         VectorHeap(exited_threads_) +
+         interval_blame_.blame_ns.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const BlameKey, uint64_t>));
 }
 
 }  // namespace rvbpfd

@@ -1,5 +1,5 @@
-// ProcessProfile: the fleet agent's aggregation of one Ruby process's samples and scheduler/GC events into the four
-// continuous profiles it uploads every --interval: cpu, gvl_wait, gvl_held and gc, each a gzipped pprof.
+// ProcessProfile: the fleet agent's aggregation of one Ruby process's samples and scheduler/GC events into the five
+// continuous profiles it uploads every --interval: cpu, gvl_wait, gvl_held, gc and gvl_blame, each a gzipped pprof.
 //
 // Events are aggregated as they arrive and never stored: per interval the memory is one weight record per distinct
 // stack, plus one small state per live Ruby thread and the interned stack table (which has a cap, below).
@@ -11,26 +11,41 @@
 //     tracker attributes it to ("[no stack]" when none; gc spans with the GC frame on top of it), exactly as
 //     `rvbpfd export --pprof` attributes its GVL waits. Spans the tracker leaves uncounted (lost events, pauses, a
 //     wait open at its thread's exit) are counted in the profiles' comments instead.
+//   - gvl_blame: each counted GVL wait's ns attributed by model/attribution.h (the exports' rules) to the thread(s)
+//     that held the GVL meanwhile and what they ran: the holder's samples inside the wait, else the stack of its
+//     hold's release (or of its latest sample, for a hold still open at a cut), under the GC frame while it ran a
+//     GC; "[GVL not held]" for hand-off time nobody held it, "[holder unknown]" where no holder was seen acquiring.
+//     Labelled holder and waiter (thread names, below) and blame_source (sampled, release_stack, last_sample,
+//     no_stack, gvl_free, holder_unknown). Its total equals gvl_wait's in every interval.
 // th is the tracker's thread key; th 0 means "unknown thread": such samples count in cpu only and such events are
 // ignored. Events must come in time order (the agent's reorder window).
 //
 // Interval cuts: Cut(cut_ns, ...) counts the parts of open spans before cut_ns in this interval and keeps them open
 // from cut_ns for the next. A hold split by a cut is attributed, for its part before the cut, to the thread's latest
-// sample stack (its release stack is not known yet).
+// sample stack (its release stack is not known yet). The GVL holder's span is cut with the waits, so a wait's blame
+// in consecutive intervals sums to the whole wait's, per waiter and holder.
 //
 // Lost events (OnEventsLost) and tracing pauses (OnTracingPaused / OnTracingResumed) discard every span open at that
 // point, waits, holds and GC alike (the tracker's rule): their ends may belong to different spans. Samples are
 // unaffected.
 //
-// Profiles carry no pprof labels: the process labels (host, pid, ...) travel with the upload (src/sink), and a
-// per-thread label would multiply both the profile size and, in Pyroscope which turns sample labels into series
-// labels, the series cardinality by the thread count. Per-thread views are what `rvbpfd record` is for.
+// Profiles other than gvl_blame carry no pprof labels: the process labels (host, pid, ...) travel with the upload
+// (src/sink), and a per-thread label would multiply both the profile size and, in Pyroscope which turns sample
+// labels into series labels, the series cardinality by the thread count. Per-thread views are what `rvbpfd record`
+// is for. gvl_blame's question is which thread starves which, so it names them: "main" (the thread the agent saw on
+// the process's initial native thread, SetMainThread) or "Thread #N", N numbered per process from 2 in the order
+// threads first appear in a gvl_blame profile, kept while the thread lives (a thread_started at a reused thread
+// pointer gets a new number; more than kMaxThreadNames numbered threads start the numbering over). Its series are at
+// most (threads that held) x (threads that waited) x sources per process.
 //
 // Bounded memory: stacks and frames are interned in a per-process table capped by ProcessProfileLimits (distinct
 // stacks and estimated bytes). Once full, a new stack is attributed to a "[stack table full]" frame (counted in
 // stats().stacks_over_cap). At each Cut the table is rebuilt from the few stacks live thread state still refers to
 // when it is above reset_above_bytes, and thread states idle for idle_cuts_before_prune cuts are dropped (a thread
 // blocked longer than that loses its release stack: its next wait goes to its wants_gvl or a later sample's stack).
+// The blame attribution keeps the spans and samples of the interval until they are blamed: it is drained whenever
+// it keeps more than kBlameDrainMin of them (or twice what the open waits still needed at the last drain), so it
+// holds only what the waits open now can need.
 //
 // Threading: not thread-safe; one instance per process, used from the agent's main loop only.
 #ifndef RVBPFD_SRC_AGENT_PROCESS_PROFILE_H_
@@ -47,6 +62,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "model/attribution.h"
 #include "model/span_tracker.h"
 #include "record/stack_resolver.h"
 #include "trace/stacks.h"
@@ -54,9 +70,10 @@
 namespace rvbpfd {
 
 struct BuiltProfile {
-  std::string profile_type;  // "cpu", "gvl_wait", "gvl_held", "gc"
+  std::string profile_type;  // "cpu", "gvl_wait", "gvl_held", "gc", "gvl_blame"
   std::string pprof_gz;      // the gzipped pprof Profile message
   uint64_t total = 0;        // cpu: samples; the others: ns
+  std::vector<std::string> sample_label_names;  // the label names its samples carry (gvl_blame's)
 };
 
 // The frame standing in for stacks that did not fit in a full stack table.
@@ -83,6 +100,7 @@ struct ProcessProfileStats {
   uint64_t table_resets = 0;     // stack table rebuilds at a Cut
   uint64_t threads_pruned = 0;   // idle thread states dropped at a Cut
   uint64_t build_failures = 0;   // profiles not produced because gzip failed
+  uint64_t blame_drains = 0;     // times the blame attribution was drained between cuts
 };
 
 // Interned frames and stacks of one process, stored once each: frames in a vector, stacks as runs of frame ids in
@@ -189,12 +207,15 @@ class ProcessProfile {
   void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames);
   void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const SharedFrame> frames);
   void OnEventsLost();  // events were dropped: spans open now are not counted (their ends are unknown)
+  // `th` runs on the process's initial native thread (tid == pid): the main thread, so named in gvl_blame.
+  void SetMainThread(uint64_t th) { main_th_ = th; }
   // Budget pauses: spans open at either point are not counted (the times are part of the contract, unused).
   void OnTracingPaused(uint64_t ts_ns);
   void OnTracingResumed(uint64_t ts_ns);
   // Ends the interval at cut_ns: the parts of open spans before the cut count now, the rest in the next interval.
-  // Returns the non-empty profiles among cpu (samples+cpu ns), gvl_wait (ns), gvl_held (ns), gc (ns), in that order,
-  // each with time_nanos = interval_start_unix_ns and duration_nanos = duration_ns; then starts a new interval.
+  // Returns the non-empty profiles among cpu (samples+cpu ns), gvl_wait (ns), gvl_held (ns), gc (ns) and gvl_blame
+  // (ns), in that order, each with time_nanos = interval_start_unix_ns and duration_nanos = duration_ns; then starts
+  // a new interval.
   std::vector<BuiltProfile> Cut(uint64_t cut_ns, int64_t interval_start_unix_ns, int64_t duration_ns);
   size_t approx_memory_bytes() const;  // for the agent's memory bound
 
@@ -202,6 +223,9 @@ class ProcessProfile {
   size_t thread_count() const { return tracker_.thread_count(); }
   const ProfileStackTable& stack_table() const { return *table_; }
   uint64_t sample_period_ns() const { return sample_period_ns_; }
+
+  static constexpr size_t kBlameDrainMin = 4096;   // spans + samples the blame attribution keeps before a drain
+  static constexpr size_t kMaxThreadNames = 4096;  // numbered threads before the numbering starts over
 
  private:
   struct Weights {
@@ -215,6 +239,8 @@ class ProcessProfile {
     uint32_t gc_only = 0;
     uint32_t full = 0;
     uint32_t gc_full = 0;
+    uint32_t gvl_free = 0;        // blame while nobody held the GVL
+    uint32_t holder_unknown = 0;  // blame no holder span covers
   };
 
   // A stack as either API gave it (one of the spans is used); interned only where the event needs it.
@@ -224,7 +250,7 @@ class ProcessProfile {
     bool empty() const { return values.empty() && shared.empty(); }
   };
 
-  void Sample(uint64_t th, bool in_gc, const StackInput& frames);
+  void Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames);
   void Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const StackInput& frames);
   void Gap(EventName event, uint64_t ts_ns);
   void OnSpan(const Span& s);  // the tracker's spans become this interval's weights
@@ -234,6 +260,10 @@ class ProcessProfile {
   std::string BuildOne(std::string_view type, const std::vector<uint32_t>& stacks, bool cpu,
                        uint64_t Weights::*member, int64_t interval_start_unix_ns, int64_t duration_ns,
                        const std::vector<std::string>& comments);
+  std::string BuildBlame(int64_t interval_start_unix_ns, int64_t duration_ns, const std::vector<std::string>& comments);
+  void DrainBlame(uint64_t now_ns);  // between cuts, when the attribution keeps too much
+  // "main", "Thread #N" (numbered on first use), "-" for 0.
+  std::string ThreadName(uint64_t th);
 
   uint64_t sample_period_ns_;
   ProcessProfileLimits limits_;
@@ -241,6 +271,13 @@ class ProcessProfile {
   SpecialStacks special_;
   std::unordered_map<uint32_t, Weights> weights_;     // this interval's weights by stack id
   SpanTracker tracker_;  // thread keys are th; stack ids are table_'s
+  Attribution blame_;    // fed the tracker's spans and the samples; drained into interval_blame_
+  AttributionResult interval_blame_;  // this interval's blame so far
+  size_t blame_drain_at_ = kBlameDrainMin;
+  uint64_t main_th_ = 0;
+  std::unordered_map<uint64_t, uint32_t> thread_numbers_;  // th -> N of "Thread #N"
+  uint32_t next_thread_number_ = 2;                         // 1 is main's, as `rvbpfd record` numbers threads
+  std::vector<uint64_t> exited_threads_;                    // this interval's thread_exited: numbers retired at the cut
   // This interval's discarded spans per kind and stacks over the cap, for the profiles' comments.
   uint64_t interval_discarded_waits_ = 0;
   uint64_t interval_discarded_holds_ = 0;

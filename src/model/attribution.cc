@@ -1,6 +1,9 @@
 #include "model/attribution.h"
 
 #include <algorithm>
+#include <iterator>
+
+#include "common/heap_estimate.h"
 
 namespace rvbpfd {
 namespace {
@@ -29,27 +32,31 @@ std::string_view WallStateName(WallState state) {
 }
 
 void Attribution::OnSpan(const Span& s) {
+  std::vector<Span>* into = nullptr;
   switch (s.kind) {
     case SpanKind::kGvlWait:
-      if (s.counted) waits_.push_back(s);
+      if (s.counted) into = &waits_;  // all for the wall clock; BlameWaits picks the blamed ones
       break;
     case SpanKind::kHolder:
-      holders_.push_back(s);
+      into = &holders_[s.vm];
       break;
     case SpanKind::kGvlHold:
-      if (s.counted) holds_.push_back(s);
+      if (s.counted) into = &holds_[s.thread];
       break;
     case SpanKind::kBlocked:
-      if (s.counted) blocked_.push_back(s);
+      if (s.counted && options_.wall) into = &blocked_;
       break;
     case SpanKind::kGc:
-      if (s.counted && s.thread != 0) gcs_.push_back(s);
+      if (s.counted && s.thread != 0) into = &gcs_[s.thread];
       break;
   }
+  if (into == nullptr) return;
+  into->push_back(s);
+  ++kept_;
 }
 
 void Attribution::OnThreadEvent(uint64_t t_ns, uint64_t thread, bool exited) {
-  if (thread == 0) return;
+  if (thread == 0 || !options_.wall) return;
   auto [it, fresh] = lives_.try_emplace(thread);
   Life& l = it->second;
   if (fresh) l.first_ns = t_ns;
@@ -62,6 +69,7 @@ void Attribution::OnThreadEvent(uint64_t t_ns, uint64_t thread, bool exited) {
 void Attribution::OnSample(uint64_t t_ns, uint64_t thread, uint32_t stack, bool in_gc) {
   if (thread == 0) return;
   samples_[thread].push_back(Sample{t_ns, stack, in_gc});
+  ++kept_;
 }
 
 std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::SamplesIn(uint64_t thread,
@@ -75,28 +83,76 @@ std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::S
   return {v.data() + (lo - v.begin()), v.data() + (hi - v.begin())};
 }
 
+std::span<const Span> Attribution::GcsIn(uint64_t thread, uint64_t from, uint64_t to) const {
+  auto it = gcs_.find(thread);
+  if (it == gcs_.end()) return {};
+  const std::vector<Span>& v = it->second;  // one GC at a time: sorted by start and by end
+  auto lo = std::upper_bound(v.begin(), v.end(), from, [](uint64_t t, const Span& g) { return t < g.end_ns; });
+  auto hi = std::lower_bound(lo, v.end(), to, [](const Span& g, uint64_t t) { return g.start_ns < t; });
+  return {v.data() + (lo - v.begin()), static_cast<size_t>(hi - lo)};
+}
+
 uint64_t Attribution::GcOverlap(uint64_t thread, uint64_t from, uint64_t to) const {
   uint64_t ns = 0;
-  for (const Span& g : gcs_) {  // few: one per GC run
-    if (g.thread != thread || g.end_ns <= from || g.start_ns >= to) continue;
-    ns += std::min(g.end_ns, to) - std::max(g.start_ns, from);
-  }
+  for (const Span& g : GcsIn(thread, from, to)) ns += std::min(g.end_ns, to) - std::max(g.start_ns, from);
   return ns;
 }
 
-void Attribution::AttributeHolder(AttributionResult& r, const Span& wait, uint64_t holder, uint64_t from,
-                                  uint64_t to) const {
-  BlameKey key{.waiter = wait.thread, .holder = holder};
+// Where one wait's blame goes: the result's blame_ns and, with per_wait, the wait's current segment.
+class Attribution::PartSink {
+ public:
+  PartSink(AttributionResult& r, bool per_wait, uint64_t waiter) : r_(r), per_wait_(per_wait), waiter_(waiter) {}
+
+  void Segment(uint64_t holder, uint64_t from, uint64_t to, const Span* hold) {
+    holder_ = holder;
+    if (!per_wait_) return;
+    BlameSegment seg{.holder = holder, .from_ns = from, .to_ns = to};
+    if (hold != nullptr && hold->end == SpanEnd::kReleased) {
+      seg.release_stack = hold->release_stack ? hold->stack : 0;
+      seg.release_ns = hold->end_ns;
+    }
+    seg.first_part = static_cast<uint32_t>(r_.wait_parts.size());
+    r_.wait_segments.push_back(seg);
+  }
+  void Add(uint32_t stack, bool gc, BlameSource source, uint64_t ns, uint32_t samples) {
+    r_.blame_ns[BlameKey{.waiter = waiter_, .holder = holder_, .stack = stack, .gc = gc, .source = source}] += ns;
+    if (!per_wait_) return;
+    BlameSegment& seg = r_.wait_segments.back();
+    for (size_t i = seg.first_part; i < r_.wait_parts.size(); ++i) {
+      BlamePart& p = r_.wait_parts[i];
+      if (p.stack == stack && p.gc == gc && p.source == source) {
+        p.ns += ns;
+        p.samples += samples;
+        return;
+      }
+    }
+    r_.wait_parts.push_back(BlamePart{.stack = stack, .gc = gc, .source = source, .ns = ns, .samples = samples});
+    ++seg.parts;
+  }
+
+ private:
+  AttributionResult& r_;
+  bool per_wait_;
+  uint64_t waiter_;
+  uint64_t holder_ = 0;
+};
+
+const Span* Attribution::HoldAt(uint64_t thread, uint64_t t) const {
+  auto it = holds_.find(thread);
+  if (it == holds_.end()) return nullptr;
+  const std::vector<Span>& v = it->second;  // one thread's holds do not overlap: sorted by start and by end
+  auto after = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Span& h) { return x < h.start_ns; });
+  if (after == v.begin()) return nullptr;
+  const Span& h = *(after - 1);
+  return h.end_ns > t ? &h : nullptr;
+}
+
+void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const {
   // GC the holder ran inside the overlap: attributed to the GC's stack.
   uint64_t gc_ns = 0;
-  for (const Span& g : gcs_) {
-    if (g.thread != holder || g.end_ns <= from || g.start_ns >= to) continue;
+  for (const Span& g : GcsIn(holder, from, to)) {
     const uint64_t ns = std::min(g.end_ns, to) - std::max(g.start_ns, from);
-    BlameKey k = key;
-    k.gc = true;
-    k.stack = g.stack;
-    k.source = g.stack != 0 ? BlameSource::kLastSample : BlameSource::kNoStack;
-    r.blame_ns[k] += ns;
+    out.Add(g.stack, true, g.stack != 0 ? BlameSource::kLastSample : BlameSource::kNoStack, ns, 0);
     gc_ns += ns;
   }
   const uint64_t rest = to - from - std::min(gc_ns, to - from);
@@ -107,30 +163,23 @@ void Attribution::AttributeHolder(AttributionResult& r, const Span& wait, uint64
     if (!s->in_gc && (gc_ns == 0 || GcOverlap(holder, s->t_ns, s->t_ns + 1) == 0)) stacks.push_back(s->stack);
   }
   if (!stacks.empty()) {
-    key.source = BlameSource::kSampled;
     for (size_t i = 0; i < stacks.size(); ++i) {
-      key.stack = stacks[i];
-      r.blame_ns[key] += Share(rest, stacks.size(), i);
+      out.Add(stacks[i], false, BlameSource::kSampled, Share(rest, stacks.size(), i), 1);
     }
     return;
   }
   // No sample: the hold of `holder` that covers `from`.
-  key.source = BlameSource::kNoStack;
-  for (const Span& h : holds_) {
-    if (h.thread != holder || h.start_ns > from || h.end_ns <= from) continue;
-    if (h.stack != 0) {
-      key.stack = h.stack;
-      key.source = h.end == SpanEnd::kReleased ? BlameSource::kReleaseStack : BlameSource::kLastSample;
-    }
-    break;
+  const Span* h = HoldAt(holder, from);
+  if (h != nullptr && h->stack != 0) {
+    out.Add(h->stack, false, h->release_stack ? BlameSource::kReleaseStack : BlameSource::kLastSample, rest, 0);
+  } else {
+    out.Add(0, false, BlameSource::kNoStack, rest, 0);
   }
-  r.blame_ns[key] += rest;
 }
 
 void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const Span& hold) const {
   uint64_t gc_ns = 0;
-  for (const Span& g : gcs_) {
-    if (g.thread != thread || g.end_ns <= hold.start_ns || g.start_ns >= hold.end_ns) continue;
+  for (const Span& g : GcsIn(thread, hold.start_ns, hold.end_ns)) {
     const uint64_t ns = std::min(g.end_ns, hold.end_ns) - std::max(g.start_ns, hold.start_ns);
     r.wall_ns[WallKey{.thread = thread, .state = WallState::kGc, .stack = g.stack}] += ns;
     gc_ns += ns;
@@ -154,51 +203,82 @@ void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const 
   }
 }
 
-AttributionResult Attribution::Compute(uint64_t end_ns) const {
-  AttributionResult r;
-  std::vector<Span> holders = holders_;
-  std::sort(holders.begin(), holders.end(), ByStart);
-
-  // Blame: each wait against the holder spans of its VM, in time order; a cursor keeps a ns from being blamed twice.
-  for (const Span& w : waits_) {
-    if (w.end != SpanEnd::kAcquired || w.end_ns <= w.start_ns) continue;
-    r.total_gvl_wait_ns += w.duration_ns();
-    ++r.waits;
-    uint64_t cursor = w.start_ns;
-    auto unknown_until = [&](uint64_t t) {
-      if (t <= cursor) return;
-      r.blame_ns[BlameKey{.waiter = w.thread, .source = BlameSource::kHolderUnknown}] += t - cursor;
-      cursor = t;
-    };
-    // Holder spans ending after the wait began: the first is found by the latest start <= w.start_ns.
-    auto it = std::upper_bound(holders.begin(), holders.end(), w.start_ns,
-                               [](uint64_t t, const Span& h) { return t < h.start_ns; });
-    if (it != holders.begin()) --it;
-    for (; it != holders.end() && it->start_ns < w.end_ns && cursor < w.end_ns; ++it) {
-      const Span& h = *it;
-      if (h.vm != w.vm || h.end_ns <= cursor) continue;
-      const uint64_t from = std::max(h.start_ns, cursor);
-      const uint64_t to = std::min(h.end_ns, w.end_ns);
-      if (to <= from) continue;
-      unknown_until(from);
-      if (h.thread == 0) {
-        r.blame_ns[BlameKey{.waiter = w.thread, .source = BlameSource::kGvlFree}] += to - from;
-      } else if (h.thread == w.thread) {
-        // The waiter itself is named holder (its own release was lost): who made it wait is not known.
-        r.blame_ns[BlameKey{.waiter = w.thread, .source = BlameSource::kHolderUnknown}] += to - from;
-      } else {
-        AttributeHolder(r, w, h.thread, from, to);
-      }
-      cursor = to;
-    }
-    unknown_until(w.end_ns);
+void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const Span> holders) const {
+  r.total_gvl_wait_ns += w.duration_ns();
+  ++r.waits;
+  if (options_.per_wait) {
+    r.wait_blame.push_back(WaitBlame{.waiter = w.thread, .vm = w.vm, .start_ns = w.start_ns, .end_ns = w.end_ns,
+                                     .first_segment = static_cast<uint32_t>(r.wait_segments.size())});
   }
+  PartSink out(r, options_.per_wait, w.thread);
+  // A cursor keeps a ns from being blamed twice.
+  uint64_t cursor = w.start_ns;
+  auto segment = [&](uint64_t holder, uint64_t to, const Span* hold) {
+    out.Segment(holder, cursor, to, hold);
+    if (options_.per_wait) ++r.wait_blame.back().segments;
+  };
+  auto unknown_until = [&](uint64_t t) {
+    if (t <= cursor) return;
+    segment(0, t, nullptr);
+    out.Add(0, false, BlameSource::kHolderUnknown, t - cursor, 0);
+    cursor = t;
+  };
+  // The VM's holder spans ending after the wait began (they do not overlap): the first is the one with the latest
+  // start <= w.start_ns.
+  auto it = std::upper_bound(holders.begin(), holders.end(), w.start_ns,
+                             [](uint64_t t, const Span& h) { return t < h.start_ns; });
+  if (it != holders.begin()) --it;
+  for (; it != holders.end() && it->start_ns < w.end_ns && cursor < w.end_ns; ++it) {
+    const Span& h = *it;
+    if (h.end_ns <= cursor) continue;
+    const uint64_t from = std::max(h.start_ns, cursor);
+    const uint64_t to = std::min(h.end_ns, w.end_ns);
+    if (to <= from) continue;
+    unknown_until(from);
+    if (h.thread == 0) {
+      segment(0, to, nullptr);
+      out.Add(0, false, BlameSource::kGvlFree, to - from, 0);
+    } else if (h.thread == w.thread) {
+      // The waiter itself is named holder (its own release was lost): who made it wait is not known.
+      segment(0, to, nullptr);
+      out.Add(0, false, BlameSource::kHolderUnknown, to - from, 0);
+    } else {
+      segment(h.thread, to, HoldAt(h.thread, to - 1));
+      AttributeHolder(out, h.thread, from, to);
+    }
+    cursor = to;
+  }
+  unknown_until(w.end_ns);
+}
 
-  // Wall clock: every counted span of each thread, then what none covers.
+void Attribution::BlameWaits(AttributionResult& r) const {
+  // A VM's holder spans close in time order, so a sorted copy is only made for a foreign order.
+  std::map<uint32_t, std::vector<Span>> sorted;
+  auto holders_of = [&](uint32_t vm) -> std::span<const Span> {
+    auto it = holders_.find(vm);
+    if (it == holders_.end()) return {};
+    if (std::is_sorted(it->second.begin(), it->second.end(), ByStart)) return it->second;
+    auto [copy, fresh] = sorted.try_emplace(vm);
+    if (fresh) {
+      copy->second = it->second;
+      std::stable_sort(copy->second.begin(), copy->second.end(), ByStart);
+    }
+    return copy->second;
+  };
+  for (const Span& w : waits_) {
+    const bool blamed = w.end == SpanEnd::kAcquired || (options_.blame_cut_waits && w.end == SpanEnd::kCut);
+    if (blamed && w.end_ns > w.start_ns) BlameWait(r, w, holders_of(w.vm));
+  }
+}
+
+void Attribution::AttributeWall(AttributionResult& r, uint64_t end_ns) const {
+  // Every counted span of each thread, then what none covers.
   std::map<uint64_t, uint64_t> covered;
-  for (const Span& h : holds_) {
-    AttributeRunning(r, h.thread, h);
-    covered[h.thread] += h.duration_ns();
+  for (const auto& [thread, holds] : holds_) {
+    for (const Span& h : holds) {
+      AttributeRunning(r, h.thread, h);
+      covered[h.thread] += h.duration_ns();
+    }
   }
   for (const Span& w : waits_) {
     r.wall_ns[WallKey{.thread = w.thread, .state = WallState::kGvlWait, .stack = w.stack}] += w.duration_ns();
@@ -216,7 +296,94 @@ AttributionResult Attribution::Compute(uint64_t end_ns) const {
     const uint64_t c = covered[thread];
     if (lifetime > c) r.wall_ns[WallKey{.thread = thread, .state = WallState::kUnknown}] += lifetime - c;
   }
+}
+
+AttributionResult Attribution::Compute(uint64_t end_ns) const {
+  AttributionResult r;
+  BlameWaits(r);
+  if (options_.wall) AttributeWall(r, end_ns);
   return r;
+}
+
+void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
+  BlameWaits(*into);
+  waits_.clear();
+  // What a wait starting at or after keep_from_ns can read: holder spans, holds and GCs ending after it, samples
+  // from it on.
+  auto ended = [keep_from_ns](const Span& s) { return s.end_ns <= keep_from_ns; };
+  for (auto it = holders_.begin(); it != holders_.end();) {
+    std::erase_if(it->second, ended);
+    it = it->second.empty() ? holders_.erase(it) : std::next(it);
+  }
+  for (auto* by : {&holds_, &gcs_}) {
+    for (auto it = by->begin(); it != by->end();) {
+      std::erase_if(it->second, ended);
+      it = it->second.empty() ? by->erase(it) : std::next(it);
+    }
+  }
+  for (auto it = samples_.begin(); it != samples_.end();) {
+    std::vector<Sample>& v = it->second;
+    v.erase(v.begin(), std::lower_bound(v.begin(), v.end(), keep_from_ns,
+                                        [](const Sample& s, uint64_t t) { return s.t_ns < t; }));
+    it = v.empty() ? samples_.erase(it) : std::next(it);
+  }
+  // A vector that once held a burst gives its memory back.
+  auto shrink = [](auto& v) {
+    if (v.capacity() > 64 && v.capacity() > 4 * v.size()) v.shrink_to_fit();
+  };
+  shrink(waits_);
+  for (auto& [vm, v] : holders_) shrink(v);
+  for (auto& [thread, v] : holds_) shrink(v);
+  for (auto& [thread, v] : gcs_) shrink(v);
+  for (auto& [thread, v] : samples_) shrink(v);
+  kept_ = blocked_.size();
+  for (const auto& [thread, v] : gcs_) kept_ += v.size();
+  for (const auto& [vm, v] : holders_) kept_ += v.size();
+  for (const auto& [thread, v] : holds_) kept_ += v.size();
+  for (const auto& [thread, v] : samples_) kept_ += v.size();
+}
+
+void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
+  auto remap = [&map](uint32_t& id) {
+    if (id != 0) id = map(id);
+  };
+  for (std::vector<Span>* v : {&waits_, &blocked_}) {
+    for (Span& s : *v) remap(s.stack);
+  }
+  for (auto* by : {&holds_, &gcs_}) {
+    for (auto& [thread, v] : *by) {
+      for (Span& s : v) remap(s.stack);
+    }
+  }
+  for (auto& [thread, v] : samples_) {
+    for (Sample& s : v) remap(s.stack);
+  }
+}
+
+size_t Attribution::approx_memory_bytes() const {
+  size_t n = VectorHeap(waits_) + VectorHeap(blocked_) +
+             HashSetHeap(gcs_, sizeof(std::pair<const uint64_t, std::vector<Span>>), false) +
+             holders_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint32_t, std::vector<Span>>)) +
+             HashSetHeap(holds_, sizeof(std::pair<const uint64_t, std::vector<Span>>), false) +
+             HashSetHeap(samples_, sizeof(std::pair<const uint64_t, std::vector<Sample>>), false) +
+             lives_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint64_t, Life>));  // tree nodes
+  for (const auto& [vm, v] : holders_) n += VectorHeap(v);
+  for (const auto& [thread, v] : holds_) n += VectorHeap(v);
+  for (const auto& [thread, v] : gcs_) n += VectorHeap(v);
+  for (const auto& [thread, v] : samples_) n += VectorHeap(v);
+  return n;
+}
+
+AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const TraceEvent> events, uint64_t end_ns,
+                                 AttributionOptions options) {
+  Attribution a(options);
+  for (const Span& s : spans) a.OnSpan(s);
+  for (const TraceEvent& e : events) {
+    const uint64_t key = TraceThreadKey(e.ruby_thread);
+    a.OnThreadEvent(e.t_ns, key, e.event == EventName::kThreadExited);
+    if (e.event == EventName::kSample) a.OnSample(e.t_ns, key, e.stack.value_or(0), false);
+  }
+  return a.Compute(end_ns);
 }
 
 }  // namespace rvbpfd

@@ -7,7 +7,8 @@
 //   - a holder h (another thread) over an overlap O: O is attributed to h. What h was running: its on-CPU samples
 //     inside O, |O| / k ns to each of the k samples (source kSampled); with none, the stack of h's GVL hold that
 //     covers O: the stack of the gvl_released that ended it (kReleaseStack) or, for a hold ended otherwise (exit,
-//     a lost release), the stack of h's latest sample (kLastSample); else no stack (kNoStack). The part of O in which
+//     a lost release, a cut) or by a release that carried no stack, the stack of h's latest sample (kLastSample);
+//     else no stack (kNoStack). The part of O in which
 //     h ran a GC is attributed with `gc` set (GC runs on the lock holder and keeps every other thread waiting).
 //   - nobody held the GVL (holder thread 0): the hand-off between a release and the waiter's acquisition, or the
 //     time the scheduler took to wake the waiter: holder kNoThread, source kGvlFree.
@@ -23,13 +24,26 @@
 // release's stack), and kUnknown for time no counted span covers (lost events, tracing paused, a thread starting
 // before its first READY). The states of a thread sum to its lifetime exactly.
 //
+// Per wait (AttributionOptions::per_wait, for the report's view of one wait): the wait's segments, one per holder
+// span (or stretch no holder span covers) it overlaps, each with the stack of the gvl_released that ended the
+// holder's hold there, and the parts of the segment's time by (stack, gc, source), with the samples behind each.
+//
+// Streaming (the fleet agent): with DrainBlame() the waits fed so far are blamed and forgotten, with every span and
+// sample no later wait can need, so memory stays bounded by what the open waits need. Waits cut by
+// SpanTracker::Cut are blamed per part (AttributionOptions::blame_cut_waits): the tracker cuts the holder spans with
+// them, so the blame of consecutive intervals sums to the whole wait's, per waiter and holder. (Within a holder's
+// part the split over its samples is per interval: a cut changes which samples share which nanoseconds.)
+//
 // Times are ns. Threads are the tracker's keys (a trace's ruby_thread + 1, 0 = none). Not thread-safe. Memory: every
-// span and sample of the input is kept until Compute(): use one Attribution per trace (or per agent interval).
+// span and sample of the input is kept until Compute() or DrainBlame(): use one Attribution per trace, or drain.
 #ifndef RVBPFD_SRC_MODEL_ATTRIBUTION_H_
 #define RVBPFD_SRC_MODEL_ATTRIBUTION_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <span>
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
@@ -73,16 +87,67 @@ struct WallKey {
   auto operator<=>(const WallKey&) const = default;
 };
 
+struct AttributionOptions {
+  // Blame waits cut by SpanTracker::Cut (end kCut) as well as acquired ones: in the agent's intervals the part of an
+  // open wait before a cut is that interval's (as in its gvl_wait profile). Off for a whole trace, where a wait still
+  // open at the end has no known end (and is not GVL wait either).
+  bool blame_cut_waits = false;
+  // Keep each wait's segments and parts (AttributionResult::wait_blame), for the report.
+  bool per_wait = false;
+  // Attribute wall-clock time (keeps every blocked span and each thread's life); off where only blame is wanted.
+  bool wall = true;
+};
+
+// What one part of a wait's segment was blamed on (the waiter and holder are the wait's and the segment's).
+struct BlamePart {
+  uint32_t stack = 0;
+  bool gc = false;
+  BlameSource source = BlameSource::kNoStack;
+  uint64_t ns = 0;
+  uint32_t samples = 0;  // kSampled: the holder's on-CPU samples the ns were split over
+};
+
+// One holder span (or a stretch no holder span covers) over part of one wait: [from_ns, to_ns).
+struct BlameSegment {
+  uint64_t holder = 0;  // tracker key; 0: nobody held the GVL (kGvlFree) or who did is not known (kHolderUnknown)
+  uint64_t from_ns = 0;
+  uint64_t to_ns = 0;
+  // The holder's hold covering the end of the segment ended by its gvl_released at release_ns (0: the hold did not
+  // end by a release, e.g. it was still open at a cut), which carried this stack (0: the release carried none).
+  uint32_t release_stack = 0;
+  uint64_t release_ns = 0;
+  uint32_t first_part = 0;  // parts [first_part, first_part + parts) of AttributionResult::wait_parts
+  uint32_t parts = 0;
+};
+
+// One blamed wait: the waiter's span and its segments, in time order.
+struct WaitBlame {
+  uint64_t waiter = 0;
+  uint32_t vm = 0;
+  uint64_t start_ns = 0;
+  uint64_t end_ns = 0;
+  uint32_t first_segment = 0;  // segments [first_segment, first_segment + segments) of wait_segments
+  uint32_t segments = 0;
+};
+
 struct AttributionResult {
   std::map<BlameKey, uint64_t> blame_ns;  // sums to total_gvl_wait_ns
   std::map<WallKey, uint64_t> wall_ns;    // per thread, sums to that thread's lifetime
   uint64_t total_gvl_wait_ns = 0;         // counted waits only
   uint64_t waits = 0;
   std::map<uint64_t, uint64_t> lifetime_ns;  // per thread key
+  // AttributionOptions::per_wait only: every blamed wait, in the order the waits ended; the parts of a wait's
+  // segments sum to its duration.
+  std::vector<WaitBlame> wait_blame;
+  std::vector<BlameSegment> wait_segments;
+  std::vector<BlamePart> wait_parts;
 };
 
 class Attribution {
  public:
+  Attribution() = default;
+  explicit Attribution(AttributionOptions options) : options_(options) {}
+
   // Feed in time order, every span the tracker emits, every event's thread and time (for lifetimes) and every
   // sample (with the time it was taken).
   void OnSpan(const Span& s);
@@ -91,7 +156,18 @@ class Attribution {
   // end_ns: the end of the trace (threads still alive live until then).
   AttributionResult Compute(uint64_t end_ns) const;
 
+  // Streaming (options.wall off): adds the blame of every wait fed so far to `into` (blame_ns, total_gvl_wait_ns,
+  // waits; wait_blame with per_wait), forgets those waits, then every span and sample ending before keep_from_ns,
+  // which must be at or before the start of every wait still to come (SpanTracker::oldest_open_wait_ns(now)).
+  void DrainBlame(uint64_t keep_from_ns, AttributionResult* into);
+  // Replaces every stack id kept (the caller renumbered its stacks); `map` is never given 0.
+  void RemapStacks(const std::function<uint32_t(uint32_t)>& map);
+  // Spans and samples kept, and their heap bytes (estimated), for a caller that bounds its memory.
+  size_t kept() const { return kept_; }
+  size_t approx_memory_bytes() const;
+
  private:
+  class PartSink;
   struct Sample {
     uint64_t t_ns;
     uint32_t stack;
@@ -102,17 +178,36 @@ class Attribution {
     uint64_t exit_ns = 0;
     bool exited = false;
   };
-  void AttributeHolder(AttributionResult& r, const Span& wait, uint64_t holder, uint64_t from, uint64_t to) const;
+  // Blames every kept wait into r, against its VM's holder spans sorted by start.
+  void BlameWaits(AttributionResult& r) const;
+  void BlameWait(AttributionResult& r, const Span& w, std::span<const Span> holders) const;
+  void AttributeHolder(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const;
+  // The hold of `thread` with start <= t < end, or null.
+  const Span* HoldAt(uint64_t thread, uint64_t t) const;
+  void AttributeWall(AttributionResult& r, uint64_t end_ns) const;
   void AttributeRunning(AttributionResult& r, uint64_t thread, const Span& hold) const;
   // The samples of `thread` with from <= t < to.
   std::pair<const Sample*, const Sample*> SamplesIn(uint64_t thread, uint64_t from, uint64_t to) const;
+  // The GCs `thread` ran that overlap [from, to).
+  std::span<const Span> GcsIn(uint64_t thread, uint64_t from, uint64_t to) const;
   // ns of [from, to) inside a GC that `thread` ran.
   uint64_t GcOverlap(uint64_t thread, uint64_t from, uint64_t to) const;
 
-  std::vector<Span> waits_, holders_, holds_, blocked_, gcs_;
+  AttributionOptions options_;
+  std::vector<Span> waits_, blocked_;
+  std::unordered_map<uint64_t, std::vector<Span>> gcs_;    // per thread, in time order
+  std::map<uint32_t, std::vector<Span>> holders_;           // per VM, in time order
+  std::unordered_map<uint64_t, std::vector<Span>> holds_;  // per thread, in time order
+  size_t kept_ = 0;  // spans and samples in the containers above
   std::unordered_map<uint64_t, std::vector<Sample>> samples_;
   std::map<uint64_t, Life> lives_;
 };
+
+// A whole trace's attribution from its tracker spans (Model::spans(): the SpanTracker's over these events, stacks
+// as event stack ids) and its events in time order (the samples; every event's time and thread for the lifetimes).
+// end_ns: the end of the trace.
+AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const TraceEvent> events, uint64_t end_ns,
+                                 AttributionOptions options);
 
 }  // namespace rvbpfd
 

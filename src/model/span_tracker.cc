@@ -45,6 +45,14 @@ bool SpanTracker::waiting(uint64_t thread) const {
   return it != threads_.end() && it->second.waiting;
 }
 
+uint64_t SpanTracker::oldest_open_wait_ns(uint64_t otherwise) const {
+  uint64_t oldest = otherwise;
+  for (const auto& [key, t] : threads_) {
+    if (t.waiting) oldest = std::min(oldest, t.wait_start_ns);
+  }
+  return oldest;
+}
+
 uint64_t SpanTracker::holder(uint32_t vm) const {
   for (const Holder& h : holders_) {
     if (h.vm == vm) return h.known ? h.thread : 0;
@@ -117,7 +125,7 @@ void SpanTracker::EndWait(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end,
 }
 
 void SpanTracker::EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, uint32_t stack,
-                          Provenance provenance, bool counted) {
+                          Provenance provenance, bool counted, bool release_stack) {
   Span s;
   s.kind = SpanKind::kGvlHold;
   s.end = end;
@@ -128,6 +136,7 @@ void SpanTracker::EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end,
   s.start_ns = t.hold_start_ns;
   s.end_ns = std::max(end_ns, t.hold_start_ns);
   s.stack = stack;
+  s.release_stack = release_stack;
   Emit(s);
   t.holding = false;
 }
@@ -306,7 +315,7 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       if (t.waiting) EndWait(key, t, ts, SpanEnd::kReleased, false);
       if (t.holding) {
         EndHold(key, t, ts, SpanEnd::kReleased, e.stack != 0 ? e.stack : t.last_sample_stack, Provenance::kObserved,
-                true);
+                true, e.stack != 0);
       }
       if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kReleased);
       if (!t.blocked) {
@@ -370,6 +379,19 @@ void SpanTracker::Cut(uint64_t cut_ns) {
     s.stack = gc_stack_;
     Emit(s);
     gc_start_ns_ = cut_ns;
+  }
+  for (Holder& h : holders_) {
+    if (!h.known || cut_ns <= h.since_ns) continue;
+    Span s;
+    s.kind = SpanKind::kHolder;
+    s.end = SpanEnd::kCut;
+    s.provenance = Provenance::kDerived;
+    s.thread = h.thread;
+    s.vm = h.vm;
+    s.start_ns = h.since_ns;
+    s.end_ns = cut_ns;
+    Emit(s);
+    h.since_ns = cut_ns;
   }
 }
 

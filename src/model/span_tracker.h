@@ -79,6 +79,9 @@ struct Span {
   uint64_t start_ns = 0;
   uint64_t end_ns = 0;
   uint32_t stack = 0;  // see above; 0 = none known
+  // kGvlHold: `stack` is the gvl_released's own, not the thread's latest sample's (the release carried none, or the
+  // hold ended otherwise).
+  bool release_stack = false;
   ReleaseReason reason = ReleaseReason::kUnknown;  // kBlocked
   Provenance reason_provenance = Provenance::kObserved;  // kBlocked with a reason other than kUnknown: kDerived
 
@@ -119,15 +122,19 @@ class SpanTracker {
   void OnEvent(const TrackerEvent& e);
   // An on-CPU sample of `thread` (0: none known) on `stack` (0: none); in_gc: taken while a GC ran.
   void OnSample(uint64_t thread, uint32_t stack, bool in_gc);
-  // Emits the parts before cut_ns of every open wait, hold, blocked and GC span (end kCut, counted) and continues
-  // them from cut_ns. Holder spans are not cut. A hold is attributed to its thread's latest sample (the release is
-  // still to come).
+  // Emits the parts before cut_ns of every open wait, hold, blocked, GC and holder span (end kCut, counted) and
+  // continues them from cut_ns. A hold is attributed to its thread's latest sample (the release is still to come).
+  // The holder's part is emitted with the waits' so that each interval holds every span its waits' blame needs (the
+  // blame of consecutive intervals then sums to that of the whole wait).
   void Cut(uint64_t cut_ns);
   // Emits every open span as ending at end_ns (end kCut), e.g. at the end of a trace.
   void Finish(uint64_t end_ns) { Cut(end_ns); }
 
   // True while `thread` waits for the GVL (a wants_gvl now would be a repeat, whose stack is not used).
   bool waiting(uint64_t thread) const;
+  // The start of the earliest wait still open (since the last Cut, for a wait open across one), or `otherwise` when
+  // no thread waits: no wait emitted later can begin before it.
+  uint64_t oldest_open_wait_ns(uint64_t otherwise) const;
   // Which thread holds `vm`'s GVL now: 0 when nobody does or it is not known (known_holder tells them apart).
   uint64_t holder(uint32_t vm = 0) const;
   bool holder_known(uint32_t vm = 0) const;
@@ -171,7 +178,7 @@ class SpanTracker {
   void LoseHolders(uint64_t t);
   void EndWait(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted);
   void EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, uint32_t stack, Provenance provenance,
-               bool counted);
+               bool counted, bool release_stack = false);
   void EndBlocked(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted);
   void EndGc(uint64_t end_ns, SpanEnd end, bool counted);
   void DiscardOpen(uint64_t t);

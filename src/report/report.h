@@ -1,8 +1,10 @@
 // `rvbpfd report`: the thread-state model as one self-contained HTML file, a timeline that opens from disk with no
 // network: a lane per Ruby thread, the GVL owner lane (idle drawn explicitly), GC spans, probe and lost-event
 // markers, a native-threads view, an inspector card per block (with the stacks of its events and the release reason
-// when the trace recorded them), an event list that follows the cursor, and a flame graph of the CPU samples when
-// the trace has any.
+// when the trace recorded them, and for a GVL wait who held the lock meanwhile and what they ran: the GVL blame of
+// model/attribution.h, each part with how it is known), an event list that follows the cursor, a flame graph of the
+// CPU samples when the trace has any, and beside it a flame graph of the GVL blame (the ns others waited, by the
+// holder's stack) with the top blockers.
 //
 // The page is src/report/ui/ (report.html, report.css, report.js; drawn on <canvas>), embedded at build time
 // (report_ui.h); this module fills its data slot with the model, as packed JSON columns (see report_data.h), inside

@@ -1,9 +1,15 @@
 #include "report/report_data.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <numeric>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
+
+#include "model/attribution.h"
 
 #include "trace/event.h"
 #include "trace/stacks.h"
@@ -42,6 +48,9 @@ class DataWriter {
       : model_(model), options_(options), out_(*out) {}
 
   void Write() {
+    // Blame is the attribution module's, over the model's own spans: the report draws it, it does not derive it.
+    blame_ = AttributeTrace(model_.spans(), model_.events(), model_.end_ns(),
+                            AttributionOptions{.per_wait = true, .wall = false});
     IndexTids();
     IndexStacksAndReasons();
     out_.append("{\"v\":");
@@ -61,6 +70,7 @@ class DataWriter {
     WriteNative();
     WriteMarkers();
     WriteEvents();
+    WriteBlame();
     WriteStacks();
     out_.append("}");
   }
@@ -116,9 +126,11 @@ class DataWriter {
       stacks_.push_back(std::move(frames));
     }
   }
-  uint64_t StackPlusOne(const TraceEvent& e) const {
-    if (!e.stack) return 0;
-    const auto it = stack_index_.find(*e.stack);
+  uint64_t StackPlusOne(const TraceEvent& e) const { return e.stack ? StackIdPlusOne(*e.stack) : 0; }
+  // A trace stack id as index + 1 into "stacks"; 0 for none or one not embedded (not in the dictionary).
+  uint64_t StackIdPlusOne(uint32_t id) const {
+    if (id == 0) return 0;
+    const auto it = stack_index_.find(id);
     return it == stack_index_.end() ? 0 : it->second + 1;
   }
 
@@ -239,6 +251,7 @@ class DataWriter {
     });
     NameTable("owner_end", kLastOwnerEnd, OwnerEndName);
     NameTable("frame_kind", FrameKind::kUnresolved, FrameKindString);
+    NameTable("blame_source", static_cast<BlameSource>(static_cast<int>(BlameSource::kCount) - 1), BlameSourceName);
     // Sources are opaque labels (foreign recorders name their own channels): a table of the distinct ones.
     out_.append(",\"source\":[");
     for (const TraceEvent& e : model_.events()) {
@@ -427,6 +440,63 @@ class DataWriter {
     out_.push_back(']');
   }
 
+  // "blame": what each GVL wait was blamed on (model/attribution.h), see report_data.h.
+  void WriteBlame() {
+    const AttributionResult& b = blame_;
+    out_.append(",\"blame\":{\"total_ns\":");
+    AppendUint(&out_, b.total_gvl_wait_ns);
+    // Waits by waiter, then start, so the page finds a thread's waits by binary search.
+    std::vector<size_t> order(b.wait_blame.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      const WaitBlame &p = b.wait_blame[x], &q = b.wait_blame[y];
+      return std::tie(p.waiter, p.start_ns) < std::tie(q.waiter, q.start_ns);
+    });
+    std::vector<const WaitBlame*> waits;
+    std::vector<const BlameSegment*> segments;
+    std::vector<const BlamePart*> parts;
+    for (size_t i : order) {
+      const WaitBlame& w = b.wait_blame[i];
+      waits.push_back(&w);
+      for (uint32_t k = 0; k < w.segments; ++k) {
+        const BlameSegment& seg = b.wait_segments[w.first_segment + k];
+        segments.push_back(&seg);
+        for (uint32_t j = 0; j < seg.parts; ++j) parts.push_back(&b.wait_parts[seg.first_part + j]);
+      }
+    }
+    out_.append(",\"waits\":{");
+    Column("th", waits, [](const WaitBlame* w) { return w->waiter; }, false);
+    DeltaColumn("s", waits, [](const WaitBlame* w) { return w->start_ns; });
+    Column("d", waits, [](const WaitBlame* w) { return w->end_ns - w->start_ns; });
+    Column("ns", waits, [](const WaitBlame* w) { return w->segments; });
+    out_.append("},\"segs\":{");
+    Column("h", segments, [](const BlameSegment* x) { return x->holder; }, false);
+    DeltaColumn("s", segments, [](const BlameSegment* x) { return x->from_ns; });
+    Column("d", segments, [](const BlameSegment* x) { return x->to_ns - x->from_ns; });
+    Column("rs", segments, [this](const BlameSegment* x) { return StackIdPlusOne(x->release_stack); });
+    DeltaColumn("rt", segments, [](const BlameSegment* x) { return x->release_ns; });
+    Column("np", segments, [](const BlameSegment* x) { return x->parts; });
+    out_.append("},\"parts\":{");
+    Column("sk", parts, [this](const BlamePart* x) { return StackIdPlusOne(x->stack); }, false);
+    Column("src", parts, [](const BlamePart* x) { return Idx(x->source); });
+    Column("gc", parts, [](const BlamePart* x) { return x->gc ? 1 : 0; });
+    Column("ns", parts, [](const BlamePart* x) { return x->ns; });
+    Column("n", parts, [](const BlamePart* x) { return x->samples; });
+    // The flame graph's weights: blame by holder and what it ran, summed over the waiters.
+    std::map<std::tuple<uint64_t, uint64_t, bool, BlameSource>, uint64_t> flame;
+    for (const auto& [key, ns] : b.blame_ns) {
+      if (ns > 0) flame[{key.holder, StackIdPlusOne(key.stack), key.gc, key.source}] += ns;
+    }
+    using FlameRow = std::pair<const std::tuple<uint64_t, uint64_t, bool, BlameSource>, uint64_t>;
+    out_.append("},\"flame\":{");
+    Column("h", flame, [](const FlameRow& x) { return std::get<0>(x.first); }, false);
+    Column("sk", flame, [](const FlameRow& x) { return std::get<1>(x.first); });
+    Column("gc", flame, [](const FlameRow& x) { return std::get<2>(x.first) ? 1 : 0; });
+    Column("src", flame, [](const FlameRow& x) { return Idx(std::get<3>(x.first)); });
+    Column("ns", flame, [](const FlameRow& x) { return x.second; });
+    out_.append("}}");
+  }
+
   // "reasons":[release reason strings],"paths":[..],"frames":{"l":[labels],"p":[path index],"ln":[lines],
   // "k":[kind]},"stacks":{"n":[frame count],"f":[frame indexes of every stack, concatenated, leaf first]}
   void WriteStacks() {
@@ -471,6 +541,7 @@ class DataWriter {
   const Model& model_;
   const ReportOptions& options_;
   std::string& out_;
+  AttributionResult blame_;
   std::vector<uint32_t> tids_;
   std::unordered_map<uint32_t, uint64_t> tid_index_;
   std::unordered_map<std::string_view, uint64_t> source_index_;

@@ -2,11 +2,12 @@
 // million events loads in a browser in a few seconds (a JSON object per block would be several times larger and
 // slower to parse).
 //
-// Layout (version 2; the page's decoder in ui/report.js is the other half of this contract):
-//   {"v":2,"meta":{...,"samples","sample_hz","stacks"},"names":{...},"tids":[native tids],
+// Layout (version 3; the page's decoder in ui/report.js is the other half of this contract):
+//   {"v":3,"meta":{...,"samples","sample_hz","stacks"},"names":{...},"tids":[native tids],
 //    "threads":[{"id","label","main","tids":[..],"totals":{..},"blocks":{columns}}],
 //    "owner":{columns},"gc":{columns},"unknown":{columns},"native":[{"tid","threads","spans":{columns}}],
 //    "markers":{columns},"events":{columns},"extra":[[event index,{"count","reason","overhead_pct"}]],
+//    "blame":{"total_ns","waits":{columns},"segs":{columns},"parts":{columns},"flame":{columns}},
 //    "reasons":[release reasons],"paths":[frame paths],"frames":{columns},"stacks":{"n":[..],"f":[..]}}
 // A column is an array with one value per row. Columns of times and event references are delta-encoded (each
 // value is the difference to the previous row's; the first is absolute) because consecutive values are close and
@@ -19,6 +20,17 @@
 // densely in order of first use, with only their frames. Stack k is frames "f"[sum of "n"[0..k) ...] (leaf first);
 // frame j is "frames"."l"[j] (label), "paths"["frames"."p"[j]], "frames"."ln"[j] (0: none) and
 // names.frame_kind["frames"."k"[j]]. The "sk", "rr" and "rp" columns are absent when no event needs them.
+//
+// "blame" is model/attribution.h's GVL blame of every counted wait (AttributeTrace over the model's spans; the page
+// only draws it). total_ns: all waits' ns. "waits" (sorted by waiter, then start): "th" the waiter (Ruby thread + 1),
+// "s"/"d" the wait, "ns" its number of segments; "segs", the waits' segments in order ("ns" of them per wait): "h"
+// the holder (Ruby thread + 1; 0 = nobody / not known, see the parts' source), "s"/"d" the part of the wait it held,
+// "rs" the stack of the gvl_released that ended its hold there (stack index + 1, 0 = none), "rt" that release's time
+// (delta-encoded; 0 = the hold did not end by a release: no release ever happens at time 0 inside a wait), "np" its
+// number of parts; "parts", the segments' parts in order: "sk" the stack blamed (index + 1, 0 = none), "src" the
+// names.blame_source index, "gc" 1 while the holder ran a GC, "ns" the ns, "n" the holder's samples behind it (for
+// "sampled"). The parts of a wait sum to its "d". "flame": ns by ("h", "sk", "gc", "src") over all waiters, for the
+// blame flame graph; its "ns" sum to total_ns.
 #ifndef RVBPFD_SRC_REPORT_REPORT_DATA_H_
 #define RVBPFD_SRC_REPORT_REPORT_DATA_H_
 
@@ -30,7 +42,7 @@
 
 namespace rvbpfd {
 
-inline constexpr int kReportDataVersion = 2;
+inline constexpr int kReportDataVersion = 3;
 
 // Appends `s` as a JSON string that is also safe as raw text of an HTML <script> element: '<', '>' and '&' become
 // \u003c, \u003e and \u0026 (so "</script>" and "<!--" cannot appear), besides AppendJsonString's escaping.

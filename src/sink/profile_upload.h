@@ -5,13 +5,17 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace rvbpfd {
 
 struct ProfileUpload {
   std::string app_name;                       // Pyroscope application name: the service name (see ops labels)
-  std::string profile_type;                   // "cpu", "gvl_wait", "gvl_held", "gc"
+  std::string profile_type;                   // "cpu", "gvl_wait", "gvl_held", "gc", "gvl_blame"
   std::map<std::string, std::string> labels;  // host, pid, command, ruby_version, container_id, service_name
+  // Label names the profile's samples carry (gvl_blame: holder, waiter, blame_source). Pyroscope adds them to the
+  // series' labels, so the push sink leaves room for them and sends no process label of the same name.
+  std::vector<std::string> sample_label_names;
   int64_t from_unix_s = 0;                    // interval start, Unix seconds
   int64_t until_unix_s = 0;                   // interval end, Unix seconds
   std::string pprof_gz;                       // the gzipped pprof Profile message

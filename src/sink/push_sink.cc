@@ -81,14 +81,20 @@ std::string PyroscopeAppName(std::string_view app_name) {
   return out.empty() ? "unknown" : out;
 }
 
-std::string PyroscopeName(std::string_view app_name, const std::map<std::string, std::string>& labels) {
+std::string PyroscopeName(std::string_view app_name, const std::map<std::string, std::string>& labels,
+                          const std::vector<std::string>& sample_label_names) {
   std::string out = PyroscopeAppName(app_name);
   out += '{';
+  // The samples' label names count against the limit and are taken.
+  std::set<std::string> taken;
+  for (const std::string& n : sample_label_names) taken.insert(SanitizeLabelName(n));
+  const size_t max_labels = kMaxLabels - std::min(kMaxLabels, taken.size());
   std::set<std::string> sent;
   for (const auto& [raw_name, raw_value] : labels) {  // std::map: sorted by name
-    if (sent.size() == kMaxLabels) break;
+    if (sent.size() == max_labels) break;
     std::string name = SanitizeLabelName(raw_name);
     if (name.empty() || name.starts_with("__") || name == "service_name" || name == "pyroscope_spy") continue;
+    if (taken.contains(name)) continue;
     std::string value = SanitizeLabelValue(raw_value);
     if (value.empty() || !sent.insert(name).second) continue;  // empty = absent; duplicates after sanitizing
     if (sent.size() > 1) out += ',';
@@ -119,7 +125,7 @@ std::string PercentEncode(std::string_view text) {
 std::string PyroscopeIngestRequestUrl(std::string_view ingest_url, const ProfileUpload& upload) {
   std::string url(ingest_url);
   url += "?name=";
-  url += PercentEncode(PyroscopeName(upload.app_name, upload.labels));
+  url += PercentEncode(PyroscopeName(upload.app_name, upload.labels, upload.sample_label_names));
   url += "&from=" + std::to_string(upload.from_unix_s);
   url += "&until=" + std::to_string(upload.until_unix_s);
   url += "&format=pprof&spyName=rvbpfd";

@@ -14,11 +14,14 @@
 //     Pyroscope makes the part before "{" the series' service_name label. No profile-type suffix is appended: for
 //     pprof the name is only the prefix, and Pyroscope derives the profile type (__name__) from the pprof's own
 //     sample types (a sample type containing "cpu" gives process_cpu, otherwise the last sample type's name).
-//     So the suffix a Pyroscope UI shows for our four profile types comes from the profile the agent built:
-//       cpu      -> process_cpu   (samples/count + cpu/nanoseconds sample types; period cpu/nanoseconds)
-//       gvl_wait -> gvl_wait      (nanoseconds waiting for the GVL, by stack)
-//       gvl_held -> gvl_held      (nanoseconds holding the GVL, by stack)
-//       gc       -> gc            (nanoseconds in GC, by stack)
+//     So the suffix a Pyroscope UI shows for our five profile types comes from the profile the agent built:
+//       cpu       -> process_cpu  (samples/count + cpu/nanoseconds sample types; period cpu/nanoseconds)
+//       gvl_wait  -> gvl_wait     (nanoseconds waiting for the GVL, by stack)
+//       gvl_held  -> gvl_held     (nanoseconds holding the GVL, by stack)
+//       gc        -> gc           (nanoseconds in GC, by stack)
+//       gvl_blame -> gvl_blame    (nanoseconds others waited for the GVL, by the holder's stack; its samples carry
+//                                  the labels holder, waiter and blame_source, which Pyroscope keeps as series
+//                                  labels, so a query can select e.g. {holder="Thread #2"})
 //     which requires each of those profiles to name its last sample type after its profile type and only the cpu
 //     profile to have a sample type containing "cpu" (and no sample type may contain '-': Pyroscope rejects it).
 //   - from/until are the interval in Unix seconds. spyName=rvbpfd becomes the pyroscope_spy label (not "rbspy":
@@ -34,8 +37,10 @@
 //   - label values: ',', '{' and '}' (the parser's delimiters), control bytes and invalid UTF-8 become '_';
 //     surrounding spaces trimmed; cut to 2048 bytes (Pyroscope's default max_label_value_length) on a UTF-8
 //     boundary; a label whose value ends up empty is left out.
-//   - at most 26 labels (the first by name): Pyroscope's default limit is 30 per series and it adds __name__,
-//     __delta__, service_name and pyroscope_spy.
+//   - at most 26 labels (the first by name), fewer by the profile's sample label names (ProfileUpload::
+//     sample_label_names): Pyroscope's default limit is 30 per series, it adds __name__, __delta__, service_name and
+//     pyroscope_spy, and turns each sample label into one more. A process label named like a sample label is not
+//     sent (a series cannot have one name twice).
 //   - the whole `name` is percent-encoded: every byte except A-Z a-z 0-9 - . _ ~ becomes %XX (upper-case hex).
 //
 // Delivery policy (DeliveryWorker, delivery_worker.h): one worker thread sends uploads oldest first, one at a time.
@@ -106,7 +111,8 @@ class PushSink : public ProfileSink {
 // The sanitized app name (rules above).
 std::string PyroscopeAppName(std::string_view app_name);
 // "<app>{k=v,...}" (rules above), not yet percent-encoded.
-std::string PyroscopeName(std::string_view app_name, const std::map<std::string, std::string>& labels);
+std::string PyroscopeName(std::string_view app_name, const std::map<std::string, std::string>& labels,
+                          const std::vector<std::string>& sample_label_names = {});
 // Every byte except A-Z a-z 0-9 - . _ ~ as %XX.
 std::string PercentEncode(std::string_view text);
 // "<ingest_url>?name=...&from=...&until=...&format=pprof&spyName=rvbpfd".

@@ -208,24 +208,27 @@ class FakeBackend : public ProbeBackend {
 
   // Injection.
   // A scheduler event is one trap of a watched process (as BPF counts them); exec/exit/fork records are not.
-  void Record(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th = 0) {
+  // tid: the host tid of the thread the record is about (0: unknown).
+  void Record(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th = 0, uint32_t tid = 0) {
     if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
     rv_record r{};
     r.ts_ns = ts;
     r.pid = pid;
     r.kind = kind;
     r.th = th;
+    r.tid = tid;
     queue_.push_back(Queued{r, false, {}});
   }
   // A sample (or stacked event) whose frames are named "m<addr>" by FakeFrameSource.
   void Stack(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<uint64_t> addrs,
-             uint32_t flags = 0) {
+             uint32_t flags = 0, uint32_t tid = 0) {
     if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
     rv_record r{};
     r.ts_ns = ts;
     r.pid = pid;
     r.kind = kind;
     r.th = th;
+    r.tid = tid;
     r.flags = flags | RV_REC_HAS_STACK;
     std::vector<rv_ruby_frame> frames;
     for (uint64_t a : addrs) {

@@ -331,6 +331,27 @@ TEST_F(AgentTest, SamplesOfExitedThreadsAreDroppedAndUnnameableStacksCounted) {
   EXPECT_NE(metrics_.RenderPrometheus().find("rvbpfd_dropped_total{reason=\"unsymbolized\"} 1"), std::string::npos);
 }
 
+TEST_F(AgentTest, GvlBlameNamesTheMainThreadByItsTidAndTellsSinksItsSampleLabels) {
+  StartAgent();
+  const uint64_t t0 = clock_.mono;
+  // Process 10: the thread on tid 10 (main) holds the GVL running m111 while thread 0x2000 (tid 11) waits 30 ms.
+  backend_.Record(t0 + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
+  backend_.Record(t0 + 2 * kMs, 10, RV_EV_THREAD_READY, 0x2000, 11);
+  backend_.Stack(t0 + 10 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111}, 0, 10);
+  backend_.Stack(t0 + 32 * kMs, 10, RV_EV_THREAD_SUSPENDED, 0x1000, {111}, 0, 10);
+  backend_.Record(t0 + 32 * kMs, 10, RV_EV_THREAD_RESUMED, 0x2000, 11);
+  Run(2 * kS);
+  std::vector<ProfileUpload> blame = UploadsFor(10, "gvl_blame");
+  ASSERT_EQ(blame.size(), 1u);
+  EXPECT_EQ(blame[0].sample_label_names, (std::vector<std::string>{"holder", "waiter", "blame_source"}));
+  EXPECT_EQ(UploadsFor(10, "cpu").at(0).sample_label_names, std::vector<std::string>{});
+  const std::string pb = Gunzip(blame[0].pprof_gz);
+  EXPECT_NE(pb.find("m111"), std::string::npos);
+  EXPECT_NE(pb.find("main"), std::string::npos);       // the holder
+  EXPECT_NE(pb.find("Thread #2"), std::string::npos);  // the waiter
+  EXPECT_NE(pb.find("sampled"), std::string::npos);
+}
+
 TEST_F(AgentTest, ReloadDropsProcessesTheNewRulesExcludeAndPicksUpNewMatches) {
   config_.exclude = {"label:service=billing"};
   StartAgent();

@@ -8,6 +8,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <tuple>
 
 #include "export/pprof.h"
 #include "export/pprof_test_util.h"
@@ -264,7 +266,11 @@ TEST(ProcessProfile, SpansOpenAtACutSplitBetweenIntervals) {
   pp.OnEvent(100, 1, RV_EV_THREAD_SUSPENDED, r);
   pp.OnEvent(1000, 1, RV_EV_THREAD_READY, kNone);
   auto first = pp.Cut(3000, 1'000'000'000'000, 3000);
-  EXPECT_EQ(Types(first), (std::vector<std::string>{"cpu", "gvl_wait"}));
+  EXPECT_EQ(Types(first), (std::vector<std::string>{"cpu", "gvl_wait", "gvl_blame"}));
+  // Nobody was seen acquiring the GVL: the wait is blamed on no one, and says so.
+  auto b1 = Get(first, "gvl_blame");
+  ASSERT_TRUE(b1);
+  EXPECT_EQ(ValueFor(*b1, {std::string(kHolderUnknownFrame)}), 2000);
   auto w1 = Get(first, "gvl_wait");
   ASSERT_TRUE(w1);
   EXPECT_EQ(ValueFor(*w1, {"IO#select", "<main>"}), 2000);
@@ -275,7 +281,7 @@ TEST(ProcessProfile, SpansOpenAtACutSplitBetweenIntervals) {
   pp.OnSample(5500, 1, false, s2);
   pp.OnEvent(5800, 1, RV_EV_GC_ENTER, kNone);
   auto second = pp.Cut(6000, 1'000'000'003'000, 3000);
-  EXPECT_EQ(Types(second), (std::vector<std::string>{"cpu", "gvl_wait", "gvl_held", "gc"}));
+  EXPECT_EQ(Types(second), (std::vector<std::string>{"cpu", "gvl_wait", "gvl_held", "gc", "gvl_blame"}));
   auto w2 = Get(second, "gvl_wait");
   ASSERT_TRUE(w2);
   EXPECT_EQ(ValueFor(*w2, {"IO#select", "<main>"}), 2000);
@@ -301,6 +307,167 @@ TEST(ProcessProfile, SpansOpenAtACutSplitBetweenIntervals) {
   EXPECT_EQ(ValueFor(*g3, {kGc, "Second#sample", "<main>"}), 100);
 
   EXPECT_TRUE(pp.Cut(12000, 0, 3000).empty());
+}
+
+// The labels of the gvl_blame samples whose frames are `frames`, ns summed per (holder, waiter, blame_source).
+std::map<std::tuple<std::string, std::string, std::string>, int64_t> BlameBy(const DecodedProfile& p,
+                                                                             const std::vector<std::string>& frames) {
+  std::map<std::tuple<std::string, std::string, std::string>, int64_t> out;
+  for (const DecodedSample& s : p.samples) {
+    if (s.frames != frames) continue;
+    out[{s.str_labels.at("holder"), s.str_labels.at("waiter"), s.str_labels.at("blame_source")}] += s.values.at(0);
+  }
+  return out;
+}
+
+TEST(ProcessProfile, GvlBlameGoesToWhatTheHolderRanLabelledByHolderAndWaiter) {
+  ProcessProfile pp(kPeriod);
+  const auto hog = Stack({"Hog.spin", "<main>"});
+  const auto io = Stack({"IO#read", "Io#loop", "<main>"});
+  pp.SetMainThread(1);
+  // Main holds the GVL and runs Hog.spin; thread 2 (released in IO#read) waits 0.1-5 us, thread 3 waits 2-6 us.
+  pp.OnEvent(0, 1, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(50, 2, RV_EV_THREAD_SUSPENDED, io);
+  pp.OnEvent(60, 3, RV_EV_THREAD_SUSPENDED, io);
+  pp.OnEvent(100, 2, RV_EV_THREAD_READY, kNone);
+  pp.OnSample(1000, 1, false, hog);
+  pp.OnEvent(2000, 3, RV_EV_THREAD_READY, kNone);
+  pp.OnSample(3000, 1, false, hog);
+  pp.OnEvent(4000, 1, RV_EV_THREAD_SUSPENDED, hog);
+  pp.OnEvent(5000, 2, RV_EV_THREAD_RESUMED, kNone);  // 1000 ns nobody held it
+  pp.OnEvent(5500, 2, RV_EV_THREAD_SUSPENDED, io);   // no sample: its release stack
+  pp.OnEvent(6000, 3, RV_EV_THREAD_RESUMED, kNone);
+  const auto built = pp.Cut(7000, 1'700'000'000'000'000'000, 7000);
+  EXPECT_EQ(Types(built), (std::vector<std::string>{"cpu", "gvl_wait", "gvl_held", "gvl_blame"}));
+  auto p = Get(built, "gvl_blame");
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->sample_types.size(), 1u);
+  EXPECT_EQ(p->sample_types[0], std::make_pair(std::string("gvl_blame"), std::string("nanoseconds")));
+  EXPECT_EQ(p->default_sample_type, "gvl_blame");
+  EXPECT_EQ(p->period_type, std::make_pair(std::string("gvl_blame"), std::string("nanoseconds")));
+  EXPECT_EQ(p->time_nanos, 1'700'000'000'000'000'000);
+  // Thread 2 waited 3900 ns while main ran Hog.spin (two samples), 1000 ns for nobody; thread 3 waited 2000 ns on
+  // main (its sample at 3000), 1500 for nobody and 500 while thread 2 ran (no sample: its release in IO#read).
+  using Key = std::tuple<std::string, std::string, std::string>;
+  EXPECT_EQ(BlameBy(*p, {"Hog.spin", "<main>"}),
+            (std::map<Key, int64_t>{{{"main", "Thread #2", "sampled"}, 3900},
+                                    {{"main", "Thread #3", "sampled"}, 2000}}));
+  EXPECT_EQ(BlameBy(*p, {std::string(kGvlFreeFrame)}),
+            (std::map<Key, int64_t>{{{"-", "Thread #2", "gvl_free"}, 1000}, {{"-", "Thread #3", "gvl_free"}, 1500}}));
+  EXPECT_EQ(BlameBy(*p, {"IO#read", "Io#loop", "<main>"}),
+            (std::map<Key, int64_t>{{{"Thread #2", "Thread #3", "release_stack"}, 500}}));
+  // Every nanosecond waited is blamed: the same total as gvl_wait's.
+  EXPECT_EQ(Sum(*p), 3900 + 1000 + 2000 + 1500 + 500);
+  EXPECT_EQ(TotalOf(built, "gvl_blame"), TotalOf(built, "gvl_wait"));
+  for (const BuiltProfile& b : built) {
+    EXPECT_EQ(b.sample_label_names.empty(), b.profile_type != "gvl_blame") << b.profile_type;
+  }
+}
+
+TEST(ProcessProfile, GvlBlameOfAWaitAcrossCutsSumsToTheWholeWait) {
+  ProcessProfile pp(kPeriod);
+  const auto hog = Stack({"Hog.spin", "<main>"});
+  const auto other = Stack({"Other#run", "<main>"});
+  // Thread 2 waits 1000-9000 while thread 1 holds the lock until 6000 and thread 3 from 6000 on; cuts at 3000 and 7000.
+  pp.OnEvent(0, 1, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(10, 2, RV_EV_THREAD_SUSPENDED, kNone);
+  pp.OnEvent(20, 3, RV_EV_THREAD_SUSPENDED, kNone);
+  pp.OnEvent(1000, 2, RV_EV_THREAD_READY, kNone);
+  pp.OnSample(2000, 1, false, hog);
+  pp.OnEvent(2500, 3, RV_EV_THREAD_READY, kNone);
+  std::vector<std::vector<BuiltProfile>> cuts;
+  cuts.push_back(pp.Cut(3000, 0, 3000));
+  pp.OnSample(4000, 1, false, hog);
+  pp.OnEvent(6000, 1, RV_EV_THREAD_SUSPENDED, hog);
+  pp.OnEvent(6000, 3, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnSample(6500, 3, false, other);
+  cuts.push_back(pp.Cut(7000, 3000, 4000));
+  pp.OnEvent(9000, 3, RV_EV_THREAD_SUSPENDED, other);
+  pp.OnEvent(9000, 2, RV_EV_THREAD_RESUMED, kNone);
+  cuts.push_back(pp.Cut(10000, 7000, 3000));
+  // Per interval: blame == wait. Over the intervals, per (holder, waiter): thread 2 waited 5000 on 1 and 3000 on 3,
+  // thread 3 waited 3500 on 1. Names by first use: 1 is "Thread #2", 2 "Thread #3", 3 "Thread #4".
+  std::map<std::pair<std::string, std::string>, int64_t> pairs;
+  for (const auto& built : cuts) {
+    EXPECT_EQ(TotalOf(built, "gvl_blame"), TotalOf(built, "gvl_wait"));
+    auto p = Get(built, "gvl_blame");
+    ASSERT_TRUE(p);
+    for (const DecodedSample& s : p->samples) {
+      EXPECT_NE(s.str_labels.at("blame_source"), "holder_unknown") << "the holder's span was not cut with the wait";
+      pairs[{s.str_labels.at("holder"), s.str_labels.at("waiter")}] += s.values.at(0);
+    }
+  }
+  EXPECT_EQ(pairs, (std::map<std::pair<std::string, std::string>, int64_t>{{{"Thread #2", "Thread #3"}, 5000},
+                                                                            {{"Thread #2", "Thread #4"}, 3500},
+                                                                            {{"Thread #4", "Thread #3"}, 3000}}));
+}
+
+TEST(ProcessProfile, BlameThreadNamesStayWhileTheThreadLivesAndAReusedPointerGetsANewOne) {
+  ProcessProfile pp(kPeriod);
+  const auto a = Stack({"A#run", "<main>"});
+  auto contend = [&](uint64_t t0, uint64_t holder, uint64_t waiter) {
+    pp.OnEvent(t0, holder, RV_EV_THREAD_RESUMED, kNone);
+    pp.OnEvent(t0 + 10, waiter, RV_EV_THREAD_READY, kNone);
+    pp.OnSample(t0 + 20, holder, false, a);
+    pp.OnEvent(t0 + 100, holder, RV_EV_THREAD_SUSPENDED, a);
+    pp.OnEvent(t0 + 100, waiter, RV_EV_THREAD_RESUMED, kNone);
+    pp.OnEvent(t0 + 110, waiter, RV_EV_THREAD_SUSPENDED, a);
+  };
+  auto holders = [&](const std::vector<BuiltProfile>& built) {
+    std::set<std::pair<std::string, std::string>> out;
+    auto p = Get(built, "gvl_blame");
+    if (p) {
+      for (const DecodedSample& s : p->samples) {
+        if (s.str_labels.at("holder") != "-") out.insert({s.str_labels.at("holder"), s.str_labels.at("waiter")});
+      }
+    }
+    return out;
+  };
+  using Pairs = std::set<std::pair<std::string, std::string>>;
+  contend(1000, 0xa0, 0xb0);
+  EXPECT_EQ(holders(pp.Cut(2000, 0, 1)), (Pairs{{"Thread #2", "Thread #3"}}));
+  contend(3000, 0xb0, 0xa0);  // the same two threads, the next interval: the same names
+  pp.OnEvent(3500, 0xa0, RV_EV_THREAD_EXITED, kNone);
+  EXPECT_EQ(holders(pp.Cut(4000, 0, 1)), (Pairs{{"Thread #3", "Thread #2"}}));
+  // A new thread at 0xa0's address is another thread; main is named as the agent says.
+  pp.OnEvent(5000, 0xa0, RV_EV_THREAD_STARTED, kNone);
+  pp.SetMainThread(0xb0);
+  contend(6000, 0xa0, 0xb0);
+  EXPECT_EQ(holders(pp.Cut(7000, 0, 1)), (Pairs{{"Thread #4", "main"}}));
+}
+
+TEST(ProcessProfile, BlameKeepsOnlyWhatOpenWaitsNeedBetweenCuts) {
+  ProcessProfile pp(kPeriod);
+  const auto a = Stack({"A#run", "<main>"});
+  const auto c = Stack({"C#run", "<main>"});
+  // Two threads hand the GVL to each other 20000 times in one interval, a sample in every hold.
+  pp.OnEvent(0, 1, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(1, 2, RV_EV_THREAD_READY, kNone);
+  uint64_t t = 10;
+  const size_t empty = pp.approx_memory_bytes();
+  size_t most = 0;
+  for (int i = 0; i < 20000; ++i, t += 10) {
+    const uint64_t holder = i % 2 == 0 ? 1 : 2, next = 3 - holder;
+    pp.OnSample(t + 5, holder, false, holder == 1 ? a : c);
+    pp.OnEvent(t + 10, holder, RV_EV_THREAD_SUSPENDED, holder == 1 ? a : c);
+    pp.OnEvent(t + 10, holder, RV_EV_THREAD_READY, kNone);
+    pp.OnEvent(t + 10, next, RV_EV_THREAD_RESUMED, kNone);
+    most = std::max(most, pp.approx_memory_bytes());
+  }
+  EXPECT_GT(pp.stats().blame_drains, 10u);
+  // Kept: about kBlameDrainMin spans and samples (~60 B each) at most, not 80000.
+  EXPECT_LT(most, empty + ProcessProfile::kBlameDrainMin * 200);
+  pp.OnSample(t + 50, 1, false, a);  // thread 1 holds the lock at the cut
+  const auto built = pp.Cut(t + 100, 0, 1);
+  EXPECT_EQ(TotalOf(built, "gvl_blame"), TotalOf(built, "gvl_wait"));
+  auto p = Get(built, "gvl_blame");
+  ASSERT_TRUE(p);
+  // Each waited for the other's hold, which always has a sample in it: all of it is sampled blame.
+  int64_t sampled = 0;
+  for (const DecodedSample& smp : p->samples) {
+    if (smp.str_labels.at("blame_source") == "sampled") sampled += smp.values.at(0);
+  }
+  EXPECT_EQ(sampled, Sum(*p));
 }
 
 TEST(ProcessProfile, LostEventsAndPausesDiscardOpenSpansButNotSamples) {
@@ -380,14 +547,15 @@ TEST(ProcessProfile, ThreadLifecycle) {
 
 TEST(ProcessProfile, StackTableCapSendsNewStacksToTheFullFrameUntilTheResetAtTheCut) {
   ProcessProfileLimits limits;
-  limits.max_stacks = 8;  // the four stand-ins ("[no stack]", GC, full, GC over full) plus four
+  // The six stand-ins ("[no stack]", GC, full, GC over full, "[GVL not held]", "[holder unknown]") plus four.
+  limits.max_stacks = 10;
   limits.reset_above_bytes = 0;  // rebuild at every cut
   ProcessProfile pp(kPeriod, limits);
   const auto kept = Stack({"Kept#stack", "<main>"});
   pp.OnSample(0, 2, false, kept);  // th 2's latest sample: must survive the rebuild
   for (int i = 0; i < 10; ++i) pp.OnSample(10 + i, 1, false, Stack({"m" + std::to_string(i), "<main>"}));
   pp.OnSample(30, 1, false, kept);  // known stacks are still found
-  EXPECT_EQ(pp.stack_table().stack_count(), 8u);
+  EXPECT_EQ(pp.stack_table().stack_count(), 10u);
   EXPECT_EQ(pp.stats().stacks_over_cap, 7u);  // m3..m9
   auto built = pp.Cut(100, 0, 100);
   auto cpu = Get(built, "cpu");
@@ -399,7 +567,7 @@ TEST(ProcessProfile, StackTableCapSendsNewStacksToTheFullFrameUntilTheResetAtThe
   EXPECT_TRUE(HasComment(*cpu, "7 new stacks attributed to [stack table full]"));
   EXPECT_EQ(pp.stats().table_resets, 1u);
   // After the rebuild: the stand-ins, th 2's stack (th 1's latest is the full stand-in).
-  EXPECT_EQ(pp.stack_table().stack_count(), 5u);
+  EXPECT_EQ(pp.stack_table().stack_count(), 7u);
 
   pp.OnEvent(200, 2, RV_EV_THREAD_READY, kNone);
   pp.OnEvent(250, 2, RV_EV_THREAD_RESUMED, kNone);
@@ -541,7 +709,7 @@ TEST(ProcessProfile, SameInputSameBytes) {
   };
   const auto a = run();
   const auto b = run();
-  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(a.size(), 4u);  // cpu, gvl_wait, gvl_held, gvl_blame (with its thread labels)
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].profile_type, b[i].profile_type);
@@ -593,7 +761,7 @@ TEST(ProcessProfile, SharedFramesGiveTheSameBytesAsValues) {
   };
   const auto values = run(false);
   const auto shared_run = run(true);
-  ASSERT_EQ(values.size(), 9u);
+  ASSERT_EQ(values.size(), 12u);
   EXPECT_EQ(values, shared_run);
 }
 
@@ -627,12 +795,12 @@ TEST(ProcessProfile, GoToolPprofReadsEveryProfile) {
   pp.OnEvent(30'100'000, 2, RV_EV_GC_ENTER, kNone);
   pp.OnEvent(31'000'000, 2, RV_EV_GC_EXIT, kNone);
   const auto built = pp.Cut(40'000'000, 1'700'000'000'000'000'000, 40'000'000);
-  ASSERT_EQ(built.size(), 4u);
+  ASSERT_EQ(built.size(), 5u);
   char tmpl[] = "/tmp/rvagg-test-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   const std::string env = "HOME=" + dir + " GOCACHE=" + dir + "/gocache GOFLAGS=-mod=mod ";
   const std::map<std::string, std::string> top_of = {
-      {"cpu", "Foo#hot"}, {"gvl_wait", "Kernel#sleep"}, {"gvl_held", "Foo#hot"}, {"gc", kGc}};
+      {"cpu", "Foo#hot"}, {"gvl_wait", "Kernel#sleep"}, {"gvl_held", "Foo#hot"}, {"gc", kGc}, {"gvl_blame", "Foo#hot"}};
   for (const BuiltProfile& b : built) {
     const std::string path = dir + "/" + b.profile_type + ".pb.gz";
     std::ofstream(path, std::ios::binary) << b.pprof_gz;

@@ -12,7 +12,7 @@ import assert from "node:assert/strict";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { SOURCE_DIR, buildReport, fileUrl, launchChromium, run } from "./lib.mjs";
+import { buildReport, clickBlock as clickReportBlock, fileUrl, launchChromium, readTrace, recordWorkload } from "./lib.mjs";
 
 const RESUMED = "RUBY_INTERNAL_THREAD_EVENT_RESUMED";
 const SUSPENDED = "RUBY_INTERNAL_THREAD_EVENT_SUSPENDED";
@@ -21,22 +21,8 @@ let page, context, userDataDir, workDir, tracePath, traceThreads;
 const pageErrors = [];
 const requests = [];
 
-function testRuby() {
-  if (process.env.RVBPFD_RUBY) return process.env.RVBPFD_RUBY;
-  const prefix = run("bash", [path.join(SOURCE_DIR, "tools/build-test-rubies.sh"), "--print-prefix", "3.4.5-static"])
-      .stdout.trim();
-  return path.join(prefix, "bin", "ruby");
-}
-
-// Records tests/e2e/workloads/bench_cpu4.rb (four CPU-bound threads); the workload waits for a line on stdin.
-function recordTrace(rvbpfd, out) {
-  const ruby = testRuby();
-  if (!existsSync(ruby)) throw new Error(`no test Ruby at ${ruby}: build it with tools/build-test-rubies.sh`);
-  if (process.getuid && process.getuid() !== 0) throw new Error("recording needs root (BPF uprobes)");
-  run(rvbpfd, ["-o", out, "--", ruby, path.join(SOURCE_DIR, "tests/e2e/workloads/bench_cpu4.rb")],
-      { input: "go\n", timeout: 180_000 });
-  return out;
-}
+// Records tests/e2e/workloads/bench_cpu4.rb (four CPU-bound threads).
+function recordTrace(rvbpfd, out) { return recordWorkload(rvbpfd, "bench_cpu4", out); }
 
 // Ruby thread ids the trace names (thread lines), read independently of rvbpfd.
 function threadsOf(trace) {
@@ -75,19 +61,7 @@ async function range() {
 }
 
 // Zooms onto block `index` of `lane` and clicks its middle with the mouse; returns the card's data attributes.
-async function clickBlock(laneId, kind, index) {
-  const target = await page.evaluate(([laneId, kind, index]) => {
-    const R = window.rvReport, d = R.data;
-    const sp = kind === "owner" ? d.owner : d.threads.find((t) => "thread-" + t.id === laneId);
-    const s = sp.s[index], e = sp.e[index], pad = (e - s) * 0.5;
-    R.setView(s - pad, e + pad);
-    R.drawNow();
-    const rect = R.laneRect(laneId);
-    return { x: R.clientX((s + e) / 2), y: rect.y + rect.height / 2 };
-  }, [laneId, kind, index]);
-  await page.mouse.click(target.x, target.y);
-  return page.$eval("#card", (c) => ({ ...c.dataset, text: c.textContent }));
-}
+const clickBlock = (laneId, kind, index) => clickReportBlock(page, laneId, kind, index);
 
 test("the page loads from disk without errors or network requests", async () => {
   assert.deepEqual(pageErrors, []);
@@ -250,25 +224,10 @@ test("zooming and panning change the visible range; hover shows timestamps and m
 
 // The trace's stack dictionaries, event stacks (in the model's order: stably sorted by t_ns) and samples, read from
 // the file independently of rvbpfd.
-function stacksOf(trace) {
-  const frames = new Map(), stacks = new Map(), events = [];
-  for (const line of readFileSync(trace, "utf8").split("\n")) {
-    if (!line) continue;
-    const o = JSON.parse(line);
-    if (o.frame) frames.set(o.frame.id, o.frame);
-    else if (o.stack && typeof o.stack === "object") stacks.set(o.stack.id, o.stack.frames);
-    else if (o.t_ns !== undefined) events.push(o);
-  }
-  events.sort((a, b) => a.t_ns - b.t_ns);  // Array.prototype.sort is stable
-  const text = (f) => f.label + (f.path ? ` (${f.path}${f.line > 0 ? ":" + f.line : ""})` : f.line > 0 ? ` (line ${f.line})` : "");
-  const stackText = (id) => stacks.get(id).map((f) => text(frames.get(f)));
-  return { frames, stacks, events, stackText };
-}
-
 test("a recorded trace's stacks: a released block's card lists its stack, the flame graph its samples", async (t) => {
   const meta = await page.evaluate(() => window.rvReport.data.meta);
   if (!meta.stacks) { t.skip("the trace has no stacks (recorded with --stacks=off?)"); return; }
-  const st = stacksOf(tracePath);
+  const st = readTrace(tracePath);
   // The widest released block whose gvl_released has a stack with frames. Main's Thread#join releases always have
   // one; the workers' only sometimes (they may run to completion without a timeslice switch).
   const pick = await page.evaluate(() => {

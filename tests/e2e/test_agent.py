@@ -12,13 +12,20 @@ contending for a mutex and the GVL in a per-process hot method, a third running 
   E  3.3.8, started after the agent, hot_e; it forks a worker process W (like a preforking server: W never execs)
   F  a stripped copy of 3.4.5's ruby patched so its main thread's route is 8 bytes off (test_errors.py's copy),
      started after the agent: its memory does not match the analysis of its binary
-The agent runs with --interval 2, --output-dir too, and a --config file giving push-queue 64 (one interval of these
-four processes is up to 16 uploads). Checked:
+  G  3.4.5, started after the agent, workloads/gvl_hog.rb: HogKlass.spin holds the GVL for HOG_SECONDS while four
+     IO threads do pipe round trips, each ending with a wait for the lock
+The agent runs with --interval 2, --output-dir too, and a --config file giving push-queue 128 (one interval of these
+seven processes is up to 35 uploads). Checked:
   - every pprof the receiver accepted decodes (pprof_decode.py), with the sample types of its profile;
   - labels of each process's uploads: host, pid (the HOST pid, also for D), command, ruby_version, service_name
     (e2e-billing for A, the command otherwise), container_id absent unless the cgroup path names one (then equal);
-  - the hot method of every live process appears in its cpu profiles; gvl_wait, gvl_held and gc profiles appear for
-    every live process; A and C share one libruby probe set and B and D one static-ruby set (binaries_probed);
+  - the hot method of every live process appears in its cpu profiles; gvl_wait, gvl_held, gc and gvl_blame profiles
+    appear for every live process; A and C share one libruby probe set and B and D one static-ruby set
+    (binaries_probed);
+  - G's gvl_blame profiles (pushed as the gvl_blame type): every sample labelled holder, waiter and blame_source; in
+    each interval the same total as its gvl_wait (every ns waited is blamed, also across the interval cuts); summed
+    over the intervals, HogKlass.spin is the heaviest leaf, blamed on one holder that is not main, and the waiters of
+    that blame are the IO threads (not the holder itself);
   - the forked worker W is found through the fork tracepoint and profiled (its own pid label, hot_a);
   - F is refused by the live layout check: one warning naming its pid and the main thread, counted in
     rvbpfd_processes_skipped_total{reason="layout"}, no upload with its pid, and the agent goes on;
@@ -51,7 +58,10 @@ import test_errors  # noqa: E402
 
 INTERVAL = 2
 HOST = "e2e-host"
-PROFILE_TYPES = {"process_cpu": "cpu", "gvl_wait": "gvl_wait", "gvl_held": "gvl_held", "gc": "gc"}
+PROFILE_TYPES = {"process_cpu": "cpu", "gvl_wait": "gvl_wait", "gvl_held": "gvl_held", "gc": "gc",
+                 "gvl_blame": "gvl_blame"}
+HOG = "HogKlass.spin"
+HOG_SECONDS = 5
 CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 
 
@@ -127,6 +137,88 @@ class Proc:
                 except OSError:
                     pass
             self.p.wait()
+
+
+class HogProc:
+    """workloads/gvl_hog.rb, started on a line on stdin (sent once the agent watches it)."""
+
+    def __init__(self, name, ruby):
+        self.name, self.ruby, self.hot, self.namespaced = name, ruby, None, False
+        env = dict(os.environ)
+        env.pop("RVBPF_SERVICE", None)
+        env.pop("OTEL_SERVICE_NAME", None)
+        env["HOG_SECONDS"] = str(HOG_SECONDS)
+        self.p = subprocess.Popen([ruby.bin, os.path.join(rvlib.WORKLOAD_DIR, "gvl_hog.rb")], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.out = rvlib.LineReader(self.p.stdout)
+        if self.out.wait_for(lambda l: l.startswith("ready"), 30) is None:
+            self.stop()
+            raise rvlib.Fatal(f"{name}: gvl_hog did not start: {self.p.stderr.read()[:500]!r}")
+        self.pid = self.p.pid
+        self.service = "ruby"
+
+    def go(self):
+        self.p.stdin.write(b"go\n")
+        self.p.stdin.flush()
+
+    def finish(self):
+        """Waits for the workload's end ("done")."""
+        done = self.out.wait_for(lambda l: l.startswith("done"), HOG_SECONDS + 60)
+        try:
+            self.p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.stop()
+        return done is not None
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def check_blame(uploads, proc):
+    """G's gvl_blame uploads: labels, the per-interval total, and HogKlass.spin the heaviest leaf, blamed on the hog."""
+    p = []
+    mine = by_pid(uploads, proc.pid)
+    blame = [u for u in mine if u["type"] == "gvl_blame"]
+    if not blame:
+        return [f"{proc.name} (pid {proc.pid}): no gvl_blame upload among {len(mine)} (types "
+                f"{sorted({u['type'] for u in mine})})"]
+    wait_by_interval = {(u["from"], u["until"]): pprof_decode.total(u["pprof"], 0)
+                        for u in mine if u["type"] == "gvl_wait"}
+    leaves, holders_of_hog, waiters_of_hog = {}, set(), set()
+    for u in blame:
+        prof = u["pprof"]
+        if prof["sample_types"] != [("gvl_blame", "nanoseconds")]:
+            p.append(f"gvl_blame upload #{u['seq']} has sample types {prof['sample_types']}")
+            break
+        total = pprof_decode.total(prof, 0)
+        want = wait_by_interval.get((u["from"], u["until"]))
+        if want != total:
+            p.append(f"gvl_blame upload #{u['seq']} ({u['from']}-{u['until']}) sums to {total} ns, that interval's "
+                     f"gvl_wait to {want}")
+        for smp in prof["samples"]:
+            labels = smp["labels"]
+            if not {"holder", "waiter", "blame_source"} <= set(labels):
+                p.append(f"gvl_blame upload #{u['seq']}: a sample with labels {labels}")
+                break
+            leaf = smp["stack"][0] if smp["stack"] else "<none>"
+            leaves[leaf] = leaves.get(leaf, 0) + smp["values"][0]
+            if leaf == HOG:
+                holders_of_hog.add(labels["holder"])
+                waiters_of_hog.add(labels["waiter"])
+    top = max(leaves, key=leaves.get) if leaves else None
+    share = leaves.get(HOG, 0) / max(1, sum(leaves.values()))
+    print(f"  {proc.name}: {len(blame)} gvl_blame uploads, {sum(leaves.values()) / 1e6:.1f} ms blamed, {HOG} "
+          f"{100 * share:.1f}%, holders of {HOG} {sorted(holders_of_hog)}, waiters {sorted(waiters_of_hog)}")
+    if top != HOG:
+        p.append(f"the heaviest gvl_blame leaf is {top!r}, want {HOG}; leaves "
+                 f"{sorted(leaves.items(), key=lambda kv: -kv[1])[:5]}")
+    if len(holders_of_hog) != 1 or holders_of_hog & {"main", "-"}:
+        p.append(f"{HOG} is blamed on holders {sorted(holders_of_hog)}: want one, the hog's thread")
+    if holders_of_hog & waiters_of_hog or len(waiters_of_hog) < 2:
+        p.append(f"the waiters of {HOG}'s blame are {sorted(waiters_of_hog)}: want the IO threads")
+    return p
 
 
 class Worker:
@@ -238,7 +330,7 @@ def check_process(uploads, proc):
             p.append(f"{proc.name}: upload #{u['seq']} ({u['type']}): " + ", ".join(bad))
             break
     types = {u["type"] for u in mine}
-    for t in ("cpu", "gvl_wait", "gvl_held", "gc"):
+    for t in ("cpu", "gvl_wait", "gvl_held", "gc", "gvl_blame"):
         if t not in types:
             p.append(f"{proc.name} (pid {proc.pid}): no {t} profile among {len(mine)} uploads (types {sorted(types)})")
     hot = f"AgentWork#{proc.hot}"
@@ -312,7 +404,7 @@ def main():
         procs.append(a)
         config = os.path.join(work, "agent.json")
         with open(config, "w") as f:
-            json.dump({"push-queue": 64}, f)
+            json.dump({"push-queue": 128}, f)
         agent = Agent(rvbpfd, ["--config", config, "--push-url", f"http://127.0.0.1:{port}", "--interval",
                                str(INTERVAL), "--metrics-listen", "127.0.0.1:0", "--host", HOST,
                                "--output-dir", out_dir, "--log-format", "json"])
@@ -326,17 +418,24 @@ def main():
         c = Proc("C", r33, "hot_c")
         d = Proc("D", r34, "hot_d", namespaced=True)
         e = Proc("E", r33, "hot_e", env_extra={"AGENT_WORK_FORK": "1"})
-        procs += [b, c, d, e]
+        g = HogProc("G", r34)
+        procs += [b, c, d, e, g]
         prob = []
         for proc in (b, c, d, e):
             if not agent.wait_log(attached(proc.pid, "exec"), 15):
                 prob.append(f"no 'process attached' (found_by exec) for {proc.name} (host pid {proc.pid}) within 15 s")
         if e.worker is None or not agent.wait_log(attached(e.worker, "fork"), 15):
             prob.append(f"no 'process attached' (found_by fork) for E's forked worker (pid {e.worker}) within 15 s")
+        if agent.wait_log(attached(g.pid, "exec"), 15):
+            g.go()
+        else:
+            prob.append(f"no 'process attached' (found_by exec) for G (pid {g.pid}) within 15 s")
         if d.pid == d.ns_pid:
             prob.append(f"D's host pid {d.pid} equals its namespace pid: the namespace was not created")
         res.check("processes started after the agent are found through exec (one in its own pid namespace), a forked "
                   "worker through fork", prob)
+        hog_done = g.finish()
+        res.check("G (gvl_hog) ran to its end", [] if hog_done else [f"G did not print done: {g.out.lines[-5:]}"])
 
         f = None
         patched = os.path.join(work, "ruby-patched")
@@ -400,6 +499,7 @@ def main():
             if len(warnings) != 1:
                 prob.append(f"{len(warnings)} layout warnings for F, expected exactly one")
             res.check("F is never profiled, counted once as skipped (layout) and warned about once", prob)
+        res.check(f"G: gvl_blame profiles name {HOG} and the hog's thread", check_blame(uploads, g))
         prob = []
         late = [u for u in by_pid(uploads, c.pid) if u["from"] > c.exited_at + 1]
         if late:
@@ -519,7 +619,7 @@ def main():
             agent.stop()
         for proc in procs:
             if proc.p.poll() is None:
-                proc.finish()
+                proc.stop() if isinstance(proc, HogProc) else proc.finish()
         receiver.terminate()
         receiver.wait()
         if args.keep:

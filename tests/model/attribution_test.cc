@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <type_traits>
+#include <utility>
 
 namespace rvbpfd {
 namespace {
@@ -12,7 +14,8 @@ constexpr uint64_t kA = 11, kB = 12, kC = 13;  // thread keys
 // Feeds events and samples through one SpanTracker into one Attribution, as the exporters do.
 class Feed {
  public:
-  Feed() : tracker_([this](const Span& s) { attribution_.OnSpan(s); }) {}
+  explicit Feed(AttributionOptions options = {})
+      : attribution_(options), tracker_([this](const Span& s) { attribution_.OnSpan(s); }) {}
 
   void Ev(uint64_t t, EventName event, uint64_t thread = 0, uint32_t stack = 0, uint32_t vm = 0,
           ReleaseReason reason = ReleaseReason::kUnknown) {
@@ -118,6 +121,24 @@ TEST(Attribution, HolderChangeMidWaitSplitsTheBlame) {
   EXPECT_EQ(Blame(r, kC, kA, 4, BlameSource::kReleaseStack), 38u);
   EXPECT_EQ(r.total_gvl_wait_ns, 70u + 38u);
   EXPECT_EQ(BlameTotal(r), r.total_gvl_wait_ns);
+}
+
+TEST(Attribution, AReleaseWithoutAStackIsNotCalledTheReleaseStack) {
+  // A's release carried no stack: its hold ends on its latest sample's stack (before the wait), which is what the
+  // blame says, and the segment names no release stack.
+  Feed run(AttributionOptions{.per_wait = true});
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Sample(5, kA, 6);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Ev(60, EventName::kGvlReleased, kA, 0);
+  run.Ev(60, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(70);
+  EXPECT_EQ(Blame(r, kB, kA, 6, BlameSource::kLastSample), 50u);
+  EXPECT_EQ(Blame(r, kB, kA, 6, BlameSource::kReleaseStack), 0u);
+  ASSERT_EQ(r.wait_segments.size(), 1u);
+  EXPECT_EQ(r.wait_segments[0].release_ns, 60u);
+  EXPECT_EQ(r.wait_segments[0].release_stack, 0u);
 }
 
 TEST(Attribution, TimeNobodyHeldTheLockIsGvlFree) {
@@ -242,6 +263,223 @@ TEST(Attribution, WallStatesSumToEachThreadsLifetime) {
   EXPECT_EQ(gc, 4u);
   EXPECT_EQ(at(kA, WallState::kBlocked, 8, ReleaseReason::kSleeping), 10u);
   EXPECT_EQ(at(kB, WallState::kGvlWait, 0) + at(kB, WallState::kGvlWait, 8), 17u);
+}
+
+// Agent-style: the tracker is cut at each interval's end and the attribution drained into that interval's result.
+class Intervals {
+ public:
+  Intervals() : attribution_(AttributionOptions{.blame_cut_waits = true, .wall = false}),
+                tracker_([this](const Span& s) { attribution_.OnSpan(s); }) {}
+
+  void Ev(uint64_t t, EventName event, uint64_t thread = 0, uint32_t stack = 0) {
+    now_ = t;
+    tracker_.OnEvent(TrackerEvent{t, event, thread, 0, stack, ReleaseReason::kUnknown});
+  }
+  void Sample(uint64_t t, uint64_t thread, uint32_t stack) {
+    now_ = t;
+    tracker_.OnSample(thread, stack, false);
+    attribution_.OnSample(t, thread, stack, false);
+  }
+  // Blames what the interval holds without ending it (as the agent does when its kept spans pile up).
+  void Drain() { attribution_.DrainBlame(tracker_.oldest_open_wait_ns(now_), &current_); }
+  // Ends the interval at t.
+  void Cut(uint64_t t) {
+    now_ = t;
+    tracker_.Cut(t);
+    Drain();
+    done.push_back(std::move(current_));
+    current_ = AttributionResult{};
+  }
+  size_t kept() const { return attribution_.kept(); }
+
+  std::vector<AttributionResult> done;
+
+ private:
+  Attribution attribution_;
+  SpanTracker tracker_;
+  AttributionResult current_;
+  uint64_t now_ = 0;
+};
+
+// ns blamed on (waiter, holder), any stack.
+uint64_t Between(const AttributionResult& r, uint64_t waiter, uint64_t holder) {
+  uint64_t n = 0;
+  for (const auto& [k, v] : r.blame_ns) {
+    if (k.waiter == waiter && k.holder == holder) n += v;
+  }
+  return n;
+}
+
+TEST(Attribution, PerWaitSegmentsSayWhoHeldTheLockAndWhatTheyRan) {
+  Feed run(AttributionOptions{.per_wait = true});
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(2, EventName::kGvlReleased, kC);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Sample(20, kA, 7);
+  run.Sample(30, kA, 7);
+  run.Sample(35, kA, 8);
+  run.Ev(50, EventName::kGvlReleased, kA, 4);
+  run.Ev(53, EventName::kGvlAcquired, kC);  // 3 ns nobody held it
+  run.Ev(80, EventName::kGvlReleased, kC, 5);
+  run.Ev(80, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(90);
+  ASSERT_EQ(r.wait_blame.size(), 1u);
+  const WaitBlame& w = r.wait_blame[0];
+  EXPECT_EQ(w.waiter, kB);
+  EXPECT_EQ(w.start_ns, 10u);
+  EXPECT_EQ(w.end_ns, 80u);
+  ASSERT_EQ(w.segments, 3u);
+  const BlameSegment* seg = &r.wait_segments[w.first_segment];
+  // A over [10, 50): its three samples, two of one stack (merged, 2 samples); its hold ended by a release at 50.
+  EXPECT_EQ(seg[0].holder, kA);
+  EXPECT_EQ(seg[0].from_ns, 10u);
+  EXPECT_EQ(seg[0].to_ns, 50u);
+  EXPECT_EQ(seg[0].release_stack, 4u);
+  EXPECT_EQ(seg[0].release_ns, 50u);
+  ASSERT_EQ(seg[0].parts, 2u);
+  const BlamePart& p7 = r.wait_parts[seg[0].first_part];
+  EXPECT_EQ(p7.stack, 7u);
+  EXPECT_EQ(p7.source, BlameSource::kSampled);
+  EXPECT_EQ(p7.samples, 2u);
+  EXPECT_EQ(p7.ns, Blame(r, kB, kA, 7, BlameSource::kSampled));
+  EXPECT_EQ(r.wait_parts[seg[0].first_part + 1].stack, 8u);
+  EXPECT_EQ(p7.ns + r.wait_parts[seg[0].first_part + 1].ns, 40u);
+  // Nobody over [50, 53).
+  EXPECT_EQ(seg[1].holder, 0u);
+  ASSERT_EQ(seg[1].parts, 1u);
+  EXPECT_EQ(r.wait_parts[seg[1].first_part].source, BlameSource::kGvlFree);
+  EXPECT_EQ(r.wait_parts[seg[1].first_part].ns, 3u);
+  // C over [53, 80): no sample, its release stack.
+  EXPECT_EQ(seg[2].holder, kC);
+  EXPECT_EQ(seg[2].release_stack, 5u);
+  ASSERT_EQ(seg[2].parts, 1u);
+  EXPECT_EQ(r.wait_parts[seg[2].first_part].source, BlameSource::kReleaseStack);
+  EXPECT_EQ(r.wait_parts[seg[2].first_part].ns, 27u);
+  // Every wait's parts sum to its duration; all waits' to the total.
+  uint64_t parts = 0;
+  for (const BlamePart& p : r.wait_parts) parts += p.ns;
+  EXPECT_EQ(parts, r.total_gvl_wait_ns);
+  EXPECT_EQ(parts, BlameTotal(r));
+}
+
+TEST(Attribution, CutAcrossAnOpenWaitBlamesEachIntervalItsPartAndThePartsSumToTheWhole) {
+  auto feed = [](auto& run, auto cut) {
+    run.Ev(0, EventName::kGvlAcquired, kA);
+    run.Ev(5, EventName::kGvlReleased, kB);
+    run.Ev(10, EventName::kWantsGvl, kB);
+    run.Sample(20, kA, 7);
+    cut(30);
+    cut(50);
+    run.Sample(55, kA, 8);
+    run.Ev(60, EventName::kGvlReleased, kA, 9);
+    run.Ev(60, EventName::kGvlAcquired, kB);
+  };
+  Intervals cut;
+  feed(cut, [&](uint64_t t) { cut.Cut(t); });
+  cut.Cut(70);
+  ASSERT_EQ(cut.done.size(), 3u);
+  // [10, 30): A's sample at 20; [30, 50): no sample, A's hold so far (cut: its latest sample's stack); [50, 60):
+  // the sample at 55.
+  EXPECT_EQ(cut.done[0].total_gvl_wait_ns, 20u);
+  EXPECT_EQ(Blame(cut.done[0], kB, kA, 7, BlameSource::kSampled), 20u);
+  EXPECT_EQ(cut.done[1].total_gvl_wait_ns, 20u);
+  EXPECT_EQ(Blame(cut.done[1], kB, kA, 7, BlameSource::kLastSample), 20u);
+  EXPECT_EQ(cut.done[2].total_gvl_wait_ns, 10u);
+  EXPECT_EQ(Blame(cut.done[2], kB, kA, 8, BlameSource::kSampled), 10u);
+  // Without the holder's part cut with the wait's, the middle interval would have no holder span: holder_unknown.
+  for (const AttributionResult& r : cut.done) {
+    EXPECT_EQ(Blame(r, kB, 0, 0, BlameSource::kHolderUnknown), 0u);
+    EXPECT_EQ(BlameTotal(r), r.total_gvl_wait_ns);
+  }
+  Feed whole;
+  feed(whole, [](uint64_t) {});
+  const AttributionResult r = whole.Done(70);
+  EXPECT_EQ(r.total_gvl_wait_ns, 50u);
+  EXPECT_EQ(Between(cut.done[0], kB, kA) + Between(cut.done[1], kB, kA) + Between(cut.done[2], kB, kA),
+            Between(r, kB, kA));
+}
+
+TEST(Attribution, HolderChangeMidWaitAcrossCutsKeepsEachHoldersShare) {
+  // A holds until 40, C (waiting since 12) until 80, then B (waiting since 10); cuts at 30 and 60.
+  auto feed = [](auto& run, auto cut) {
+    run.Ev(0, EventName::kGvlAcquired, kA);
+    run.Ev(1, EventName::kGvlReleased, kB);
+    run.Ev(2, EventName::kGvlReleased, kC);
+    run.Ev(10, EventName::kWantsGvl, kB);
+    run.Ev(12, EventName::kWantsGvl, kC);
+    cut(30);
+    run.Ev(40, EventName::kGvlReleased, kA, 4);
+    run.Ev(40, EventName::kGvlAcquired, kC);
+    cut(60);
+    run.Ev(80, EventName::kGvlReleased, kC, 5);
+    run.Ev(80, EventName::kGvlAcquired, kB);
+  };
+  Intervals cut;
+  feed(cut, [&](uint64_t t) { cut.Cut(t); });
+  cut.Cut(90);
+  Feed whole;
+  feed(whole, [](uint64_t) {});
+  const AttributionResult r = whole.Done(90);
+  ASSERT_EQ(cut.done.size(), 3u);
+  EXPECT_EQ(Between(cut.done[0], kB, kA), 20u);
+  EXPECT_EQ(Between(cut.done[0], kC, kA), 18u);
+  EXPECT_EQ(Between(cut.done[1], kB, kA), 10u);
+  EXPECT_EQ(Between(cut.done[1], kB, kC), 20u);
+  EXPECT_EQ(Between(cut.done[1], kC, kA), 10u);
+  EXPECT_EQ(Between(cut.done[2], kB, kC), 20u);
+  for (auto [waiter, holder] : {std::pair{kB, kA}, std::pair{kB, kC}, std::pair{kC, kA}}) {
+    uint64_t sum = 0;
+    for (const AttributionResult& part : cut.done) sum += Between(part, waiter, holder);
+    EXPECT_EQ(sum, Between(r, waiter, holder)) << waiter << " waiting on " << holder;
+  }
+  uint64_t total = 0;
+  for (const AttributionResult& part : cut.done) total += part.total_gvl_wait_ns;
+  EXPECT_EQ(total, r.total_gvl_wait_ns);
+}
+
+TEST(Attribution, DrainingKeepsOnlyWhatOpenWaitsNeedAndBlamesAsIfWhole) {
+  // A and C hand the GVL to each other every 10 ns, each waiting for the other; from 505 B waits to the end.
+  // Draining after each hand-off forgets what closed waits needed, keeps what B's open wait needs, and blames
+  // exactly as one attribution of the whole.
+  auto feed = [](auto& run, auto drain) {
+    run.Ev(0, EventName::kGvlAcquired, kA);
+    run.Ev(1, EventName::kGvlReleased, kB);
+    run.Ev(2, EventName::kGvlReleased, kC);
+    run.Ev(5, EventName::kWantsGvl, kC);
+    for (uint64_t t = 10; t < 1010; t += 10) {
+      const bool a_holds = (t / 10) % 2 == 1;
+      const uint64_t holder = a_holds ? kA : kC, next = a_holds ? kC : kA;
+      run.Sample(t + 5, holder, a_holds ? 7 : 8);
+      if (t == 500) run.Ev(505, EventName::kWantsGvl, kB);
+      run.Ev(t + 10, EventName::kGvlReleased, holder, 3);
+      run.Ev(t + 10, EventName::kWantsGvl, holder);
+      run.Ev(t + 10, EventName::kGvlAcquired, next);
+      drain(t);
+    }
+    run.Ev(1020, EventName::kGvlReleased, kA, 3);
+    run.Ev(1020, EventName::kGvlAcquired, kB);
+  };
+  Intervals drained;
+  size_t kept_before_b = 0, kept_at_end = 0;
+  feed(drained, [&](uint64_t t) {
+    drained.Drain();
+    if (t < 500) kept_before_b = std::max(kept_before_b, drained.kept());
+    kept_at_end = drained.kept();
+  });
+  drained.Cut(1030);
+  Feed whole(AttributionOptions{.blame_cut_waits = true});  // C's wait open at the end is blamed in both
+  feed(whole, [](uint64_t) {});
+  const AttributionResult r = whole.Done(1030);
+  ASSERT_EQ(drained.done.size(), 1u);
+  const AttributionResult& d = drained.done[0];
+  EXPECT_EQ(d.total_gvl_wait_ns, r.total_gvl_wait_ns);
+  EXPECT_EQ(d.waits, r.waits);
+  EXPECT_EQ(d.blame_ns, r.blame_ns);
+  EXPECT_EQ(Between(d, kB, kA) + Between(d, kB, kC), 1020u - 505u);
+  // Only the open wait's needs are kept: a few spans while every wait is short, B's ~50 hand-offs later.
+  EXPECT_LE(kept_before_b, 8u);
+  EXPECT_GT(kept_at_end, 100u);
 }
 
 }  // namespace

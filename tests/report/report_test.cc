@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "model/model_test_util.h"
@@ -436,11 +438,10 @@ std::string RenderWithStacks(const Model& model, const StackDicts& dicts, std::o
   return out.str();
 }
 
-// The stack of event `i` as the page decodes it: "label|path|line|kind" per frame, leaf first; empty for none.
-std::vector<std::string> DecodedStack(const json& data, size_t i) {
+// Stack `sk` (index + 1 into "stacks", 0 = none) as the page decodes it: "label|path|line|kind" per frame, leaf
+// first; empty for none.
+std::vector<std::string> StackOfIndex(const json& data, uint64_t sk) {
   std::vector<std::string> out;
-  if (!data["events"].contains("sk")) return out;
-  const uint64_t sk = data["events"]["sk"][i];
   if (sk == 0) return out;
   const json& n = data["stacks"]["n"];
   size_t from = 0;
@@ -454,6 +455,11 @@ std::vector<std::string> DecodedStack(const json& data, size_t i) {
                   "|" + kind);
   }
   return out;
+}
+// The stack of event `i` as the page decodes it.
+std::vector<std::string> DecodedStack(const json& data, size_t i) {
+  if (!data["events"].contains("sk")) return {};
+  return StackOfIndex(data, data["events"]["sk"][i]);
 }
 
 class ReportStacks : public ::testing::Test {
@@ -485,15 +491,21 @@ class ReportStacks : public ::testing::Test {
     return i;
   }
   Model Build(const std::string& reason = "io") {
+    return BuildWith([&](std::vector<TraceEvent>& events) {
+      events[release_].stack = 10;
+      events[release_].reason = reason;
+      events[release_].reason_provenance = Provenance::kDerived;
+      events[unknown_stack_].stack = 77;  // not in the dictionary: shown as no stack
+    });
+  }
+  // The sequence's events, the samples with their stacks, then `edit`, as a 3.4.5 model.
+  Model BuildWith(const std::function<void(std::vector<TraceEvent>&)>& edit) {
     std::vector<TraceEvent> events = s_.events();
     for (const auto& [i, stack] : stack_of_) {
       events[i].stack = stack;
       events[i].source = kSourcePerfEvent;
     }
-    events[release_].stack = 10;
-    events[release_].reason = reason;
-    events[release_].reason_provenance = Provenance::kDerived;
-    events[unknown_stack_].stack = 77;  // not in the dictionary: shown as no stack
+    edit(events);
     ModelOptions options;
     options.ruby_version = "3.4.5";
     options.main_thread = 1;
@@ -576,6 +588,147 @@ TEST_F(ReportStacks, HostileFrameStringsAreEscaped) {
   EXPECT_EQ(hot[0].rfind("Worker#</script><script>alert(1)</script><!-- & ", 0), 0u) << hot[0];
   EXPECT_NE(hot[1].find("|/app/</script><script>alert(1)</script>"), std::string::npos) << hot[1];
   EXPECT_EQ(data["reasons"][0].get<std::string>().rfind("</script><script>alert(1)", 0), 0u);
+}
+
+// A holds the GVL running Worker#hot (three samples) while B waits; nobody holds it for 5 us; then A waits while B
+// runs with no sample (blamed on B's release stack, IO#read).
+class ReportBlame : public ReportStacks {
+ protected:
+  void SetUp() override {
+    ReportStacks::SetUp();
+    s_ = EventSeq();
+    stack_of_.clear();
+    s_.Add(0, EventName::kTracingStarted);
+    s_.Add(10 * kUs, EventName::kGvlAcquired, 1, 100);
+    b_release_ = s_.Add(12 * kUs, EventName::kGvlReleased, 2, 101);
+    s_.Add(20 * kUs, EventName::kWantsGvl, 2, 101);
+    for (uint64_t t : {30, 40, 50}) Sample(t * kUs, 1, 11);
+    a_release_ = s_.Add(60 * kUs, EventName::kGvlReleased, 1, 100);
+    s_.Add(65 * kUs, EventName::kGvlAcquired, 2, 101);
+    s_.Add(70 * kUs, EventName::kWantsGvl, 1, 100);
+    b_release2_ = s_.Add(80 * kUs, EventName::kGvlReleased, 2, 101);
+    s_.Add(80 * kUs, EventName::kGvlAcquired, 1, 100);
+    s_.Add(100 * kUs, EventName::kTracingStopped);
+  }
+  Model BuildBlame() {
+    return BuildWith([&](std::vector<TraceEvent>& events) {
+      events[b_release_].stack = 10;
+      events[a_release_].stack = 11;
+      events[b_release2_].stack = 10;
+    });
+  }
+  size_t b_release_ = 0, a_release_ = 0, b_release2_ = 0;
+};
+
+const std::vector<std::string> kHot = {"Worker#hot|/app/worker.rb|20|ruby", "Worker#run|/app/worker.rb|10|ruby",
+                                       "<main>|/app/main.rb|1|ruby"};
+const std::vector<std::string> kIoRead = {"IO#read|<cfunc>|0|cfunc", "Worker#run|/app/worker.rb|10|ruby",
+                                          "<main>|/app/main.rb|1|ruby"};
+
+TEST_F(ReportBlame, EachWaitSaysWhoHeldTheLockAndWhatTheyRanWithProvenance) {
+  const json data = EmbeddedData(RenderWithStacks(BuildBlame(), dicts_));
+  const json& b = data["blame"];
+  const json& names = data["names"]["blame_source"];
+  EXPECT_EQ(b["total_ns"], 55 * kUs);
+  // Two waits, by waiter: A's (thread 1, "th" 2) then B's.
+  const json& w = b["waits"];
+  EXPECT_EQ(w["th"], json::array({2, 3}));
+  const std::vector<Span> waits = Spans(w);
+  ASSERT_EQ(waits.size(), 2u);
+  EXPECT_EQ(waits[0].start, 70 * kUs);
+  EXPECT_EQ(waits[0].end, 80 * kUs);
+  EXPECT_EQ(waits[1].start, 20 * kUs);
+  EXPECT_EQ(waits[1].end, 65 * kUs);
+  EXPECT_EQ(w["ns"], json::array({1, 2}));
+  const json& seg = b["segs"];
+  const std::vector<Span> segs = Spans(seg);
+  const std::vector<uint64_t> release_t = Undelta(seg["rt"]);
+  ASSERT_EQ(segs.size(), 3u);
+  // A's wait: B held [70, 80), ended by its release at 80 in IO#read; no sample, so that stack is blamed.
+  EXPECT_EQ(seg["h"][0], 3);
+  EXPECT_EQ(segs[0].start, 70 * kUs);
+  EXPECT_EQ(segs[0].end, 80 * kUs);
+  EXPECT_EQ(StackOfIndex(data, seg["rs"][0]), kIoRead);
+  EXPECT_EQ(release_t[0], 80 * kUs);
+  // B's wait: A held [20, 60) running Worker#hot (three samples), released at 60; then nobody for 5 us.
+  EXPECT_EQ(seg["h"][1], 2);
+  EXPECT_EQ(segs[1].start, 20 * kUs);
+  EXPECT_EQ(segs[1].end, 60 * kUs);
+  EXPECT_EQ(StackOfIndex(data, seg["rs"][1]), kHot);
+  EXPECT_EQ(release_t[1], 60 * kUs);
+  EXPECT_EQ(seg["h"][2], 0);
+  EXPECT_EQ(segs[2].end - segs[2].start, 5 * kUs);
+  EXPECT_EQ(release_t[2], 0u);
+  EXPECT_EQ(seg["np"], json::array({1, 1, 1}));
+  const json& parts = b["parts"];
+  ASSERT_EQ(parts["ns"].size(), 3u);
+  EXPECT_EQ(names[parts["src"][0].get<size_t>()], "release_stack");
+  EXPECT_EQ(StackOfIndex(data, parts["sk"][0]), kIoRead);
+  EXPECT_EQ(parts["ns"][0], 10 * kUs);
+  EXPECT_EQ(names[parts["src"][1].get<size_t>()], "sampled");
+  EXPECT_EQ(StackOfIndex(data, parts["sk"][1]), kHot);
+  EXPECT_EQ(parts["n"][1], 3);
+  EXPECT_EQ(parts["ns"][1], 40 * kUs);
+  EXPECT_EQ(names[parts["src"][2].get<size_t>()], "gvl_free");
+  EXPECT_EQ(parts["sk"][2], 0);
+  EXPECT_EQ(parts["ns"][2], 5 * kUs);
+  EXPECT_EQ(parts["gc"], json::array({0, 0, 0}));
+}
+
+TEST_F(ReportBlame, FlameWeightsAreBlameByHolderStackAndSumToEveryCountedWait) {
+  const Model model = BuildBlame();
+  const json data = EmbeddedData(RenderWithStacks(model, dicts_));
+  const json& f = data["blame"]["flame"];
+  std::map<std::tuple<uint64_t, std::vector<std::string>, std::string>, uint64_t> by;
+  uint64_t sum = 0;
+  for (size_t i = 0; i < f["ns"].size(); ++i) {
+    const uint64_t ns = f["ns"][i];
+    by[{f["h"][i], StackOfIndex(data, f["sk"][i]),
+        data["names"]["blame_source"][f["src"][i].get<size_t>()]}] += ns;
+    sum += ns;
+  }
+  using Key = std::tuple<uint64_t, std::vector<std::string>, std::string>;
+  EXPECT_EQ(by, (std::map<Key, uint64_t>{{{2, kHot, "sampled"}, 40 * kUs},
+                                         {{3, kIoRead, "release_stack"}, 10 * kUs},
+                                         {{0, {}, "gvl_free"}, 5 * kUs}}));
+  // The weights sum to the total blame, which is every counted wait of the model's spans.
+  uint64_t waited = 0;
+  for (const auto& s : model.spans()) {
+    if (s.kind == SpanKind::kGvlWait && s.counted && s.end == SpanEnd::kAcquired) waited += s.duration_ns();
+  }
+  EXPECT_EQ(sum, waited);
+  EXPECT_EQ(data["blame"]["total_ns"], waited);
+}
+
+TEST(Report, BlameOnEveryRuleSequenceSumsToItsWaitsAndLeavesOutThoseAcrossGaps) {
+  const Model model = EveryRuleSequence().Build("3.2.5", 0);
+  const json data = EmbeddedData(RenderHtml(model));
+  const json& b = data["blame"];
+  uint64_t waited = 0, counted = 0;
+  for (const auto& s : model.spans()) {
+    if (s.kind != SpanKind::kGvlWait || !s.counted || s.end != SpanEnd::kAcquired) continue;
+    waited += s.duration_ns();
+    ++counted;
+  }
+  ASSERT_GT(counted, 0u);
+  EXPECT_EQ(b["waits"]["th"].size(), counted);
+  EXPECT_EQ(b["total_ns"], waited);
+  uint64_t flame = 0, parts = 0, segs = 0, np = 0;
+  for (const json& v : b["flame"]["ns"]) flame += v.get<uint64_t>();
+  for (const json& v : b["parts"]["ns"]) parts += v.get<uint64_t>();
+  for (const json& v : b["segs"]["d"]) segs += v.get<uint64_t>();
+  for (const json& v : b["segs"]["np"]) np += v.get<uint64_t>();
+  EXPECT_EQ(flame, waited);
+  EXPECT_EQ(parts, waited);
+  EXPECT_EQ(segs, waited);
+  EXPECT_EQ(np, b["parts"]["ns"].size());
+  // The wait open across the lost events (thread 3 from 220 ms is after them) and the one across the pause are not
+  // among the blamed: no blamed wait contains 210 ms or 230-260 ms.
+  const std::vector<Span> waits = Spans(b["waits"]);
+  for (const Span& w : waits) {
+    EXPECT_FALSE(w.start < 210 * kMs && w.end > 210 * kMs) << w.start;
+    EXPECT_FALSE(w.start < 260 * kMs && w.end > 230 * kMs) << w.start;
+  }
 }
 
 TEST(Report, TraceWithoutStacksHasNoStackColumns) {

@@ -107,6 +107,20 @@ TEST(PyroscopeNameTest, AtMost26Labels) {
   EXPECT_EQ(name.find("kc6=v"), std::string::npos);
 }
 
+TEST(PyroscopeNameTest, SampleLabelNamesTakeTheirPlaceAndTheirNames) {
+  std::map<std::string, std::string> labels = {{"holder", "spoofed"}, {"host", "web-1"}};
+  for (int i = 0; i < 30; ++i) labels["k" + std::to_string(10 + i)] = "v";
+  const std::string name = PyroscopeName("a", labels, {"holder", "waiter", "blame_source"});
+  // 26 minus the 3 the samples bring; no second "holder".
+  EXPECT_EQ(std::count(name.begin(), name.end(), '='), 23);
+  EXPECT_EQ(name.find("holder"), std::string::npos);
+  EXPECT_NE(name.find("host=web-1"), std::string::npos);
+  ProfileUpload u = MakeUpload("x");
+  u.labels["waiter"] = "Thread #3";
+  u.sample_label_names = {"waiter"};
+  EXPECT_EQ(PyroscopeIngestRequestUrl("http://h:4040/ingest", u).find("waiter"), std::string::npos);
+}
+
 TEST(PyroscopeUrlTest, ExactRequestUrl) {
   ProfileUpload u = MakeUpload("x");
   u.labels["command"] = "ruby app.rb";

@@ -590,6 +590,18 @@
       row("stack", el("span", { class: "empty" },
           M.stacks ? "not recorded for the events of this block" : "not recorded (the trace carries no stacks)"));
     }
+    // GVL blame of the thread's waits in this block: who held the lock meanwhile and what it ran.
+    let blamed = [];
+    if (h.kind === "block") {
+      const t = h.lane.thread;
+      blamed = blame.waitsIn(t.id, t.s[i], t.e[i]).map(blame.ofWait);
+      if (blamed.length) row("GVL blame", blameView(blamed));
+      else if (t.st[i] === S.wants) {
+        row("GVL blame", el("span", { class: "empty" }, "none: this wait's end is not known (events were lost, " +
+            "tracing was paused, or the trace ended during it), so nothing is blamed for it"));
+      }
+    }
+    setBlameData(card, blamed);
     card.dataset.stacks = String(stacksShown);
     card.dataset.releaseReason = reasonShown ? reasonShown.reason : "";
     card.dataset.releaseReasonProvenance = reasonShown ? reasonShown.prov : "";
@@ -601,9 +613,10 @@
   let selected = null;
   // The frames of event ei's stack, leaf first; very deep stacks show their first frames and a button for the rest.
   const STACK_SHOWN = 60;
-  function stackList(ei, which) {
-    const s = stackOfEvent(ei), a = stackOff[s], b = stackOff[s + 1];
-    const ol = el("ol", { class: "stack", "data-event": String(ei), "data-which": which });
+  function stackList(ei, which) { return stackBox(stackOfEvent(ei), { "data-event": String(ei), "data-which": which }); }
+  function stackBox(s, attrs) {
+    const a = stackOff[s], b = stackOff[s + 1];
+    const ol = el("ol", Object.assign({ class: "stack" }, attrs));
     const add = (from, to) => {
       for (let k = from; k < to; k++) {
         const f = stackFrames[k];
@@ -619,6 +632,95 @@
       box.appendChild(more);
     }
     return box;
+  }
+
+  const SOURCE_TEXT = {
+    sampled: (p) => `sampled: ${p.samples} on-CPU sample${p.samples === 1 ? "" : "s"} of the holder inside the wait`,
+    release_stack: () => "release stack: no sample inside; the stack of the gvl_released that ended its hold",
+    last_sample: () => "last sample: no sample inside and no release yet; what it was last sampled running",
+    no_stack: () => "what it ran is not known (no sample, no stack)",
+    gvl_free: () => "nobody held the GVL: the hand-off, or the scheduler waking the waiter",
+    holder_unknown: () => "no thread was seen acquiring the GVL: the holder is not guessed",
+  };
+  const HOLDER_TEXT = "derived: the thread of the last gvl_acquired (RESUMED) not yet followed by its release";
+  // One or more blamed waits: per holder (heaviest first), the ns it made this thread wait, what it ran (each part
+  // with how it is known; parts ending in the same frame are one line, with the heaviest of their stacks) and the
+  // release that ended its hold. Holders under 1% of the wait are folded into one line.
+  function blameView(waits) {
+    const box = el("div", { class: "blame" });
+    const SHOWN = 5;
+    for (const w of waits.slice(0, SHOWN)) {
+      const waited = w.e - w.s, holders = new Map();
+      for (const seg of w.segs) {
+        let hd = holders.get(seg.holder);
+        if (!hd) { hd = { holder: seg.holder, ns: 0, parts: new Map(), releases: [] }; holders.set(seg.holder, hd); }
+        for (const p of seg.parts) {
+          hd.ns += p.ns;
+          const frame = blameLeaf(p), key = frame + "\u0000" + p.source;
+          let cur = hd.parts.get(key);
+          if (!cur) { cur = { frame, source: p.source, gc: p.gc, ns: 0, samples: 0, stacks: new Map() }; hd.parts.set(key, cur); }
+          cur.ns += p.ns; cur.samples += p.samples;
+          if (p.stack >= 0) cur.stacks.set(p.stack, (cur.stacks.get(p.stack) || 0) + p.ns);
+        }
+        if (seg.releaseT !== null) hd.releases.push(seg);
+      }
+      const list = el("ul", { class: "blame-holders" });
+      const minor = el("ul", { class: "blame-holders" });
+      let minorNs = 0, minorN = 0;
+      for (const hd of [...holders.values()].sort((a, b) => b.ns - a.ns)) {
+        const parts = el("ul", { class: "blame-parts" });
+        for (const p of [...hd.parts.values()].sort((a, b) => b.ns - a.ns)) {
+          const li = el("li", { class: "blame-part", "data-source": p.source, "data-frame": p.frame, "data-ns": String(p.ns) },
+              el("span", { class: "mono" }, p.frame), ` ${dur(p.ns)} · `, el("span", { class: "badge " + (p.source === "sampled" ? "observed" : "derived") }, p.source),
+              " ", SOURCE_TEXT[p.source] ? SOURCE_TEXT[p.source](p) : "", p.gc ? " (the holder was running a GC)" : "");
+          if (p.stacks.size) {
+            const [heaviest] = [...p.stacks].sort((a, b) => b[1] - a[1])[0];
+            li.appendChild(el("details", null, el("summary", null, p.stacks.size > 1 ? `stack (the heaviest of ${p.stacks.size})` : "stack"),
+                stackBox(heaviest, { "data-blame": "part" })));
+          }
+          parts.appendChild(li);
+        }
+        for (const seg of hd.releases) {
+          const li = el("li", { class: "blame-release" }, `its hold ended by gvl_released at ${ms(seg.releaseT)} ms`,
+              seg.releaseStack >= 0 ? el("span", null, " in ", el("span", { class: "mono" }, leafLabel(seg.releaseStack))) : " (no stack recorded)");
+          if (seg.releaseStack >= 0) li.appendChild(el("details", null, el("summary", null, "release stack"), stackBox(seg.releaseStack, { "data-blame": "release" })));
+          parts.appendChild(li);
+        }
+        const item = el("li", { class: "blame-holder", "data-holder": holderLabel(hd.holder), "data-ns": String(hd.ns) },
+            el("strong", null, holderLabel(hd.holder)), ` ${dur(hd.ns)} (${(100 * hd.ns / Math.max(1, waited)).toFixed(1)}% of the wait)`,
+            hd.holder >= 0 ? el("span", null, " ", el("span", { class: "badge derived" }, "holder derived"), " ", HOLDER_TEXT) : null, parts);
+        if (list.childElementCount > 0 && hd.ns < waited / 100) { minor.appendChild(item); minorNs += hd.ns; minorN++; }
+        else list.appendChild(item);
+      }
+      if (minorN) {
+        list.appendChild(el("li", null, el("details", null,
+            el("summary", null, `${minorN} more holder${minorN === 1 ? "" : "s"}, ${dur(minorNs)} together`), minor)));
+      }
+      box.appendChild(el("div", { class: "blame-wait", "data-start-ns": String(w.s), "data-end-ns": String(w.e) },
+          el("div", null, `waited ${dur(waited)} (${ms(w.s, 3)} – ${ms(w.e, 3)} ms); the GVL was held by:`), list));
+    }
+    if (waits.length > SHOWN) box.appendChild(el("div", { class: "empty" }, `and ${waits.length - SHOWN} more waits`));
+    return box;
+  }
+  // The card's blame hooks: the waits shown, the holder and the frame blamed for the most ns across them.
+  function setBlameData(card, waits) {
+    const byHolder = new Map(), byFrame = new Map();
+    let total = 0;
+    for (const w of waits) {
+      for (const seg of w.segs) {
+        for (const p of seg.parts) {
+          total += p.ns;
+          byHolder.set(seg.holder, (byHolder.get(seg.holder) || 0) + p.ns);
+          const f = blameLeaf(p);
+          byFrame.set(f, (byFrame.get(f) || 0) + p.ns);
+        }
+      }
+    }
+    const top = (m) => [...m].sort((a, b) => b[1] - a[1])[0];
+    card.dataset.blameWaits = String(waits.length);
+    card.dataset.blameNs = String(total);
+    card.dataset.blameHolder = byHolder.size ? holderLabel(top(byHolder)[0]) : "";
+    card.dataset.blameFrame = byFrame.size ? top(byFrame)[0] : "";
   }
 
   // ---- overlay: cursor line and selection ------------------------------------------------------------------------
@@ -776,63 +878,63 @@
   });
   window.addEventListener("resize", resize);
 
-  // ---- flame graph of the CPU samples ----------------------------------------------------------------------------
-  // An icicle: the selection's samples as the top row, callees below, each frame as wide as its share of the
-  // samples. Frames of one function (label and path) under one parent are merged whatever their line (the lines seen
-  // are listed on hover). Click a frame to zoom into it; click a row above it (its callers) or Reset to zoom out.
-  const flame = (function () {
-    if (!M.samples) return null;
-    $("flame").hidden = false;
-    const fnOfFrame = new Int32Array(FR.l.length), fnKey = new Map();
+  // ---- flame graphs ----------------------------------------------------------------------------------------------
+  // An icicle: the selection's weight as the top row, callees below, each frame as wide as its share. Frames of one
+  // function (label and path) under one parent are merged whatever their line (the lines seen are listed on hover).
+  // Click a frame to zoom into it; click a row above it (its callers) or Reset to zoom out. Two use it: the CPU
+  // samples (by Ruby thread) and the GVL blame (ns others waited, by the holder's stack, per holder).
+  const fnOfFrame = new Int32Array(FR.l.length);
+  (function () {
+    const fnKey = new Map();
     for (let f = 0; f < FR.l.length; f++) {
       const key = FR.l[f] + "\u0000" + FR.p[f];
       if (!fnKey.has(key)) fnKey.set(key, fnKey.size);
       fnOfFrame[f] = fnKey.get(key);
     }
-    // Sample counts per Ruby thread (-1: none named) and stack (-1: a sample without a stack).
-    const byThread = new Map();
-    let total = 0;
-    for (let i = 0; i < events.n; i++) {
-      if (events.e[i] !== EV.sample) continue;
-      const th = events.th[i], s = stackOfEvent(i);
-      let m = byThread.get(th);
-      if (!m) { m = new Map(); byThread.set(th, m); }
-      m.set(s, (m.get(s) || 0) + 1);
-      total++;
-    }
-    const NO_STACK = -2;
+  })();
+  // Frames that stand in for what no recorded stack says (negative function ids; -1 is the root): the labels the
+  // pprof export uses for the same weights.
+  const PSEUDO = { "-2": "(no stack recorded)", "-3": "[GC]", "-4": "[GVL not held]", "-5": "[holder unknown]",
+                   "-6": "[no stack]" };
+  const P_NO_STACK = -2, P_GC = -3, P_GVL_FREE = -4, P_HOLDER_UNKNOWN = -5, P_BLAME_NO_STACK = -6;
+  // cfg: ids {section, canvas, plot, tip, select, reset, info, path}; groups: Map(group -> [{s, stand, top, w}])
+  // (s: stack index or -1, stand: the pseudo frame for s < 0, top: a pseudo leaf frame on top or 0); groupLabel(g);
+  // allLabel; valueName ("samples" / "ns", the hooks' field); fmt(v) and lines(v) for the tip; info(total, selLabel).
+  function makeFlame(cfg) {
+    const $s = (k) => $(cfg.ids[k]);
+    $s("section").hidden = false;
     const mk = (fn, frame, parent) => ({ fn, frame, parent, n: 0, self: 0, kids: new Map(), sorted: null, height: 1,
                                          line: frame >= 0 ? FR.ln[frame] : 0, lines: null });
     let sel = "all", root = null, zoom = null, rects = [], FW = 800;
-    const selLabel = () => (sel === "all" ? "all threads" : threadLabel(sel));
-    const labelOf = (n) => (n.fn === -1 ? selLabel() : n.fn === NO_STACK ? "(no stack recorded)" : FR.l[n.frame]);
+    const selLabel = () => (sel === "all" ? cfg.allLabel : cfg.groupLabel(sel));
+    const labelOf = (n) => (n.fn === -1 ? selLabel() : n.fn < -1 ? PSEUDO[n.fn] : FR.l[n.frame]);
+    const child = (cur, fn, frame) => {
+      let c = cur.kids.get(fn);
+      if (!c) { c = mk(fn, frame, cur); cur.kids.set(fn, c); }
+      else if (frame >= 0 && FR.ln[frame] !== c.line) {
+        if (!c.lines) c.lines = [c.line];
+        if (c.lines.length < 8 && !c.lines.includes(FR.ln[frame])) c.lines.push(FR.ln[frame]);
+      }
+      return c;
+    };
     function build() {
       const r = mk(-1, -1, null);
-      for (const [th, m] of byThread) {
-        if (sel !== "all" && th !== sel) continue;
-        for (const [s, c] of m) {
-          r.n += c;
+      for (const [g, list] of cfg.groups) {
+        if (sel !== "all" && g !== sel) continue;
+        for (const { s, stand, top, w } of list) {
+          r.n += w;
           let cur = r;
-          const from = s >= 0 ? stackOff[s + 1] - 1 : -1, to = s >= 0 ? stackOff[s] : 0;
-          if (s < 0) {
-            let child = cur.kids.get(NO_STACK);
-            if (!child) { child = mk(NO_STACK, -1, cur); cur.kids.set(NO_STACK, child); }
-            child.n += c; cur = child;
+          if (s < 0) { cur = child(cur, stand, -1); cur.n += w; }
+          for (let k = s >= 0 ? stackOff[s + 1] - 1 : -1, to = s >= 0 ? stackOff[s] : 0; k >= to; k--) {  // root first
+            const f = stackFrames[k];
+            cur = child(cur, fnOfFrame[f], f);
+            cur.n += w;
           }
-          for (let k = from; k >= to; k--) {  // root frame first
-            const f = stackFrames[k], fn = fnOfFrame[f];
-            let child = cur.kids.get(fn);
-            if (!child) { child = mk(fn, f, cur); cur.kids.set(fn, child); }
-            else if (FR.ln[f] !== child.line) {
-              if (!child.lines) child.lines = [child.line];
-              if (child.lines.length < 8 && !child.lines.includes(FR.ln[f])) child.lines.push(FR.ln[f]);
-            }
-            child.n += c; cur = child;
-          }
-          cur.self += c;
+          if (top) { cur = child(cur, top, -1); cur.n += w; }
+          cur.self += w;
         }
       }
-      // Children hot first; heights (rows below and including a node) size the canvas. Iterative: stacks are deep.
+      // Children heaviest first; heights (rows below and including a node) size the canvas. Iterative: stacks are deep.
       const order = [r];
       for (let i = 0; i < order.length; i++) {
         const n = order[i];
@@ -843,6 +945,7 @@
       return r;
     }
     function color(n) {
+      if (n.fn === P_GC) return "hsl(280, 40%, 66%)";
       if (n.fn < 0) return "#c9ced6";
       const kind = N.frame_kind[FR.k[n.frame]], label = FR.l[n.frame];
       let h = 0;
@@ -853,9 +956,10 @@
       if (kind === "unresolved") return "#bdbdbd";
       return `hsl(${Math.round(8 + r * 40)}, ${Math.round(72 + r * 15)}%, ${Math.round(58 + r * 8)}%)`;
     }
-    const fcanvas = $("flame-canvas"), fplot = $("flame-plot"), ftip = $("flame-tip"), fctx = fcanvas.getContext("2d");
+    const fcanvas = $s("canvas"), fplot = $s("plot"), ftip = $s("tip"), fctx = fcanvas.getContext("2d");
     const ROW = 18, MIN_W = 0.35;  // px: frames narrower than this are not drawn (nor their callees)
     const chainOf = (n) => { const c = []; for (let x = n; x; x = x.parent) c.unshift(x); return c; };
+    const zoomKey = "zoom" + cfg.valueName[0].toUpperCase() + cfg.valueName.slice(1);
     function draw() {
       const dpr = window.devicePixelRatio || 1;
       FW = Math.max(200, Math.floor(fplot.clientWidth));
@@ -875,13 +979,13 @@
         if (w > 30) {
           fctx.save(); fctx.beginPath(); fctx.rect(x0, y, w - 1, ROW); fctx.clip();
           fctx.fillStyle = "#1d232b";
-          fctx.fillText(n.fn === -1 ? `${labelOf(n)} (${n.n} samples)` : labelOf(n), x0 + 3, y + ROW / 2);
+          fctx.fillText(n.fn === -1 ? `${labelOf(n)} (${cfg.fmt(n.n)})` : labelOf(n), x0 + 3, y + ROW / 2);
           fctx.restore();
         }
         rects.push({ x0, x1, row, node: n, caller });
       };
       for (let d = 0; d < chain.length - 1; d++) box(chain[d], 0, FW, d, true);
-      const scale = FW / zoom.n;
+      const scale = zoom.n > 0 ? FW / zoom.n : 0;
       // Explicit stack instead of recursion: Ruby stacks can be hundreds of frames deep.
       const todo = [[zoom, 0, chain.length - 1]];
       while (todo.length) {
@@ -890,18 +994,16 @@
         let x = x0;
         for (const k of n.sorted) {
           const w = k.n * scale;
-          if (w < MIN_W) break;  // hot first: the rest are narrower still
+          if (w < MIN_W) break;  // heaviest first: the rest are narrower still
           todo.push([k, x, row + 1]);
           x += w;
         }
       }
-      const sec = $("flame");
+      const sec = $s("section");
       sec.dataset.thread = String(sel); sec.dataset.zoom = labelOf(zoom); sec.dataset.total = String(root.n);
-      sec.dataset.zoomSamples = String(zoom.n);
-      $("flame-path").textContent = chain.length > 1 ? "zoomed: " + chain.map(labelOf).join(" › ") : "";
-      $("flame-info").textContent = `${root.n} CPU samples of ${selLabel()}` +
-          (M.sample_hz ? ` at ${M.sample_hz} Hz (≈ ${dur(root.n * 1e9 / M.sample_hz)} on CPU)` : "") +
-          " · click a frame to zoom, hover for counts";
+      sec.dataset[zoomKey] = String(zoom.n);
+      $s("path").textContent = chain.length > 1 ? "zoomed: " + chain.map(labelOf).join(" › ") : "";
+      $s("info").textContent = cfg.info(root.n, selLabel()) + " · click a frame to zoom, hover for " + cfg.valueName;
     }
     const pct = (a, b) => { const p = b > 0 ? 100 * a / b : 0; return p.toFixed(p > 0 && p < 1 ? 2 : 1) + "%"; };
     function describe(n) {
@@ -911,11 +1013,11 @@
         const ls = (n.lines || [n.line]).filter((l) => l > 0);
         if (path || ls.length) lines.push(path + (ls.length ? ":" + ls.join(", ") : ""));
       }
-      let share = `${n.n} samples · ${pct(n.n, root.n)} of ${selLabel()}`;
+      let share = `${cfg.fmt(n.n)} · ${pct(n.n, root.n)} of ${selLabel()}`;
       if (zoom !== root && n !== zoom && zoom.n > 0 && chainOf(n).includes(zoom)) share += ` · ${pct(n.n, zoom.n)} of the zoomed frame`;
       lines.push(share);
-      if (n.fn !== -1) lines.push(`self ${n.self} samples (${pct(n.self, root.n)})`);
-      if (M.sample_hz) lines.push(`≈ ${dur(n.n * 1e9 / M.sample_hz)} on CPU`);
+      if (n.fn !== -1) lines.push(`self ${cfg.fmt(n.self)} (${pct(n.self, root.n)})`);
+      for (const l of cfg.lines(n.n)) lines.push(l);
       return lines.join("\n");
     }
     function hitAt(ev) {
@@ -929,14 +1031,14 @@
     function zoomTo(n) { zoom = n; ftip.hidden = true; draw(); }
     function select(v) {
       sel = v === "all" ? "all" : Number(v);
-      $("flame-thread").value = String(sel);
+      $s("select").value = String(sel);
       root = build(); zoom = root; draw();
     }
     fcanvas.addEventListener("mousemove", (ev) => {
       const q = hitAt(ev);
       if (!q) { ftip.hidden = true; return; }
       ftip.textContent = describe(q.node);
-      ftip.dataset.samples = String(q.node.n);
+      ftip.dataset[cfg.valueName] = String(q.node.n);
       ftip.dataset.label = labelOf(q.node);
       ftip.hidden = false;
       const r = fcanvas.getBoundingClientRect(), px = ev.clientX - r.left, py = ev.clientY - r.top;
@@ -945,33 +1047,161 @@
     });
     fcanvas.addEventListener("mouseleave", () => { ftip.hidden = true; });
     fcanvas.addEventListener("click", (ev) => { const q = hitAt(ev); if (q) zoomTo(q.node); });
-    $("flame-reset").addEventListener("click", () => zoomTo(root));
-    const opts = [el("option", { value: "all" }, `all threads (${total} samples)`)];
-    for (const t of threads) {
-      const m = byThread.get(t.id);
-      if (!m) continue;
+    $s("reset").addEventListener("click", () => zoomTo(root));
+    let total = 0;
+    const opts = [];
+    for (const g of [...cfg.groups.keys()].sort((a, b) => a - b)) {
       let c = 0;
-      for (const v of m.values()) c += v;
-      opts.push(el("option", { value: String(t.id) }, `${t.label} (${c} samples)`));
+      for (const e of cfg.groups.get(g)) c += e.w;
+      total += c;
+      opts.push(el("option", { value: String(g) }, `${cfg.groupLabel(g)} (${cfg.fmt(c)})`));
     }
-    $("flame-thread").replaceChildren(...opts);
-    $("flame-thread").addEventListener("change", (ev) => select(ev.target.value));
+    $s("select").replaceChildren(el("option", { value: "all" }, `${cfg.allLabel} (${cfg.fmt(total)})`), ...opts);
+    $s("select").addEventListener("change", (ev) => select(ev.target.value));
     root = build(); zoom = root;
+    // Self weight by function label over the whole selection (drawn or not), heaviest first.
+    function selfByLabel() {
+      const m = new Map();
+      const todo = [root];
+      while (todo.length) {
+        const n = todo.pop();
+        if (n.self > 0 && n.fn !== -1) m.set(labelOf(n), (m.get(labelOf(n)) || 0) + n.self);
+        for (const k of n.kids.values()) todo.push(k);
+      }
+      return [...m].map(([label, v]) => ({ label, [cfg.valueName]: v })).sort((a, b) => b[cfg.valueName] - a[cfg.valueName]);
+    }
     return {
-      draw, select, zoomTo,
-      // Test hooks: the drawn frames, in canvas coordinates ({x0, x1, row, label, path, samples, self, caller}).
+      draw, select, zoomTo, selfByLabel,
+      // Test hooks: the drawn frames, in canvas coordinates ({x0, x1, row, label, path, <valueName>, self, caller}).
       rects: () => rects.map((q) => ({ x0: q.x0, x1: q.x1, row: q.row, label: labelOf(q.node), caller: q.caller,
-                                       path: q.node.frame >= 0 ? PATHS[FR.p[q.node.frame]] : "", samples: q.node.n,
-                                       self: q.node.self })),
-      state: () => ({ thread: sel, zoom: labelOf(zoom), zoomSamples: zoom.n, total: root.n, width: FW, rowHeight: ROW }),
+                                       path: q.node.frame >= 0 ? PATHS[FR.p[q.node.frame]] : "",
+                                       [cfg.valueName]: q.node.n, self: q.node.self })),
+      state: () => ({ thread: sel, zoom: labelOf(zoom), [zoomKey]: zoom.n, total: root.n, width: FW, rowHeight: ROW }),
       canvasRect: () => { const r = fcanvas.getBoundingClientRect(); return { x: r.left, y: r.top, width: r.width, height: r.height }; },
     };
+  }
+
+  // The CPU samples, per Ruby thread (-1: none named), by stack (-1: a sample without a stack).
+  const flame = (function () {
+    if (!M.samples) return null;
+    const counts = new Map();
+    for (let i = 0; i < events.n; i++) {
+      if (events.e[i] !== EV.sample) continue;
+      const th = events.th[i], s = stackOfEvent(i);
+      let m = counts.get(th);
+      if (!m) { m = new Map(); counts.set(th, m); }
+      m.set(s, (m.get(s) || 0) + 1);
+    }
+    const groups = new Map();
+    for (const [th, m] of counts) groups.set(th, [...m].map(([s, w]) => ({ s, stand: P_NO_STACK, top: 0, w })));
+    return makeFlame({
+      ids: { section: "flame", canvas: "flame-canvas", plot: "flame-plot", tip: "flame-tip", select: "flame-thread",
+             reset: "flame-reset", info: "flame-info", path: "flame-path" },
+      groups, groupLabel: (th) => (th >= 0 ? threadLabel(th) : "(no thread named)"), allLabel: "all threads",
+      valueName: "samples",
+      fmt: (v) => `${v} samples`,
+      lines: (v) => (M.sample_hz ? [`≈ ${dur(v * 1e9 / M.sample_hz)} on CPU`] : []),
+      info: (total, what) => `${total} CPU samples of ${what}` +
+          (M.sample_hz ? ` at ${M.sample_hz} Hz (≈ ${dur(total * 1e9 / M.sample_hz)} on CPU)` : ""),
+    });
   })();
-  window.addEventListener("resize", () => { if (flame) flame.draw(); });
+
+  // ---- GVL blame (model/attribution.h, computed by rvbpfd; the page only draws it) ---------------------------------
+  const BL = D.blame || { total_ns: 0, waits: { th: [], s: [], d: [], ns: [] },
+                          segs: { h: [], s: [], d: [], rs: [], rt: [], np: [] },
+                          parts: { sk: [], src: [], gc: [], ns: [], n: [] }, flame: { h: [], sk: [], gc: [], src: [], ns: [] } };
+  const BLAME_SOURCES = N.blame_source || [];
+  const blame = (function () {
+    const w = Object.assign(spans(BL.waits), { th: minusOne(BL.waits.th), nseg: ints(BL.waits.ns) });
+    const sg = Object.assign(spans(BL.segs), { h: minusOne(BL.segs.h), rs: minusOne(BL.segs.rs), rt: undelta(BL.segs.rt),
+                                               np: ints(BL.segs.np) });
+    const pt = { sk: minusOne(BL.parts.sk), src: Uint8Array.from(BL.parts.src), gc: Uint8Array.from(BL.parts.gc),
+                 ns: Float64Array.from(BL.parts.ns), n: ints(BL.parts.n) };
+    // First segment of each wait, first part of each segment.
+    w.seg0 = new Int32Array(w.n + 1);
+    for (let i = 0; i < w.n; i++) w.seg0[i + 1] = w.seg0[i] + w.nseg[i];
+    sg.part0 = new Int32Array(sg.n + 1);
+    for (let i = 0; i < sg.n; i++) sg.part0[i + 1] = sg.part0[i] + sg.np[i];
+    // Each waiter's waits: [from, to) of the list (sorted by waiter, then start).
+    const byThread = new Map();
+    for (let i = 0; i < w.n; i++) {
+      const r = byThread.get(w.th[i]);
+      if (r) r[1] = i + 1; else byThread.set(w.th[i], [i, i + 1]);
+    }
+    // The blamed waits of `thread` overlapping [s, e). A thread's waits do not overlap: sorted by start and by end.
+    function waitsIn(thread, s, e) {
+      const r = byThread.get(thread);
+      if (!r) return [];
+      const out = [];
+      for (let i = r[0] + upper(w.e.subarray(r[0], r[1]), s, r[1] - r[0]); i < r[1] && w.s[i] < e; i++) out.push(i);
+      return out;
+    }
+    // One wait's blame: per segment, the holder, what it ran (parts) and the release that ended its hold.
+    function ofWait(i) {
+      const segs = [];
+      for (let k = w.seg0[i]; k < w.seg0[i + 1]; k++) {
+        const parts = [];
+        for (let j = sg.part0[k]; j < sg.part0[k + 1]; j++) {
+          parts.push({ stack: pt.sk[j], source: BLAME_SOURCES[pt.src[j]], gc: pt.gc[j] === 1, ns: pt.ns[j], samples: pt.n[j] });
+        }
+        segs.push({ holder: sg.h[k], s: sg.s[k], e: sg.e[k], releaseStack: sg.rs[k], releaseT: sg.rt[k] || null, parts });
+      }
+      return { waiter: w.th[i], s: w.s[i], e: w.e[i], segs };
+    }
+    return { w, total: BL.total_ns, waitsIn, ofWait };
+  })();
+  // The frame a blamed part is shown by: the GC or stand-in pseudo frame, else the stack's leaf.
+  function blameLeaf(p) {
+    if (p.gc) return PSEUDO[P_GC];
+    if (p.stack >= 0) return leafLabel(p.stack);
+    return PSEUDO[p.source === "gvl_free" ? P_GVL_FREE : p.source === "holder_unknown" ? P_HOLDER_UNKNOWN : P_BLAME_NO_STACK];
+  }
+  const holderLabel = (h) => (h >= 0 ? threadLabel(h) : "nobody");
+
+  // The blame flame graph: ns by the holder's stack, per holder (-1: nobody held it, or who did is not known).
+  const blameFlame = (function () {
+    const f = BL.flame;
+    if (!f.ns.length) {
+      $("blame-flame-note").hidden = false;
+      return null;
+    }
+    const groups = new Map();
+    for (let i = 0; i < f.ns.length; i++) {
+      const h = f.h[i] - 1, s = f.sk[i] - 1, source = BLAME_SOURCES[f.src[i]];
+      const stand = source === "gvl_free" ? P_GVL_FREE : source === "holder_unknown" ? P_HOLDER_UNKNOWN : P_BLAME_NO_STACK;
+      if (!groups.has(h)) groups.set(h, []);
+      groups.get(h).push({ s, stand, top: f.gc[i] ? P_GC : 0, w: f.ns[i] });
+    }
+    const fl = makeFlame({
+      ids: { section: "blame-flame", canvas: "blame-canvas", plot: "blame-plot", tip: "blame-tip", select: "blame-holder",
+             reset: "blame-reset", info: "blame-info", path: "blame-path" },
+      groups, groupLabel: (h) => (h >= 0 ? threadLabel(h) : "nobody / not known"), allLabel: "all holders",
+      valueName: "ns", fmt: (v) => dur(v) + " waited", lines: () => [],
+      info: (total, what) => `${dur(total)} other threads waited for the GVL while ${what} held it`,
+    });
+    // The top blockers: holder and the leaf of what it ran, by the ns others waited (the summary `inspect` prints).
+    const top = new Map();
+    for (let i = 0; i < f.ns.length; i++) {
+      const h = f.h[i] - 1, p = { stack: f.sk[i] - 1, source: BLAME_SOURCES[f.src[i]], gc: f.gc[i] === 1 };
+      const key = h + "\u0000" + blameLeaf(p);
+      const cur = top.get(key) || { holder: h, frame: blameLeaf(p), ns: 0 };
+      cur.ns += f.ns[i];
+      top.set(key, cur);
+    }
+    const list = [...top.values()].sort((a, b) => b.ns - a.ns);
+    const rows = list.slice(0, 5).map((x) => el("tr", { "data-holder": holderLabel(x.holder), "data-frame": x.frame, "data-ns": String(x.ns) },
+        el("td", null, holderLabel(x.holder)), el("td", { class: "mono" }, x.frame), el("td", null, dur(x.ns)),
+        el("td", null, (100 * x.ns / Math.max(1, blame.total)).toFixed(1) + "%")));
+    $("blame-top").replaceChildren(el("thead", null, el("tr", null, el("th", null, "holder"), el("th", null, "running"),
+        el("th", null, "others waited"), el("th", null, "share"))), el("tbody", null, ...rows));
+    fl.top = () => list.map((x) => ({ holder: holderLabel(x.holder), frame: x.frame, ns: x.ns }));
+    return fl;
+  })();
+  window.addEventListener("resize", () => { if (flame) flame.draw(); if (blameFlame) blameFlame.draw(); });
 
   // ---- hooks for tests -------------------------------------------------------------------------------------------
   window.rvReport = {
-    data: { threads, owner, gc, unknown, natives, markers, events, names: N, meta: M, tids: D.tids },
+    data: { threads, owner, gc, unknown, natives, markers, events, names: N, meta: M, tids: D.tids, blameTotal: blame.total },
     view: () => ({ t0: view.t0, t1: view.t1 }),
     setView,
     // The lane's rect in client (viewport) coordinates, and the x of time t in the same coordinates.
@@ -984,7 +1214,9 @@
     eventName: (i) => (i >= 0 ? N.event[events.e[i]] : null),
     crubyName: (i) => (i >= 0 ? N.cruby[events.e[i]] : null),
     drawNow: () => { drawPending = false; draw(); },
-    flame,
+    flame, blameFlame,
+    // The blamed waits of Ruby thread `thread` overlapping [s, e), each as its segments and parts (see blame).
+    blameOf: (thread, s, e) => blame.waitsIn(thread, s, e).map(blame.ofWait),
     stackOf: (i) => { const s = stackOfEvent(i); return s < 0 ? null : Array.from(stackFrames.subarray(stackOff[s], stackOff[s + 1]), frameText); },
     releaseReason: releaseReasonOf,
   };
@@ -993,6 +1225,7 @@
   setView(T0, T1);
   draw();
   if (flame) flame.draw();
+  if (blameFlame) blameFlame.draw();
   updateEventList(T0);
   window.rvReportLoadMs = performance.now() - loadStart;
   document.body.dataset.ready = "1";
