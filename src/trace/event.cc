@@ -129,4 +129,17 @@ TraceEvent FromRecord(const rv_record& record, uint64_t origin_ns) {
   return event;
 }
 
+std::shared_ptr<GvlReading> GvlReadingFromRecord(const rv_gvl_reading& reading) {
+  auto g = std::make_shared<GvlReading>();
+  g->held = reading.holder != 0;
+  g->holder_th = reading.holder;
+  const uint32_t listed = reading.nqueued < RV_GVL_MAX_QUEUED ? reading.nqueued : RV_GVL_MAX_QUEUED;
+  g->queued_th.reserve(listed);
+  for (uint32_t i = 0; i < listed; ++i) {
+    if (reading.queued[i] != 0) g->queued_th.push_back(reading.queued[i]);
+  }
+  g->waiting = reading.waiting > listed ? reading.waiting : listed;
+  return g;
+}
+
 }  // namespace rvbpfd
