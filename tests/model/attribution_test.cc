@@ -20,12 +20,12 @@ class Feed {
   void Ev(uint64_t t, EventName event, uint64_t thread = 0, uint32_t stack = 0, uint32_t vm = 0,
           ReleaseReason reason = ReleaseReason::kUnknown) {
     end_ = std::max(end_, t);
-    attribution_.OnThreadEvent(t, thread, event == EventName::kThreadExited);
+    attribution_.OnThreadEvent(t, thread, event);
     tracker_.OnEvent(TrackerEvent{t, event, thread, vm, stack, reason});
   }
   void Sample(uint64_t t, uint64_t thread, uint32_t stack) {
     end_ = std::max(end_, t);
-    attribution_.OnThreadEvent(t, thread, false);
+    attribution_.OnThreadEvent(t, thread, EventName::kSample);
     tracker_.OnSample(thread, stack, false);
     attribution_.OnSample(t, thread, stack, false);
   }
