@@ -3,9 +3,9 @@
  * tests), so that the tests run the code BPF runs.
  *
  * The reading is a snapshot taken without the VM's scheduler lock: the queue may change while it is walked. Every
- * read is bounded and checked: the walk visits at most RV_GVL_MAX_QUEUED nodes and stops at the first one it cannot
- * read, and a count that is not a plausible number of threads makes the whole reading invalid, so a torn or corrupt
- * queue yields a shorter list (flagged), never a read outside the bound.
+ * read is bounded and checked: the walk visits at most RV_GVL_MAX_QUEUED nodes (and no more than the VM's count),
+ * stops at the first one it cannot read, and a count that is not a plausible number of threads makes the whole
+ * reading invalid, so a torn or corrupt queue yields a shorter list (flagged), never a read outside the bound.
  *
  * Plain C99, like ruby_ec.h: the includer defines RV_WALKER_READ(ctx, dst, len, addr) (0 on success) and optionally
  * RV_WALKER_INLINE, and provides the fixed-width types. No version knowledge: every offset comes from struct
@@ -33,7 +33,7 @@ RV_WALKER_INLINE int rv_read_gvl(void *ctx, const struct rv_gvl_offsets *g, __u6
                                  struct rv_gvl_reading *out) {
   __u64 base = 0, holder = 0, head = 0, node = 0;
   __s32 count = 0;
-  __u32 i, n = 0;
+  __u32 i, n = 0, limit;
   out->holder = 0;
   out->waiting = 0;
   out->nqueued = 0;
@@ -58,7 +58,11 @@ RV_WALKER_INLINE int rv_read_gvl(void *ctx, const struct rv_gvl_offsets *g, __u6
     }
   }
   out->holder = holder;
-  /* The list head is a node of its own (ccan_list_head { node n }): the walk ends when it comes back to it. */
+  /* The list head is a node of its own (ccan_list_head { node n }): the walk ends when it comes back to it, and after
+   * the VM's count of nodes when it keeps one (a queue relinked under the walk cannot make it list a thread twice by
+   * going round, nor more threads than the count). */
+  limit = RV_GVL_MAX_QUEUED;
+  if (g->queue_count != RV_GVL_NO_FIELD && (__u32)count < limit) limit = (__u32)count;
   head = base + g->queue;
   if (RV_WALKER_READ(ctx, &node, 8, head) != 0) {
     out->flags |= RV_GVL_F_QUEUE_UNREADABLE;
@@ -66,7 +70,7 @@ RV_WALKER_INLINE int rv_read_gvl(void *ctx, const struct rv_gvl_offsets *g, __u6
   }
   for (i = 0; i < RV_GVL_MAX_QUEUED; i++) {
     __u64 next = 0;
-    if (node == head || node == 0) break;
+    if (node == head || node == 0 || i >= limit) break;
     if (node < g->th_queue_node) { /* no rb_thread_t can hold this node */
       out->flags |= RV_GVL_F_QUEUE_UNREADABLE;
       node = head;
@@ -81,6 +85,7 @@ RV_WALKER_INLINE int rv_read_gvl(void *ctx, const struct rv_gvl_offsets *g, __u6
     n++;
     node = next;
   }
+  /* Nodes left after the bound: more threads than RV_GVL_MAX_QUEUED, or than the count (the queue grew meanwhile). */
   if (node != head && node != 0 && !(out->flags & RV_GVL_F_QUEUE_UNREADABLE)) out->flags |= RV_GVL_F_QUEUE_TRUNCATED;
   if (node == 0 && n > 0) out->flags |= RV_GVL_F_QUEUE_UNREADABLE; /* a NULL link: a node unlinked mid-walk */
   out->nqueued = n;

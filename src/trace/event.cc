@@ -1,5 +1,6 @@
 #include "trace/event.h"
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 #include <set>
@@ -136,7 +137,11 @@ std::shared_ptr<GvlReading> GvlReadingFromRecord(const rv_gvl_reading& reading) 
   const uint32_t listed = reading.nqueued < RV_GVL_MAX_QUEUED ? reading.nqueued : RV_GVL_MAX_QUEUED;
   g->queued_th.reserve(listed);
   for (uint32_t i = 0; i < listed; ++i) {
-    if (reading.queued[i] != 0) g->queued_th.push_back(reading.queued[i]);
+    const uint64_t th = reading.queued[i];
+    // A queue relinked under the walk can show a thread twice: it waits once.
+    if (th != 0 && std::find(g->queued_th.begin(), g->queued_th.end(), th) == g->queued_th.end()) {
+      g->queued_th.push_back(th);
+    }
   }
   g->waiting = reading.waiting > listed ? reading.waiting : listed;
   return g;
