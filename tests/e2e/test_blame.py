@@ -195,32 +195,10 @@ MIN_PAUSED_SHARE = 1 / 3  # of the budgeted run: below it the estimate is hardly
 MAX_WAIT_ERROR = 0.30     # the estimate's total GVL wait against the complete recording's
 
 
-def paused_ns(trace):
-    """ns between tracing_paused and tracing_resumed (the last pause open to the end)."""
-    total, since = 0, None
-    last = max((e["t_ns"] for e in trace.events if isinstance(e.get("t_ns"), int)), default=0)
-    for e in trace.events:
-        if e.get("event") == "tracing_paused" and since is None:
-            since = e["t_ns"]
-        elif e.get("event") == "tracing_resumed" and since is not None:
-            total += e["t_ns"] - since
-            since = None
-    return total + (last - since if since is not None else 0)
-
-
-def export_pprof(rvbpfd, trace, outdir, tag):
-    pb = os.path.join(outdir, f"{tag}.pb.gz")
-    rc, _, err = run([rvbpfd, "export", "--pprof", trace.path, "-o", pb])
-    if rc != 0:
-        return None, pb, f"export exit {rc}: {err[-1000:]}"
-    with open(pb, "rb") as f:
-        return pprof_decode.decode(f.read()), pb, None
-
-
 def check_budgeted(full, full_prof, budget, budget_prof, budget_pb, budget_inspect):
     p = []
     duration = budget.summary.get("duration_ms", 0) * 1e6
-    paused = paused_ns(budget)
+    paused = rvlib.paused_ns(budget)
     print(f"  budgeted run: paused {paused / 1e6:.0f} of {duration / 1e6:.0f} ms, "
           f"{budget.summary.get('gvl_readings')} GVL readings")
     if duration <= 0 or paused < MIN_PAUSED_SHARE * duration:
@@ -293,7 +271,8 @@ def main():
             kept = os.path.join(outdir, f"{ruby.name}-gvl_hog-{kind}.rvtrace")
             os.replace(r.rv.path, kept)
             r.rv.path = kept
-            prof, pb, problem = export_pprof(rvbpfd, r.rv, outdir, f"{ruby.name}-gvl_hog-{kind}")
+            pb = os.path.join(outdir, f"{ruby.name}-gvl_hog-{kind}.pb.gz")
+            prof, problem = rvlib.export_pprof(rvbpfd, kept, pb)
             if problem:
                 res.check(f"pprof {name} {kind}", [problem])
                 break
