@@ -108,10 +108,9 @@ std::shared_ptr<GvlReading> ParseGvlReading(const json& obj) {
   if (auto q = obj.find("queued"); q != obj.end() && !q->is_null()) {
     if (!q->is_array()) throw LineError{"\"gvl.queued\" must be an array of thread ids"};
     for (const json& v : *q) {
-      if (!v.is_number_unsigned() || v.get<uint64_t>() > UINT32_MAX) {
-        throw LineError{"\"gvl.queued\" must be an array of thread ids"};
-      }
-      g->queued.push_back(v.get<uint32_t>());
+      std::optional<uint32_t> id = JsonInteger<uint32_t>(v);
+      if (!id) throw LineError{"\"gvl.queued\" must be an array of thread ids"};
+      g->queued.push_back(*id);
     }
   }
   if (g->queued.size() > g->waiting) g->waiting = static_cast<uint32_t>(g->queued.size());
