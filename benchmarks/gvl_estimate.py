@@ -4,7 +4,7 @@ from the samples' GVL readings, while --max-overhead has the scheduler probes pa
 of the same workload. Ratios within one run.
 
 Workload: tests/e2e/workloads/gvl_hog.rb with HOG_LOCK_EVERY=1000 (one thread spins in HogKlass.spin for
-HOG_SECONDS, locking an uncontended mutex of its own every 1,000 iterations, so the run traps ~25,000 times a
+HOG_SECONDS, locking an uncontended mutex of its own every 1,000 iterations, so the run traps ~20,000 times a
 second; four threads do one-byte pipe round trips, each ending in a wait for the lock the hog holds). Each round
 records it twice in attach mode at 99 Hz, complete and with --max-overhead 1 (which pauses the scheduler probes for
 most of the run), in alternating order so drift in a shared machine hits both alike. Per recording, from

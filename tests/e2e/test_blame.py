@@ -14,7 +14,7 @@ which ends with a wait for the lock. Recorded in attach mode with on-CPU samples
   folded:  `export --folded --weight gvl_blame`: HogKlass.spin is the heaviest leaf frame.
 
 Contention under the budget (issue 14 item 4): the same workload with HOG_LOCK_EVERY=1000 (the hog also locks an
-uncontended mutex of its own every 1,000 iterations, so every run traps ~25,000 times a second), recorded twice:
+uncontended mutex of its own every 1,000 iterations, so every run traps ~20,000 times a second), recorded twice:
 complete, and with `--max-overhead 1`, which must pause the scheduler probes for at least a third of the run (else
 the check proves nothing). Samples read the VM's GVL (holder, queue) from memory, and in paused windows the GVL wait
 and blame are estimated from those readings. For the budgeted recording:
