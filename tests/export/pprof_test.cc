@@ -247,7 +247,9 @@ TEST(PprofExport, WaitsEstimatedWhilePausedAreLabelledInferredApartFromTheObserv
   EXPECT_EQ(inferred_blame, inferred_wait);
   EXPECT_EQ(gc_blame, static_cast<int64_t>(2 * 10 * kMs)) << "[35, 45) ms of both waiters lies next to the GC reading";
   bool noted = false;
-  for (const std::string& c : p.comments) noted |= c.find("estimated from the samples' GVL readings") != std::string::npos;
+  for (const std::string& c : p.comments) {
+    noted |= c.find("estimated from the samples' GVL readings") != std::string::npos;
+  }
   EXPECT_TRUE(noted);
 }
 
