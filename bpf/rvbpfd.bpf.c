@@ -15,6 +15,7 @@
 #include "regs.bpf.h"
 #include "ruby_stack.bpf.h"
 #include "ruby_ec.h"
+#include "ruby_gvl.h"
 #include "rvbpfd/abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -136,12 +137,13 @@ struct {
  * sets max_entries to 2 x possible CPUs): slot 2*cpu for uprobes, 2*cpu+1 for samples. The perf_event program runs
  * from the timer interrupt and can interrupt a uprobe program in the middle of its walk on the same CPU (uprobe
  * programs do not take the bpf_prog_active guard that perf_event programs check), so the two must not share a slot;
- * neither nests with itself. */
+ * neither nests with itself. A slot is sized for the larger entry, a sample's with its GVL reading; uprobes use it as
+ * a struct rv_stack_record. */
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
   __uint(max_entries, 1);
   __type(key, __u32);
-  __type(value, struct rv_stack_record);
+  __type(value, struct rv_sample_record);
 } stack_scratch SEC(".maps");
 
 /* Fills the fixed part every ring entry starts with. */
@@ -171,15 +173,15 @@ static __always_inline void rv_submit_record(struct rv_record *r, struct rv_coun
   }
 }
 
-/* Submits a stack entry (record + header + frames, `size` bytes) from the scratch slot. Events count in
- * events/dropped like single records; samples in their own counters, so a lost sample is never reported as a lost
- * event. */
-static __always_inline void rv_output_stack(struct rv_stack_record *s, __u32 size, int is_sample) {
+/* Submits a stack entry (record [+ GVL reading] + header + frames, `size` bytes) from the scratch slot `s`. Events
+ * count in events/dropped like single records; samples in their own counters, so a lost sample is never reported as a
+ * lost event. */
+static __always_inline void rv_output_stack(void *s, __u32 size, int is_sample) {
   __u32 zero = 0;
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
   __u64 ring = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
-  if (size > sizeof(*s)) size = sizeof(*s);
+  if (size > sizeof(struct rv_sample_record)) size = sizeof(struct rv_sample_record);
   /* Same wakeup rule as single records (rv_submit_record): only when the ring is a quarter full. */
   if (bpf_ringbuf_output(&events, s, size, avail + size >= ring / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP) != 0) {
     if (c) {
@@ -367,7 +369,7 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   if (th != 0 && about_tid == tid && (rv_cfg.stack_events & (1u << (site->event & 31)))) {
     struct rv_walk_config *wc = bpf_map_lookup_elem(&walk_config, &bin);
     __u32 slot = bpf_get_smp_processor_id() * 2;
-    struct rv_stack_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
+    struct rv_stack_record *s = bpf_map_lookup_elem(&stack_scratch, &slot); /* the slot's stack-record view */
     if (wc && wc->valid && s) {
       rv_fill_record(&s->rec, ts, th, serial, about_tid, tid, tgid, site->event, (__u16)key, flags | RV_REC_HAS_STACK);
       __u64 w0 = bpf_ktime_get_ns();
@@ -403,7 +405,8 @@ int rv_site_multi(struct pt_regs *ctx) { return rv_handle(ctx); }
  * from the main ractor's running EC when this native thread holds the GVL (bpf/ruby_ec.h), else, only while the TLS
  * route cannot be evaluated for this process (not set up yet, unreadable), from current_th, the thread the last
  * scheduler event on this native thread named. The counters say which route each sample took. Between GC_ENTER and
- * GC_EXIT the sample is flagged so the daemon adds a GC frame. */
+ * GC_EXIT the sample is flagged so the daemon adds a GC frame. With rv_config.gvl_readings the sample also carries
+ * its VM's GVL holder and queue (a bounded walk of at most RV_GVL_MAX_QUEUED nodes). */
 SEC("perf_event")
 int rv_sample(struct bpf_perf_event_data *ctx) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -455,12 +458,28 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   /* No EC: the timer thread, a C library's own thread, or a native thread between Ruby threads. */
   if (route == RV_EC_ROUTE_NONE || !wc || !wc->valid) return 0;
   __u32 slot = bpf_get_smp_processor_id() * 2 + 1;
-  struct rv_stack_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
+  struct rv_sample_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
   if (!s) return 0;
   __u32 flags = RV_REC_HAS_STACK | RV_REC_SERIAL_UNKNOWN;
   if (bpf_map_lookup_elem(&in_gc, &tid)) flags |= RV_REC_IN_GC;
-  rv_fill_record(&s->rec, ts, th, 0, tid, tid, tgid, RV_EV_SAMPLE, 0xffff, flags);
-  rv_output_stack(s, rv_walk_ec_stack(wc, ec, s), 1);
+  /* Who holds the GVL of the sampled thread's VM and who is queued for it, read from memory (bpf/ruby_gvl.h): the
+   * contention this shows stays visible while --max-overhead has the scheduler sites detached. */
+  if (rv_cfg.gvl_readings && wc->gvl.base != RV_GVL_BASE_NONE &&
+      rv_read_gvl((void *)0, &wc->gvl, pe ? pe->vm_ptr : 0, th, &s->gvl) == 0) {
+    if (c) {
+      c->gvl_readings++;
+      if (s->gvl.flags & (RV_GVL_F_QUEUE_TRUNCATED | RV_GVL_F_QUEUE_UNREADABLE)) c->gvl_queue_truncated++;
+    }
+    rv_fill_record(&s->rec, ts, th, 0, tid, tid, tgid, RV_EV_SAMPLE, 0xffff, flags | RV_REC_HAS_GVL);
+    rv_output_stack(s,
+                    sizeof(struct rv_record) + sizeof(struct rv_gvl_reading) +
+                        rv_walk_ec_stack_into(wc, ec, &s->hdr, s->frames),
+                    1);
+  } else {
+    struct rv_stack_record *plain = (struct rv_stack_record *)s; /* no reading: the entry is a plain stack record */
+    rv_fill_record(&plain->rec, ts, th, 0, tid, tid, tgid, RV_EV_SAMPLE, 0xffff, flags);
+    rv_output_stack(plain, rv_walk_ec_stack(wc, ec, plain), 1);
+  }
   /* The whole sample ran in the target's context (an interrupt of it): --max-overhead charges it. */
   __u64 spent = bpf_ktime_get_ns() - ts;
   __sync_fetch_and_add(&pid_traps->stack_ns, spent);

@@ -100,6 +100,8 @@ struct rv_offsets {
 #define RV_REC_SERIAL_UNKNOWN 0x4u
 #define RV_REC_HAS_STACK 0x8u /* an rv_stack_header and its frames follow the rv_record in the same ring entry */
 #define RV_REC_IN_GC 0x10u    /* samples: the native thread was between GC_ENTER and GC_EXIT */
+/* samples: an rv_gvl_reading follows the rv_record, before the rv_stack_header (struct rv_sample_record) */
+#define RV_REC_HAS_GVL 0x20u
 
 /* One ring buffer record: fixed size, written by every probe. */
 struct rv_record {
@@ -143,6 +145,50 @@ struct rv_stack_record {
   struct rv_ruby_frame frames[RV_MAX_STACK_FRAMES];
 };
 
+/* ---- The GVL as the sampler reads it (bpf/ruby_gvl.h) -------------------------------------------------------------
+ * At each sample the sampler reads, from the sampled thread's VM, who holds the GVL and which threads are queued for
+ * it, so that contention stays visible while --max-overhead has the scheduler probes detached (no trap involved).
+ * CRuby 3.3+: the GVL of a ractor is its rb_ractor_t.threads.sched (struct rb_thread_sched): `running` is the holder,
+ * `readyq` the ccan list of queued rb_thread_t (linked through rb_thread_t.sched.node.readyq), `readyq_cnt` their
+ * number. Other layouts are other values of struct rv_gvl_offsets, never code. */
+
+/* Queued threads a reading names (the count is always the VM's own). A power of two: BPF masks indexes with it. */
+#define RV_GVL_MAX_QUEUED 32
+/* An offset of struct rv_gvl_offsets the VM does not have. */
+#define RV_GVL_NO_FIELD 0xffffffffu
+
+/* Where the scheduler state of the sampled thread's VM lives. */
+enum rv_gvl_base {
+  RV_GVL_BASE_NONE = 0,          /* not known for this binary: samples carry no reading */
+  RV_GVL_BASE_THREAD_RACTOR = 1, /* the sampled thread's ractor (*(th + th_ractor)): 3.2+ keep a GVL per ractor */
+  RV_GVL_BASE_VM = 2,            /* the VM (*ruby_current_vm_ptr, rv_proc_ec.vm_ptr): one GVL per process */
+};
+
+/* Per-binary layout, in bytes (part of rv_walk_config). holder/queue/queue_count are offsets from the base. */
+struct rv_gvl_offsets {
+  __u32 base;          /* enum rv_gvl_base */
+  __u32 th_ractor;     /* rb_thread_t.ractor (RV_GVL_BASE_THREAD_RACTOR) */
+  __u32 holder;        /* the holder's rb_thread_t * (rb_ractor_t.threads.sched.running); NULL: nobody holds it */
+  __u32 queue;         /* the list head of the queued threads (threads.sched.readyq: struct ccan_list_head) */
+  __u32 queue_count;   /* int, the number of queued threads (threads.sched.readyq_cnt); RV_GVL_NO_FIELD: the walk
+                        * counts them (at most RV_GVL_MAX_QUEUED, then the reading is flagged truncated) */
+  __u32 th_queue_node; /* rb_thread_t: the list node that links a thread into the queue (sched.node.readyq) */
+};
+
+/* rv_gvl_reading.flags */
+#define RV_GVL_F_QUEUE_TRUNCATED 0x1u  /* the queue goes on past RV_GVL_MAX_QUEUED entries: queued[] holds the first */
+#define RV_GVL_F_QUEUE_UNREADABLE 0x2u /* a queue node could not be read: queued[] stops before it */
+
+/* One reading, taken at a sample (an entry flagged RV_REC_HAS_GVL). */
+struct rv_gvl_reading {
+  __u64 holder;  /* rb_thread_t * of the GVL holder; 0: nobody held it */
+  __u32 waiting; /* queued threads, the VM's count (or the walk's, see queue_count) */
+  __u32 nqueued; /* entries of queued[] filled, in queue order (the next to run first) */
+  __u32 flags;   /* RV_GVL_F_* */
+  __u32 pad;
+  __u64 queued[RV_GVL_MAX_QUEUED]; /* rb_thread_t * of the queued threads */
+};
+
 /* Per-binary walker layout (indexed like `offsets`). */
 struct rv_walk_config {
   struct rv_ruby_walk_offsets walk;
@@ -153,6 +199,16 @@ struct rv_walk_config {
   __u32 vm_main_ractor;    /* rb_vm_t.ractor.main_ractor */
   __u32 ractor_running_ec; /* rb_ractor_t.threads.running_ec: the EC holding the ractor's GVL */
   __u32 ec_reserved;
+  struct rv_gvl_offsets gvl; /* the GVL reading of samples (base NONE: none) */
+};
+
+/* A sample's ring entry as the sampler's scratch slot holds it: the reading sits between the record and the stack
+ * header when the record is flagged RV_REC_HAS_GVL; without it the entry is laid out as struct rv_stack_record. */
+struct rv_sample_record {
+  struct rv_record rec;
+  struct rv_gvl_reading gvl;
+  struct rv_stack_header hdr;
+  struct rv_ruby_frame frames[RV_MAX_STACK_FRAMES];
 };
 
 /* ---- How a sample finds the execution context (EC) of the thread it interrupted (bpf/ruby_ec.h) -----------------
@@ -201,6 +257,8 @@ struct rv_config {
    * rv_counters.cold_hits): its path has left the caches and it costs the target more (benchmarks/trap_gap_cost.cc).
    * 0: no hit is cold. */
   __u32 cold_gap_ns;
+  /* 1: samples carry a reading of the GVL (holder, queue) where the binary's rv_walk_config.gvl says how */
+  __u32 gvl_readings;
 };
 
 /* A target's pid namespace, for bpf_get_ns_current_pid_tgid: the nsfs inode of /proc/PID/ns/pid and its device as
@@ -245,10 +303,19 @@ RV_ABI_ASSERT(sizeof(struct rv_counters) == 8 * RV_COUNTER_COUNT, "rv_counters A
 RV_ABI_ASSERT(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
-RV_ABI_ASSERT(sizeof(struct rv_walk_config) == 72, "rv_walk_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_walk_config) == 96, "rv_walk_config ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_walk_config, gvl) == 72, "rv_walk_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_gvl_offsets) == 24, "rv_gvl_offsets ABI");
+RV_ABI_ASSERT(sizeof(struct rv_gvl_reading) == 24 + 8 * RV_GVL_MAX_QUEUED, "rv_gvl_reading ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_sample_record, gvl) == 40, "rv_sample_record ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_sample_record, hdr) == 40 + 24 + 8 * RV_GVL_MAX_QUEUED,
+              "rv_sample_record ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_sample_record, frames) ==
+                  __builtin_offsetof(struct rv_sample_record, hdr) + 16, "rv_sample_record ABI");
+RV_ABI_ASSERT((RV_GVL_MAX_QUEUED & (RV_GVL_MAX_QUEUED - 1)) == 0, "RV_GVL_MAX_QUEUED is a power of two");
 RV_ABI_ASSERT(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
-RV_ABI_ASSERT(sizeof(struct rv_config) == 16, "rv_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_config) == 20, "rv_config ABI");
 RV_ABI_ASSERT(sizeof(struct rv_pid_traps) == 48, "rv_pid_traps ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_pid_traps, pidns) == 32, "rv_pid_traps ABI");
 RV_ABI_ASSERT(sizeof(struct rv_pidns) == 16, "rv_pidns ABI");

@@ -33,6 +33,13 @@
   X(samples_ec_current_th, RV_FOLD_SUM, "current_th", current_th) /* the thread the last event here named */       \
   X(samples_no_ec, RV_FOLD_SUM, "none (dropped)", none) /* dropped: no route gave an EC (e.g. the timer thread) */
 
+/* GVL readings of samples (bpf/ruby_gvl.h): samples that carried one, and of those, readings whose queue could not be
+ * listed whole (longer than RV_GVL_MAX_QUEUED, or a node unreadable): their count is the VM's, their names the first
+ * ones. The trace summary writes each under its field name. Nothing follows the label. */
+#define RV_GVL_COUNTERS(X)                                                                                          \
+  X(gvl_readings, RV_FOLD_SUM, "GVL readings")                                                                     \
+  X(gvl_queue_truncated, RV_FOLD_SUM, "GVL queues listed in part")
+
 /* Uprobe hits of a target process (past the pid filter): each one int3 trap the target paid for, whether or not it
  * became a record; the --max-overhead budget's input (records undercount traps). The trace summary writes each under
  * its field name. Nothing follows the label. */
@@ -49,8 +56,9 @@
  * over every target. Nothing follows the label. */
 #define RV_COST_COUNTERS(X) X(stack_ns, RV_FOLD_SUM, "")
 
-#define RV_COUNTERS(X) \
-  RV_EVENT_COUNTERS(X) RV_SAMPLE_COUNTERS(X) RV_EC_ROUTE_COUNTERS(X) RV_TRAP_COUNTERS(X) RV_COST_COUNTERS(X)
+#define RV_COUNTERS(X)                                                                                  \
+  RV_EVENT_COUNTERS(X) RV_SAMPLE_COUNTERS(X) RV_EC_ROUTE_COUNTERS(X) RV_TRAP_COUNTERS(X) RV_COST_COUNTERS(X) \
+  RV_GVL_COUNTERS(X)
 
 /* Number of counters (each one __u64 of struct rv_counters). */
 #define RV_COUNTER_ONE(field, fold, label, ...) +1

@@ -15,7 +15,8 @@ Result<std::unique_ptr<BpfProbeBackend>> BpfProbeBackend::Open(uint32_t ring_buf
   if (!s) return s.error();
   b->session_ = std::move(s.value());
   b->session_->SetStackCallback(
-      [self](const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames) {
+      [self](const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
+             const rv_gvl_reading*) {  // the agent does not turn GVL readings on (rv_config.gvl_readings)
         if (self->on_stack_) self->on_stack_(r, h, frames);
       });
   return b;

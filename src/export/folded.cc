@@ -29,6 +29,12 @@ Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weig
         const uint64_t v = weight == FoldedWeight::kCpuSamples ? w.samples : w.gvl_wait_ns;
         if (v > 0) per_stack[{key.first, "", kNoStackFrame}] += v;
       }
+      // GVL wait estimated while tracing was paused (pprof labels it inferred; folded has no labels).
+      if (weight == FoldedWeight::kGvlWaitNs) {
+        for (const auto& [key, ns] : agg.estimated_gvl_wait_ns) {
+          if (ns > 0) per_stack[{key.first, "", kNoStackFrame}] += ns;
+        }
+      }
       break;
     case FoldedWeight::kGvlBlameNs:
       for (const auto& [key, ns] : agg.attribution.blame_ns) {

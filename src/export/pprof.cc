@@ -58,7 +58,7 @@ StackProfile AggregateStacks(const TraceFile& trace) {
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return trace.events[a].t_ns < trace.events[b].t_ns; });
 
-  Attribution attribution;
+  Attribution attribution(AttributionOptions{.estimate_paused = true, .sample_period_ns = p.period_ns});
   SpanTracker tracker([&p, &attribution](const Span& s) {
     attribution.OnSpan(s);
     if (s.kind != SpanKind::kGvlWait) return;
@@ -84,20 +84,37 @@ StackProfile AggregateStacks(const TraceFile& trace) {
     const TraceEvent& e = trace.events[idx];
     const uint64_t key = TraceThreadKey(e.ruby_thread);
     end_ns = std::max(end_ns, e.t_ns);
-    attribution.OnThreadEvent(e.t_ns, key, e.event == EventName::kThreadExited);
+    attribution.OnThreadEvent(e.t_ns, key, e.event);
     if (e.event == EventName::kSample) {
       const uint32_t stack = stack_of(e);
       p.weights[{stack, e.ruby_thread.value_or(kNoThread)}].samples++;
       ++p.total_samples;
       tracker.OnSample(key, stack, false);
       attribution.OnSample(e.t_ns, key, stack, false);
+      if (e.gvl) {
+        GvlSample g{.t_ns = e.t_ns, .sampled = key, .stack = stack, .held = e.gvl->held,
+                    .holder = TraceThreadKey(e.gvl->holder), .waiting = e.gvl->waiting};
+        // The recorder puts the GC pseudo-frame on top of a sample taken during GC.
+        const std::vector<uint32_t>* frames = stack != 0 ? trace.Stack(stack) : nullptr;
+        const FrameInfo* leaf = frames != nullptr && !frames->empty() ? trace.Frame(frames->front()) : nullptr;
+        g.in_gc = leaf != nullptr && leaf->kind == FrameKind::kGc;
+        for (uint32_t q : e.gvl->queued) g.queued.push_back(TraceThreadKey(q));
+        attribution.OnGvlReading(std::move(g));
+      }
       continue;
     }
+    if (e.event == EventName::kTracingPaused) attribution.OnPause(e.t_ns);
+    if (e.event == EventName::kTracingResumed) attribution.OnResume(e.t_ns);
     tracker.OnEvent(TrackerEventOf(e, key, stack_of(e)));
   }
   // Spans still open at the last event end there (waits cut so are not counted as GVL wait: their end is unknown).
   tracker.Finish(end_ns);
   p.attribution = attribution.Compute(end_ns);
+  for (const auto& [k, ns] : p.attribution.estimated_wait_ns) {
+    uint64_t& weight = p.estimated_gvl_wait_ns[{k.stack, TraceRubyThread(k.thread).value_or(kNoThread)}];
+    weight = SaturatingAdd(weight, ns);
+    p.total_estimated_gvl_wait_ns = SaturatingAdd(p.total_estimated_gvl_wait_ns, ns);
+  }
   return p;
 }
 
@@ -117,8 +134,10 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   const std::string_view source_key = "blame_source";
   const std::string_view state_key = "state";
   const std::string_view reason_key = "reason";
+  const std::string_view provenance_key = "provenance";
   // Interned before the samples' label values so the string table keeps its order.
-  for (std::string_view k : {thread_key, serial_key, holder_key, waiter_key, source_key, state_key, reason_key}) {
+  for (std::string_view k :
+       {thread_key, serial_key, holder_key, waiter_key, source_key, state_key, reason_key, provenance_key}) {
     b.String(k);
   }
 
@@ -161,6 +180,26 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     // Cannot fail: one value per sample type, ids from Location.
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
+  // GVL wait estimated while the scheduler probes were paused: apart from the observed waits, labelled inferred.
+  for (const auto& [key, ns] : agg.estimated_gvl_wait_ns) {
+    if (ns == 0) continue;
+    const auto [stack_id, serial] = key;
+    location_ids.clear();
+    if (const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr; frames != nullptr) {
+      for (uint32_t f : *frames) location_ids.push_back(location_for_frame(f));
+    }
+    if (location_ids.empty()) location_ids.push_back(b.Location(no_stack_frame));
+    const int64_t values[] = {0, 0, SaturatingToInt64(ns), 0, 0};
+    labels.clear();
+    std::string thread_name;
+    if (serial != kNoThread) {
+      thread_name = RubyThreadLabel(trace, serial);
+      labels.push_back(PprofLabel{.key = thread_key, .str = thread_name});
+      labels.push_back(PprofLabel{.key = serial_key, .num = static_cast<int64_t>(serial)});
+    }
+    labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(Provenance::kInferred)});
+    (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
+  }
 
   // The locations of a stack id, leaf first; `stand_in` when the stack is unknown or empty.
   auto locations_of = [&](uint32_t stack_id, std::string_view stand_in) {
@@ -188,6 +227,7 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     labels.push_back(PprofLabel{.key = holder_key, .str = holder});
     labels.push_back(PprofLabel{.key = waiter_key, .str = waiter});
     labels.push_back(PprofLabel{.key = source_key, .str = BlameSourceName(key.source)});
+    labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(key.provenance)});
     const int64_t values[] = {0, 0, 0, SaturatingToInt64(ns), 0};
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
@@ -227,6 +267,11 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   if (agg.waits_skipped > 0) {
     b.AddComment(std::to_string(agg.waits_skipped) +
                  " GVL waits not counted: events were lost or tracing paused during them");
+  }
+  if (agg.total_estimated_gvl_wait_ns > 0) {
+    b.AddComment(std::to_string(agg.total_estimated_gvl_wait_ns / 1'000'000) +
+                 " ms of gvl_wait and gvl_blame estimated from the samples' GVL readings while tracing was paused "
+                 "(label provenance=inferred)");
   }
   b.SetDefaultSampleType("cpu");
   return b.Build();

@@ -12,6 +12,8 @@
 //   - GVL blame (model/attribution.h): each counted wait's ns attributed to the thread(s) that held the GVL meanwhile
 //     and what they ran (their samples inside the wait, else their release stack), labelled holder, waiter and
 //     blame_source (sampled, release_stack, last_sample, no_stack, gvl_free, holder_unknown).
+//   - Estimated GVL wait and blame while --max-overhead had the scheduler probes paused (model/attribution.h: from
+//     the samples' GVL readings), labelled provenance "inferred" (observed waits: "observed"; their blame: "derived").
 //   - Wall clock: each thread's lifetime by state (label "state": running, gc, gvl_wait, blocked, unknown; blocked
 //     time also has a "reason" label) at the stack it was attributed to.
 // Samples and waits are aggregated per (stack, Ruby thread); each pprof sample is labelled with the thread. The
@@ -63,6 +65,10 @@ struct StackProfile {
   uint64_t total_gvl_wait_ns = 0;
   uint64_t waits = 0;          // wants_gvl -> gvl_acquired pairs counted
   uint64_t waits_skipped = 0;  // waits dropped because lost events or a pause fell inside them
+  // GVL wait estimated from GVL readings in paused windows (inferred, model/attribution.h), by (waiter's stack,
+  // Ruby thread or kNoThread) like `weights`; not in total_gvl_wait_ns.
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> estimated_gvl_wait_ns;
+  uint64_t total_estimated_gvl_wait_ns = 0;
   // GVL blame and wall-clock time (model/attribution.h); thread keys are TraceThreadKey(ruby_thread).
   AttributionResult attribution;
 };

@@ -47,12 +47,13 @@ std::string ThreadName(const TraceFile& trace, uint64_t key) {
   return serial ? RubyThreadLabel(trace, *serial) : std::string("-");
 }
 
-// Blame summed by (holder, method), with the ns of each source, heaviest first.
+// Blame summed by (holder, method), with the ns of each source, heaviest first. Blame estimated while tracing was
+// paused counts under "inferred", whatever told its stack.
 struct BlameGroup {
   uint64_t holder = 0;
   std::string method;
   uint64_t ns = 0;
-  std::map<BlameSource, uint64_t> by_source;
+  std::map<std::string_view, uint64_t> by_source;
 };
 
 std::vector<BlameGroup> GroupBlame(const TraceFile& trace, const AttributionResult& a) {
@@ -64,7 +65,8 @@ std::vector<BlameGroup> GroupBlame(const TraceFile& trace, const AttributionResu
     g.holder = key.holder;
     g.method = std::move(method);
     g.ns += ns;
-    g.by_source[key.source] += ns;
+    g.by_source[key.provenance == Provenance::kInferred ? ProvenanceString(Provenance::kInferred)
+                                                        : BlameSourceName(key.source)] += ns;
   }
   std::vector<BlameGroup> out;
   for (auto& [k, g] : groups) out.push_back(std::move(g));
@@ -73,14 +75,14 @@ std::vector<BlameGroup> GroupBlame(const TraceFile& trace, const AttributionResu
 }
 
 // "sampled 95%, release_stack 5%": how the blamed stacks were known, largest share first.
-std::string SourceShares(const std::map<BlameSource, uint64_t>& by_source, uint64_t total) {
-  std::vector<std::pair<uint64_t, BlameSource>> v;
+std::string SourceShares(const std::map<std::string_view, uint64_t>& by_source, uint64_t total) {
+  std::vector<std::pair<uint64_t, std::string_view>> v;
   for (const auto& [s, ns] : by_source) v.emplace_back(ns, s);
   std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::string out;
   for (const auto& [ns, s] : v) {
     if (!out.empty()) out += ", ";
-    out += std::string(BlameSourceName(s)) + " " + Pct(ns, total);
+    out += std::string(s) + " " + Pct(ns, total);
   }
   return out;
 }
@@ -140,9 +142,14 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
     out << "  ... " << rows.size() - kSummaryThreads << " more threads (rvbpfd export --pprof, -sample_index=wall)\n";
   }
 
+  const uint64_t all_wait_ns = a.total_gvl_wait_ns + a.estimated_gvl_wait_ns;
   out << "\ngvl contention: " << Ms(a.total_gvl_wait_ns) << " ms waiting for the GVL in " << a.waits << " waits ("
       << Pct(a.total_gvl_wait_ns, lifetimes) << " of all threads' lifetime)";
   if (agg.waits_skipped > 0) out << "; " << agg.waits_skipped << " waits not counted (lost events or a pause)";
+  if (a.estimated_gvl_wait_ns > 0) {
+    out << "; while paused, " << Ms(a.estimated_gvl_wait_ns) << " ms more estimated from " << a.estimate_readings
+        << " samples' GVL readings (inferred)";
+  }
   out << '\n';
 
   const std::vector<BlameGroup> blame = GroupBlame(trace, a);
@@ -151,7 +158,7 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
     for (size_t i = 0; i < blame.size() && i < kSummaryBlockers; ++i) {
       const BlameGroup& g = blame[i];
       out << "  " << Pad(ThreadName(trace, g.holder), kThreadWidth) << Pad(g.method, 36)
-          << PadLeft(Pct(g.ns, a.total_gvl_wait_ns), 7) << PadLeft(Ms(g.ns), kNumWidth) << " ms  ("
+          << PadLeft(Pct(g.ns, all_wait_ns), 7) << PadLeft(Ms(g.ns), kNumWidth) << " ms  ("
           << SourceShares(g.by_source, g.ns) << ")\n";
     }
   }
@@ -195,7 +202,8 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
     }
   }
   out << "\nlost: " << dropped << " events dropped (" << drop_records << " records), tracing paused " << pauses
-      << " times for " << Ms(paused_ns) << " ms; time there is counted as unknown\n";
+      << " times for " << Ms(paused_ns) << " ms; time there is counted as unknown"
+      << (a.estimated_gvl_wait_ns > 0 ? ", its GVL waits estimated (above)" : "") << '\n';
   out << "more: --events for the event table (--thread N, --from MS, --to MS, --limit N); rvbpfd report for the "
          "timeline; rvbpfd export --pprof for gvl_blame and wall by stack\n";
 }
@@ -214,13 +222,18 @@ void PrintBlameTotals(const TraceFile& trace, const StackProfile& agg, std::ostr
   }
   std::vector<std::pair<uint64_t, Holder>> v(holders.begin(), holders.end());
   std::stable_sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ns > y.second.ns; });
-  out << "gvl blame by holder: " << Ms(a.total_gvl_wait_ns) << " ms of GVL waiting in " << a.waits << " waits\n";
+  const uint64_t all_wait_ns = a.total_gvl_wait_ns + a.estimated_gvl_wait_ns;
+  out << "gvl blame by holder: " << Ms(a.total_gvl_wait_ns) << " ms of GVL waiting in " << a.waits << " waits";
+  if (a.estimated_gvl_wait_ns > 0) {
+    out << ", " << Ms(a.estimated_gvl_wait_ns) << " ms more estimated while tracing was paused (inferred)";
+  }
+  out << '\n';
   for (size_t i = 0; i < v.size() && i < kStatsHolders; ++i) {
     const auto& [holder, h] = v[i];
     const auto top = std::max_element(h.methods.begin(), h.methods.end(),
                                       [](const auto& x, const auto& y) { return x.second < y.second; });
     out << "  " << Pad(ThreadName(trace, holder), 12) << PadLeft(Ms(h.ns), 10) << " ms "
-        << PadLeft(Pct(h.ns, a.total_gvl_wait_ns), 7) << "  top: " << top->first << '\n';
+        << PadLeft(Pct(h.ns, all_wait_ns), 7) << "  top: " << top->first << '\n';
   }
   if (v.size() > kStatsHolders) {
     uint64_t rest = 0;

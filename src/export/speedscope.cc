@@ -98,7 +98,9 @@ std::vector<SampledProfile> BuildSampled(const TraceFile& trace, Frames& frames)
   out[0].name = "GVL blame (holder's stack, by the ns others waited)";
   for (const auto& [key, ns] : agg.attribution.blame_ns) {
     if (ns == 0) continue;
-    std::vector<size_t> stack{frames.Named("holder: " + (key.holder != 0 ? thread_name(key.holder) : "-"))};
+    // Blame estimated from GVL readings while tracing was paused says so at its root.
+    std::vector<size_t> stack{frames.Named("holder: " + (key.holder != 0 ? thread_name(key.holder) : "-") +
+                                           (key.provenance == Provenance::kInferred ? " (inferred)" : ""))};
     frames.AppendStack(trace, key.stack, BlameStandInFrame(key.source), &stack);
     if (key.gc) stack.push_back(frames.Named(std::string(kGcFrame)));
     out[0].samples.push_back(std::move(stack));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <set>
 
 #include "common/heap_estimate.h"
 
@@ -55,7 +56,9 @@ void Attribution::OnSpan(const Span& s) {
   ++kept_;
 }
 
-void Attribution::OnThreadEvent(uint64_t t_ns, uint64_t thread, bool exited) {
+void Attribution::OnThreadEvent(uint64_t t_ns, uint64_t thread, EventName event) {
+  const bool exited = event == EventName::kThreadExited;
+  if (options_.estimate_paused) NoteForEstimate(t_ns, thread, event);
   if (thread == 0 || !options_.wall) return;
   auto [it, fresh] = lives_.try_emplace(thread);
   Life& l = it->second;
@@ -64,6 +67,65 @@ void Attribution::OnThreadEvent(uint64_t t_ns, uint64_t thread, bool exited) {
     l.exited = true;
     l.exit_ns = t_ns;
   }
+}
+
+void Attribution::NoteForEstimate(uint64_t t_ns, uint64_t thread, EventName event) {
+  // A sample says the thread ran, not which scheduler state it left or entered; a pause or a drop is about no thread.
+  if (thread == 0 || event == EventName::kSample) return;
+  const bool exited = event == EventName::kThreadExited;
+  Seen& l = seen_[thread];
+  if (l.unobserved && (!paused_ || exited)) {
+    // Its first scheduler event since the resume (or its exit): its state is observed again from here.
+    unobserved_[thread].push_back(
+        Interval{l.unobserved_from, std::max(t_ns, l.unobserved_from), l.unobserved_from_wait, true});
+    l.unobserved = false;
+  } else if (!l.unobserved && paused_ && !exited) {
+    // Met inside a pause (a thread started there): unobserved from this event on.
+    l.unobserved = true;
+    l.unobserved_from = t_ns;
+    l.unobserved_from_wait = event == EventName::kWantsGvl;
+  }
+  l.last_event_ns = t_ns;
+  // A repeated READY does not restart a wait (SpanTracker); its acquisition, a release or a restart ends it.
+  l.wants = event == EventName::kWantsGvl || (l.wants && event != EventName::kGvlAcquired &&
+                                              event != EventName::kGvlReleased && event != EventName::kThreadStarted);
+  if (exited) {
+    l.exited = true;
+    l.exit_ns = t_ns;
+  }
+}
+
+void Attribution::OnPause(uint64_t t_ns) {
+  if (!options_.estimate_paused || paused_) return;
+  paused_ = true;
+  pauses_.push_back(Interval{t_ns, t_ns, false, false});
+  for (auto& [thread, l] : seen_) {
+    if (l.exited || l.unobserved) continue;
+    // A wait it began before the pause is not counted once the pause cuts it (SpanTracker): unobserved from its
+    // wants_gvl. Any other state it was seen in lasted until the pause (nothing else was seen of it).
+    l.unobserved = true;
+    l.unobserved_from = l.wants ? std::min(l.last_event_ns, t_ns) : t_ns;
+    l.unobserved_from_wait = l.wants;
+  }
+}
+
+void Attribution::OnResume(uint64_t t_ns) {
+  if (!paused_) return;
+  paused_ = false;
+  pauses_.back().to = std::max(t_ns, pauses_.back().from);
+}
+
+void Attribution::OnGvlReading(GvlSample reading) {
+  if (options_.estimate_paused) readings_.push_back(std::move(reading));
+}
+
+const Attribution::Sample* Attribution::LatestSample(uint64_t thread, uint64_t t) const {
+  auto it = samples_.find(thread);
+  if (it == samples_.end() || it->second.empty()) return nullptr;
+  const std::vector<Sample>& v = it->second;
+  auto hi = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Sample& s) { return x < s.t_ns; });
+  if (hi == v.begin()) return nullptr;
+  return &*(hi - 1);
 }
 
 void Attribution::OnSample(uint64_t t_ns, uint64_t thread, uint32_t stack, bool in_gc) {
@@ -298,10 +360,112 @@ void Attribution::AttributeWall(AttributionResult& r, uint64_t end_ns) const {
   }
 }
 
+BlameKey Attribution::EstimateKey(const GvlSample& g) const {
+  BlameKey key{.provenance = Provenance::kInferred};
+  if (!g.held) {
+    key.source = BlameSource::kGvlFree;
+  } else if (g.holder == 0) {
+    key.source = BlameSource::kHolderUnknown;
+  } else {
+    key.holder = g.holder;
+    if (g.sampled == g.holder) {
+      key.stack = g.stack;
+      key.gc = g.in_gc;
+      key.source = g.stack != 0 ? BlameSource::kSampled : BlameSource::kNoStack;
+    } else if (const Sample* s = LatestSample(g.holder, g.t_ns); s != nullptr && s->stack != 0) {
+      key.stack = s->stack;
+      key.source = BlameSource::kLastSample;
+    }
+  }
+  return key;
+}
+
+void Attribution::EstimateStretch(AttributionResult& r, uint64_t waiter, const Interval& st,
+                                  const std::function<uint32_t(const GvlSample&)>& count,
+                                  std::vector<bool>& used) const {
+  auto lo = std::lower_bound(readings_.begin(), readings_.end(), st.from,
+                             [](const GvlSample& g, uint64_t t) { return g.t_ns < t; });
+  auto hi = std::lower_bound(lo, readings_.end(), st.to, [](const GvlSample& g, uint64_t t) { return g.t_ns < t; });
+  if (lo == hi) return;  // no reading while it was unobserved: nothing is known
+  const uint64_t cap = kMaxReadingPeriods * std::max<uint64_t>(options_.sample_period_ns, 1);
+  const uint32_t waiter_stack = [&]() -> uint32_t {
+    const Sample* own = waiter != 0 ? LatestSample(waiter, st.from) : nullptr;
+    return own != nullptr ? own->stack : 0;
+  }();
+  auto add = [&](const GvlSample& by, uint64_t ns, uint32_t n) {
+    if (ns == 0 || n == 0) return;
+    BlameKey key = EstimateKey(by);
+    key.waiter = waiter;
+    const uint64_t total = ns * n;
+    r.blame_ns[key] += total;
+    r.estimated_wait_ns[WaitKey{waiter, waiter_stack}] += total;
+    r.estimated_gvl_wait_ns += total;
+  };
+  auto half = [&](uint64_t gap) { return std::min(gap / 2, cap); };
+  // Before the first reading: an exact wait start counts whole; else it joined the queue somewhere in between.
+  add(*lo, st.exact_from ? lo->t_ns - st.from : half(lo->t_ns - st.from), count(*lo));
+  for (auto it = lo; it != hi; ++it) {
+    const uint32_t now = count(*it);
+    if (now > 0) used[static_cast<size_t>(it - readings_.begin())] = true;
+    auto next = it + 1;
+    if (next == hi) {
+      // After the last reading: up to the thread's own next event it waited whole (that event ends the wait).
+      add(*it, st.exact_to ? st.to - it->t_ns : half(st.to - it->t_ns), now);
+      break;
+    }
+    const uint32_t then = count(*next);
+    const uint64_t gap = next->t_ns - it->t_ns;
+    const uint32_t both = std::min(now, then);
+    add(*it, gap / 2, both);  // queued at both: the whole gap, each half blamed on its reading's holder
+    add(*next, gap - gap / 2, both);
+    add(*it, half(gap), now - both);     // left the queue in between
+    add(*next, half(gap), then - both);  // joined it in between
+  }
+}
+
+void Attribution::Estimate(AttributionResult& r, uint64_t end_ns) const {
+  if (pauses_.empty()) return;  // every wait was observable: nothing to estimate
+  std::vector<Interval> pauses = pauses_;
+  if (paused_) pauses.back().to = std::max(end_ns, pauses.back().from);  // still paused at the end of the trace
+  for (const Interval& p : pauses) r.paused_ns += p.to - p.from;
+  // Each thread's unobserved stretches, the open one ending at its exit or the end of the trace.
+  std::unordered_map<uint64_t, std::vector<Interval>> unobserved = unobserved_;
+  for (const auto& [thread, l] : seen_) {
+    if (!l.unobserved) continue;
+    const uint64_t until = l.exited ? l.exit_ns : std::max(end_ns, l.unobserved_from);
+    unobserved[thread].push_back(Interval{l.unobserved_from, until, l.unobserved_from_wait, l.exited});
+  }
+  std::vector<bool> used(readings_.size(), false);
+  // Every thread a reading lists, once; one with no scheduler event at all is unobserved exactly during the pauses.
+  std::set<uint64_t> waiters;
+  for (const GvlSample& g : readings_) waiters.insert(g.queued.begin(), g.queued.end());
+  static const std::vector<Interval> kNone;
+  for (uint64_t w : waiters) {
+    if (w == 0) continue;
+    auto lists = [w](const GvlSample& g) -> uint32_t {
+      // A reading that lists its own holder as queued is torn: no wait of the holder's to estimate.
+      return w != g.holder && std::find(g.queued.begin(), g.queued.end(), w) != g.queued.end() ? 1 : 0;
+    };
+    const std::vector<Interval>* stretches = &kNone;
+    if (auto it = unobserved.find(w); it != unobserved.end()) {
+      stretches = &it->second;
+    } else if (!seen_.contains(w)) {
+      stretches = &pauses;
+    }
+    for (const Interval& st : *stretches) EstimateStretch(r, w, st, lists, used);
+  }
+  auto unnamed = [](const GvlSample& g) -> uint32_t {
+    return g.waiting > g.queued.size() ? static_cast<uint32_t>(g.waiting - g.queued.size()) : 0;
+  };
+  for (const Interval& p : pauses) EstimateStretch(r, 0, p, unnamed, used);
+  r.estimate_readings = static_cast<uint64_t>(std::count(used.begin(), used.end(), true));
+}
+
 AttributionResult Attribution::Compute(uint64_t end_ns) const {
   AttributionResult r;
   BlameWaits(r);
   if (options_.wall) AttributeWall(r, end_ns);
+  if (options_.estimate_paused) Estimate(r, end_ns);
   return r;
 }
 
@@ -380,7 +544,7 @@ AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const Tr
   for (const Span& s : spans) a.OnSpan(s);
   for (const TraceEvent& e : events) {
     const uint64_t key = TraceThreadKey(e.ruby_thread);
-    a.OnThreadEvent(e.t_ns, key, e.event == EventName::kThreadExited);
+    a.OnThreadEvent(e.t_ns, key, e.event);
     if (e.event == EventName::kSample) a.OnSample(e.t_ns, key, e.stack.value_or(0), false);
   }
   return a.Compute(end_ns);

@@ -17,6 +17,22 @@
 // The waiter's own wait is an observed fact (both ends are the VM's events); who held the lock is derived from the
 // last gvl_acquired (holder spans); the holder's stack is sampled or the release's, as `source` says.
 //
+// Estimated GVL waits while the scheduler probes were paused (--max-overhead; AttributionOptions::estimate_paused).
+// Between tracing_paused and tracing_resumed no wait is observed (its wants_gvl / gvl_acquired sites are detached),
+// but each on-CPU sample still reads its VM's GVL (trace/event.h GvlReading): the holder and the queued threads. A
+// thread's membership of the queue is known at each reading and interpolated between them: queued at two consecutive
+// readings, it waited all the time between; at one of them only, half of it next to that reading (it joined or left
+// the queue in between), at most kMaxReadingPeriods sample periods. Only while the thread's own state is unobserved,
+// and only from the readings taken then: from the pause, or from its wants_gvl when it was waiting at the pause (that
+// wait is not counted: SpanTracker; its start is then exact), to its first scheduler event after the resume (the
+// gvl_acquired that ends such a wait exactly) or its exit; for the queued threads the trace does not name (counted,
+// not listed), the pauses themselves. Each estimated ns is blamed on the holder of the reading it lies next to: the
+// stack of the sample that took the reading when the holder took it itself (kSampled, `gc` when that sample was in
+// GC), else the holder's latest sample (kLastSample) or none (kNoStack); nobody holding is kGvlFree, a holder the
+// trace does not name kHolderUnknown. These keys carry provenance kInferred and are summed apart
+// (estimated_gvl_wait_ns): never presented as observed. A recording without pauses gets no estimate at all, and its
+// observed blame is the same with or without readings.
+//
 // Wall clock. Each thread's life, from its first event (thread_started, or the first event of a thread that was
 // already running when tracing began) to its thread_exited (or the end of the trace), is attributed to a state and a
 // stack: kRunning (GVL holds minus the GCs the thread ran: split over the samples inside, |hold| / k each, else the
@@ -71,12 +87,34 @@ enum class WallState : uint8_t { kRunning, kGc, kGvlWait, kBlocked, kUnknown, kC
 std::string_view WallStateName(WallState state);
 
 struct BlameKey {
-  uint64_t waiter = 0;  // tracker key
+  uint64_t waiter = 0;  // tracker key; 0 for an estimated wait of a queued thread the trace does not name
   uint64_t holder = 0;  // tracker key; 0 for kGvlFree / kHolderUnknown
   uint32_t stack = 0;   // the holder's stack; 0 = none
   bool gc = false;      // the holder was running a GC
   BlameSource source = BlameSource::kNoStack;
+  // kDerived: an observed wait, its holder derived from the holder spans; kInferred: estimated from GVL readings
+  // while paused (above).
+  Provenance provenance = Provenance::kDerived;
   auto operator<=>(const BlameKey&) const = default;
+};
+
+// An estimated wait of one thread, at the stack it waited with (its latest sample's before it; 0 = none).
+struct WaitKey {
+  uint64_t thread = 0;  // tracker key; 0: a queued thread the trace does not name
+  uint32_t stack = 0;
+  auto operator<=>(const WaitKey&) const = default;
+};
+
+// A sample's GVL reading with tracker keys (trace/event.h GvlReading).
+struct GvlSample {
+  uint64_t t_ns = 0;
+  uint64_t sampled = 0;  // the sample's thread (0: none known)
+  uint32_t stack = 0;    // the sample's stack
+  bool in_gc = false;    // the sample was taken while its thread ran a GC
+  bool held = false;     // somebody held the GVL
+  uint64_t holder = 0;   // its key, 0 when not held or not a thread the trace names
+  uint32_t waiting = 0;  // threads queued, named or not
+  std::vector<uint64_t> queued;  // keys of the named queued threads (at most `waiting`)
 };
 
 struct WallKey {
@@ -96,6 +134,10 @@ struct AttributionOptions {
   bool per_wait = false;
   // Attribute wall-clock time (keeps every blocked span and each thread's life); off where only blame is wanted.
   bool wall = true;
+  // Estimate the GVL waits the paused windows hid from the samples' GVL readings (above; Compute() only: keeps every
+  // reading and each thread's scheduler state). sample_period_ns: the time one sample stands for (1e9 / sample_hz).
+  bool estimate_paused = false;
+  uint64_t sample_period_ns = 1'000'000'000 / 99;
 };
 
 // What one part of a wait's segment was blamed on (the waiter and holder are the wait's and the segment's).
@@ -131,7 +173,7 @@ struct WaitBlame {
 };
 
 struct AttributionResult {
-  std::map<BlameKey, uint64_t> blame_ns;  // sums to total_gvl_wait_ns
+  std::map<BlameKey, uint64_t> blame_ns;  // sums to total_gvl_wait_ns + estimated_gvl_wait_ns
   std::map<WallKey, uint64_t> wall_ns;    // per thread, sums to that thread's lifetime
   uint64_t total_gvl_wait_ns = 0;         // counted waits only
   uint64_t waits = 0;
@@ -141,18 +183,31 @@ struct AttributionResult {
   std::vector<WaitBlame> wait_blame;
   std::vector<BlameSegment> wait_segments;
   std::vector<BlamePart> wait_parts;
+  // AttributionOptions::estimate_paused only: estimated from GVL readings while the scheduler probes were paused
+  // (inferred; none without pauses).
+  std::map<WaitKey, uint64_t> estimated_wait_ns;  // sums to estimated_gvl_wait_ns
+  uint64_t estimated_gvl_wait_ns = 0;
+  uint64_t estimate_readings = 0;  // readings that listed a thread queued while its state was unobserved
+  uint64_t paused_ns = 0;          // total length of the paused windows
 };
 
 class Attribution {
  public:
+  // A thread queued at only one of two readings is taken to wait for half the gap, at most this many sample periods.
+  static constexpr uint64_t kMaxReadingPeriods = 4;
+
   Attribution() = default;
   explicit Attribution(AttributionOptions options) : options_(options) {}
 
-  // Feed in time order, every span the tracker emits, every event's thread and time (for lifetimes) and every
-  // sample (with the time it was taken).
+  // Feed in time order, every span the tracker emits, every event's time, thread and name (for lifetimes, and for
+  // which thread states a pause leaves unobserved), every sample (with the time it was taken), the pauses and
+  // resumes of the scheduler probes, and every sample's GVL reading (the last three matter with estimate_paused).
   void OnSpan(const Span& s);
-  void OnThreadEvent(uint64_t t_ns, uint64_t thread, bool exited);
+  void OnThreadEvent(uint64_t t_ns, uint64_t thread, EventName event);
   void OnSample(uint64_t t_ns, uint64_t thread, uint32_t stack, bool in_gc);
+  void OnPause(uint64_t t_ns);
+  void OnResume(uint64_t t_ns);
+  void OnGvlReading(GvlSample reading);
   // end_ns: the end of the trace (threads still alive live until then).
   AttributionResult Compute(uint64_t end_ns) const;
 
@@ -178,6 +233,30 @@ class Attribution {
     uint64_t exit_ns = 0;
     bool exited = false;
   };
+  // A thread's scheduler state as the estimate needs it (estimate_paused).
+  struct Seen {
+    uint64_t last_event_ns = 0;  // its latest scheduler (non-sample) event
+    bool wants = false;          // that event was its wants_gvl: it has waited since
+    bool exited = false;
+    uint64_t exit_ns = 0;
+    bool unobserved = false;     // inside an unobserved stretch (see above), open since unobserved_from
+    uint64_t unobserved_from = 0;
+    bool unobserved_from_wait = false;  // that stretch began at its wants_gvl
+  };
+  struct Interval {
+    uint64_t from, to;
+    bool exact_from = false;  // began at an observed wants_gvl: a wait started exactly there
+    bool exact_to = false;    // ended by the thread's own event (not the end of the trace)
+  };
+  void NoteForEstimate(uint64_t t_ns, uint64_t thread, EventName event);
+  void Estimate(AttributionResult& r, uint64_t end_ns) const;
+  // The estimate of one waiter (0: the unnamed ones) over one unobserved stretch; `count` says how many of it each
+  // reading had queued; `used` marks the readings that told of a wait.
+  void EstimateStretch(AttributionResult& r, uint64_t waiter, const Interval& stretch,
+                       const std::function<uint32_t(const GvlSample&)>& count, std::vector<bool>& used) const;
+  BlameKey EstimateKey(const GvlSample& g) const;
+  // The latest sample of `thread` at or before t, or null.
+  const Sample* LatestSample(uint64_t thread, uint64_t t) const;
   // Blames every kept wait into r, against its VM's holder spans sorted by start.
   void BlameWaits(AttributionResult& r) const;
   void BlameWait(AttributionResult& r, const Span& w, std::span<const Span> holders) const;
@@ -201,6 +280,12 @@ class Attribution {
   size_t kept_ = 0;  // spans and samples in the containers above
   std::unordered_map<uint64_t, std::vector<Sample>> samples_;
   std::map<uint64_t, Life> lives_;
+  // estimate_paused:
+  std::unordered_map<uint64_t, Seen> seen_;
+  bool paused_ = false;
+  std::vector<Interval> pauses_;  // the paused windows; the last one open while paused_
+  std::unordered_map<uint64_t, std::vector<Interval>> unobserved_;  // per thread, closed stretches, in time order
+  std::vector<GvlSample> readings_;                                 // in time order
 };
 
 // A whole trace's attribution from its tracker spans (Model::spans(): the SpanTracker's over these events, stacks

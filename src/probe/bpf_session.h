@@ -85,9 +85,9 @@ class BpfSession {
  public:
   using RecordCallback = std::function<void(const rv_record&)>;
   // A record that carries a stack (RV_REC_HAS_STACK: gvl_released with --stacks, samples). `frames` points into the
-  // ring buffer and is valid only during the call.
-  using StackCallback =
-      std::function<void(const rv_record&, const rv_stack_header&, std::span<const rv_ruby_frame> frames)>;
+  // ring buffer and is valid only during the call; `gvl` is a sample's GVL reading (RV_REC_HAS_GVL), else nullptr.
+  using StackCallback = std::function<void(const rv_record&, const rv_stack_header&,
+                                           std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl)>;
 
   // Loads the BPF object. Errors: kNoPrivilege (EPERM/EACCES: needs root or CAP_BPF+CAP_PERFMON), kBpf otherwise.
   static Result<std::unique_ptr<BpfSession>> Open(const SessionOptions& options, RecordCallback on_record);

@@ -287,6 +287,9 @@ Result<int> Record(const RecordOptions& o) {
         if (o.stacks.find("ready") != std::string::npos) so.config.stack_events |= 1u << RV_EV_THREAD_READY;
       }
       so.config.sampling = sampling ? 1 : 0;
+      // Samples read the GVL's holder and queue where the binary's layout is known: what keeps contention visible
+      // while --max-overhead has the scheduler sites detached (model/attribution.h estimates from it there).
+      so.config.gvl_readings = sampling && prepared->stacks->offsets.gvl.base != RV_GVL_BASE_NONE ? 1 : 0;
     }
     Result<std::unique_ptr<BpfSession>> s =
         BpfSession::Open(so, [&](const rv_record& r) {
@@ -374,7 +377,7 @@ Result<int> Record(const RecordOptions& o) {
   }
   if (stack_setup) {
     session->SetStackCallback([&](const rv_record& r, const rv_stack_header& h,
-                                  std::span<const rv_ruby_frame> frames) {
+                                  std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl) {
       if (budget_tick) budget_tick();
       poll_ec_route();
       saw_record(r.kind);
@@ -387,6 +390,7 @@ Result<int> Record(const RecordOptions& o) {
         e.th = r.th;
         e.native_tid = r.tid;
         e.probe_tid = r.probe_tid;
+        if (gvl != nullptr) e.gvl = GvlReadingFromRecord(*gvl);
       } else {
         e = FromRecord(r, origin_ns);
       }
@@ -750,6 +754,11 @@ Result<int> Record(const RecordOptions& o) {
 #define RV_TRAP_FINISH(field, fold, label) fin.field = seen.field;
   RV_TRAP_COUNTERS(RV_TRAP_FINISH)
 #undef RV_TRAP_FINISH
+  if (stack_setup && sampling && stack_setup->offsets.gvl.base != RV_GVL_BASE_NONE) {
+#define RV_GVL_FINISH(field, fold, label) fin.field = seen.field;
+    RV_GVL_COUNTERS(RV_GVL_FINISH)
+#undef RV_GVL_FINISH
+  }
   if (stack_setup && sampling) {
     SampleEcRoutes routes;
 #define RV_ROUTE_FINISH(field, fold, label, key) routes.key = seen.field;
@@ -777,6 +786,9 @@ Result<int> Record(const RecordOptions& o) {
       counts.clear();
       sep = "";
       RV_SAMPLE_COUNTERS(RV_COUNT_TEXT)
+      if (stack_setup->offsets.gvl.base != RV_GVL_BASE_NONE) {
+        RV_GVL_COUNTERS(RV_COUNT_TEXT)
+      }
       sep = "; EC by ";
 #define RV_ROUTE_TEXT(field, fold, label, key)                \
   counts += sep + std::string(label) + " " + std::to_string(seen.field); \

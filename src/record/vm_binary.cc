@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -91,6 +92,7 @@ rv_walk_config WalkConfigFor(const StackSetup& setup) {
   wc.walk = setup.offsets.walk;
   wc.thread_ec = setup.offsets.thread_ec;
   ApplyEcRoute(setup.ec_route, &wc);
+  wc.gvl = setup.offsets.gvl;
   wc.valid = 1;
   return wc;
 }
@@ -145,6 +147,11 @@ std::vector<std::pair<std::string, std::string>> StackProvenance(ElfFile& vm, co
                                                               " fields) over " + table
                                                         : table});
   out.push_back({"sample EC route", DescribeEcRoute(ComputeEcRoute(*elf, *off))});
+  const bool gvl_dwarf = std::find(report.dwarf_fields.begin(), report.dwarf_fields.end(),
+                                   "ractor.threads.sched.running") != report.dwarf_fields.end();
+  out.push_back({"sample GVL reading", off->gvl.base == RV_GVL_BASE_NONE ? "none: no layout for " + table.substr(6)
+                                       : gvl_dwarf                       ? "dwarf (ractor threads.sched)"
+                                                                         : table + " (ractor threads.sched)"});
   std::optional<ElfSymbol> gsym = elf->FindSymbol("ruby_global_symbols");
   Result<uint64_t> gvaddr = FindGlobalSymbolsVaddr(*elf);
   out.push_back({"ruby_global_symbols", !gvaddr ? "none: " + gvaddr.error().message()

@@ -356,4 +356,11 @@ EcLookup FindEcForThread(MemoryReader& mem, const rv_proc_ec& proc, const rv_wal
   return out;
 }
 
+std::optional<rv_gvl_reading> ReadGvlForThread(MemoryReader& mem, const rv_gvl_offsets& offsets, uint64_t vm_ptr,
+                                               uint64_t th) {
+  rv_gvl_reading r{};
+  if (rv_host_read_gvl(&mem, &offsets, vm_ptr, th, &r) != 0) return std::nullopt;
+  return r;
+}
+
 }  // namespace rvbpfd

@@ -96,6 +96,12 @@ struct EcLookup {
 EcLookup FindEcForThread(MemoryReader& mem, const rv_proc_ec& proc, const rv_walk_config& config, uint32_t th_nt,
                          uint32_t nt_tid, uint64_t thread_pointer, uint32_t tid);
 
+// The sampler's GVL reading (bpf/ruby_gvl.h's rv_read_gvl, the same C code) of the VM running thread `th`, on the
+// host, for tests; vm_ptr: the runtime address of ruby_current_vm_ptr (RV_GVL_BASE_VM only). nullopt when the layout
+// or the process gives no reading.
+std::optional<rv_gvl_reading> ReadGvlForThread(MemoryReader& mem, const rv_gvl_offsets& offsets, uint64_t vm_ptr,
+                                               uint64_t th);
+
 }  // namespace rvbpfd
 
 #endif  // RVBPFD_SRC_STACKS_EC_ROUTE_H_

@@ -1,4 +1,5 @@
-/* C interface to the host build of bpf/ruby_ec.h (ruby_ec_host.c); reads go through rv_host_read (walker.cc). */
+/* C interface to the host build of bpf/ruby_ec.h and bpf/ruby_gvl.h (ruby_ec_host.c); reads go through rv_host_read
+ * (walker.cc). */
 #ifndef RVBPFD_SRC_STACKS_RUBY_EC_HOST_H_
 #define RVBPFD_SRC_STACKS_RUBY_EC_HOST_H_
 
@@ -16,6 +17,9 @@ __u32 rv_host_find_ec(void *ctx, const struct rv_proc_ec *pe, const struct rv_wa
 
 /* rv_ec_from_tls of bpf/ruby_ec.h (enum rv_ec_tls_result). */
 int rv_host_ec_from_tls(void *ctx, const struct rv_proc_ec *pe, __u64 tp, __u64 *ec);
+
+/* rv_read_gvl of bpf/ruby_gvl.h, with ctx a MemoryReader*. */
+int rv_host_read_gvl(void *ctx, const struct rv_gvl_offsets *g, __u64 vm_ptr, __u64 th, struct rv_gvl_reading *out);
 
 #ifdef __cplusplus
 }

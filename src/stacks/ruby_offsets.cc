@@ -66,6 +66,19 @@ Result<RubyOffsets> RubyOffsets::ForVersion(int major, int minor) {
     o.klass_ext_ptr = 24;
     o.classext_iv_tbl = 8;
   }
+  if (v == 303 || v == 304) {
+    // 3.3 / 3.4: the GVL is the ractor's threads.sched (struct rb_thread_sched: lock_ 40 bytes, running, three bools,
+    // readyq, readyq_cnt) at rb_ractor_t + 288; a queued thread is linked through rb_thread_t.sched.node.readyq
+    // (sched at +56, node.ubf first): gdb ptype /o on the 3.3.8 and 3.4.5 test builds, checked against DWARF by
+    // OffsetsTableTest. Another release line is another entry here: its own offsets, RV_GVL_NO_FIELD for a count it
+    // does not keep (the walk counts), RV_GVL_BASE_VM for a lock kept by the VM rather than per ractor.
+    o.gvl = rv_gvl_offsets{.base = RV_GVL_BASE_THREAD_RACTOR,
+                           .th_ractor = 24,
+                           .holder = 288 + 40,
+                           .queue = 288 + 56,
+                           .queue_count = 288 + 72,
+                           .th_queue_node = 56 + 16};
+  }
   if (v == 303) o.last_op_id = 169;
   if (v >= 304) {
     o.fl_singleton = 0x2000;
@@ -88,7 +101,9 @@ namespace {
 void Apply(std::optional<uint32_t> dwarf, uint32_t* field, const char* name, OffsetsReport* report) {
   if (!dwarf) return;
   report->from_dwarf++;
-  if (*dwarf != *field) {
+  report->dwarf_fields.push_back(name);
+  // A field the table does not have for this release line (RV_GVL_NO_FIELD) is learnt, not contradicted.
+  if (*dwarf != *field && *field != RV_GVL_NO_FIELD) {
     report->mismatches.push_back(std::string(name) + ": table " + std::to_string(*field) + ", dwarf " +
                           std::to_string(*dwarf));
   }
@@ -165,6 +180,30 @@ Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, O
     Apply(thread_ptr, &o.ec_thread_ptr, "ec.thread_ptr", report);
     Apply(main_ractor, &o.vm_main_ractor, "vm.ractor.main_ractor", report);
     Apply(running_ec, &o.ractor_running_ec, "ractor.threads.running_ec", report);
+    break;
+  }
+  // The GVL reading: rb_ractor_t's scheduler and rb_thread_t's queue node, from the same CUs as the EC route.
+  for (const char* anchor : {"rb_current_ec_noinline", "rb_vm_main_ractor_ec", "rb_profile_frames"}) {
+    std::optional<ElfSymbol> fn = elf.FindSymbol(anchor);
+    if (!fn || fn->shndx == SHN_UNDEF) continue;
+    const uint64_t pc = fn->value;
+    std::optional<uint32_t> th_ractor = dwarf->MemberOffset(pc, "rb_thread_struct", "ractor");
+    std::optional<uint32_t> holder = dwarf->MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "running"});
+    std::optional<uint32_t> queue = dwarf->MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "readyq"});
+    std::optional<uint32_t> node = dwarf->MemberPathOffset(pc, "rb_thread_struct", {"sched", "node", "readyq"});
+    if (!th_ractor || !holder || !queue || !node) continue;
+    Apply(th_ractor, &o.gvl.th_ractor, "thread.ractor", report);
+    Apply(holder, &o.gvl.holder, "ractor.threads.sched.running", report);
+    Apply(queue, &o.gvl.queue, "ractor.threads.sched.readyq", report);
+    std::optional<uint32_t> count =
+        dwarf->MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "readyq_cnt"});
+    if (count) {
+      Apply(count, &o.gvl.queue_count, "ractor.threads.sched.readyq_cnt", report);
+    } else {
+      o.gvl.queue_count = RV_GVL_NO_FIELD;  // the walk counts the queue
+    }
+    Apply(node, &o.gvl.th_queue_node, "thread.sched.node.readyq", report);
+    o.gvl.base = RV_GVL_BASE_THREAD_RACTOR;
     break;
   }
   if (variable && o.klass_classpath != 0 && o.major * 100 + o.minor < 400) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "rvbpfd/abi.h"
 #include "rvbpfd/ruby_walker_types.h"
 #include "common/error.h"
 #include "elf/elf_file.h"
@@ -29,6 +30,11 @@ struct RubyOffsets {
   uint32_t ec_thread_ptr = 48;        // rb_execution_context_t.thread_ptr
   uint32_t vm_main_ractor = 32;       // rb_vm_t.ractor.main_ractor
   uint32_t ractor_running_ec = 384;   // rb_ractor_t.threads.running_ec (4.0.6 moved it; DWARF knows, the table not)
+
+  // How a sample reads its VM's GVL holder and queue (bpf/ruby_gvl.h). base RV_GVL_BASE_NONE: no reading (a release
+  // line the table does not know, and no DWARF to say); fields the VM does not have are RV_GVL_NO_FIELD.
+  rv_gvl_offsets gvl{RV_GVL_BASE_NONE, RV_GVL_NO_FIELD, RV_GVL_NO_FIELD, RV_GVL_NO_FIELD, RV_GVL_NO_FIELD,
+                     RV_GVL_NO_FIELD};
 
   // rb_iseq_t / rb_iseq_constant_body
   uint32_t iseq_body = 16;
@@ -80,6 +86,7 @@ struct RubyOffsets {
 // What OffsetsForBinary learned from DWARF.
 struct OffsetsReport {
   int from_dwarf = 0;                   // fields whose value came from DWARF
+  std::vector<std::string> dwarf_fields;  // their names ("ec.cfp", "ractor.threads.sched.running", ...)
   std::vector<std::string> mismatches;  // "ec.cfp: table 16, dwarf 24" for each field where table and DWARF differ
 };
 

@@ -1,5 +1,6 @@
 #include "trace/event.h"
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 #include <set>
@@ -127,6 +128,23 @@ TraceEvent FromRecord(const rv_record& record, uint64_t origin_ns) {
   // tid 0 is the idle task, never a thread of the target: the probe did not record it.
   if (record.probe_tid != 0) event.probe_tid = record.probe_tid;
   return event;
+}
+
+std::shared_ptr<GvlReading> GvlReadingFromRecord(const rv_gvl_reading& reading) {
+  auto g = std::make_shared<GvlReading>();
+  g->held = reading.holder != 0;
+  g->holder_th = reading.holder;
+  const uint32_t listed = reading.nqueued < RV_GVL_MAX_QUEUED ? reading.nqueued : RV_GVL_MAX_QUEUED;
+  g->queued_th.reserve(listed);
+  for (uint32_t i = 0; i < listed; ++i) {
+    const uint64_t th = reading.queued[i];
+    // A queue relinked under the walk can show a thread twice: it waits once.
+    if (th != 0 && std::find(g->queued_th.begin(), g->queued_th.end(), th) == g->queued_th.end()) {
+      g->queued_th.push_back(th);
+    }
+  }
+  g->waiting = reading.waiting > listed ? reading.waiting : listed;
+  return g;
 }
 
 }  // namespace rvbpfd

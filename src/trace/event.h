@@ -9,9 +9,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "rvbpfd/abi.h"
 
@@ -52,6 +54,20 @@ inline constexpr std::string_view kSourceProbe = "probe";
 inline constexpr std::string_view kSourceDaemon = "daemon";
 inline constexpr std::string_view kSourcePerfEvent = "perf_event";  // timer-driven CPU samples
 
+// A sample's reading of its VM's GVL (docs/rvtrace.md, "GVL readings"): who held the lock and who was queued for it
+// when the sample was taken, read by the sampler from the VM's scheduler state in memory, without any probe. A
+// snapshot, not a transition: consumers that turn readings into waiting time mark the result inferred.
+struct GvlReading {
+  bool held = false;               // somebody held the GVL
+  std::optional<uint32_t> holder;  // the holder's ruby_thread, when held by a thread the trace names
+  uint32_t waiting = 0;            // threads queued for the GVL (the VM's count)
+  std::vector<uint32_t> queued;    // ruby_threads of the queued threads the trace names, next to run first; at most
+                                   // `waiting` of them (the queue is listed up to RV_GVL_MAX_QUEUED)
+  // The recorder's rb_thread_t pointers, until ThreadIds names them (0 / empty in traces read from a file).
+  uint64_t holder_th = 0;
+  std::vector<uint64_t> queued_th;
+};
+
 struct TraceEvent {
   uint64_t t_ns = 0;                     // ns since the header's origin_ns (CLOCK_MONOTONIC)
   std::optional<uint32_t> ruby_thread;   // VM thread serial; nullopt when not known or not about a thread
@@ -69,6 +85,9 @@ struct TraceEvent {
   Provenance reason_provenance = Provenance::kObserved;  // gvl_released only: how `reason` was obtained
   std::optional<uint32_t> stack;         // id of a stack dictionary line (trace/stacks.h) written before this event
   double overhead_pct = -1;              // tracing_paused / tracing_resumed only; negative = absent (percent)
+  // sample only: the GVL reading taken with it; null for every other event and for samples without one (a pointer,
+  // so the events that have none, nearly all, copy 16 bytes more and allocate nothing).
+  std::shared_ptr<GvlReading> gvl;
 };
 
 // "gvl_acquired" etc. The result is a static string.
@@ -92,6 +111,10 @@ bool IsKnownRecordKind(uint16_t kind);
 // daemon can produce, becomes an events_dropped with count 1 from the daemon: the trace says an event was lost
 // instead of inventing one.
 TraceEvent FromRecord(const rv_record& record, uint64_t origin_ns);
+
+// A sample's GVL reading as it came from BPF, with the VM's pointers (ThreadIds names them). The count is taken as at
+// least the number of threads listed (the two are read a moment apart, without the VM's lock).
+std::shared_ptr<GvlReading> GvlReadingFromRecord(const rv_gvl_reading& reading);
 
 }  // namespace rvbpfd
 

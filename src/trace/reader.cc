@@ -90,6 +90,33 @@ TraceHeader ParseHeader(const json& obj) {
   return h;
 }
 
+// A sample's "gvl" object. Absent keys take their defaults (other recorders may write a subset); a present key of the
+// wrong type rejects the line, as elsewhere. Queued threads beyond `waiting` are kept and `waiting` raised to match:
+// the list is what the reading saw.
+std::shared_ptr<GvlReading> ParseGvlReading(const json& obj) {
+  if (!obj.is_object()) throw LineError{"\"gvl\" must be an object"};
+  auto g = std::make_shared<GvlReading>();
+  g->holder = GetOptionalUint32(obj, "holder");
+  if (auto held = obj.find("held"); held != obj.end() && !held->is_null()) {
+    if (!held->is_boolean()) throw LineError{"\"gvl.held\" must be a boolean"};
+    g->held = held->get<bool>();
+  } else {
+    g->held = g->holder.has_value();
+  }
+  if (g->holder && !g->held) throw LineError{"\"gvl\" names a holder but says the GVL was not held"};
+  g->waiting = GetOptionalUint32(obj, "waiting").value_or(0);
+  if (auto q = obj.find("queued"); q != obj.end() && !q->is_null()) {
+    if (!q->is_array()) throw LineError{"\"gvl.queued\" must be an array of thread ids"};
+    for (const json& v : *q) {
+      std::optional<uint32_t> id = JsonInteger<uint32_t>(v);
+      if (!id) throw LineError{"\"gvl.queued\" must be an array of thread ids"};
+      g->queued.push_back(*id);
+    }
+  }
+  if (g->queued.size() > g->waiting) g->waiting = static_cast<uint32_t>(g->queued.size());
+  return g;
+}
+
 // Returns nullopt for an event name this version does not know.
 std::optional<TraceEvent> ParseEvent(const json& obj) {
   TraceEvent e;
@@ -125,6 +152,7 @@ std::optional<TraceEvent> ParseEvent(const json& obj) {
   }
   e.stack = GetOptionalUint32(obj, "stack");
   e.overhead_pct = GetDouble(obj, "overhead_pct", -1);
+  if (auto g = obj.find("gvl"); g != obj.end() && !g->is_null()) e.gvl = ParseGvlReading(*g);
   return e;
 }
 
@@ -157,6 +185,7 @@ TraceSummary ParseSummary(const json& obj, bool* threads_valid) {
 #define RV_TRAP_READ(field, fold, label)                                                      \
   if (auto it = obj.find(#field); it != obj.end() && it->is_number_unsigned()) s.field = it->get<uint64_t>();
   RV_TRAP_COUNTERS(RV_TRAP_READ)
+  RV_GVL_COUNTERS(RV_TRAP_READ)
 #undef RV_TRAP_READ
   if (auto it = obj.find("sample_ec_routes"); it != obj.end() && it->is_object()) {
     SampleEcRoutes r;

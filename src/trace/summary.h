@@ -48,6 +48,9 @@ struct TraceSummary {
   // One member per RV_TRAP_COUNTERS entry: probe_hits, hits_discarded, cold_hits, stepped_hits.
 #define RV_TRAP_MEMBER(field, fold, label) std::optional<uint64_t> field;
   RV_TRAP_COUNTERS(RV_TRAP_MEMBER)
+  // Samples that carried a GVL reading, and readings whose queue was listed in part (RV_GVL_COUNTERS: gvl_readings,
+  // gvl_queue_truncated); present when the recording read the GVL at samples.
+  RV_GVL_COUNTERS(RV_TRAP_MEMBER)
 #undef RV_TRAP_MEMBER
   std::optional<SampleEcRoutes> sample_ec_routes;  // present when the recording sampled
 

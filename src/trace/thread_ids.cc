@@ -2,7 +2,28 @@
 
 namespace rvbpfd {
 
+std::optional<uint32_t> ThreadIds::Known(uint64_t th) const {
+  if (th == 0) return std::nullopt;
+  if (th == main_th_) return kMainThread;
+  auto it = ids_.find(th);
+  if (it == ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ThreadIds::NameGvl(GvlReading* gvl) const {
+  gvl->holder = Known(gvl->holder_th);
+  gvl->queued.clear();
+  for (uint64_t th : gvl->queued_th) {
+    if (std::optional<uint32_t> id = Known(th)) gvl->queued.push_back(*id);
+  }
+}
+
 void ThreadIds::Assign(TraceEvent* e) {
+  Number(e);
+  if (e->gvl) NameGvl(e->gvl.get());  // after the sample's own thread: it is usually the holder
+}
+
+void ThreadIds::Number(TraceEvent* e) {
   if (e->th == 0) {
     // th unknown (a site where DWARF has no th, before this native thread reported one): the process's initial
     // native thread only ever runs the main Ruby thread (it keeps a dedicated native thread even under M:N), so

@@ -7,11 +7,15 @@
 // initial native thread (native tid == pid); it never gets STARTED or EXITED events. An event with no th on that
 // native thread is main's too (CRuby never runs another Ruby thread there).
 //
+// A sample's GVL reading names threads by pointer too (holder, queued): those get the number of a thread already seen
+// and nothing otherwise, so a reading never invents a thread (a pointer read mid-update of the queue stays unnamed).
+//
 // Must see events in timestamp order (after the Reorderer): STARTED has to precede the new thread's other events.
 #ifndef RVBPFD_SRC_TRACE_THREAD_IDS_H_
 #define RVBPFD_SRC_TRACE_THREAD_IDS_H_
 
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 
 #include "trace/event.h"
@@ -23,11 +27,16 @@ class ThreadIds {
   static constexpr uint32_t kMainThread = 1;
 
   explicit ThreadIds(uint32_t pid) : pid_(pid) {}
-  // Sets event->ruby_thread from event->th (nothing when th is unknown).
+  // Sets event->ruby_thread from event->th (nothing when th is unknown), and names the threads of its GVL reading.
   void Assign(TraceEvent* event);
   uint32_t threads_seen() const { return next_id_ - 2 + (main_th_ != 0 ? 1 : 0); }
 
  private:
+  void Number(TraceEvent* event);
+  // The number of a live thread already seen; nullopt otherwise.
+  std::optional<uint32_t> Known(uint64_t th) const;
+  void NameGvl(GvlReading* gvl) const;
+
   uint32_t pid_;
   uint64_t main_th_ = 0;
   uint32_t next_id_ = 2;

@@ -239,6 +239,19 @@ void TraceWriter::AppendEvent(const TraceEvent& event) {
     b.append(",\"overhead_pct\":");
     AppendDouble(&b, event.overhead_pct);
   }
+  if (event.gvl) {
+    const GvlReading& g = *event.gvl;
+    b.append(g.held ? ",\"gvl\":{\"held\":true,\"holder\":" : ",\"gvl\":{\"held\":false,\"holder\":");
+    AppendOptionalUint(&b, g.holder);
+    b.append(",\"waiting\":");
+    AppendUint(&b, g.waiting);
+    b.append(",\"queued\":[");
+    for (size_t i = 0; i < g.queued.size(); ++i) {
+      if (i > 0) b.push_back(',');
+      AppendUint(&b, g.queued[i]);
+    }
+    b.append("]}");
+  }
   b.append("}\n");
 
   counts_[static_cast<size_t>(event.event)]++;
@@ -376,6 +389,7 @@ void TraceWriter::AppendSummary(const TraceSummary& summary) {
     AppendUint(&b, *summary.field);        \
   }
   RV_TRAP_COUNTERS(RV_TRAP_KEY)
+  RV_GVL_COUNTERS(RV_TRAP_KEY)
 #undef RV_TRAP_KEY
   if (summary.sample_ec_routes) {
     const SampleEcRoutes& r = *summary.sample_ec_routes;
@@ -415,6 +429,7 @@ Status TraceWriter::Finish(const FinishInfo& info) {
   summary.late_events = info.late_events;
 #define RV_TRAP_COPY(field, fold, label) summary.field = info.field;
   RV_TRAP_COUNTERS(RV_TRAP_COPY)
+  RV_GVL_COUNTERS(RV_TRAP_COPY)
 #undef RV_TRAP_COPY
   summary.sample_ec_routes = info.sample_ec_routes;
   AppendSummary(summary);

@@ -56,6 +56,7 @@ struct FinishInfo {
   // One member per RV_TRAP_COUNTERS entry (include/rvbpfd/counters.h), as in TraceSummary.
 #define RV_TRAP_MEMBER(field, fold, label) std::optional<uint64_t> field;
   RV_TRAP_COUNTERS(RV_TRAP_MEMBER)
+  RV_GVL_COUNTERS(RV_TRAP_MEMBER)  // when samples read the GVL: gvl_readings, gvl_queue_truncated
 #undef RV_TRAP_MEMBER
   std::optional<SampleEcRoutes> sample_ec_routes;  // when sampling: which route found each sample's EC
 };

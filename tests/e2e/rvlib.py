@@ -406,6 +406,29 @@ class Trace:
         return (self.tracepoint_start(), self.tracepoint_end())
 
 
+def paused_ns(trace):
+    """ns of the trace between tracing_paused and tracing_resumed (a pause still open runs to the last event)."""
+    total, since = 0, None
+    last = max((e["t_ns"] for e in trace.events if isinstance(e.get("t_ns"), int)), default=0)
+    for e in trace.events:
+        if e.get("event") == "tracing_paused" and since is None:
+            since = e["t_ns"]
+        elif e.get("event") == "tracing_resumed" and since is not None:
+            total += e["t_ns"] - since
+            since = None
+    return total + (last - since if since is not None else 0)
+
+
+def export_pprof(rvbpfd, trace_path, out_path):
+    """`rvbpfd export --pprof` of the trace into out_path, decoded (pprof_decode). Returns (profile, problem)."""
+    import pprof_decode  # beside this file
+    p = subprocess.run([rvbpfd, "export", "--pprof", trace_path, "-o", out_path], capture_output=True, timeout=300)
+    if p.returncode != 0:
+        return None, f"export --pprof exit {p.returncode}: {p.stderr.decode('utf-8', 'replace')[-1000:]}"
+    with open(out_path, "rb") as f:
+        return pprof_decode.decode(f.read()), None
+
+
 def fmt_ms(trace, e):
     t = e.get("t_ns")
     return f"{t / 1e6:10.3f} ms" if isinstance(t, int) else "      ? ms"

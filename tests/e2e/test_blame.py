@@ -12,6 +12,20 @@ which ends with a wait for the lock. Recorded in attach mode with on-CPU samples
   inspect: `rvbpfd inspect` is at most 40 lines, its top blocker line names the hog's thread and HogKlass.spin;
   stats:   `rvbpfd stats` has a blame line for the hog's thread naming HogKlass.spin;
   folded:  `export --folded --weight gvl_blame`: HogKlass.spin is the heaviest leaf frame.
+
+Contention under the budget (issue 14 item 4): the same workload with HOG_LOCK_EVERY=1000 (the hog also locks an
+uncontended mutex of its own every 1,000 iterations, so every run traps ~20,000 times a second), recorded twice:
+complete, and with `--max-overhead 1`, which must pause the scheduler probes for at least a third of the run (else
+the check proves nothing). Samples read the VM's GVL (holder, queue) from memory, and in paused windows the GVL wait
+and blame are estimated from those readings. For the budgeted recording:
+  - the samples carry GVL readings (summary gvl_readings > 0; the hog's samples name the hog as holder and the IO
+    threads as queued);
+  - `go tool pprof -sample_index=gvl_blame -top` lists HogKlass.spin first; blame samples labelled
+    provenance=inferred exist, those with leaf HogKlass.spin name the hog's thread as holder, and no inferred sample
+    is labelled observed or derived;
+  - the total GVL wait (pprof gvl_wait: observed + inferred) is within 30% of the complete recording's, and the
+    gvl_blame total equals it;
+  - `rvbpfd inspect` names the hog and HogKlass.spin as top blocker and says how much was estimated.
 """
 import os
 import re
@@ -49,6 +63,26 @@ def thread_label(trace, tid):
     return "main" if trace.threads.get(tid, {}).get("main") else f"Thread #{tid}"
 
 
+def pprof_top(pb_path, index):
+    """The flat rows' names of `go tool pprof -sample_index=INDEX -top`, or (None, problem)."""
+    go = shutil.which("go")
+    if go is None:
+        return None, "go is not installed: `go tool pprof` cannot be checked (tools/install-deps.sh installs golang)"
+    rc, out, err = run([go, "tool", "pprof", f"-sample_index={index}", "-top", pb_path])
+    if rc != 0:
+        return None, f"go tool pprof exit {rc}: {err[-1500:]}"
+    rows, seen_header = [], False
+    for line in out.splitlines():
+        if re.match(r"\s*flat\s+flat%", line):
+            seen_header = True
+            continue
+        if seen_header and line.strip():
+            cols = line.split(None, 5)
+            if len(cols) == 6:
+                rows.append(cols[5].strip())
+    return rows, None
+
+
 def lifetimes(trace):
     """ruby_thread -> ns from its first event to its thread_exited (or the trace's last event)."""
     first, exited = {}, {}
@@ -80,25 +114,11 @@ def check_pprof(trace, prof, pprof_path, hog):
     if hog_holders != {thread_label(trace, hog)}:
         p.append(f"blame samples with leaf {HOG} have holder labels {hog_holders}, want "
                  f"{{{thread_label(trace, hog)!r}}}")
-    go = shutil.which("go")
-    if go is None:
-        p.append("go is not installed: `go tool pprof` cannot be checked (tools/install-deps.sh installs golang)")
-        return p
-    rc, out, err = run([go, "tool", "pprof", "-sample_index=gvl_blame", "-top", pprof_path])
-    if rc != 0:
-        return p + [f"go tool pprof exit {rc}: {err[-1500:]}"]
-    rows = []
-    seen_header = False
-    for line in out.splitlines():
-        if re.match(r"\s*flat\s+flat%", line):
-            seen_header = True
-            continue
-        if seen_header and line.strip():
-            cols = line.split(None, 5)
-            if len(cols) == 6:
-                rows.append(cols[5].strip())
+    rows, problem = pprof_top(pprof_path, "gvl_blame")
+    if problem:
+        return p + [problem]
     if not rows:
-        p.append(f"go tool pprof -top printed no rows:\n{out[-1500:]}")
+        p.append("go tool pprof -top printed no rows")
     elif rows[0] != HOG:
         p.append(f"go tool pprof -sample_index=gvl_blame -top: first row {rows[0]!r}, want {HOG}; top rows "
                  f"{rows[:5]}")
@@ -170,9 +190,100 @@ def check_folded(out):
                                   f"({leaves.get(HOG, 0)} ns)"]
 
 
+BUDGET_ENV = {"HOG_LOCK_EVERY": "1000"}
+MIN_PAUSED_SHARE = 1 / 3  # of the budgeted run: below it the estimate is hardly exercised
+MAX_WAIT_ERROR = 0.30     # the estimate's total GVL wait against the complete recording's
+
+
+def check_budgeted(full, full_prof, budget, budget_prof, budget_pb, budget_inspect):
+    p = []
+    duration = budget.summary.get("duration_ms", 0) * 1e6
+    paused = rvlib.paused_ns(budget)
+    print(f"  budgeted run: paused {paused / 1e6:.0f} of {duration / 1e6:.0f} ms, "
+          f"{budget.summary.get('gvl_readings')} GVL readings")
+    if duration <= 0 or paused < MIN_PAUSED_SHARE * duration:
+        return [f"--max-overhead 1 paused the probes for {paused / 1e6:.0f} ms of {duration / 1e6:.0f} ms: under "
+                f"{MIN_PAUSED_SHARE:.0%} the estimate is not what is measured"]
+    if not budget.summary.get("gvl_readings"):
+        p.append(f"no GVL readings in the summary: {budget.summary.get('gvl_readings')}")
+    hog = hog_thread(budget)
+    if hog is None:
+        return p + [f"no sample of the budgeted run has {HOG} as its leaf"]
+    readings = [e["gvl"] for e in budget.events if e.get("event") == "sample" and e.get("ruby_thread") == hog
+                and isinstance(e.get("gvl"), dict)]
+    if not readings:
+        p.append("the hog's samples carry no GVL reading")
+    elif not any(g.get("holder") == hog and g.get("waiting", 0) >= 1 and g.get("queued") for g in readings):
+        p.append(f"no reading of the hog's names it holder with threads queued: {readings[:3]}")
+    names = [t for t, _ in budget_prof["sample_types"]]
+    i_wait, i_blame = names.index("gvl_wait"), names.index("gvl_blame")
+    full_names = [t for t, _ in full_prof["sample_types"]]
+    full_wait = pprof_decode.total(full_prof, full_names.index("gvl_wait"))
+    wait, blame = pprof_decode.total(budget_prof, i_wait), pprof_decode.total(budget_prof, i_blame)
+    inferred_wait = sum(s["values"][i_wait] for s in budget_prof["samples"]
+                        if s["labels"].get("provenance") == "inferred")
+    print(f"  gvl_wait: complete {full_wait / 1e6:.1f} ms, budgeted {wait / 1e6:.1f} ms "
+          f"({inferred_wait / 1e6:.1f} ms of it inferred), ratio {wait / full_wait if full_wait else 0:.3f}")
+    if full_wait <= 0:
+        p.append("the complete recording has no GVL wait")
+    elif abs(wait - full_wait) > MAX_WAIT_ERROR * full_wait:
+        p.append(f"budgeted GVL wait {wait / 1e6:.1f} ms is not within {MAX_WAIT_ERROR:.0%} of the complete "
+                 f"recording's {full_wait / 1e6:.1f} ms")
+    if inferred_wait <= 0:
+        p.append("no gvl_wait sample is labelled provenance=inferred although the probes were paused")
+    if blame != wait:
+        p.append(f"gvl_blame sums to {blame} ns, gvl_wait to {wait} ns")
+    inferred_blame = [s for s in budget_prof["samples"] if s["values"][i_blame] > 0
+                      and s["labels"].get("provenance") == "inferred"]
+    if not inferred_blame:
+        p.append("no gvl_blame sample is labelled provenance=inferred")
+    holders = {s["labels"].get("holder") for s in inferred_blame if s["stack"] and s["stack"][0] == HOG}
+    if holders != {thread_label(budget, hog)}:
+        p.append(f"inferred blame with leaf {HOG} names holders {holders}, want {{{thread_label(budget, hog)!r}}}")
+    rows, problem = pprof_top(budget_pb, "gvl_blame")
+    if problem:
+        p.append(problem)
+    elif not rows or rows[0] != HOG:
+        p.append(f"go tool pprof -sample_index=gvl_blame -top on the budgeted run: top rows {rows[:5]}, want {HOG}")
+    p += check_inspect(budget, budget_inspect, hog)
+    if "estimated" not in budget_inspect:
+        p.append("inspect does not say that part of the GVL wait was estimated")
+    return p
+
+
 def main():
     args, res, rvbpfd, rubies = rvlib.begin(__doc__)
     outdir = rvlib.make_outdir(args, "blame")
+    for ruby in rubies:
+        name = f"{ruby.name} gvl_hog HOG_LOCK_EVERY=1000"
+        runs = {}
+        for kind, extra in (("complete", ()), ("budget", ("--max-overhead", "1"))):
+            try:
+                r = rvlib.run_workload(ruby, "gvl_hog", "attach", outdir, ref=False, rvbpfd=rvbpfd,
+                                       rv_args=("--hz", "99", *extra), env_extra=BUDGET_ENV)
+            except rvlib.RunError as e:
+                res.check(f"record {name} {kind}", [str(e)])
+                break
+            if r.problems or r.rv is None:
+                res.check(f"record {name} {kind}", r.problems or ["no rvbpfd trace"])
+                break
+            # run_workload names files by Ruby, workload and mode only: keep this one apart from the next run.
+            kept = os.path.join(outdir, f"{ruby.name}-gvl_hog-{kind}.rvtrace")
+            os.replace(r.rv.path, kept)
+            r.rv.path = kept
+            pb = os.path.join(outdir, f"{ruby.name}-gvl_hog-{kind}.pb.gz")
+            prof, problem = rvlib.export_pprof(rvbpfd, kept, pb)
+            if problem:
+                res.check(f"pprof {name} {kind}", [problem])
+                break
+            runs[kind] = (r.rv, prof, pb)
+        if len(runs) == 2:
+            (full, full_prof, _), (budget, budget_prof, budget_pb) = runs["complete"], runs["budget"]
+            rc, out, err = run([rvbpfd, "inspect", budget.path])
+            res.check(f"{name} with --max-overhead 1: the blame still names {HOG}, GVL wait within "
+                      f"{MAX_WAIT_ERROR:.0%} of the complete recording",
+                      [f"inspect exit {rc}: {err[-1000:]}"] if rc != 0 else
+                      check_budgeted(full, full_prof, budget, budget_prof, budget_pb, out))
     for ruby in rubies:
         name = f"{ruby.name} gvl_hog"
         try:

@@ -192,6 +192,67 @@ TEST(PprofExport, GvlWaitIsAttributedToTheWaitersStack) {
   EXPECT_TRUE(noted);
 }
 
+TEST(PprofExport, WaitsEstimatedWhilePausedAreLabelledInferredApartFromTheObservedOnes) {
+  SyntheticTrace t(100);  // 10 ms a sample
+  constexpr uint64_t kMs = 1'000'000;
+  const uint32_t spin = t.Stack({"<main>", "HogKlass.spin"});
+  const uint32_t gc = t.GcStack({"<main>", "HogKlass.spin"});
+  const uint32_t io = t.Stack({"<main>", "IO#write"});
+  // An observed wait of thread 3 on hog 2 (blame derived), then a pause during which 3 and 4 wait on the hog.
+  t.Event(0, EventName::kGvlAcquired, 2);
+  t.Event(1 * kMs, EventName::kGvlReleased, 3, io);
+  t.Event(1 * kMs, EventName::kGvlReleased, 4, io);
+  t.Event(2 * kMs, EventName::kWantsGvl, 3);
+  t.Event(5 * kMs, EventName::kSample, 2, spin);
+  t.Event(12 * kMs, EventName::kGvlReleased, 2, spin);
+  t.Event(12 * kMs, EventName::kGvlAcquired, 3);  // 10 ms observed
+  t.Event(13 * kMs, EventName::kGvlReleased, 3, io);
+  t.Event(13 * kMs, EventName::kGvlAcquired, 2);
+  t.Event(20 * kMs, EventName::kTracingPaused, std::nullopt);
+  t.Reading(30 * kMs, 2, spin, 2, {3, 4});
+  t.Reading(40 * kMs, 2, gc, 2, {3, 4});
+  t.Reading(50 * kMs, 2, spin, 2, {3, 4});
+  t.Event(60 * kMs, EventName::kTracingResumed, std::nullopt);
+  t.Event(70 * kMs, EventName::kGvlReleased, 2, spin);
+  t.Event(70 * kMs, EventName::kGvlAcquired, 3);
+  t.Event(71 * kMs, EventName::kGvlAcquired, 4);
+  const TraceFile trace = t.Finish(80 * kMs);
+
+  const StackProfile agg = AggregateStacks(trace);
+  EXPECT_EQ(agg.total_gvl_wait_ns, 10 * kMs);
+  // 3 and 4 were blocked at the pause: each joined the queue between 20 and 30 ms (half of it), then waited to its
+  // gvl_acquired (70 and 71 ms).
+  EXPECT_EQ(agg.total_estimated_gvl_wait_ns, (5 + 40) * kMs + (5 + 41) * kMs);
+  const DecodedProfile p = DecodeProfile(BuildPprofProfile(trace));
+  ASSERT_TRUE(p.errors.empty()) << p.errors.front();
+  const size_t wait = 2, blame = 3;
+  int64_t observed_wait = 0, inferred_wait = 0, derived_blame = 0, inferred_blame = 0, gc_blame = 0;
+  for (const DecodedSample& s : p.samples) {
+    const auto prov = s.str_labels.find("provenance");
+    const std::string provenance = prov == s.str_labels.end() ? "" : prov->second;
+    if (s.values[wait] > 0) (provenance == "inferred" ? inferred_wait : observed_wait) += s.values[wait];
+    if (s.values[blame] > 0) {
+      EXPECT_TRUE(provenance == "derived" || provenance == "inferred") << "blame without provenance";
+      (provenance == "inferred" ? inferred_blame : derived_blame) += s.values[blame];
+      if (provenance == "inferred") {
+        EXPECT_EQ(s.str_labels.at("holder"), "Thread #2");
+        ASSERT_FALSE(s.frames.empty());
+        if (s.frames[0] == std::string(kGcFrame)) gc_blame += s.values[blame];
+      }
+    }
+  }
+  EXPECT_EQ(observed_wait, static_cast<int64_t>(10 * kMs));
+  EXPECT_EQ(inferred_wait, static_cast<int64_t>(agg.total_estimated_gvl_wait_ns));
+  EXPECT_EQ(derived_blame, static_cast<int64_t>(10 * kMs));
+  EXPECT_EQ(inferred_blame, inferred_wait);
+  EXPECT_EQ(gc_blame, static_cast<int64_t>(2 * 10 * kMs)) << "[35, 45) ms of both waiters lies next to the GC reading";
+  bool noted = false;
+  for (const std::string& c : p.comments) {
+    noted |= c.find("estimated from the samples' GVL readings") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+}
+
 TEST(PprofExport, GzipRoundTripsAndStartsWithTheGzipMagic) {
   const TraceFile trace = CpuTrace(99, 5, 2);
   std::ostringstream out;

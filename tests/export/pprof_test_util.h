@@ -273,6 +273,31 @@ class SyntheticTrace {
     e.source = name == EventName::kSample ? kSourcePerfEvent : kSourceThreadHookSite;
     EXPECT_TRUE(writer_->Write(e).ok());
   }
+  // A sample of `thread` on `stack` that read the GVL: held by `holder` (nullopt: nobody), `queued` waiting.
+  void Reading(uint64_t t_ns, uint32_t thread, uint32_t stack, std::optional<uint32_t> holder,
+               std::vector<uint32_t> queued) {
+    TraceEvent e;
+    e.t_ns = t_ns;
+    e.event = EventName::kSample;
+    e.ruby_thread = thread;
+    e.stack = stack;
+    e.source = kSourcePerfEvent;
+    e.gvl = std::make_shared<GvlReading>();
+    e.gvl->held = holder.has_value();
+    e.gvl->holder = holder;
+    e.gvl->waiting = static_cast<uint32_t>(queued.size());
+    e.gvl->queued = std::move(queued);
+    EXPECT_TRUE(writer_->Write(e).ok());
+  }
+  // Interns the stack of a sample taken in GC: the recorder's GC pseudo-frame on top of `root_first`.
+  uint32_t GcStack(std::vector<std::string> root_first) {
+    std::vector<uint32_t> ids{writer_->InternFrame(FrameInfo{"(garbage collection)", "", 0, FrameKind::kGc})};
+    for (auto it = root_first.rbegin(); it != root_first.rend(); ++it) {
+      ids.push_back(writer_->InternFrame(FrameInfo{*it, "/app/" + *it + ".rb", static_cast<int32_t>(10 + it->size()),
+                                                  FrameKind::kRuby}));
+    }
+    return writer_->InternStack(ids);
+  }
   TraceFile Finish(uint64_t end_ns) {
     EXPECT_TRUE(writer_->Finish(FinishInfo{.end_t_ns = end_ns}).ok());
     auto file = TraceReader::ReadFile(path_);

@@ -106,6 +106,38 @@ TEST(RunSummary, NamesTheHolderAndItsMethodAsTopBlockerWithItsShare) {
   EXPECT_NE(blame[2].find("Thread #3"), std::string::npos) << o.blame;
 }
 
+TEST(RunSummary, WaitsEstimatedWhilePausedAreNamedAsSuchAndCountInTheShares) {
+  SyntheticTrace t(100);  // 10 ms a sample
+  const uint32_t hog = t.Stack({"<main>", "Hog.spin"});
+  const uint32_t poll = t.Stack({"<main>", "Io#poll"});
+  // 1 ms observed (thread 3 waits on the hog), then a pause in which readings show thread 3 queued behind the hog.
+  t.Event(0, EventName::kGvlAcquired, 2);
+  t.Event(1 * kMs, EventName::kWantsGvl, 3);
+  t.Event(2 * kMs, EventName::kGvlReleased, 2, hog);
+  t.Event(2 * kMs, EventName::kGvlAcquired, 3);
+  t.Event(3 * kMs, EventName::kGvlReleased, 3, poll);
+  t.Event(3 * kMs, EventName::kGvlAcquired, 2);
+  t.Event(10 * kMs, EventName::kTracingPaused, std::nullopt);
+  t.Reading(20 * kMs, 2, hog, 2, {3});
+  t.Reading(30 * kMs, 2, hog, 2, {3});
+  t.Event(40 * kMs, EventName::kTracingResumed, std::nullopt);
+  t.Event(45 * kMs, EventName::kGvlReleased, 2, hog);
+  t.Event(45 * kMs, EventName::kGvlAcquired, 3);
+  const TraceFile trace = t.Finish(50 * kMs);
+  const Outputs o = Render(trace);
+  // Thread 3 joined the queue between the pause and the first reading (5 ms), then waited to 45 ms: 30 ms inferred.
+  EXPECT_NE(o.summary.find("gvl contention: 1.0 ms waiting for the GVL in 1 waits"), std::string::npos) << o.summary;
+  EXPECT_NE(o.summary.find("while paused, 30.0 ms more estimated from 2 samples' GVL readings (inferred)"),
+            std::string::npos)
+      << o.summary;
+  const std::string top = LineAfter(Lines(o.summary), "top blockers");
+  EXPECT_NE(top.find("Hog.spin"), std::string::npos) << o.summary;
+  EXPECT_NE(top.find("100.0%"), std::string::npos) << o.summary;  // (1 + 30) of 31 ms
+  EXPECT_NE(top.find("inferred 96.8%"), std::string::npos) << o.summary;  // 30 of its 31 ms
+  EXPECT_NE(o.summary.find("its GVL waits estimated (above)"), std::string::npos) << o.summary;
+  EXPECT_NE(o.blame.find("30.0 ms more estimated while tracing was paused (inferred)"), std::string::npos) << o.blame;
+}
+
 TEST(RunSummary, ThreadRowsAreTheWallClockByStateSummingToTheLifetime) {
   const TraceFile trace = HogTrace();
   const std::vector<std::string> lines = Lines(Render(trace).summary);

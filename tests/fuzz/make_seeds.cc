@@ -101,6 +101,15 @@ bool WriteThreads34(const std::string& path, bool finish) {
   pause.reason = "overhead budget";
   pause.overhead_pct = 7.25;
   ev.push_back(pause);
+  // While paused, a sample's GVL reading: thread 2 holds, 1 and a thread not named wait (the estimate's input).
+  sample = Ev(17'500'000, EventName::kSample, 2, kSourcePerfEvent);
+  sample.stack = s_hot;
+  sample.gvl = std::make_shared<GvlReading>();
+  sample.gvl->held = true;
+  sample.gvl->holder = 2;
+  sample.gvl->waiting = 2;
+  sample.gvl->queued = {1};
+  ev.push_back(sample);
   TraceEvent resume = Ev(18'000'000, EventName::kTracingResumed, std::nullopt, kSourceDaemon);
   resume.reason = "overhead budget";
   resume.overhead_pct = 0.5;
@@ -124,6 +133,8 @@ bool WriteThreads34(const std::string& path, bool finish) {
   info.cold_hits = 5;
   info.stepped_hits = 1;
   info.sample_ec_routes = SampleEcRoutes{2, 1, 0, 1};
+  info.gvl_readings = 1;
+  info.gvl_queue_truncated = 0;
   return Check(w->Finish(info), path);
 }
 

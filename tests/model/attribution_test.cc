@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <optional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace rvbpfd {
 namespace {
@@ -20,14 +22,26 @@ class Feed {
   void Ev(uint64_t t, EventName event, uint64_t thread = 0, uint32_t stack = 0, uint32_t vm = 0,
           ReleaseReason reason = ReleaseReason::kUnknown) {
     end_ = std::max(end_, t);
-    attribution_.OnThreadEvent(t, thread, event == EventName::kThreadExited);
+    attribution_.OnThreadEvent(t, thread, event);
+    if (event == EventName::kTracingPaused) attribution_.OnPause(t);
+    if (event == EventName::kTracingResumed) attribution_.OnResume(t);
     tracker_.OnEvent(TrackerEvent{t, event, thread, vm, stack, reason});
   }
   void Sample(uint64_t t, uint64_t thread, uint32_t stack) {
     end_ = std::max(end_, t);
-    attribution_.OnThreadEvent(t, thread, false);
+    attribution_.OnThreadEvent(t, thread, EventName::kSample);
     tracker_.OnSample(thread, stack, false);
     attribution_.OnSample(t, thread, stack, false);
+  }
+  // A sample of `thread` on `stack` that read the GVL: held by `holder` (0 with held: a thread the trace does not
+  // name), `queued` named in the queue, `waiting` queued in all (default: the named ones).
+  void Reading(uint64_t t, uint64_t thread, uint32_t stack, uint64_t holder, std::vector<uint64_t> queued,
+               std::optional<uint32_t> waiting = std::nullopt, bool in_gc = false, bool held = true) {
+    Sample(t, thread, stack);
+    GvlSample g{.t_ns = t, .sampled = thread, .stack = stack, .in_gc = in_gc, .held = held, .holder = holder};
+    g.waiting = waiting.value_or(static_cast<uint32_t>(queued.size()));
+    g.queued = std::move(queued);
+    attribution_.OnGvlReading(std::move(g));
   }
   AttributionResult Done(uint64_t end) {
     end_ = std::max(end_, end);
@@ -45,6 +59,22 @@ uint64_t Blame(const AttributionResult& r, uint64_t waiter, uint64_t holder, uin
                bool gc = false) {
   auto it = r.blame_ns.find(BlameKey{waiter, holder, stack, gc, source});
   return it == r.blame_ns.end() ? 0 : it->second;
+}
+
+// Options of an attribution that estimates paused windows, at a sample period of 10 ns.
+AttributionOptions Estimating() { return AttributionOptions{.estimate_paused = true, .sample_period_ns = 10}; }
+
+// Blame estimated from GVL readings (provenance inferred).
+uint64_t Estimated(const AttributionResult& r, uint64_t waiter, uint64_t holder, uint32_t stack, BlameSource source,
+                   bool gc = false) {
+  auto it = r.blame_ns.find(BlameKey{waiter, holder, stack, gc, source, Provenance::kInferred});
+  return it == r.blame_ns.end() ? 0 : it->second;
+}
+
+uint64_t InferredTotal(const AttributionResult& r) {
+  uint64_t n = 0;
+  for (const auto& [k, v] : r.blame_ns) n += k.provenance == Provenance::kInferred ? v : 0;
+  return n;
 }
 
 uint64_t BlameTotal(const AttributionResult& r) {
@@ -480,6 +510,220 @@ TEST(Attribution, DrainingKeepsOnlyWhatOpenWaitsNeedAndBlamesAsIfWhole) {
   // Only the open wait's needs are kept: a few spans while every wait is short, B's ~50 hand-offs later.
   EXPECT_LE(kept_before_b, 8u);
   EXPECT_GT(kept_at_end, 100u);
+}
+
+// ---- Estimates from GVL readings while the scheduler probes were paused --------------------------------------------
+
+TEST(AttributionEstimate, ACompleteRecordingKeepsItsExactAttributionWhateverItsReadingsSay) {
+  auto run_it = [](bool readings) {
+    Feed run(Estimating());
+    run.Ev(0, EventName::kGvlAcquired, kA);
+    run.Ev(1, EventName::kGvlReleased, kB);
+    run.Ev(10, EventName::kWantsGvl, kB);
+    if (readings) {  // what they say would be an estimate in a paused window
+      run.Reading(20, kA, 7, kA, {kB});
+      run.Reading(40, kA, 8, kA, {kB, kC}, /*waiting=*/5);
+    } else {
+      run.Sample(20, kA, 7);
+      run.Sample(40, kA, 8);
+    }
+    run.Ev(60, EventName::kGvlReleased, kA, 9);
+    run.Ev(60, EventName::kGvlAcquired, kB);
+    return run.Done(70);
+  };
+  const AttributionResult with = run_it(true), without = run_it(false);
+  EXPECT_EQ(with.blame_ns, without.blame_ns);
+  EXPECT_EQ(with.wall_ns, without.wall_ns);
+  EXPECT_EQ(with.total_gvl_wait_ns, 50u);
+  EXPECT_EQ(with.estimated_gvl_wait_ns, 0u);
+  EXPECT_TRUE(with.estimated_wait_ns.empty());
+  EXPECT_EQ(with.paused_ns, 0u);
+}
+
+TEST(AttributionEstimate, AWaitAcrossAPausedWindowIsEstimatedFromTheReadings) {
+  // B waits from 10 to 110; the probes are paused from 20 to 105, so the wait itself is not counted. The holder A is
+  // sampled every 10 ns (the period), each sample reading B in the queue.
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Sample(1, kB, 3);  // what B last ran before it waits
+  run.Ev(2, EventName::kGvlReleased, kB);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Ev(20, EventName::kTracingPaused);
+  for (uint64_t t = 10; t <= 100; t += 10) run.Reading(t, kA, t % 20 == 0 ? 7 : 8, kA, {kB});
+  run.Ev(105, EventName::kTracingResumed);
+  run.Ev(110, EventName::kGvlReleased, kA, 9);
+  run.Ev(110, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(120);
+  EXPECT_EQ(r.total_gvl_wait_ns, 0u);  // observed: nothing
+  // B is queued at every reading: it waited from its wants_gvl (its last event before the pause, an exact start) to
+  // its gvl_acquired (its first after the resume, an exact end), the whole wait. Each gap between two readings is
+  // blamed half on each reading's stack; the last one also carries [100, 110).
+  EXPECT_EQ(r.estimated_gvl_wait_ns, 100u);
+  EXPECT_EQ(Estimated(r, kB, kA, 7, BlameSource::kSampled), 55u);
+  EXPECT_EQ(Estimated(r, kB, kA, 8, BlameSource::kSampled), 45u);
+  EXPECT_EQ(Blame(r, kB, kA, 7, BlameSource::kSampled), 0u) << "an estimate is never derived blame";
+  EXPECT_EQ(r.estimated_wait_ns.at(WaitKey{kB, 3}), 100u);  // at B's own latest stack
+  EXPECT_EQ(r.estimate_readings, 10u);
+  EXPECT_EQ(r.paused_ns, 85u);
+  EXPECT_EQ(BlameTotal(r), r.total_gvl_wait_ns + r.estimated_gvl_wait_ns);
+  // The wall clock keeps the unobserved time unknown.
+  EXPECT_EQ(WallOf(r, kB), r.lifetime_ns.at(kB));
+}
+
+TEST(AttributionEstimate, AHolderChangeInsideAPauseSplitsTheEstimate) {
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(2, EventName::kGvlReleased, kC);
+  run.Ev(5, EventName::kWantsGvl, kB);
+  run.Ev(6, EventName::kWantsGvl, kC);
+  run.Ev(8, EventName::kTracingPaused);
+  run.Reading(10, kA, 7, kA, {kB, kC});
+  run.Reading(20, kA, 7, kA, {kB, kC});
+  run.Reading(30, kC, 5, kC, {kB});  // A gave the lock to C, B still queued
+  run.Reading(40, kC, 5, kC, {kB});
+  run.Ev(45, EventName::kTracingResumed);
+  run.Ev(50, EventName::kGvlReleased, kC, 5);
+  run.Ev(50, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(60);
+  // B: [5, 10) (from its wants_gvl) and [10, 25) next to A's readings, [25, 50) next to C's (the last one up to B's
+  // gvl_acquired).
+  EXPECT_EQ(Estimated(r, kB, kA, 7, BlameSource::kSampled), 20u);
+  EXPECT_EQ(Estimated(r, kB, kC, 5, BlameSource::kSampled), 25u);
+  // C: [6, 20), then queued at 20 but holding at 30: it got the lock in between, half the gap.
+  EXPECT_EQ(Estimated(r, kC, kA, 7, BlameSource::kSampled), 14u + 5u);
+  EXPECT_EQ(r.estimated_gvl_wait_ns, 64u);
+  EXPECT_EQ(InferredTotal(r), 64u);
+}
+
+TEST(AttributionEstimate, AHolderThatDidNotTakeTheReadingIsBlamedWithItsLatestSample) {
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(5, EventName::kWantsGvl, kB);
+  run.Ev(8, EventName::kTracingPaused);
+  run.Sample(9, kA, 6);
+  run.Reading(10, kC, 2, kA, {kB});  // C, off the GVL in a blocking call, took the reading
+  run.Ev(20, EventName::kTracingResumed);
+  run.Ev(20, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(30);
+  EXPECT_EQ(Estimated(r, kB, kA, 6, BlameSource::kLastSample), 15u);  // B's whole wait [5, 20)
+}
+
+TEST(AttributionEstimate, GcDuringAPausedWaitIsBlamedAsTheHoldersGc) {
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(5, EventName::kWantsGvl, kB);
+  run.Ev(8, EventName::kTracingPaused);  // the GC sites are paused too: no gc_enter / gc_exit
+  run.Reading(10, kA, 7, kA, {kB});
+  run.Reading(20, kA, 4, kA, {kB}, std::nullopt, /*in_gc=*/true);  // A collects garbage; B still waits
+  run.Reading(30, kA, 7, kA, {kB});
+  run.Ev(40, EventName::kTracingResumed);
+  run.Ev(40, EventName::kGvlReleased, kA, 9);
+  run.Ev(40, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(50);
+  // [15, 25) lies next to the reading taken in GC.
+  EXPECT_EQ(Estimated(r, kB, kA, 4, BlameSource::kSampled, /*gc=*/true), 10u);
+  EXPECT_EQ(Estimated(r, kB, kA, 7, BlameSource::kSampled), 25u);
+  EXPECT_EQ(r.estimated_gvl_wait_ns, 35u);
+}
+
+TEST(AttributionEstimate, QueuedAtTwoReadingsItWaitedAllBetweenAtOneOnlyHalfTheGapAtMostFourPeriods) {
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(2, EventName::kGvlReleased, kC);
+  run.Ev(5, EventName::kWantsGvl, kB);
+  run.Ev(6, EventName::kWantsGvl, kC);
+  run.Ev(8, EventName::kTracingPaused);
+  run.Reading(10, kA, 7, kA, {kB, kC});
+  run.Reading(500, kA, 7, kA, {kB});  // nothing read for 490 ns (the holder was descheduled); C left the queue
+  run.Ev(505, EventName::kTracingResumed);
+  run.Ev(505, EventName::kGvlAcquired, kB);
+  run.Ev(520, EventName::kGvlAcquired, kC);
+  AttributionResult r = run.Done(600);
+  EXPECT_EQ(Estimated(r, kB, kA, 7, BlameSource::kSampled), 5u + 490u + 5u);  // queued at both: all of it
+  // C: [6, 10), then half the 490 ns gap, at most four periods; not queued at the last reading, so nothing after.
+  EXPECT_EQ(Estimated(r, kC, kA, 7, BlameSource::kSampled), 4u + Attribution::kMaxReadingPeriods * 10);
+}
+
+TEST(AttributionEstimate, UnnamedQueuedThreadsCountOnlyInsideThePauseAndNobodyHoldingIsGvlFree) {
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(5, EventName::kWantsGvl, kB);
+  run.Reading(6, kA, 7, kA, {kB}, /*waiting=*/3);  // before the pause, inside B's wait the pause will cut
+  run.Ev(10, EventName::kTracingPaused);
+  run.Reading(10, kA, 7, kA, {kB}, /*waiting=*/3);  // two queued threads the trace does not name
+  run.Reading(20, kC, 2, 0, {kB}, /*waiting=*/1, false, /*held=*/false);  // hand-off: nobody holds it
+  run.Reading(30, kC, 2, 0, {kB}, /*waiting=*/1, false, /*held=*/true);   // held by a thread not named
+  run.Ev(40, EventName::kTracingResumed);
+  run.Ev(40, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(50);
+  // The two unnamed ones were queued at 10 and not at 20: half that gap each.
+  EXPECT_EQ(Estimated(r, 0, kA, 7, BlameSource::kSampled), 2u * 5);
+  EXPECT_EQ(r.estimated_wait_ns.at(WaitKey{0, 0}), 10u);
+  // B: its unobserved stretch starts at its wants_gvl (5), so the reading at 6 counts for it: [5, 15) next to A's
+  // readings, [15, 25) next to the free lock, [25, 40) next to the unnamed holder (up to B's gvl_acquired).
+  EXPECT_EQ(Estimated(r, kB, kA, 7, BlameSource::kSampled), 10u);
+  EXPECT_EQ(Estimated(r, kB, 0, 0, BlameSource::kGvlFree), 10u);
+  EXPECT_EQ(Estimated(r, kB, 0, 0, BlameSource::kHolderUnknown), 15u);
+}
+
+TEST(AttributionEstimate, TimeAlreadyObservedIsNeverEstimatedAgain) {
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Reading(15, kA, 7, kA, {kB});  // inside B's counted wait
+  run.Reading(25, kA, 7, kA, {kB});
+  run.Ev(30, EventName::kGvlReleased, kA, 9);
+  run.Ev(30, EventName::kGvlAcquired, kB);
+  run.Ev(35, EventName::kGvlReleased, kB, 3);
+  run.Ev(35, EventName::kGvlAcquired, kA);
+  run.Ev(50, EventName::kTracingPaused);
+  run.Reading(60, kA, 8, kA, {kB});  // B wanted the lock again during the pause
+  run.Reading(70, kA, 8, kA, {kB});
+  run.Ev(80, EventName::kTracingResumed);
+  run.Ev(90, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(100);
+  EXPECT_EQ(r.total_gvl_wait_ns, 20u);
+  EXPECT_EQ(Blame(r, kB, kA, 7, BlameSource::kSampled), 20u);
+  EXPECT_EQ(Estimated(r, kB, kA, 7, BlameSource::kSampled), 0u) << "the counted wait was estimated twice";
+  // B was blocked at the pause: it joined the queue between 50 and 60 (half of it), then [60, 90) to its gvl_acquired.
+  EXPECT_EQ(Estimated(r, kB, kA, 8, BlameSource::kSampled), 5u + 30u);
+}
+
+TEST(AttributionEstimate, AThreadThatExitsInsideAPauseWaitsNoLonger) {
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(5, EventName::kWantsGvl, kB);
+  run.Ev(8, EventName::kTracingPaused);
+  run.Reading(10, kA, 7, kA, {kB, kA});  // a reading that lists its own holder (torn): no wait of A estimated
+  run.Ev(15, EventName::kThreadExited, kB);  // thread exits stay attached while paused
+  run.Reading(20, kA, 7, kA, {kB});          // a stale pointer to B after its exit
+  run.Ev(40, EventName::kTracingResumed);
+  AttributionResult r = run.Done(50);
+  EXPECT_EQ(Estimated(r, kB, kA, 7, BlameSource::kSampled), 10u);  // [5, 15): from its wants_gvl to its exit
+  EXPECT_EQ(r.estimated_gvl_wait_ns, 10u);
+}
+
+TEST(AttributionEstimate, AThreadStartedInsideAPauseIsUnobservedFromItsStart) {
+  Feed run(Estimating());
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(8, EventName::kTracingPaused);
+  run.Reading(10, kA, 7, kA, {kC});  // before C exists: a stale or reused pointer, not C's wait
+  run.Ev(12, EventName::kThreadStarted, kC);
+  run.Reading(20, kA, 7, kA, {kC});
+  run.Ev(30, EventName::kTracingResumed);
+  run.Ev(35, EventName::kGvlAcquired, kC);
+  AttributionResult r = run.Done(40);
+  // Started at 12, not waiting then: it joined the queue between 12 and 20 (half of it), then [20, 35) up to its
+  // gvl_acquired.
+  EXPECT_EQ(Estimated(r, kC, kA, 7, BlameSource::kSampled), 4u + 15u);
+  EXPECT_EQ(r.estimated_gvl_wait_ns, 19u);
 }
 
 }  // namespace

@@ -155,6 +155,51 @@ TEST_P(EcRouteLiveTest, EveryThreadFindsItsOwnThreadThroughTls) {
   }
 }
 
+// The sampler's GVL reading (bpf/ruby_gvl.h) in the same stopped process, with the offsets OffsetsForBinary gives
+// (DWARF over the table): main holds the GVL while it captures, and the spinner, a CPU-bound thread that main's
+// wake-up preempted, is the one thread queued for it; the sleeping, locking and reading threads are not queued. Read
+// from each Ruby thread's side (every thread of the process is in the main ractor), the answer is the same.
+TEST_P(EcRouteLiveTest, GvlReadingNamesTheHolderAndTheQueuedThread) {
+  const std::string name = GetParam();
+  const std::string ruby = std::string(testing::kTestRubies) + "/" + name + "/bin/ruby";
+  if (access(ruby.c_str(), X_OK) != 0) GTEST_SKIP() << ruby << " not installed (tools/build-test-rubies.sh)";
+  testing::StoppedGoldenRuby stopped;
+  const std::string why_not = stopped.Start(name, ruby, "gvl-live");
+  ASSERT_TRUE(why_not.empty()) << why_not;
+  const nlohmann::json& golden = stopped.golden();
+  Result<ElfFile> elf = ElfFile::Open(stopped.vm_path());
+  ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+  int major = 0, minor = 0;
+  ASSERT_EQ(std::sscanf(golden["ruby_version"].get<std::string>().c_str(), "%d.%d", &major, &minor), 2);
+  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, nullptr);
+  ASSERT_TRUE(off.ok()) << off.error().ToString();
+  ASSERT_EQ(off->gvl.base, uint32_t{RV_GVL_BASE_THREAD_RACTOR});
+  std::map<std::string, uint64_t> th_of;
+  uint64_t main_th = 0;
+  for (const nlohmann::json& t : golden["threads"]) {
+    const uint64_t th = std::stoull(t["th"].get<std::string>(), nullptr, 16);
+    if (t["main"].get<bool>()) main_th = th;
+    if (t["name"].is_string()) th_of[t["name"].get<std::string>()] = th;
+  }
+  ASSERT_NE(main_th, 0u);
+  ASSERT_TRUE(th_of.count("spinner")) << golden.dump();
+  ProcessMemoryReader mem(stopped.pid());
+  size_t readers = 0;
+  for (const nlohmann::json& t : golden["threads"]) {
+    SCOPED_TRACE("read from thread " + t["name"].dump());
+    const uint64_t th = std::stoull(t["th"].get<std::string>(), nullptr, 16);
+    std::optional<rv_gvl_reading> r = ReadGvlForThread(mem, off->gvl, 0, th);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->holder, main_th) << "main holds the GVL while it captures";
+    EXPECT_EQ(r->waiting, 1u);
+    ASSERT_EQ(r->nqueued, 1u);
+    EXPECT_EQ(r->queued[0], th_of["spinner"]);
+    EXPECT_EQ(r->flags, 0u);
+    ++readers;
+  }
+  EXPECT_GE(readers, 6u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Rubies, EcRouteLiveTest, ::testing::Values("3.3.8-shared", "3.4.5-static"),
                          testing::RubyParamName);
 

@@ -2,6 +2,7 @@
 // walked with, so each must equal the DWARF layout of every test Ruby of its release line. A failure names the field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "elf/elf_fixtures.h"
@@ -33,6 +34,17 @@ TEST_P(OffsetsTableTest, TableEqualsDwarfFieldByField) {
   // Without enough DWARF-backed fields the comparison would check nothing.
   EXPECT_GE(report.from_dwarf, 25) << c.ruby << " has too little DWARF for the table check";
   for (const std::string& m : report.mismatches) ADD_FAILURE() << c.ruby << " walker table field " << m;
+  // The sampler's GVL reading: every field the table gives came from DWARF too (so the comparison above covered it),
+  // and the table has them all for this release line.
+  for (const char* field : {"thread.ractor", "ractor.threads.sched.running", "ractor.threads.sched.readyq",
+                            "ractor.threads.sched.readyq_cnt", "thread.sched.node.readyq"}) {
+    EXPECT_NE(std::find(report.dwarf_fields.begin(), report.dwarf_fields.end(), field), report.dwarf_fields.end())
+        << c.ruby << ": DWARF has no " << field << ", so the GVL table entry went unchecked";
+  }
+  Result<RubyOffsets> table_only = RubyOffsets::ForVersion(major, minor);
+  ASSERT_TRUE(table_only.ok());
+  EXPECT_EQ(table_only->gvl.base, uint32_t{RV_GVL_BASE_THREAD_RACTOR}) << c.ruby << ": no GVL table entry";
+  EXPECT_EQ(off->gvl.base, uint32_t{RV_GVL_BASE_THREAD_RACTOR});
 
   // The scheduler's thread offsets (th->nt, nt->tid, th->serial): DWARF of the binary against TableOffsets.
   Result<SiteSet> sites = FindSites(*elf, c.version);

@@ -119,6 +119,44 @@ TEST(TraceReader, BadLinesReportTheLineNumber) {
   }
 }
 
+TEST(TraceReader, GvlReadingsAreOptionalAndCheckedWhenPresent) {
+  const std::string header = R"({"rvtrace":1,"recorder":"rvbpfd","pid":1,"origin_ns":0})" "\n";
+  auto sample = [](const std::string& gvl) {
+    return R"({"t_ns":1,"ruby_thread":2,"event":"sample","source":"perf_event","provenance":"observed")" + gvl +
+           "}\n";
+  };
+  // Absent (in-process recorder traces, older rvbpfd ones): no reading.
+  Result<TraceFile> none = TraceReader::Parse(header + sample(""), "t.rvtrace");
+  ASSERT_TRUE(none.ok()) << none.error().ToString();
+  EXPECT_EQ(none->events.back().gvl, nullptr);
+  // A subset of the keys: the rest take their defaults; a holder implies held; a list longer than the count raises it.
+  Result<TraceFile> some = TraceReader::Parse(header + sample(R"(,"gvl":{"holder":4,"queued":[5,6],"later":1})"),
+                                              "t.rvtrace");
+  ASSERT_TRUE(some.ok()) << some.error().ToString();
+  ASSERT_NE(some->events.back().gvl, nullptr);
+  EXPECT_TRUE(some->events.back().gvl->held);
+  EXPECT_EQ(some->events.back().gvl->holder, std::optional<uint32_t>(4));
+  EXPECT_EQ(some->events.back().gvl->waiting, 2u);
+  const struct {
+    std::string gvl, expect;
+  } bad[] = {
+      {R"(,"gvl":[1])", "\"gvl\" must be an object"},
+      {R"(,"gvl":{"held":"yes"})", "\"gvl.held\" must be a boolean"},
+      {R"(,"gvl":{"holder":-1})", "\"holder\" must be null or an integer"},
+      {R"(,"gvl":{"held":false,"holder":3})", "\"gvl\" names a holder but says the GVL was not held"},
+      {R"(,"gvl":{"waiting":4294967296})", "\"waiting\" must be null or an integer"},
+      {R"(,"gvl":{"queued":{"a":1}})", "\"gvl.queued\" must be an array of thread ids"},
+      {R"(,"gvl":{"queued":[1,null]})", "\"gvl.queued\" must be an array of thread ids"},
+      {R"(,"gvl":{"queued":[1,4294967296]})", "\"gvl.queued\" must be an array of thread ids"},
+  };
+  for (const auto& c : bad) {
+    Result<TraceFile> r = TraceReader::Parse(header + sample(c.gvl), "t.rvtrace");
+    ASSERT_FALSE(r.ok()) << c.gvl;
+    EXPECT_EQ(r.error().code(), ErrorCode::kBadTrace);
+    EXPECT_NE(r.error().message().find("line 2: " + c.expect), std::string::npos) << r.error().message();
+  }
+}
+
 TEST(TraceReader, ReadsAnInProcessRecorderTrace) {
   // Written the way the in-process recorder writes: same header keys, its own recorder name, native_tid of the
   // thread that ran the hook, no probe_tid, a newer event name this version does not know, and no summary.

@@ -65,5 +65,48 @@ TEST(ThreadIds, UnknownThOnTheInitialNativeThreadIsMain) {
   EXPECT_FALSE(no_tid.ruby_thread.has_value());
 }
 
+TEST(ThreadIds, AGvlReadingNamesOnlyThreadsAlreadySeen) {
+  ThreadIds ids(kPid);
+  EXPECT_EQ(IdOf(ids, EventName::kGvlAcquired, 0xa0, kPid), 1u);
+  EXPECT_EQ(IdOf(ids, EventName::kThreadStarted, 0xb0, std::nullopt), 2u);
+  EXPECT_EQ(IdOf(ids, EventName::kThreadStarted, 0xc0, std::nullopt), 3u);
+  EXPECT_EQ(IdOf(ids, EventName::kThreadExited, 0xc0, 503), 3u);
+  // The hog 0xd0 was never seen before its own sample: the sample numbers it, then its reading names it holder.
+  rv_gvl_reading r{};
+  r.holder = 0xd0;
+  r.waiting = 4;
+  r.nqueued = 4;
+  r.queued[0] = 0xb0;
+  r.queued[1] = 0xa0;
+  r.queued[2] = 0xc0;  // exited: its pointer may be reused, never revived from a reading
+  r.queued[3] = 0xe0;  // never seen: not invented
+  TraceEvent sample = Ev(EventName::kSample, 0xd0, 504);
+  sample.gvl = GvlReadingFromRecord(r);
+  ids.Assign(&sample);
+  EXPECT_EQ(sample.ruby_thread, std::optional<uint32_t>(4));
+  ASSERT_NE(sample.gvl, nullptr);
+  EXPECT_TRUE(sample.gvl->held);
+  EXPECT_EQ(sample.gvl->holder, std::optional<uint32_t>(4));
+  EXPECT_EQ(sample.gvl->queued, (std::vector<uint32_t>{2, 1}));
+  EXPECT_EQ(sample.gvl->waiting, 4u) << "the count stays the VM's: unnamed threads still waited";
+  EXPECT_EQ(IdOf(ids, EventName::kThreadStarted, 0xe0, std::nullopt), 5u) << "a reading numbers no thread";
+}
+
+TEST(GvlReadingFromRecord, TheCountIsAtLeastTheListAndEmptySlotsAreSkipped) {
+  rv_gvl_reading r{};
+  r.holder = 0;  // nobody holds it
+  r.waiting = 1;  // read before two more threads were queued
+  r.nqueued = 3;
+  r.queued[0] = 0xb0;
+  r.queued[1] = 0;
+  r.queued[2] = 0xc0;
+  std::shared_ptr<GvlReading> g = GvlReadingFromRecord(r);
+  EXPECT_FALSE(g->held);
+  EXPECT_EQ(g->queued_th, (std::vector<uint64_t>{0xb0, 0xc0}));
+  EXPECT_EQ(g->waiting, 3u);
+  r.nqueued = 1000;  // beyond the array: only RV_GVL_MAX_QUEUED entries exist
+  EXPECT_EQ(GvlReadingFromRecord(r)->waiting, uint32_t{RV_GVL_MAX_QUEUED});
+}
+
 }  // namespace
 }  // namespace rvbpfd

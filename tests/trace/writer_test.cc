@@ -232,6 +232,69 @@ TEST(TraceWriter, ProbeHitsAreWrittenAndReadBackOnlyWhenTheRecorderGivesThem) {
   }
 }
 
+TEST(TraceWriter, GvlReadingsOfSamplesRoundTripAndOtherEventsHaveNone) {
+  ScratchDir dir;
+  const std::string path = dir.File("gvl.rvtrace");
+  TraceEvent held = Ev(10, EventName::kSample, 2, 5002);
+  held.source = kSourcePerfEvent;
+  held.gvl = std::make_shared<GvlReading>();
+  held.gvl->held = true;
+  held.gvl->holder = 2;
+  held.gvl->waiting = 5;  // three named, two the recorder could not name
+  held.gvl->queued = {3, 1, 4};
+  TraceEvent unnamed = Ev(20, EventName::kSample, 3, 5003);
+  unnamed.source = kSourcePerfEvent;
+  unnamed.gvl = std::make_shared<GvlReading>();
+  unnamed.gvl->held = true;  // by a thread the trace does not name
+  unnamed.gvl->waiting = 0;
+  TraceEvent free_lock = Ev(30, EventName::kSample, 3, 5003);
+  free_lock.source = kSourcePerfEvent;
+  free_lock.gvl = std::make_shared<GvlReading>();
+  free_lock.gvl->waiting = 1;
+  free_lock.gvl->queued = {2};
+  TraceEvent plain = Ev(40, EventName::kSample, 3, 5003);
+  plain.source = kSourcePerfEvent;
+  {
+    Result<TraceWriter> writer = TraceWriter::Create(path, TestHeader());
+    ASSERT_TRUE(writer.ok());
+    for (const TraceEvent* e : {&held, &unnamed, &free_lock, &plain}) ASSERT_TRUE(writer->Write(*e).ok());
+    FinishInfo fin{.end_t_ns = 50};
+    fin.gvl_readings = 3;
+    fin.gvl_queue_truncated = 1;
+    ASSERT_TRUE(writer->Finish(fin).ok());
+  }
+  const std::string text = ReadAll(path);
+  EXPECT_NE(text.find(R"("gvl":{"held":true,"holder":2,"waiting":5,"queued":[3,1,4]})"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"("gvl":{"held":true,"holder":null,"waiting":0,"queued":[]})"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"("gvl":{"held":false,"holder":null,"waiting":1,"queued":[2]})"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"("gvl_readings":3,"gvl_queue_truncated":1)"), std::string::npos) << text;
+  Result<TraceFile> read = TraceReader::ReadFile(path);
+  ASSERT_TRUE(read.ok()) << read.error().ToString();
+  std::vector<const TraceEvent*> samples;
+  for (const TraceEvent& e : read->events) {
+    if (e.event == EventName::kSample) samples.push_back(&e);
+    if (e.event != EventName::kSample) {
+      EXPECT_EQ(e.gvl, nullptr) << EventNameString(e.event);
+    }
+  }
+  ASSERT_EQ(samples.size(), 4u);
+  ASSERT_NE(samples[0]->gvl, nullptr);
+  EXPECT_TRUE(samples[0]->gvl->held);
+  EXPECT_EQ(samples[0]->gvl->holder, std::optional<uint32_t>(2));
+  EXPECT_EQ(samples[0]->gvl->waiting, 5u);
+  EXPECT_EQ(samples[0]->gvl->queued, (std::vector<uint32_t>{3, 1, 4}));
+  ASSERT_NE(samples[1]->gvl, nullptr);
+  EXPECT_TRUE(samples[1]->gvl->held);
+  EXPECT_FALSE(samples[1]->gvl->holder.has_value());
+  ASSERT_NE(samples[2]->gvl, nullptr);
+  EXPECT_FALSE(samples[2]->gvl->held);
+  EXPECT_EQ(samples[2]->gvl->queued, (std::vector<uint32_t>{2}));
+  EXPECT_EQ(samples[3]->gvl, nullptr) << "a sample without a reading reads back without one";
+  ASSERT_TRUE(read->summary.has_value());
+  EXPECT_EQ(read->summary->gvl_readings, std::optional<uint64_t>(3));
+  EXPECT_EQ(read->summary->gvl_queue_truncated, std::optional<uint64_t>(1));
+}
+
 TEST(TraceWriter, ThreadLineAppearsBeforeFirstEventOfEachThread) {
   ScratchDir dir;
   const std::string path = dir.File("threads.rvtrace");

@@ -5,16 +5,25 @@
 #     HogKlass.spin as its leaf frame. It gives the GVL up only when the VM's timeslice preempts it.
 #   - four IO threads: each writes one byte to its own pipe and reads it back, until the hog is done. Every write and
 #     read releases the GVL, so each round trip ends with a wait for the lock the hog holds.
+#   - HOG_LOCK_EVERY=N (default 0: never): the hog also locks and unlocks a mutex of its own every N iterations. The
+#     lock is never contended, so the GVL stays with the hog, but every Mutex#lock is a probe hit: the run traps
+#     enough for --max-overhead to pause the scheduler probes (test_budget.py).
 # Protocol: see cpu_sleep.rb.
 class HogKlass
-  def self.spin(seconds)
+  def self.spin(seconds, lock_every = 0)
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    lock_every = 100_001 if lock_every <= 0
+    m = Mutex.new
     s = 0
     loop do
       i = 0
       while i < 100_000
         s += i
         i += 1
+        if i % lock_every == 0
+          m.lock
+          m.unlock
+        end
       end
       break if Process.clock_gettime(Process::CLOCK_MONOTONIC) >= deadline
     end
@@ -40,7 +49,8 @@ io_threads = 4.times.map do
     trips
   end
 end
-hog = Thread.new { HogKlass.spin(seconds) }
+lock_every = Integer(ENV.fetch("HOG_LOCK_EVERY", "0"))
+hog = Thread.new { HogKlass.spin(seconds, lock_every) }
 hog.join
 done = true
 trips = io_threads.map(&:value)
