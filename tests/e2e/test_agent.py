@@ -567,6 +567,12 @@ def main():
             prob.append("rvbpfd_push_delivered_total did not grow after the backend returned")
         res.check("deliveries resume when the backend returns", prob)
 
+        # The outage's backlog drains first: were it still queued, the last interval's uploads could push its oldest
+        # out while the shutdown flush waits (a counted drop, and rightly "flushed": false).
+        deadline = time.time() + 60
+        while time.time() < deadline and agent.metrics().get("rvbpfd_push_queue_length", 1) > 0:
+            time.sleep(0.5)
+
         # SIGTERM in the middle of an interval: the last partial interval is pushed before the agent exits.
         # A fresh cut is recognised by a larger `until` (uploads retried from the outage's backlog carry older ones,
         # so a mere new arrival says nothing about where the agent is in its interval). Wait for one, then half an
