@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -477,19 +478,59 @@ Result<int> Record(const RecordOptions& o) {
     if (Status st = child->Release(); !st) return fail(st.error());
   }
   std::optional<ProcessMemoryReader> gate_mem;
+  bool launch_gate_skipped = false;        // the command's memory is unreadable and the layout stands without it
+  std::optional<Error> launch_gate_denied;  // ... and it does not
   if (launch) {
     // The command shares rvbpfd's pid namespace: its main thread's tid is its pid as rvbpfd sees it.
     launch_gate.emplace(target.pid, target.pid, prepared->live_layout);
     gate_mem.emplace(target.pid);
-    poll_launch_gate = [&]() {
-      if (!vm_running || launch_gate->state() != LiveLayoutGate::State::kPending) return;
-      launch_gate->Poll(MonotonicNs(), [&] { return LowestMappingOf(target.pid, target.open_path); }, *gate_mem);
+    // Under sudo the command runs as the invoking user: without CAP_SYS_PTRACE rvbpfd may not read its memory
+    // (docs/deploy.md gives launch mode no such capability). Then the check cannot run; a layout taken from the
+    // binary's own DWARF and symbols stands without it, one from the offsets table (a binary without debug
+    // symbols) does not.
+    const bool layout_from_binary = prepared->sites.analysed_with_symtab && prepared->sites.offsets_source == "dwarf";
+    poll_launch_gate = [&, layout_from_binary, readability_known = false]() mutable {
+      if (!vm_running || launch_gate_skipped || launch_gate_denied ||
+          launch_gate->state() != LiveLayoutGate::State::kPending) {
+        return;
+      }
+      auto lowest = [&] { return LowestMappingOf(target.pid, target.open_path); };
+      if (!readability_known) {
+        const std::optional<uint64_t> start = lowest();
+        if (!start) return;  // not mapped yet: asked again at the next record
+        readability_known = true;
+        uint8_t byte = 0;
+        struct iovec local = {&byte, 1}, remote = {reinterpret_cast<void*>(*start), 1};
+        if (process_vm_readv(target.pid, &local, 1, &remote, 1, 0) < 0 && (errno == EPERM || errno == EACCES)) {
+          if (!layout_from_binary) {
+            launch_gate_denied = Error(
+                ErrorCode::kNoPrivilege,
+                "checking the command's memory against the layout rvbpfd derived from a VM binary without debug "
+                "symbols: " + ErrnoMessage("process_vm_readv of pid " + std::to_string(target.pid), errno) +
+                    " (it runs as another user); give rvbpfd CAP_SYS_PTRACE, or install the VM's debug symbols");
+            return;
+          }
+          launch_gate_skipped = true;
+          if (!o.quiet) {
+            fprintf(stderr, "rvbpfd: note: the command runs as another user and its memory is not readable without "
+                            "CAP_SYS_PTRACE: the live layout check is skipped (the layout is the binary's own DWARF)\n");
+          }
+          return;
+        }
+      }
+      launch_gate->Poll(MonotonicNs(), lowest, *gate_mem);
     };
   }
-  auto layout_checked = [&]() { return !launch_gate || launch_gate->state() == LiveLayoutGate::State::kPassed; };
+  auto layout_checked = [&]() {
+    return !launch_gate || launch_gate_skipped || launch_gate->state() == LiveLayoutGate::State::kPassed;
+  };
   // Launch mode: why nothing is written when the layout check failed or never ran (the command keeps running: not
   // rvbpfd's to kill).
   auto launch_gate_error = [&](const char* why_unchecked) {
+    if (launch_gate_denied) {
+      return Error(launch_gate_denied->code(), launch_gate_denied->message() + "; the command (pid " +
+                                                   std::to_string(target.pid) + ") runs on untraced");
+    }
     if (launch_gate->state() == LiveLayoutGate::State::kFailed) {
       return Error(launch_gate->error().code(), launch_gate->error().message() + "; the command (pid " +
                                                     std::to_string(target.pid) + ") runs on untraced");
@@ -656,7 +697,9 @@ Result<int> Record(const RecordOptions& o) {
     poll_ec_route();
     if (poll_launch_gate) {
       poll_launch_gate();
-      if (launch_gate->state() == LiveLayoutGate::State::kFailed) return fail(launch_gate_error(""));
+      if (launch_gate_denied || launch_gate->state() == LiveLayoutGate::State::kFailed) {
+        return fail(launch_gate_error(""));
+      }
     }
     if (layout_checked()) reorder.PopReady(&ready);
     Status wst = Status::Ok();
