@@ -1,9 +1,9 @@
 // The fleet agent's host cost per record, independent of machine load: a deterministic synthetic stream of one Ruby
 // process (4 threads cycling READY -> RESUMED -> SUSPENDED, each release carrying a ~20-frame stack drawn from a
-// small set, one on-CPU sample per 16 events, a GC every 200 ms) goes through the agent's own per-record path
-// (Agent::OnStack/OnRecord -> reorder window -> Dispatch -> ProcessProfile, cuts and pprof builds included) with the
-// production FrameSource (MakeResolverFrameSource: StackResolver) over a fake target memory holding real iseq
-// objects. Only the BPF ring and /proc are fakes.
+// small set, one on-CPU sample per 16 events, each reading the GVL, a GC every 200 ms) goes through the agent's own
+// per-record path (Agent::OnStack/OnRecord -> reorder window -> Dispatch -> ProcessProfile, cuts and pprof builds
+// included) with the production FrameSource (MakeResolverFrameSource: StackResolver) over a fake target memory
+// holding real iseq objects. Only the BPF ring and /proc are fakes.
 //
 // Prints ns per event (wall time: depends on the machine) and a checksum of every profile the agent produced (equal
 // checksums = byte-identical output, for comparing builds). For instruction counts, which do not depend on machine
@@ -104,6 +104,7 @@ class BenchBackend : public ProbeBackend {
   struct Rec {
     rv_record rec;
     int stack = -1;  // index into stacks, -1: none
+    int gvl = -1;    // index into readings (a sample's GVL reading), -1: none
   };
   void SetHandlers(RecordHandler on_record, StackHandler on_stack) override {
     on_record_ = std::move(on_record);
@@ -130,7 +131,7 @@ class BenchBackend : public ProbeBackend {
         rv_stack_header h{};
         const std::vector<rv_ruby_frame>& f = stacks[static_cast<size_t>(r.stack)];
         h.nframes = static_cast<uint32_t>(f.size());
-        on_stack_(r.rec, h, f);
+        on_stack_(r.rec, h, f, r.gvl >= 0 ? &readings[static_cast<size_t>(r.gvl)] : nullptr);
       } else {
         on_record_(r.rec);
       }
@@ -146,6 +147,7 @@ class BenchBackend : public ProbeBackend {
 
   std::vector<Rec> recs;
   std::vector<std::vector<rv_ruby_frame>> stacks;
+  std::vector<rv_gvl_reading> readings;
 
  private:
   RecordHandler on_record_;
@@ -192,6 +194,15 @@ int Main(int argc, char** argv) {
   const uint64_t t0 = clock.mono + kMs;
   const uint64_t end = t0 + static_cast<uint64_t>(sim_s * 1e9);
   uint64_t events = 0;
+  // Each sample reads the GVL as the agent's samples do: held by the sampled thread, the next one queued.
+  for (int t = 0; t < kThreads; ++t) {
+    rv_gvl_reading g{};
+    g.holder = 0x7f0000001000ull + static_cast<uint64_t>(t) * 0x100;
+    g.waiting = 1;
+    g.nqueued = 1;
+    g.queued[0] = 0x7f0000001000ull + static_cast<uint64_t>((t + 1) % kThreads) * 0x100;
+    backend.readings.push_back(g);
+  }
   auto add = [&](uint64_t ts, uint16_t kind, uint64_t th, int stack) {
     BenchBackend::Rec r{};
     r.rec.ts_ns = ts;
@@ -200,6 +211,10 @@ int Main(int argc, char** argv) {
     r.rec.th = th;
     if (stack >= 0) r.rec.flags = RV_REC_HAS_STACK;
     r.stack = stack;
+    if (kind == RV_EV_SAMPLE) {
+      r.rec.flags |= RV_REC_HAS_GVL;
+      r.gvl = static_cast<int>((th - 0x7f0000001000ull) / 0x100);
+    }
     backend.recs.push_back(r);
     if (kind != RV_EV_SAMPLE) ++events;
   };

@@ -66,6 +66,9 @@ rv_config Agent::ProbeConfig(const AgentConfig& config) {
     if (config.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
   }
   cfg.sampling = config.hz > 0 ? 1 : 0;
+  // Samples read their VM's GVL (where the binary's layout has it), so contention stays visible while the budget
+  // has the scheduler sites detached (ProcessProfile's estimate).
+  cfg.gvl_readings = cfg.sampling;
   cfg.watch_exec = 1;
   cfg.cold_gap_ns = OverheadBudget::kColdGapNs;
   return cfg;
@@ -74,7 +77,8 @@ rv_config Agent::ProbeConfig(const AgentConfig& config) {
 Status Agent::Start() {
   env_.backend->SetHandlers([this](const rv_record& r) { OnRecord(r); },
                             [this](const rv_record& r, const rv_stack_header& h,
-                                   std::span<const rv_ruby_frame> frames) { OnStack(r, h, frames); });
+                                   std::span<const rv_ruby_frame> frames,
+                                   const rv_gvl_reading* gvl) { OnStack(r, h, frames, gvl); });
   // Exec watching starts before the scan, so a process that execs during the scan is seen by one or the other.
   if (Status st = env_.backend->WatchProcesses(); !st) return st.error().Wrap("watching process exec/exit");
   if (config_.hz > 0) {
@@ -272,7 +276,8 @@ void Agent::OnRecord(const rv_record& r) {
   Enqueue(std::move(item));
 }
 
-void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames) {
+void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
+                    const rv_gvl_reading* gvl) {
   WatchedProcess* p = registry_.Find(static_cast<int>(r.pid));
   if (p == nullptr) return;
   if (r.kind != RV_EV_SAMPLE && r.kind >= RV_EV_KIND_COUNT) return;
@@ -302,9 +307,18 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
       ++unsymbolized_;
       return;
     }
+    if (gvl != nullptr) item.gvl = GvlReadingFromRecord(*gvl);
   } else if (r.kind == RV_EV_GC_ENTER) {
     ++p->gc_epoch;
   }
+  Enqueue(std::move(item));
+}
+
+void Agent::EnqueueMarker(int pid, uint32_t kind, uint64_t ts_ns) {
+  Pending item;
+  item.ts_ns = ts_ns;
+  item.pid = pid;
+  item.kind = kind;
   Enqueue(std::move(item));
 }
 
@@ -349,11 +363,19 @@ void Agent::Dispatch(Pending& item) {
   }
   WatchedProcess* p = registry_.Find(pid);
   if (p == nullptr) return;
+  if (item.kind == kPendingTracingPaused) {
+    p->profile->OnTracingPaused(item.ts_ns);
+    return;
+  }
+  if (item.kind == kPendingTracingResumed) {
+    p->profile->OnTracingResumed(item.ts_ns);
+    return;
+  }
   // The thread on the process's initial native thread is main (CRuby runs no other Ruby thread there).
   if (item.th != 0 && item.tid == static_cast<uint32_t>(pid)) p->profile->SetMainThread(item.th);
   if (item.kind == RV_EV_SAMPLE) {
     if (item.th != 0 && p->exited_th.count(item.th) != 0) return;
-    p->profile->OnSample(item.ts_ns, item.th, item.in_gc, item.frames);
+    p->profile->OnSample(item.ts_ns, item.th, item.in_gc, item.frames, item.gvl.get());
     ++p->samples;
     ++samples_;
     return;
@@ -483,19 +505,23 @@ void Agent::UpdateBudgets(uint64_t now) {
     if (action == OverheadBudget::Action::kPause && set->high_group >= 0 && !set->paused) {
       env_.backend->DetachGroup(set->high_group);
       set->paused = true;
-      for (int pid : set->pids) {
-        if (WatchedProcess* p = registry_.Find(pid)) p->profile->OnTracingPaused(now);
-      }
+      // Stamped once the detach has returned (every event of the detach tail is older) and sent through the reorder
+      // window, so events still in the ring or the window reach the profile before it, as `rvbpfd record` orders
+      // its tracing_paused.
+      const uint64_t paused_at = env_.clock->MonotonicNs();
+      for (int pid : set->pids) EnqueueMarker(pid, kPendingTracingPaused, paused_at);
       log().Info("tracing paused", {{"path", set->vm_path},
                                     {"reason", "max-overhead"},
                                     {"overhead_pct", set->budget->current_pct(now, set->budget_traps)}});
     } else if (set->paused && !set->budget->paused()) {
-      // The window ended (or a reattach failed before and is retried now).
+      // The window ended (or a reattach failed before and is retried now). Stamped before the reattach: every
+      // event after it is newer.
+      const uint64_t resumed_at = env_.clock->MonotonicNs();
       if (Status st = env_.backend->ReattachGroup(set->high_group, set->attach_path()); st) {
         set->paused = false;
         for (int pid : set->pids) {
           if (WatchedProcess* p = registry_.Find(pid)) {
-            p->profile->OnTracingResumed(now);
+            EnqueueMarker(pid, kPendingTracingResumed, resumed_at);
             ++p->gc_epoch;  // a GC may have run between the last stack named while paused and the reattach
           }
         }
@@ -575,6 +601,8 @@ void Agent::UpdateMetrics() {
   m->SetCounter(kMetricEvents, "Scheduler and GC events of watched processes handled", {},
                 static_cast<double>(events_));
   m->SetCounter(kMetricSamples, "On-CPU samples of watched processes handled", {}, static_cast<double>(samples_));
+  m->SetCounter(kMetricGvlReadings, "Samples that read their VM's GVL (holder and queue) in BPF", {},
+                static_cast<double>(seen_.gvl_readings));
   const char* dropped_help = "Events, samples and profiles lost, by reason";
   SinkStats push = sinks_.push ? sinks_.push->stats() : SinkStats{};
   const SinkStats dir = sinks_.dir ? sinks_.dir->stats() : SinkStats{};

@@ -31,6 +31,7 @@
 #include "common/error.h"
 #include "ops/agent_config.h"
 #include "ops/process_filter.h"
+#include "trace/event.h"
 
 namespace rvbpfd {
 
@@ -83,6 +84,7 @@ class Agent {
   const ExecRetrySchedule& retries() const { return retries_; }
   const AgentConfig& config() const { return config_; }
   uint64_t next_cut_ns() const { return next_cut_ns_; }
+  uint64_t next_budget_check_ns() const { return next_budget_check_ns_; }
   uint64_t profiles_built() const { return profiles_built_; }
   uint64_t events() const { return events_; }
   uint64_t samples() const { return samples_; }
@@ -106,13 +108,20 @@ class Agent {
     uint32_t tid = 0;  // host tid of the thread the record is about (0: unknown)
     bool in_gc = false;
     std::vector<SharedFrame> frames;  // shared with the resolver's cache: no per-record string copies
+    std::shared_ptr<GvlReading> gvl;  // a sample's GVL reading (holder_th / queued_th are th keys), null when none
   };
+
+  // Pending kinds of the agent's own (past every rv_event_kind): the budget paused / resumed a process's sites.
+  static constexpr uint32_t kPendingTracingPaused = 0x10000;
+  static constexpr uint32_t kPendingTracingResumed = 0x10001;
 
   void OnRecord(const rv_record& r);
   void Enqueue(Pending item);
+  void EnqueueMarker(int pid, uint32_t kind, uint64_t ts_ns);
   void ReleasePending(uint64_t upto_ns);
   void Dispatch(Pending& item);
-  void OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames);
+  void OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
+               const rv_gvl_reading* gvl);
   void DrainRing();
   void ScanProc(const char* how);
   void InspectDue(uint64_t now);

@@ -16,8 +16,8 @@ Result<std::unique_ptr<BpfProbeBackend>> BpfProbeBackend::Open(uint32_t ring_buf
   b->session_ = std::move(s.value());
   b->session_->SetStackCallback(
       [self](const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
-             const rv_gvl_reading*) {  // the agent does not turn GVL readings on (rv_config.gvl_readings)
-        if (self->on_stack_) self->on_stack_(r, h, frames);
+             const rv_gvl_reading* gvl) {
+        if (self->on_stack_) self->on_stack_(r, h, frames, gvl);
       });
   return b;
 }

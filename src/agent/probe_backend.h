@@ -26,8 +26,9 @@ namespace rvbpfd {
 class ProbeBackend {
  public:
   using RecordHandler = std::function<void(const rv_record&)>;
-  using StackHandler =
-      std::function<void(const rv_record&, const rv_stack_header&, std::span<const rv_ruby_frame> frames)>;
+  // `gvl`: the GVL reading a sample carried (rv_config.gvl_readings), null when none.
+  using StackHandler = std::function<void(const rv_record&, const rv_stack_header&,
+                                          std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl)>;
 
   virtual ~ProbeBackend() = default;
   // Records without a stack (scheduler events, process exec/exit) and records with one (samples, released stacks).

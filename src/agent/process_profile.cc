@@ -31,6 +31,8 @@ size_t DequeHeap(const std::deque<T>& d) {
 constexpr std::string_view kHolderLabel = "holder";
 constexpr std::string_view kWaiterLabel = "waiter";
 constexpr std::string_view kSourceLabel = "blame_source";
+// gvl_blame's, and gvl_wait's estimated samples': how the ns were known (ProvenanceString).
+constexpr std::string_view kProvenanceLabel = "provenance";
 
 const FrameInfo& GcFrame() {
   static const FrameInfo* const kFrame = new FrameInfo{std::string(kGcFrameLabel), "", 0, FrameKind::kGc};
@@ -193,7 +195,10 @@ ProcessProfile::ProcessProfile(uint64_t sample_period_ns, ProcessProfileLimits l
     : sample_period_ns_(sample_period_ns),
       limits_(limits),
       tracker_([this](const Span& s) { OnSpan(s); }),
-      blame_(AttributionOptions{.blame_cut_waits = true, .wall = false}) {
+      blame_(AttributionOptions{.blame_cut_waits = true,
+                                .wall = false,
+                                .estimate_paused = true,
+                                .sample_period_ns = std::max<uint64_t>(sample_period_ns, 1)}) {
   NewTable();
 }
 
@@ -288,12 +293,14 @@ void ProcessProfile::OnSpan(const Span& s) {
   weights_[stack].*member += s.end_ns - s.start_ns;
 }
 
-void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const FrameInfo> frames) {
-  Sample(ts_ns, th, in_gc, StackInput{frames, {}});
+void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const FrameInfo> frames,
+                              const GvlReading* gvl) {
+  Sample(ts_ns, th, in_gc, StackInput{frames, {}}, gvl);
 }
 
-void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames) {
-  Sample(ts_ns, th, in_gc, StackInput{{}, frames});
+void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames,
+                              const GvlReading* gvl) {
+  Sample(ts_ns, th, in_gc, StackInput{{}, frames}, gvl);
 }
 
 void ProcessProfile::OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const FrameInfo> frames) {
@@ -304,7 +311,8 @@ void ProcessProfile::OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::sp
   Event(ts_ns, th, kind, StackInput{{}, frames});
 }
 
-void ProcessProfile::Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames) {
+void ProcessProfile::Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames,
+                            const GvlReading* gvl) {
   ++stats_.samples;
   const uint32_t base = frames.empty() ? 0 : InternOrFull(frames);
   uint32_t cpu_stack;
@@ -316,11 +324,23 @@ void ProcessProfile::Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const Stack
   ++weights_[cpu_stack].samples;
   tracker_.OnSample(th, base, in_gc);
   blame_.OnSample(ts_ns, th, base, in_gc);
+  if (gvl != nullptr) {
+    // The agent's thread keys are the VM's rb_thread_t pointers, which the reading names.
+    blame_.OnGvlReading(GvlSample{.t_ns = ts_ns,
+                                  .sampled = th,
+                                  .stack = base,
+                                  .in_gc = in_gc,
+                                  .held = gvl->held,
+                                  .holder = gvl->holder_th,
+                                  .waiting = gvl->waiting,
+                                  .queued = gvl->queued_th});
+  }
   if (blame_.kept() >= blame_drain_at_) DrainBlame(ts_ns);
 }
 
 void ProcessProfile::DrainBlame(uint64_t now_ns) {
   ++stats_.blame_drains;
+  blame_.DrainEstimate(now_ns, &interval_blame_);
   blame_.DrainBlame(tracker_.oldest_open_wait_ns(now_ns), &interval_blame_);
   // What the open waits still need stays; the next drain comes once as much again has been kept.
   blame_drain_at_ = std::max(kBlameDrainMin, 2 * blame_.kept());
@@ -357,6 +377,7 @@ void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const Sta
     e.stack = InternOrFull(frames);
   }
   tracker_.OnEvent(e);
+  blame_.OnThreadEvent(ts_ns, th, e.event);  // which thread states a pause leaves unobserved
   if (blame_.kept() >= blame_drain_at_) DrainBlame(ts_ns);
 }
 
@@ -365,6 +386,8 @@ void ProcessProfile::Gap(EventName event, uint64_t ts_ns) {
   e.t_ns = ts_ns;
   e.event = event;
   tracker_.OnEvent(e);
+  if (event == EventName::kTracingPaused) blame_.OnPause(ts_ns);
+  if (event == EventName::kTracingResumed) blame_.OnResume(ts_ns);
 }
 
 void ProcessProfile::OnEventsLost() { Gap(EventName::kEventsDropped, 0); }
@@ -374,7 +397,8 @@ void ProcessProfile::OnTracingPaused(uint64_t ts_ns) { Gap(EventName::kTracingPa
 void ProcessProfile::OnTracingResumed(uint64_t ts_ns) { Gap(EventName::kTracingResumed, ts_ns); }
 
 std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<uint32_t>& stacks, bool cpu,
-                                     uint64_t Weights::*member, int64_t interval_start_unix_ns, int64_t duration_ns,
+                                     uint64_t Weights::*member, uint64_t Weights::*inferred,
+                                     int64_t interval_start_unix_ns, int64_t duration_ns,
                                      const std::vector<std::string>& comments) {
   PprofBuilder b;
   if (cpu) {
@@ -395,21 +419,29 @@ std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<ui
   for (uint32_t stack : stacks) {
     const Weights& w = weights_.at(stack);
     const uint64_t v = w.*member;
-    if (v == 0) continue;
+    const uint64_t guessed = inferred != nullptr ? w.*inferred : 0;
+    if (v == 0 && guessed == 0) continue;
     locations.clear();
     for (uint32_t f : table_->stack(stack)) {
       uint64_t& loc = location_of_frame[f];
       if (loc == 0) loc = b.Location(table_->frame(f));
       locations.push_back(loc);
     }
-    std::vector<int64_t> values;
-    if (cpu) {
-      values = {static_cast<int64_t>(v), static_cast<int64_t>(v * sample_period_ns_)};
-    } else {
-      values = {static_cast<int64_t>(v)};
-    }
     // Cannot fail: the value count matches the sample types and the ids come from Location.
-    (void)b.AddSample(std::span<const uint64_t>(locations), values);
+    if (v > 0) {
+      std::vector<int64_t> values;
+      if (cpu) {
+        values = {SaturatingToInt64(v), SaturatingToInt64(v * sample_period_ns_)};
+      } else {
+        values = {SaturatingToInt64(v)};
+      }
+      (void)b.AddSample(std::span<const uint64_t>(locations), values);
+    }
+    if (guessed > 0) {
+      const PprofLabel labels[] = {{.key = kProvenanceLabel, .str = ProvenanceString(Provenance::kInferred)}};
+      const int64_t values[] = {SaturatingToInt64(guessed)};
+      (void)b.AddSample(std::span<const uint64_t>(locations), values, labels);
+    }
   }
   return b.Build();
 }
@@ -452,7 +484,8 @@ std::string ProcessProfile::BuildBlame(int64_t interval_start_unix_ns, int64_t d
     const std::string holder = ThreadName(key.holder), waiter = ThreadName(key.waiter);
     const PprofLabel labels[] = {{.key = kHolderLabel, .str = holder},
                                  {.key = kWaiterLabel, .str = waiter},
-                                 {.key = kSourceLabel, .str = BlameSourceName(key.source)}};
+                                 {.key = kSourceLabel, .str = BlameSourceName(key.source)},
+                                 {.key = kProvenanceLabel, .str = ProvenanceString(key.provenance)}};
     const int64_t values[] = {SaturatingToInt64(ns)};
     // Cannot fail: one value for the one sample type, ids from Location.
     (void)b.AddSample(std::span<const uint64_t>(locations), values, labels);
@@ -464,7 +497,13 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
                                               int64_t duration_ns) {
   // The parts of open spans before the cut belong to this interval; they continue from the cut.
   tracker_.Cut(cut_ns);
+  blame_.DrainEstimate(cut_ns, &interval_blame_);
   blame_.DrainBlame(tracker_.oldest_open_wait_ns(cut_ns), &interval_blame_);
+  // The waits estimated in paused windows, at the stacks their waiters waited with.
+  for (const auto& [key, ns] : interval_blame_.estimated_wait_ns) {
+    uint64_t& w = weights_[key.stack != 0 ? key.stack : special_.no_stack].estimated_wait_ns;
+    w = SaturatingAdd(w, ns);
+  }
 
   std::vector<uint32_t> stacks;
   stacks.reserve(weights_.size());
@@ -475,6 +514,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
     total.wait_ns += w.wait_ns;
     total.held_ns += w.held_ns;
     total.gc_ns += w.gc_ns;
+    total.estimated_wait_ns += w.estimated_wait_ns;
   }
   std::sort(stacks.begin(), stacks.end());  // deterministic output
 
@@ -491,38 +531,57 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
     }
     return c;
   };
+  // Waits estimated in paused windows say so in gvl_wait's and gvl_blame's comments.
+  auto with_estimate = [&](std::vector<std::string> c) {
+    if (interval_blame_.estimated_gvl_wait_ns > 0) {
+      c.push_back(std::to_string(interval_blame_.estimated_gvl_wait_ns / 1'000'000) +
+                  " ms of GVL wait estimated from the samples' GVL readings while tracing was paused (" +
+                  std::to_string(interval_blame_.paused_ns / 1'000'000) +
+                  " ms paused; label provenance=inferred)");
+    }
+    return c;
+  };
   struct Kind {
     std::string_view type;
     bool cpu;
     uint64_t Weights::*member;
+    uint64_t Weights::*inferred;
     uint64_t total;
     uint64_t discarded;
     std::string_view what;
   };
   const Kind kinds[] = {
-      {"cpu", true, &Weights::samples, total.samples, 0, ""},
-      {"gvl_wait", false, &Weights::wait_ns, total.wait_ns, interval_discarded_waits_, "GVL waits"},
-      {"gvl_held", false, &Weights::held_ns, total.held_ns, interval_discarded_holds_, "GVL holds"},
-      {"gc", false, &Weights::gc_ns, total.gc_ns, interval_discarded_gcs_, "GCs"},
+      {"cpu", true, &Weights::samples, nullptr, total.samples, 0, ""},
+      {"gvl_wait", false, &Weights::wait_ns, &Weights::estimated_wait_ns,
+       SaturatingAdd(total.wait_ns, total.estimated_wait_ns), interval_discarded_waits_, "GVL waits"},
+      {"gvl_held", false, &Weights::held_ns, nullptr, total.held_ns, interval_discarded_holds_, "GVL holds"},
+      {"gc", false, &Weights::gc_ns, nullptr, total.gc_ns, interval_discarded_gcs_, "GCs"},
   };
+  const bool estimated = interval_blame_.estimated_gvl_wait_ns > 0;
   std::vector<BuiltProfile> out;
   for (const Kind& k : kinds) {
     if (k.total == 0) continue;
-    const std::string raw =
-        BuildOne(k.type, stacks, k.cpu, k.member, interval_start_unix_ns, duration_ns, with(k.discarded, k.what));
+    std::vector<std::string> comments = with(k.discarded, k.what);
+    if (k.inferred != nullptr) comments = with_estimate(std::move(comments));
+    const std::string raw = BuildOne(k.type, stacks, k.cpu, k.member, k.inferred, interval_start_unix_ns,
+                                     duration_ns, comments);
     Result<std::string> gz = Gzip(raw);
     if (!gz.ok()) {
       ++stats_.build_failures;
       continue;
     }
-    out.push_back(BuiltProfile{std::string(k.type), std::move(gz.value()), k.total, {}});
+    std::vector<std::string> label_names;
+    if (k.inferred != nullptr && estimated) label_names.emplace_back(kProvenanceLabel);
+    out.push_back(BuiltProfile{std::string(k.type), std::move(gz.value()), k.total, std::move(label_names)});
   }
-  if (interval_blame_.total_gvl_wait_ns > 0) {
-    Result<std::string> gz =
-        Gzip(BuildBlame(interval_start_unix_ns, duration_ns, with(interval_discarded_waits_, "GVL waits")));
+  const uint64_t blamed = SaturatingAdd(interval_blame_.total_gvl_wait_ns, interval_blame_.estimated_gvl_wait_ns);
+  if (blamed > 0) {
+    Result<std::string> gz = Gzip(BuildBlame(interval_start_unix_ns, duration_ns,
+                                             with_estimate(with(interval_discarded_waits_, "GVL waits"))));
     if (gz.ok()) {
-      out.push_back(BuiltProfile{"gvl_blame", std::move(gz.value()), interval_blame_.total_gvl_wait_ns,
-                                 {std::string(kHolderLabel), std::string(kWaiterLabel), std::string(kSourceLabel)}});
+      out.push_back(BuiltProfile{"gvl_blame", std::move(gz.value()), blamed,
+                                 {std::string(kHolderLabel), std::string(kWaiterLabel), std::string(kSourceLabel),
+                                  std::string(kProvenanceLabel)}});
     } else {
       ++stats_.build_failures;
     }

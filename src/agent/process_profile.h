@@ -15,8 +15,15 @@
 //     that held the GVL meanwhile and what they ran: the holder's samples inside the wait, else the stack of its
 //     hold's release (or of its latest sample, for a hold still open at a cut), under the GC frame while it ran a
 //     GC; "[GVL not held]" for hand-off time nobody held it, "[holder unknown]" where no holder was seen acquiring.
-//     Labelled holder and waiter (thread names, below) and blame_source (sampled, release_stack, last_sample,
-//     no_stack, gvl_free, holder_unknown). Its total equals gvl_wait's in every interval.
+//     Labelled holder and waiter (thread names, below), blame_source (sampled, release_stack, last_sample,
+//     no_stack, gvl_free, holder_unknown) and provenance ("derived": an observed wait). Its total equals gvl_wait's
+//     in every interval.
+//   - Paused windows (the budget detached the scheduler sites): the samples' GVL readings (OnSample's `gvl`: who held
+//     the lock, who was queued) estimate the waits the pause hid, by model/attribution.h's streaming estimate (the
+//     rules of `rvbpfd export --pprof` on a budgeted recording): in gvl_wait at the waiter's stack and in gvl_blame
+//     on the holder, both labelled provenance "inferred" (never mixed with the observed samples), with a comment
+//     giving the estimated ms. A reading is estimated in the interval of the last drain before it (at most one
+//     sample period of an estimate moves to the next interval at a cut).
 // th is the tracker's thread key; th 0 means "unknown thread": such samples count in cpu only and such events are
 // ignored. Events must come in time order (the agent's reorder window).
 //
@@ -65,6 +72,7 @@
 #include "model/attribution.h"
 #include "model/span_tracker.h"
 #include "record/stack_resolver.h"
+#include "trace/event.h"
 #include "trace/stacks.h"
 
 namespace rvbpfd {
@@ -198,18 +206,21 @@ class ProcessProfile {
   ProcessProfile(const ProcessProfile&) = delete;
   ProcessProfile& operator=(const ProcessProfile&) = delete;
 
-  // Frames are leaf first (as StackResolver::Resolve produces them), without the GC frame (in_gc adds it).
-  void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const FrameInfo> frames);
+  // Frames are leaf first (as StackResolver::Resolve produces them), without the GC frame (in_gc adds it). `gvl`:
+  // the GVL reading the sample carried (trace/event.h; its holder_th / queued_th are th keys), null when none.
+  void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const FrameInfo> frames,
+                const GvlReading* gvl = nullptr);
   // Scheduler/GC events of this process (kind = rv_event_kind). `frames` is the stack the event carried (gvl_released
   // with --stacks=release), empty when none. Kinds other than thread and GC events are ignored.
   void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const FrameInfo> frames);
   // The same with shared frames (StackResolver::ResolveShared's): identical results, cheaper for repeated frames.
-  void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames);
+  void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames,
+                const GvlReading* gvl = nullptr);
   void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const SharedFrame> frames);
   void OnEventsLost();  // events were dropped: spans open now are not counted (their ends are unknown)
   // `th` runs on the process's initial native thread (tid == pid): the main thread, so named in gvl_blame.
   void SetMainThread(uint64_t th) { main_th_ = th; }
-  // Budget pauses: spans open at either point are not counted (the times are part of the contract, unused).
+  // Budget pauses: spans open at either point are not counted; the waits in between are estimated (above).
   void OnTracingPaused(uint64_t ts_ns);
   void OnTracingResumed(uint64_t ts_ns);
   // Ends the interval at cut_ns: the parts of open spans before the cut count now, the rest in the next interval.
@@ -233,6 +244,7 @@ class ProcessProfile {
     uint64_t wait_ns = 0;
     uint64_t held_ns = 0;
     uint64_t gc_ns = 0;
+    uint64_t estimated_wait_ns = 0;  // gvl_wait estimated in paused windows (provenance inferred)
   };
   struct SpecialStacks {  // ids in the current table, interned first so they always exist
     uint32_t no_stack = 0;
@@ -250,16 +262,18 @@ class ProcessProfile {
     bool empty() const { return values.empty() && shared.empty(); }
   };
 
-  void Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames);
+  void Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames, const GvlReading* gvl);
   void Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const StackInput& frames);
   void Gap(EventName event, uint64_t ts_ns);
   void OnSpan(const Span& s);  // the tracker's spans become this interval's weights
   uint32_t InternOrFull(const StackInput& frames);
   uint32_t GcStack(uint32_t base);
   void NewTable();  // a fresh table with the special stacks, remapping every stack id thread state holds
+  // `inferred`, when not null: a second, estimated weight of the same type, written as samples of its own labelled
+  // provenance=inferred.
   std::string BuildOne(std::string_view type, const std::vector<uint32_t>& stacks, bool cpu,
-                       uint64_t Weights::*member, int64_t interval_start_unix_ns, int64_t duration_ns,
-                       const std::vector<std::string>& comments);
+                       uint64_t Weights::*member, uint64_t Weights::*inferred, int64_t interval_start_unix_ns,
+                       int64_t duration_ns, const std::vector<std::string>& comments);
   std::string BuildBlame(int64_t interval_start_unix_ns, int64_t duration_ns, const std::vector<std::string>& comments);
   void DrainBlame(uint64_t now_ns);  // between cuts, when the attribution keeps too much
   // "main", "Thread #N" (numbered on first use), "-" for 0.

@@ -46,6 +46,7 @@ Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weig
       for (const auto& [key, ns] : agg.attribution.wall_ns) {
         std::string leaf = "[" + std::string(WallStateName(key.state));
         if (key.state == WallState::kBlocked) leaf += ": " + std::string(ReleaseReasonName(key.reason));
+        if (key.provenance == Provenance::kInferred) leaf += " (inferred)";
         leaf += "]";
         if (ns > 0) per_stack[{key.stack, leaf, kNoStackFrame}] += ns;
       }

@@ -91,16 +91,7 @@ StackProfile AggregateStacks(const TraceFile& trace) {
       ++p.total_samples;
       tracker.OnSample(key, stack, false);
       attribution.OnSample(e.t_ns, key, stack, false);
-      if (e.gvl) {
-        GvlSample g{.t_ns = e.t_ns, .sampled = key, .stack = stack, .held = e.gvl->held,
-                    .holder = TraceThreadKey(e.gvl->holder), .waiting = e.gvl->waiting};
-        // The recorder puts the GC pseudo-frame on top of a sample taken during GC.
-        const std::vector<uint32_t>* frames = stack != 0 ? trace.Stack(stack) : nullptr;
-        const FrameInfo* leaf = frames != nullptr && !frames->empty() ? trace.Frame(frames->front()) : nullptr;
-        g.in_gc = leaf != nullptr && leaf->kind == FrameKind::kGc;
-        for (uint32_t q : e.gvl->queued) g.queued.push_back(TraceThreadKey(q));
-        attribution.OnGvlReading(std::move(g));
-      }
+      if (e.gvl) attribution.OnGvlReading(GvlSampleOf(e.t_ns, key, stack, trace.StackInGc(stack), *e.gvl));
       continue;
     }
     if (e.event == EventName::kTracingPaused) attribution.OnPause(e.t_ns);
@@ -243,6 +234,9 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     labels.push_back(PprofLabel{.key = state_key, .str = WallStateName(key.state)});
     if (key.state == WallState::kBlocked) {
       labels.push_back(PprofLabel{.key = reason_key, .str = ReleaseReasonName(key.reason)});
+    }
+    if (key.provenance == Provenance::kInferred) {
+      labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(key.provenance)});
     }
     const int64_t values[] = {0, 0, 0, 0, SaturatingToInt64(ns)};
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);

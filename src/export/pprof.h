@@ -35,8 +35,6 @@
 
 namespace rvbpfd {
 
-// Sampling rate assumed for a trace that has samples but no "sample_hz" in its header (rvbpfd's --hz default).
-inline constexpr uint32_t kDefaultSampleHz = 99;
 // The label of the frame standing in for a weight whose thread had no known stack.
 inline constexpr std::string_view kNoStackFrame = "[no stack]";
 // Frames standing in for blame that no holder's stack carries, and the leaf frame of a holder's GC.

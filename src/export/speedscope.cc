@@ -113,6 +113,7 @@ std::vector<SampledProfile> BuildSampled(const TraceFile& trace, Frames& frames)
     if (key.stack != 0) frames.AppendStack(trace, key.stack, kNoStackFrame, &stack);
     std::string state = "[" + std::string(WallStateName(key.state));
     if (key.state == WallState::kBlocked) state += ": " + std::string(ReleaseReasonName(key.reason));
+    if (key.provenance == Provenance::kInferred) state += " (inferred)";
     stack.push_back(frames.Named(state + "]"));
     out[1].samples.push_back(std::move(stack));
     out[1].weights.push_back(ns);

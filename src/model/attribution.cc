@@ -73,17 +73,21 @@ void Attribution::NoteForEstimate(uint64_t t_ns, uint64_t thread, EventName even
   // A sample says the thread ran, not which scheduler state it left or entered; a pause or a drop is about no thread.
   if (thread == 0 || event == EventName::kSample) return;
   const bool exited = event == EventName::kThreadExited;
-  Seen& l = seen_[thread];
+  auto [seen, fresh] = seen_.try_emplace(thread);
+  Seen& l = seen->second;
+  // A drain estimated it over the pauses while it had no event (a thread without any): its own stretches start now.
+  if (fresh) carried_stacks_.erase(thread);
   if (l.unobserved && (!paused_ || exited)) {
     // Its first scheduler event since the resume (or its exit): its state is observed again from here.
-    unobserved_[thread].push_back(
-        Interval{l.unobserved_from, std::max(t_ns, l.unobserved_from), l.unobserved_from_wait, true});
+    unobserved_[thread].push_back(Interval{l.unobserved_from, std::max(t_ns, l.unobserved_from),
+                                           l.unobserved_from_wait, true, l.unobserved_at_reading});
     l.unobserved = false;
   } else if (!l.unobserved && paused_ && !exited) {
     // Met inside a pause (a thread started there): unobserved from this event on.
     l.unobserved = true;
     l.unobserved_from = t_ns;
     l.unobserved_from_wait = event == EventName::kWantsGvl;
+    l.unobserved_at_reading = false;
   }
   l.last_event_ns = t_ns;
   // A repeated READY does not restart a wait (SpanTracker); its acquisition, a release or a restart ends it.
@@ -106,6 +110,7 @@ void Attribution::OnPause(uint64_t t_ns) {
     l.unobserved = true;
     l.unobserved_from = l.wants ? std::min(l.last_event_ns, t_ns) : t_ns;
     l.unobserved_from_wait = l.wants;
+    l.unobserved_at_reading = false;
   }
 }
 
@@ -116,7 +121,10 @@ void Attribution::OnResume(uint64_t t_ns) {
 }
 
 void Attribution::OnGvlReading(GvlSample reading) {
-  if (options_.estimate_paused) readings_.push_back(std::move(reading));
+  if (!options_.estimate_paused) return;
+  readings_.push_back(std::move(reading));
+  reading_counted_.push_back(false);
+  ++kept_;
 }
 
 const Attribution::Sample* Attribution::LatestSample(uint64_t thread, uint64_t t) const {
@@ -380,35 +388,69 @@ BlameKey Attribution::EstimateKey(const GvlSample& g) const {
   return key;
 }
 
-void Attribution::EstimateStretch(AttributionResult& r, uint64_t waiter, const Interval& st,
-                                  const std::function<uint32_t(const GvlSample&)>& count,
-                                  std::vector<bool>& used) const {
-  auto lo = std::lower_bound(readings_.begin(), readings_.end(), st.from,
-                             [](const GvlSample& g, uint64_t t) { return g.t_ns < t; });
-  auto hi = std::lower_bound(lo, readings_.end(), st.to, [](const GvlSample& g, uint64_t t) { return g.t_ns < t; });
-  if (lo == hi) return;  // no reading while it was unobserved: nothing is known
+uint32_t Attribution::Lists(uint64_t waiter, const GvlSample& g) {
+  // A reading that lists its own holder as queued is torn: no wait of the holder's to estimate.
+  return waiter != g.holder && std::find(g.queued.begin(), g.queued.end(), waiter) != g.queued.end() ? 1 : 0;
+}
+
+uint32_t Attribution::Unnamed(const GvlSample& g) {
+  return g.waiting > g.queued.size() ? static_cast<uint32_t>(g.waiting - g.queued.size()) : 0;
+}
+
+std::set<uint64_t> Attribution::ListedWaiters(size_t readings_end) const {
+  std::set<uint64_t> waiters;
+  for (size_t i = 0; i < readings_end; ++i) waiters.insert(readings_[i].queued.begin(), readings_[i].queued.end());
+  waiters.erase(0);
+  return waiters;
+}
+
+const std::vector<Attribution::Interval>& Attribution::StretchesOf(
+    uint64_t waiter, const std::unordered_map<uint64_t, std::vector<Interval>>& closed,
+    const std::vector<Interval>& pauses) const {
+  static const std::vector<Interval> kNone;
+  if (auto it = closed.find(waiter); it != closed.end()) return it->second;
+  // One with no scheduler event at all is unobserved exactly during the pauses.
+  return seen_.contains(waiter) ? kNone : pauses;
+}
+
+std::optional<uint64_t> Attribution::EstimateStretch(AttributionResult& r, uint64_t waiter, const Interval& st,
+                                                     size_t readings_end, bool open,
+                                                     const std::function<uint32_t(const GvlSample&)>& count,
+                                                     std::vector<bool>& used, WaiterStack& ws) const {
+  const auto begin = readings_.begin(), end = readings_.begin() + static_cast<ptrdiff_t>(readings_end);
+  auto by_time = [](const GvlSample& g, uint64_t t) { return g.t_ns < t; };
+  // A stretch that goes on from a drain's last reading starts at that reading (the last one at its time).
+  auto lo = std::lower_bound(begin, end, st.from, by_time);
+  if (st.at_reading) {
+    auto after = std::upper_bound(begin, end, st.from, [](uint64_t t, const GvlSample& g) { return t < g.t_ns; });
+    if (after != begin && (after - 1)->t_ns == st.from) lo = after - 1;
+  }
+  auto hi = open ? end : std::lower_bound(lo, end, st.to, by_time);
+  if (lo >= hi) return std::nullopt;  // no reading while it was unobserved: nothing is known
   const uint64_t cap = kMaxReadingPeriods * std::max<uint64_t>(options_.sample_period_ns, 1);
-  const uint32_t waiter_stack = [&]() -> uint32_t {
-    const Sample* own = waiter != 0 ? LatestSample(waiter, st.from) : nullptr;
-    return own != nullptr ? own->stack : 0;
-  }();
   auto add = [&](const GvlSample& by, uint64_t ns, uint32_t n) {
     if (ns == 0 || n == 0) return;
+    if (!ws.known) {
+      // The first reading that lists it: what it waited with is its latest sample by then.
+      const Sample* own = waiter != 0 ? LatestSample(waiter, by.t_ns) : nullptr;
+      ws = WaiterStack{true, own != nullptr ? own->stack : 0};
+    }
     BlameKey key = EstimateKey(by);
     key.waiter = waiter;
     const uint64_t total = ns * n;
     r.blame_ns[key] += total;
-    r.estimated_wait_ns[WaitKey{waiter, waiter_stack}] += total;
+    r.estimated_wait_ns[WaitKey{waiter, ws.stack}] += total;
     r.estimated_gvl_wait_ns += total;
   };
   auto half = [&](uint64_t gap) { return std::min(gap / 2, cap); };
   // Before the first reading: an exact wait start counts whole; else it joined the queue somewhere in between.
-  add(*lo, st.exact_from ? lo->t_ns - st.from : half(lo->t_ns - st.from), count(*lo));
+  if (!st.at_reading) add(*lo, st.exact_from ? lo->t_ns - st.from : half(lo->t_ns - st.from), count(*lo));
   for (auto it = lo; it != hi; ++it) {
     const uint32_t now = count(*it);
-    if (now > 0) used[static_cast<size_t>(it - readings_.begin())] = true;
+    if (now > 0) used[static_cast<size_t>(it - begin)] = true;
     auto next = it + 1;
     if (next == hi) {
+      if (open) return it->t_ns;  // the gap after it belongs to the next drain
       // After the last reading: up to the thread's own next event it waited whole (that event ends the wait).
       add(*it, st.exact_to ? st.to - it->t_ns : half(st.to - it->t_ns), now);
       break;
@@ -421,6 +463,7 @@ void Attribution::EstimateStretch(AttributionResult& r, uint64_t waiter, const I
     add(*it, half(gap), now - both);     // left the queue in between
     add(*next, half(gap), then - both);  // joined it in between
   }
+  return std::nullopt;
 }
 
 void Attribution::Estimate(AttributionResult& r, uint64_t end_ns) const {
@@ -435,30 +478,126 @@ void Attribution::Estimate(AttributionResult& r, uint64_t end_ns) const {
     const uint64_t until = l.exited ? l.exit_ns : std::max(end_ns, l.unobserved_from);
     unobserved[thread].push_back(Interval{l.unobserved_from, until, l.unobserved_from_wait, l.exited});
   }
-  std::vector<bool> used(readings_.size(), false);
-  // Every thread a reading lists, once; one with no scheduler event at all is unobserved exactly during the pauses.
-  std::set<uint64_t> waiters;
-  for (const GvlSample& g : readings_) waiters.insert(g.queued.begin(), g.queued.end());
-  static const std::vector<Interval> kNone;
-  for (uint64_t w : waiters) {
-    if (w == 0) continue;
-    auto lists = [w](const GvlSample& g) -> uint32_t {
-      // A reading that lists its own holder as queued is torn: no wait of the holder's to estimate.
-      return w != g.holder && std::find(g.queued.begin(), g.queued.end(), w) != g.queued.end() ? 1 : 0;
-    };
-    const std::vector<Interval>* stretches = &kNone;
-    if (auto it = unobserved.find(w); it != unobserved.end()) {
-      stretches = &it->second;
-    } else if (!seen_.contains(w)) {
-      stretches = &pauses;
+  const size_t n = readings_.size();
+  std::vector<bool> used(n, false);
+  for (uint64_t w : ListedWaiters(n)) {
+    for (const Interval& st : StretchesOf(w, unobserved, pauses)) {
+      WaiterStack ws;
+      EstimateStretch(r, w, st, n, false, [w](const GvlSample& g) { return Lists(w, g); }, used, ws);
     }
-    for (const Interval& st : *stretches) EstimateStretch(r, w, st, lists, used);
   }
-  auto unnamed = [](const GvlSample& g) -> uint32_t {
-    return g.waiting > g.queued.size() ? static_cast<uint32_t>(g.waiting - g.queued.size()) : 0;
-  };
-  for (const Interval& p : pauses) EstimateStretch(r, 0, p, unnamed, used);
+  for (const Interval& p : pauses) {
+    WaiterStack ws{true, 0};
+    EstimateStretch(r, 0, p, n, false, Unnamed, used, ws);
+  }
   r.estimate_readings = static_cast<uint64_t>(std::count(used.begin(), used.end(), true));
+}
+
+void Attribution::DrainEstimate(uint64_t now_ns, AttributionResult* into) {
+  if (!options_.estimate_paused) return;
+  AttributionResult& r = *into;
+  // The open stretches are estimated from the readings before now; the closed ones from all of theirs (their ends
+  // are events already fed, so every reading before them is here).
+  const size_t all = readings_.size();
+  const size_t n = static_cast<size_t>(
+      std::lower_bound(readings_.begin(), readings_.end(), now_ns,
+                       [](const GvlSample& g, uint64_t t) { return g.t_ns < t; }) -
+      readings_.begin());
+  std::vector<bool> used(all, false);
+  // The paused windows: the closed ones whole, the open one up to now.
+  std::vector<Interval> pauses = pauses_;
+  if (paused_) pauses.back().to = std::max(now_ns, pauses.back().from);
+  for (const Interval& p : pauses) {
+    const uint64_t from = std::max(p.from, paused_counted_to_), to = std::max(p.to, from);
+    r.paused_ns += to - from;
+  }
+  paused_counted_to_ = std::max(paused_counted_to_, now_ns);
+
+  // The stacks of the stretches the last drain left open; those still open after this one are carried again.
+  std::unordered_map<uint64_t, WaiterStack> carried;
+  carried.swap(carried_stacks_);
+  auto estimate = [&](uint64_t w, const Interval& st, bool open) {
+    WaiterStack ws{w == 0, 0};
+    if (w != 0 && st.at_reading) {
+      if (auto it = carried.find(w); it != carried.end()) ws = it->second;
+    }
+    auto count = [w](const GvlSample& g) { return w == 0 ? Unnamed(g) : Lists(w, g); };
+    const std::optional<uint64_t> at = EstimateStretch(r, w, st, open ? n : all, open, count, used, ws);
+    // A stack not known yet stays unknown: nothing listed the waiter so far.
+    if (w != 0 && open && at) carried_stacks_[w] = ws;
+  };
+  const std::set<uint64_t> listed = ListedWaiters(all);
+  // A waiter no reading lists now whose stretch goes on from the last drain's cut keeps its stack.
+  for (const auto& [w, ws] : carried) {
+    if (listed.contains(w)) continue;
+    auto it = seen_.find(w);
+    const bool goes_on = it != seen_.end() ? it->second.unobserved && it->second.unobserved_at_reading &&
+                                                 !unobserved_.contains(w)
+                                           : paused_ && pauses_.size() == 1 && pauses_.back().at_reading;
+    if (goes_on) carried_stacks_[w] = ws;
+  }
+  const std::vector<Interval> no_pauses;
+  for (uint64_t w : listed) {
+    // Its closed stretches whole, then an open one up to now.
+    for (const Interval& st : StretchesOf(w, unobserved_, paused_ ? no_pauses : pauses)) estimate(w, st, false);
+    if (auto it = seen_.find(w); it != seen_.end() && it->second.unobserved) {
+      const Seen& l = it->second;
+      estimate(w, Interval{l.unobserved_from, now_ns, l.unobserved_from_wait, false, l.unobserved_at_reading}, true);
+    } else if (!seen_.contains(w)) {
+      if (paused_) {
+        for (size_t i = 0; i + 1 < pauses.size(); ++i) estimate(w, pauses[i], false);
+        estimate(w, pauses.back(), true);
+      }
+    }
+  }
+  for (size_t i = 0; i < pauses.size(); ++i) estimate(0, pauses[i], paused_ && i + 1 == pauses.size());
+  for (size_t i = 0; i < all; ++i) {
+    if (used[i] && !reading_counted_[i]) ++r.estimate_readings;
+    if (used[i]) reading_counted_[i] = true;
+  }
+
+  // Every open stretch goes on from the last reading before now (a stretch with nothing read yet from where it is).
+  std::optional<uint64_t> cut;
+  if (n > 0) cut = readings_[n - 1].t_ns;
+  unobserved_.clear();
+  pauses_.erase(pauses_.begin(), pauses_.end() - (paused_ ? 1 : 0));
+  if (paused_ && cut && pauses_.back().from <= *cut) {
+    pauses_.back().from = *cut;
+    pauses_.back().at_reading = true;
+  }
+  for (auto it = seen_.begin(); it != seen_.end();) {
+    Seen& l = it->second;
+    // An exited thread is remembered a while: a reading listing its pointer then is stale, not a thread without
+    // events (StretchesOf).
+    if (l.exited && !l.unobserved && l.exit_ns + kForgetExitedNs < now_ns) {
+      it = seen_.erase(it);
+      continue;
+    }
+    if (l.unobserved && cut && l.unobserved_from <= *cut) {
+      l.unobserved_from = *cut;
+      l.unobserved_at_reading = true;
+    }
+    ++it;
+  }
+  // Kept: from the reading an open stretch goes on from (or the time it starts at), and every reading since the
+  // oldest wait a pause could still cut (its stretch would start at the wants_gvl).
+  uint64_t keep_from = now_ns;
+  for (const auto& [thread, l] : seen_) {
+    if (l.unobserved) {
+      keep_from = std::min(keep_from, l.unobserved_from);
+    } else if (l.wants && !l.exited) {
+      keep_from = std::min(keep_from, l.last_event_ns);
+    }
+  }
+  if (paused_) keep_from = std::min(keep_from, pauses_.back().from);
+  size_t drop = static_cast<size_t>(std::lower_bound(readings_.begin(), readings_.end(), keep_from,
+                                                     [](const GvlSample& g, uint64_t t) { return g.t_ns < t; }) -
+                                    readings_.begin());
+  if (readings_.size() - drop > kMaxKeptReadings) drop = readings_.size() - kMaxKeptReadings;
+  kept_ -= std::min(kept_, drop);
+  readings_.erase(readings_.begin(), readings_.begin() + static_cast<ptrdiff_t>(drop));
+  reading_counted_.erase(reading_counted_.begin(), reading_counted_.begin() + static_cast<ptrdiff_t>(drop));
+  if (readings_.capacity() > 64 && readings_.capacity() > 4 * readings_.size()) readings_.shrink_to_fit();
 }
 
 AttributionResult Attribution::Compute(uint64_t end_ns) const {
@@ -466,6 +605,21 @@ AttributionResult Attribution::Compute(uint64_t end_ns) const {
   BlameWaits(r);
   if (options_.wall) AttributeWall(r, end_ns);
   if (options_.estimate_paused) Estimate(r, end_ns);
+  if (options_.wall && options_.estimate_paused) {
+    // Each thread's estimated wait comes out of its unknown time (never more than there is of it).
+    for (const auto& [key, ns] : r.estimated_wait_ns) {
+      auto unknown = r.wall_ns.find(WallKey{.thread = key.thread, .state = WallState::kUnknown});
+      if (key.thread == 0 || unknown == r.wall_ns.end()) continue;
+      const uint64_t moved = std::min(ns, unknown->second);
+      if (moved == 0) continue;
+      unknown->second -= moved;
+      if (unknown->second == 0) r.wall_ns.erase(unknown);
+      r.wall_ns[WallKey{.thread = key.thread,
+                        .state = WallState::kGvlWait,
+                        .stack = key.stack,
+                        .provenance = Provenance::kInferred}] += moved;
+    }
+  }
   return r;
 }
 
@@ -485,10 +639,19 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
       it = it->second.empty() ? by->erase(it) : std::next(it);
     }
   }
+  // The estimate (DrainEstimate) looks up each thread's latest sample at or before every reading it keeps: those
+  // samples stay, with each live thread's latest before them.
+  uint64_t samples_from = keep_from_ns;
+  if (options_.estimate_paused && !readings_.empty()) samples_from = std::min(samples_from, readings_.front().t_ns);
   for (auto it = samples_.begin(); it != samples_.end();) {
     std::vector<Sample>& v = it->second;
-    v.erase(v.begin(), std::lower_bound(v.begin(), v.end(), keep_from_ns,
-                                        [](const Sample& s, uint64_t t) { return s.t_ns < t; }));
+    auto first = std::lower_bound(v.begin(), v.end(), samples_from,
+                                  [](const Sample& s, uint64_t t) { return s.t_ns < t; });
+    if (options_.estimate_paused && first != v.begin()) {
+      auto seen = seen_.find(it->first);
+      if (seen == seen_.end() || !seen->second.exited) --first;
+    }
+    v.erase(v.begin(), first);
     it = v.empty() ? samples_.erase(it) : std::next(it);
   }
   // A vector that once held a burst gives its memory back.
@@ -500,7 +663,7 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
   for (auto& [thread, v] : holds_) shrink(v);
   for (auto& [thread, v] : gcs_) shrink(v);
   for (auto& [thread, v] : samples_) shrink(v);
-  kept_ = blocked_.size();
+  kept_ = blocked_.size() + readings_.size();
   for (const auto& [thread, v] : gcs_) kept_ += v.size();
   for (const auto& [vm, v] : holders_) kept_ += v.size();
   for (const auto& [thread, v] : holds_) kept_ += v.size();
@@ -522,6 +685,8 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
   for (auto& [thread, v] : samples_) {
     for (Sample& s : v) remap(s.stack);
   }
+  for (GvlSample& g : readings_) remap(g.stack);
+  for (auto& [waiter, ws] : carried_stacks_) remap(ws.stack);
 }
 
 size_t Attribution::approx_memory_bytes() const {
@@ -535,17 +700,39 @@ size_t Attribution::approx_memory_bytes() const {
   for (const auto& [thread, v] : holds_) n += VectorHeap(v);
   for (const auto& [thread, v] : gcs_) n += VectorHeap(v);
   for (const auto& [thread, v] : samples_) n += VectorHeap(v);
+  n += VectorHeap(readings_) + reading_counted_.capacity() / 8 +
+       HashSetHeap(seen_, sizeof(std::pair<const uint64_t, Seen>), false) +
+       HashSetHeap(carried_stacks_, sizeof(std::pair<const uint64_t, WaiterStack>), false) + VectorHeap(pauses_);
+  for (const GvlSample& g : readings_) n += VectorHeap(g.queued);
   return n;
 }
 
+GvlSample GvlSampleOf(uint64_t t_ns, uint64_t key, uint32_t stack, bool in_gc, const GvlReading& reading) {
+  GvlSample g{.t_ns = t_ns,
+              .sampled = key,
+              .stack = stack,
+              .in_gc = in_gc,
+              .held = reading.held,
+              .holder = TraceThreadKey(reading.holder),
+              .waiting = reading.waiting};
+  g.queued.reserve(reading.queued.size());
+  for (uint32_t q : reading.queued) g.queued.push_back(TraceThreadKey(q));
+  return g;
+}
+
 AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const TraceEvent> events, uint64_t end_ns,
-                                 AttributionOptions options) {
+                                 AttributionOptions options, const std::function<bool(uint32_t stack)>& stack_in_gc) {
   Attribution a(options);
   for (const Span& s : spans) a.OnSpan(s);
   for (const TraceEvent& e : events) {
     const uint64_t key = TraceThreadKey(e.ruby_thread);
     a.OnThreadEvent(e.t_ns, key, e.event);
-    if (e.event == EventName::kSample) a.OnSample(e.t_ns, key, e.stack.value_or(0), false);
+    if (e.event == EventName::kTracingPaused) a.OnPause(e.t_ns);
+    if (e.event == EventName::kTracingResumed) a.OnResume(e.t_ns);
+    if (e.event != EventName::kSample) continue;
+    const uint32_t stack = e.stack.value_or(0);
+    a.OnSample(e.t_ns, key, stack, false);
+    if (e.gvl) a.OnGvlReading(GvlSampleOf(e.t_ns, key, stack, stack_in_gc && stack != 0 && stack_in_gc(stack), *e.gvl));
   }
   return a.Compute(end_ns);
 }

@@ -30,22 +30,30 @@
 // stack of the sample that took the reading when the holder took it itself (kSampled, `gc` when that sample was in
 // GC), else the holder's latest sample (kLastSample) or none (kNoStack); nobody holding is kGvlFree, a holder the
 // trace does not name kHolderUnknown. These keys carry provenance kInferred and are summed apart
-// (estimated_gvl_wait_ns): never presented as observed. A recording without pauses gets no estimate at all, and its
-// observed blame is the same with or without readings.
+// (estimated_gvl_wait_ns): never presented as observed. The estimated wait itself (estimated_wait_ns) is placed at
+// the stack the thread waited with: its latest sample at or before the first reading that lists it in the stretch.
+// A recording without pauses gets no estimate at all, and its observed blame is the same with or without readings.
 //
 // Wall clock. Each thread's life, from its first event (thread_started, or the first event of a thread that was
 // already running when tracing began) to its thread_exited (or the end of the trace), is attributed to a state and a
 // stack: kRunning (GVL holds minus the GCs the thread ran: split over the samples inside, |hold| / k each, else the
 // hold's own stack), kGc (the GC's stack), kGvlWait (the wait's stack), kBlocked with the release reason (the
 // release's stack), and kUnknown for time no counted span covers (lost events, tracing paused, a thread starting
-// before its first READY). The states of a thread sum to its lifetime exactly.
+// before its first READY). With estimate_paused, a thread's estimated GVL wait (at the stack it waited with) is
+// kGvlWait with provenance kInferred, taken out of its unknown time (the estimate only covers time no counted span
+// does). The states of a thread sum to its lifetime exactly.
 //
 // Per wait (AttributionOptions::per_wait, for the report's view of one wait): the wait's segments, one per holder
 // span (or stretch no holder span covers) it overlaps, each with the stack of the gvl_released that ended the
 // holder's hold there, and the parts of the segment's time by (stack, gc, source), with the samples behind each.
 //
 // Streaming (the fleet agent): with DrainBlame() the waits fed so far are blamed and forgotten, with every span and
-// sample no later wait can need, so memory stays bounded by what the open waits need. Waits cut by
+// sample no later wait can need, so memory stays bounded by what the open waits need. With estimate_paused,
+// DrainEstimate(now) first estimates what the readings taken before `now` tell: a stretch still open is estimated up
+// to its latest such reading and goes on from there in the next drain, so the drains' estimates sum to Compute()'s
+// over the same input (one exception: a thread the input names in a reading before its first scheduler event is
+// estimated over the pauses up to that event, where Compute(), which knows the event is coming, leaves it out).
+// Readings are kept only while a stretch is open or a wait that a pause could cut is. Waits cut by
 // SpanTracker::Cut are blamed per part (AttributionOptions::blame_cut_waits): the tracker cuts the holder spans with
 // them, so the blame of consecutive intervals sums to the whole wait's, per waiter and holder. (Within a holder's
 // part the split over its samples is per interval: a cut changes which samples share which nanoseconds.)
@@ -59,6 +67,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <span>
 #include <string_view>
 #include <tuple>
@@ -122,6 +132,9 @@ struct WallKey {
   WallState state = WallState::kUnknown;
   ReleaseReason reason = ReleaseReason::kUnknown;  // kBlocked only
   uint32_t stack = 0;
+  // kInferred: a kGvlWait estimated from GVL readings while the probes were paused (estimate_paused), taken out of
+  // the thread's unknown time; kObserved otherwise.
+  Provenance provenance = Provenance::kObserved;
   auto operator<=>(const WallKey&) const = default;
 };
 
@@ -195,6 +208,11 @@ class Attribution {
  public:
   // A thread queued at only one of two readings is taken to wait for half the gap, at most this many sample periods.
   static constexpr uint64_t kMaxReadingPeriods = 4;
+  // DrainEstimate: readings kept at most (a wait open for long without a pause, e.g. after lost events, would keep
+  // every reading since its wants_gvl; past this the oldest go, and such a wait's estimate starts later), and how long
+  // an exited thread is remembered (a reading that lists it meanwhile is stale), ns.
+  static constexpr size_t kMaxKeptReadings = 8192;
+  static constexpr uint64_t kForgetExitedNs = 1'000'000'000;
 
   Attribution() = default;
   explicit Attribution(AttributionOptions options) : options_(options) {}
@@ -215,6 +233,11 @@ class Attribution {
   // waits; wait_blame with per_wait), forgets those waits, then every span and sample ending before keep_from_ns,
   // which must be at or before the start of every wait still to come (SpanTracker::oldest_open_wait_ns(now)).
   void DrainBlame(uint64_t keep_from_ns, AttributionResult* into);
+  // Streaming with estimate_paused (above; call before DrainBlame, which then keeps the samples the estimate still
+  // needs): adds to `into` the estimate (blame_ns, estimated_wait_ns, estimated_gvl_wait_ns, estimate_readings,
+  // paused_ns up to now_ns) from the readings taken before now_ns, and forgets what no later estimate needs. Every
+  // event and reading before now_ns must have been fed.
+  void DrainEstimate(uint64_t now_ns, AttributionResult* into);
   // Replaces every stack id kept (the caller renumbered its stacks); `map` is never given 0.
   void RemapStacks(const std::function<uint32_t(uint32_t)>& map);
   // Spans and samples kept, and their heap bytes (estimated), for a caller that bounds its memory.
@@ -242,18 +265,37 @@ class Attribution {
     bool unobserved = false;     // inside an unobserved stretch (see above), open since unobserved_from
     uint64_t unobserved_from = 0;
     bool unobserved_from_wait = false;  // that stretch began at its wants_gvl
+    bool unobserved_at_reading = false;  // it goes on from a drain's last reading (Interval::at_reading)
   };
   struct Interval {
     uint64_t from, to;
     bool exact_from = false;  // began at an observed wants_gvl: a wait started exactly there
     bool exact_to = false;    // ended by the thread's own event (not the end of the trace)
+    // Goes on from an earlier drain's last reading (the last one at `from`): everything before it is estimated.
+    bool at_reading = false;
   };
   void NoteForEstimate(uint64_t t_ns, uint64_t thread, EventName event);
   void Estimate(AttributionResult& r, uint64_t end_ns) const;
-  // The estimate of one waiter (0: the unnamed ones) over one unobserved stretch; `count` says how many of it each
-  // reading had queued; `used` marks the readings that told of a wait.
-  void EstimateStretch(AttributionResult& r, uint64_t waiter, const Interval& stretch,
-                       const std::function<uint32_t(const GvlSample&)>& count, std::vector<bool>& used) const;
+  // The stack an estimated wait of one waiter over one stretch is placed at, once known (see above).
+  struct WaiterStack {
+    bool known = false;
+    uint32_t stack = 0;
+  };
+  // The estimate of one waiter (0: the unnamed ones) over one unobserved stretch, from the readings before
+  // `readings_end`; `count` says how many of it each reading had queued; `used` marks the readings that told of a
+  // wait. With `open` (a drain inside a stretch still open) nothing is added after the stretch's last reading, and
+  // its time is returned (nullopt: no reading): the stretch goes on from that reading.
+  std::optional<uint64_t> EstimateStretch(AttributionResult& r, uint64_t waiter, const Interval& stretch,
+                                          size_t readings_end, bool open, const std::function<uint32_t(const GvlSample&)>& count, std::vector<bool>& used,
+                           WaiterStack& stack) const;
+  // The named waiters the readings before `readings_end` list, and the count of each reading for one of them.
+  std::set<uint64_t> ListedWaiters(size_t readings_end) const;
+  static uint32_t Lists(uint64_t waiter, const GvlSample& g);
+  static uint32_t Unnamed(const GvlSample& g);
+  // The stretches a listed waiter was unobserved in (its own, or the pauses for one without any scheduler event).
+  const std::vector<Interval>& StretchesOf(uint64_t waiter,
+                                           const std::unordered_map<uint64_t, std::vector<Interval>>& closed,
+                                           const std::vector<Interval>& pauses) const;
   BlameKey EstimateKey(const GvlSample& g) const;
   // The latest sample of `thread` at or before t, or null.
   const Sample* LatestSample(uint64_t thread, uint64_t t) const;
@@ -286,13 +328,25 @@ class Attribution {
   std::vector<Interval> pauses_;  // the paused windows; the last one open while paused_
   std::unordered_map<uint64_t, std::vector<Interval>> unobserved_;  // per thread, closed stretches, in time order
   std::vector<GvlSample> readings_;                                 // in time order
+  // DrainEstimate: which kept readings an earlier drain already counted in estimate_readings (parallel to
+  // readings_), the stacks of the stretches it left open (per waiter; 0 for the unnamed ones), and up to when it
+  // counted paused_ns.
+  std::vector<bool> reading_counted_;
+  std::unordered_map<uint64_t, WaiterStack> carried_stacks_;
+  uint64_t paused_counted_to_ = 0;
 };
 
+// A trace sample's GVL reading (TraceEvent::gvl, ruby_threads) with tracker keys: the sample at t_ns of thread `key`
+// on `stack`, taken while that thread ran a GC when in_gc.
+GvlSample GvlSampleOf(uint64_t t_ns, uint64_t key, uint32_t stack, bool in_gc, const GvlReading& reading);
+
 // A whole trace's attribution from its tracker spans (Model::spans(): the SpanTracker's over these events, stacks
-// as event stack ids) and its events in time order (the samples; every event's time and thread for the lifetimes).
-// end_ns: the end of the trace.
+// as event stack ids) and its events in time order (the samples; every event's time and thread for the lifetimes;
+// with options.estimate_paused the pauses, resumes and the samples' GVL readings too). end_ns: the end of the trace.
+// stack_in_gc: whether a sample's stack says it was taken in GC (the recorder's GC pseudo-frame on top); null: never.
 AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const TraceEvent> events, uint64_t end_ns,
-                                 AttributionOptions options);
+                                 AttributionOptions options,
+                                 const std::function<bool(uint32_t stack)>& stack_in_gc = nullptr);
 
 }  // namespace rvbpfd
 

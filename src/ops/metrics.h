@@ -22,6 +22,7 @@ inline constexpr std::string_view kMetricProcessesWatched = "rvbpfd_processes_wa
 inline constexpr std::string_view kMetricBinariesProbed = "rvbpfd_binaries_probed";          // gauge
 inline constexpr std::string_view kMetricEvents = "rvbpfd_events_total";                     // counter
 inline constexpr std::string_view kMetricSamples = "rvbpfd_samples_total";                   // counter
+inline constexpr std::string_view kMetricGvlReadings = "rvbpfd_gvl_readings_total";          // counter
 inline constexpr std::string_view kMetricDropped = "rvbpfd_dropped_total";                   // counter{reason}
 inline constexpr std::string_view kMetricProfilesBuilt = "rvbpfd_profiles_built_total";      // counter
 inline constexpr std::string_view kMetricPushDelivered = "rvbpfd_push_delivered_total";      // counter

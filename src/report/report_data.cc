@@ -14,6 +14,7 @@
 #include "trace/event.h"
 #include "trace/stacks.h"
 #include "trace/json_format.h"
+#include "trace/reader.h"
 
 namespace rvbpfd {
 namespace {
@@ -49,8 +50,18 @@ class DataWriter {
 
   void Write() {
     // Blame is the attribution module's, over the model's own spans: the report draws it, it does not derive it.
+    // Waits the --max-overhead pauses hid are estimated from the samples' GVL readings, as the pprof export does.
+    const uint32_t hz = options_.sample_hz.value_or(0);
+    auto in_gc = [this](uint32_t stack) {
+      return options_.frames != nullptr && options_.stacks != nullptr &&
+             StackTakenInGc(*options_.frames, *options_.stacks, stack);
+    };
     blame_ = AttributeTrace(model_.spans(), model_.events(), model_.end_ns(),
-                            AttributionOptions{.per_wait = true, .wall = false});
+                            AttributionOptions{.per_wait = true,
+                                               .wall = false,
+                                               .estimate_paused = true,
+                                               .sample_period_ns = 1'000'000'000ULL / (hz == 0 ? kDefaultSampleHz : hz)},
+                            in_gc);
     IndexTids();
     IndexStacksAndReasons();
     out_.append("{\"v\":");
@@ -445,6 +456,8 @@ class DataWriter {
     const AttributionResult& b = blame_;
     out_.append(",\"blame\":{\"total_ns\":");
     AppendUint(&out_, b.total_gvl_wait_ns);
+    out_.append(",\"estimated_ns\":");
+    AppendUint(&out_, b.estimated_gvl_wait_ns);
     // Waits by waiter, then start, so the page finds a thread's waits by binary search.
     std::vector<size_t> order(b.wait_blame.size());
     std::iota(order.begin(), order.end(), 0);
@@ -482,17 +495,21 @@ class DataWriter {
     Column("gc", parts, [](const BlamePart* x) { return x->gc ? 1 : 0; });
     Column("ns", parts, [](const BlamePart* x) { return x->ns; });
     Column("n", parts, [](const BlamePart* x) { return x->samples; });
-    // The flame graph's weights: blame by holder and what it ran, summed over the waiters.
-    std::map<std::tuple<uint64_t, uint64_t, bool, BlameSource>, uint64_t> flame;
+    // The flame graph's weights: blame by holder and what it ran, summed over the waiters; estimated blame apart.
+    std::map<std::tuple<uint64_t, uint64_t, bool, BlameSource, bool>, uint64_t> flame;
     for (const auto& [key, ns] : b.blame_ns) {
-      if (ns > 0) flame[{key.holder, StackIdPlusOne(key.stack), key.gc, key.source}] += ns;
+      if (ns > 0) {
+        flame[{key.holder, StackIdPlusOne(key.stack), key.gc, key.source,
+               key.provenance == Provenance::kInferred}] += ns;
+      }
     }
-    using FlameRow = std::pair<const std::tuple<uint64_t, uint64_t, bool, BlameSource>, uint64_t>;
+    using FlameRow = std::pair<const std::tuple<uint64_t, uint64_t, bool, BlameSource, bool>, uint64_t>;
     out_.append("},\"flame\":{");
     Column("h", flame, [](const FlameRow& x) { return std::get<0>(x.first); }, false);
     Column("sk", flame, [](const FlameRow& x) { return std::get<1>(x.first); });
     Column("gc", flame, [](const FlameRow& x) { return std::get<2>(x.first) ? 1 : 0; });
     Column("src", flame, [](const FlameRow& x) { return Idx(std::get<3>(x.first)); });
+    Column("inf", flame, [](const FlameRow& x) { return std::get<4>(x.first) ? 1 : 0; });
     Column("ns", flame, [](const FlameRow& x) { return x.second; });
     out_.append("}}");
   }

@@ -3,7 +3,7 @@
 // slower to parse).
 //
 // Layout (version 3; the page's decoder in ui/report.js is the other half of this contract):
-//   {"v":3,"meta":{...,"samples","sample_hz","stacks"},"names":{...},"tids":[native tids],
+//   {"v":4,"meta":{...,"samples","sample_hz","stacks"},"names":{...},"tids":[native tids],
 //    "threads":[{"id","label","main","tids":[..],"totals":{..},"blocks":{columns}}],
 //    "owner":{columns},"gc":{columns},"unknown":{columns},"native":[{"tid","threads","spans":{columns}}],
 //    "markers":{columns},"events":{columns},"extra":[[event index,{"count","reason","overhead_pct"}]],
@@ -22,15 +22,16 @@
 // names.frame_kind["frames"."k"[j]]. The "sk", "rr" and "rp" columns are absent when no event needs them.
 //
 // "blame" is model/attribution.h's GVL blame of every counted wait (AttributeTrace over the model's spans; the page
-// only draws it). total_ns: all waits' ns. "waits" (sorted by waiter, then start): "th" the waiter (Ruby thread + 1),
+// only draws it). total_ns: all counted waits' ns; estimated_ns: the GVL wait estimated from the samples' GVL
+// readings while --max-overhead had the scheduler probes paused (inferred; in "flame" only). "waits" (sorted by waiter, then start): "th" the waiter (Ruby thread + 1),
 // "s"/"d" the wait, "ns" its number of segments; "segs", the waits' segments in order ("ns" of them per wait): "h"
 // the holder (Ruby thread + 1; 0 = nobody / not known, see the parts' source), "s"/"d" the part of the wait it held,
 // "rs" the stack of the gvl_released that ended its hold there (stack index + 1, 0 = none), "rt" that release's time
 // (delta-encoded; 0 = the hold did not end by a release: no release ever happens at time 0 inside a wait), "np" its
 // number of parts; "parts", the segments' parts in order: "sk" the stack blamed (index + 1, 0 = none), "src" the
 // names.blame_source index, "gc" 1 while the holder ran a GC, "ns" the ns, "n" the holder's samples behind it (for
-// "sampled"). The parts of a wait sum to its "d". "flame": ns by ("h", "sk", "gc", "src") over all waiters, for the
-// blame flame graph; its "ns" sum to total_ns.
+// "sampled"). The parts of a wait sum to its "d". "flame": ns by ("h", "sk", "gc", "src", "inf") over all waiters,
+// for the blame flame graph, "inf" 1 for estimated blame; its "ns" sum to total_ns + estimated_ns.
 #ifndef RVBPFD_SRC_REPORT_REPORT_DATA_H_
 #define RVBPFD_SRC_REPORT_REPORT_DATA_H_
 
@@ -42,7 +43,7 @@
 
 namespace rvbpfd {
 
-inline constexpr int kReportDataVersion = 3;
+inline constexpr int kReportDataVersion = 4;
 
 // Appends `s` as a JSON string that is also safe as raw text of an HTML <script> element: '<', '>' and '&' become
 // \u003c, \u003e and \u0026 (so "</script>" and "<!--" cannot appear), besides AppendJsonString's escaping.

@@ -276,6 +276,16 @@ const FrameInfo* TraceFile::Frame(uint32_t id) const {
   return it == frames.end() ? nullptr : &it->second;
 }
 
+bool StackTakenInGc(const std::unordered_map<uint32_t, FrameInfo>& frames,
+                    const std::unordered_map<uint32_t, std::vector<uint32_t>>& stacks, uint32_t id) {
+  auto st = stacks.find(id);
+  if (st == stacks.end() || st->second.empty()) return false;
+  auto leaf = frames.find(st->second.front());
+  return leaf != frames.end() && leaf->second.kind == FrameKind::kGc;
+}
+
+bool TraceFile::StackInGc(uint32_t id) const { return StackTakenInGc(frames, stacks, id); }
+
 bool TraceFile::IsMain(std::optional<uint32_t> ruby_thread) const {
   if (!ruby_thread) return false;
   if (header.main_thread && *header.main_thread == *ruby_thread) return true;

@@ -45,7 +45,14 @@ struct TraceFile {
   // The frames of stack `id`, leaf first; nullptr when the id is not defined.
   const std::vector<uint32_t>* Stack(uint32_t id) const;
   const FrameInfo* Frame(uint32_t id) const;
+  // Whether stack `id` was taken in GC (StackTakenInGc).
+  bool StackInGc(uint32_t id) const;
 };
+
+// Whether stack `id` of these dictionaries was taken in GC: the recorder puts the GC pseudo-frame on top (as the leaf)
+// of a sample taken during GC. False for an id not defined and for an empty stack.
+bool StackTakenInGc(const std::unordered_map<uint32_t, FrameInfo>& frames,
+                    const std::unordered_map<uint32_t, std::vector<uint32_t>>& stacks, uint32_t id);
 
 class TraceReader {
  public:

@@ -25,6 +25,9 @@ namespace rvbpfd {
 
 inline constexpr int kRvtraceVersion = 1;
 
+// Sampling rate assumed for a trace that has samples but no "sample_hz" in its header (rvbpfd's --hz default).
+inline constexpr uint32_t kDefaultSampleHz = 99;
+
 struct TraceHeader {
   std::string recorder = "rvbpfd";       // "rvbpfd" or "in-process"
   std::string recorder_version = "0.1.0";

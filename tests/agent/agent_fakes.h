@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -173,7 +174,7 @@ class FakeBackend : public ProbeBackend {
       if (r.has_stack) {
         rv_stack_header h{};
         h.nframes = static_cast<uint32_t>(r.frames.size());
-        on_stack_(r.rec, h, r.frames);
+        on_stack_(r.rec, h, r.frames, r.gvl ? &*r.gvl : nullptr);
       } else {
         on_record_(r.rec);
       }
@@ -220,8 +221,9 @@ class FakeBackend : public ProbeBackend {
     queue_.push_back(Queued{r, false, {}});
   }
   // A sample (or stacked event) whose frames are named "m<addr>" by FakeFrameSource.
+  // `gvl`: the GVL reading the sample carries (RV_REC_HAS_GVL), none by default.
   void Stack(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<uint64_t> addrs,
-             uint32_t flags = 0, uint32_t tid = 0) {
+             uint32_t flags = 0, uint32_t tid = 0, std::optional<rv_gvl_reading> gvl = std::nullopt) {
     if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
     rv_record r{};
     r.ts_ns = ts;
@@ -229,14 +231,14 @@ class FakeBackend : public ProbeBackend {
     r.kind = kind;
     r.th = th;
     r.tid = tid;
-    r.flags = flags | RV_REC_HAS_STACK;
+    r.flags = flags | RV_REC_HAS_STACK | (gvl ? RV_REC_HAS_GVL : 0u);
     std::vector<rv_ruby_frame> frames;
     for (uint64_t a : addrs) {
       rv_ruby_frame f{};
       f.addr = a;
       frames.push_back(f);
     }
-    queue_.push_back(Queued{r, true, frames});
+    queue_.push_back(Queued{r, true, frames, gvl});
   }
   size_t attached_groups() const {
     size_t n = 0;
@@ -260,6 +262,7 @@ class FakeBackend : public ProbeBackend {
     rv_record rec;
     bool has_stack;
     std::vector<rv_ruby_frame> frames;
+    std::optional<rv_gvl_reading> gvl;
   };
   RecordHandler on_record_;
   StackHandler on_stack_;

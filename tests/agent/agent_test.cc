@@ -343,7 +343,7 @@ TEST_F(AgentTest, GvlBlameNamesTheMainThreadByItsTidAndTellsSinksItsSampleLabels
   Run(2 * kS);
   std::vector<ProfileUpload> blame = UploadsFor(10, "gvl_blame");
   ASSERT_EQ(blame.size(), 1u);
-  EXPECT_EQ(blame[0].sample_label_names, (std::vector<std::string>{"holder", "waiter", "blame_source"}));
+  EXPECT_EQ(blame[0].sample_label_names, (std::vector<std::string>{"holder", "waiter", "blame_source", "provenance"}));
   EXPECT_EQ(UploadsFor(10, "cpu").at(0).sample_label_names, std::vector<std::string>{});
   const std::string pb = Gunzip(blame[0].pprof_gz);
   EXPECT_NE(pb.find("m111"), std::string::npos);
@@ -486,6 +486,83 @@ TEST_F(AgentTest, WhileTheGcSitesArePausedEveryStackIsNamedInANewGcEpoch) {
   ASSERT_EQ(resolve_epochs_.size(), 6u);
   EXPECT_GT(resolve_epochs_[4], resolve_epochs_[3]) << "the resume starts a new epoch";
   EXPECT_EQ(resolve_epochs_[5], resolve_epochs_[4]) << "attached again: GCs are seen";
+}
+
+TEST_F(AgentTest, WaitsHiddenByABudgetPauseAreEstimatedFromTheSamplesGvlReadings) {
+  EXPECT_EQ(Agent::ProbeConfig(config_).gvl_readings, 1u) << "sampling agents have samples read the GVL";
+  AgentConfig no_samples = config_;
+  no_samples.hz = 0;
+  EXPECT_EQ(Agent::ProbeConfig(no_samples).gvl_readings, 0u);
+  StartAgent();
+  Run(50 * kMs);
+  const ProbeSet* host = agent_->process(10)->set;
+  const uint64_t t0 = clock_.mono;
+  // Main (tid 10) holds the GVL; thread 0x2000 (tid 11) releases it and wants it back at t0 + 3 ms.
+  backend_.Record(t0 + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
+  backend_.Record(t0 + 2 * kMs, 10, RV_EV_THREAD_SUSPENDED, 0x2000, 11);
+  backend_.Record(t0 + 3 * kMs, 10, RV_EV_THREAD_READY, 0x2000, 11);
+  backend_.DiscardedTraps(10, 40000);  // 60 ms of estimated traps: paused at the next check
+  Run(Agent::kBudgetCheckNs + 50 * kMs);
+  ASSERT_TRUE(host->paused);
+  // Paused: no scheduler event, but main's samples read the GVL, 0x2000 queued for it.
+  rv_gvl_reading g{};
+  g.holder = 0x1000;
+  g.waiting = 1;
+  g.nqueued = 1;
+  g.queued[0] = 0x2000;
+  const uint64_t t1 = clock_.mono;
+  for (uint64_t i = 1; i <= 10; ++i) backend_.Stack(t1 + i * 10 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111}, 0, 10, g);
+  backend_.counters.gvl_readings = 10;
+  Run(20 * kS);
+  ASSERT_FALSE(host->paused);
+  backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x2000, 11);  // its wait ends
+  Run(3 * kS);
+  bool inferred = false;
+  for (const ProfileUpload& u : UploadsFor(10, "gvl_blame")) {
+    const std::string pb = Gunzip(u.pprof_gz);
+    if (pb.find("inferred") == std::string::npos) continue;
+    inferred = true;
+    EXPECT_NE(pb.find("m111"), std::string::npos) << "the estimate is blamed on what main ran";
+    EXPECT_NE(pb.find("main"), std::string::npos);
+    EXPECT_NE(pb.find("estimated from the samples' GVL readings"), std::string::npos);
+  }
+  EXPECT_TRUE(inferred) << "no gvl_blame upload holds an estimate";
+  bool wait_inferred = false;
+  for (const ProfileUpload& u : UploadsFor(10, "gvl_wait")) {
+    wait_inferred = wait_inferred || Gunzip(u.pprof_gz).find("inferred") != std::string::npos;
+  }
+  EXPECT_TRUE(wait_inferred) << "no gvl_wait upload holds the estimated wait";
+  agent_->UpdateMetrics();
+  EXPECT_NE(metrics_.RenderPrometheus().find("rvbpfd_gvl_readings_total 10"), std::string::npos);
+}
+
+TEST_F(AgentTest, ABudgetPauseComesAfterTheEventsStillInTheReorderWindow) {
+  StartAgent();
+  Run(50 * kMs);
+  const ProbeSet* host = agent_->process(10)->set;
+  // To 50 ms before the last budget check ahead of the next interval cut: the pause it makes spans that cut.
+  while (agent_->next_budget_check_ns() + Agent::kBudgetCheckNs < agent_->next_cut_ns() ||
+         clock_.mono + 50 * kMs < agent_->next_budget_check_ns()) {
+    Run(50 * kMs);
+  }
+  const uint64_t check = agent_->next_budget_check_ns();
+  const uint64_t cut = agent_->next_cut_ns();
+  backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
+  backend_.Record(clock_.mono + 2 * kMs, 10, RV_EV_THREAD_SUSPENDED, 0x2000, 11);
+  // Wants the GVL 5 ms before the check that pauses: still in the reorder window when the sites are detached.
+  backend_.Record(check - 5 * kMs, 10, RV_EV_THREAD_READY, 0x2000, 11);
+  backend_.DiscardedTraps(10, 40000);
+  clock_.mono = check;
+  ASSERT_TRUE(agent_->RunOnce(0).ok());
+  ASSERT_TRUE(host->paused);
+  Run(cut + 10 * kMs - clock_.mono);
+  ASSERT_TRUE(host->paused) << "the pause does not span the interval cut";
+  Run(20 * kS);
+  ASSERT_FALSE(host->paused);
+  backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x2000, 11);
+  Run(3 * kS);
+  // The wait began before the pause, which ended it uncounted: no part of it before the interval cut is observed.
+  EXPECT_TRUE(UploadsFor(10, "gvl_wait").empty()) << "the pause reached the profile before the earlier READY";
 }
 
 TEST_F(AgentTest, DroppedRecordsTriggerARescanThatFindsProcessesWhoseExecWasLost) {

@@ -402,6 +402,113 @@ TEST(ProcessProfile, GvlBlameOfAWaitAcrossCutsSumsToTheWholeWait) {
                                                                             {{"Thread #4", "Thread #3"}, 3000}}));
 }
 
+// A GVL reading as the agent hands it over: `holder` holds it, `queued` wait for it (th keys).
+GvlReading Reading(uint64_t holder, std::vector<uint64_t> queued) {
+  GvlReading g;
+  g.held = holder != 0;
+  g.holder_th = holder;
+  g.waiting = static_cast<uint32_t>(queued.size());
+  g.queued_th = std::move(queued);
+  return g;
+}
+
+// Main (th 1) holds the GVL in Hog.spin; thread 2, last sampled in IO#read, wants it at 100; the budget pauses the
+// scheduler sites from 200 to 3500, while main's samples read the GVL at 1000, 2000 and 3000 (thread 2 queued);
+// thread 2 gets the lock at 4000. `cut_at`: an interval cut inside the pause (0: none). Returns every interval.
+std::vector<std::vector<BuiltProfile>> PausedWait(ProcessProfile& pp, uint64_t cut_at) {
+  const auto hog = Stack({"Hog.spin", "<main>"});
+  const auto io = Stack({"IO#read", "Io#loop", "<main>"});
+  std::vector<std::vector<BuiltProfile>> out;
+  pp.SetMainThread(1);
+  pp.OnEvent(0, 1, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnSample(40, 2, false, io);
+  pp.OnEvent(50, 2, RV_EV_THREAD_SUSPENDED, io);
+  pp.OnEvent(100, 2, RV_EV_THREAD_READY, kNone);
+  pp.OnTracingPaused(200);
+  uint64_t start = 0;
+  for (uint64_t t : {1000, 2000, 3000}) {
+    const GvlReading g = Reading(1, {2});
+    pp.OnSample(t, 1, false, hog, &g);
+    if (cut_at != 0 && t < cut_at && cut_at < t + 1000) {
+      out.push_back(pp.Cut(cut_at, 0, static_cast<int64_t>(cut_at - start)));
+      start = cut_at;
+    }
+  }
+  pp.OnTracingResumed(3500);
+  pp.OnEvent(4000, 1, RV_EV_THREAD_SUSPENDED, hog);
+  pp.OnEvent(4000, 2, RV_EV_THREAD_RESUMED, kNone);
+  out.push_back(pp.Cut(5000, 0, static_cast<int64_t>(5000 - start)));
+  return out;
+}
+
+TEST(ProcessProfile, WaitsInAPausedWindowAreEstimatedFromGvlReadingsAndLabelledInferred) {
+  ProcessProfile pp(kPeriod);
+  const auto built = PausedWait(pp, 0).at(0);
+  // The observed wait was cut by the pause (not counted); the readings tell thread 2 waited from its wants_gvl (100)
+  // to its gvl_acquired (4000), 3900 ns, every one of them while main ran Hog.spin.
+  auto wait = Get(built, "gvl_wait");
+  ASSERT_TRUE(wait);
+  ASSERT_EQ(wait->samples.size(), 1u);
+  EXPECT_EQ(wait->samples[0].frames, (std::vector<std::string>{"IO#read", "Io#loop", "<main>"}));
+  EXPECT_EQ(wait->samples[0].values.at(0), 3900);
+  EXPECT_EQ(wait->samples[0].str_labels, (std::map<std::string, std::string>{{"provenance", "inferred"}}));
+  auto blame = Get(built, "gvl_blame");
+  ASSERT_TRUE(blame);
+  ASSERT_EQ(blame->samples.size(), 1u);
+  EXPECT_EQ(blame->samples[0].frames, (std::vector<std::string>{"Hog.spin", "<main>"}));
+  EXPECT_EQ(blame->samples[0].values.at(0), 3900);
+  EXPECT_EQ(blame->samples[0].str_labels,
+            (std::map<std::string, std::string>{
+                {"holder", "main"}, {"waiter", "Thread #2"}, {"blame_source", "sampled"}, {"provenance", "inferred"}}));
+  EXPECT_EQ(TotalOf(built, "gvl_blame"), 3900u);
+  EXPECT_EQ(TotalOf(built, "gvl_wait"), 3900u);
+  for (const auto* p : {&*wait, &*blame}) {
+    bool said = false;
+    for (const std::string& c : p->comments) said = said || c.find("estimated from the samples' GVL readings") != std::string::npos;
+    EXPECT_TRUE(said) << "the profile does not say it holds an estimate";
+  }
+  for (const BuiltProfile& b : built) {
+    if (b.profile_type == "gvl_wait") EXPECT_EQ(b.sample_label_names, (std::vector<std::string>{"provenance"}));
+  }
+}
+
+TEST(ProcessProfile, AnEstimateAcrossAnIntervalCutSumsToTheUncutOne) {
+  ProcessProfile whole(kPeriod), cut(kPeriod);
+  const auto one = PausedWait(whole, 0);
+  const auto two = PausedWait(cut, 2500);
+  ASSERT_EQ(one.size(), 1u);
+  ASSERT_EQ(two.size(), 2u);
+  // Up to the reading before the cut in the first interval ([100, 2000)), the rest in the second.
+  EXPECT_EQ(TotalOf(two[0], "gvl_blame"), 1900u);
+  EXPECT_EQ(TotalOf(two[0], "gvl_wait"), 1900u);
+  EXPECT_EQ(TotalOf(two[1], "gvl_blame"), 2000u);
+  EXPECT_EQ(TotalOf(two[0], "gvl_blame") + TotalOf(two[1], "gvl_blame"), TotalOf(one[0], "gvl_blame"));
+}
+
+TEST(ProcessProfile, WithoutPausesReadingsChangeNothingAndBlameIsDerived) {
+  auto run = [](bool readings) {
+    ProcessProfile pp(kPeriod);
+    const auto hog = Stack({"Hog.spin", "<main>"});
+    pp.OnEvent(0, 1, RV_EV_THREAD_RESUMED, kNone);
+    pp.OnEvent(50, 2, RV_EV_THREAD_SUSPENDED, kNone);
+    pp.OnEvent(100, 2, RV_EV_THREAD_READY, kNone);
+    const GvlReading g = Reading(1, {2});
+    pp.OnSample(1000, 1, false, hog, readings ? &g : nullptr);
+    pp.OnEvent(2000, 1, RV_EV_THREAD_SUSPENDED, hog);
+    pp.OnEvent(2000, 2, RV_EV_THREAD_RESUMED, kNone);
+    return pp.Cut(3000, 0, 3000);
+  };
+  const auto with = run(true), without = run(false);
+  ASSERT_EQ(with.size(), without.size());
+  for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i].pprof_gz, without[i].pprof_gz) << with[i].profile_type;
+  auto blame = Get(with, "gvl_blame");
+  ASSERT_TRUE(blame);
+  for (const DecodedSample& smp : blame->samples) EXPECT_EQ(smp.str_labels.at("provenance"), "derived");
+  auto wait = Get(with, "gvl_wait");
+  ASSERT_TRUE(wait);
+  for (const DecodedSample& smp : wait->samples) EXPECT_TRUE(smp.str_labels.empty());
+}
+
 TEST(ProcessProfile, BlameThreadNamesStayWhileTheThreadLivesAndAReusedPointerGetsANewOne) {
   ProcessProfile pp(kPeriod);
   const auto a = Stack({"A#run", "<main>"});

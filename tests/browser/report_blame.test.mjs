@@ -5,7 +5,10 @@
 //   - the blame flame graph beside the CPU one, whose heaviest self frame is HogKlass.spin, and the top blockers table
 //     naming the hog's thread running HogKlass.spin first;
 //   - clicking an IO thread's longest GVL wait in the timeline: the card names the hog's thread as the holder, the
-//     HogKlass.spin part with its provenance (sampled) and its samples, and the parts add up to the wait.
+//     HogKlass.spin part with its provenance (sampled) and its samples, and the parts add up to the wait;
+//   - a second recording with --max-overhead 1 (HOG_LOCK_EVERY=1000: the hog traps enough to pause the probes): the
+//     blame flame graph holds the waits estimated from the samples' GVL readings under an "(estimated: tracing
+//     paused)" root frame, the heading says how much was estimated, and the hog still tops it.
 // The hog's thread is found from the trace file itself (the thread whose on-CPU samples end in HogKlass.spin).
 //
 //   RVBPFD_BIN=build/rvbpfd RVBPFD_BUILD_DIR=build node --test tests/browser/report_blame.test.mjs
@@ -94,6 +97,36 @@ test("the holder selector shows one holder's part of the blame", async () => {
   const self = await page.evaluate(() => window.rvReport.blameFlame.selfByLabel());
   assert.equal(self[0].label, HOG);
   await page.selectOption("#blame-holder", "all");
+});
+
+test("a budgeted recording's blame flame graph shows the estimated waits apart, and the hog still tops it", async () => {
+  const rvbpfd = process.env.RVBPFD_BIN;
+  const tracePath = recordWorkload(rvbpfd, "gvl_hog", path.join(workDir, "report-blame-budget-test.rvtrace"),
+                                   ["--hz", "99", "--max-overhead", "1"], { HOG_LOCK_EVERY: "1000" });
+  const hog = hogOf(readTrace(tracePath));
+  const report = buildReport(rvbpfd, tracePath, path.join(workDir, "report-blame-budget-test.html"));
+  const budgeted = await context.newPage();
+  const errors = [];
+  budgeted.on("pageerror", (err) => errors.push(String(err)));
+  await budgeted.goto(fileUrl(report));
+  await budgeted.waitForSelector('body[data-ready="1"]', { timeout: 30_000 });
+  const d = await budgeted.evaluate(() => ({ total: window.rvReport.data.blameTotal,
+                                             estimated: window.rvReport.data.blameEstimated }));
+  assert.ok(d.estimated > 0, `nothing estimated: the probes were not paused (${JSON.stringify(d)})`);
+  const st = await budgeted.evaluate(() => window.rvReport.blameFlame.state());
+  assert.equal(st.total, d.total + d.estimated, "the flame graph holds the observed and the estimated blame");
+  const estimatedRoot = await budgeted.evaluate(() => window.rvReport.blameFlame.rects()
+      .filter((r) => r.label === "(estimated: tracing paused)").reduce((a, r) => a + r.ns, 0));
+  assert.equal(estimatedRoot, d.estimated, "the estimated blame sits under its own root frame");
+  const info = await budgeted.$eval("#blame-info", (e) => e.textContent);
+  assert.match(info, /estimated from the samples' GVL readings while tracing was paused/);
+  const self = await budgeted.evaluate(() => window.rvReport.blameFlame.selfByLabel());
+  assert.equal(self[0].label, HOG, JSON.stringify(self.slice(0, 5)));
+  const first = await budgeted.$eval("#blame-top tbody tr", (tr) => ({ ...tr.dataset }));
+  assert.equal(first.holder, hog.label);
+  assert.equal(first.frame, HOG);
+  assert.deepEqual(errors, []);
+  await budgeted.close();
 });
 
 test("clicking an IO thread's longest GVL wait names the hog's thread as holder, running HogKlass.spin", async () => {

@@ -25,6 +25,8 @@ and blame are estimated from those readings. For the budgeted recording:
     is labelled observed or derived;
   - the total GVL wait (pprof gvl_wait: observed + inferred) is within 30% of the complete recording's, and the
     gvl_blame total equals it;
+  - the `wall` values hold inferred gvl_wait (the estimate, out of the unknown time, at most all of it) and still sum
+    to the threads' lifetimes within 2%;
   - `rvbpfd inspect` names the hog and HogKlass.spin as top blocker and says how much was estimated.
 """
 import os
@@ -245,6 +247,18 @@ def check_budgeted(full, full_prof, budget, budget_prof, budget_pb, budget_inspe
         p.append(problem)
     elif not rows or rows[0] != HOG:
         p.append(f"go tool pprof -sample_index=gvl_blame -top on the budgeted run: top rows {rows[:5]}, want {HOG}")
+    # The wall clock: the estimated waits come out of the unknown time as gvl_wait labelled inferred, the total still
+    # the threads' lifetimes.
+    i_wall = names.index("wall")
+    inferred_wall = sum(s["values"][i_wall] for s in budget_prof["samples"]
+                        if s["labels"].get("provenance") == "inferred" and s["labels"].get("state") == "gvl_wait")
+    if inferred_wall <= 0 or inferred_wall > inferred_wait:
+        p.append(f"wall has {inferred_wall} ns of inferred gvl_wait against {inferred_wait} ns estimated: want some, "
+                 f"at most all of it")
+    lives = sum(lifetimes(budget).values())
+    wall_total = pprof_decode.total(budget_prof, i_wall)
+    if abs(wall_total - lives) > 0.02 * lives:
+        p.append(f"the budgeted wall sums to {wall_total / 1e6:.1f} ms, the threads' lifetimes to {lives / 1e6:.1f} ms")
     p += check_inspect(budget, budget_inspect, hog)
     if "estimated" not in budget_inspect:
         p.append("inspect does not say that part of the GVL wait was estimated")

@@ -134,7 +134,7 @@ TEST(RunSummary, WaitsEstimatedWhilePausedAreNamedAsSuchAndCountInTheShares) {
   EXPECT_NE(top.find("Hog.spin"), std::string::npos) << o.summary;
   EXPECT_NE(top.find("100.0%"), std::string::npos) << o.summary;  // (1 + 30) of 31 ms
   EXPECT_NE(top.find("inferred 96.8%"), std::string::npos) << o.summary;  // 30 of its 31 ms
-  EXPECT_NE(o.summary.find("its GVL waits estimated (above)"), std::string::npos) << o.summary;
+  EXPECT_NE(o.summary.find("but for the GVL waits estimated from the samples' readings"), std::string::npos) << o.summary;
   EXPECT_NE(o.blame.find("30.0 ms more estimated while tracing was paused (inferred)"), std::string::npos) << o.blame;
 }
 

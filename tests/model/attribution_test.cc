@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <deque>
 #include <numeric>
+#include <random>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -566,8 +569,14 @@ TEST(AttributionEstimate, AWaitAcrossAPausedWindowIsEstimatedFromTheReadings) {
   EXPECT_EQ(r.estimate_readings, 10u);
   EXPECT_EQ(r.paused_ns, 85u);
   EXPECT_EQ(BlameTotal(r), r.total_gvl_wait_ns + r.estimated_gvl_wait_ns);
-  // The wall clock keeps the unobserved time unknown.
+  // The wall clock takes the estimated wait out of B's unknown time, labelled inferred; the rest stays unknown.
   EXPECT_EQ(WallOf(r, kB), r.lifetime_ns.at(kB));
+  const WallKey estimated{.thread = kB, .state = WallState::kGvlWait, .stack = 3, .provenance = Provenance::kInferred};
+  ASSERT_TRUE(r.wall_ns.contains(estimated));
+  EXPECT_EQ(r.wall_ns.at(estimated), 100u);
+  for (const auto& [k, ns] : r.wall_ns) {
+    if (k.thread == kB && k.state == WallState::kGvlWait && k.provenance == Provenance::kObserved) ADD_FAILURE() << ns;
+  }
 }
 
 TEST(AttributionEstimate, AHolderChangeInsideAPauseSplitsTheEstimate) {
@@ -724,6 +733,216 @@ TEST(AttributionEstimate, AThreadStartedInsideAPauseIsUnobservedFromItsStart) {
   // gvl_acquired.
   EXPECT_EQ(Estimated(r, kC, kA, 7, BlameSource::kSampled), 4u + 15u);
   EXPECT_EQ(r.estimated_gvl_wait_ns, 19u);
+}
+
+
+// ---- The agent's streaming estimate: drains sum to the whole trace's ---------------------------------------------
+
+// Feeds one event stream both to an Attribution computed at the end and to one drained at random points, as the agent
+// drains it (DrainEstimate, then DrainBlame).
+class EstimateBothWays {
+ public:
+  explicit EstimateBothWays(uint32_t seed)
+      : rng_(seed),
+        whole_(Estimating()),
+        drained_(AttributionOptions{.blame_cut_waits = true, .wall = false, .estimate_paused = true,
+                                    .sample_period_ns = 10}),
+        tracker_([this](const Span& s) { drained_.OnSpan(s); }),
+        whole_tracker_([this](const Span& s) { whole_.OnSpan(s); }) {}
+
+  void Ev(uint64_t t, EventName event, uint64_t thread) {
+    now_ = t;
+    for (Attribution* a : {&whole_, &drained_}) {
+      a->OnThreadEvent(t, thread, event);
+      if (event == EventName::kTracingPaused) a->OnPause(t);
+      if (event == EventName::kTracingResumed) a->OnResume(t);
+    }
+    const TrackerEvent e{t, event, thread, 0, 0, ReleaseReason::kUnknown};
+    tracker_.OnEvent(e);
+    whole_tracker_.OnEvent(e);
+    MaybeDrain();
+  }
+  void Reading(uint64_t t, uint64_t sampled, uint32_t stack, bool in_gc, bool held, uint64_t holder,
+               std::vector<uint64_t> queued, uint32_t unnamed) {
+    now_ = t;
+    GvlSample g{.t_ns = t, .sampled = sampled, .stack = stack, .in_gc = in_gc, .held = held, .holder = holder};
+    g.waiting = static_cast<uint32_t>(queued.size()) + unnamed;
+    g.queued = std::move(queued);
+    for (Attribution* a : {&whole_, &drained_}) {
+      a->OnThreadEvent(t, sampled, EventName::kSample);
+      a->OnSample(t, sampled, stack, in_gc);
+      a->OnGvlReading(g);
+    }
+    tracker_.OnSample(sampled, stack, in_gc);
+    whole_tracker_.OnSample(sampled, stack, in_gc);
+    MaybeDrain();
+  }
+  // Compute()'s estimate and the drains' (a last drain after everything).
+  std::pair<AttributionResult, AttributionResult> Finish() {
+    whole_tracker_.Finish(now_);
+    Drain(now_ + 1);
+    return {whole_.Compute(now_), std::move(drained_sum_)};
+  }
+  std::mt19937& rng() { return rng_; }
+  uint64_t drains() const { return drains_; }
+
+ private:
+  void MaybeDrain() {
+    if (std::uniform_int_distribution<int>(0, 9)(rng_) != 0) return;
+    Drain(now_ + std::uniform_int_distribution<uint64_t>(0, 1)(rng_));  // before or after the readings at now
+  }
+  void Drain(uint64_t at) {
+    ++drains_;
+    drained_.DrainEstimate(at, &drained_sum_);
+    drained_.DrainBlame(tracker_.oldest_open_wait_ns(now_), &drained_sum_);
+  }
+
+  std::mt19937 rng_;
+  Attribution whole_, drained_;
+  SpanTracker tracker_, whole_tracker_;
+  AttributionResult drained_sum_;
+  uint64_t now_ = 0;
+  uint64_t drains_ = 0;
+};
+
+std::map<BlameKey, uint64_t> InferredOnly(const AttributionResult& r) {
+  std::map<BlameKey, uint64_t> out;
+  for (const auto& [k, v] : r.blame_ns) {
+    if (k.provenance == Provenance::kInferred) out[k] += v;
+  }
+  return out;
+}
+
+// One random run: four threads share one GVL (a holder, a queue, blocked ones); the probes pause and resume; samples
+// read the GVL (a ghost thread 99 that has no scheduler event appears in the queue, and unnamed ones are counted).
+// At the end the probes are on and every thread has an event after the last resume, so no stretch is left open.
+void RandomRun(EstimateBothWays& run) {
+  std::mt19937& rng = run.rng();
+  auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
+  const std::vector<uint64_t> threads = {11, 12, 13, 14};
+  uint64_t t = 1, holder = 11;
+  std::deque<uint64_t> queue;
+  std::vector<uint64_t> blocked = {12, 13, 14};
+  bool paused = false;
+  auto ev = [&](EventName e, uint64_t th) {
+    if (!paused) run.Ev(t, e, th);
+  };
+  ev(EventName::kGvlAcquired, 11);
+  for (uint64_t th : blocked) ev(EventName::kGvlReleased, th);
+  for (int step = 0; step < 200; ++step) {
+    t += 1 + pick(12);
+    switch (pick(6)) {
+      case 0:  // the holder releases; the next queued thread gets the lock (or nobody holds it)
+        if (holder != 0) {
+          ev(EventName::kGvlReleased, holder);
+          blocked.push_back(holder);
+          holder = 0;
+        }
+        if (!queue.empty() && pick(3) != 0) {
+          holder = queue.front();
+          queue.pop_front();
+          ev(EventName::kGvlAcquired, holder);
+        }
+        break;
+      case 1:  // a blocked thread wants the lock
+        if (!blocked.empty()) {
+          const size_t i = static_cast<size_t>(pick(static_cast<int>(blocked.size())));
+          const uint64_t th = blocked[i];
+          blocked.erase(blocked.begin() + static_cast<ptrdiff_t>(i));
+          ev(EventName::kWantsGvl, th);
+          if (holder == 0) {
+            holder = th;
+            ev(EventName::kGvlAcquired, th);
+          } else {
+            queue.push_back(th);
+          }
+        }
+        break;
+      case 2:
+        if (pick(4) == 0) {  // pause or resume
+          if (paused) {
+            paused = false;
+            run.Ev(t, EventName::kTracingResumed, 0);
+          } else {
+            run.Ev(t, EventName::kTracingPaused, 0);
+            paused = true;
+          }
+        }
+        break;
+      default: {  // a sample, by the holder most of the time, reads the GVL
+        const uint64_t sampled = holder != 0 && pick(4) != 0 ? holder : threads[static_cast<size_t>(pick(4))];
+        std::vector<uint64_t> queued(queue.begin(), queue.end());
+        if (paused && pick(5) == 0) queued.push_back(99);
+        const bool unknown_holder = pick(10) == 0;
+        run.Reading(t, sampled, 1 + static_cast<uint32_t>(pick(5)), pick(8) == 0, holder != 0 || unknown_holder,
+                    unknown_holder ? 0 : holder, std::move(queued), static_cast<uint32_t>(pick(3)));
+        break;
+      }
+    }
+  }
+  t += 5;
+  if (paused) run.Ev(t, EventName::kTracingResumed, 0);
+  paused = false;
+  // Every thread's own event after the resume closes its stretch.
+  for (uint64_t th : threads) {
+    t += 3;
+    if (th == holder) {
+      run.Ev(t, EventName::kGvlReleased, th);
+      holder = 0;
+    } else {
+      run.Ev(t, EventName::kWantsGvl, th);
+      run.Ev(t + 1, EventName::kGvlAcquired, th);
+      run.Ev(t + 2, EventName::kGvlReleased, th);
+      t += 2;
+    }
+  }
+}
+
+TEST(AttributionStreamingEstimate, DrainsAtAnyPointsSumToTheWholeTracesEstimate) {
+  uint64_t estimated = 0, drains = 0;
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    EstimateBothWays run(seed);
+    RandomRun(run);
+    auto [whole, drained] = run.Finish();
+    drains += run.drains();
+    estimated += whole.estimated_gvl_wait_ns;
+    ASSERT_EQ(InferredOnly(drained), InferredOnly(whole)) << "seed " << seed;
+    ASSERT_EQ(drained.estimated_wait_ns, whole.estimated_wait_ns) << "seed " << seed;
+    ASSERT_EQ(drained.estimated_gvl_wait_ns, whole.estimated_gvl_wait_ns) << "seed " << seed;
+    ASSERT_EQ(drained.estimate_readings, whole.estimate_readings) << "seed " << seed;
+    ASSERT_EQ(drained.paused_ns, whole.paused_ns) << "seed " << seed;
+  }
+  // The runs did estimate, and were drained often.
+  EXPECT_GT(estimated, 0u);
+  EXPECT_GT(drains, 300u * 10);
+}
+
+TEST(AttributionStreamingEstimate, ReadingsAreKeptOnlyWhileAStretchOrAWaitNeedsThem) {
+  Attribution a(AttributionOptions{.blame_cut_waits = true, .wall = false, .estimate_paused = true,
+                                   .sample_period_ns = 10});
+  AttributionResult r;
+  a.OnThreadEvent(0, kA, EventName::kGvlAcquired);
+  for (uint64_t t = 10; t < 1000; t += 10) a.OnGvlReading(GvlSample{.t_ns = t, .sampled = kA, .held = true, .holder = kA});
+  a.DrainEstimate(1000, &r);
+  EXPECT_EQ(a.kept(), 0u) << "no pause, no wait: no reading is needed";
+  a.OnThreadEvent(1000, kB, EventName::kWantsGvl);
+  for (uint64_t t = 1010; t < 2000; t += 10) {
+    a.OnGvlReading(GvlSample{.t_ns = t, .sampled = kA, .held = true, .holder = kA, .waiting = 1, .queued = {kB}});
+  }
+  a.DrainEstimate(2000, &r);
+  EXPECT_EQ(a.kept(), 99u) << "B's wait could still be cut by a pause: its readings stay";
+  a.OnPause(2000);
+  a.OnGvlReading(GvlSample{.t_ns = 2010, .sampled = kA, .held = true, .holder = kA, .waiting = 1, .queued = {kB}});
+  a.DrainEstimate(2020, &r);
+  EXPECT_EQ(r.estimated_gvl_wait_ns, 1010u) << "B's wait from its wants_gvl to the last reading";
+  EXPECT_EQ(a.kept(), 1u) << "the stretch goes on from its last reading only";
+  a.OnResume(2030);
+  a.OnThreadEvent(2035, kA, EventName::kGvlReleased);
+  a.OnThreadEvent(2040, kB, EventName::kGvlAcquired);
+  a.DrainEstimate(2050, &r);
+  EXPECT_EQ(r.estimated_gvl_wait_ns, 1040u) << "then up to B's gvl_acquired";
+  EXPECT_EQ(r.paused_ns, 30u);
+  EXPECT_EQ(a.kept(), 0u) << "both threads were seen after the resume: no stretch is open";
 }
 
 }  // namespace

@@ -895,10 +895,11 @@
   // Frames that stand in for what no recorded stack says (negative function ids; -1 is the root): the labels the
   // pprof export uses for the same weights.
   const PSEUDO = { "-2": "(no stack recorded)", "-3": "[GC]", "-4": "[GVL not held]", "-5": "[holder unknown]",
-                   "-6": "[no stack]" };
-  const P_NO_STACK = -2, P_GC = -3, P_GVL_FREE = -4, P_HOLDER_UNKNOWN = -5, P_BLAME_NO_STACK = -6;
-  // cfg: ids {section, canvas, plot, tip, select, reset, info, path}; groups: Map(group -> [{s, stand, top, w}])
-  // (s: stack index or -1, stand: the pseudo frame for s < 0, top: a pseudo leaf frame on top or 0); groupLabel(g);
+                   "-6": "[no stack]", "-7": "(estimated: tracing paused)" };
+  const P_NO_STACK = -2, P_GC = -3, P_GVL_FREE = -4, P_HOLDER_UNKNOWN = -5, P_BLAME_NO_STACK = -6, P_ESTIMATED = -7;
+  // cfg: ids {section, canvas, plot, tip, select, reset, info, path}; groups: Map(group -> [{s, stand, top, root, w}])
+  // (s: stack index or -1, stand: the pseudo frame for s < 0, top: a pseudo leaf frame on top or 0, root: a pseudo
+  // frame under the whole stack or 0, e.g. P_ESTIMATED for weights that were estimated); groupLabel(g);
   // allLabel; valueName ("samples" / "ns", the hooks' field); fmt(v) and lines(v) for the tip; info(total, selLabel).
   function makeFlame(cfg) {
     const $s = (k) => $(cfg.ids[k]);
@@ -921,9 +922,10 @@
       const r = mk(-1, -1, null);
       for (const [g, list] of cfg.groups) {
         if (sel !== "all" && g !== sel) continue;
-        for (const { s, stand, top, w } of list) {
+        for (const { s, stand, top, root, w } of list) {
           r.n += w;
           let cur = r;
+          if (root) { cur = child(cur, root, -1); cur.n += w; }
           if (s < 0) { cur = child(cur, stand, -1); cur.n += w; }
           for (let k = s >= 0 ? stackOff[s + 1] - 1 : -1, to = s >= 0 ? stackOff[s] : 0; k >= to; k--) {  // root first
             const f = stackFrames[k];
@@ -1107,9 +1109,10 @@
   })();
 
   // ---- GVL blame (model/attribution.h, computed by rvbpfd; the page only draws it) ---------------------------------
-  const BL = D.blame || { total_ns: 0, waits: { th: [], s: [], d: [], ns: [] },
+  const BL = D.blame || { total_ns: 0, estimated_ns: 0, waits: { th: [], s: [], d: [], ns: [] },
                           segs: { h: [], s: [], d: [], rs: [], rt: [], np: [] },
-                          parts: { sk: [], src: [], gc: [], ns: [], n: [] }, flame: { h: [], sk: [], gc: [], src: [], ns: [] } };
+                          parts: { sk: [], src: [], gc: [], ns: [], n: [] },
+                          flame: { h: [], sk: [], gc: [], src: [], inf: [], ns: [] } };
   const BLAME_SOURCES = N.blame_source || [];
   const blame = (function () {
     const w = Object.assign(spans(BL.waits), { th: minusOne(BL.waits.th), nseg: ints(BL.waits.ns) });
@@ -1148,7 +1151,8 @@
       }
       return { waiter: w.th[i], s: w.s[i], e: w.e[i], segs };
     }
-    return { w, total: BL.total_ns, waitsIn, ofWait };
+    // total: the counted waits' ns; estimated: the waits estimated while tracing was paused (in the flame graph only).
+    return { w, total: BL.total_ns, estimated: BL.estimated_ns || 0, waitsIn, ofWait };
   })();
   // The frame a blamed part is shown by: the GC or stand-in pseudo frame, else the stack's leaf.
   function blameLeaf(p) {
@@ -1170,14 +1174,17 @@
       const h = f.h[i] - 1, s = f.sk[i] - 1, source = BLAME_SOURCES[f.src[i]];
       const stand = source === "gvl_free" ? P_GVL_FREE : source === "holder_unknown" ? P_HOLDER_UNKNOWN : P_BLAME_NO_STACK;
       if (!groups.has(h)) groups.set(h, []);
-      groups.get(h).push({ s, stand, top: f.gc[i] ? P_GC : 0, w: f.ns[i] });
+      groups.get(h).push({ s, stand, top: f.gc[i] ? P_GC : 0, root: f.inf[i] ? P_ESTIMATED : 0, w: f.ns[i] });
     }
+    const estimatedNote = blame.estimated > 0
+      ? ` (${dur(blame.estimated)} of it estimated from the samples' GVL readings while tracing was paused)` : "";
     const fl = makeFlame({
       ids: { section: "blame-flame", canvas: "blame-canvas", plot: "blame-plot", tip: "blame-tip", select: "blame-holder",
              reset: "blame-reset", info: "blame-info", path: "blame-path" },
       groups, groupLabel: (h) => (h >= 0 ? threadLabel(h) : "nobody / not known"), allLabel: "all holders",
       valueName: "ns", fmt: (v) => dur(v) + " waited", lines: () => [],
-      info: (total, what) => `${dur(total)} other threads waited for the GVL while ${what} held it`,
+      info: (total, what) => `${dur(total)} other threads waited for the GVL while ${what} held it` +
+        (what === "all holders" ? estimatedNote : ""),
     });
     // The top blockers: holder and the leaf of what it ran, by the ns others waited (the summary `inspect` prints).
     const top = new Map();
@@ -1191,7 +1198,7 @@
     const list = [...top.values()].sort((a, b) => b.ns - a.ns);
     const rows = list.slice(0, 5).map((x) => el("tr", { "data-holder": holderLabel(x.holder), "data-frame": x.frame, "data-ns": String(x.ns) },
         el("td", null, holderLabel(x.holder)), el("td", { class: "mono" }, x.frame), el("td", null, dur(x.ns)),
-        el("td", null, (100 * x.ns / Math.max(1, blame.total)).toFixed(1) + "%")));
+        el("td", null, (100 * x.ns / Math.max(1, blame.total + blame.estimated)).toFixed(1) + "%")));
     $("blame-top").replaceChildren(el("thead", null, el("tr", null, el("th", null, "holder"), el("th", null, "running"),
         el("th", null, "others waited"), el("th", null, "share"))), el("tbody", null, ...rows));
     fl.top = () => list.map((x) => ({ holder: holderLabel(x.holder), frame: x.frame, ns: x.ns }));
@@ -1201,7 +1208,8 @@
 
   // ---- hooks for tests -------------------------------------------------------------------------------------------
   window.rvReport = {
-    data: { threads, owner, gc, unknown, natives, markers, events, names: N, meta: M, tids: D.tids, blameTotal: blame.total },
+    data: { threads, owner, gc, unknown, natives, markers, events, names: N, meta: M, tids: D.tids, blameTotal: blame.total,
+            blameEstimated: blame.estimated },
     view: () => ({ t0: view.t0, t1: view.t1 }),
     setView,
     // The lane's rect in client (viewport) coordinates, and the x of time t in the same coordinates.
