@@ -244,7 +244,9 @@ int Main(int argc, char** argv) {
   AgentEnv env;
   env.backend = &backend;
   env.clock = &clock;
-  env.preparer = [](const std::string&, const std::string& v) -> Result<PreparedBinary> { return FakePrepared(v); };
+  env.preparer = [](const std::string&, const std::string& v, std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
+    return FakePrepared(v);
+  };
   env.frame_source = [&ruby](int, const RubyTarget&, const ProbeSet&) -> std::unique_ptr<FrameSource> {
     return MakeResolverFrameSource(std::make_unique<StackResolver>(ruby.TakeMemory(), ruby.offsets(), 0));
   };

@@ -68,8 +68,11 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
   env.clock = &clock;
   const std::string cache_dir = config.cache_dir;
   const bool want_stacks = config.stacks != "off" || config.hz > 0;
-  env.preparer = [cache_dir, want_stacks](const std::string& path, const std::string& version) {
-    return PrepareVmBinary(path, version, cache_dir, want_stacks);
+  env.preparer = [cache_dir, want_stacks](const std::string& path, const std::string& version,
+                                          std::shared_ptr<ElfFile> parsed) {
+    // Discovery parsed the file already: analysing that copy keeps one parse (and one copy in memory) per binary.
+    return parsed ? PrepareVmBinary(*parsed, version, cache_dir, want_stacks)
+                  : PrepareVmBinary(path, version, cache_dir, want_stacks);
   };
   const std::string proc_root = config.proc_root;
   env.frame_source = [proc_root](int pid, const RubyTarget& target, const ProbeSet& set) {

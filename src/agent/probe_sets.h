@@ -94,8 +94,10 @@ struct ProbeSet {
   std::string attach_path() const { return "/proc/self/fd/" + std::to_string(file.get()); }
 };
 
-using BinaryPreparer =
-    std::function<Result<PreparedBinary>(const std::string& vm_path, const std::string& ruby_version)>;
+// Prepares the VM binary at vm_path; `parsed`: discovery's parse of that file (RubyTarget::vm_elf), used instead of
+// parsing it again when not null (it is the preparer's alone while it runs).
+using BinaryPreparer = std::function<Result<PreparedBinary>(const std::string& vm_path, const std::string& ruby_version,
+                                                            std::shared_ptr<ElfFile> parsed)>;
 
 class ProbeSetManager {
  public:

@@ -322,18 +322,20 @@ void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const
 }
 
 void Attribution::BlameWaits(AttributionResult& r) const {
-  // A VM's holder spans close in time order, so a sorted copy is only made for a foreign order.
+  // A VM's holder spans close in time order, so a sorted copy is only made for a foreign order. Each VM's list is
+  // looked at once per call, not once per wait (that was quadratic in the agent's intervals).
   std::map<uint32_t, std::vector<Span>> sorted;
+  std::map<uint32_t, std::span<const Span>> by_vm;
   auto holders_of = [&](uint32_t vm) -> std::span<const Span> {
+    auto [known, fresh] = by_vm.try_emplace(vm);
+    if (!fresh) return known->second;
     auto it = holders_.find(vm);
-    if (it == holders_.end()) return {};
-    if (std::is_sorted(it->second.begin(), it->second.end(), ByStart)) return it->second;
-    auto [copy, fresh] = sorted.try_emplace(vm);
-    if (fresh) {
-      copy->second = it->second;
-      std::stable_sort(copy->second.begin(), copy->second.end(), ByStart);
-    }
-    return copy->second;
+    if (it == holders_.end()) return known->second;
+    if (std::is_sorted(it->second.begin(), it->second.end(), ByStart)) return known->second = it->second;
+    std::vector<Span>& copy = sorted[vm];
+    copy = it->second;
+    std::stable_sort(copy.begin(), copy.end(), ByStart);
+    return known->second = copy;
   };
   for (const Span& w : waits_) {
     const bool blamed = w.end == SpanEnd::kAcquired || (options_.blame_cut_waits && w.end == SpanEnd::kCut);

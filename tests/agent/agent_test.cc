@@ -67,7 +67,7 @@ class AgentTest : public ::testing::Test {
     AgentEnv env;
     env.backend = &backend_;
     env.clock = &clock_;
-    env.preparer = [this](const std::string&, const std::string& v) -> Result<PreparedBinary> {
+    env.preparer = [this](const std::string&, const std::string& v, std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
       PreparedBinary p = FakePrepared(v);
       if (layout_) p.live_layout = *layout_;
       return p;
@@ -536,6 +536,14 @@ TEST_F(AgentTest, WaitsHiddenByABudgetPauseAreEstimatedFromTheSamplesGvlReadings
   EXPECT_NE(metrics_.RenderPrometheus().find("rvbpfd_gvl_readings_total 10"), std::string::npos);
 }
 
+TEST_F(AgentTest, AWatchedProcessKeepsNoCopyOfItsVmBinary) {
+  StartAgent();
+  ASSERT_NE(agent_->process(10), nullptr);
+  // Discovery's parse (the whole file, in memory) served the set's preparation and is freed once attached.
+  EXPECT_EQ(agent_->process(10)->target.vm_elf, nullptr);
+  EXPECT_EQ(agent_->process(20)->target.vm_elf, nullptr);
+}
+
 TEST_F(AgentTest, ABudgetPauseComesAfterTheEventsStillInTheReorderWindow) {
   StartAgent();
   Run(50 * kMs);
@@ -592,7 +600,9 @@ TEST_F(AgentTest, AgentNeedsASink) {
   AgentEnv env;
   env.backend = &backend_;
   env.clock = &clock_;
-  env.preparer = [](const std::string&, const std::string& v) -> Result<PreparedBinary> { return FakePrepared(v); };
+  env.preparer = [](const std::string&, const std::string& v, std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
+    return FakePrepared(v);
+  };
   env.make_sinks = [](const AgentConfig&) -> Result<AgentSinks> { return AgentSinks{}; };
   Result<std::unique_ptr<Agent>> a = Agent::Create(config_, env);
   ASSERT_FALSE(a.ok());

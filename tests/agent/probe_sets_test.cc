@@ -16,8 +16,10 @@ class ProbeSetsTest : public ::testing::Test {
  protected:
   ProbeSetsTest()
       : sets_(&backend_,
-              [this](const std::string&, const std::string& version) -> Result<PreparedBinary> {
+              [this](const std::string&, const std::string& version,
+                     std::shared_ptr<ElfFile> parsed) -> Result<PreparedBinary> {
                 ++prepares_;
+                prepared_from_ = parsed.get();
                 if (fail_) return Error(ErrorCode::kNoSymbols, "no .symtab");
                 return FakePrepared(version);
               },
@@ -37,6 +39,7 @@ class ProbeSetsTest : public ::testing::Test {
   FakeBackend backend_;
   ProbeSetManager sets_;
   int prepares_ = 0;
+  const ElfFile* prepared_from_ = nullptr;  // the parse the last preparation was handed (null: none)
   bool fail_ = false;
 };
 
@@ -62,6 +65,14 @@ TEST_F(ProbeSetsTest, ProcessesSharingALibrubyShareOneSetOfUprobes) {
   EXPECT_EQ(backend_.groups[0].path.rfind("/proc/self/fd/", 0), 0u);
   EXPECT_EQ(a->set->pids, (std::set<int>{10, 11}));
   EXPECT_EQ(sets_.active_sets(), 1u);
+}
+
+TEST_F(ProbeSetsTest, ABinaryIsPreparedFromDiscoverysOwnParseOfIt) {
+  AddRuby(10, "host");
+  const RubyTarget t = Target(10);
+  ASSERT_NE(t.vm_elf, nullptr);
+  ASSERT_TRUE(sets_.Acquire(10, t).ok());
+  EXPECT_EQ(prepared_from_, t.vm_elf.get()) << "the binary was parsed a second time";
 }
 
 TEST_F(ProbeSetsTest, TheLastProcessOutDetachesAndAReturningBinaryReattachesWithoutNewSlots) {

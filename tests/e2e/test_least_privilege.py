@@ -9,6 +9,11 @@ CapabilityBoundingSet; the target runs as `nobody`, so reading it needs more tha
   agent               CAP_BPF CAP_PERFMON CAP_SYS_PTRACE                  (the target is attached)
   sites --pid PID     CAP_SYS_PTRACE                                      (the sites are listed)
   launch under sudo   CAP_BPF CAP_PERFMON CAP_CHOWN CAP_SETUID CAP_SETGID (the command runs as the invoker)
+
+Launch under sudo of a VM binary without debug symbols (a stripped copy of the test Ruby: its layout comes from the
+offsets table, which only the live layout check can confirm) with those capabilities: the command's memory is not
+readable without CAP_SYS_PTRACE, so rvbpfd refuses with exit 7 and one line naming CAP_SYS_PTRACE and the debug
+symbols, writes no trace, and leaves the command running (untraced) to its end.
 """
 import os
 import re
@@ -19,6 +24,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rvlib  # noqa: E402
+import test_stripped  # noqa: E402
 
 NOBODY = 65534
 MODES = {
@@ -58,7 +64,9 @@ def main():
         ruby = None
         for name in rvlib.RUBIES:
             try:
-                ruby = rvlib.find_ruby(args.source_dir, name) + "/bin/ruby"
+                ruby_prefix = rvlib.find_ruby(args.source_dir, name)
+                ruby_name = name
+                ruby = ruby_prefix + "/bin/ruby"
                 break
             except rvlib.Fatal:
                 continue
@@ -93,9 +101,9 @@ def main():
                            capture_output=True, text=True, timeout=120)
         return p.returncode, p.stderr, p.stdout
 
-    def launch(caps):
+    def launch(caps, ruby=ruby, extra_env=None):
         out = out_path()
-        env = dict(os.environ, SUDO_UID=str(NOBODY), SUDO_GID=str(NOBODY), SUDO_USER="nobody")
+        env = dict(os.environ, SUDO_UID=str(NOBODY), SUDO_GID=str(NOBODY), SUDO_USER="nobody", **(extra_env or {}))
         p = subprocess.run(limited(caps) + [rvbpfd, "-q", "--no-status", "--cache-dir", cache, "-o", out, "--", ruby,
                                             "--disable-gems", "-e", "Thread.new { sleep 0.01 }.join; p Process.uid"],
                            capture_output=True, text=True, timeout=120, env=env, cwd=base)
@@ -162,6 +170,22 @@ def main():
                     else:
                         p = judge_missing(rc, text, removed)
                 res.check(label + (f" (CAP_{removed.upper()} removed)" if removed else ": works"), p)
+        # A stripped VM under sudo: the offsets table's layout cannot stand unchecked.
+        stripped, env, vm = test_stripped.stripped_copy(rvlib.Ruby(ruby_name, ruby_prefix, None),
+                                                        os.path.join(base, "stripped"))
+        rc, err, so, out = launch(MODES["launch under sudo"], ruby=stripped.bin, extra_env=env)
+        lines = [l for l in err.splitlines() if l.strip()]
+        p = []
+        if rc != 7:
+            p.append(f"exit {rc}, expected 7: {err[-600:]}")
+        if len(lines) != 1 or "CAP_SYS_PTRACE" not in lines[0] or "debug symbols" not in lines[0]:
+            p.append(f"expected one stderr line naming CAP_SYS_PTRACE and the debug symbols, got {lines[:4]}")
+        if os.path.exists(out):
+            p.append(f"a trace was written: {out}")
+        if so.strip() != str(NOBODY):
+            p.append(f"the command did not run on as uid {NOBODY}: stdout {so!r}")
+        res.check(f"launch under sudo of a stripped VM ({os.path.basename(vm)}) without CAP_SYS_PTRACE: exit 7, "
+                  f"no trace, the command runs on", p)
     except rvlib.Fatal as e:
         res.check("target", [str(e)])
     finally:
