@@ -52,8 +52,9 @@ std::string Dirname(const std::string& path) {
   return path.substr(0, slash);
 }
 
-// Reads DT_NEEDED / DT_RUNPATH / DT_RPATH from the .dynamic section.
-void ReadDynamic(const ElfFile& elf, std::vector<std::string>* needed, std::vector<std::string>* search) {
+// Reads DT_NEEDED, DT_RPATH and DT_RUNPATH from the .dynamic section.
+void ReadDynamic(const ElfFile& elf, std::vector<std::string>* needed, std::vector<std::string>* rpath,
+                 std::vector<std::string>* runpath) {
   auto dynamic = elf.FindSection(".dynamic");
   auto dynstr = elf.FindSection(".dynstr");
   if (!dynamic || !dynstr) return;
@@ -71,7 +72,7 @@ void ReadDynamic(const ElfFile& elf, std::vector<std::string>* needed, std::vect
     if (d.d_tag == DT_NEEDED) {
       needed->push_back(value);
     } else {
-      for (const std::string& p : SplitPath(value)) search->push_back(p);
+      for (const std::string& p : SplitPath(value)) (d.d_tag == DT_RPATH ? rpath : runpath)->push_back(p);
     }
   }
 }
@@ -232,8 +233,8 @@ Result<LaunchPlan> PlanLaunch(const std::vector<std::string>& argv, const std::s
     plan.vm_elf = std::make_shared<ElfFile>(std::move(*exe));
     return plan;
   }
-  std::vector<std::string> needed, search;
-  ReadDynamic(*exe, &needed, &search);
+  std::vector<std::string> needed, rpath, runpath;
+  ReadDynamic(*exe, &needed, &rpath, &runpath);
   std::string libruby;
   for (const std::string& n : needed) {
     if (n.rfind("libruby", 0) == 0) libruby = n;
@@ -241,11 +242,16 @@ Result<LaunchPlan> PlanLaunch(const std::vector<std::string>& argv, const std::s
   if (libruby.empty()) {
     return Error(ErrorCode::kNotRuby, elf_path + " neither defines ruby_version nor links libruby: not CRuby");
   }
+  // ld.so's order: DT_RPATH (only without DT_RUNPATH), LD_LIBRARY_PATH, DT_RUNPATH, then the system directories. An
+  // LD_LIBRARY_PATH naming another libruby (a copy, another build) wins over the executable's RUNPATH.
+  std::vector<std::string> search;
+  if (runpath.empty()) search = rpath;
+  for (const std::string& dir : SplitPath(ld_library_path)) search.push_back(dir);
+  search.insert(search.end(), runpath.begin(), runpath.end());
   for (std::string& dir : search) {
     size_t pos = dir.find("$ORIGIN");
     if (pos != std::string::npos) dir.replace(pos, 7, Dirname(elf_path));
   }
-  for (const std::string& dir : SplitPath(ld_library_path)) search.push_back(dir);
   for (const char* dir : {"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib",
                           "/usr/lib", "/usr/local/lib"}) {
     search.push_back(dir);

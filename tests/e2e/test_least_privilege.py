@@ -101,11 +101,11 @@ def main():
                            capture_output=True, text=True, timeout=120)
         return p.returncode, p.stderr, p.stdout
 
-    def launch(caps, ruby=ruby, extra_env=None):
+    def launch(caps, ruby=ruby, extra_env=None, script="Thread.new { sleep 0.01 }.join; p Process.uid"):
         out = out_path()
         env = dict(os.environ, SUDO_UID=str(NOBODY), SUDO_GID=str(NOBODY), SUDO_USER="nobody", **(extra_env or {}))
         p = subprocess.run(limited(caps) + [rvbpfd, "-q", "--no-status", "--cache-dir", cache, "-o", out, "--", ruby,
-                                            "--disable-gems", "-e", "Thread.new { sleep 0.01 }.join; p Process.uid"],
+                                            "--disable-gems", "-e", script],
                            capture_output=True, text=True, timeout=120, env=env, cwd=base)
         return p.returncode, p.stderr, p.stdout, out
 
@@ -173,7 +173,10 @@ def main():
         # A stripped VM under sudo: the offsets table's layout cannot stand unchecked.
         stripped, env, vm = test_stripped.stripped_copy(rvlib.Ruby(ruby_name, ruby_prefix, None),
                                                         os.path.join(base, "stripped"))
-        rc, err, so, out = launch(MODES["launch under sudo"], ruby=stripped.bin, extra_env=env)
+        # The command lives a second: the check is made at its first scheduler events (a command that ends before is
+        # refused as one whose memory could not be checked, exit 9).
+        rc, err, so, out = launch(MODES["launch under sudo"], ruby=stripped.bin, extra_env=env,
+                                  script="Thread.new { sleep 0.01 }.join; sleep 1; p Process.uid")
         lines = [l for l in err.splitlines() if l.strip()]
         p = []
         if rc != 7:

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <vector>
@@ -60,6 +61,27 @@ TEST_F(LaunchPlanTest, SharedRubyResolvesLibrubyThroughItsRunpath) {
   ASSERT_TRUE(plan.ok()) << plan.error().ToString();
   EXPECT_EQ(plan->vm_path, prefix + "/lib/libruby.so.3.3.8");
   EXPECT_TRUE(plan->vm_is_shared_library);
+}
+
+TEST_F(LaunchPlanTest, LdLibraryPathWinsOverTheRunpathAsInTheDynamicLinker) {
+  const std::string prefix = RubyPrefix("3.3.8-shared");
+  if (!Exists(prefix + "/.complete")) GTEST_SKIP() << prefix << " not built (tools/build-test-rubies.sh)";
+  // A copy of libruby elsewhere, named by LD_LIBRARY_PATH: ld.so loads it (the test Ruby has DT_RUNPATH), so the
+  // probes must go on it, not on the RUNPATH's.
+  const std::string lib = dir_ + "/lib";
+  ASSERT_EQ(mkdir(lib.c_str(), 0755), 0);
+  ASSERT_EQ(std::system(("cp " + prefix + "/lib/libruby.so.3.3.8 " + lib + "/ && ln -s libruby.so.3.3.8 " + lib +
+                         "/libruby.so.3.3").c_str()),
+            0);
+  Result<LaunchPlan> plan = PlanLaunch({prefix + "/bin/ruby"}, "", "/nonexistent:" + lib);
+  ASSERT_TRUE(plan.ok()) << plan.error().ToString();
+  EXPECT_EQ(plan->vm_path, lib + "/libruby.so.3.3.8");
+  // What ld.so itself maps for the same environment.
+  const std::string maps = dir_ + "/ldd.txt";
+  ASSERT_EQ(std::system(("LD_LIBRARY_PATH=" + lib + " ldd " + prefix + "/bin/ruby > " + maps).c_str()), 0);
+  std::ifstream in(maps);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find(lib + "/libruby.so.3.3"), std::string::npos) << text;
 }
 
 TEST_F(LaunchPlanTest, ShebangThroughEnvFindsTheInterpreter) {
