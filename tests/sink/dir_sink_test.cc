@@ -164,7 +164,9 @@ TEST(DirSinkTest, ProfileLargerThanTheCapIsNotWritten) {
   auto sink = DirSink::Create(tmp.path(), 50);
   ASSERT_TRUE(sink.ok());
   (*sink)->Submit(MakeUpload(std::string(51, 'x'), 10));
-  EXPECT_FALSE((*sink)->Flush(60s));
+  // Flush's result says whether something failed while it waited; the worker may have refused the upload before
+  // Flush was called (about one run in a few hundred), so only the counters tell.
+  (void)(*sink)->Flush(60s);
   EXPECT_TRUE(ListFiles(tmp.path()).empty());
   EXPECT_EQ((*sink)->stats().delivery_failures, 1u);
   EXPECT_NE((*sink)->stats().last_error.find("--output-max-mb"), std::string::npos);
