@@ -221,8 +221,9 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   p->pid = pid;
   p->labels = std::move(labels.value());
   p->target = std::move(insp.target);
-  // Discovery's copy of the VM binary (tens of MB: MappedFile holds the whole file) is not needed past here: the set
-  // was prepared from its own. Kept, it stayed resident for the process's life.
+  // Discovery's parse of the VM binary (tens of MB: MappedFile holds the whole file) is not needed past here: the
+  // set's preparation, if this process brought the binary, analysed it already. Kept, it stayed resident for the
+  // process's life.
   p->target.vm_elf.reset();
   p->set = set;
   p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));

@@ -203,7 +203,8 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
   }
   out << "\nlost: " << dropped << " events dropped (" << drop_records << " records), tracing paused " << pauses
       << " times for " << Ms(paused_ns) << " ms; time there is counted as unknown"
-      << (a.estimated_gvl_wait_ns > 0 ? " but for the GVL waits estimated from the samples' readings (in gvl_wait)" : "")
+      << (a.estimated_gvl_wait_ns > 0 ? " but for the GVL waits estimated from the samples' readings (in gvl_wait)"
+                                      : "")
       << '\n';
   out << "more: --events for the event table (--thread N, --from MS, --to MS, --limit N); rvbpfd report for the "
          "timeline; rvbpfd export --pprof for gvl_blame and wall by stack\n";

@@ -286,9 +286,11 @@ class Attribution {
   // wait. With `open` (a drain inside a stretch still open) nothing is added after the stretch's last reading, and
   // its time is returned (nullopt: no reading): the stretch goes on from that reading.
   std::optional<uint64_t> EstimateStretch(AttributionResult& r, uint64_t waiter, const Interval& stretch,
-                                          size_t readings_end, bool open, const std::function<uint32_t(const GvlSample&)>& count, std::vector<bool>& used,
-                           WaiterStack& stack) const;
-  // The named waiters the readings before `readings_end` list, and the count of each reading for one of them.
+                                          size_t readings_end, bool open,
+                                          const std::function<uint32_t(const GvlSample&)>& count,
+                                          std::vector<bool>& used, WaiterStack& stack) const;
+  // The named waiters the readings before `readings_end` list; how many of one waiter (Lists: 0 or 1) and of the
+  // unnamed ones (Unnamed) a reading has queued.
   std::set<uint64_t> ListedWaiters(size_t readings_end) const;
   static uint32_t Lists(uint64_t waiter, const GvlSample& g);
   static uint32_t Unnamed(const GvlSample& g);
@@ -329,8 +331,7 @@ class Attribution {
   std::unordered_map<uint64_t, std::vector<Interval>> unobserved_;  // per thread, closed stretches, in time order
   std::vector<GvlSample> readings_;                                 // in time order
   // DrainEstimate: which kept readings an earlier drain already counted in estimate_readings (parallel to
-  // readings_), the stacks of the stretches it left open (per waiter; 0 for the unnamed ones), and up to when it
-  // counted paused_ns.
+  // readings_), the stacks of the named waiters' stretches it left open, and up to when it counted paused_ns.
   std::vector<bool> reading_counted_;
   std::unordered_map<uint64_t, WaiterStack> carried_stacks_;
   uint64_t paused_counted_to_ = 0;

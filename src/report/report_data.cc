@@ -52,6 +52,7 @@ class DataWriter {
     // Blame is the attribution module's, over the model's own spans: the report draws it, it does not derive it.
     // Waits the --max-overhead pauses hid are estimated from the samples' GVL readings, as the pprof export does.
     const uint32_t hz = options_.sample_hz.value_or(0);
+    const uint64_t period_ns = 1'000'000'000ULL / (hz == 0 ? kDefaultSampleHz : hz);
     auto in_gc = [this](uint32_t stack) {
       return options_.frames != nullptr && options_.stacks != nullptr &&
              StackTakenInGc(*options_.frames, *options_.stacks, stack);
@@ -60,7 +61,7 @@ class DataWriter {
                             AttributionOptions{.per_wait = true,
                                                .wall = false,
                                                .estimate_paused = true,
-                                               .sample_period_ns = 1'000'000'000ULL / (hz == 0 ? kDefaultSampleHz : hz)},
+                                               .sample_period_ns = period_ns},
                             in_gc);
     IndexTids();
     IndexStacksAndReasons();

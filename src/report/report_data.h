@@ -23,9 +23,10 @@
 //
 // "blame" is model/attribution.h's GVL blame of every counted wait (AttributeTrace over the model's spans; the page
 // only draws it). total_ns: all counted waits' ns; estimated_ns: the GVL wait estimated from the samples' GVL
-// readings while --max-overhead had the scheduler probes paused (inferred; in "flame" only). "waits" (sorted by waiter, then start): "th" the waiter (Ruby thread + 1),
-// "s"/"d" the wait, "ns" its number of segments; "segs", the waits' segments in order ("ns" of them per wait): "h"
-// the holder (Ruby thread + 1; 0 = nobody / not known, see the parts' source), "s"/"d" the part of the wait it held,
+// readings while --max-overhead had the scheduler probes paused (inferred; in "flame" only). "waits" (sorted by
+// waiter, then start): "th" the waiter (Ruby thread + 1), "s"/"d" the wait, "ns" its number of segments; "segs",
+// the waits' segments in order ("ns" of them per wait): "h" the holder (Ruby thread + 1; 0 = nobody / not known,
+// see the parts' source), "s"/"d" the part of the wait it held,
 // "rs" the stack of the gvl_released that ended its hold there (stack index + 1, 0 = none), "rt" that release's time
 // (delta-encoded; 0 = the hold did not end by a release: no release ever happens at time 0 inside a wait), "np" its
 // number of parts; "parts", the segments' parts in order: "sk" the stack blamed (index + 1, 0 = none), "src" the

@@ -67,7 +67,8 @@ class AgentTest : public ::testing::Test {
     AgentEnv env;
     env.backend = &backend_;
     env.clock = &clock_;
-    env.preparer = [this](const std::string&, const std::string& v, std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
+    env.preparer = [this](const std::string&, const std::string& v,
+                          std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
       PreparedBinary p = FakePrepared(v);
       if (layout_) p.live_layout = *layout_;
       return p;

@@ -464,11 +464,15 @@ TEST(ProcessProfile, WaitsInAPausedWindowAreEstimatedFromGvlReadingsAndLabelledI
   EXPECT_EQ(TotalOf(built, "gvl_wait"), 3900u);
   for (const auto* p : {&*wait, &*blame}) {
     bool said = false;
-    for (const std::string& c : p->comments) said = said || c.find("estimated from the samples' GVL readings") != std::string::npos;
+    for (const std::string& c : p->comments) {
+      said = said || c.find("estimated from the samples' GVL readings") != std::string::npos;
+    }
     EXPECT_TRUE(said) << "the profile does not say it holds an estimate";
   }
   for (const BuiltProfile& b : built) {
-    if (b.profile_type == "gvl_wait") EXPECT_EQ(b.sample_label_names, (std::vector<std::string>{"provenance"}));
+    if (b.profile_type == "gvl_wait") {
+      EXPECT_EQ(b.sample_label_names, (std::vector<std::string>{"provenance"}));
+    }
   }
 }
 

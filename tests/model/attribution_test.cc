@@ -922,7 +922,9 @@ TEST(AttributionStreamingEstimate, ReadingsAreKeptOnlyWhileAStretchOrAWaitNeedsT
                                    .sample_period_ns = 10});
   AttributionResult r;
   a.OnThreadEvent(0, kA, EventName::kGvlAcquired);
-  for (uint64_t t = 10; t < 1000; t += 10) a.OnGvlReading(GvlSample{.t_ns = t, .sampled = kA, .held = true, .holder = kA});
+  for (uint64_t t = 10; t < 1000; t += 10) {
+    a.OnGvlReading(GvlSample{.t_ns = t, .sampled = kA, .held = true, .holder = kA});
+  }
   a.DrainEstimate(1000, &r);
   EXPECT_EQ(a.kept(), 0u) << "no pause, no wait: no reading is needed";
   a.OnThreadEvent(1000, kB, EventName::kWantsGvl);
