@@ -176,6 +176,21 @@ class HogProc:
             self.p.wait()
 
 
+def judge_hog_blame(leaves, holders, waiters, what="gvl_blame"):
+    """Problems with `what`: leaves (leaf frame -> ns) must have HOG heaviest, blamed on one holder that is not main,
+    with at least two waiters other than that holder (the IO threads)."""
+    p = []
+    top = max(leaves, key=leaves.get) if leaves else None
+    if top != HOG:
+        p.append(f"the heaviest {what} leaf is {top!r}, want {HOG}; leaves "
+                 f"{sorted(leaves.items(), key=lambda kv: -kv[1])[:5]}")
+    if len(holders) != 1 or holders & {"main", "-"}:
+        p.append(f"{HOG}'s {what} names holders {sorted(holders)}: want one, the hog's thread")
+    if holders & waiters or len(waiters) < 2:
+        p.append(f"the waiters of {HOG}'s {what} are {sorted(waiters)}: want the IO threads")
+    return p
+
+
 def check_blame(uploads, proc):
     """G's gvl_blame uploads: labels, the per-interval total, and HogKlass.spin the heaviest leaf, blamed on the hog."""
     p = []
@@ -207,18 +222,10 @@ def check_blame(uploads, proc):
             if leaf == HOG:
                 holders_of_hog.add(labels["holder"])
                 waiters_of_hog.add(labels["waiter"])
-    top = max(leaves, key=leaves.get) if leaves else None
     share = leaves.get(HOG, 0) / max(1, sum(leaves.values()))
     print(f"  {proc.name}: {len(blame)} gvl_blame uploads, {sum(leaves.values()) / 1e6:.1f} ms blamed, {HOG} "
           f"{100 * share:.1f}%, holders of {HOG} {sorted(holders_of_hog)}, waiters {sorted(waiters_of_hog)}")
-    if top != HOG:
-        p.append(f"the heaviest gvl_blame leaf is {top!r}, want {HOG}; leaves "
-                 f"{sorted(leaves.items(), key=lambda kv: -kv[1])[:5]}")
-    if len(holders_of_hog) != 1 or holders_of_hog & {"main", "-"}:
-        p.append(f"{HOG} is blamed on holders {sorted(holders_of_hog)}: want one, the hog's thread")
-    if holders_of_hog & waiters_of_hog or len(waiters_of_hog) < 2:
-        p.append(f"the waiters of {HOG}'s blame are {sorted(waiters_of_hog)}: want the IO threads")
-    return p
+    return p + judge_hog_blame(leaves, holders_of_hog, waiters_of_hog)
 
 
 class Worker:

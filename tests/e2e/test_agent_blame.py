@@ -116,14 +116,7 @@ def check_budgeted(profiles, records, metrics, complete_wait):
           f"{inferred / 1e6:.1f} ms, {HOG} holders {sorted(holders)} waiters {sorted(waiters)}")
     if inferred_wait <= 0:
         p.append("no gvl_wait sample is labelled provenance=inferred although the sites were paused")
-    top = max(leaves, key=leaves.get) if leaves else None
-    if top != HOG:
-        p.append(f"the heaviest inferred gvl_blame leaf is {top!r}, want {HOG}; leaves "
-                 f"{sorted(leaves.items(), key=lambda kv: -kv[1])[:5]}")
-    if len(holders) != 1 or holders & {"main", "-"}:
-        p.append(f"{HOG}'s inferred blame names holders {sorted(holders)}: want one, the hog's thread")
-    if holders & waiters or len(waiters) < 2:
-        p.append(f"the waiters of {HOG}'s inferred blame are {sorted(waiters)}: want the IO threads")
+    p += test_agent.judge_hog_blame(leaves, holders, waiters, "inferred gvl_blame")
     if complete_wait <= 0:
         p.append("the complete run has no GVL wait")
     elif abs(wait - complete_wait) > MAX_WAIT_ERROR * complete_wait:
