@@ -27,14 +27,6 @@ namespace {
 // 5: keyed by the binary's SHA-256 (content_sha256), no longer by its build-id; provenance of each fact (binaries
 // without .symtab are analysed too). 6: no code fingerprint (the SHA-256 of the whole file already names the code).
 constexpr int kCacheFormat = 6;
-// Bounds on the provenance list (a handful of facts, each a short line).
-constexpr size_t kMaxProvenance = 32;
-constexpr size_t kMaxProvenanceText = 512;
-// The probe sits at most this far after the instruction it stands for (a few instructions, see sites.cc).
-constexpr uint64_t kMaxProbeAfterCheck = 64;
-// No CRuby struct we read from is near this large; a bigger "offset" can only be corruption.
-constexpr uint32_t kMaxStructOffset = 4096;
-
 // A cache value that is not what its field holds (thrown by Int, reported as a corrupt cache).
 struct BadValue {
   std::string what;
@@ -45,28 +37,6 @@ template <typename T>
 T Int(const nlohmann::json& v) {
   if (std::optional<T> i = JsonInteger<T>(v)) return *i;
   throw BadValue{std::string("a field holds ") + v.type_name() + " where an integer in range belongs"};
-}
-
-bool ValidSite(const ProbeSite& s) {
-  bool thread_event = s.event >= RV_EV_THREAD_STARTED && s.event <= RV_EV_THREAD_EXITED;
-  bool gc_event = s.event == RV_EV_GC_ENTER || s.event == RV_EV_GC_EXIT;
-  bool entry_event = s.event == RV_EV_SLEEP_ENTER || s.event == RV_EV_MUTEX_LOCK_ENTER;
-  if (!((s.method == "hook-site" && thread_event) || (s.method == "gc-hook-site" && gc_event) ||
-        (s.method == "function-entry" && entry_event) ||
-        (s.method == "gc-function-entry" && s.event == RV_EV_GC_ENTER) ||
-        (s.method == "gc-function-return" && s.event == RV_EV_GC_EXIT))) {
-    return false;
-  }
-  // Return probes only where the site finder puts them (GC functions: they never switch native threads).
-  if (s.return_probe != (s.method == "gc-function-return")) return false;
-  auto valid_loc = [](const ThLocation& l) {
-    return (l.kind == RV_LOC_CURRENT || l.kind == RV_LOC_REG || l.kind == RV_LOC_MEM) && l.reg < RV_REG_COUNT;
-  };
-  if (!valid_loc(s.th) || (s.th_disasm && !valid_loc(*s.th_disasm))) return false;
-  if (s.check() > s.vaddr || s.vaddr - s.check() > kMaxProbeAfterCheck || s.file_offset < s.vaddr - s.check()) {
-    return false;
-  }
-  return s.th_source == "dwarf" || s.th_source == "disasm" || s.th_source == "current";
 }
 
 nlohmann::json LocToJson(const ThLocation& l) { return {{"kind", l.kind}, {"reg", l.reg}, {"offset", l.offset}}; }
@@ -129,21 +99,13 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     set.hooks_vaddr = Int<uint64_t>(doc.at("hooks_vaddr"));
     set.main_ractor_vaddr = Int<uint64_t>(doc.at("main_ractor_vaddr"));
     set.ractor_main_thread = Int<uint32_t>(doc.at("ractor_main_thread"));
-    if (set.hooks_vaddr == 0 || set.ractor_main_thread >= kMaxStructOffset) return bad("layout facts out of range");
     const nlohmann::json& off = doc.at("offsets");
     set.offsets = rv_offsets{Int<uint32_t>(off.at("th_serial")), Int<uint32_t>(off.at("th_nt")),
                              Int<uint32_t>(off.at("nt_tid")), Int<uint32_t>(off.at("flags"))};
-    if (set.offsets.th_serial >= kMaxStructOffset || set.offsets.th_nt >= kMaxStructOffset ||
-        set.offsets.nt_tid >= kMaxStructOffset || set.main_thread_serial > 1 ||
-        (set.offsets_source != "dwarf" && set.offsets_source != "table")) {
-      return bad("offsets out of range");
-    }
     const nlohmann::json& prov = doc.at("provenance");
-    if (!prov.is_array() || prov.size() > kMaxProvenance) return bad("provenance is not a bounded array");
+    if (!prov.is_array() || prov.size() > kMaxSiteProvenance) return bad("provenance is not a bounded array");
     for (const nlohmann::json& p : prov) {
-      std::string fact = p.at(0).get<std::string>(), source = p.at(1).get<std::string>();
-      if (fact.size() > kMaxProvenanceText || source.size() > kMaxProvenanceText) return bad("provenance too long");
-      set.provenance.emplace_back(std::move(fact), std::move(source));
+      set.provenance.emplace_back(p.at(0).get<std::string>(), p.at(1).get<std::string>());
     }
     const nlohmann::json& sites = doc.at("sites");
     if (!sites.is_array() || sites.size() > RV_MAX_SITES) return bad("sites is not a bounded array");
@@ -163,11 +125,12 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
       if (j.contains("exclude_caller")) {
         s.exclude_caller_start = Int<uint64_t>(j.at("exclude_caller").at(0));
         s.exclude_caller_end = Int<uint64_t>(j.at("exclude_caller").at(1));
-        if (s.exclude_caller_end <= s.exclude_caller_start) return bad("empty exclude_caller range");
       }
-      if (!ValidSite(s)) return bad("invalid site at file offset " + std::to_string(s.file_offset));
       set.sites.push_back(std::move(s));
     }
+    // The rules FindSites' own results meet (CheckSiteSet): a cache entry is only used if the finder could have
+    // written it.
+    if (Status st = CheckSiteSet(set); !st) return bad(st.error().message());
     return set;
   } catch (const nlohmann::json::exception& e) {
     return bad(e.what());

@@ -343,6 +343,66 @@ std::string FormatSites(const SiteSet& set) {
   return out;
 }
 
+namespace {
+
+// The probe sits at most this far after the instruction it stands for (PlaceOnEmulatedInstructions moves it by a few
+// instructions), in bytes.
+constexpr uint64_t kMaxProbeAfterCheck = 64;
+// Bytes; see CheckSiteSet.
+constexpr uint32_t kMaxStructOffset = 4096;
+
+// Empty when `s` is a site the finder can produce, else the rule it breaks.
+std::string SiteProblem(const ProbeSite& s) {
+  const bool thread_event = s.event >= RV_EV_THREAD_STARTED && s.event <= RV_EV_THREAD_EXITED;
+  const bool entry_event = s.event == RV_EV_SLEEP_ENTER || s.event == RV_EV_MUTEX_LOCK_ENTER;
+  if (!((s.method == "hook-site" && thread_event) || (s.method == "gc-hook-site" && IsGcEvent(s.event)) ||
+        (s.method == "function-entry" && entry_event) ||
+        (s.method == "gc-function-entry" && s.event == RV_EV_GC_ENTER) ||
+        (s.method == "gc-function-return" && s.event == RV_EV_GC_EXIT))) {
+    return "method and event do not match";
+  }
+  // Return probes only where the site finder puts them (GC functions: they never switch native threads).
+  if (s.return_probe != (s.method == "gc-function-return")) return "return probe on a site that is not a return";
+  auto valid_loc = [](const ThLocation& l) {
+    return (l.kind == RV_LOC_CURRENT || l.kind == RV_LOC_REG || l.kind == RV_LOC_MEM) && l.reg < RV_REG_COUNT;
+  };
+  if (!valid_loc(s.th) || (s.th_disasm && !valid_loc(*s.th_disasm))) return "unknown location of th";
+  if (s.check() > s.vaddr || s.vaddr - s.check() > kMaxProbeAfterCheck || s.file_offset < s.vaddr - s.check()) {
+    return "probe too far from its check";
+  }
+  if ((s.exclude_caller_start != 0 || s.exclude_caller_end != 0) && s.exclude_caller_end <= s.exclude_caller_start) {
+    return "empty exclude_caller range";
+  }
+  if (s.th_source != "dwarf" && s.th_source != "disasm" && s.th_source != "current") return "unknown th_source";
+  return {};
+}
+
+}  // namespace
+
+Status CheckSiteSet(const SiteSet& set) {
+  auto bad = [](const std::string& why) { return Error(ErrorCode::kNoSymbols, "implausible site set: " + why); };
+  if (set.hooks_vaddr == 0) return bad("the hook list is at address 0");
+  if (set.ractor_main_thread >= kMaxStructOffset || set.offsets.th_serial >= kMaxStructOffset ||
+      set.offsets.th_nt >= kMaxStructOffset || set.offsets.nt_tid >= kMaxStructOffset) {
+    return bad("a struct offset is 4 KiB or more");
+  }
+  if (set.main_thread_serial > 1) return bad("main thread serial is not 0 or 1");
+  if (set.offsets_source != "dwarf" && set.offsets_source != "table") return bad("unknown offsets source");
+  if (set.sites.size() > RV_MAX_SITES) return bad("more than " + std::to_string(RV_MAX_SITES) + " sites");
+  if (set.provenance.size() > kMaxSiteProvenance) return bad("too many provenance lines");
+  for (const auto& [fact, source] : set.provenance) {
+    if (fact.size() > kMaxSiteProvenanceText || source.size() > kMaxSiteProvenanceText) {
+      return bad("a provenance line is too long");
+    }
+  }
+  for (const ProbeSite& s : set.sites) {
+    if (std::string why = SiteProblem(s); !why.empty()) {
+      return bad(why + " (site at file offset " + std::to_string(s.file_offset) + ")");
+    }
+  }
+  return {};
+}
+
 Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   int major = 0, minor = 0, teeny = 0;
   if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
@@ -784,6 +844,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                                                          std::to_string(finder.execute_hooks_called.size()) +
                                                          " entries)"});
   }
+  if (Status st = CheckSiteSet(set); !st) return Error(st.error().code(), vm.path() + ": " + st.error().message());
   return set;
 }
 
@@ -846,7 +907,9 @@ Status UseGcFunctionProbes(const ElfFile& vm, SiteSet* set) {
   PlaceOnEmulatedInstructions(vm, *dis, nullptr, &gc);  // they stay on their entries; this marks single-stepped ones
   std::erase_if(set->sites, [](const ProbeSite& s) { return IsGcEvent(s.event); });
   for (ProbeSite& s : gc) set->sites.push_back(std::move(s));
-  return AssignFileOffsetsAndSort(vm, &set->sites);
+  if (Status st = AssignFileOffsetsAndSort(vm, &set->sites); !st) return st;
+  if (Status st = CheckSiteSet(*set); !st) return Error(st.error().code(), vm.path() + ": " + st.error().message());
+  return {};
 }
 
 }  // namespace rvbpfd

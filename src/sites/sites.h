@@ -116,6 +116,18 @@ std::vector<ProbeSite> FindGcFunctionSites(const ElfFile& vm, const std::string&
 // GC function to probe.
 Status UseGcFunctionProbes(const ElfFile& vm, SiteSet* set);
 
+// Bounds every site set meets (CheckSiteSet): the provenance list is a handful of facts, each a short line.
+inline constexpr size_t kMaxSiteProvenance = 32;
+inline constexpr size_t kMaxSiteProvenanceText = 512;
+
+// The plausibility rules of a site set, one place for the finder and the cache reader: each site's method matches
+// its event, locations are known kinds and registers, the probe sits at most a few instructions after its check,
+// the exclusion range is not empty; the hook list's address is set; struct offsets are below 4 KiB (no CRuby struct
+// we read from is near that large); at most RV_MAX_SITES sites and kMaxSiteProvenance short provenance lines. A
+// binary whose facts break them (only a crafted or corrupt one can) is refused, so a result is always cacheable.
+// Errors: kNoSymbols, naming the first rule broken.
+Status CheckSiteSet(const SiteSet& set);
+
 // Serialisation used by the cache (exposed for tests and `rvbpfd sites`).
 std::string SiteSetToJson(const SiteSet& set);
 Result<SiteSet> SiteSetFromJson(const std::string& text);

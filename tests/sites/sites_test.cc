@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -25,6 +26,11 @@ using testing::TempDir;
 // different registers, plus the structs whose layout the finder reads from DWARF. -D switches add broken variants.
 constexpr const char* kFixtureSource = R"(
 #include <stddef.h>
+#ifdef RV_HOOKS_AT_ZERO
+/* A crafted binary: the symbol rb_internal_thread_event_hooks is an absolute 0; the code tests another list. */
+#define rb_internal_thread_event_hooks rv_real_hooks
+__asm__(".globl rb_internal_thread_event_hooks\n.set rb_internal_thread_event_hooks, 0");
+#endif
 struct rb_native_thread { char pad[24]; int tid; };
 struct rb_thread_struct { char pad0[40]; struct rb_native_thread *nt; char pad1[152]; unsigned serial; };
 static void *rb_internal_thread_event_hooks;
@@ -375,6 +381,51 @@ TEST_F(FixtureTest, ModifiedCopyWithTheSameBuildIdIsNotServedTheCache) {
   ASSERT_TRUE(other.ok()) << other.error().ToString();
   EXPECT_EQ(FormatSites(*other).find("fx_marked"), std::string::npos) << "served the original's cache";
   EXPECT_NE(other->content_sha256, first->content_sha256);
+}
+
+// Found by tests/fuzz's fuzz_elf: a symbol table that puts the hook list at address 0 gave a site set the cache
+// reader refused, so every run re-analysed the binary. The finder and the reader now apply the same CheckSiteSet.
+TEST_F(FixtureTest, AHookListAtAddressZeroIsRefusedAndNotCached) {
+  const std::string lib = Build("libfx-hooks0.so", "-g -DRV_HOOKS_AT_ZERO");
+  const std::string cache = dir_.Join("cache0");
+  Result<SiteSet> set = LoadOrFindSites(lib, "3.3.0", cache);
+  ASSERT_FALSE(set.ok()) << FormatSites(*set);
+  EXPECT_EQ(set.error().code(), ErrorCode::kNoSymbols);
+  EXPECT_NE(set.error().message().find("hook list is at address 0"), std::string::npos) << set.error().message();
+  EXPECT_NE(set.error().message().find(lib), std::string::npos) << set.error().message();
+  EXPECT_FALSE(std::filesystem::exists(CacheFileFor(cache, lib)));
+}
+
+// Each rule of CheckSiteSet, broken one at a time on a real result: the finder's check refuses it, and so does the
+// cache reader on its serialised form (one rule set for both).
+TEST_F(FixtureTest, CheckSiteSetRulesHoldForTheFinderAndTheCacheAlike) {
+  Result<SiteSet> good = Find(Build("libfx-rules.so", "-g"), "3.3.0");
+  ASSERT_TRUE(good.ok()) << good.error().ToString();
+  ASSERT_TRUE(CheckSiteSet(*good).ok());
+  ASSERT_TRUE(SiteSetFromJson(SiteSetToJson(*good)).ok());
+  ASSERT_FALSE(good->sites.empty());
+  const std::vector<std::pair<std::string, std::function<void(SiteSet&)>>> breaks = {
+      {"hook list at 0", [](SiteSet& s) { s.hooks_vaddr = 0; }},
+      {"th_nt offset", [](SiteSet& s) { s.offsets.th_nt = 4096; }},
+      {"nt_tid offset", [](SiteSet& s) { s.offsets.nt_tid = 1u << 31; }},
+      {"ractor main thread", [](SiteSet& s) { s.ractor_main_thread = 70000; }},
+      {"main thread serial", [](SiteSet& s) { s.main_thread_serial = 2; }},
+      {"offsets source", [](SiteSet& s) { s.offsets_source = "guess"; }},
+      {"provenance count", [](SiteSet& s) { s.provenance.resize(kMaxSiteProvenance + 1, {"f", "s"}); }},
+      {"provenance text", [](SiteSet& s) { s.provenance.push_back({"f", std::string(kMaxSiteProvenanceText + 1, 'x')}); }},
+      {"site count", [](SiteSet& s) { s.sites.resize(RV_MAX_SITES + 1, s.sites[0]); }},
+      {"event of method", [](SiteSet& s) { s.sites[0].event = RV_EV_GC_EXIT; }},
+      {"th register", [](SiteSet& s) { s.sites[0].th = {RV_LOC_REG, RV_REG_COUNT, 0}; }},
+      {"probe after check", [](SiteSet& s) { s.sites[0].check_vaddr = s.sites[0].vaddr - 65; }},
+      {"exclude range", [](SiteSet& s) { s.sites[0].exclude_caller_start = 10, s.sites[0].exclude_caller_end = 10; }},
+      {"th source", [](SiteSet& s) { s.sites[0].th_source = "guess"; }},
+  };
+  for (const auto& [what, mutate] : breaks) {
+    SiteSet broken = *good;
+    mutate(broken);
+    EXPECT_FALSE(CheckSiteSet(broken).ok()) << what;
+    EXPECT_FALSE(SiteSetFromJson(SiteSetToJson(broken)).ok()) << what;
+  }
 }
 
 TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
