@@ -9,6 +9,7 @@
 
 #include "sites/disasm.h"
 #include "sites/dwarf_info.h"
+#include "sites/gc_hook_calls.h"
 #include "sites/placement.h"
 #include "sites/stripped.h"
 
@@ -607,6 +608,49 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     set.sites.push_back({vaddr, 0, event, {RV_LOC_CURRENT, 0, 0}, FunctionName(vm, stripped_ptr, vaddr), "gc-hook-site", "current",
                          std::nullopt});
   }
+  // 3.4+ builds that call rb_gc_event_hook rather than inlining its flag test (sites/gc_hook_calls.h).
+  GcHookCalls gc_calls;
+  if (gc_flags_global) {
+    if (stripped) {
+      gc_calls = FindGcHookCalls(vm, *dis, stripped->functions, stripped->branch_targets);
+    } else {
+      std::vector<CodeRange> units;
+      std::set<uint64_t> seen;
+      for (const ElfSymbol& sym : vm.symbols()) {
+        if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0) continue;
+        if (seen.insert(sym.value).second) units.push_back({sym.value, sym.value + sym.size});
+      }
+      gc_calls = FindGcHookCalls(vm, *dis, units, {});
+      // GCC's .cold parts jump back into their parent's body: check the functions holding calls again with the
+      // branch targets of their .cold parts (decoded only for those functions, so the cost stays small).
+      std::vector<uint64_t> cold_targets;
+      std::vector<CodeRange> holders;
+      for (const GcHookCall& c : gc_calls.calls) {
+        std::optional<ElfSymbol> fn = vm.FunctionContaining(c.vaddr);
+        if (!fn || (!holders.empty() && holders.back().start == fn->value)) continue;
+        holders.push_back({fn->value, fn->value + fn->size});
+        const std::string base = fn->name.substr(0, fn->name.find('.'));
+        for (const ElfSymbol& cold : vm.FindSymbolsWithPrefix(base + ".cold")) {
+          dis->DecodeRange(vm.BytesAt(cold.value, cold.size), cold.value, [&](const cs_insn& insn) {
+            if (std::optional<uint64_t> t = DirectBranchTarget(insn)) cold_targets.push_back(*t);
+            return true;
+          });
+        }
+      }
+      if (!cold_targets.empty()) {
+        std::sort(cold_targets.begin(), cold_targets.end());
+        const size_t ambiguous_elsewhere = gc_calls.ambiguous;
+        gc_calls = FindGcHookCalls(vm, *dis, holders, cold_targets);
+        gc_calls.ambiguous += ambiguous_elsewhere;
+      }
+    }
+    if (gc_calls.ambiguous == 0) {
+      for (const GcHookCall& c : gc_calls.calls) {
+        set.sites.push_back({c.vaddr, 0, c.event, {RV_LOC_CURRENT, 0, 0}, FunctionName(vm, stripped_ptr, c.vaddr),
+                             "gc-hook-site", "current", std::nullopt});
+      }
+    }
+  }
   if (!gc_flags_global) {
     // 3.2/3.3: `testb $bit, hook_events+3(%objspace)` near the `during_gc` flag access on the same base register.
     std::optional<ElfSymbol> gc_start = vm.FindSymbol("gc_start");
@@ -724,8 +768,16 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                                                                                         "without .symtab"
                                                                                       : "")});
   } else if (gc_flags_global) {
-    set.provenance.push_back({"GC enter/exit", "hook checks of ruby_vm_event_flags+3 (address from " +
-                                                   gc_flags_source + "; checks by disassembly)"});
+    std::string how;
+    if (!gc_global_refs.empty()) {
+      how = std::to_string(gc_global_refs.size()) + " hook checks of ruby_vm_event_flags+3 (address from " +
+            gc_flags_source + "; checks by disassembly)";
+    }
+    if (gc_calls.ambiguous == 0 && !gc_calls.calls.empty()) {
+      how += std::string(how.empty() ? "" : " and ") + std::to_string(gc_calls.calls.size()) +
+             " calls of rb_gc_event_hook with GC_ENTER/GC_EXIT in esi (" + gc_calls.via + "; disassembly)";
+    }
+    set.provenance.push_back({"GC enter/exit", how});
   } else {
     set.provenance.push_back(
         {"GC enter/exit", std::string("hook checks of objspace->hook_events (offsets ") +

@@ -108,6 +108,26 @@ std::string CalleeName(const ElfFile& vm, Disassembler& dis, uint64_t target) {
   return PltTarget(vm, dis, GotSlots(vm), target);
 }
 
+GotRoute GotRouteOf(const ElfFile& vm, Disassembler& dis, const std::string& symbol) {
+  GotRoute route;
+  const std::map<uint64_t, std::string> slots = GotSlots(vm);
+  for (const auto& [slot, name] : slots) {
+    if (name == symbol) route.slots.push_back(slot);
+  }
+  if (route.slots.empty()) return route;
+  constexpr uint64_t kPltEntry = 16;  // bytes, .plt and .plt.sec alike on x86-64
+  // Bounded by the section sizes in the file (a crafted size costs at most one decode per 16 bytes of the file).
+  for (const char* name : {".plt", ".plt.sec"}) {
+    std::optional<ElfSection> sec = vm.FindSection(name);
+    if (!sec || sec->addr == 0 || sec->type == SHT_NOBITS) continue;
+    const uint64_t size = vm.SectionData(*sec).size();
+    for (uint64_t i = 0; i + kPltEntry <= size; i += kPltEntry) {
+      if (PltTarget(vm, dis, slots, sec->addr + i) == symbol) route.plt_stubs.push_back(sec->addr + i);
+    }
+  }
+  return route;
+}
+
 std::vector<uint64_t> RodataStrings(const ElfFile& vm, const std::string& s) {
   std::vector<uint64_t> out;
   std::optional<ElfSection> ro = vm.FindSection(".rodata");

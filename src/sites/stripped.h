@@ -56,6 +56,14 @@ bool LooksLikeExecuteHooks(const ElfFile& vm, Disassembler& dis, StrippedCode& c
 // JUMP_SLOT a PLT stub there jumps through. Empty when neither.
 std::string CalleeName(const ElfFile& vm, Disassembler& dis, uint64_t target);
 
+// The GOT slots relocated to `symbol` (JUMP_SLOT or GLOB_DAT), and the entry of every PLT stub (.plt, .plt.sec: 16
+// bytes each) that jumps through one of them. Empty when the binary reaches nothing by that name through its GOT.
+struct GotRoute {
+  std::vector<uint64_t> slots;
+  std::vector<uint64_t> plt_stubs;
+};
+GotRoute GotRouteOf(const ElfFile& vm, Disassembler& dis, const std::string& symbol);
+
 // Addresses in .rodata where the NUL-terminated string `s` starts (a merged string may also end another one).
 std::vector<uint64_t> RodataStrings(const ElfFile& vm, const std::string& s);
 
