@@ -64,12 +64,14 @@ std::unique_ptr<FrameSource> MakeProcessFrameSource(int pid, const RubyTarget& t
   // C function names need the runtime address of ruby_global_symbols: its ELF vaddr plus the load bias, which the
   // lowest mapping of the VM (from discovery) and the ELF's lowest PT_LOAD (from the binary's EC route) give without
   // reading the ELF again per process.
-  uint64_t gsym = 0;
-  if (set.stacks->global_symbols_vaddr != 0 && target.vm_load_start != 0) {
-    gsym = set.stacks->global_symbols_vaddr + EcRouteLoadBias(set.stacks->ec_route, target.vm_load_start);
+  uint64_t gsym = 0, vm_ptr = 0;
+  if (target.vm_load_start != 0) {
+    const uint64_t bias = EcRouteLoadBias(set.stacks->ec_route, target.vm_load_start);
+    if (set.stacks->global_symbols_vaddr != 0) gsym = set.stacks->global_symbols_vaddr + bias;
+    if (set.stacks->current_vm_ptr_vaddr != 0) vm_ptr = set.stacks->current_vm_ptr_vaddr + bias;
   }
-  return MakeResolverFrameSource(
-      std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), set.stacks->offsets, gsym));
+  return MakeResolverFrameSource(std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid),
+                                                                 set.stacks->offsets, gsym, vm_ptr));
 }
 
 Result<AgentSinks> MakeAgentSinks(const AgentConfig& config) {

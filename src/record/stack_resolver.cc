@@ -30,9 +30,10 @@ FrameInfo ToFrameInfo(const rv_ruby_frame& frame, const SymbolizedFrame& s) {
   return f;
 }
 
-StackResolver::StackResolver(std::unique_ptr<MemoryReader> mem, const RubyOffsets& offsets, uint64_t global_symbols)
+StackResolver::StackResolver(std::unique_ptr<MemoryReader> mem, const RubyOffsets& offsets, uint64_t global_symbols,
+                             uint64_t current_vm_ptr)
     : mem_(std::move(mem)),
-      symbolizer_(mem_.get(), offsets, global_symbols),
+      symbolizer_(mem_.get(), offsets, global_symbols, current_vm_ptr),
       front_(kFrontSlots),
       stack_memo_(kStackMemoSlots) {}
 

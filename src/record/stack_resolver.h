@@ -49,8 +49,10 @@ class StackResolver {
   // control block (bytes, rounded up).
   static constexpr size_t kEntryOverheadBytes = 192;
 
-  // `global_symbols` is the runtime address of ruby_global_symbols (0: C function names are unresolved).
-  StackResolver(std::unique_ptr<MemoryReader> mem, const RubyOffsets& offsets, uint64_t global_symbols);
+  // `global_symbols` and `current_vm_ptr`: runtime addresses of ruby_global_symbols and ruby_current_vm_ptr (see
+  // Symbolizer).
+  StackResolver(std::unique_ptr<MemoryReader> mem, const RubyOffsets& offsets, uint64_t global_symbols,
+                uint64_t current_vm_ptr = 0);
 
   // Symbolizes `frames` (newest first, as the walker produced them) into `out` (cleared first), leaf first.
   void Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out);

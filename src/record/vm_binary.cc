@@ -26,6 +26,7 @@ Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version) {
   StackSetup s;
   s.offsets = *off;
   if (Result<uint64_t> g = FindGlobalSymbolsVaddr(vm); g) s.global_symbols_vaddr = *g;
+  s.current_vm_ptr_vaddr = FindCurrentVmPtrVaddr(vm);
   s.ec_route = ComputeEcRoute(vm, s.offsets);
   s.lowest_load_vaddr = LowestLoadVaddr(vm);
   return s;
@@ -118,13 +119,15 @@ std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const 
 
 std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_path, const StackSetup& setup,
                                                  const std::string& proc_root) {
-  uint64_t gsym = 0;
-  if (setup.global_symbols_vaddr != 0) {
+  uint64_t gsym = 0, vm_ptr = 0;
+  if (setup.global_symbols_vaddr != 0 || setup.current_vm_ptr_vaddr != 0) {
     if (std::optional<uint64_t> lowest = LowestMappingOf(pid, vm_path, proc_root)) {
-      gsym = setup.global_symbols_vaddr + LoadBiasFromLowestMapping(setup.lowest_load_vaddr, *lowest);
+      const uint64_t bias = LoadBiasFromLowestMapping(setup.lowest_load_vaddr, *lowest);
+      if (setup.global_symbols_vaddr != 0) gsym = setup.global_symbols_vaddr + bias;
+      if (setup.current_vm_ptr_vaddr != 0) vm_ptr = setup.current_vm_ptr_vaddr + bias;
     }
   }
-  return std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), setup.offsets, gsym);
+  return std::make_unique<StackResolver>(std::make_unique<ProcessMemoryReader>(pid), setup.offsets, gsym, vm_ptr);
 }
 
 std::vector<std::pair<std::string, std::string>> StackProvenance(ElfFile& vm, const std::string& ruby_version) {

@@ -31,6 +31,7 @@ namespace rvbpfd {
 struct StackSetup {
   RubyOffsets offsets;
   uint64_t global_symbols_vaddr = 0;  // ELF vaddr of ruby_global_symbols (0: C function names unresolved)
+  uint64_t current_vm_ptr_vaddr = 0;  // ELF vaddr of ruby_current_vm_ptr (0: 3.2 class paths unresolved)
   EcRoute ec_route;  // how samples find their EC (per-process part: ResolveProcessEc, src/stacks/ec_route.h)
   uint64_t lowest_load_vaddr = UINT64_MAX;  // the VM's lowest PT_LOAD vaddr: its load bias in a process, with maps
 };

@@ -26,8 +26,9 @@ namespace {
 // 4: probes moved to emulated instructions (check_vaddr); older caches hold single-stepped probe addresses.
 // 5: keyed by the binary's SHA-256 (content_sha256), no longer by its build-id; provenance of each fact (binaries
 // without .symtab are analysed too). 6: no code fingerprint (the SHA-256 of the whole file already names the code).
-// 7: GC sites at calls of rb_gc_event_hook (3.4+ builds that do not inline its flag test).
-constexpr int kCacheFormat = 7;
+// 7: GC sites at calls of rb_gc_event_hook (3.4+ builds that do not inline its flag test). 8: STARTED and RESUMED
+// sites must locate th (a 3.2 binary without DWARF is refused, no longer cached as all "current").
+constexpr int kCacheFormat = 8;
 // A cache value that is not what its field holds (thrown by Int, reported as a corrupt cache).
 struct BadValue {
   std::string what;

@@ -559,8 +559,11 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     site.method = "hook-site";
     site.th_disasm = a.rsi_th;
     // STARTED and READY can fire on another native thread in 3.3+, so "the current thread" would be wrong there.
-    const bool needs_explicit_th =
-        finder.ThreadHookTakesTh() && (a.event == RV_EV_THREAD_STARTED || a.event == RV_EV_THREAD_READY);
+    // And "current" is only known once a site with an explicit th has run on the native thread (bpf current_th):
+    // STARTED is a thread's first event and RESUMED precedes every SUSPENDED, so those two must locate th
+    // themselves, or no event could be attributed (3.2 without DWARF: its hook calls pass no thread).
+    const bool needs_explicit_th = a.event == RV_EV_THREAD_STARTED || a.event == RV_EV_THREAD_RESUMED ||
+                                   (finder.ThreadHookTakesTh() && a.event == RV_EV_THREAD_READY);
     std::string dwarf_note;
     bool decided = false;
     if (dwarf) {

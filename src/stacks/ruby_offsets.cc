@@ -46,6 +46,15 @@ Result<RubyOffsets> RubyOffsets::ForVersion(int major, int minor) {
     w.cfp_size = 56;
     w.flags = RV_RB_WALK_F_HAS_JIT_RETURN;
   }
+  if (v == 302) {
+    // 3.2: class ivars in object shapes (ruby_offsets.h). gdb ptype /o on a 3.2.11 build (x86_64, RVARGC): RClass
+    // {basic, super, m_tbl} = 32 bytes with the classext after it, iv_ptr its first field; rb_shape_t as in the
+    // defaults; rb_vm_t.shape_list at 376 and next_shape_id at 392. DWARF overrides all of them when present.
+    o.klass_ext_inline = 32;
+    o.classext_iv_ptr = 0;
+    o.vm_shape_list = 376;
+    o.vm_next_shape_id = 392;
+  }
   if (v == 301) {
     // 3.1 (Debian 12's ruby3.1; layouts from the 3.1.2 sources, x86_64, USE_RVARGC 0). Stacks only: the recorder
     // refuses < 3.2 for scheduler events. rb_profile_frames treats a non-CFRAME frame with pc 0 (the TOP frame
@@ -206,6 +215,25 @@ Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, O
     o.gvl.base = RV_GVL_BASE_THREAD_RACTOR;
     break;
   }
+  if (variable && o.klass_ext_inline != 0) {
+    const uint64_t pc = variable->value;
+    auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
+    Apply(m("RClass", "super"), &o.klass_super, "RClass.super", report);
+    // The classext follows RClass {basic, super, m_tbl}; a build with one size pool has RClass.ptr instead, which
+    // this layout does not read (its classes stay unresolved).
+    if (m("RClass", "ptr")) {
+      o.klass_ext_inline = 0;
+    } else {
+      Apply(Add(m("RClass", "m_tbl"), 8), &o.klass_ext_inline, "sizeof(RClass)", report);
+    }
+    Apply(m("rb_classext_struct", "iv_ptr"), &o.classext_iv_ptr, "classext.iv_ptr", report);
+    Apply(m("rb_vm_struct", "shape_list"), &o.vm_shape_list, "vm.shape_list", report);
+    Apply(m("rb_vm_struct", "next_shape_id"), &o.vm_next_shape_id, "vm.next_shape_id", report);
+    Apply(m("rb_shape", "edge_name"), &o.shape_edge_name, "shape.edge_name", report);
+    Apply(m("rb_shape", "next_iv_index"), &o.shape_next_iv_index, "shape.next_iv_index", report);
+    Apply(m("rb_shape", "type"), &o.shape_type, "shape.type", report);
+    Apply(m("rb_shape", "parent_id"), &o.shape_parent_id, "shape.parent_id", report);
+  }
   if (variable && o.klass_classpath != 0 && o.major * 100 + o.minor < 400) {
     const uint64_t pc = variable->value;
     auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
@@ -229,6 +257,11 @@ Result<uint64_t> FindGlobalSymbolsVaddr(const ElfFile& elf) {
   if (from_code) return from_code;
   return Error(ErrorCode::kNoSymbols,
                "ruby_global_symbols is not in .symtab (stripped binary?): " + from_code.error().message());
+}
+
+uint64_t FindCurrentVmPtrVaddr(const ElfFile& elf) {
+  std::optional<ElfSymbol> sym = elf.FindSymbol("ruby_current_vm_ptr");
+  return sym && sym->shndx != SHN_UNDEF ? sym->value : 0;
 }
 
 uint64_t LowestLoadVaddr(const ElfFile& elf) {

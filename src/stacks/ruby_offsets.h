@@ -68,6 +68,20 @@ struct RubyOffsets {
   uint32_t klass_ext_ptr = 0;
   uint32_t classext_iv_tbl = 8;
 
+  // 3.2: a class's ivars (the hidden ones above among them) live in object shapes, as rb_ivar_lookup reads them: the
+  // shape id is flags >> 32, the shape vm->shape_list[id] (an rb_shape_t), and rb_shape_get_iv_index walks parent_id
+  // to the shape whose edge_name is the ID; the value is RCLASS_EXT(klass)->iv_ptr[next_iv_index - 1], where the
+  // classext follows struct RClass. klass_ext_inline 0: not this layout. Bytes.
+  uint32_t klass_ext_inline = 0;      // RCLASS_EXT(klass) - klass = sizeof(struct RClass)
+  uint32_t classext_iv_ptr = 0;       // rb_classext_t.iv_ptr (VALUE *)
+  uint32_t vm_shape_list = 0;         // rb_vm_t.shape_list (rb_shape_t *)
+  uint32_t vm_next_shape_id = 0;      // rb_vm_t.next_shape_id (u32): the ids in use are below it
+  uint32_t shape_size = 32;           // sizeof(rb_shape_t)
+  uint32_t shape_edge_name = 8;       // rb_shape_t.edge_name (ID)
+  uint32_t shape_next_iv_index = 16;  // rb_shape_t.next_iv_index (u32)
+  uint32_t shape_type = 24;           // rb_shape_t.type (u8, enum shape_type: SHAPE_IVAR = 1)
+  uint32_t shape_parent_id = 28;      // rb_shape_t.parent_id (u32; 0xffffffff above the root)
+
   // RString / RArray (3.2+ RVARGC layout by default). 3.1: embedded bytes at +16 and the embedded length in the flags
   // (string_embed_len_mask, shifted by 14); embedded arrays keep their length in FL_USER3..4 instead of FL_USER3..9.
   uint32_t string_embed_bytes = 24;
@@ -94,15 +108,11 @@ struct OffsetsReport {
 // unchanged (report->from_dwarf == 0).
 Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, OffsetsReport* report);
 
-// Runtime addresses of the VM's global symbols the symbolizer needs.
-struct VmSymbols {
-  uint64_t load_bias = 0;            // runtime address - ELF virtual address
-  uint64_t global_symbols = 0;       // &ruby_global_symbols (0: unknown; cfunc names become unresolved)
-};
-
 // ELF vaddr of ruby_global_symbols: from .symtab (LOCAL there), else recovered from rb_id2str's code for stripped
 // binaries (GlobalSymbolsFromCode, stacks/global_symbols.h); kNoSymbols when neither works.
 Result<uint64_t> FindGlobalSymbolsVaddr(const ElfFile& elf);
+// ELF vaddr of ruby_current_vm_ptr (exported, so .dynsym has it in a stripped binary too); 0 when absent.
+uint64_t FindCurrentVmPtrVaddr(const ElfFile& elf);
 
 // Load bias of an ELF whose lowest mapping in the process starts at `lowest_mapping_start`.
 uint64_t LoadBiasFromLowestMapping(const ElfFile& elf, uint64_t lowest_mapping_start);

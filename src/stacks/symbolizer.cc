@@ -46,6 +46,10 @@ constexpr uint64_t kStDeletedHash = ~uint64_t{0};
 // A class's ivar table holds its class-level ivars plus a few hidden ones; more is not a class we can trust.
 constexpr uint64_t kMaxClassIvars = 1024;
 constexpr uint32_t kIseqTypeTop = 0;  // ISEQ_TYPE_TOP
+// 3.2 shapes (shape.h): the id in the upper half of RBasic.flags, the parent of the root, SHAPE_IVAR.
+constexpr int kShapeFlagShift = 32;
+constexpr uint32_t kInvalidShapeId = 0xffffffff;
+constexpr uint8_t kShapeIvar = 1;
 // Nesting bound for rb_tmp_class_path's recursion through an anonymous module's class.
 constexpr int kMaxClassPathDepth = 8;
 // rb_class_real's walk up singleton classes and iclasses.
@@ -251,9 +255,60 @@ std::optional<uint64_t> Symbolizer::RealClass(uint64_t klass) {
   return std::nullopt;
 }
 
-Symbolizer::Lookup Symbolizer::ClassIvar(uint64_t klass, HiddenIvar which, uint64_t* value) {
+void Symbolizer::LearnHiddenIvarId(uint64_t id) {
   static constexpr const char* kNames[] = {"__classpath__", "__tmp_classpath__", "__attached__"};
   static_assert(std::size(kNames) == kHiddenIvarCount);
+  std::optional<std::string> name = IdToString(id);
+  if (!name) return;
+  for (size_t i = 0; i < kHiddenIvarCount; i++) {
+    if (*name == kNames[i]) hidden_ivar_ids_[i] = id;
+  }
+}
+
+Symbolizer::Lookup Symbolizer::ShapeClassIvar(uint64_t klass, HiddenIvar which, uint64_t* value) {
+  // rb_ivar_lookup (T_CLASS/T_MODULE) -> rb_shape_get_iv_index, 3.2's variable.c and shape.c.
+  std::optional<uint64_t> f = Flags(klass);
+  if (!f) return Lookup::kError;
+  uint32_t shape_id = static_cast<uint32_t>(*f >> kShapeFlagShift);
+  uint64_t vm = 0, shapes = 0;
+  uint32_t next_shape_id = 0;
+  if (current_vm_ptr_ == 0 || !ReadWord(current_vm_ptr_, &vm) || vm == 0 ||
+      !ReadWord(vm + off_.vm_shape_list, &shapes) || shapes == 0 ||
+      !mem_->ReadValue(vm + off_.vm_next_shape_id, &next_shape_id)) {
+    return Lookup::kError;
+  }
+  // Each step goes to a parent, so a well-formed chain is at most as long as the class has ivars (plus the root and
+  // capacity changes); a longer one, or an id the VM has not handed out, is corruption.
+  for (uint64_t steps = 0; steps <= kMaxClassIvars; ++steps) {
+    if (shape_id >= next_shape_id) return Lookup::kError;
+    const uint64_t shape = shapes + uint64_t{shape_id} * off_.shape_size;
+    uint32_t parent = 0, next_iv_index = 0;
+    uint64_t edge_name = 0;
+    uint8_t type = 0;
+    if (!mem_->ReadValue(shape + off_.shape_parent_id, &parent)) return Lookup::kError;
+    if (parent == kInvalidShapeId) return Lookup::kAbsent;  // the root: no such ivar
+    if (!ReadWord(shape + off_.shape_edge_name, &edge_name) || !mem_->ReadValue(shape + off_.shape_type, &type)) {
+      return Lookup::kError;
+    }
+    if (type == kShapeIvar && hidden_ivar_ids_[which] == 0) LearnHiddenIvarId(edge_name);
+    if (hidden_ivar_ids_[which] != 0 && edge_name == hidden_ivar_ids_[which]) {
+      // SHAPE_IVAR gives the index; any other transition named by the ID means the ivar is not there.
+      if (type != kShapeIvar) return Lookup::kAbsent;
+      if (!mem_->ReadValue(shape + off_.shape_next_iv_index, &next_iv_index)) return Lookup::kError;
+      if (next_iv_index == 0 || next_iv_index > kMaxClassIvars) return Lookup::kError;
+      uint64_t ivptr = 0;
+      if (!ReadWord(klass + off_.klass_ext_inline + off_.classext_iv_ptr, &ivptr) || ivptr == 0) {
+        return Lookup::kError;
+      }
+      return ReadWord(ivptr + uint64_t{next_iv_index - 1} * 8, value) ? Lookup::kFound : Lookup::kError;
+    }
+    shape_id = parent;
+  }
+  return Lookup::kError;
+}
+
+Symbolizer::Lookup Symbolizer::ClassIvar(uint64_t klass, HiddenIvar which, uint64_t* value) {
+  if (off_.klass_ext_inline != 0) return ShapeClassIvar(klass, which, value);
   uint64_t ext = 0, tbl = 0;
   if (!ReadWord(klass + off_.klass_ext_ptr, &ext)) return Lookup::kError;
   if (ext == 0) return Lookup::kAbsent;  // classname(): !RCLASS_EXT(klass)
@@ -276,13 +331,7 @@ Symbolizer::Lookup Symbolizer::ClassIvar(uint64_t klass, HiddenIvar which, uint6
   // The hidden ivars' IDs are learned by name through the ID table the first time they are seen.
   for (const StEntry& e : entries) {
     if (e.hash == kStDeletedHash) continue;
-    if (hidden_ivar_ids_[which] == 0) {
-      std::optional<std::string> name = IdToString(e.key);
-      if (!name) continue;
-      for (size_t i = 0; i < kHiddenIvarCount; i++) {
-        if (*name == kNames[i]) hidden_ivar_ids_[i] = e.key;
-      }
-    }
+    if (hidden_ivar_ids_[which] == 0) LearnHiddenIvarId(e.key);
     if (hidden_ivar_ids_[which] != 0 && e.key == hidden_ivar_ids_[which]) {
       *value = e.record;
       return Lookup::kFound;
@@ -293,8 +342,8 @@ Symbolizer::Lookup Symbolizer::ClassIvar(uint64_t klass, HiddenIvar which, uint6
 
 bool Symbolizer::StoredClassPath(uint64_t klass, uint64_t* path) {
   *path = 0;
-  if (off_.klass_ext_ptr == 0) return ReadWord(klass + off_.klass_classpath, path);
-  // 3.1 classname(): __classpath__ (permanent), else __tmp_classpath__.
+  if (!HiddenIvarClasses()) return ReadWord(klass + off_.klass_classpath, path);
+  // 3.1/3.2 classname(): __classpath__ (permanent), else __tmp_classpath__.
   for (HiddenIvar which : {kIvarClasspath, kIvarTmpClasspath}) {
     switch (ClassIvar(klass, which, path)) {
       case Lookup::kFound:
@@ -310,8 +359,8 @@ bool Symbolizer::StoredClassPath(uint64_t klass, uint64_t* path) {
 }
 
 bool Symbolizer::AttachedObject(uint64_t klass, uint64_t* obj) {
-  if (off_.klass_ext_ptr == 0) return ReadWord(klass + off_.klass_attached_object, obj);
-  // 3.1: rb_ivar_get(klass, id__attached__); a singleton class always has it, so absence is corruption.
+  if (!HiddenIvarClasses()) return ReadWord(klass + off_.klass_attached_object, obj);
+  // 3.1/3.2: rb_ivar_get(klass, id__attached__); a singleton class always has it, so absence is corruption.
   return ClassIvar(klass, kIvarAttached, obj) == Lookup::kFound;
 }
 
@@ -347,8 +396,8 @@ std::optional<std::string> Symbolizer::ClassPath(uint64_t klass, int depth) {
 
 Symbolizer::MaybeString Symbolizer::Classpath(uint64_t cme) {
   MaybeString r;
-  // 3.2: class paths are hidden ivars in object shapes, not read here.
-  if (off_.klass_classpath == 0 && off_.klass_ext_ptr == 0) return {false, std::nullopt};
+  // No layout to read class paths with (a 3.2 build whose classext is not inline).
+  if (off_.klass_classpath == 0 && !HiddenIvarClasses()) return {false, std::nullopt};
   uint64_t klass = 0;
   if (!ReadWord(cme + off_.cme_defined_class, &klass)) return {false, std::nullopt};
   if (!IsHeapObject(klass)) return r;  // 0 or nil: no class path

@@ -1,7 +1,7 @@
 // Userspace symbolizer for walker frames: labels, paths and line numbers exactly as CRuby's
 // rb_profile_frame_full_label / rb_profile_frame_path / rb_profile_frame_absolute_path / rb_profile_frame_first_lineno
-// and the line numbers of rb_profile_frames compute them (vm_backtrace.c, iseq.c, variable.c, symbol.c; 3.1, 3.3 - 4.0;
-// 3.2's class paths, kept in object shapes, are not read).
+// and the line numbers of rb_profile_frames compute them (vm_backtrace.c, iseq.c, variable.c, symbol.c, shape.c;
+// 3.1 - 4.0).
 //
 // Everything is read from target memory: every object's type is checked before it is interpreted, string and array
 // reads are bounded, and a frame that cannot be resolved gets a visible "<unresolved ...>" label instead of a guess.
@@ -35,9 +35,11 @@ class Symbolizer {
   // Longest string read from the target (labels, paths, class names), in bytes. Longer ones are unresolved.
   static constexpr size_t kMaxStringBytes = 64 * 1024;
 
-  // `global_symbols` is the runtime address of ruby_global_symbols (0: C function names are unresolved).
-  Symbolizer(MemoryReader* mem, const RubyOffsets& offsets, uint64_t global_symbols)
-      : mem_(mem), off_(offsets), global_symbols_(global_symbols) {}
+  // `global_symbols` is the runtime address of ruby_global_symbols (0: C function names are unresolved);
+  // `current_vm_ptr` that of ruby_current_vm_ptr, which 3.2's class paths need (vm->shape_list; 0: 3.2 methods'
+  // classes are unresolved; other versions do not read it).
+  Symbolizer(MemoryReader* mem, const RubyOffsets& offsets, uint64_t global_symbols, uint64_t current_vm_ptr = 0)
+      : mem_(mem), off_(offsets), global_symbols_(global_symbols), current_vm_ptr_(current_vm_ptr) {}
 
   SymbolizedFrame Symbolize(const rv_ruby_frame& frame);
 
@@ -65,10 +67,15 @@ class Symbolizer {
   bool IsImemo(uint64_t obj, uint64_t imemo_type);
   std::optional<uint64_t> ArrayEntry(uint64_t ary, uint64_t index);  // Qnil-like results come back as is
   bool IsSingleton(uint64_t klass);
-  // 3.1's hidden class ivars (klass_ext_ptr != 0): found in RCLASS_EXT(klass)->iv_tbl, absent, or unreadable.
+  // The hidden class ivars of 3.1 (klass_ext_ptr != 0: RCLASS_EXT(klass)->iv_tbl) and 3.2 (klass_ext_inline != 0:
+  // object shapes): found, absent, or unreadable.
   enum class Lookup { kFound, kAbsent, kError };
   enum HiddenIvar { kIvarClasspath, kIvarTmpClasspath, kIvarAttached, kHiddenIvarCount };
+  bool HiddenIvarClasses() const { return off_.klass_ext_ptr != 0 || off_.klass_ext_inline != 0; }
   Lookup ClassIvar(uint64_t klass, HiddenIvar which, uint64_t* value);
+  Lookup ShapeClassIvar(uint64_t klass, HiddenIvar which, uint64_t* value);
+  // Learns the hidden ivars' IDs from an ID met in a table or shape (by name through the ID table).
+  void LearnHiddenIvarId(uint64_t id);
   // classname()'s stored path object (0 when none was assigned); false when unreadable.
   bool StoredClassPath(uint64_t klass, uint64_t* path);
   // A singleton class's attached object; false when unreadable.
@@ -84,6 +91,7 @@ class Symbolizer {
   MemoryReader* mem_;
   RubyOffsets off_;
   uint64_t global_symbols_;
+  uint64_t current_vm_ptr_;
   // IDs of __classpath__, __tmp_classpath__, __attached__ once seen (0: not yet). IDs never change in a process.
   uint64_t hidden_ivar_ids_[kHiddenIvarCount] = {};
   bool global_symbols_ok_ = false;

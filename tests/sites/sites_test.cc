@@ -217,17 +217,30 @@ TEST_F(FixtureTest, WithoutDwarfThComesFromTheRsiLoad) {
   EXPECT_EQ(set->offsets.th_serial, 204u) << "3.4 table";
 }
 
-TEST_F(FixtureTest, Ruby32HasNoThArgumentSoEveryEventUsesTheCurrentThread) {
-  Result<SiteSet> set = Find(Build("libfx-32.so", "-g0"), "3.2.9");
+// 3.2's hook call passes no thread, so th comes from DWARF or is "the current thread", which the BPF side only knows
+// after a site with an explicit th ran on that native thread. STARTED (a thread's first event) and RESUMED (before
+// every SUSPENDED) must therefore locate th: with DWARF they do and the rest may use the current thread; without it
+// the binary is refused (before, every site became "current" and no event could be attributed: a stripped 3.2.11
+// recorded two threads for four).
+TEST_F(FixtureTest, Ruby32NeedsAnExplicitThAtStartedAndResumed) {
+  Result<SiteSet> set = Find(Build("libfx-32.so", "-g"), "3.2.9");
   ASSERT_TRUE(set.ok()) << set.error().ToString();
   auto by_fn = ByFunction(*set);
-  ASSERT_TRUE(by_fn.count("fx_ready"));
+  ASSERT_TRUE(by_fn.count("fx_ready") && by_fn.count("fx_started") && by_fn.count("fx_resumed"));
   EXPECT_EQ(by_fn["fx_ready"]->event, RV_EV_THREAD_READY);
-  EXPECT_EQ(by_fn["fx_ready"]->th, kCurrent);
   EXPECT_FALSE(by_fn["fx_ready"]->th_disasm.has_value());
+  EXPECT_EQ(by_fn["fx_started"]->th_source, "dwarf");
+  EXPECT_EQ(by_fn["fx_resumed"]->th_source, "dwarf");
   EXPECT_EQ(set->main_thread_serial, 0u);
-  EXPECT_EQ(set->offsets.th_serial, 72u);
-  EXPECT_EQ(set->offsets.nt_tid, 16u);
+  EXPECT_EQ(set->offsets.th_serial, 200u) << "DWARF";
+
+  Result<SiteSet> no_dwarf = Find(Build("libfx-32-nodwarf.so", "-g0"), "3.2.9");
+  ASSERT_FALSE(no_dwarf.ok()) << FormatSites(*no_dwarf);
+  EXPECT_EQ(no_dwarf.error().code(), ErrorCode::kNoSymbols);
+  const std::string& why = no_dwarf.error().message();
+  EXPECT_TRUE(why.find("STARTED hook site") != std::string::npos || why.find("RESUMED hook site") != std::string::npos)
+      << why;
+  EXPECT_NE(why.find("cannot locate th"), std::string::npos) << why;
 }
 
 TEST_F(FixtureTest, UnknownEventArgumentIsRefused) {
@@ -441,9 +454,9 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   ASSERT_NE(at, std::string::npos) << out_of_range;
   out_of_range.replace(at, 10, "\"event\": 99");
   std::string stale_format = good_json;
-  at = stale_format.find("\"format\": 7");
+  at = stale_format.find("\"format\": 8");
   ASSERT_NE(at, std::string::npos);
-  stale_format.replace(at, 11, "\"format\": 6");  // the previous format (no GC hook calls): recomputed
+  stale_format.replace(at, 11, "\"format\": 7");  // the previous format: recomputed
   std::string huge_offset = good_json;
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);
