@@ -1,5 +1,8 @@
 #include "common/sha256.h"
 
+#include <cpuid.h>
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -19,10 +22,71 @@ constexpr uint32_t kRound[64] = {
 
 constexpr uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
+// The compression function on `n` blocks with the x86 SHA extensions. The state is kept as the two registers
+// sha256rnds2 works on, ABEF and CDGH; each step of the loop does four rounds: the message words W[4g..4g+3] (loaded
+// byte-swapped for g < 4, else from the schedule W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16] built by
+// sha256msg1 (the s0 term), an alignr (W[t-7]) and sha256msg2 (the s1 term)), plus K, two rounds per sha256rnds2.
+__attribute__((target("sha,sse4.1,ssse3"))) void BlocksNi(uint32_t state[8], const uint8_t* p, size_t n) {
+  const __m128i kByteSwap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[0]));    // DCBA
+  __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[4]));  // HGFE
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);                 // CDAB
+  state1 = _mm_shuffle_epi32(state1, 0x1B);           // EFGH
+  __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);   // ABEF
+  state1 = _mm_blend_epi16(state1, tmp, 0xF0);        // CDGH
+  for (; n > 0; --n, p += 64) {
+    const __m128i abef = state0, cdgh = state1;
+    __m128i w[4];
+    for (int g = 0; g < 16; ++g) {
+      __m128i& cur = w[g % 4];
+      if (g < 4) {
+        cur = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), kByteSwap);
+      } else {
+        const __m128i w1 = w[(g + 3) % 4], w2 = w[(g + 2) % 4], w3 = w[(g + 1) % 4];  // W[g-1], W[g-2], W[g-3]
+        __m128i x = _mm_sha256msg1_epu32(cur, w3);                                 // cur is still W[g-4]
+        x = _mm_add_epi32(x, _mm_alignr_epi8(w1, w2, 4));
+        cur = _mm_sha256msg2_epu32(x, w1);
+      }
+      __m128i msg = _mm_add_epi32(cur, _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRound[4 * g])));
+      state1 = _mm_sha256rnds2_epu32(state1, state0, msg);
+      msg = _mm_shuffle_epi32(msg, 0x0E);
+      state0 = _mm_sha256rnds2_epu32(state0, state1, msg);
+    }
+    state0 = _mm_add_epi32(state0, abef);
+    state1 = _mm_add_epi32(state1, cdgh);
+  }
+  tmp = _mm_shuffle_epi32(state0, 0x1B);              // FEBA
+  state1 = _mm_shuffle_epi32(state1, 0xB1);           // DCHG
+  state0 = _mm_blend_epi16(tmp, state1, 0xF0);        // DCBA
+  state1 = _mm_alignr_epi8(state1, tmp, 8);           // HGFE
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[0]), state0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[4]), state1);
+}
+
 }  // namespace
 
-Sha256::Sha256()
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+bool Sha256::CpuHasShaExtensions() {
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const bool ssse3 = c & (1u << 9), sse41 = c & (1u << 19);
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return ssse3 && sse41 && (b & (1u << 29)) != 0;  // CPUID.7.0:EBX.SHA
+  }();
+  return has;
+}
+
+Sha256::Sha256(Impl impl)
+    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19},
+      use_ni_(impl == Impl::kAuto && CpuHasShaExtensions()) {}
+
+void Sha256::Blocks(const uint8_t* p, size_t n) {
+  if (use_ni_) {
+    BlocksNi(h_.data(), p, n);
+    return;
+  }
+  for (; n > 0; --n, p += 64) Block(p);
+}
 
 void Sha256::Block(const uint8_t* p) {
   uint32_t w[64];
@@ -69,10 +133,13 @@ void Sha256::Update(std::span<const uint8_t> data) {
     p += take;
     n -= take;
     if (buf_len_ < buf_.size()) return;
-    Block(buf_.data());
+    Blocks(buf_.data(), 1);
     buf_len_ = 0;
   }
-  for (; n >= 64; p += 64, n -= 64) Block(p);
+  const size_t blocks = n / 64;
+  Blocks(p, blocks);
+  p += 64 * blocks;
+  n -= 64 * blocks;
   if (n > 0) std::memcpy(buf_.data(), p, n);
   buf_len_ = n;
 }
