@@ -144,7 +144,9 @@ inline bool ExerciseStacks(MemoryReader& mem, const StacksHeader& h) {
   limits.max_steps = 1 << 14;
   const WalkResult walk = WalkRubyStack(mem, offsets->walk, ec, limits);
   FUZZ_CHECK(walk.frames.size() <= limits.max_frames);
-  Symbolizer symbolizer(&mem, *offsets, (h.flags & kStacksNoGlobalSymbols) != 0 ? 0 : h.global_symbols);
+  // ruby_current_vm_ptr is the same global the EC route reads: 3.2's class paths start from it (vm->shape_list).
+  const uint64_t vm_ptr = h.vm_ptr_vaddr != 0 ? h.vm_ptr_vaddr + h.load_bias : 0;
+  Symbolizer symbolizer(&mem, *offsets, (h.flags & kStacksNoGlobalSymbols) != 0 ? 0 : h.global_symbols, vm_ptr);
   size_t symbolized = 0;
   for (const rv_ruby_frame& frame : walk.frames) {
     if (++symbolized > 128) break;
