@@ -146,53 +146,9 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     location_of_frame.emplace(frame_id, id);
     return id;
   };
-  const FrameInfo no_stack_frame{std::string(kNoStackFrame), "", 0, FrameKind::kUnresolved};
-
   std::vector<uint64_t> location_ids;
   std::vector<PprofLabel> labels;
-  for (const auto& [key, w] : agg.weights) {
-    const auto [stack_id, serial] = key;
-    location_ids.clear();
-    if (const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr; frames != nullptr) {
-      for (uint32_t f : *frames) location_ids.push_back(location_for_frame(f));  // leaf first, as pprof wants
-    }
-    if (location_ids.empty()) location_ids.push_back(b.Location(no_stack_frame));
-    const int64_t values[] = {SaturatingToInt64(w.samples),
-                              SaturatingToInt64(SaturatingMul(w.samples, agg.period_ns)),
-                              SaturatingToInt64(w.gvl_wait_ns), 0, 0};
-    labels.clear();
-    std::string thread_name;
-    if (serial != kNoThread) {
-      thread_name = RubyThreadLabel(trace, serial);
-      labels.push_back(PprofLabel{.key = thread_key, .str = thread_name});
-      // Numeric, written even when 0: main on 3.2 is serial 0.
-      labels.push_back(PprofLabel{.key = serial_key, .num = static_cast<int64_t>(serial)});
-    }
-    // Cannot fail: one value per sample type, ids from Location.
-    (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
-  }
-  // GVL wait estimated while the scheduler probes were paused: apart from the observed waits, labelled inferred.
-  for (const auto& [key, ns] : agg.estimated_gvl_wait_ns) {
-    if (ns == 0) continue;
-    const auto [stack_id, serial] = key;
-    location_ids.clear();
-    if (const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr; frames != nullptr) {
-      for (uint32_t f : *frames) location_ids.push_back(location_for_frame(f));
-    }
-    if (location_ids.empty()) location_ids.push_back(b.Location(no_stack_frame));
-    const int64_t values[] = {0, 0, SaturatingToInt64(ns), 0, 0};
-    labels.clear();
-    std::string thread_name;
-    if (serial != kNoThread) {
-      thread_name = RubyThreadLabel(trace, serial);
-      labels.push_back(PprofLabel{.key = thread_key, .str = thread_name});
-      labels.push_back(PprofLabel{.key = serial_key, .num = static_cast<int64_t>(serial)});
-    }
-    labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(Provenance::kInferred)});
-    (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
-  }
-
-  // The locations of a stack id, leaf first; `stand_in` when the stack is unknown or empty.
+  // The locations of a stack id, leaf first (as pprof wants); `stand_in` when the stack is unknown or empty.
   auto locations_of = [&](uint32_t stack_id, std::string_view stand_in) {
     location_ids.clear();
     if (const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr; frames != nullptr) {
@@ -202,6 +158,39 @@ std::string BuildPprofProfile(const TraceFile& trace) {
       location_ids.push_back(b.Location(FrameInfo{std::string(stand_in), "", 0, FrameKind::kUnresolved}));
     }
   };
+  // A sample's thread labels: its name and serial, none for kNoThread; `name` keeps the label's string alive.
+  auto add_thread_labels = [&](uint32_t serial, std::string* name) {
+    if (serial == kNoThread) return;
+    *name = RubyThreadLabel(trace, serial);
+    labels.push_back(PprofLabel{.key = thread_key, .str = *name});
+    // Numeric, written even when 0: main on 3.2 is serial 0.
+    labels.push_back(PprofLabel{.key = serial_key, .num = static_cast<int64_t>(serial)});
+  };
+  for (const auto& [key, w] : agg.weights) {
+    const auto [stack_id, serial] = key;
+    locations_of(stack_id, kNoStackFrame);
+    const int64_t values[] = {SaturatingToInt64(w.samples),
+                              SaturatingToInt64(SaturatingMul(w.samples, agg.period_ns)),
+                              SaturatingToInt64(w.gvl_wait_ns), 0, 0};
+    labels.clear();
+    std::string thread_name;
+    add_thread_labels(serial, &thread_name);
+    // Cannot fail: one value per sample type, ids from Location.
+    (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
+  }
+  // GVL wait estimated while the scheduler probes were paused: apart from the observed waits, labelled inferred.
+  for (const auto& [key, ns] : agg.estimated_gvl_wait_ns) {
+    if (ns == 0) continue;
+    const auto [stack_id, serial] = key;
+    locations_of(stack_id, kNoStackFrame);
+    const int64_t values[] = {0, 0, SaturatingToInt64(ns), 0, 0};
+    labels.clear();
+    std::string thread_name;
+    add_thread_labels(serial, &thread_name);
+    labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(Provenance::kInferred)});
+    (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
+  }
+
   auto thread_name = [&](uint64_t key) -> std::string {
     std::optional<uint32_t> serial = TraceRubyThread(key);
     return serial ? RubyThreadLabel(trace, *serial) : std::string("-");
