@@ -478,59 +478,32 @@ Result<int> Record(const RecordOptions& o) {
     if (Status st = child->Release(); !st) return fail(st.error());
   }
   std::optional<ProcessMemoryReader> gate_mem;
-  bool launch_gate_skipped = false;        // the command's memory is unreadable and the layout stands without it
-  std::optional<Error> launch_gate_denied;  // ... and it does not
   if (launch) {
-    // The command shares rvbpfd's pid namespace: its main thread's tid is its pid as rvbpfd sees it.
-    launch_gate.emplace(target.pid, target.pid, prepared->live_layout);
-    gate_mem.emplace(target.pid);
-    // Under sudo the command runs as the invoking user: without CAP_SYS_PTRACE rvbpfd may not read its memory
-    // (docs/deploy.md gives launch mode no such capability). Then the check cannot run; a layout taken from the
-    // binary's own DWARF and symbols stands without it, one from the offsets table (a binary without debug
-    // symbols) does not.
-    const bool layout_from_binary = prepared->sites.analysed_with_symtab && prepared->sites.offsets_source == "dwarf";
-    poll_launch_gate = [&, layout_from_binary, readability_known = false]() mutable {
-      if (!vm_running || launch_gate_skipped || launch_gate_denied ||
-          launch_gate->state() != LiveLayoutGate::State::kPending) {
-        return;
-      }
+    // The command shares rvbpfd's pid namespace: its main thread's tid is its pid as rvbpfd sees it. Under sudo it
+    // may run as another user (LiveLayoutGate::Unreadable).
+    const int pid = target.pid;
+    launch_gate.emplace(
+        pid, pid, prepared->live_layout,
+        LiveLayoutGate::Unreadable{
+            .layout_from_binary = prepared->sites.analysed_with_symtab && prepared->sites.offsets_source == "dwarf",
+            .read_errno = [pid](uint64_t addr) { return ProcessReadErrno(pid, addr); }});
+    gate_mem.emplace(pid);
+    poll_launch_gate = [&]() {
+      if (!vm_running || launch_gate->state() != LiveLayoutGate::State::kPending) return;
       auto lowest = [&] { return LowestMappingOf(target.pid, target.open_path); };
-      if (!readability_known) {
-        const std::optional<uint64_t> start = lowest();
-        if (!start) return;  // not mapped yet: asked again at the next record
-        readability_known = true;
-        uint8_t byte = 0;
-        struct iovec local = {&byte, 1}, remote = {reinterpret_cast<void*>(*start), 1};
-        if (process_vm_readv(target.pid, &local, 1, &remote, 1, 0) < 0 && (errno == EPERM || errno == EACCES)) {
-          if (!layout_from_binary) {
-            launch_gate_denied = Error(
-                ErrorCode::kNoPrivilege,
-                "checking the command's memory against the layout rvbpfd derived from a VM binary without debug "
-                "symbols: " + ErrnoMessage("process_vm_readv of pid " + std::to_string(target.pid), errno) +
-                    " (it runs as another user); give rvbpfd CAP_SYS_PTRACE, or install the VM's debug symbols");
-            return;
-          }
-          launch_gate_skipped = true;
-          if (!o.quiet) {
-            fprintf(stderr, "rvbpfd: note: the command runs as another user and its memory is not readable without "
-                            "CAP_SYS_PTRACE: the live layout check is skipped (the layout is the binary's own DWARF)\n");
-          }
-          return;
-        }
+      if (launch_gate->Poll(MonotonicNs(), lowest, *gate_mem) == LiveLayoutGate::State::kSkipped && !o.quiet) {
+        fprintf(stderr, "rvbpfd: note: the command runs as another user and its memory is not readable without "
+                        "CAP_SYS_PTRACE: the live layout check is skipped (the layout is the binary's own DWARF)\n");
       }
-      launch_gate->Poll(MonotonicNs(), lowest, *gate_mem);
     };
   }
   auto layout_checked = [&]() {
-    return !launch_gate || launch_gate_skipped || launch_gate->state() == LiveLayoutGate::State::kPassed;
+    return !launch_gate || launch_gate->state() == LiveLayoutGate::State::kPassed ||
+           launch_gate->state() == LiveLayoutGate::State::kSkipped;
   };
   // Launch mode: why nothing is written when the layout check failed or never ran (the command keeps running: not
   // rvbpfd's to kill).
   auto launch_gate_error = [&](const char* why_unchecked) {
-    if (launch_gate_denied) {
-      return Error(launch_gate_denied->code(), launch_gate_denied->message() + "; the command (pid " +
-                                                   std::to_string(target.pid) + ") runs on untraced");
-    }
     if (launch_gate->state() == LiveLayoutGate::State::kFailed) {
       return Error(launch_gate->error().code(), launch_gate->error().message() + "; the command (pid " +
                                                     std::to_string(target.pid) + ") runs on untraced");
@@ -697,7 +670,7 @@ Result<int> Record(const RecordOptions& o) {
     poll_ec_route();
     if (poll_launch_gate) {
       poll_launch_gate();
-      if (launch_gate_denied || launch_gate->state() == LiveLayoutGate::State::kFailed) {
+      if (launch_gate->state() == LiveLayoutGate::State::kFailed) {
         return fail(launch_gate_error(""));
       }
     }

@@ -1,8 +1,10 @@
 #include "record/vm_binary.h"
 
 #include <sys/stat.h>
+#include <sys/uio.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -249,6 +251,22 @@ LiveLayoutGate::State LiveLayoutGate::Poll(uint64_t now_ns,
   if (!first_ns_) first_ns_ = now_ns;
   last_ns_ = now_ns;
   const std::optional<uint64_t> lowest_mapping = lowest_mapping_of();
+  if (lowest_mapping && unreadable_ && !readability_known_) {
+    readability_known_ = true;
+    const int err = unreadable_->read_errno(*lowest_mapping);
+    if (err == EPERM || err == EACCES) {
+      if (unreadable_->layout_from_binary) {
+        state_ = State::kSkipped;
+      } else {
+        error_ = Error(ErrorCode::kNoPrivilege,
+                       "checking the command's memory against the layout rvbpfd derived from a VM binary without "
+                       "debug symbols: " + ErrnoMessage("process_vm_readv of pid " + std::to_string(pid_), err) +
+                           " (it runs as another user); give rvbpfd CAP_SYS_PTRACE, or install the VM's debug symbols");
+        state_ = State::kFailed;
+      }
+      return state_;
+    }
+  }
   Result<LiveLayoutResult> r =
       lowest_mapping ? CheckLiveLayout(pid_, ns_pid_, layout_,
                                        LoadBiasFromLowestMapping(layout_.lowest_load_vaddr, *lowest_mapping), mem)
@@ -265,6 +283,12 @@ LiveLayoutGate::State LiveLayoutGate::Poll(uint64_t now_ns,
     state_ = State::kFailed;
   }
   return state_;
+}
+
+int ProcessReadErrno(int pid, uint64_t addr) {
+  uint8_t byte = 0;
+  struct iovec local = {&byte, 1}, remote = {reinterpret_cast<void*>(addr), 1};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == 1 ? 0 : errno;
 }
 
 void AppendStackEndMarker(const rv_stack_header& h, std::vector<FrameInfo>* frames) {

@@ -132,9 +132,21 @@ class LiveLayoutGate {
  public:
   static constexpr uint64_t kRetryNs = 1'000'000;        // 1 ms: ruby_setup takes a few ms
   static constexpr uint64_t kGiveUpNs = 5'000'000'000;   // far beyond ruby_setup on a loaded machine
-  enum class State { kPending, kPassed, kFailed };
+  // kSkipped: the process's memory is not readable (see Unreadable) and the layout stands without the check.
+  enum class State { kPending, kPassed, kSkipped, kFailed };
 
-  LiveLayoutGate(int pid, int ns_pid, LiveLayout layout) : pid_(pid), ns_pid_(ns_pid), layout_(std::move(layout)) {}
+  // A command launched under sudo runs as the invoking user, whose memory rvbpfd cannot read without CAP_SYS_PTRACE
+  // (docs/deploy.md gives launch mode no such capability). Once the VM is mapped the gate asks `read_errno` (errno
+  // of a 1-byte read at the address, 0 when it worked) first: on EPERM/EACCES a layout taken from the binary's own
+  // DWARF and symbols (`layout_from_binary`) stands without the check (kSkipped), one from the offsets table does
+  // not (kFailed, kNoPrivilege, naming CAP_SYS_PTRACE and the debug symbols).
+  struct Unreadable {
+    bool layout_from_binary = false;
+    std::function<int(uint64_t addr)> read_errno;
+  };
+
+  LiveLayoutGate(int pid, int ns_pid, LiveLayout layout, std::optional<Unreadable> unreadable = std::nullopt)
+      : pid_(pid), ns_pid_(ns_pid), layout_(std::move(layout)), unreadable_(std::move(unreadable)) {}
   // One attempt when due. `lowest_mapping` gives the VM's lowest mapping in the process (nullopt while it is not
   // mapped); it is asked only when an attempt is due (it scans /proc/PID/maps).
   State Poll(uint64_t now_ns, const std::function<std::optional<uint64_t>()>& lowest_mapping, MemoryReader& mem);
@@ -145,10 +157,15 @@ class LiveLayoutGate {
  private:
   int pid_, ns_pid_;
   LiveLayout layout_;
+  std::optional<Unreadable> unreadable_;
+  bool readability_known_ = false;
   State state_ = State::kPending;
   std::optional<uint64_t> first_ns_, last_ns_;  // the first and the latest attempt
   std::optional<Error> error_;
 };
+
+// The errno of a 1-byte process_vm_readv of `pid` at `addr`, 0 when it worked (LiveLayoutGate::Unreadable).
+int ProcessReadErrno(int pid, uint64_t addr);
 
 // A stack that is not complete says so at its oldest end rather than passing for a whole one: cut at
 // RV_MAX_STACK_FRAMES ("<truncated>"), or the walk could not read a frame ("<incomplete stack>").

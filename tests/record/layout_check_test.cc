@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -129,6 +130,42 @@ TEST_F(LayoutFakeTest, GatePassesOnceTheMainThreadIsSetUp) {
   mem_.Put64(0x10000 + 0x188, 0x20000);
   EXPECT_EQ(gate.Poll(t + LiveLayoutGate::kRetryNs, lowest, mem_), LiveLayoutGate::State::kPassed);
   EXPECT_EQ(scans, 2);
+}
+
+// A launched command whose memory rvbpfd cannot read (under sudo, another user): asked once the VM is mapped; the
+// binary's own DWARF layout stands without the check, a table layout is refused with kNoPrivilege; a readable
+// process is checked as usual.
+TEST_F(LayoutFakeTest, GateDecidesAnUnreadableCommandByWhereItsLayoutCameFrom) {
+  std::optional<uint64_t> mapped;
+  auto lowest = [&]() { return mapped; };
+  int asked = 0;
+  auto denied = [&](uint64_t addr) {
+    ++asked;
+    EXPECT_EQ(addr, kBias + LowestLoadVaddr(*elf_));
+    return EPERM;
+  };
+  {
+    LiveLayoutGate gate(kPid, kPid, LiveLayoutOf(*elf_, sites_), LiveLayoutGate::Unreadable{true, denied});
+    EXPECT_EQ(gate.Poll(0, lowest, mem_), LiveLayoutGate::State::kPending);
+    EXPECT_EQ(asked, 0) << "not asked before the VM is mapped";
+    mapped = kBias + LowestLoadVaddr(*elf_);
+    mem_.Put32(0x30000 + 24, 77);  // a mismatch it cannot see: the memory is unreadable
+    EXPECT_EQ(gate.Poll(LiveLayoutGate::kRetryNs, lowest, mem_), LiveLayoutGate::State::kSkipped);
+    EXPECT_EQ(asked, 1);
+  }
+  {
+    LiveLayoutGate gate(kPid, kPid, LiveLayoutOf(*elf_, sites_), LiveLayoutGate::Unreadable{false, denied});
+    ASSERT_EQ(gate.Poll(0, lowest, mem_), LiveLayoutGate::State::kFailed);
+    EXPECT_EQ(gate.error().code(), ErrorCode::kNoPrivilege);
+    EXPECT_NE(gate.error().message().find("CAP_SYS_PTRACE"), std::string::npos) << gate.error().message();
+    EXPECT_NE(gate.error().message().find("debug symbols"), std::string::npos) << gate.error().message();
+  }
+  {
+    mem_.Put32(0x30000 + 24, kPid);
+    LiveLayoutGate gate(kPid, kPid, LiveLayoutOf(*elf_, sites_),
+                        LiveLayoutGate::Unreadable{false, [](uint64_t) { return 0; }});
+    EXPECT_EQ(gate.Poll(0, lowest, mem_), LiveLayoutGate::State::kPassed);
+  }
 }
 
 TEST_F(LayoutFakeTest, GateRefusesAMismatchAtOnce) {
