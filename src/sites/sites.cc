@@ -761,15 +761,18 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                                         [](const ProbeSite& s) { return s.event == RV_EV_GC_ENTER; });
   const bool has_gc_exit = std::any_of(set.sites.begin(), set.sites.end(),
                                        [](const ProbeSite& s) { return s.event == RV_EV_GC_EXIT; });
-  if (!has_gc_enter || !has_gc_exit) {
+  // A call of rb_gc_event_hook whose event is not certain (GcHookCalls::ambiguous) is an event the checks found
+  // would miss: the function probes then stand for all of them.
+  if (!has_gc_enter || !has_gc_exit || gc_calls.ambiguous > 0) {
     std::erase_if(set.sites, [](const ProbeSite& s) { return IsGcEvent(s.event); });
     for (ProbeSite& s : FindGcFunctionSites(vm, ruby_version)) set.sites.push_back(std::move(s));
     const bool any = std::any_of(set.sites.begin(), set.sites.end(), [](const ProbeSite& s) { return IsGcEvent(s.event); });
+    const std::string why = gc_calls.ambiguous > 0 ? "a call of rb_gc_event_hook whose event a branch may change"
+                                                   : "no GC hook check found";
     set.provenance.push_back(
-        {"GC enter/exit", any ? "symtab (entry and return of gc_start, gc_rest, gc_continue)"
-                              : "none: no GC hook check found" + std::string(stripped ? " and no GC function names "
-                                                                                        "without .symtab"
-                                                                                      : "")});
+        {"GC enter/exit", any ? "symtab (entry and return of gc_start, gc_rest, gc_continue: " + why + ")"
+                              : "none: " + why + std::string(stripped ? " and no GC function names without .symtab"
+                                                                      : "")});
   } else if (gc_flags_global) {
     std::string how;
     if (!gc_global_refs.empty()) {
