@@ -4,9 +4,10 @@
 # it is left in build-fuzz/fuzz-artifacts/<harness>/ and the log in build-fuzz/fuzz-logs/.
 # Two modes:
 #   default (what CI runs): a fixed number of executions per harness (about a minute each here) with a fixed random
-#     seed, from the committed and generated seeds only, so one tree always gives the same result: a bug is found
-#     by whoever runs the exploration below, fixed, and its input committed, instead of failing a later, unrelated
-#     landing at random.
+#     seed, from the committed and generated seeds only, without address randomisation (setarch -R: the harnesses'
+#     coverage otherwise varies with where the allocator puts things, so two runs of one binary explored different
+#     inputs) and without corpus reloading, so one tree gives the same run: a bug is found by whoever runs the
+#     exploration below, fixed, and its input committed, instead of failing a later, unrelated landing at random.
 #   RVBPFD_FUZZ_SECONDS=N: exploration, N seconds per harness with a fresh random seed, reusing and growing the work
 #     corpus in build-fuzz/fuzz-corpus/<harness>/.
 #   RVBPFD_FUZZ_RUNS     executions per harness in the default mode (default: the table below)
@@ -95,13 +96,17 @@ for h in "${harnesses[@]}"; do
     what="${seconds}s, random seed"
   else
     n=${RVBPFD_FUZZ_RUNS:-${runs[$h]}}
-    args+=(-runs="$n" -seed=1)
+    args+=(-runs="$n" -seed=1 -reload=0)
     what="$n executions, seed 1"
   fi
+  # Exploration wants the variety; the fixed run the same addresses every time (util-linux setarch).
+  norandom=()
+  [[ -z $seconds ]] && command -v setarch >/dev/null && norandom=(setarch "$(uname -m)" -R)
   [[ -n ${dicts[$h]+x} ]] && args+=(-dict="${dicts[$h]}")
   echo "== fuzz $h ($what) =="
   if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     LSAN_OPTIONS=suppressions=tests/fuzz/lsan.supp:print_suppressions=0 "$exe" "${args[@]}" "${dirs[@]}" >"$log" 2>&1
+     LSAN_OPTIONS=suppressions=tests/fuzz/lsan.supp:print_suppressions=0 "${norandom[@]}" "$exe" "${args[@]}" \
+     "${dirs[@]}" >"$log" 2>&1
   then
     grep -E '^stat::number_of_executed_units|^#[0-9]+.*DONE' "$log" | tail -2 || true
   else
