@@ -215,36 +215,37 @@ Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, O
     o.gvl.base = RV_GVL_BASE_THREAD_RACTOR;
     break;
   }
-  if (variable && o.klass_ext_inline != 0) {
+  // Classes, from variable.c's CU: 3.2's shape layout, or 3.3/3.4's classext fields.
+  const bool shape_classes = o.klass_ext_inline != 0;
+  const bool classext_fields = o.klass_classpath != 0 && o.major * 100 + o.minor < 400;
+  if (variable && (shape_classes || classext_fields)) {
     const uint64_t pc = variable->value;
     auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
     Apply(m("RClass", "super"), &o.klass_super, "RClass.super", report);
-    // The classext follows RClass {basic, super, m_tbl}; a build with one size pool has RClass.ptr instead, which
-    // this layout does not read (its classes stay unresolved).
-    if (m("RClass", "ptr")) {
-      o.klass_ext_inline = 0;
+    if (shape_classes) {
+      // The classext follows RClass {basic, super, m_tbl}; a build with one size pool has RClass.ptr instead, which
+      // this layout does not read (its classes stay unresolved).
+      if (m("RClass", "ptr")) {
+        o.klass_ext_inline = 0;
+      } else {
+        Apply(Add(m("RClass", "m_tbl"), 8), &o.klass_ext_inline, "sizeof(RClass)", report);
+      }
+      Apply(m("rb_classext_struct", "iv_ptr"), &o.classext_iv_ptr, "classext.iv_ptr", report);
+      Apply(m("rb_vm_struct", "shape_list"), &o.vm_shape_list, "vm.shape_list", report);
+      Apply(m("rb_vm_struct", "next_shape_id"), &o.vm_next_shape_id, "vm.next_shape_id", report);
+      Apply(m("rb_shape", "edge_name"), &o.shape_edge_name, "shape.edge_name", report);
+      Apply(m("rb_shape", "next_iv_index"), &o.shape_next_iv_index, "shape.next_iv_index", report);
+      Apply(m("rb_shape", "type"), &o.shape_type, "shape.type", report);
+      Apply(m("rb_shape", "parent_id"), &o.shape_parent_id, "shape.parent_id", report);
     } else {
-      Apply(Add(m("RClass", "m_tbl"), 8), &o.klass_ext_inline, "sizeof(RClass)", report);
+      // 3.3/3.4: the classext sits right after struct RClass {basic(16), super, m_tbl} = 32 bytes.
+      constexpr uint32_t kRClassSize = 32;
+      Apply(Add(m("rb_classext_struct", "classpath"), kRClassSize), &o.klass_classpath, "classext.classpath",
+            report);
+      // as.singleton_class.attached_object is the first word of the `as` union.
+      Apply(Add(m("rb_classext_struct", "as"), kRClassSize), &o.klass_attached_object,
+            "classext.as.singleton_class.attached_object", report);
     }
-    Apply(m("rb_classext_struct", "iv_ptr"), &o.classext_iv_ptr, "classext.iv_ptr", report);
-    Apply(m("rb_vm_struct", "shape_list"), &o.vm_shape_list, "vm.shape_list", report);
-    Apply(m("rb_vm_struct", "next_shape_id"), &o.vm_next_shape_id, "vm.next_shape_id", report);
-    Apply(m("rb_shape", "edge_name"), &o.shape_edge_name, "shape.edge_name", report);
-    Apply(m("rb_shape", "next_iv_index"), &o.shape_next_iv_index, "shape.next_iv_index", report);
-    Apply(m("rb_shape", "type"), &o.shape_type, "shape.type", report);
-    Apply(m("rb_shape", "parent_id"), &o.shape_parent_id, "shape.parent_id", report);
-  }
-  if (variable && o.klass_classpath != 0 && o.major * 100 + o.minor < 400) {
-    const uint64_t pc = variable->value;
-    auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
-    // 3.3/3.4: the classext sits right after struct RClass {basic(16), super, m_tbl} = 32 bytes.
-    constexpr uint32_t kRClassSize = 32;
-    Apply(m("RClass", "super"), &o.klass_super, "RClass.super", report);
-    Apply(Add(m("rb_classext_struct", "classpath"), kRClassSize), &o.klass_classpath, "classext.classpath",
-          report);
-    // as.singleton_class.attached_object is the first word of the `as` union.
-    Apply(Add(m("rb_classext_struct", "as"), kRClassSize), &o.klass_attached_object,
-          "classext.as.singleton_class.attached_object", report);
   }
   return o;
 }

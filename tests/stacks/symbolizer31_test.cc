@@ -9,16 +9,17 @@
 #include <vector>
 
 #include "fake_memory.h"
+#include "synthetic_objects.h"
 #include "stacks/symbolizer.h"
 
 namespace rvbpfd {
 namespace {
 
 using testing::FakeMemory;
+using testing::SyntheticObjects;
 
 constexpr uint64_t kHeap = 0x900000;
 constexpr uint64_t kTClass = 0x02;
-constexpr uint64_t kIdEntryUnit = 512;
 
 class Symbolizer31Test : public ::testing::Test {
  protected:
@@ -30,11 +31,7 @@ class Symbolizer31Test : public ::testing::Test {
     gsym_ = Alloc(32);
     BuildIdTable();
   }
-  uint64_t Alloc(size_t n) {
-    uint64_t a = next_;
-    next_ += (n + 15) & ~size_t{15};
-    return a;
-  }
+  uint64_t Alloc(size_t n) { return obj_.Alloc(n); }
   // 3.1 strings: embedded up to 23 bytes (length in FL_USER2..6), else on the heap.
   uint64_t String(const std::string& s) {
     uint64_t str = Alloc(40);
@@ -50,31 +47,18 @@ class Symbolizer31Test : public ::testing::Test {
     }
     return str;
   }
-  uint64_t HeapArray(const std::vector<uint64_t>& elems) {
-    uint64_t ary = Alloc(40), ptr = Alloc(8 * elems.size());
-    mem_.Put64(ary, 0x07);
-    mem_.Put64(ary + 16, elems.size());
-    mem_.Put64(ary + 32, ptr);
-    for (size_t i = 0; i < elems.size(); i++) mem_.Put64(ptr + 8 * i, elems[i]);
-    return ary;
-  }
   // Serial -> name for a few IDs, '+' (43) among them; last_id 600 (two chunks).
   void BuildIdTable() {
-    std::vector<uint64_t> chunk0(2 * kIdEntryUnit, 0x08), chunk1(2 * kIdEntryUnit, 0x08);  // Qnil in 3.1
-    auto set = [&](uint64_t serial, const std::string& name) {
-      (serial < kIdEntryUnit ? chunk0 : chunk1)[(serial % kIdEntryUnit) * 2] = String(name);
-    };
-    set('+', "+");
-    set(kSerialClasspath, "__classpath__");
-    set(kSerialTmpClasspath, "__tmp_classpath__");
-    set(kSerialAttached, "__attached__");
-    set(kSerialIvar, "@count");
-    set(kSerialMethod, "work");
-    mem_.Put32(gsym_ + off_.symbols_last_id, 600);
-    ids_ = HeapArray({HeapArray(chunk0), HeapArray(chunk1)});
-    mem_.Put64(gsym_ + off_.symbols_ids, ids_);
+    ids_ = obj_.IdTable(off_, gsym_,
+                        {{'+', "+"},
+                         {kSerialClasspath, "__classpath__"},
+                         {kSerialTmpClasspath, "__tmp_classpath__"},
+                         {kSerialAttached, "__attached__"},
+                         {kSerialIvar, "@count"},
+                         {kSerialMethod, "work"}},
+                        [&](const std::string& name) { return String(name); });
   }
-  static uint64_t Id(uint64_t serial) { return (serial << 4) | 1; }  // a static local ID
+  static uint64_t Id(uint64_t serial) { return SyntheticObjects::Id(serial); }
   // An st_table {hash, key, record} x n, with entries_start = 0.
   uint64_t StTable(const std::vector<std::array<uint64_t, 3>>& entries) {
     uint64_t t = Alloc(56), e = Alloc(24 * entries.size() + 24);
@@ -96,24 +80,13 @@ class Symbolizer31Test : public ::testing::Test {
     return klass;
   }
   // A C method entry defined on `klass`, named `work`.
-  rv_ruby_frame CfuncFrame(uint64_t klass) {
-    uint64_t cme = Alloc(40), def = Alloc(48);
-    mem_.Put64(cme, RV_RB_T_IMEMO | (RV_RB_IMEMO_MENT << RV_RB_IMEMO_SHIFT));
-    mem_.Put64(cme + off_.cme_defined_class, klass);
-    mem_.Put64(cme + off_.cme_def, def);
-    mem_.Put32(def, RV_RB_METHOD_TYPE_CFUNC);
-    mem_.Put64(def + off_.def_original_id, Id(kSerialMethod));
-    rv_ruby_frame f{};
-    f.kind = RV_RB_FRAME_CME_CFUNC;
-    f.addr = cme;
-    return f;
-  }
+  rv_ruby_frame CfuncFrame(uint64_t klass) { return obj_.CfuncFrame(off_, klass, Id(kSerialMethod)); }
 
   static constexpr uint64_t kSerialClasspath = 200, kSerialTmpClasspath = 201, kSerialAttached = 202;
   static constexpr uint64_t kSerialIvar = 300, kSerialMethod = 550;
   FakeMemory mem_;
   RubyOffsets off_;
-  uint64_t next_ = kHeap + 0x10;
+  SyntheticObjects obj_{&mem_, kHeap + 0x10};
   uint64_t gsym_ = 0, ids_ = 0;
 };
 

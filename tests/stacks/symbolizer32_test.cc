@@ -8,17 +8,18 @@
 #include <vector>
 
 #include "fake_memory.h"
+#include "synthetic_objects.h"
 #include "stacks/symbolizer.h"
 
 namespace rvbpfd {
 namespace {
 
 using testing::FakeMemory;
+using testing::SyntheticObjects;
 
 constexpr uint64_t kHeap = 0x900000;
 constexpr uint64_t kTClass = 0x02;
 constexpr uint64_t kFlSingleton = 0x1000;
-constexpr uint64_t kIdEntryUnit = 512;
 constexpr uint32_t kRootParent = 0xffffffff;  // INVALID_SHAPE_ID
 constexpr uint8_t kShapeRoot = 0, kShapeIvar = 1, kShapeCapacityChange = 3;
 
@@ -40,11 +41,7 @@ class Symbolizer32Test : public ::testing::Test {
     Shape(0, kRootParent, 0, kShapeRoot, 0);
     BuildIdTable();
   }
-  uint64_t Alloc(size_t n) {
-    uint64_t a = next_;
-    next_ += (n + 15) & ~size_t{15};
-    return a;
-  }
+  uint64_t Alloc(size_t n) { return obj_.Alloc(n); }
   // 3.2 (RVARGC) strings: the length at +16, the bytes embedded at +24 or behind a pointer there.
   uint64_t String(const std::string& s) {
     uint64_t str = Alloc(24 + s.size() + 1);
@@ -53,29 +50,17 @@ class Symbolizer32Test : public ::testing::Test {
     if (!s.empty()) mem_.Put(str + 24, s.data(), s.size());
     return str;
   }
-  uint64_t HeapArray(const std::vector<uint64_t>& elems) {
-    uint64_t ary = Alloc(40), ptr = Alloc(8 * elems.size());
-    mem_.Put64(ary, 0x07);
-    mem_.Put64(ary + 16, elems.size());
-    mem_.Put64(ary + 32, ptr);
-    for (size_t i = 0; i < elems.size(); i++) mem_.Put64(ptr + 8 * i, elems[i]);
-    return ary;
-  }
   void BuildIdTable() {
-    std::vector<uint64_t> chunk0(2 * kIdEntryUnit, 0x08), chunk1(2 * kIdEntryUnit, 0x08);
-    auto set = [&](uint64_t serial, const std::string& name) {
-      (serial < kIdEntryUnit ? chunk0 : chunk1)[(serial % kIdEntryUnit) * 2] = String(name);
-    };
-    set('+', "+");
-    set(kSerialClasspath, "__classpath__");
-    set(kSerialTmpClasspath, "__tmp_classpath__");
-    set(kSerialAttached, "__attached__");
-    set(kSerialIvar, "@count");
-    set(kSerialMethod, "work");
-    mem_.Put32(gsym_ + off_.symbols_last_id, 600);
-    mem_.Put64(gsym_ + off_.symbols_ids, HeapArray({HeapArray(chunk0), HeapArray(chunk1)}));
+    ids_ = obj_.IdTable(off_, gsym_,
+                        {{'+', "+"},
+                         {kSerialClasspath, "__classpath__"},
+                         {kSerialTmpClasspath, "__tmp_classpath__"},
+                         {kSerialAttached, "__attached__"},
+                         {kSerialIvar, "@count"},
+                         {kSerialMethod, "work"}},
+                        [&](const std::string& name) { return String(name); });
   }
-  static uint64_t Id(uint64_t serial) { return (serial << 4) | 1; }
+  static uint64_t Id(uint64_t serial) { return SyntheticObjects::Id(serial); }
   void Shape(uint32_t id, uint32_t parent, uint64_t edge_name, uint8_t type, uint32_t next_iv_index) {
     const uint64_t s = shapes_ + uint64_t{id} * off_.shape_size;
     mem_.Put64(s + off_.shape_edge_name, edge_name);
@@ -91,18 +76,7 @@ class Symbolizer32Test : public ::testing::Test {
     for (size_t i = 0; i < ivars.size(); i++) mem_.Put64(ivptr + 8 * i, ivars[i]);
     return klass;
   }
-  rv_ruby_frame CfuncFrame(uint64_t klass) {
-    uint64_t cme = Alloc(40), def = Alloc(48);
-    mem_.Put64(cme, RV_RB_T_IMEMO | (RV_RB_IMEMO_MENT << RV_RB_IMEMO_SHIFT));
-    mem_.Put64(cme + off_.cme_defined_class, klass);
-    mem_.Put64(cme + off_.cme_def, def);
-    mem_.Put32(def, RV_RB_METHOD_TYPE_CFUNC);
-    mem_.Put64(def + off_.def_original_id, Id(kSerialMethod));
-    rv_ruby_frame f{};
-    f.kind = RV_RB_FRAME_CME_CFUNC;
-    f.addr = cme;
-    return f;
-  }
+  rv_ruby_frame CfuncFrame(uint64_t klass) { return obj_.CfuncFrame(off_, klass, Id(kSerialMethod)); }
   std::string Label(uint64_t klass, uint64_t vm_ptr) {
     Symbolizer sym(&mem_, off_, gsym_, vm_ptr);
     SymbolizedFrame s = sym.Symbolize(CfuncFrame(klass));
@@ -114,8 +88,8 @@ class Symbolizer32Test : public ::testing::Test {
   static constexpr uint64_t kSerialIvar = 300, kSerialMethod = 550;
   FakeMemory mem_;
   RubyOffsets off_;
-  uint64_t next_ = kHeap + 0x10;
-  uint64_t gsym_ = 0, vm_ptr_ = 0, vm_ = 0, shapes_ = 0;
+  SyntheticObjects obj_{&mem_, kHeap + 0x10};
+  uint64_t gsym_ = 0, ids_ = 0, vm_ptr_ = 0, vm_ = 0, shapes_ = 0;
 };
 
 TEST_F(Symbolizer32Test, ClassPathFromTheShapeChain) {
