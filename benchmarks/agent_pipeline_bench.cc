@@ -24,7 +24,7 @@
 
 #include "agent/agent.h"
 #include "agent/agent_fakes.h"
-#include "record/stack_resolver.h"
+#include "session/stack_resolver.h"
 #include "stacks/fake_memory.h"
 #include "stacks/ruby_offsets.h"
 

@@ -1,5 +1,5 @@
 // Measures what detaching and reattaching the high-rate probe group (what --max-overhead does at each paused
-// window) costs a running Ruby process, for OverheadBudget's reattach charge (src/record/overhead_budget.h).
+// window) costs a running Ruby process, for OverheadBudget's reattach charge (src/session/overhead_budget.h).
 //
 //   bench_reattach_cost VM_ELF RUBY [period_ms=10] [phases=6] [phase_ms=1000] [cpu|io|io-detached] [target_cpu]
 //
@@ -30,7 +30,7 @@
 
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
-#include "record/vm_binary.h"
+#include "session/vm_binary.h"
 #include "sites/sites.h"
 #include "target/target.h"
 

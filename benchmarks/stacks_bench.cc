@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "record/stack_resolver.h"
 #include "rvbpfd/abi.h"
+#include "session/stack_resolver.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
 #include "stacks/ruby_walker_host.h"

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "rvbpfd/abi.h"
+#include "session/reorder.h"
 #include "trace/event.h"
-#include "trace/reorder.h"
 #include "trace/writer.h"
 
 namespace {
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", writer.error().ToString().c_str());
     return rvbpfd::ExitStatus(writer.error().code());
   }
-  rvbpfd::Reorderer reorderer(kReorderWindowNs);
+  rvbpfd::Reorderer<rvbpfd::TraceEvent> reorderer(kReorderWindowNs);
   RecordSource source;
   std::vector<rv_record> batch;
   batch.reserve(kBatch);

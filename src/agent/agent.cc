@@ -8,7 +8,8 @@
 #include <unordered_map>
 
 #include "ops/process_labels.h"
-#include "record/vm_binary.h"
+#include "session/ingest.h"
+#include "session/vm_binary.h"
 #include "target/pid_namespace.h"
 
 namespace rvbpfd {
@@ -264,7 +265,7 @@ void Agent::InspectDue(uint64_t now) {
 
 void Agent::OnRecord(const rv_record& r) {
   Pending item;
-  item.ts_ns = r.ts_ns;
+  item.t_ns = r.ts_ns;
   item.pid = static_cast<int>(r.pid);
   item.kind = r.kind;
   item.th = r.th;
@@ -272,8 +273,7 @@ void Agent::OnRecord(const rv_record& r) {
   if (r.kind < RV_EV_KIND_COUNT) {
     WatchedProcess* p = registry_.Find(item.pid);
     if (p == nullptr) return;
-    // Counted on arrival: the GC epoch governs the symbolization of stacks arriving next.
-    if (r.kind == RV_EV_GC_ENTER) ++p->gc_epoch;
+    p->gc_epoch.OnRecord(r.kind);
   } else if (r.kind != RV_EV_PROC_EXEC && r.kind != RV_EV_PROC_EXIT && r.kind != RV_EV_PROC_FORK) {
     return;
   }
@@ -287,10 +287,8 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
   if (r.kind != RV_EV_SAMPLE && r.kind >= RV_EV_KIND_COUNT) return;
   // Frames are named now, while the objects they point to are as fresh as they will ever be.
   if (!p->frames && env_.frame_source) p->frames = env_.frame_source(p->pid, p->target, *p->set);
-  // While the budget has the GC sites detached, GCs go unseen: every stack then starts a new epoch.
-  if (p->set->paused) ++p->gc_epoch;
   Pending item;
-  item.ts_ns = r.ts_ns;
+  item.t_ns = r.ts_ns;
   item.pid = p->pid;
   item.kind = r.kind;
   item.th = r.th;
@@ -300,7 +298,8 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
     item.frames = std::move(spare_frames_.back());
     spare_frames_.pop_back();
   }
-  if (p->frames) p->frames->ResolveShared(frames, p->gc_epoch, &item.frames);
+  const uint64_t epoch = p->gc_epoch.ForStack(p->set->paused);  // the budget detaches the GC sites with the rest
+  if (p->frames) p->frames->ResolveShared(frames, epoch, &item.frames);
   std::vector<FrameInfo> marker;  // empty (no allocation) unless the stack was cut short
   AppendStackEndMarker(h, &marker);
   for (FrameInfo& m : marker) item.frames.push_back(std::make_shared<const FrameInfo>(std::move(m)));
@@ -312,38 +311,29 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
       return;
     }
     if (gvl != nullptr) item.gvl = GvlReadingFromRecord(*gvl);
-  } else if (r.kind == RV_EV_GC_ENTER) {
-    ++p->gc_epoch;
   }
+  p->gc_epoch.OnRecord(r.kind);
   Enqueue(std::move(item));
 }
 
-void Agent::EnqueueMarker(int pid, uint32_t kind, uint64_t ts_ns) {
+void Agent::EnqueueMarker(int pid, uint32_t kind, uint64_t t_ns) {
   Pending item;
-  item.ts_ns = ts_ns;
+  item.t_ns = t_ns;
   item.pid = pid;
   item.kind = kind;
   Enqueue(std::move(item));
 }
 
-void Agent::Enqueue(Pending item) {
-  item.seq = next_seq_++;
-  // Records are nearly in order (per-CPU ring reservations interleave by microseconds): insert from the back.
-  auto it = pending_.end();
-  while (it != pending_.begin() && std::prev(it)->ts_ns > item.ts_ns) --it;
-  pending_.insert(it, std::move(item));
-}
+void Agent::Enqueue(Pending item) { pending_.Push(std::move(item)); }
 
 void Agent::ReleasePending(uint64_t upto_ns) {
-  while (!pending_.empty() && pending_.front().ts_ns <= upto_ns) {
-    Pending item = std::move(pending_.front());
-    pending_.pop_front();
+  pending_.PopThrough(upto_ns, [this](Pending&& item) {
     Dispatch(item);
     if (item.frames.capacity() > 0 && item.frames.capacity() <= 256 && spare_frames_.size() < kSpareFrames) {
       item.frames.clear();
       spare_frames_.push_back(std::move(item.frames));
     }
-  }
+  });
 }
 
 void Agent::Dispatch(Pending& item) {
@@ -351,12 +341,12 @@ void Agent::Dispatch(Pending& item) {
   if (item.kind == RV_EV_PROC_EXEC) {
     if (pid == getpid()) return;
     // A watched process that execs becomes a new program: its old image is finished, the new one inspected.
-    if (registry_.Find(pid) != nullptr) FinishProcess(pid, item.ts_ns, "exec");
-    retries_.Add(pid, item.ts_ns);
+    if (registry_.Find(pid) != nullptr) FinishProcess(pid, item.t_ns, "exec");
+    retries_.Add(pid, item.t_ns);
     return;
   }
   if (item.kind == RV_EV_PROC_EXIT) {
-    FinishProcess(pid, item.ts_ns, "exit");
+    FinishProcess(pid, item.t_ns, "exit");
     return;
   }
   if (item.kind == RV_EV_PROC_FORK) {
@@ -368,40 +358,34 @@ void Agent::Dispatch(Pending& item) {
   WatchedProcess* p = registry_.Find(pid);
   if (p == nullptr) return;
   if (item.kind == kPendingTracingPaused) {
-    p->profile->OnTracingPaused(item.ts_ns);
+    p->profile->OnTracingPaused(item.t_ns);
     return;
   }
   if (item.kind == kPendingTracingResumed) {
-    p->profile->OnTracingResumed(item.ts_ns);
+    p->profile->OnTracingResumed(item.t_ns);
     return;
   }
   // The thread on the process's initial native thread is main (CRuby runs no other Ruby thread there).
   if (item.th != 0 && item.tid == static_cast<uint32_t>(pid)) p->profile->SetMainThread(item.th);
   if (item.kind == RV_EV_SAMPLE) {
-    if (item.th != 0 && p->exited_th.count(item.th) != 0) return;
-    p->profile->OnSample(item.ts_ns, item.th, item.in_gc, item.frames, item.gvl.get());
+    if (!p->exited_threads.Keep(item.th, /*sample=*/true, /*exited=*/false)) return;
+    p->profile->OnSample(item.t_ns, item.th, item.in_gc, item.frames, item.gvl.get());
     ++p->samples;
     ++samples_;
     return;
   }
-  if (item.th != 0) {
-    if (item.kind == RV_EV_THREAD_EXITED) {
-      p->exited_th.insert(item.th);
-    } else {
-      p->exited_th.erase(item.th);
-    }
-  }
-  p->profile->OnEvent(item.ts_ns, item.th, item.kind, item.frames);
+  p->exited_threads.Keep(item.th, /*sample=*/false, item.kind == RV_EV_THREAD_EXITED);
+  p->profile->OnEvent(item.t_ns, item.th, item.kind, item.frames);
   ++p->events;
   ++events_;
 }
 
 void Agent::DrainRing() {
   // Records up to now are in the ring or already handled; a bounded number of rounds so a flood cannot pin us here.
-  for (int i = 0; i < 64; ++i) {
+  rvbpfd::DrainRing([this] {
     Result<int> n = env_.backend->Poll(0);
-    if (!n || *n == 0) break;
-  }
+    return n ? *n : -1;
+  });
   ReleasePending(UINT64_MAX);
 }
 
@@ -526,7 +510,7 @@ void Agent::UpdateBudgets(uint64_t now) {
         for (int pid : set->pids) {
           if (WatchedProcess* p = registry_.Find(pid)) {
             EnqueueMarker(pid, kPendingTracingResumed, resumed_at);
-            ++p->gc_epoch;  // a GC may have run between the last stack named while paused and the reattach
+            p->gc_epoch.OnGcSitesReattached();
           }
         }
       } else if (action == OverheadBudget::Action::kResume) {
@@ -543,7 +527,7 @@ void Agent::CheckCounters(uint64_t /*now*/) {
     // exit may be among them, so /proc is scanned again (rate-limited).
     for (auto& [pid, p] : registry_.all()) {
       p->profile->OnEventsLost();
-      ++p->gc_epoch;
+      p->gc_epoch.OnLoss();
     }
     rescan_pending_ = true;
   }

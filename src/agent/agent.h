@@ -16,7 +16,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <set>
@@ -31,6 +30,7 @@
 #include "common/error.h"
 #include "ops/agent_config.h"
 #include "ops/process_filter.h"
+#include "session/reorder.h"
 #include "trace/event.h"
 
 namespace rvbpfd {
@@ -100,8 +100,7 @@ class Agent {
 
   // A record on its way to a profile: frames already named (at arrival), dispatched in time order.
   struct Pending {
-    uint64_t ts_ns = 0;
-    uint64_t seq = 0;
+    uint64_t t_ns = 0;  // event time (monotonic ns)
     int pid = 0;
     uint32_t kind = 0;
     uint64_t th = 0;
@@ -117,7 +116,7 @@ class Agent {
 
   void OnRecord(const rv_record& r);
   void Enqueue(Pending item);
-  void EnqueueMarker(int pid, uint32_t kind, uint64_t ts_ns);
+  void EnqueueMarker(int pid, uint32_t kind, uint64_t t_ns);
   void ReleasePending(uint64_t upto_ns);
   void Dispatch(Pending& item);
   void OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
@@ -181,8 +180,7 @@ class Agent {
   uint64_t logged_failures_ = 0;   // push failures+retries+drops at the last delivery-problem log
   static constexpr int kMaxChildDepth = 4;
   int child_depth_ = 0;             // recursion of TryWatch through children
-  std::deque<Pending> pending_;  // the reorder window, sorted by (ts_ns, seq)
-  uint64_t next_seq_ = 0;
+  Reorderer<Pending> pending_{kReorderWindowNs};  // released by the clock (ReleasePending), not by newer records
   // Frame vectors of dispatched records, reused by the next stacks (no allocation per record in steady state): at
   // most kSpareFrames, of at most 256 frames each (~4 MB worst case).
   static constexpr size_t kSpareFrames = 1024;

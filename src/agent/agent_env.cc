@@ -3,12 +3,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "record/stack_resolver.h"
-#include "record/vm_binary.h"
-#include "stacks/ec_route.h"
-#include "stacks/memory_reader.h"
+#include "session/stack_resolver.h"
+#include "session/vm_binary.h"
 #include "sink/dir_sink.h"
 #include "sink/push_sink.h"
+#include "stacks/ec_route.h"
+#include "stacks/memory_reader.h"
 
 namespace rvbpfd {
 namespace {

@@ -10,13 +10,13 @@
 #include <span>
 #include <vector>
 
-#include "agent/probe_backend.h"
 #include "agent/probe_sets.h"
 #include "common/error.h"
 #include "ops/agent_config.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
-#include "record/stack_resolver.h"
+#include "probe/probe_backend.h"
+#include "session/stack_resolver.h"
 #include "sink/sink.h"
 #include "stacks/memory_reader.h"
 #include "target/target.h"

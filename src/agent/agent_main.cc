@@ -6,12 +6,12 @@
 #include <atomic>
 
 #include "agent/agent.h"
-#include "agent/probe_backend.h"
 #include "common/capabilities.h"
 #include "common/url_redact.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
-#include "record/vm_binary.h"
+#include "probe/probe_backend.h"
+#include "session/vm_binary.h"
 
 namespace rvbpfd {
 namespace {

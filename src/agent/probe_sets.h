@@ -27,10 +27,10 @@
 #include <tuple>
 #include <vector>
 
-#include "agent/probe_backend.h"
 #include "common/error.h"
-#include "record/overhead_budget.h"
-#include "record/vm_binary.h"
+#include "probe/probe_backend.h"
+#include "session/overhead_budget.h"
+#include "session/vm_binary.h"
 #include "target/target.h"
 
 namespace rvbpfd {

@@ -71,7 +71,7 @@
 
 #include "model/attribution.h"
 #include "model/span_tracker.h"
-#include "record/stack_resolver.h"
+#include "session/stack_resolver.h"
 #include "trace/event.h"
 #include "trace/stacks.h"
 

@@ -7,18 +7,18 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "agent/agent_env.h"
 #include "agent/probe_sets.h"
 #include "agent/process_profile.h"
 #include "ops/process_labels.h"
-#include "record/ec_install.h"
+#include "probe/ec_install.h"
+#include "session/ingest.h"
 #include "sink/profile_upload.h"
 #include "target/target.h"
 
@@ -37,8 +37,8 @@ struct WatchedProcess {
   uint64_t attached_ns = 0;  // monotonic
   // A native thread keeps its last th in BPF's current_th after that Ruby thread exited (until it runs another), so
   // a sample can name a dead thread; such samples are dropped (bounded: erased when the pointer is reused).
-  std::unordered_set<uint64_t> exited_th;
-  uint64_t gc_epoch = 0;
+  ExitedThreads exited_threads;
+  GcEpoch gc_epoch;
   uint64_t interval_start_ns = 0;  // monotonic
   uint64_t events = 0;             // scheduler events handled (whole life)
   uint64_t samples = 0;

@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <functional>
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -16,13 +16,8 @@
 #include "common/error.h"
 #include "common/safe_file.h"
 #include "common/text_escape.h"
-#include "ops/agent_config.h"
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
-#include "record/recorder.h"
-#include "record/vm_binary.h"
-#include "sites/sites.h"
-#include "target/target.h"
 #include "export/folded.h"
 #include "export/perfetto.h"
 #include "export/pprof.h"
@@ -30,7 +25,12 @@
 #include "export/speedscope.h"
 #include "model/model.h"
 #include "model/model_summary.h"
+#include "ops/agent_config.h"
+#include "record/recorder.h"
 #include "report/report.h"
+#include "session/vm_binary.h"
+#include "sites/sites.h"
+#include "target/target.h"
 #include "trace/inspect.h"
 #include "trace/reader.h"
 

@@ -318,10 +318,4 @@ Status ExportPprof(const TraceFile& trace, std::ostream& out) {
   return Status::Ok();
 }
 
-Status ExportPprof(const std::string& trace_path, std::ostream& out) {
-  Result<TraceFile> trace = TraceReader::ReadFile(trace_path);
-  if (!trace.ok()) return trace.error();
-  return ExportPprof(*trace, out);
-}
-
 }  // namespace rvbpfd

@@ -79,8 +79,6 @@ StackProfile AggregateStacks(const TraceFile& trace);
 std::string BuildPprofProfile(const TraceFile& trace);
 // Writes the gzipped profile. Fails with kIo when the stream fails, kInternal if zlib fails.
 Status ExportPprof(const TraceFile& trace, std::ostream& out);
-// Reads the trace first; errors are also those of TraceReader::ReadFile.
-Status ExportPprof(const std::string& trace_path, std::ostream& out);
 
 // gzip (RFC 1952) of `data`, best compression, for the export and the fleet agent's profiles. Each thread keeps one
 // deflate state and resets it per call (the same bytes as a fresh one): the agent compresses ~4 profiles per process

@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,26 +22,26 @@
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <unordered_set>
 
 #include "common/target_file.h"
+#include "common/text_escape.h"
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
-#include "common/text_escape.h"
+#include "probe/ec_install.h"
 #include "record/launch.h"
-#include "record/ec_install.h"
-#include "record/overhead_budget.h"
 #include "record/release_reason.h"
-#include "record/stack_resolver.h"
-#include "record/vm_binary.h"
+#include "session/ingest.h"
+#include "session/overhead_budget.h"
+#include "session/reorder.h"
+#include "session/stack_resolver.h"
+#include "session/vm_binary.h"
 #include "sites/sites.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
 #include "target/pid_namespace.h"
 #include "target/target.h"
 #include "trace/event.h"
-#include "trace/reorder.h"
 #include "trace/stacks.h"
 #include "trace/thread_ids.h"
 #include "trace/writer.h"
@@ -257,11 +257,9 @@ Result<int> Record(const RecordOptions& o) {
   // Everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than the
   // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
   uint64_t origin_ns = 0;
-  uint64_t gc_epoch = 0;  // GC_ENTER records seen (and drops): the stack resolver's cache generation
-  // While --max-overhead has the GC sites detached, GCs go unseen: every stack resolved then (samples go on) starts
-  // a new epoch, and so does the resume.
-  bool gc_unseen = false;
-  Reorderer reorder(20'000'000);
+  GcEpoch gc_epoch;  // the stack resolver's cache generation
+  bool gc_unseen = false;  // --max-overhead has the GC sites detached
+  Reorderer<TraceEvent> reorder(20'000'000);
   // --max-overhead's check (set once the main loop's state exists). The ring callbacks call it too: a burst of stack
   // records can hold Poll for ~100 ms while new frames are symbolized, and the target's traps do not wait for it.
   std::function<void()> budget_tick;
@@ -295,8 +293,7 @@ Result<int> Record(const RecordOptions& o) {
     Result<std::unique_ptr<BpfSession>> s =
         BpfSession::Open(so, [&](const rv_record& r) {
           if (budget_tick && ++ring_records % 64 == 0) budget_tick();  // cheap records: look at the clock sometimes
-          // Objects move or die only inside GC: the stack resolver's cache is revalidated after each one.
-          if (r.kind == RV_EV_GC_ENTER) ++gc_epoch;
+          gc_epoch.OnRecord(r.kind);
           reorder.Push(FromRecord(r, origin_ns));
           saw_record(r.kind);
         });
@@ -399,8 +396,7 @@ Result<int> Record(const RecordOptions& o) {
         // The VM's load address is known once the target has mapped it (launch mode: after exec).
         resolver = MakeStackResolver(target.pid, target.open_path, *stack_setup);
       }
-      if (gc_unseen) ++gc_epoch;
-      resolver->set_epoch(gc_epoch);
+      resolver->set_epoch(gc_epoch.ForStack(gc_unseen));
       resolver->Resolve(frames, &frame_infos);
       if (r.flags & RV_REC_IN_GC) {
         frame_infos.insert(frame_infos.begin(), FrameInfo{std::string(kGcFrameLabel), "", 0, FrameKind::kGc});
@@ -415,6 +411,7 @@ Result<int> Record(const RecordOptions& o) {
         e.reason_provenance = Provenance::kDerived;
       }
       reorder.Push(std::move(e));
+      gc_epoch.OnRecord(r.kind);
     });
   }
   // A target in a pid namespace of its own (a container) names threads by that namespace's tids (launch mode: the
@@ -515,18 +512,9 @@ Result<int> Record(const RecordOptions& o) {
 
   // Main loop.
   ThreadIds thread_ids(static_cast<uint32_t>(target.pid));
-  // A native thread keeps its last th in BPF's current_th after that Ruby thread exited (until it runs another), so
-  // a sample can name a dead thread; such samples are dropped rather than reviving its id.
-  std::unordered_set<uint64_t> exited_th;
+  ExitedThreads exited_threads;
   auto KeepEvent = [&](const TraceEvent& e) {
-    if (e.th == 0) return true;
-    if (e.event == EventName::kSample) return exited_th.count(e.th) == 0;
-    if (e.event == EventName::kThreadExited) {
-      exited_th.insert(e.th);
-    } else {
-      exited_th.erase(e.th);
-    }
-    return true;
+    return exited_threads.Keep(e.th, e.event == EventName::kSample, e.event == EventName::kThreadExited);
   };
   std::vector<TraceEvent> ready;
   rv_counters seen{};
@@ -556,15 +544,15 @@ Result<int> Record(const RecordOptions& o) {
   // The daemon's own events are stamped "now"; everything the probes recorded before now must be in the reorder
   // window first, or those records would arrive after a newer timestamp and be written out of order.
   auto drain_ring = [&]() {
-    for (int i = 0; i < 64; ++i) {
+    DrainRing([&] {
       Result<int> n = session->Poll(0);
-      if (!n || *n == 0) break;
-    }
+      return n ? *n : -1;
+    });
   };
   auto check_counters = [&]() {
     rv_counters c = session->ReadCounters();
     if (c.dropped > seen.dropped) {
-      ++gc_epoch;  // a lost record may have been a GC_ENTER: revalidate cached frames
+      gc_epoch.OnLoss();
       drain_ring();
       TraceEvent e;
       e.t_ns = now_t();
@@ -636,7 +624,7 @@ Result<int> Record(const RecordOptions& o) {
           budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
           if (st) {
             gc_unseen = false;
-            ++gc_epoch;  // a GC may have run between the last stack resolved while paused and the reattach
+            gc_epoch.OnGcSitesReattached();
             push_daemon(EventName::kTracingResumed, "budget window over", budget.last_window_pct(), before_t);
           } else if (!reattach_error) {
             reattach_error = st.error();

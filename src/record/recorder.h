@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "record/overhead_budget.h"
+#include "session/overhead_budget.h"
 
 namespace rvbpfd {
 

@@ -74,7 +74,7 @@ struct SiteSet {
   // Whether the analysed file had a .symtab. A stripped copy keeps its build-id, so the cache checks this too: a
   // result computed from the symbols is not reported as found without them, nor the other way round.
   bool analysed_with_symtab = true;
-  // For the check of a live process (record/vm_binary.h CheckLiveLayout): the hook list, and the main
+  // For the check of a live process (session/vm_binary.h CheckLiveLayout): the hook list, and the main
   // thread's route from rb_thread_main's code (0: unknown).
   uint64_t hooks_vaddr = 0;
   uint64_t main_ractor_vaddr = 0;

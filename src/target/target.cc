@@ -7,10 +7,14 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "common/capabilities.h"
+#include "common/target_file.h"
 #include "elf/elf_file.h"
 
 namespace rvbpfd {
@@ -271,5 +275,25 @@ std::optional<std::string> ReadRubyVersion(const ElfFile& vm) {
   if (!sym || sym->shndx == SHN_UNDEF) return std::nullopt;
   return vm.CStringAt(sym->value, kMaxVersionLength);
 }
+
+std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const std::string& proc_root) {
+  struct stat st;
+  if (StatInRoot(path, &st) != 0) return std::nullopt;
+  std::ifstream maps(proc_root + "/" + std::to_string(pid) + "/maps");
+  std::string line;
+  std::optional<uint64_t> lowest;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string range, perms, offset, dev;
+    uint64_t inode = 0;
+    if (!(in >> range >> perms >> offset >> dev >> inode) || inode != st.st_ino) continue;
+    char* end = nullptr;
+    const uint64_t start = std::strtoull(range.c_str(), &end, 16);  // no exception on a malformed line
+    if (end == range.c_str()) continue;
+    if (!lowest || start < *lowest) lowest = start;
+  }
+  return lowest;
+}
+
 
 }  // namespace rvbpfd

@@ -47,6 +47,10 @@ struct MapsEntry {
 // Parses /proc/PID/maps text; malformed lines are skipped. Paths may contain spaces.
 std::vector<MapsEntry> ParseMaps(std::string_view text);
 
+// Lowest start address of the mappings of the file at `path` (matched by inode, so a /proc/PID/root/... host path and
+// the target's own view of the file agree) in <proc_root>/PID/maps; nullopt when it is not mapped (yet).
+std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const std::string& proc_root = "/proc");
+
 struct RubyTarget {
   int pid = 0;
   std::string vm_path;        // path as the target sees it (from maps)

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "agent/agent_env.h"
-#include "agent/probe_backend.h"
 #include "elf/elf_fixtures.h"
-#include "record/vm_binary.h"
+#include "probe/probe_backend.h"
+#include "session/vm_binary.h"
 #include "sink/sink.h"
 
 namespace rvbpfd::agent_testing {

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "agent_fakes.h"
-#include "record/fake_vm_memory.h"
+#include "session/fake_vm_memory.h"
 
 namespace rvbpfd {
 namespace {

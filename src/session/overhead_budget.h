@@ -42,8 +42,8 @@
 // budget.
 //
 // Pure logic with the clock passed in, so it is unit-tested without BPF. Not thread-safe; used by the main loop.
-#ifndef RVBPFD_SRC_RECORD_OVERHEAD_BUDGET_H_
-#define RVBPFD_SRC_RECORD_OVERHEAD_BUDGET_H_
+#ifndef RVBPFD_SRC_SESSION_OVERHEAD_BUDGET_H_
+#define RVBPFD_SRC_SESSION_OVERHEAD_BUDGET_H_
 
 #include <cstdint>
 #include <vector>
@@ -181,4 +181,4 @@ class OverheadBudget {
 
 }  // namespace rvbpfd
 
-#endif  // RVBPFD_SRC_RECORD_OVERHEAD_BUDGET_H_
+#endif  // RVBPFD_SRC_SESSION_OVERHEAD_BUDGET_H_

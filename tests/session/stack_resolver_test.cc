@@ -1,6 +1,6 @@
 // StackResolver's cache: a hit costs no target reads within a GC epoch, a later epoch revalidates against the
 // objects' heads, and an object whose slot was reused is symbolized again (never served the stale name).
-#include "record/stack_resolver.h"
+#include "session/stack_resolver.h"
 
 #include <gtest/gtest.h>
 

@@ -3,8 +3,8 @@
 // (or for a process the fleet agent found at exec) only after the dynamic loader ran, so Poll() is retried until then.
 //
 // Used by the recorder's main loop and the fleet agent; one instance per process. Not thread-safe (the daemon's loop).
-#ifndef RVBPFD_SRC_RECORD_EC_INSTALL_H_
-#define RVBPFD_SRC_RECORD_EC_INSTALL_H_
+#ifndef RVBPFD_SRC_PROBE_EC_INSTALL_H_
+#define RVBPFD_SRC_PROBE_EC_INSTALL_H_
 
 #include <cstdint>
 #include <optional>
@@ -45,4 +45,4 @@ class ProcessEcInstaller {
 
 }  // namespace rvbpfd
 
-#endif  // RVBPFD_SRC_RECORD_EC_INSTALL_H_
+#endif  // RVBPFD_SRC_PROBE_EC_INSTALL_H_

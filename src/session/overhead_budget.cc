@@ -1,4 +1,4 @@
-#include "record/overhead_budget.h"
+#include "session/overhead_budget.h"
 
 #include <algorithm>
 

@@ -1,9 +1,9 @@
-// The memory of a fake CRuby process as CheckLiveLayout reads it (record/vm_binary.h), shared by the layout check's
+// The memory of a fake CRuby process as CheckLiveLayout reads it (session/vm_binary.h), shared by the layout check's
 // and the fleet agent's unit tests: the hook list at bias + kHooks (NULL), ruby_single_main_ractor at
 // bias + kMainRactor pointing at a ractor whose threads.main (+kRactorMainThread) is the main thread, whose nt
 // (+kThNt) has the native tid at +kNtTid.
-#ifndef RVBPFD_TESTS_RECORD_FAKE_VM_MEMORY_H_
-#define RVBPFD_TESTS_RECORD_FAKE_VM_MEMORY_H_
+#ifndef RVBPFD_TESTS_SESSION_FAKE_VM_MEMORY_H_
+#define RVBPFD_TESTS_SESSION_FAKE_VM_MEMORY_H_
 
 #include <cstdint>
 
@@ -33,4 +33,4 @@ inline FakeMemory FakeVmMemory(uint64_t bias, int tid, uint64_t main_thread = Fa
 
 }  // namespace rvbpfd::testing
 
-#endif  // RVBPFD_TESTS_RECORD_FAKE_VM_MEMORY_H_
+#endif  // RVBPFD_TESTS_SESSION_FAKE_VM_MEMORY_H_

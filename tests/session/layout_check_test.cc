@@ -14,11 +14,12 @@
 #include <string>
 
 #include "elf/elf_fixtures.h"
-#include "record/vm_binary.h"
+#include "session/fake_vm_memory.h"
+#include "session/vm_binary.h"
 #include "sites/sites.h"
-#include "record/fake_vm_memory.h"
 #include "stacks/fake_memory.h"
 #include "stacks/ruby_offsets.h"
+#include "target/target.h"
 
 namespace rvbpfd {
 namespace {

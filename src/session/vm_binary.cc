@@ -1,19 +1,16 @@
-#include "record/vm_binary.h"
+#include "session/vm_binary.h"
 
-#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "common/target_file.h"
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "stacks/memory_reader.h"
+#include "target/target.h"
 
 namespace rvbpfd {
 
@@ -98,25 +95,6 @@ rv_walk_config WalkConfigFor(const StackSetup& setup) {
   wc.gvl = setup.offsets.gvl;
   wc.valid = 1;
   return wc;
-}
-
-std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const std::string& proc_root) {
-  struct stat st;
-  if (StatInRoot(path, &st) != 0) return std::nullopt;
-  std::ifstream maps(proc_root + "/" + std::to_string(pid) + "/maps");
-  std::string line;
-  std::optional<uint64_t> lowest;
-  while (std::getline(maps, line)) {
-    std::istringstream in(line);
-    std::string range, perms, offset, dev;
-    uint64_t inode = 0;
-    if (!(in >> range >> perms >> offset >> dev >> inode) || inode != st.st_ino) continue;
-    char* end = nullptr;
-    const uint64_t start = std::strtoull(range.c_str(), &end, 16);  // no exception on a malformed line
-    if (end == range.c_str()) continue;
-    if (!lowest || start < *lowest) lowest = start;
-  }
-  return lowest;
 }
 
 std::unique_ptr<StackResolver> MakeStackResolver(int pid, const std::string& vm_path, const StackSetup& setup,

@@ -1,4 +1,4 @@
-#include "record/stack_resolver.h"
+#include "session/stack_resolver.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,10 +1,12 @@
-#include "trace/reorder.h"
+#include "session/reorder.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <random>
 #include <vector>
+
+#include "trace/event.h"
 
 namespace rvbpfd {
 namespace {
@@ -32,7 +34,7 @@ TEST(Reorderer, ShuffledWithinWindowComesOutSorted) {
   for (size_t i = 1; i < arrivals.size(); ++i) shuffled |= arrivals[i].second.t_ns < arrivals[i - 1].second.t_ns;
   ASSERT_TRUE(shuffled) << "the input must actually be out of order";
 
-  Reorderer reorderer(kWindow);
+  Reorderer<TraceEvent> reorderer(kWindow);
   std::vector<TraceEvent> out;
   size_t released_before_drain = 0;
   for (auto& [arrival, event] : arrivals) {
@@ -53,7 +55,7 @@ TEST(Reorderer, ShuffledWithinWindowComesOutSorted) {
 }
 
 TEST(Reorderer, HoldsEventsInsideTheWindow) {
-  Reorderer reorderer(100);
+  Reorderer<TraceEvent> reorderer(100);
   std::vector<TraceEvent> out;
   reorderer.Push(At(1000, 1));
   reorderer.Push(At(1050, 2));
@@ -67,7 +69,7 @@ TEST(Reorderer, HoldsEventsInsideTheWindow) {
 }
 
 TEST(Reorderer, EqualTimestampsKeepPushOrder) {
-  Reorderer reorderer(10);
+  Reorderer<TraceEvent> reorderer(10);
   for (uint32_t i = 0; i < 100; ++i) reorderer.Push(At(500, i));
   std::vector<TraceEvent> out;
   reorderer.Drain(&out);
@@ -76,7 +78,7 @@ TEST(Reorderer, EqualTimestampsKeepPushOrder) {
 }
 
 TEST(Reorderer, LateEventsAreKeptAndCounted) {
-  Reorderer reorderer(100);
+  Reorderer<TraceEvent> reorderer(100);
   std::vector<TraceEvent> out;
   reorderer.Push(At(1000, 1));
   reorderer.Push(At(2000, 2));
@@ -94,7 +96,7 @@ TEST(Reorderer, LateEventsAreKeptAndCounted) {
 }
 
 TEST(Reorderer, ZeroWindowReleasesEverythingOlderThanNewest) {
-  Reorderer reorderer(0);
+  Reorderer<TraceEvent> reorderer(0);
   std::vector<TraceEvent> out;
   reorderer.Push(At(5, 1));
   reorderer.Push(At(7, 2));
@@ -104,7 +106,7 @@ TEST(Reorderer, ZeroWindowReleasesEverythingOlderThanNewest) {
 }
 
 TEST(Reorderer, MovesOwnedFieldsThrough) {
-  Reorderer reorderer(0);
+  Reorderer<TraceEvent> reorderer(0);
   TraceEvent e = At(1, 1);
   e.event = EventName::kTracingPaused;
   e.reason = std::string(100, 'x');  // beyond small-string storage

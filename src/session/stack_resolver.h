@@ -14,8 +14,8 @@
 // instead of copying its strings, and a frame stays valid for its holders after its cache entry is dropped.
 //
 // Threading: used from the daemon's main loop only.
-#ifndef RVBPFD_SRC_RECORD_STACK_RESOLVER_H_
-#define RVBPFD_SRC_RECORD_STACK_RESOLVER_H_
+#ifndef RVBPFD_SRC_SESSION_STACK_RESOLVER_H_
+#define RVBPFD_SRC_SESSION_STACK_RESOLVER_H_
 
 #include <linux/types.h>
 
@@ -152,4 +152,4 @@ FrameInfo ToFrameInfo(const rv_ruby_frame& frame, const SymbolizedFrame& symboli
 
 }  // namespace rvbpfd
 
-#endif  // RVBPFD_SRC_RECORD_STACK_RESOLVER_H_
+#endif  // RVBPFD_SRC_SESSION_STACK_RESOLVER_H_

@@ -1,9 +1,9 @@
-#include "record/ec_install.h"
+#include "probe/ec_install.h"
 
 #include <utility>
 
-#include "record/vm_binary.h"
 #include "stacks/memory_reader.h"
+#include "target/target.h"
 
 namespace rvbpfd {
 

@@ -5,8 +5,8 @@
 // whose last process exited and that comes back later is reattached without consuming new site slots.
 //
 // Threading: used from the agent's main loop only; the handlers run on that thread inside Poll().
-#ifndef RVBPFD_SRC_AGENT_PROBE_BACKEND_H_
-#define RVBPFD_SRC_AGENT_PROBE_BACKEND_H_
+#ifndef RVBPFD_SRC_PROBE_PROBE_BACKEND_H_
+#define RVBPFD_SRC_PROBE_PROBE_BACKEND_H_
 
 #include <cstdint>
 #include <functional>
@@ -18,7 +18,7 @@
 
 #include "common/error.h"
 #include "probe/bpf_session.h"
-#include "record/ec_install.h"
+#include "probe/ec_install.h"
 #include "rvbpfd/abi.h"
 
 namespace rvbpfd {
@@ -95,4 +95,4 @@ class BpfProbeBackend : public ProbeBackend {
 
 }  // namespace rvbpfd
 
-#endif  // RVBPFD_SRC_AGENT_PROBE_BACKEND_H_
+#endif  // RVBPFD_SRC_PROBE_PROBE_BACKEND_H_

@@ -1,4 +1,4 @@
-#include "agent/probe_backend.h"
+#include "probe/probe_backend.h"
 
 namespace rvbpfd {
 

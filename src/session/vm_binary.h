@@ -3,8 +3,8 @@
 // high-rate GVL events), and the per-process pieces a stack needs (the VM's load address, the resolver).
 //
 // Pure functions over files; no BPF. Threading: callable from any thread (no shared state).
-#ifndef RVBPFD_SRC_RECORD_VM_BINARY_H_
-#define RVBPFD_SRC_RECORD_VM_BINARY_H_
+#ifndef RVBPFD_SRC_SESSION_VM_BINARY_H_
+#define RVBPFD_SRC_SESSION_VM_BINARY_H_
 
 #include <cstdint>
 #include <functional>
@@ -17,8 +17,8 @@
 #include "common/error.h"
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
-#include "record/stack_resolver.h"
 #include "rvbpfd/abi.h"
+#include "session/stack_resolver.h"
 #include "sites/sites.h"
 #include "stacks/ec_route.h"
 #include "stacks/memory_reader.h"
@@ -89,10 +89,6 @@ SplitSiteSpecs SplitSites(const SiteSet& sites, uint8_t binary);
 
 // The BPF walker layout of a prepared binary (valid = 1).
 rv_walk_config WalkConfigFor(const StackSetup& setup);
-
-// Lowest start address of the mappings of the file at `path` (matched by inode, so a /proc/PID/root/... host path and
-// the target's own view of the file agree) in <proc_root>/PID/maps; nullopt when it is not mapped (yet).
-std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const std::string& proc_root = "/proc");
 
 // A stack resolver for one process of a prepared binary: reads the process's memory, names C functions through
 // ruby_global_symbols once the VM is mapped (0 otherwise).
@@ -173,4 +169,4 @@ void AppendStackEndMarker(const rv_stack_header& header, std::vector<FrameInfo>*
 
 }  // namespace rvbpfd
 
-#endif  // RVBPFD_SRC_RECORD_VM_BINARY_H_
+#endif  // RVBPFD_SRC_SESSION_VM_BINARY_H_
