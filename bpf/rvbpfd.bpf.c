@@ -278,32 +278,36 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   /* The event's time: the hit's, so neither the checks below nor a full ring skew it; read again at GC_EXIT, after
    * the GC flag is cleared (above). */
   __u64 ts = site->event == RV_EV_GC_EXIT ? bpf_ktime_get_ns() : now;
-  struct pt_regs regs;
-  if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) != 0) return rv_discard(c);
-  if (site->exclude_caller_end != 0) {
-    __u64 ret = 0;
-    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)regs.sp) != 0) return rv_discard(c);
-    __u64 caller = ret - (regs.ip - site->vaddr); /* runtime address -> ELF vaddr */
-    if (caller >= site->exclude_caller_start && caller < site->exclude_caller_end) return rv_discard(c);
-  }
   __u64 th = 0;
   __u32 flags = 0;
-  switch (site->loc_kind) {
-    case RV_LOC_REG:
-      th = rv_reg_value(&regs, site->loc_reg) + (__s64)site->loc_offset;
-      break;
-    case RV_LOC_MEM: {
-      __u64 addr = rv_reg_value(&regs, site->loc_reg) + (__s64)site->loc_offset;
-      if (bpf_probe_read_user(&th, sizeof(th), (void *)addr) != 0) th = 0;
-      break;
+  {
+    /* The registers at the hit, in a block of their own: their 168 bytes of BPF stack are reused by the stack walk
+     * below, whose bpf_loop callback adds its own frame (kernels count both against the 512-byte limit). */
+    struct pt_regs regs;
+    if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) != 0) return rv_discard(c);
+    if (site->exclude_caller_end != 0) {
+      __u64 ret = 0;
+      if (bpf_probe_read_user(&ret, sizeof(ret), (void *)regs.sp) != 0) return rv_discard(c);
+      __u64 caller = ret - (regs.ip - site->vaddr); /* runtime address -> ELF vaddr */
+      if (caller >= site->exclude_caller_start && caller < site->exclude_caller_end) return rv_discard(c);
     }
-    case RV_LOC_CURRENT: {
-      __u64 *cur = bpf_map_lookup_elem(&current_th, &tid);
-      if (cur) th = *cur;
-      break;
+    switch (site->loc_kind) {
+      case RV_LOC_REG:
+        th = rv_reg_value(&regs, site->loc_reg) + (__s64)site->loc_offset;
+        break;
+      case RV_LOC_MEM: {
+        __u64 addr = rv_reg_value(&regs, site->loc_reg) + (__s64)site->loc_offset;
+        if (bpf_probe_read_user(&th, sizeof(th), (void *)addr) != 0) th = 0;
+        break;
+      }
+      case RV_LOC_CURRENT: {
+        __u64 *cur = bpf_map_lookup_elem(&current_th, &tid);
+        if (cur) th = *cur;
+        break;
+      }
+      default:
+        break;
     }
-    default:
-      break;
   }
 
   /* A target in its own pid namespace: the tids in its memory are that namespace's (rv_ns_tid). Host targets skip

@@ -444,6 +444,9 @@ TEST(BpfSessionPidNamespaceTest, NamespaceTidsBecomeHostTidsOrUnknownNeverNamesp
   pid_t mid = fork();
   ASSERT_GE(mid, 0);
   if (mid == 0) {
+    // Only the test holds the write end of to_target: if it fails before sending "g", closing it ends the target.
+    close(to_target[1]);
+    close(to_test[0]);
     if (unshare(CLONE_NEWPID) != 0) _exit(2);
     pid_t target = fork();
     if (target == 0) {
@@ -476,7 +479,22 @@ TEST(BpfSessionPidNamespaceTest, NamespaceTidsBecomeHostTidsOrUnknownNeverNamesp
     waitpid(target, &status, 0);
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 6);
   }
+  close(to_target[0]);
+  close(to_test[1]);
   int32_t target = 0;
+  // A failed assertion below returns early: the children must not outlive the test (they would hold its output open
+  // and keep a runner waiting on it). EOF on to_target ends the target, and with it the middle child.
+  struct Children {
+    int go_fd;    // to_target's write end
+    int from_fd;  // to_test's read end
+    pid_t mid;
+    bool reaped = false;
+    ~Children() {
+      close(go_fd);
+      if (!reaped) waitpid(mid, nullptr, 0);
+      close(from_fd);
+    }
+  } children{to_target[1], to_test[0], mid};
   ASSERT_EQ(read(to_test[0], &target, sizeof(target)), static_cast<ssize_t>(sizeof(target)));
   ASSERT_GT(target, 0);
 
@@ -499,6 +517,7 @@ TEST(BpfSessionPidNamespaceTest, NamespaceTidsBecomeHostTidsOrUnknownNeverNamesp
   ASSERT_EQ(read(to_test[0], &other_ns_tid, sizeof(other_ns_tid)), static_cast<ssize_t>(sizeof(other_ns_tid)));
   int status = 0;
   ASSERT_EQ(waitpid(mid, &status, 0), mid);
+  children.reaped = true;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   for (int i = 0; i < 10 && got.size() < 4; ++i) ASSERT_TRUE((*session)->Poll(100).ok());
   ASSERT_EQ(got.size(), 4u);
