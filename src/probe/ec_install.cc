@@ -16,8 +16,12 @@ ProcessEcInstaller::State ProcessEcInstaller::Poll(BpfSession& session) {
   if (state_ != State::kPending) return state_;
   std::optional<uint64_t> lowest = LowestMappingOf(pid_, vm_path_, proc_root_);
   if (!lowest) return state_;  // not mapped yet (launch mode before exec, or ld.so still loading)
+  const uint64_t bias = EcRouteLoadBias(route_, *lowest);
+  if (!EcRouteSlotInPlace(route_, MappedFileOffset(pid_, vm_path_, bias + route_.got_vaddr, proc_root_))) {
+    return state_;  // ld.so has not mapped the data segment yet: the slot's address shows other bytes of the file
+  }
   ProcessMemoryReader mem(pid_);
-  Result<std::optional<rv_proc_ec>> pe = ResolveProcessEc(route_, binary_, EcRouteLoadBias(route_, *lowest), mem);
+  Result<std::optional<rv_proc_ec>> pe = ResolveProcessEc(route_, binary_, bias, mem);
   if (!pe) {
     state_ = State::kFailed;
     error_ = pe.error().message();

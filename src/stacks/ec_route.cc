@@ -165,7 +165,10 @@ const char* EcTlsKindName(EcTlsKind kind) {
   return "none";
 }
 
-EcRoute ComputeEcRoute(const ElfFile& elf, const RubyOffsets& offsets) {
+namespace {
+
+// Everything ComputeEcRoute decides except got_file_offset.
+EcRoute ComputeEcRouteInBinary(const ElfFile& elf, const RubyOffsets& offsets) {
   EcRoute r;
   r.ec_thread_ptr = offsets.ec_thread_ptr;
   r.vm_main_ractor = offsets.vm_main_ractor;
@@ -249,6 +252,24 @@ EcRoute ComputeEcRoute(const ElfFile& elf, const RubyOffsets& offsets) {
   return r;
 }
 
+}  // namespace
+
+EcRoute ComputeEcRoute(const ElfFile& elf, const RubyOffsets& offsets) {
+  EcRoute r = ComputeEcRouteInBinary(elf, offsets);
+  if (r.kind != EcTlsKind::kTlsDesc && r.kind != EcTlsKind::kDtv) return r;
+  for (const ElfSegment& seg : elf.load_segments()) {
+    if (r.got_vaddr >= seg.vaddr && r.got_vaddr - seg.vaddr < seg.filesz) {
+      r.got_file_offset = seg.offset + (r.got_vaddr - seg.vaddr);
+      return r;
+    }
+  }
+  // A relocated slot lies in the file's part of a segment; one that does not is a binary this reading cannot trust.
+  r.why_none = elf.path() + ": ruby_current_ec's GOT slot " + Hex(r.got_vaddr) + " lies in no loadable segment";
+  r.kind = EcTlsKind::kNone;
+  r.got_vaddr = 0;
+  return r;
+}
+
 std::string DescribeEcRoute(const EcRoute& route) {
   switch (route.kind) {
     case EcTlsKind::kNone:
@@ -275,6 +296,11 @@ void ApplyEcRoute(const EcRoute& route, rv_walk_config* config) {
 
 uint64_t EcRouteLoadBias(const EcRoute& route, uint64_t lowest_mapping_start) {
   return lowest_mapping_start - route.lowest_load_vaddr;
+}
+
+bool EcRouteSlotInPlace(const EcRoute& route, std::optional<uint64_t> mapped_file_offset) {
+  if (route.kind != EcTlsKind::kTlsDesc && route.kind != EcTlsKind::kDtv) return true;
+  return mapped_file_offset && *mapped_file_offset == route.got_file_offset;
 }
 
 Result<std::optional<rv_proc_ec>> ResolveProcessEc(const EcRoute& route, uint8_t binary, uint64_t load_bias,

@@ -55,6 +55,7 @@ struct EcRoute {
   std::optional<int64_t> tp_offset_from_code;     // kLocalExec: from rb_current_ec_noinline, when it has the form
   std::optional<int64_t> tp_offset_from_layout;   // kLocalExec: from PT_TLS and glibc's static TLS layout
   uint64_t got_vaddr = 0;             // kTlsDesc: the 16-byte descriptor; kDtv: the tls_index {module, offset} slot
+  uint64_t got_file_offset = 0;       // kTlsDesc / kDtv: the file offset of got_vaddr (its PT_LOAD's mapping)
   uint64_t tlsdesc_extra = 0;         // kTlsDesc: ruby_current_ec minus what the descriptor resolves to (0, or
                                       // st_value for a local-dynamic descriptor of the module's block start)
   bool from_exported_code = false;    // no ruby_current_ec symbol: its TLS offset came from rb_errinfo's code
@@ -78,6 +79,12 @@ void ApplyEcRoute(const EcRoute& route, rv_walk_config* config);
 
 // Load bias of the VM in a process whose lowest mapping of it starts at lowest_mapping_start.
 uint64_t EcRouteLoadBias(const EcRoute& route, uint64_t lowest_mapping_start);
+
+// Whether the route's GOT slot (kTlsDesc, kDtv) is mapped where its segment belongs: mapped_file_offset is the file
+// offset the process maps at load_bias + got_vaddr (MappedFileOffset). Until ld.so has mapped the data segment over
+// its first reservation, that address shows other bytes of the file, which ResolveProcessEc would take for a module
+// id or a descriptor. Always true for routes without a GOT slot.
+bool EcRouteSlotInPlace(const EcRoute& route, std::optional<uint64_t> mapped_file_offset);
 
 // Per process: the rv_proc_ec for BPF's proc_ec map, reading what ld.so wrote (TLSDESC descriptor, DTPMOD64 slot)
 // through `mem`. nullopt while the VM is mapped but ld.so has not relocated it yet (launch mode, right after exec):

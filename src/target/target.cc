@@ -295,5 +295,20 @@ std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const 
   return lowest;
 }
 
+std::optional<uint64_t> MappedFileOffset(int pid, const std::string& path, uint64_t addr,
+                                         const std::string& proc_root) {
+  struct stat st;
+  if (StatInRoot(path, &st) != 0) return std::nullopt;
+  std::ifstream maps(proc_root + "/" + std::to_string(pid) + "/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    for (const MapsEntry& m : ParseMaps(line)) {
+      if (m.inode != st.st_ino || addr < m.start || addr >= m.end) continue;
+      return m.offset + (addr - m.start);
+    }
+  }
+  return std::nullopt;
+}
+
 
 }  // namespace rvbpfd

@@ -50,6 +50,12 @@ std::vector<MapsEntry> ParseMaps(std::string_view text);
 // Lowest start address of the mappings of the file at `path` (matched by inode, so a /proc/PID/root/... host path and
 // the target's own view of the file agree) in <proc_root>/PID/maps; nullopt when it is not mapped (yet).
 std::optional<uint64_t> LowestMappingOf(int pid, const std::string& path, const std::string& proc_root = "/proc");
+// The file offset that address `addr` maps of the file at `path` (matched by inode, as LowestMappingOf) in
+// <proc_root>/PID/maps; nullopt when no mapping of that file holds it. While ld.so loads a library it first reserves
+// the whole span with one mapping of the file from offset 0 and then maps each segment over it at its own offset: a
+// data address reads the wrong bytes of the file until then, which this tells apart.
+std::optional<uint64_t> MappedFileOffset(int pid, const std::string& path, uint64_t addr,
+                                         const std::string& proc_root = "/proc");
 
 struct RubyTarget {
   int pid = 0;

@@ -110,6 +110,18 @@ TEST(EcRouteRubyTest, SharedLibruby338IsGeneralDynamicThroughTheCodesOwnGotSlot)
   std::optional<uint64_t> used = TlsIndexUsedByCode(*elf);
   ASSERT_TRUE(used.has_value()) << "rb_current_ec_noinline has no lea of a tls_index";
   EXPECT_EQ(r.got_vaddr, *used);
+  // Its file offset: the data segment is mapped 0x1000 below its vaddr in the file.
+  std::optional<uint64_t> expected_offset;
+  for (const ElfSegment& seg : elf->load_segments()) {
+    if (r.got_vaddr >= seg.vaddr && r.got_vaddr < seg.vaddr + seg.filesz) {
+      expected_offset = seg.offset + (r.got_vaddr - seg.vaddr);
+    }
+  }
+  ASSERT_TRUE(expected_offset.has_value());
+  EXPECT_EQ(r.got_file_offset, *expected_offset);
+  EXPECT_NE(r.got_file_offset, r.got_vaddr) << "the reservation view would read other bytes: the check matters";
+  EXPECT_TRUE(EcRouteSlotInPlace(r, r.got_file_offset));
+  EXPECT_FALSE(EcRouteSlotInPlace(r, r.got_vaddr)) << "ld.so's first reservation maps the file from offset 0";
   EXPECT_EQ(r.ec_thread_ptr, 48u);
   EXPECT_EQ(r.vm_main_ractor, 32u);
   EXPECT_EQ(r.ractor_running_ec, 384u);
@@ -181,6 +193,19 @@ TEST(EcRouteResolveTest, DynamicTlsDescriptorFollowsItsTlsIndexThroughTheDtv) {
   EXPECT_EQ((*pe)->mode, uint32_t{RV_EC_TLS_DTV});
   EXPECT_EQ((*pe)->dtv_module, 4u);
   EXPECT_EQ((*pe)->tls_offset, 0x30u);
+}
+
+TEST(EcRouteResolveTest, AGotSlotCountsOnlyOnceItsSegmentIsMappedInPlace) {
+  for (EcTlsKind kind : {EcTlsKind::kDtv, EcTlsKind::kTlsDesc}) {
+    EcRoute r = FakeRoute(kind);
+    r.got_file_offset = 0x800;
+    EXPECT_FALSE(EcRouteSlotInPlace(r, std::nullopt)) << "not mapped";
+    EXPECT_FALSE(EcRouteSlotInPlace(r, 0x1000)) << "the reservation's view of another part of the file";
+    EXPECT_TRUE(EcRouteSlotInPlace(r, 0x800));
+  }
+  // Routes without a slot do not wait for one.
+  EXPECT_TRUE(EcRouteSlotInPlace(FakeRoute(EcTlsKind::kLocalExec), std::nullopt));
+  EXPECT_TRUE(EcRouteSlotInPlace(FakeRoute(EcTlsKind::kNone), std::nullopt));
 }
 
 TEST(EcRouteResolveTest, UnreadableOrImplausibleValuesAreErrorsNotGuesses) {

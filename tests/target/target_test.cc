@@ -91,6 +91,33 @@ TEST(ParseMapsTest, ParsesPathsWithSpacesDeletedMarkersAndAnonymousMappings) {
   EXPECT_EQ(maps[3].path, "");
 }
 
+TEST(MappedFileOffsetTest, TellsLdSosFirstReservationFromTheSegmentMappedOverIt) {
+  TempDir dir;
+  const std::string lib = dir.Join("libruby.so");
+  WriteFile(lib, "x");
+  struct stat st{};
+  ASSERT_EQ(stat(lib.c_str(), &st), 0);
+  const std::string pid_dir = dir.Join(std::to_string(kPid));
+  std::filesystem::create_directories(pid_dir);
+  auto set_maps = [&](const std::string& lines) { WriteFile(pid_dir + "/maps", lines); };
+  char line[512];
+  // ld.so's first mmap: the whole span from file offset 0 (the data segment's addresses show other bytes).
+  std::snprintf(line, sizeof(line), "7f0000000000-7f00005f4000 r--p 00000000 08:01 %llu %s\n",
+                static_cast<unsigned long long>(st.st_ino), lib.c_str());
+  const std::string reservation = line;
+  set_maps(reservation);
+  EXPECT_EQ(MappedFileOffset(kPid, lib, 0x7f00005da788, dir.path()), 0x5da788u);
+  // The data segment (vaddr 0x5c59e8, file offset 0x5c49e8) mapped over it at its own offset.
+  std::snprintf(line, sizeof(line), "7f00005c5000-7f00005f4000 rw-p 005c4000 08:01 %llu %s\n",
+                static_cast<unsigned long long>(st.st_ino), lib.c_str());
+  set_maps("7f0000000000-7f00005c5000 r--p 00000000 08:01 " + std::to_string(st.st_ino) + " " + lib + "\n" + line);
+  EXPECT_EQ(MappedFileOffset(kPid, lib, 0x7f00005da788, dir.path()), 0x5d9788u);
+  // Another file's mapping, or none, holds no offset of this one.
+  set_maps("7f0000000000-7f00005f4000 r--p 00000000 08:01 " + std::to_string(st.st_ino + 1) + " /other\n");
+  EXPECT_EQ(MappedFileOffset(kPid, lib, 0x7f00005da788, dir.path()), std::nullopt);
+  EXPECT_EQ(MappedFileOffset(kPid + 1, lib, 0x7f00005da788, dir.path()), std::nullopt);
+}
+
 TEST(DiscoverTargetTest, MissingPidIsNoSuchProcess) {
   FakeProc proc;
   Result<RubyTarget> t = DiscoverTarget(kPid, proc.procfs());
