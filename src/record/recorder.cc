@@ -157,6 +157,745 @@ std::string StacksModeName(const std::string& option) {
   return "release";
 }
 
+// One recording, its phases in the order Record runs them:
+//   Prepare  the target found (launched command planned, or attached process discovered), its VM binary analysed
+//            once, and in attach mode the live process checked against that analysis before any probe goes in;
+//   Open     the BPF session, the launched command spawned (held before exec), the trace file created;
+//   Attach   the probes live, samples started, the command released;
+//   Run      the main loop, until the target exits, a signal, --duration or an error;
+//   Finish   the last records, the trace's summary, the counters on stderr, the links released.
+// A phase that fails returns its error and the recording ends there; from Attach on, the (header-only) trace file is
+// abandoned so nothing partial is left behind. The BPF callbacks point at this object: it never moves.
+class Recording {
+ public:
+  explicit Recording(const RecordOptions& o)
+      : o_(o),
+        launch_(!o.command.empty()),
+        stacks_on_(o.stacks != "off"),
+        sampling_(o.hz > 0),
+        // With a budget, short windows bound what a short run can overspend; estimating only, 1 s windows keep the
+        // warning from firing on a brief burst.
+        budget_(o.max_overhead_pct,
+                TrapCosts(o.probe_cost_us, o.stepped_probe_cost_us, o.cold_probe_extra_us, o.cycle_cost_us),
+                o.max_overhead_pct > 0 ? OverheadBudget::kDefaultWindowNs : 1'000'000'000) {}
+  Recording(const Recording&) = delete;
+  Recording& operator=(const Recording&) = delete;
+
+  Status Prepare();
+  Status Open();
+  Status Attach();
+  Status Run();
+  Result<int> Finish();
+
+  // Removes the trace file (a failure from Attach on).
+  Error Abandon(Error e) {
+    if (writer_) writer_->Abandon();
+    return e;
+  }
+
+ private:
+  Status FindLaunchTarget();
+  Status FindAttachTarget();
+  Status CheckAttachedLayout();
+  // BPF ring callbacks.
+  void OnRecord(const rv_record& r);
+  void OnStackRecord(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
+                     const rv_gvl_reading* gvl);
+  // Called with every record: launch mode's VM runs once its first scheduler event arrives.
+  void SawRecord(uint16_t kind);
+  void PollEcRoute();
+  void PollLaunchGate();
+  bool LayoutChecked() const;
+  Error LaunchGateError(const char* why_unchecked) const;
+  // The daemon's own events are stamped "now"; everything the probes recorded before now must be in the reorder
+  // window first, or those records would arrive after a newer timestamp and be written out of order.
+  void DrainRing();
+  void CheckCounters();
+  void PushDaemon(EventName name, const char* reason, double pct, uint64_t t_ns);
+  void CheckBudget();
+  // Writes what the reorder window let out (ready_), keeping only events of live threads.
+  Status WriteReady();
+  uint64_t NowT() const { return MonotonicNs() - origin_ns_; }
+  // A failure while the attached process may have died: that is the error to report.
+  Error ExitedOr(Error e) const {
+    if (!launch_ && ProcessGone(target_.pid)) return TargetExitedError(target_.pid);
+    return e;
+  }
+
+  const RecordOptions& o_;
+  const bool launch_;
+  const bool stacks_on_;
+  const bool sampling_;
+
+  // Prepare.
+  Target target_;
+  std::optional<LaunchIdentity> launch_identity_;
+  std::optional<PreparedBinary> prepared_;
+
+  // Open.
+  std::unique_ptr<BpfSession> session_;
+  std::optional<HeldChild> child_;
+  std::optional<StackSetup> stack_setup_;
+  uint64_t origin_ns_ = 0;  // monotonic ns of the trace's t = 0
+  std::string output_;
+  std::optional<TraceWriter> writer_;
+
+  // Ingest: everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than
+  // the skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
+  Reorderer<TraceEvent> reorder_{20'000'000};
+  GcEpoch gc_epoch_;  // the stack resolver's cache generation
+  ExitedThreads exited_threads_;
+  std::optional<ThreadIds> thread_ids_;
+  std::vector<TraceEvent> ready_;
+  rv_counters seen_{};  // the BPF counters at the last check
+  uint64_t ring_records_ = 0;
+
+  // Stacks: symbolized as they come out of the ring (the objects they point to are as fresh as they will ever be),
+  // interned into the writer's dictionaries, and pushed through the reorder window like any event.
+  uint8_t bin_ = 0;  // BpfSession::AddBinary's index of the VM binary
+  std::vector<std::string> site_functions_;  // cookie -> enclosing function (for the release-reason rule)
+  std::unique_ptr<StackResolver> resolver_;
+  std::vector<FrameInfo> frame_infos_;
+  std::vector<uint32_t> frame_ids_;
+  // How samples find their EC (src/stacks/ec_route.h): installed as soon as the VM is mapped and relocated (at once
+  // when attaching; after exec in launch mode, retried from the main loop and, while pending, on every stack record,
+  // since symbolizing the first stacks can hold the loop for ~100 ms). Until then samples use current_th.
+  std::optional<ProcessEcInstaller> ec_installer_;
+  uint64_t ec_last_poll_ns_ = 0;
+
+  // Launch mode: the command's VM runs once the first scheduler event arrives (a scheduler event needs the VM's
+  // thread structures); only then can its memory be checked against the analysis (LiveLayoutGate), and its events
+  // stay in the reorder window until that check has passed.
+  bool vm_running_ = false;
+  std::optional<LiveLayoutGate> launch_gate_;
+  std::optional<ProcessMemoryReader> gate_mem_;
+
+  // Attach.
+  std::optional<TargetWatch> watch_;
+  std::unique_ptr<SiteGroup> low_group_, high_group_;
+  uint64_t attached_ns_ = 0;  // monotonic ns when the probes went live
+
+  // --max-overhead. The ring callbacks check the budget too once Run started (budget_active_): a burst of stack
+  // records can hold Poll for ~100 ms while new frames are symbolized, and the target's traps do not wait for it.
+  OverheadBudget budget_;
+  bool budget_active_ = false;
+  bool gc_unseen_ = false;  // the GC sites are detached
+  std::optional<Error> reattach_error_;
+  bool slow_detach_warned_ = false;
+  uint64_t next_check_ns_ = 0;
+  bool in_check_ = false;
+
+  // Run.
+  int child_status_ = 0;
+  bool target_exited_ = false;
+  std::string stop_reason_ = "target_exited";
+};
+
+Status Recording::FindLaunchTarget() {
+  Result<std::optional<LaunchIdentity>> identity = DecideLaunchIdentity(
+      o_.user, [](const char* name) { return static_cast<const char*>(getenv(name)); }, geteuid(),
+      SystemUserDatabase());
+  if (!identity) return identity.error();
+  launch_identity_ = std::move(identity).value();
+  const char* path_env = getenv("PATH");
+  const char* ld_path = getenv("LD_LIBRARY_PATH");
+  Result<LaunchPlan> plan = PlanLaunch(o_.command, path_env ? path_env : "/usr/bin:/bin", ld_path ? ld_path : "");
+  if (!plan) return plan.error();
+  target_.vm_elf = plan->vm_elf;  // a static ruby: planning parsed it already
+  if (!target_.vm_elf) {
+    Result<ElfFile> vm = ElfFile::Open(plan->vm_path);
+    if (!vm) return Error(ErrorCode::kNotRuby, vm.error().message());
+    target_.vm_elf = std::make_shared<ElfFile>(std::move(vm.value()));
+  }
+  std::optional<std::string> version = ReadRubyVersion(*target_.vm_elf);
+  if (!version) {
+    return Error(ErrorCode::kNotRuby, plan->vm_path + " has no readable ruby_version string: not a CRuby VM");
+  }
+  target_.vm_path = plan->vm_path;
+  target_.open_path = plan->vm_path;
+  target_.ruby_version = *version;
+  target_.build_id = target_.vm_elf->build_id();
+  return Status::Ok();
+}
+
+Status Recording::FindAttachTarget() {
+  Result<RubyTarget> t = DiscoverTarget(o_.pid, ProcFs());
+  if (!t) {
+    // A target that dies while we read its maps or ELF shows up as a vanished file: say what happened.
+    if (t.error().code() != ErrorCode::kNoSuchProcess && ProcessGone(o_.pid)) return TargetExitedError(o_.pid);
+    return t.error();
+  }
+  target_.pid = o_.pid;
+  target_.ns_pid = t->ns_pid;
+  target_.vm_path = t->vm_host_path;
+  // Discovery parsed the VM through an O_PATH descriptor opened inside the target's root: that one file is analysed,
+  // read and probed for the whole run.
+  target_.vm_file = t->vm_fd;
+  target_.open_path = t->vm_fd_path();
+  target_.ruby_version = t->ruby_version;
+  target_.build_id = t->build_id;
+  target_.vm_elf = t->vm_elf;
+  return Status::Ok();
+}
+
+// The live process must match what the analysis assumed (version, hook list, thread layout) before a probe goes
+// in. A process caught while its VM is still starting is checked again every ms (LiveLayoutGate).
+Status Recording::CheckAttachedLayout() {
+  if (!LowestMappingOf(target_.pid, target_.vm_path)) {
+    return ExitedOr(
+        Error(ErrorCode::kNotRuby, target_.vm_path + " is not mapped in process " + std::to_string(target_.pid)));
+  }
+  LiveLayoutGate gate(target_.pid, target_.ns_pid, prepared_->live_layout);
+  ProcessMemoryReader mem(target_.pid);
+  auto lowest = [&] { return LowestMappingOf(target_.pid, target_.vm_path); };
+  while (gate.Poll(MonotonicNs(), lowest, mem) == LiveLayoutGate::State::kPending) {
+    if (ProcessGone(target_.pid)) return TargetExitedError(target_.pid);
+    usleep(static_cast<useconds_t>(LiveLayoutGate::kRetryNs / 1000));
+  }
+  if (gate.state() == LiveLayoutGate::State::kFailed) return ExitedOr(gate.error());
+  return Status::Ok();
+}
+
+Status Recording::Prepare() {
+  if (Status st = launch_ ? FindLaunchTarget() : FindAttachTarget(); !st) return st;
+  // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
+  Result<PreparedBinary> prepared =
+      PrepareVmBinary(*target_.vm_elf, target_.ruby_version, o_.cache_dir, stacks_on_ || sampling_);
+  if (!prepared) return ExitedOr(prepared.error());
+  prepared_ = std::move(prepared.value());
+  if (o_.gc_probes == "fallback") {
+    // Diagnostic: the function-level GC probes even where the binary has GC hook-check sites (src/sites).
+    AttachDebugInfo(target_.vm_elf.get());  // the function-level sites need .symtab: by build-id when stripped
+    if (Status st = UseGcFunctionProbes(*target_.vm_elf, &prepared_->sites); !st) return st;
+  }
+  if (!launch_) {
+    if (Status st = CheckAttachedLayout(); !st) return st;
+  }
+  target_.vm_elf.reset();  // everything the run needs from the file is in prepared_ now: its copy is freed
+  return Status::Ok();
+}
+
+void Recording::SawRecord(uint16_t kind) {
+  if (kind >= RV_EV_THREAD_STARTED && kind <= RV_EV_THREAD_EXITED) vm_running_ = true;
+  if (launch_gate_) PollLaunchGate();
+}
+
+void Recording::OnRecord(const rv_record& r) {
+  if (budget_active_ && ++ring_records_ % 64 == 0) CheckBudget();  // cheap records: look at the clock sometimes
+  gc_epoch_.OnRecord(r.kind);
+  reorder_.Push(FromRecord(r, origin_ns_));
+  SawRecord(r.kind);
+}
+
+void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
+                              const rv_gvl_reading* gvl) {
+  if (budget_active_) CheckBudget();
+  PollEcRoute();
+  SawRecord(r.kind);
+  TraceEvent e;
+  if (r.kind == RV_EV_SAMPLE) {
+    e.t_ns = r.ts_ns > origin_ns_ ? r.ts_ns - origin_ns_ : 0;
+    e.event = EventName::kSample;
+    e.source = kSourcePerfEvent;
+    e.provenance = Provenance::kObserved;
+    e.th = r.th;
+    e.native_tid = r.tid;
+    e.probe_tid = r.probe_tid;
+    if (gvl != nullptr) e.gvl = GvlReadingFromRecord(*gvl);
+  } else {
+    e = FromRecord(r, origin_ns_);
+  }
+  if (!resolver_) {
+    // The VM's load address is known once the target has mapped it (launch mode: after exec).
+    resolver_ = MakeStackResolver(target_.pid, target_.open_path, *stack_setup_);
+  }
+  resolver_->set_epoch(gc_epoch_.ForStack(gc_unseen_));
+  resolver_->Resolve(frames, &frame_infos_);
+  if (r.flags & RV_REC_IN_GC) {
+    frame_infos_.insert(frame_infos_.begin(), FrameInfo{std::string(kGcFrameLabel), "", 0, FrameKind::kGc});
+  }
+  AppendStackEndMarker(h, &frame_infos_);
+  frame_ids_.clear();
+  for (const FrameInfo& f : frame_infos_) frame_ids_.push_back(writer_->InternFrame(f));
+  e.stack = writer_->InternStack(frame_ids_);
+  if (e.event == EventName::kGvlReleased) {
+    const std::string& fn = r.site < site_functions_.size() ? site_functions_[r.site] : std::string();
+    e.reason = std::string(ReleaseReasonTraceName(DeriveReleaseReason(frame_infos_, ClassifyReleaseSite(fn))));
+    e.reason_provenance = Provenance::kDerived;
+  }
+  reorder_.Push(std::move(e));
+  gc_epoch_.OnRecord(r.kind);
+}
+
+Status Recording::Open() {
+  SessionOptions so;
+  so.ring_buffer_bytes = o_.ring_buffer_kb * 1024u;
+  so.force_single_links = o_.force_single_links;
+  so.config.cold_gap_ns = OverheadBudget::kColdGapNs;
+  if (prepared_->stacks) {
+    if (stacks_on_) {
+      so.config.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
+      if (o_.stacks.find("ready") != std::string::npos) so.config.stack_events |= 1u << RV_EV_THREAD_READY;
+    }
+    so.config.sampling = sampling_ ? 1 : 0;
+    // Samples read the GVL's holder and queue where the binary's layout is known: what keeps contention visible
+    // while --max-overhead has the scheduler sites detached (model/attribution.h estimates from it there).
+    so.config.gvl_readings = sampling_ && prepared_->stacks->offsets.gvl.base != RV_GVL_BASE_NONE ? 1 : 0;
+  }
+  Result<std::unique_ptr<BpfSession>> s = BpfSession::Open(so, [this](const rv_record& r) { OnRecord(r); });
+  if (!s) return s.error();
+  session_ = std::move(s.value());
+
+  if (launch_) {
+    Result<HeldChild> c = HeldChild::Spawn(o_.command, launch_identity_);
+    if (!c) return c.error();
+    child_.emplace(std::move(c.value()));
+    target_.pid = child_->pid();
+  }
+
+  stack_setup_ = prepared_->stacks;
+  if (prepared_->stacks_error) {
+    // Attach mode reads the VM through /proc/PID/root: a target that died meanwhile is the error to report.
+    if (!launch_ && ProcessGone(target_.pid)) return TargetExitedError(target_.pid);
+    if (!o_.quiet) {
+      fprintf(stderr, "rvbpfd: warning: no Ruby stacks: %s\n", prepared_->stacks_error->ToString().c_str());
+    }
+  }
+
+  TraceHeader header;
+  header.pid = target_.pid;
+  header.ruby_version = target_.ruby_version;
+  header.build_id = target_.build_id;
+  header.main_thread = ThreadIds::kMainThread;
+  header.command = o_.command;
+  header.started_at = IsoUtcNow();
+  origin_ns_ = MonotonicNs();
+  header.origin_ns = origin_ns_;
+  if (stack_setup_) {
+    header.stacks = StacksModeName(o_.stacks);
+    if (sampling_) {
+      header.sample_hz = static_cast<uint32_t>(o_.hz);
+      header.channels.push_back(std::string(kSourcePerfEvent));
+    }
+  }
+  output_ = o_.output.empty() ? DefaultOutput(target_.pid) : o_.output;
+  Result<TraceWriter> writer = TraceWriter::Create(output_, header);
+  if (!writer) return writer.error();
+  writer_.emplace(std::move(writer.value()));
+  return Status::Ok();
+}
+
+void Recording::PollEcRoute() {
+  if (!ec_installer_ || ec_installer_->state() != ProcessEcInstaller::State::kPending) return;
+  const uint64_t now = MonotonicNs();
+  if (now - ec_last_poll_ns_ < 1'000'000) return;  // at most one /proc/PID/maps scan per ms while pending
+  ec_last_poll_ns_ = now;
+  const ProcessEcInstaller::State st = ec_installer_->Poll(*session_);
+  if (st == ProcessEcInstaller::State::kFailed && !o_.quiet) {
+    fprintf(stderr, "rvbpfd: warning: samples find their thread only through scheduler events: %s\n",
+            EscapeControlBytes(ec_installer_->error()).c_str());
+  }
+}
+
+void Recording::PollLaunchGate() {
+  if (!vm_running_ || launch_gate_->state() != LiveLayoutGate::State::kPending) return;
+  auto lowest = [&] { return LowestMappingOf(target_.pid, target_.open_path); };
+  if (launch_gate_->Poll(MonotonicNs(), lowest, *gate_mem_) == LiveLayoutGate::State::kSkipped && !o_.quiet) {
+    fprintf(stderr, "rvbpfd: note: the command runs as another user and its memory is not readable without "
+                    "CAP_SYS_PTRACE: the live layout check is skipped (the layout is the binary's own DWARF)\n");
+  }
+}
+
+bool Recording::LayoutChecked() const {
+  return !launch_gate_ || launch_gate_->state() == LiveLayoutGate::State::kPassed ||
+         launch_gate_->state() == LiveLayoutGate::State::kSkipped;
+}
+
+// Launch mode: why nothing is written when the layout check failed or never ran (the command keeps running: not
+// rvbpfd's to kill).
+Error Recording::LaunchGateError(const char* why_unchecked) const {
+  if (launch_gate_->state() == LiveLayoutGate::State::kFailed) {
+    return Error(launch_gate_->error().code(), launch_gate_->error().message() + "; the command (pid " +
+                                                   std::to_string(target_.pid) + ") runs on untraced");
+  }
+  return Error(ErrorCode::kTargetExited, "the command (pid " + std::to_string(target_.pid) + ") " + why_unchecked +
+                                             " before its memory could be checked against the layout rvbpfd "
+                                             "derived; nothing was recorded");
+}
+
+Status Recording::Attach() {
+  const SiteSet& sites = prepared_->sites;
+  Result<uint8_t> bin = session_->AddBinary(sites.offsets);
+  if (!bin) return bin.error();
+  bin_ = *bin;
+  if (stack_setup_) {
+    rv_walk_config wc = WalkConfigFor(*stack_setup_);
+    if (Status st = session_->SetWalkConfig(bin_, wc); !st) return st;
+    session_->SetStackCallback([this](const rv_record& r, const rv_stack_header& h,
+                                      std::span<const rv_ruby_frame> frames,
+                                      const rv_gvl_reading* gvl) { OnStackRecord(r, h, frames, gvl); });
+  }
+  // A target in a pid namespace of its own (a container) names threads by that namespace's tids (launch mode: the
+  // child shares rvbpfd's).
+  Result<TargetPidNamespace> pidns = ReadPidNamespace(target_.pid, ProcFs());
+  if (!pidns) return ExitedOr(pidns.error().Wrap("reading the target's pid namespace"));
+  if (Status st = session_->AddPid(static_cast<uint32_t>(target_.pid), pidns->ns, pidns->threads); !st) return st;
+  if (stack_setup_ && sampling_) {
+    ec_installer_.emplace(target_.pid, target_.open_path, stack_setup_->ec_route, bin_);
+    PollEcRoute();
+  }
+  SplitSiteSpecs split = SplitSites(sites, bin_);
+  // BpfSession assigns cookies in attach order (low group, then high group), starting at 0 for this session.
+  site_functions_ = split.functions;
+  // Attach mode: the VM is mapped already, so the stack resolver (tens of ms for a large static ruby's symbol table)
+  // is built before the probes go live rather than inside the first stack record's callback, where it would hold
+  // the main loop, and the --max-overhead checks with it, while the target traps.
+  if (stack_setup_ && !launch_ && !resolver_) {
+    resolver_ = MakeStackResolver(target_.pid, target_.open_path, *stack_setup_);
+  }
+  watch_.emplace(TargetWatch::ForPid(target_.pid));
+  session_->WakePollOn(watch_->fd());  // the main loop sees the exit at once, not at the end of its wait
+  const uint64_t attach_start = MonotonicNs();
+  for (auto* list : {&split.low, &split.high}) {
+    if (list->empty()) continue;
+    Result<std::unique_ptr<SiteGroup>> g = session_->Attach(target_.open_path, *list, target_.pid);
+    if (!g) {
+      if (!launch_ && (watch_->Exited() || ProcessGone(target_.pid))) return TargetExitedError(target_.pid);
+      return g.error().Wrap("attaching probes");
+    }
+    (list == &split.low ? low_group_ : high_group_) = std::move(g.value());
+  }
+  if (stack_setup_ && sampling_) {
+    if (Status st = session_->StartSampling(o_.hz); !st) return st.error().Wrap("starting on-CPU sampling");
+  }
+  attached_ns_ = MonotonicNs();
+  const double attach_ms = static_cast<double>(attached_ns_ - attach_start) / 1e6;
+  if (!launch_ && watch_->Exited()) return TargetExitedError(target_.pid);
+  if (!o_.quiet) {
+    fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s (symbols: %s), in %.0f ms; writing %s\n",
+            sites.sites.size(), session_->uses_multi_links() ? "multi-uprobe links" : "one link per site",
+            target_.pid, EscapeControlBytes(target_.ruby_version).c_str(), EscapeControlBytes(target_.vm_path).c_str(),
+            EscapeControlBytes(sites.symbols_source).c_str(), attach_ms, EscapeControlBytes(output_).c_str());
+  }
+  if (child_) {
+    if (!o_.quiet) {
+      if (launch_identity_) {
+        fprintf(stderr, "rvbpfd: running the command as %s (uid %u, gid %u)\n",
+                launch_identity_->user.empty() ? "?" : EscapeControlBytes(launch_identity_->user).c_str(),
+                static_cast<unsigned>(launch_identity_->uid), static_cast<unsigned>(launch_identity_->gid));
+      } else if (geteuid() == 0) {
+        fprintf(stderr, "rvbpfd: running the command as root (not under sudo and no --user)\n");
+      }
+    }
+    if (Status st = child_->Release(); !st) return st;
+  }
+  if (launch_) {
+    // The command shares rvbpfd's pid namespace: its main thread's tid is its pid as rvbpfd sees it. Under sudo it
+    // may run as another user (LiveLayoutGate::Unreadable).
+    const int pid = target_.pid;
+    gate_mem_.emplace(pid);
+    launch_gate_.emplace(
+        pid, pid, prepared_->live_layout,
+        LiveLayoutGate::Unreadable{
+            .layout_from_binary = prepared_->sites.analysed_with_symtab && prepared_->sites.offsets_source == "dwarf",
+            .read_errno = [pid](uint64_t addr) { return ProcessReadErrno(pid, addr); }});
+  }
+  return Status::Ok();
+}
+
+void Recording::DrainRing() {
+  rvbpfd::DrainRing([&] {
+    Result<int> n = session_->Poll(0);
+    return n ? *n : -1;
+  });
+}
+
+void Recording::CheckCounters() {
+  rv_counters c = session_->ReadCounters();
+  if (c.dropped > seen_.dropped) {
+    gc_epoch_.OnLoss();
+    DrainRing();
+    TraceEvent e;
+    e.t_ns = NowT();
+    e.event = EventName::kEventsDropped;
+    e.source = kSourceDaemon;
+    e.count = c.dropped - seen_.dropped;
+    reorder_.Push(std::move(e));
+  }
+  seen_ = c;
+}
+
+void Recording::PushDaemon(EventName name, const char* reason, double pct, uint64_t t_ns) {
+  TraceEvent e;
+  e.t_ns = t_ns;
+  e.event = name;
+  e.source = kSourceDaemon;
+  e.reason = reason;
+  e.overhead_pct = pct;
+  reorder_.Push(std::move(e));
+}
+
+// --max-overhead: every trap the target paid (BPF's probe_hits, discarded hits included) x the cost of one, plus
+// the daemon's CPU time to detach and reattach, against the budget (see OverheadBudget). Per-site hits (one batch
+// map read) say what the sites that stay attached cost. Runs from the main loop after Poll and from inside Poll's
+// callbacks, so it cannot drain the ring before stamping its records (as CheckCounters does); the stamps are chosen
+// instead: tracing_paused once the detach has returned (every trap of the detach tail is older), tracing_resumed
+// before the reattach (every event after it is newer). Records still in the ring are older than both and sort into
+// place within the reorder window.
+void Recording::CheckBudget() {
+  const uint64_t now = MonotonicNs();
+  if (now < next_check_ns_ || in_check_) return;
+  in_check_ = true;
+  const std::vector<uint64_t> site_hits = session_->ReadSiteHits();
+  const TrapCounts traps =
+      CountTraps(session_->ReadCounters(), site_hits, low_group_ ? low_group_->cookies() : std::vector<uint64_t>{});
+  switch (budget_.Update(now, traps)) {
+    case OverheadBudget::Action::kPause:
+      if (high_group_ && high_group_->attached()) {
+        const uint64_t cpu0 = ThreadCpuNs();
+        const uint64_t wall0 = MonotonicNs();
+        session_->Detach(*high_group_, site_hits);  // ordered by hits: see BpfSession::Detach
+        gc_unseen_ = true;
+        budget_.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
+        const double detach_ms = static_cast<double>(MonotonicNs() - wall0) / 1e6;
+        // A detach slower than a budget window means the sites keep trapping (partly unseen) for longer than the
+        // budget can make up for: one link per site (kernels before 6.6) pays an RCU grace period per site.
+        if (!slow_detach_warned_ && !o_.quiet && detach_ms * 1e6 > static_cast<double>(budget_.window_ns())) {
+          slow_detach_warned_ = true;
+          fprintf(stderr,
+                  "rvbpfd: warning: detaching the high-rate probes took %.0f ms (%s), longer than a %.0f ms budget "
+                  "window: --max-overhead %g cannot hold on this kernel%s\n",
+                  detach_ms, session_->uses_multi_links() ? "multi-uprobe links" : "one link per site",
+                  static_cast<double>(budget_.window_ns()) / 1e6, o_.max_overhead_pct,
+                  session_->uses_multi_links() ? "" : " (multi-uprobe links, one grace period per group, need Linux "
+                                                      "6.6+)");
+        }
+        budget_.Detached(CountTraps(session_->ReadCounters(), {}, {}));
+        PushDaemon(EventName::kTracingPaused, "max-overhead", budget_.current_pct(now, traps), NowT());
+      }
+      break;
+    case OverheadBudget::Action::kResume:
+      if (high_group_ && !high_group_->attached()) {
+        const uint64_t cpu0 = ThreadCpuNs();
+        const uint64_t before_t = NowT();
+        Status st = session_->Reattach(*high_group_);
+        budget_.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
+        if (st) {
+          gc_unseen_ = false;
+          gc_epoch_.OnGcSitesReattached();
+          PushDaemon(EventName::kTracingResumed, "budget window over", budget_.last_window_pct(), before_t);
+        } else if (!reattach_error_) {
+          reattach_error_ = st.error();
+        }
+      }
+      break;
+    case OverheadBudget::Action::kNone:
+      break;
+  }
+  next_check_ns_ = MonotonicNs() + budget_.NextCheckNs(now);
+  in_check_ = false;
+}
+
+Status Recording::WriteReady() {
+  Status st = Status::Ok();
+  for (TraceEvent& e : ready_) {
+    if (!exited_threads_.Keep(e.th, e.event == EventName::kSample, e.event == EventName::kThreadExited)) continue;
+    thread_ids_->Assign(&e);
+    if (st) st = writer_->Write(e);
+  }
+  ready_.clear();
+  return st;
+}
+
+Status Recording::Run() {
+  thread_ids_.emplace(static_cast<uint32_t>(target_.pid));
+  // The first window starts when the probes went live, with no trap counted yet (the BPF counters start at 0): the
+  // main loop's first check can come 100+ ms later (stack setup), and those traps belong to the budget too.
+  budget_.Update(attached_ns_, TrapCounts{});
+  budget_active_ = o_.max_overhead_pct > 0;
+  bool floor_warned = false;
+  uint64_t last_status = 0;    // monotonic ns of the last status line
+  uint64_t status_events = 0;  // seen_.events at that line, for the events/s figure
+  bool warned = false;
+  bool stop_now = false;
+  // With a budget the counters are checked when the budget asks (1-5 ms: sooner when its allowance is about to run
+  // out at the current trap rate); otherwise every 20 ms, which also bounds how long records wait in the ring (BPF
+  // does not wake us per record).
+  const int poll_ms = 20;
+  const uint64_t deadline = o_.duration_s > 0 ? origin_ns_ + static_cast<uint64_t>(o_.duration_s * 1e9) : 0;
+  for (;;) {
+    int timeout_ms = poll_ms;
+    if (o_.max_overhead_pct > 0) {
+      const uint64_t now = MonotonicNs();
+      timeout_ms = next_check_ns_ > now ? static_cast<int>((next_check_ns_ - now + 999'999) / 1'000'000) : 0;
+    }
+    // While the launched command's layout is unchecked, records are taken as they come: the check is due as soon as
+    // the first scheduler event arrives, while the command is still starting.
+    if (!LayoutChecked()) timeout_ms = std::min(timeout_ms, 1);
+    Result<int> n = session_->Poll(timeout_ms);
+    if (!n) {
+      fprintf(stderr, "%s\n", n.error().ToString().c_str());
+      stop_reason_ = "error";
+      break;
+    }
+    CheckCounters();
+    PollEcRoute();
+    if (launch_gate_) {
+      PollLaunchGate();
+      if (launch_gate_->state() == LiveLayoutGate::State::kFailed) return LaunchGateError("");
+    }
+    if (LayoutChecked()) reorder_.PopReady(&ready_);
+    Status wst = WriteReady();
+    if (wst) wst = writer_->MaybeFlush(std::chrono::steady_clock::now());
+    if (!wst) {
+      // Disk full or similar: stop rather than keep recording into a file that silently lacks events.
+      fprintf(stderr, "%s\n", wst.error().Wrap("writing " + output_).ToString().c_str());
+      stop_reason_ = "write error";
+      break;
+    }
+    const uint64_t now = MonotonicNs();
+
+    if (o_.max_overhead_pct > 0) {
+      CheckBudget();
+      if (reattach_error_) {
+        if (!(!launch_ && watch_->Exited())) {
+          fprintf(stderr, "%s\n", reattach_error_->ToString().c_str());
+          stop_reason_ = "error";
+          stop_now = true;
+        }
+        reattach_error_.reset();
+      }
+    } else {
+      // Estimate only (1 s windows): the warning below.
+      budget_.Update(now, CountTraps(seen_, {}, {}));
+    }
+    if (o_.max_overhead_pct > 0 && budget_.floor_pct() > o_.max_overhead_pct && !floor_warned && !o_.quiet) {
+      floor_warned = true;
+      fprintf(stderr, "%srvbpfd: warning: --max-overhead %g%% cannot hold: the probes that stay attached while "
+              "paused (thread start/exit) alone cost an estimated %.1f%%\n", o_.status_line ? "\r\033[K" : "",
+              o_.max_overhead_pct, budget_.floor_pct());
+    }
+    if (o_.max_overhead_pct <= 0 && budget_.last_window_pct() > o_.warn_overhead_pct && !warned && !o_.quiet) {
+      warned = true;
+      fprintf(stderr, "%srvbpfd: warning: probes cost the target an estimated %.1f%% of its time (%.0f probe "
+              "hits/s); bound it with --max-overhead PERCENT\n", o_.status_line ? "\r\033[K" : "",
+              budget_.last_window_pct(), budget_.last_window_pct() * 1e4 / o_.probe_cost_us);
+    }
+    if (o_.status_line && now - last_status >= 500'000'000) {
+      const double rate = last_status ? static_cast<double>(seen_.events - status_events) * 1e9 /
+                                            static_cast<double>(now - last_status)
+                                      : 0;
+      last_status = now;
+      status_events = seen_.events;
+      fprintf(stderr, "\r\033[Krvbpfd: pid %d  %llu events (%.0f/s)  %llu dropped  est. overhead %.1f%%%s",
+              target_.pid, static_cast<unsigned long long>(seen_.events), rate,
+              static_cast<unsigned long long>(seen_.dropped), budget_.last_window_pct(),
+              high_group_ && !high_group_->attached() ? "  (high-rate probes paused)" : "");
+      fflush(stderr);
+    }
+
+    if (child_) {
+      if (child_->Reap(&child_status_)) target_exited_ = true;
+    } else if (watch_->Exited()) {
+      target_exited_ = true;
+    }
+    if (target_exited_ || stop_now) break;
+    if (g_stop.load()) {
+      stop_reason_ = "signal";
+      break;
+    }
+    if (deadline && now >= deadline) {
+      stop_reason_ = "duration";
+      break;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<int> Recording::Finish() {
+  // Drain what the ring still holds, then the final drop count. The budget is over: nothing is reattached now.
+  budget_active_ = false;
+  DrainRing();
+  CheckCounters();
+  if (!LayoutChecked()) {
+    return Abandon(LaunchGateError(target_exited_                ? "exited"
+                                   : stop_reason_ == "signal"    ? "was still starting when rvbpfd was stopped"
+                                                                 : "was still starting when the recording ended"));
+  }
+  reorder_.Drain(&ready_);
+  if (Status st = WriteReady(); !st) return st.error().Wrap("writing " + output_);
+  FinishInfo fin;
+  fin.end_t_ns = NowT();
+  fin.ring_high_water_bytes = seen_.ring_high_water;
+  fin.late_events = reorder_.late();
+  fin.stop_reason = stop_reason_;
+#define RV_TRAP_FINISH(field, fold, label) fin.field = seen_.field;
+  RV_TRAP_COUNTERS(RV_TRAP_FINISH)
+#undef RV_TRAP_FINISH
+  const bool sampled = stack_setup_ && sampling_;
+  const bool gvl_read = sampled && stack_setup_->offsets.gvl.base != RV_GVL_BASE_NONE;
+  if (gvl_read) {
+#define RV_GVL_FINISH(field, fold, label) fin.field = seen_.field;
+    RV_GVL_COUNTERS(RV_GVL_FINISH)
+#undef RV_GVL_FINISH
+  }
+  if (sampled) {
+    SampleEcRoutes routes;
+#define RV_ROUTE_FINISH(field, fold, label, key) routes.key = seen_.field;
+    RV_EC_ROUTE_COUNTERS(RV_ROUTE_FINISH)
+#undef RV_ROUTE_FINISH
+    fin.sample_ec_routes = routes;
+  }
+  if (o_.status_line) fprintf(stderr, "\r\033[K");
+  if (Status st = writer_->Finish(fin); !st) return st.error();
+  if (!o_.quiet) {
+    // The counters that have a label (include/rvbpfd/counters.h): events and traps on the first line, samples and
+    // their EC routes on the second.
+    std::string counts;
+    const char* sep = "";
+#define RV_COUNT_TEXT(field, fold, label, ...)                  \
+  if (label[0] != '\0') {                                       \
+    counts += sep + std::to_string(seen_.field) + " " + label;  \
+    sep = ", ";                                                 \
+  }
+    RV_EVENT_COUNTERS(RV_COUNT_TEXT)
+    RV_TRAP_COUNTERS(RV_COUNT_TEXT)
+    fprintf(stderr, "rvbpfd: %s; %s; wrote %s\n", stop_reason_.c_str(), counts.c_str(),
+            EscapeControlBytes(output_).c_str());
+    if (sampled) {
+      counts.clear();
+      sep = "";
+      RV_SAMPLE_COUNTERS(RV_COUNT_TEXT)
+      if (gvl_read) {
+        RV_GVL_COUNTERS(RV_COUNT_TEXT)
+      }
+      sep = "; EC by ";
+#define RV_ROUTE_TEXT(field, fold, label, key)                            \
+  counts += sep + std::string(label) + " " + std::to_string(seen_.field); \
+  sep = ", ";
+      RV_EC_ROUTE_COUNTERS(RV_ROUTE_TEXT)
+#undef RV_ROUTE_TEXT
+      fprintf(stderr, "rvbpfd: %s\n", counts.c_str());
+    }
+#undef RV_COUNT_TEXT
+    if (child_ && target_exited_) {
+      if (WIFEXITED(child_status_)) {
+        fprintf(stderr, "rvbpfd: command exited with status %d\n", WEXITSTATUS(child_status_));
+      } else if (WIFSIGNALED(child_status_)) {
+        fprintf(stderr, "rvbpfd: command killed by signal %d\n", WTERMSIG(child_status_));
+      }
+    }
+  }
+  // Releasing a multi-uprobe link waits for an RCU grace period (tens of ms, more on a busy machine): both groups
+  // are released at the same time so that they wait for the same one.
+  if (low_group_ && high_group_) {
+    std::thread release_low([this] { low_group_.reset(); });
+    high_group_.reset();
+    release_low.join();
+  }
+  return 0;
+}
+
 }  // namespace
 
 void RequestStop() { g_stop.store(true); }
@@ -171,653 +910,12 @@ Result<int> Record(const RecordOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  const bool launch = !o.command.empty();
-  Target target;
-  std::optional<HeldChild> child;
-  std::optional<LaunchIdentity> launch_identity;
-  if (launch) {
-    Result<std::optional<LaunchIdentity>> identity = DecideLaunchIdentity(
-        o.user, [](const char* name) { return static_cast<const char*>(getenv(name)); }, geteuid(),
-        SystemUserDatabase());
-    if (!identity) return identity.error();
-    launch_identity = std::move(identity).value();
-    const char* path_env = getenv("PATH");
-    const char* ld_path = getenv("LD_LIBRARY_PATH");
-    Result<LaunchPlan> plan = PlanLaunch(o.command, path_env ? path_env : "/usr/bin:/bin", ld_path ? ld_path : "");
-    if (!plan) return plan.error();
-    target.vm_elf = plan->vm_elf;  // a static ruby: planning parsed it already
-    if (!target.vm_elf) {
-      Result<ElfFile> vm = ElfFile::Open(plan->vm_path);
-      if (!vm) return Error(ErrorCode::kNotRuby, vm.error().message());
-      target.vm_elf = std::make_shared<ElfFile>(std::move(vm.value()));
-    }
-    std::optional<std::string> version = ReadRubyVersion(*target.vm_elf);
-    if (!version) {
-      return Error(ErrorCode::kNotRuby, plan->vm_path + " has no readable ruby_version string: not a CRuby VM");
-    }
-    target.vm_path = plan->vm_path;
-    target.open_path = plan->vm_path;
-    target.ruby_version = *version;
-    target.build_id = target.vm_elf->build_id();
-  } else {
-    Result<RubyTarget> t = DiscoverTarget(o.pid, ProcFs());
-    if (!t) {
-      // A target that dies while we read its maps or ELF shows up as a vanished file: say what happened.
-      if (t.error().code() != ErrorCode::kNoSuchProcess && ProcessGone(o.pid)) return TargetExitedError(o.pid);
-      return t.error();
-    }
-    target.pid = o.pid;
-    target.ns_pid = t->ns_pid;
-    target.vm_path = t->vm_host_path;
-    // Discovery parsed the VM through an O_PATH descriptor opened inside the target's root: that one file is
-    // analysed, read and probed for the whole run.
-    target.vm_file = t->vm_fd;
-    target.open_path = t->vm_fd_path();
-    target.ruby_version = t->ruby_version;
-    target.build_id = t->build_id;
-    target.vm_elf = t->vm_elf;
-  }
-
-  // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
-  const bool stacks_on = o.stacks != "off";
-  const bool sampling = o.hz > 0;
-  Result<PreparedBinary> prepared = PrepareVmBinary(*target.vm_elf, target.ruby_version, o.cache_dir,
-                                                    stacks_on || sampling);
-  if (!prepared) {
-    if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
-    return prepared.error();
-  }
-  if (o.gc_probes == "fallback") {
-    // Diagnostic: the function-level GC probes even where the binary has GC hook-check sites (src/sites).
-    AttachDebugInfo(target.vm_elf.get());  // the function-level sites need .symtab: by build-id when stripped
-    if (Status st = UseGcFunctionProbes(*target.vm_elf, &prepared->sites); !st) return st.error();
-  }
-  const SiteSet* sites = &prepared->sites;
-  if (!launch) {
-    // The live process must match what the analysis assumed (version, hook list, thread layout) before a probe
-    // goes in. A process caught while its VM is still starting is checked again every ms (LiveLayoutGate).
-    if (!LowestMappingOf(target.pid, target.vm_path)) {
-      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
-      return Error(ErrorCode::kNotRuby, target.vm_path + " is not mapped in process " + std::to_string(target.pid));
-    }
-    LiveLayoutGate gate(target.pid, target.ns_pid, prepared->live_layout);
-    ProcessMemoryReader mem(target.pid);
-    auto lowest = [&] { return LowestMappingOf(target.pid, target.vm_path); };
-    while (gate.Poll(MonotonicNs(), lowest, mem) == LiveLayoutGate::State::kPending) {
-      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
-      usleep(static_cast<useconds_t>(LiveLayoutGate::kRetryNs / 1000));
-    }
-    if (gate.state() == LiveLayoutGate::State::kFailed) {
-      if (ProcessGone(target.pid)) return TargetExitedError(target.pid);
-      return gate.error();
-    }
-  }
-  target.vm_elf.reset();  // everything the run needs from the file is in `prepared` now: its copy is freed
-
-  // Everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than the
-  // skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
-  uint64_t origin_ns = 0;
-  GcEpoch gc_epoch;  // the stack resolver's cache generation
-  bool gc_unseen = false;  // --max-overhead has the GC sites detached
-  Reorderer<TraceEvent> reorder(20'000'000);
-  // --max-overhead's check (set once the main loop's state exists). The ring callbacks call it too: a burst of stack
-  // records can hold Poll for ~100 ms while new frames are symbolized, and the target's traps do not wait for it.
-  std::function<void()> budget_tick;
-  uint64_t ring_records = 0;
-  // Launch mode: the command's VM runs once the first scheduler event arrives (a scheduler event needs the VM's
-  // thread structures); only then can its memory be checked against the analysis (LiveLayoutGate), and its events
-  // stay in the reorder window until that check has passed.
-  bool vm_running = false;
-  std::optional<LiveLayoutGate> launch_gate;
-  std::function<void()> poll_launch_gate;
-  auto saw_record = [&](uint16_t kind) {
-    if (kind >= RV_EV_THREAD_STARTED && kind <= RV_EV_THREAD_EXITED) vm_running = true;
-    if (poll_launch_gate) poll_launch_gate();
-  };
-  std::unique_ptr<BpfSession> session;
-  {
-    SessionOptions so;
-    so.ring_buffer_bytes = o.ring_buffer_kb * 1024u;
-    so.force_single_links = o.force_single_links;
-    so.config.cold_gap_ns = OverheadBudget::kColdGapNs;
-    if (prepared->stacks) {
-      if (stacks_on) {
-        so.config.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
-        if (o.stacks.find("ready") != std::string::npos) so.config.stack_events |= 1u << RV_EV_THREAD_READY;
-      }
-      so.config.sampling = sampling ? 1 : 0;
-      // Samples read the GVL's holder and queue where the binary's layout is known: what keeps contention visible
-      // while --max-overhead has the scheduler sites detached (model/attribution.h estimates from it there).
-      so.config.gvl_readings = sampling && prepared->stacks->offsets.gvl.base != RV_GVL_BASE_NONE ? 1 : 0;
-    }
-    Result<std::unique_ptr<BpfSession>> s =
-        BpfSession::Open(so, [&](const rv_record& r) {
-          if (budget_tick && ++ring_records % 64 == 0) budget_tick();  // cheap records: look at the clock sometimes
-          gc_epoch.OnRecord(r.kind);
-          reorder.Push(FromRecord(r, origin_ns));
-          saw_record(r.kind);
-        });
-    if (!s) return s.error();
-    session = std::move(s.value());
-  }
-
-  if (launch) {
-    Result<HeldChild> c = HeldChild::Spawn(o.command, launch_identity);
-    if (!c) return c.error();
-    child.emplace(std::move(c.value()));
-    target.pid = child->pid();
-  }
-
-  std::optional<StackSetup> stack_setup = prepared->stacks;
-  if (prepared->stacks_error) {
-    // Attach mode reads the VM through /proc/PID/root: a target that died meanwhile is the error to report.
-    if (!launch && ProcessGone(target.pid)) return TargetExitedError(target.pid);
-    if (!o.quiet) {
-      fprintf(stderr, "rvbpfd: warning: no Ruby stacks: %s\n", prepared->stacks_error->ToString().c_str());
-    }
-  }
-
-  TraceHeader header;
-  header.pid = target.pid;
-  header.ruby_version = target.ruby_version;
-  header.build_id = target.build_id;
-  header.main_thread = ThreadIds::kMainThread;
-  header.command = o.command;
-  header.started_at = IsoUtcNow();
-  origin_ns = MonotonicNs();
-  header.origin_ns = origin_ns;
-  if (stack_setup) {
-    header.stacks = StacksModeName(o.stacks);
-    if (sampling) {
-      header.sample_hz = static_cast<uint32_t>(o.hz);
-      header.channels.push_back(std::string(kSourcePerfEvent));
-    }
-  }
-  const std::string output = o.output.empty() ? DefaultOutput(target.pid) : o.output;
-  Result<TraceWriter> writer_or = TraceWriter::Create(output, header);
-  if (!writer_or) return writer_or.error();
-  TraceWriter writer = std::move(writer_or.value());
-
-  // Attach. From here on, a failure abandons the (header-only) file so nothing partial is left behind.
-  auto fail = [&](Error e) -> Result<int> {
-    writer.Abandon();
-    return e;
-  };
-  Result<uint8_t> bin = session->AddBinary(sites->offsets);
-  if (!bin) return fail(bin.error());
-
-  // How samples find their EC (src/stacks/ec_route.h): installed as soon as the VM is mapped and relocated (at once
-  // when attaching; after exec in launch mode, retried from the main loop and, while pending, on every stack record,
-  // since symbolizing the first stacks can hold the loop for ~100 ms). Until then samples use current_th.
-  std::optional<ProcessEcInstaller> ec_installer;
-  uint64_t ec_last_poll_ns = 0;
-  auto poll_ec_route = [&]() {
-    if (!ec_installer || ec_installer->state() != ProcessEcInstaller::State::kPending) return;
-    const uint64_t now = MonotonicNs();
-    if (now - ec_last_poll_ns < 1'000'000) return;  // at most one /proc/PID/maps scan per ms while pending
-    ec_last_poll_ns = now;
-    const ProcessEcInstaller::State st = ec_installer->Poll(*session);
-    if (st == ProcessEcInstaller::State::kFailed && !o.quiet) {
-      fprintf(stderr, "rvbpfd: warning: samples find their thread only through scheduler events: %s\n",
-              EscapeControlBytes(ec_installer->error()).c_str());
-    }
-  };
-
-  // Stack records: symbolized as they come out of the ring (the objects they point to are as fresh as they will ever
-  // be), interned into the writer's dictionaries, and pushed through the reorder window like any event.
-  std::vector<std::string> site_functions;  // cookie -> enclosing function (for the release-reason rule)
-  std::unique_ptr<StackResolver> resolver;
-  std::vector<FrameInfo> frame_infos;
-  std::vector<uint32_t> frame_ids;
-  if (stack_setup) {
-    rv_walk_config wc = WalkConfigFor(*stack_setup);
-    if (Status st = session->SetWalkConfig(*bin, wc); !st) return fail(st.error());
-  }
-  if (stack_setup) {
-    session->SetStackCallback([&](const rv_record& r, const rv_stack_header& h,
-                                  std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl) {
-      if (budget_tick) budget_tick();
-      poll_ec_route();
-      saw_record(r.kind);
-      TraceEvent e;
-      if (r.kind == RV_EV_SAMPLE) {
-        e.t_ns = r.ts_ns > origin_ns ? r.ts_ns - origin_ns : 0;
-        e.event = EventName::kSample;
-        e.source = kSourcePerfEvent;
-        e.provenance = Provenance::kObserved;
-        e.th = r.th;
-        e.native_tid = r.tid;
-        e.probe_tid = r.probe_tid;
-        if (gvl != nullptr) e.gvl = GvlReadingFromRecord(*gvl);
-      } else {
-        e = FromRecord(r, origin_ns);
-      }
-      if (!resolver) {
-        // The VM's load address is known once the target has mapped it (launch mode: after exec).
-        resolver = MakeStackResolver(target.pid, target.open_path, *stack_setup);
-      }
-      resolver->set_epoch(gc_epoch.ForStack(gc_unseen));
-      resolver->Resolve(frames, &frame_infos);
-      if (r.flags & RV_REC_IN_GC) {
-        frame_infos.insert(frame_infos.begin(), FrameInfo{std::string(kGcFrameLabel), "", 0, FrameKind::kGc});
-      }
-      AppendStackEndMarker(h, &frame_infos);
-      frame_ids.clear();
-      for (const FrameInfo& f : frame_infos) frame_ids.push_back(writer.InternFrame(f));
-      e.stack = writer.InternStack(frame_ids);
-      if (e.event == EventName::kGvlReleased) {
-        const std::string& fn = r.site < site_functions.size() ? site_functions[r.site] : std::string();
-        e.reason = std::string(ReleaseReasonTraceName(DeriveReleaseReason(frame_infos, ClassifyReleaseSite(fn))));
-        e.reason_provenance = Provenance::kDerived;
-      }
-      reorder.Push(std::move(e));
-      gc_epoch.OnRecord(r.kind);
-    });
-  }
-  // A target in a pid namespace of its own (a container) names threads by that namespace's tids (launch mode: the
-  // child shares rvbpfd's).
-  Result<TargetPidNamespace> pidns = ReadPidNamespace(target.pid, ProcFs());
-  if (!pidns) {
-    if (!launch && ProcessGone(target.pid)) return fail(TargetExitedError(target.pid));
-    return fail(pidns.error().Wrap("reading the target's pid namespace"));
-  }
-  if (Status st = session->AddPid(static_cast<uint32_t>(target.pid), pidns->ns, pidns->threads); !st) {
-    return fail(st.error());
-  }
-  if (stack_setup && sampling) {
-    ec_installer.emplace(target.pid, target.open_path, stack_setup->ec_route, *bin);
-    poll_ec_route();
-  }
-  SplitSiteSpecs split = SplitSites(*sites, *bin);
-  std::vector<SiteSpec>& low = split.low;
-  std::vector<SiteSpec>& high = split.high;
-  // BpfSession assigns cookies in attach order (low group, then high group), starting at 0 for this session.
-  site_functions = split.functions;
-  // Attach mode: the VM is mapped already, so the stack resolver (tens of ms for a large static ruby's symbol table)
-  // is built before the probes go live rather than inside the first stack record's callback, where it would hold
-  // the main loop, and the --max-overhead checks with it, while the target traps.
-  if (stack_setup && !launch && !resolver) resolver = MakeStackResolver(target.pid, target.open_path, *stack_setup);
-  TargetWatch watch = TargetWatch::ForPid(target.pid);
-  session->WakePollOn(watch.fd());  // the main loop sees the exit at once, not at the end of its wait
-  const uint64_t attach_start = MonotonicNs();
-  std::unique_ptr<SiteGroup> low_group, high_group;
-  for (auto* list : {&low, &high}) {
-    if (list->empty()) continue;
-    Result<std::unique_ptr<SiteGroup>> g = session->Attach(target.open_path, *list, target.pid);
-    if (!g) {
-      if (!launch && (watch.Exited() || ProcessGone(target.pid))) return fail(TargetExitedError(target.pid));
-      return fail(g.error().Wrap("attaching probes"));
-    }
-    (list == &low ? low_group : high_group) = std::move(g.value());
-  }
-  if (stack_setup && sampling) {
-    if (Status st = session->StartSampling(o.hz); !st) return fail(st.error().Wrap("starting on-CPU sampling"));
-  }
-  const uint64_t attached_ns = MonotonicNs();
-  const double attach_ms = static_cast<double>(attached_ns - attach_start) / 1e6;
-  if (!launch && watch.Exited()) return fail(TargetExitedError(target.pid));
-  if (!o.quiet) {
-    fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s (symbols: %s), in %.0f ms; writing %s\n",
-            sites->sites.size(), session->uses_multi_links() ? "multi-uprobe links" : "one link per site",
-            target.pid, EscapeControlBytes(target.ruby_version).c_str(), EscapeControlBytes(target.vm_path).c_str(),
-            EscapeControlBytes(sites->symbols_source).c_str(), attach_ms, EscapeControlBytes(output).c_str());
-  }
-  if (child) {
-    if (!o.quiet) {
-      if (launch_identity) {
-        fprintf(stderr, "rvbpfd: running the command as %s (uid %u, gid %u)\n",
-                launch_identity->user.empty() ? "?" : EscapeControlBytes(launch_identity->user).c_str(),
-                static_cast<unsigned>(launch_identity->uid), static_cast<unsigned>(launch_identity->gid));
-      } else if (geteuid() == 0) {
-        fprintf(stderr, "rvbpfd: running the command as root (not under sudo and no --user)\n");
-      }
-    }
-    if (Status st = child->Release(); !st) return fail(st.error());
-  }
-  std::optional<ProcessMemoryReader> gate_mem;
-  if (launch) {
-    // The command shares rvbpfd's pid namespace: its main thread's tid is its pid as rvbpfd sees it. Under sudo it
-    // may run as another user (LiveLayoutGate::Unreadable).
-    const int pid = target.pid;
-    launch_gate.emplace(
-        pid, pid, prepared->live_layout,
-        LiveLayoutGate::Unreadable{
-            .layout_from_binary = prepared->sites.analysed_with_symtab && prepared->sites.offsets_source == "dwarf",
-            .read_errno = [pid](uint64_t addr) { return ProcessReadErrno(pid, addr); }});
-    gate_mem.emplace(pid);
-    poll_launch_gate = [&]() {
-      if (!vm_running || launch_gate->state() != LiveLayoutGate::State::kPending) return;
-      auto lowest = [&] { return LowestMappingOf(target.pid, target.open_path); };
-      if (launch_gate->Poll(MonotonicNs(), lowest, *gate_mem) == LiveLayoutGate::State::kSkipped && !o.quiet) {
-        fprintf(stderr, "rvbpfd: note: the command runs as another user and its memory is not readable without "
-                        "CAP_SYS_PTRACE: the live layout check is skipped (the layout is the binary's own DWARF)\n");
-      }
-    };
-  }
-  auto layout_checked = [&]() {
-    return !launch_gate || launch_gate->state() == LiveLayoutGate::State::kPassed ||
-           launch_gate->state() == LiveLayoutGate::State::kSkipped;
-  };
-  // Launch mode: why nothing is written when the layout check failed or never ran (the command keeps running: not
-  // rvbpfd's to kill).
-  auto launch_gate_error = [&](const char* why_unchecked) {
-    if (launch_gate->state() == LiveLayoutGate::State::kFailed) {
-      return Error(launch_gate->error().code(), launch_gate->error().message() + "; the command (pid " +
-                                                    std::to_string(target.pid) + ") runs on untraced");
-    }
-    return Error(ErrorCode::kTargetExited, "the command (pid " + std::to_string(target.pid) + ") " + why_unchecked +
-                                               " before its memory could be checked against the layout rvbpfd "
-                                               "derived; nothing was recorded");
-  };
-
-  // Main loop.
-  ThreadIds thread_ids(static_cast<uint32_t>(target.pid));
-  ExitedThreads exited_threads;
-  auto KeepEvent = [&](const TraceEvent& e) {
-    return exited_threads.Keep(e.th, e.event == EventName::kSample, e.event == EventName::kThreadExited);
-  };
-  std::vector<TraceEvent> ready;
-  rv_counters seen{};
-  // With a budget, short windows bound what a short run can overspend; estimating only, 1 s windows keep the
-  // warning from firing on a brief burst.
-  OverheadBudget budget(o.max_overhead_pct,
-                        TrapCosts(o.probe_cost_us, o.stepped_probe_cost_us, o.cold_probe_extra_us, o.cycle_cost_us),
-                        o.max_overhead_pct > 0 ? OverheadBudget::kDefaultWindowNs : 1'000'000'000);
-  // The first window starts when the probes went live, with no trap counted yet (the BPF counters start at 0): the
-  // main loop's first check can come 100+ ms later (stack setup), and those traps belong to the budget too.
-  budget.Update(attached_ns, TrapCounts{});
-  bool floor_warned = false;
-  uint64_t last_status = 0;    // monotonic ns of the last status line
-  uint64_t status_events = 0;  // seen.events at that line, for the events/s figure
-  bool warned = false;
-  bool stop_now = false;
-  // With a budget the counters are checked when the budget asks (1-5 ms: sooner when its allowance is about to run
-  // out at the current trap rate); otherwise every 20 ms, which also bounds how long records wait in the ring (BPF
-  // does not wake us per record).
-  const int poll_ms = 20;
-  const uint64_t deadline = o.duration_s > 0 ? origin_ns + static_cast<uint64_t>(o.duration_s * 1e9) : 0;
-  int child_status = 0;
-  bool target_exited = false;
-  std::string stop_reason = "target_exited";
-
-  auto now_t = [&]() { return MonotonicNs() - origin_ns; };
-  // The daemon's own events are stamped "now"; everything the probes recorded before now must be in the reorder
-  // window first, or those records would arrive after a newer timestamp and be written out of order.
-  auto drain_ring = [&]() {
-    DrainRing([&] {
-      Result<int> n = session->Poll(0);
-      return n ? *n : -1;
-    });
-  };
-  auto check_counters = [&]() {
-    rv_counters c = session->ReadCounters();
-    if (c.dropped > seen.dropped) {
-      gc_epoch.OnLoss();
-      drain_ring();
-      TraceEvent e;
-      e.t_ns = now_t();
-      e.event = EventName::kEventsDropped;
-      e.source = kSourceDaemon;
-      e.count = c.dropped - seen.dropped;
-      reorder.Push(std::move(e));
-    }
-    seen = c;
-  };
-
-  // --max-overhead: every trap the target paid (BPF's probe_hits, discarded hits included) x the cost of one, plus
-  // the daemon's CPU time to detach and reattach, against the budget (see OverheadBudget). Per-site hits (one batch
-  // map read) say what the sites that stay attached cost. Runs from the main loop after Poll and from inside Poll's
-  // callbacks (budget_tick), so it cannot drain the ring before stamping its records (as check_counters does); the
-  // stamps are chosen instead: tracing_paused once the detach has returned (every trap of the detach tail is older),
-  // tracing_resumed before the reattach (every event after it is newer). Records still in the ring are older than
-  // both and sort into place within the reorder window.
-  auto push_daemon = [&](EventName name, const char* reason, double pct, uint64_t t_ns) {
-    TraceEvent e;
-    e.t_ns = t_ns;
-    e.event = name;
-    e.source = kSourceDaemon;
-    e.reason = reason;
-    e.overhead_pct = pct;
-    reorder.Push(std::move(e));
-  };
-  std::optional<Error> reattach_error;
-  bool slow_detach_warned = false;
-  uint64_t next_check_ns = 0;
-  bool in_check = false;
-  auto check_budget = [&]() {
-    const uint64_t now = MonotonicNs();
-    if (now < next_check_ns || in_check) return;
-    in_check = true;
-    const std::vector<uint64_t> site_hits = session->ReadSiteHits();
-    const TrapCounts traps =
-        CountTraps(session->ReadCounters(), site_hits, low_group ? low_group->cookies() : std::vector<uint64_t>{});
-    switch (budget.Update(now, traps)) {
-      case OverheadBudget::Action::kPause:
-        if (high_group && high_group->attached()) {
-          const uint64_t cpu0 = ThreadCpuNs();
-          const uint64_t wall0 = MonotonicNs();
-          session->Detach(*high_group, site_hits);  // ordered by hits: see BpfSession::Detach
-          gc_unseen = true;
-          budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
-          const double detach_ms = static_cast<double>(MonotonicNs() - wall0) / 1e6;
-          // A detach slower than a budget window means the sites keep trapping (partly unseen) for longer than the
-          // budget can make up for: one link per site (kernels before 6.6) pays an RCU grace period per site.
-          if (!slow_detach_warned && !o.quiet && detach_ms * 1e6 > static_cast<double>(budget.window_ns())) {
-            slow_detach_warned = true;
-            fprintf(stderr,
-                    "rvbpfd: warning: detaching the high-rate probes took %.0f ms (%s), longer than a %.0f ms budget "
-                    "window: --max-overhead %g cannot hold on this kernel%s\n",
-                    detach_ms, session->uses_multi_links() ? "multi-uprobe links" : "one link per site",
-                    static_cast<double>(budget.window_ns()) / 1e6, o.max_overhead_pct,
-                    session->uses_multi_links() ? "" : " (multi-uprobe links, one grace period per group, need Linux "
-                                                       "6.6+)");
-          }
-          budget.Detached(CountTraps(session->ReadCounters(), {}, {}));
-          push_daemon(EventName::kTracingPaused, "max-overhead", budget.current_pct(now, traps), now_t());
-        }
-        break;
-      case OverheadBudget::Action::kResume:
-        if (high_group && !high_group->attached()) {
-          const uint64_t cpu0 = ThreadCpuNs();
-          const uint64_t before_t = now_t();
-          Status st = session->Reattach(*high_group);
-          budget.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
-          if (st) {
-            gc_unseen = false;
-            gc_epoch.OnGcSitesReattached();
-            push_daemon(EventName::kTracingResumed, "budget window over", budget.last_window_pct(), before_t);
-          } else if (!reattach_error) {
-            reattach_error = st.error();
-          }
-        }
-        break;
-      case OverheadBudget::Action::kNone:
-        break;
-    }
-    next_check_ns = MonotonicNs() + budget.NextCheckNs(now);
-    in_check = false;
-  };
-  if (o.max_overhead_pct > 0) budget_tick = check_budget;
-
-  for (;;) {
-    int timeout_ms = poll_ms;
-    if (o.max_overhead_pct > 0) {
-      const uint64_t now = MonotonicNs();
-      timeout_ms = next_check_ns > now ? static_cast<int>((next_check_ns - now + 999'999) / 1'000'000) : 0;
-    }
-    // While the launched command's layout is unchecked, records are taken as they come: the check is due as soon as
-    // the first scheduler event arrives, while the command is still starting.
-    if (!layout_checked()) timeout_ms = std::min(timeout_ms, 1);
-    Result<int> n = session->Poll(timeout_ms);
-    if (!n) {
-      fprintf(stderr, "%s\n", n.error().ToString().c_str());
-      stop_reason = "error";
-      break;
-    }
-    check_counters();
-    poll_ec_route();
-    if (poll_launch_gate) {
-      poll_launch_gate();
-      if (launch_gate->state() == LiveLayoutGate::State::kFailed) {
-        return fail(launch_gate_error(""));
-      }
-    }
-    if (layout_checked()) reorder.PopReady(&ready);
-    Status wst = Status::Ok();
-    for (TraceEvent& e : ready) {
-      if (!KeepEvent(e)) continue;
-      thread_ids.Assign(&e);
-      if (wst) wst = writer.Write(e);
-    }
-    ready.clear();
-    if (wst) wst = writer.MaybeFlush(std::chrono::steady_clock::now());
-    if (!wst) {
-      // Disk full or similar: stop rather than keep recording into a file that silently lacks events.
-      fprintf(stderr, "%s\n", wst.error().Wrap("writing " + output).ToString().c_str());
-      stop_reason = "write error";
-      break;
-    }
-    const uint64_t now = MonotonicNs();
-
-    if (o.max_overhead_pct > 0) {
-      check_budget();
-      if (reattach_error) {
-        if (!(!launch && watch.Exited())) {
-          fprintf(stderr, "%s\n", reattach_error->ToString().c_str());
-          stop_reason = "error";
-          stop_now = true;
-        }
-        reattach_error.reset();
-      }
-    } else {
-      // Estimate only (1 s windows): the warning below.
-      budget.Update(now, CountTraps(seen, {}, {}));
-    }
-    if (o.max_overhead_pct > 0 && budget.floor_pct() > o.max_overhead_pct && !floor_warned && !o.quiet) {
-      floor_warned = true;
-      fprintf(stderr, "%srvbpfd: warning: --max-overhead %g%% cannot hold: the probes that stay attached while "
-              "paused (thread start/exit) alone cost an estimated %.1f%%\n", o.status_line ? "\r\033[K" : "",
-              o.max_overhead_pct, budget.floor_pct());
-    }
-    if (o.max_overhead_pct <= 0 && budget.last_window_pct() > o.warn_overhead_pct && !warned && !o.quiet) {
-      warned = true;
-      fprintf(stderr, "%srvbpfd: warning: probes cost the target an estimated %.1f%% of its time (%.0f probe "
-              "hits/s); bound it with --max-overhead PERCENT\n", o.status_line ? "\r\033[K" : "",
-              budget.last_window_pct(), budget.last_window_pct() * 1e4 / o.probe_cost_us);
-    }
-    if (o.status_line && now - last_status >= 500'000'000) {
-      const double rate = last_status ? static_cast<double>(seen.events - status_events) * 1e9 /
-                                            static_cast<double>(now - last_status)
-                                      : 0;
-      last_status = now;
-      status_events = seen.events;
-      fprintf(stderr, "\r\033[Krvbpfd: pid %d  %llu events (%.0f/s)  %llu dropped  est. overhead %.1f%%%s",
-              target.pid, static_cast<unsigned long long>(seen.events), rate,
-              static_cast<unsigned long long>(seen.dropped), budget.last_window_pct(),
-              high_group && !high_group->attached() ? "  (high-rate probes paused)" : "");
-      fflush(stderr);
-    }
-
-    if (child) {
-      if (child->Reap(&child_status)) target_exited = true;
-    } else if (watch.Exited()) {
-      target_exited = true;
-    }
-    if (target_exited || stop_now) break;
-    if (g_stop.load()) {
-      stop_reason = "signal";
-      break;
-    }
-    if (deadline && now >= deadline) {
-      stop_reason = "duration";
-      break;
-    }
-  }
-
-  // Drain what the ring still holds, then the final drop count. The budget is over: nothing is reattached now.
-  budget_tick = nullptr;
-  drain_ring();
-  check_counters();
-  if (!layout_checked()) {
-    return fail(launch_gate_error(target_exited                ? "exited"
-                                  : stop_reason == "signal"    ? "was still starting when rvbpfd was stopped"
-                                                               : "was still starting when the recording ended"));
-  }
-  reorder.Drain(&ready);
-  for (TraceEvent& e : ready) {
-    if (!KeepEvent(e)) continue;
-    thread_ids.Assign(&e);
-    if (Status st = writer.Write(e); !st) return st.error().Wrap("writing " + output);
-  }
-  ready.clear();
-  FinishInfo fin;
-  fin.end_t_ns = now_t();
-  fin.ring_high_water_bytes = seen.ring_high_water;
-  fin.late_events = reorder.late();
-  fin.stop_reason = stop_reason;
-#define RV_TRAP_FINISH(field, fold, label) fin.field = seen.field;
-  RV_TRAP_COUNTERS(RV_TRAP_FINISH)
-#undef RV_TRAP_FINISH
-  if (stack_setup && sampling && stack_setup->offsets.gvl.base != RV_GVL_BASE_NONE) {
-#define RV_GVL_FINISH(field, fold, label) fin.field = seen.field;
-    RV_GVL_COUNTERS(RV_GVL_FINISH)
-#undef RV_GVL_FINISH
-  }
-  if (stack_setup && sampling) {
-    SampleEcRoutes routes;
-#define RV_ROUTE_FINISH(field, fold, label, key) routes.key = seen.field;
-    RV_EC_ROUTE_COUNTERS(RV_ROUTE_FINISH)
-#undef RV_ROUTE_FINISH
-    fin.sample_ec_routes = routes;
-  }
-  if (o.status_line) fprintf(stderr, "\r\033[K");
-  if (Status st = writer.Finish(fin); !st) return st.error();
-  if (!o.quiet) {
-    // The counters that have a label (include/rvbpfd/counters.h): events and traps on the first line, samples and
-    // their EC routes on the second.
-    std::string counts;
-    const char* sep = "";
-#define RV_COUNT_TEXT(field, fold, label, ...)                  \
-  if (label[0] != '\0') {                                       \
-    counts += sep + std::to_string(seen.field) + " " + label;   \
-    sep = ", ";                                                 \
-  }
-    RV_EVENT_COUNTERS(RV_COUNT_TEXT)
-    RV_TRAP_COUNTERS(RV_COUNT_TEXT)
-    fprintf(stderr, "rvbpfd: %s; %s; wrote %s\n", stop_reason.c_str(), counts.c_str(),
-            EscapeControlBytes(output).c_str());
-    if (stack_setup && sampling) {
-      counts.clear();
-      sep = "";
-      RV_SAMPLE_COUNTERS(RV_COUNT_TEXT)
-      if (stack_setup->offsets.gvl.base != RV_GVL_BASE_NONE) {
-        RV_GVL_COUNTERS(RV_COUNT_TEXT)
-      }
-      sep = "; EC by ";
-#define RV_ROUTE_TEXT(field, fold, label, key)                \
-  counts += sep + std::string(label) + " " + std::to_string(seen.field); \
-  sep = ", ";
-      RV_EC_ROUTE_COUNTERS(RV_ROUTE_TEXT)
-#undef RV_ROUTE_TEXT
-      fprintf(stderr, "rvbpfd: %s\n", counts.c_str());
-    }
-#undef RV_COUNT_TEXT
-    if (child && target_exited) {
-      if (WIFEXITED(child_status)) {
-        fprintf(stderr, "rvbpfd: command exited with status %d\n", WEXITSTATUS(child_status));
-      } else if (WIFSIGNALED(child_status)) {
-        fprintf(stderr, "rvbpfd: command killed by signal %d\n", WTERMSIG(child_status));
-      }
-    }
-  }
-  // Releasing a multi-uprobe link waits for an RCU grace period (tens of ms, more on a busy machine): both groups
-  // are released at the same time so that they wait for the same one.
-  if (low_group && high_group) {
-    std::thread release_low([&low_group] { low_group.reset(); });
-    high_group.reset();
-    release_low.join();
-  }
-  return 0;
+  Recording recording(o);
+  if (Status st = recording.Prepare(); !st) return st.error();
+  if (Status st = recording.Open(); !st) return st.error();
+  if (Status st = recording.Attach(); !st) return recording.Abandon(st.error());
+  if (Status st = recording.Run(); !st) return recording.Abandon(st.error());
+  return recording.Finish();
 }
 
 }  // namespace rvbpfd
