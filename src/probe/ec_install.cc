@@ -17,7 +17,8 @@ ProcessEcInstaller::State ProcessEcInstaller::Poll(BpfSession& session) {
   std::optional<uint64_t> lowest = LowestMappingOf(pid_, vm_path_, proc_root_);
   if (!lowest) return state_;  // not mapped yet (launch mode before exec, or ld.so still loading)
   const uint64_t bias = EcRouteLoadBias(route_, *lowest);
-  if (!EcRouteSlotInPlace(route_, MappedFileOffset(pid_, vm_path_, bias + route_.got_vaddr, proc_root_))) {
+  if (EcRouteHasGotSlot(route_) &&
+      !EcRouteSlotInPlace(route_, MappedFileOffset(pid_, vm_path_, bias + route_.got_vaddr, proc_root_))) {
     return state_;  // ld.so has not mapped the data segment yet: the slot's address shows other bytes of the file
   }
   ProcessMemoryReader mem(pid_);

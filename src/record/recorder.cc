@@ -13,14 +13,10 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <functional>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "common/target_file.h"

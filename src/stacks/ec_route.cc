@@ -256,7 +256,7 @@ EcRoute ComputeEcRouteInBinary(const ElfFile& elf, const RubyOffsets& offsets) {
 
 EcRoute ComputeEcRoute(const ElfFile& elf, const RubyOffsets& offsets) {
   EcRoute r = ComputeEcRouteInBinary(elf, offsets);
-  if (r.kind != EcTlsKind::kTlsDesc && r.kind != EcTlsKind::kDtv) return r;
+  if (!EcRouteHasGotSlot(r)) return r;
   for (const ElfSegment& seg : elf.load_segments()) {
     if (r.got_vaddr >= seg.vaddr && r.got_vaddr - seg.vaddr < seg.filesz) {
       r.got_file_offset = seg.offset + (r.got_vaddr - seg.vaddr);
@@ -298,8 +298,12 @@ uint64_t EcRouteLoadBias(const EcRoute& route, uint64_t lowest_mapping_start) {
   return lowest_mapping_start - route.lowest_load_vaddr;
 }
 
+bool EcRouteHasGotSlot(const EcRoute& route) {
+  return route.kind == EcTlsKind::kTlsDesc || route.kind == EcTlsKind::kDtv;
+}
+
 bool EcRouteSlotInPlace(const EcRoute& route, std::optional<uint64_t> mapped_file_offset) {
-  if (route.kind != EcTlsKind::kTlsDesc && route.kind != EcTlsKind::kDtv) return true;
+  if (!EcRouteHasGotSlot(route)) return true;
   return mapped_file_offset && *mapped_file_offset == route.got_file_offset;
 }
 

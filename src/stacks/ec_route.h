@@ -85,6 +85,8 @@ uint64_t EcRouteLoadBias(const EcRoute& route, uint64_t lowest_mapping_start);
 // its first reservation, that address shows other bytes of the file, which ResolveProcessEc would take for a module
 // id or a descriptor. Always true for routes without a GOT slot.
 bool EcRouteSlotInPlace(const EcRoute& route, std::optional<uint64_t> mapped_file_offset);
+// Whether the route reads a GOT slot (kTlsDesc, kDtv) at all: the others need no maps lookup.
+bool EcRouteHasGotSlot(const EcRoute& route);
 
 // Per process: the rv_proc_ec for BPF's proc_ec map, reading what ld.so wrote (TLSDESC descriptor, DTPMOD64 slot)
 // through `mem`. nullopt while the VM is mapped but ld.so has not relocated it yet (launch mode, right after exec):

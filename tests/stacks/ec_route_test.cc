@@ -203,6 +203,9 @@ TEST(EcRouteResolveTest, AGotSlotCountsOnlyOnceItsSegmentIsMappedInPlace) {
     EXPECT_FALSE(EcRouteSlotInPlace(r, 0x1000)) << "the reservation's view of another part of the file";
     EXPECT_TRUE(EcRouteSlotInPlace(r, 0x800));
   }
+  EXPECT_TRUE(EcRouteHasGotSlot(FakeRoute(EcTlsKind::kDtv)));
+  EXPECT_TRUE(EcRouteHasGotSlot(FakeRoute(EcTlsKind::kTlsDesc)));
+  EXPECT_FALSE(EcRouteHasGotSlot(FakeRoute(EcTlsKind::kLocalExec)));
   // Routes without a slot do not wait for one.
   EXPECT_TRUE(EcRouteSlotInPlace(FakeRoute(EcTlsKind::kLocalExec), std::nullopt));
   EXPECT_TRUE(EcRouteSlotInPlace(FakeRoute(EcTlsKind::kNone), std::nullopt));
