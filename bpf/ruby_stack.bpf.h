@@ -12,9 +12,7 @@
 
 #include "rvbpfd/abi.h"
 
-#define RV_WALKER_INLINE static __always_inline
-#define RV_WALKER_READ(ctx, dst, len, addr) bpf_probe_read_user((dst), (len), (const void *)(unsigned long)(addr))
-#include "ruby_walker.h"
+#include "subprogs.bpf.h"
 
 struct rv_stack_loop {
   const struct rv_ruby_walk_offsets *off;
@@ -30,7 +28,7 @@ static long rv_stack_step_cb(__u64 index, void *data) {
   __u32 n;
   int r;
   (void)index;
-  r = rv_ruby_walk_step((void *)0, c->off, &c->walk, &frame);
+  r = rv_walk_step_subprog(c->off, &c->walk, &frame);
   if (r == RV_STEP_SKIP) return 0;
   if (r != RV_STEP_FRAME) {
     c->done = 1;

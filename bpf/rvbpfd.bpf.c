@@ -14,8 +14,7 @@
 
 #include "regs.bpf.h"
 #include "ruby_stack.bpf.h"
-#include "ruby_ec.h"
-#include "ruby_gvl.h"
+#include "subprogs.bpf.h"
 #include "rvbpfd/abi.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -281,22 +280,20 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u64 th = 0;
   __u32 flags = 0;
   {
-    /* The registers at the hit, in a block of their own: their 168 bytes of BPF stack are reused by the stack walk
-     * below, whose bpf_loop callback adds its own frame (kernels count both against the 512-byte limit). */
-    struct pt_regs regs;
-    if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) != 0) return rv_discard(c);
     if (site->exclude_caller_end != 0) {
       __u64 ret = 0;
-      if (bpf_probe_read_user(&ret, sizeof(ret), (void *)regs.sp) != 0) return rv_discard(c);
-      __u64 caller = ret - (regs.ip - site->vaddr); /* runtime address -> ELF vaddr */
+      if (bpf_probe_read_user(&ret, sizeof(ret), (void *)ctx->sp) != 0) return rv_discard(c);
+      __u64 caller = ret - (ctx->ip - site->vaddr); /* runtime address -> ELF vaddr */
       if (caller >= site->exclude_caller_start && caller < site->exclude_caller_end) return rv_discard(c);
     }
+    __u64 reg = 0;
     switch (site->loc_kind) {
       case RV_LOC_REG:
-        th = rv_reg_value(&regs, site->loc_reg) + (__s64)site->loc_offset;
+        if (rv_reg_value(ctx, site->loc_reg, &reg) == 0) th = reg + (__s64)site->loc_offset;
         break;
       case RV_LOC_MEM: {
-        __u64 addr = rv_reg_value(&regs, site->loc_reg) + (__s64)site->loc_offset;
+        if (rv_reg_value(ctx, site->loc_reg, &reg) != 0) break;
+        __u64 addr = reg + (__s64)site->loc_offset;
         if (bpf_probe_read_user(&th, sizeof(th), (void *)addr) != 0) th = 0;
         break;
       }
@@ -438,8 +435,14 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
       struct task_struct *task = bpf_get_current_task_btf();
       __u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
       /* The ractor route compares the VM's rb_native_thread.tid with this thread's: in the target's namespace. */
-      __u32 vm_tid = pid_traps->pidns.ino != 0 ? rv_ns_tid(&pid_traps->pidns) : tid;
-      route = rv_find_ec((void *)0, pe, wc, off->th_nt, off->nt_tid, fsbase, vm_tid, &ec, &th, &tls_unavailable);
+      struct rv_ec_query q = {.tp = fsbase,
+                              .tid = pid_traps->pidns.ino != 0 ? rv_ns_tid(&pid_traps->pidns) : tid,
+                              .th_nt = off->th_nt,
+                              .nt_tid = off->nt_tid};
+      route = rv_find_ec_subprog(pe, wc, &q);
+      ec = q.ec;
+      th = q.th;
+      tls_unavailable = q.tls_unavailable != 0;
     }
   }
   if (route == RV_EC_ROUTE_NONE && tls_unavailable) {
@@ -469,7 +472,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   /* Who holds the GVL of the sampled thread's VM and who is queued for it, read from memory (bpf/ruby_gvl.h): the
    * contention this shows stays visible while --max-overhead has the scheduler sites detached. */
   if (rv_cfg.gvl_readings && wc->gvl.base != RV_GVL_BASE_NONE &&
-      rv_read_gvl((void *)0, &wc->gvl, pe ? pe->vm_ptr : 0, th, &s->gvl) == 0) {
+      rv_read_gvl_subprog(&wc->gvl, pe ? pe->vm_ptr : 0, th, &s->gvl) == 0) {
     if (c) {
       c->gvl_readings++;
       if (s->gvl.flags & (RV_GVL_F_QUEUE_TRUNCATED | RV_GVL_F_QUEUE_UNREADABLE)) c->gvl_queue_truncated++;
