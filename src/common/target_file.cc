@@ -187,9 +187,14 @@ Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::stri
   }
   if (st.st_size == 0 && !allow_empty) return Error(ErrorCode::kIo, name + " is empty");
   MappedFile out;
-  out.dev_ = static_cast<uint64_t>(st.st_dev);
-  out.ino_ = static_cast<uint64_t>(st.st_ino);
-  out.mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  out.identity_ = FileIdentity{static_cast<uint64_t>(st.st_dev),
+                               static_cast<uint64_t>(st.st_ino),
+                               static_cast<uint64_t>(st.st_size),
+                               static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+                               static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec,
+                               static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec};
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size == 0) return out;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -276,9 +281,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   size_ = std::exchange(o.size_, 0);
   mapped_ = std::exchange(o.mapped_, 0);
   copied_ = std::exchange(o.copied_, 0);
-  dev_ = o.dev_;
-  ino_ = o.ino_;
-  mtime_ns_ = o.mtime_ns_;
+  identity_ = o.identity_;
   return *this;
 }
 

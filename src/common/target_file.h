@@ -88,6 +88,24 @@ struct MapOptions {
 };
 
 // A size-bounded copy of a regular file's content (see the header comment), read-only unless asked. Move-only.
+// What fstat said of a file when it was opened, and when. The kernel sets st_ctime on every change of a file's content
+// or metadata and no user can set it back, so (dev, ino, size, mtime, ctime) names one content of one file, as long as
+// the change came after a clock tick past the recorded ctime (see Settled).
+struct FileIdentity {
+  uint64_t dev = 0, ino = 0, size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;  // st_mtim, st_ctim: ns since the epoch
+  int64_t stat_realtime_ns = 0;        // CLOCK_REALTIME right after the fstat
+  bool operator==(const FileIdentity& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns && ctime_ns == o.ctime_ns;
+  }
+  // True when the file had not changed for `settle_ns` before the fstat: a change made after it (while or after the
+  // file was read) then gets a later ctime, even from a file system that keeps timestamps at a coarse granularity, so
+  // a cache keyed by this identity never pairs it with content read mid-change.
+  bool Settled(int64_t settle_ns) const {
+    return mtime_ns + settle_ns <= stat_realtime_ns && ctime_ns + settle_ns <= stat_realtime_ns;
+  }
+};
+
 class MappedFile {
  public:
   using Options = MapOptions;
@@ -110,10 +128,8 @@ class MappedFile {
   std::span<const uint8_t> bytes() const { return {data(), static_cast<size_t>(size_)}; }
   // Pages of the file that held data and were copied (the rest are holes or zeros and cost no memory), for tests.
   uint64_t copied_bytes() const { return copied_; }
-  // (st_dev, st_ino, st_size, st_mtime in ns) of the file as opened: what was read, for caches keyed by file identity.
-  uint64_t dev() const { return dev_; }
-  uint64_t ino() const { return ino_; }
-  int64_t mtime_ns() const { return mtime_ns_; }
+  // The file as its fstat described it before anything was read, for caches keyed by file identity.
+  const FileIdentity& identity() const { return identity_; }
 
  private:
   void Reset();
@@ -121,8 +137,7 @@ class MappedFile {
   uint64_t size_ = 0;
   uint64_t mapped_ = 0;  // length of the mapping (size_ rounded up to pages; 0 when nothing is mapped)
   uint64_t copied_ = 0;
-  uint64_t dev_ = 0, ino_ = 0;
-  int64_t mtime_ns_ = 0;
+  FileIdentity identity_;
 };
 
 }  // namespace rvbpfd

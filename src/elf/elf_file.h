@@ -126,8 +126,9 @@ class ElfFile {
   // the section sizes; a malformed section yields what could be read.
   std::vector<ElfRelocation> DynamicRelocations(uint32_t type) const;
 
-  // The whole file as read (what every other accessor is a view of).
+  // The whole file as read (what every other accessor is a view of), and what fstat said of it before the read.
   std::span<const uint8_t> content() const { return {data_, static_cast<size_t>(size_)}; }
+  const FileIdentity& identity() const { return file_.identity(); }
 
   const std::vector<ElfSection>& sections() const { return sections_; }
   const std::vector<ElfSegment>& load_segments() const { return segments_; }

@@ -15,12 +15,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <thread>
 
+#include "common/release_in_child.h"
 #include "common/target_file.h"
 #include "common/text_escape.h"
+#include "common/threads.h"
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
@@ -156,7 +159,8 @@ std::string StacksModeName(const std::string& option) {
 // One recording, its phases in the order Record runs them:
 //   Prepare  the target found (launched command planned, or attached process discovered), its VM binary analysed
 //            once, and in attach mode the live process checked against that analysis before any probe goes in;
-//   Open     the BPF session, the launched command spawned (held before exec), the trace file created;
+//   Open     the BPF session (loaded on a helper thread while Prepare runs), the launched command spawned (held
+//            before exec), the trace file created;
 //   Attach   the probes live, samples started, the command released;
 //   Run      the main loop, until the target exits, a signal, --duration or an error;
 //   Finish   the last records, the trace's summary, the counters on stderr, the links released.
@@ -176,6 +180,9 @@ class Recording {
                 o.max_overhead_pct > 0 ? OverheadBudget::kDefaultWindowNs : 1'000'000'000) {}
   Recording(const Recording&) = delete;
   Recording& operator=(const Recording&) = delete;
+  ~Recording() {
+    if (bpf_loader_.joinable()) bpf_loader_.join();
+  }
 
   Status Prepare();
   Status Open();
@@ -190,6 +197,8 @@ class Recording {
   }
 
  private:
+  // The BPF session's options: what the flags ask for, given whether the VM binary gives stacks and a GVL layout.
+  SessionOptions SessionOptionsFor(bool stacks_ready, bool gvl_layout) const;
   Status FindLaunchTarget();
   Status FindAttachTarget();
   Status CheckAttachedLayout();
@@ -223,7 +232,13 @@ class Recording {
   const bool stacks_on_;
   const bool sampling_;
 
-  // Prepare.
+  // Prepare. The BPF load (~50 ms of verification and map allocation, in the kernel) runs on bpf_loader_ while the
+  // main thread analyses the VM binary; it assumes the binary gives stacks and a GVL layout (Open loads once more
+  // when the analysis says otherwise, so the programs are always the ones the run needs). Written by the loader,
+  // read by Open after the join.
+  std::thread bpf_loader_;
+  SessionOptions speculative_options_;
+  std::optional<Result<std::unique_ptr<BpfSession>>> loaded_session_;
   Target target_;
   std::optional<LaunchIdentity> launch_identity_;
   std::optional<PreparedBinary> prepared_;
@@ -352,7 +367,29 @@ Status Recording::CheckAttachedLayout() {
   return Status::Ok();
 }
 
+SessionOptions Recording::SessionOptionsFor(bool stacks_ready, bool gvl_layout) const {
+  SessionOptions so;
+  so.ring_buffer_bytes = o_.ring_buffer_kb * 1024u;
+  so.force_single_links = o_.force_single_links;
+  so.config.cold_gap_ns = OverheadBudget::kColdGapNs;
+  if (stacks_ready) {
+    if (stacks_on_) {
+      so.config.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
+      if (o_.stacks.find("ready") != std::string::npos) so.config.stack_events |= 1u << RV_EV_THREAD_READY;
+    }
+    so.config.sampling = sampling_ ? 1 : 0;
+    // Samples read the GVL's holder and queue where the binary's layout is known: what keeps contention visible
+    // while --max-overhead has the scheduler sites detached (model/attribution.h estimates from it there).
+    so.config.gvl_readings = sampling_ && gvl_layout ? 1 : 0;
+  }
+  return so;
+}
+
 Status Recording::Prepare() {
+  speculative_options_ = SessionOptionsFor(/*stacks_ready=*/stacks_on_ || sampling_, /*gvl_layout=*/true);
+  bpf_loader_ = StartHelperThread([this] {
+    loaded_session_.emplace(BpfSession::Open(speculative_options_, [this](const rv_record& r) { OnRecord(r); }));
+  });
   if (Status st = launch_ ? FindLaunchTarget() : FindAttachTarget(); !st) return st;
   // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
   Result<PreparedBinary> prepared =
@@ -424,23 +461,19 @@ void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std:
 }
 
 Status Recording::Open() {
-  SessionOptions so;
-  so.ring_buffer_bytes = o_.ring_buffer_kb * 1024u;
-  so.force_single_links = o_.force_single_links;
-  so.config.cold_gap_ns = OverheadBudget::kColdGapNs;
-  if (prepared_->stacks) {
-    if (stacks_on_) {
-      so.config.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
-      if (o_.stacks.find("ready") != std::string::npos) so.config.stack_events |= 1u << RV_EV_THREAD_READY;
-    }
-    so.config.sampling = sampling_ ? 1 : 0;
-    // Samples read the GVL's holder and queue where the binary's layout is known: what keeps contention visible
-    // while --max-overhead has the scheduler sites detached (model/attribution.h estimates from it there).
-    so.config.gvl_readings = sampling_ && prepared_->stacks->offsets.gvl.base != RV_GVL_BASE_NONE ? 1 : 0;
+  const SessionOptions so = SessionOptionsFor(
+      prepared_->stacks.has_value(), prepared_->stacks && prepared_->stacks->offsets.gvl.base != RV_GVL_BASE_NONE);
+  bpf_loader_.join();
+  if (std::memcmp(&so.config, &speculative_options_.config, sizeof(so.config)) != 0) {
+    // The binary gives no stacks or no GVL layout: those programs must not run. The speculative session is
+    // released before the right one loads.
+    loaded_session_.reset();
+    loaded_session_.emplace(BpfSession::Open(so, [this](const rv_record& r) { OnRecord(r); }));
   }
-  Result<std::unique_ptr<BpfSession>> s = BpfSession::Open(so, [this](const rv_record& r) { OnRecord(r); });
+  Result<std::unique_ptr<BpfSession>>& s = *loaded_session_;
   if (!s) return s.error();
   session_ = std::move(s.value());
+  loaded_session_.reset();
 
   if (launch_) {
     Result<HeldChild> c = HeldChild::Spawn(o_.command, launch_identity_);
@@ -882,8 +915,11 @@ Result<int> Recording::Finish() {
       }
     }
   }
-  // Releasing a multi-uprobe link waits for an RCU grace period (tens of ms, more on a busy machine): both groups
-  // are released at the same time so that they wait for the same one.
+  // Releasing a multi-uprobe link waits for an RCU grace period (40-100 ms, more on a busy machine). Once the target
+  // has exited nothing can hit the probes, so a child process does that wait after rvbpfd has exited
+  // (common/release_in_child.h). With a live target (--duration, a signal) both groups are released here, at the
+  // same time so that they wait for the same grace period, and no probe outlives rvbpfd.
+  if (target_exited_ && HandOffFileRelease()) return 0;
   if (low_group_ && high_group_) {
     std::thread release_low([this] { low_group_.reset(); });
     high_group_.reset();

@@ -10,17 +10,19 @@
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "stacks/memory_reader.h"
+#include "stacks/offsets_cache.h"
 #include "target/target.h"
 
 namespace rvbpfd {
 
-Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version) {
+Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version, const std::string& content_sha256,
+                                 const std::string& cache_dir) {
   int major = 0, minor = 0, teeny = 0;
   if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
     return Error(ErrorCode::kUnsupportedVersion, "cannot parse ruby_version " + ruby_version);
   }
   AttachDebugInfo(&vm);  // the layout needs DWARF: from the binary or its debug file by build-id
-  Result<RubyOffsets> off = OffsetsForBinary(vm, major, minor, nullptr);
+  Result<RubyOffsets> off = CachedOffsetsForBinary(vm, major, minor, content_sha256, cache_dir);
   if (!off) return off.error();
   StackSetup s;
   s.offsets = *off;
@@ -46,7 +48,7 @@ Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_vers
   p.sites = std::move(sites.value());
   p.live_layout = LiveLayoutOf(vm, p.sites);
   if (want_stacks) {
-    Result<StackSetup> ss = PrepareStacks(vm, ruby_version);
+    Result<StackSetup> ss = PrepareStacks(vm, ruby_version, p.sites.content_sha256, cache_dir);
     if (ss) {
       p.stacks = std::move(ss.value());
     } else {

@@ -37,8 +37,10 @@ struct StackSetup {
 };
 
 // Walker/symbolizer layout of the VM binary `vm` (DWARF over the version table; debug info by build-id is attached
-// to `vm` when it has none of its own).
-Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version);
+// to `vm` when it has none of its own). The DWARF part is cached in cache_dir by the binary's content hash
+// (CachedOffsetsForBinary, src/stacks/offsets_cache.h; "" for either: no cache).
+Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version, const std::string& content_sha256,
+                                 const std::string& cache_dir);
 
 // What CheckLiveLayout compares a live process with: the facts of its VM binary's analysis that the probes rely on,
 // kept by PrepareVmBinary so that every process of a binary can be checked without the file (the fleet agent's probe

@@ -1,20 +1,16 @@
 // The per-binary JSON cache of FindSites results, keyed by the SHA-256 of the binary's content. The cache lives on the
 // host and may outlive binaries, be edited or be truncated by a crash; so nothing in it is trusted: every field is
 // range-checked, and anything odd means "recompute and rewrite".
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <optional>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "common/cache_file.h"
 #include "common/json_dump.h"
 #include "common/json_read.h"
 #include "common/sha256.h"
-#include "common/target_file.h"
 #include "elf/debug_lookup.h"
 #include "sites/sites.h"
 
@@ -143,37 +139,55 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
 
 namespace {
 
-// Writes `text` to `path` atomically: a temporary file created O_EXCL|O_NOFOLLOW next to it (a planted symlink or a
-// leftover is never followed or reused), renamed into place; the temporary is removed on every failure.
-void WriteCacheFile(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return;
-  size_t done = 0;
-  bool ok = true;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ok = false;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  ok = close(fd) == 0 && ok;
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) unlink(tmp.c_str());
-}
-
-// The cache file's text, if it is a small regular file (at most kMaxCacheBytes).
-std::optional<std::string> ReadCacheFile(const std::string& path) {
-  // RV_MAX_SITES sites of a few hundred bytes each; anything larger is not ours.
-  constexpr uint64_t kMaxCacheBytes = 16u << 20;
-  Result<MappedFile> m = MappedFile::Map(path, "site cache", kMaxCacheBytes);
-  if (!m) return std::nullopt;
-  return std::string(reinterpret_cast<const char*>(m->data()), m->size());
+// The content-hash entry of a file identity: <cache_dir>/file-<dev>-<ino>.json. Bump the format when a field changes.
+constexpr int kFileHashFormat = 1;
+bool IsSha256Hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 }  // namespace
+
+std::string FileHashEntryPath(const std::string& cache_dir, const FileIdentity& id) {
+  return cache_dir + "/file-" + std::to_string(id.dev) + "-" + std::to_string(id.ino) + ".json";
+}
+
+std::string ContentSha256Of(const ElfFile& elf, const std::string& cache_dir, int64_t settle_ns) {
+  const FileIdentity& id = elf.identity();
+  const bool cacheable = !cache_dir.empty() && id.ino != 0 && id.size == elf.content().size();
+  const std::string path = FileHashEntryPath(cache_dir, id);
+  if (cacheable) {
+    if (std::optional<std::string> text = ReadCacheFile(path, 4096)) {
+      const nlohmann::json doc = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (doc.is_object()) {
+        auto u64 = [&](const char* k) { return doc.contains(k) ? JsonInteger<uint64_t>(doc[k]) : std::nullopt; };
+        auto i64 = [&](const char* k) { return doc.contains(k) ? JsonInteger<int64_t>(doc[k]) : std::nullopt; };
+        const std::optional<int64_t> format = i64("format");
+        const std::optional<uint64_t> dev = u64("dev"), ino = u64("ino"), size = u64("size");
+        const std::optional<int64_t> mtime = i64("mtime_ns"), ctime = i64("ctime_ns");
+        auto sha = doc.find("content_sha256");
+        if (format == kFileHashFormat && dev && ino && size && mtime && ctime && sha != doc.end() &&
+            sha->is_string() && IsSha256Hex(sha->get<std::string>()) &&
+            FileIdentity{*dev, *ino, *size, *mtime, *ctime, 0} == id) {
+          return sha->get<std::string>();
+        }
+      }
+    }
+  }
+  std::string sha = SparseContentSha256Hex(elf.content());
+  if (cacheable && id.Settled(settle_ns)) {
+    nlohmann::json doc = {{"format", kFileHashFormat}, {"dev", id.dev},           {"ino", id.ino},
+                          {"size", id.size},           {"mtime_ns", id.mtime_ns}, {"ctime_ns", id.ctime_ns},
+                          {"content_sha256", sha}};
+    try {
+      WriteCacheFile(cache_dir, path, DumpJson(doc, 1) + "\n");
+    } catch (const std::exception&) {
+      // Only allocation can throw here; the hash itself is still good.
+    }
+  }
+  return sha;
+}
 
 Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& ruby_version,
                                 const std::string& cache_dir) {
@@ -185,11 +199,13 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
 Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, const std::string& cache_dir) {
   // The key is what the analysis reads: the whole file (its zero blocks cost nothing: a sparse file is cheap). A
   // binary claiming another's build-id, or a modified copy keeping it, only ever finds or writes its own entry.
-  const std::string content_sha256 = SparseContentSha256Hex(elf.content());
+  const std::string content_sha256 = ContentSha256Of(elf, cache_dir);
   const bool cacheable = !cache_dir.empty();
   const std::string cache_path = cache_dir + "/" + content_sha256 + ".json";
   if (cacheable) {
-    if (std::optional<std::string> text = ReadCacheFile(cache_path)) {
+    // RV_MAX_SITES sites of a few hundred bytes each; anything larger is not ours.
+    constexpr uint64_t kMaxCacheBytes = 16u << 20;
+    if (std::optional<std::string> text = ReadCacheFile(cache_path, kMaxCacheBytes)) {
       Result<SiteSet> cached = SiteSetFromJson(*text);
       if (cached.ok() && cached->content_sha256 == content_sha256 && cached->build_id == elf.build_id() &&
           cached->ruby_version == ruby_version) {
@@ -219,9 +235,8 @@ Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, c
   found->content_sha256 = content_sha256;
   if (!cacheable) return found;
   // Best effort: a cache we cannot write only costs the next run the analysis time.
-  mkdir(cache_dir.c_str(), 0755);
   try {
-    WriteCacheFile(cache_path, SiteSetToJson(*found));
+    WriteCacheFile(cache_dir, cache_path, SiteSetToJson(*found));
   } catch (const std::exception&) {
     // Only allocation can throw here; the sites themselves are still good.
   }

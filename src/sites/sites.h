@@ -91,6 +91,18 @@ bool TableOffsets(int major, int minor, rv_offsets* offsets, uint32_t* main_thre
 // binary has no .symtab or no `rb_internal_thread_event_hooks`, or when a STARTED/READY site's `th` cannot be located.
 Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version);
 
+// SparseContentSha256Hex of the binary, which keys the caches. Hashing reads the whole file (~70 ms for a 46 MB
+// static ruby with debug info), so the hash is kept in `<cache_dir>/file-<dev>-<ino>.json` (FileHashEntryPath) with
+// the file's identity (FileIdentity: dev, ino, size, mtime, ctime) and used again only for a file of that identity.
+// Only a file unchanged for settle_ns before it was opened is entered (FileIdentity::Settled), so an entry never
+// pairs an identity with content read while the file changed. An entry that is malformed or of another identity is
+// ignored and rewritten. cache_dir "": always hashed.
+// kFileSettleNs: far more than any file system's timestamp granularity (ext4, tmpfs: ns, set from a clock that ticks
+// every few ms; FAT: 2 s).
+inline constexpr int64_t kFileSettleNs = 3'000'000'000;
+std::string ContentSha256Of(const ElfFile& elf, const std::string& cache_dir, int64_t settle_ns = kFileSettleNs);
+std::string FileHashEntryPath(const std::string& cache_dir, const FileIdentity& id);
+
 // FindSites with a JSON cache `<cache_dir>/<sha256>.json`, keyed by the SHA-256 of the whole binary (what the sites
 // were computed from), never by the build-id a binary claims: a crafted binary carrying another's build-id only ever
 // finds or writes its own entry. A cache file that is corrupt, of another format version, for other content or another

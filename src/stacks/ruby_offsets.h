@@ -10,6 +10,7 @@
 #include <linux/types.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,12 @@
 #include "elf/elf_file.h"
 
 namespace rvbpfd {
+
+// The two ABI structs RubyOffsets holds are all __u32 (no padding), so bytes compare them.
+inline bool operator==(const rv_ruby_walk_offsets& a, const rv_ruby_walk_offsets& b) {
+  return std::memcmp(&a, &b, sizeof(a)) == 0;
+}
+inline bool operator==(const rv_gvl_offsets& a, const rv_gvl_offsets& b) { return std::memcmp(&a, &b, sizeof(a)) == 0; }
 
 struct RubyOffsets {
   int major = 0, minor = 0;
@@ -95,6 +102,8 @@ struct RubyOffsets {
 
   // The reference table for a CRuby version. kUnsupportedVersion outside 3.2 - 4.0.
   static Result<RubyOffsets> ForVersion(int major, int minor);
+
+  bool operator==(const RubyOffsets&) const = default;
 };
 
 // What OffsetsForBinary learned from DWARF.
