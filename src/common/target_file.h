@@ -87,7 +87,6 @@ struct MapOptions {
   bool writable = false;
 };
 
-// A size-bounded copy of a regular file's content (see the header comment), read-only unless asked. Move-only.
 // What fstat said of a file when it was opened, and when. The kernel sets st_ctime on every change of a file's content
 // or metadata and no user can set it back, so (dev, ino, size, mtime, ctime) names one content of one file, as long as
 // the change came after a clock tick past the recorded ctime (see Settled).
@@ -106,6 +105,7 @@ struct FileIdentity {
   }
 };
 
+// A size-bounded copy of a regular file's content (see the header comment), read-only unless asked. Move-only.
 class MappedFile {
  public:
   using Options = MapOptions;
