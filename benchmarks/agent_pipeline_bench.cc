@@ -1,6 +1,7 @@
-// The fleet agent's host cost per record, independent of machine load: a deterministic synthetic stream of one Ruby
-// process (4 threads cycling READY -> RESUMED -> SUSPENDED, each release carrying a ~20-frame stack drawn from a
-// small set, one on-CPU sample per 16 events, each reading the GVL, a GC every 200 ms) goes through the agent's own
+// The fleet agent's host cost per record, independent of machine load: a deterministic synthetic stream of PROCESSES
+// Ruby processes (each: 4 threads cycling READY -> RESUMED -> SUSPENDED, each release carrying a 20-frame stack drawn
+// from a small set of its own, one on-CPU sample per 16 events, each reading the GVL, a GC every 200 ms per process
+// at 1 process and every second beyond) goes through the agent's own
 // per-record path (Agent::OnStack/OnRecord -> reorder window -> Dispatch -> ProcessProfile, cuts and pprof builds
 // included) with the production FrameSource (MakeResolverFrameSource: StackResolver) over a fake target memory
 // holding real iseq objects. Only the BPF ring and /proc are fakes.
@@ -12,7 +13,12 @@
 //     ./agent_pipeline_bench 20
 // then divide the total Ir by the event count printed.
 //
-// Usage: agent_pipeline_bench [SIMULATED_SECONDS (default 20)]
+// The host-wide event rate is the same for every PROCESSES (12,000 events/s: each thread cycles every PROCESSES ms),
+// so PROCESSES 50 (agent_budget.py's count) gives the real agent's working set: 50 profiles, span trackers and
+// resolver caches, each touched every few records, with the cache misses that brings.
+//
+// Usage: agent_pipeline_bench [SIMULATED_SECONDS (default 20)] [PROCESSES (default 1)]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -173,23 +179,32 @@ class ChecksumSink : public ProfileSink {
 
 int Main(int argc, char** argv) {
   const double sim_s = argc > 1 ? std::atof(argv[1]) : 20;
+  const int processes = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
   FakeProc proc;
   const std::string exe = proc.AddExe("app", "ruby");
-  proc.AddProcess(kPid, "puma", "app", exe, {proc.AddLibruby("app", "3.3.8")});
+  const std::string libruby = proc.AddLibruby("app", "3.3.8");
+  std::vector<std::unique_ptr<FakeRuby>> rubies;
+  for (int p = 0; p < processes; ++p) {
+    proc.AddProcess(kPid + p, "puma", "app", exe, {libruby});
+    rubies.push_back(std::make_unique<FakeRuby>());
+  }
 
-  FakeRuby ruby;
   BenchBackend backend;
   FakeClock clock;
-  // The stream: stacks drawn from a small set of frames (deterministic LCG), then the timeline.
+  // The stream: each process's stacks drawn from its own frames (deterministic LCG), then the timeline.
   uint64_t lcg = 12345;
   auto next_rand = [&lcg](uint64_t n) {
     lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
     return (lcg >> 33) % n;
   };
-  for (int s = 0; s < kDistinctStacks; ++s) {
-    std::vector<rv_ruby_frame> st;
-    for (int i = 0; i < kFramesPerStack; ++i) st.push_back(ruby.frame(static_cast<int>(next_rand(kDistinctFrames))));
-    backend.stacks.push_back(std::move(st));
+  for (int p = 0; p < processes; ++p) {
+    for (int s = 0; s < kDistinctStacks; ++s) {
+      std::vector<rv_ruby_frame> st;
+      for (int i = 0; i < kFramesPerStack; ++i) {
+        st.push_back(rubies[static_cast<size_t>(p)]->frame(static_cast<int>(next_rand(kDistinctFrames))));
+      }
+      backend.stacks.push_back(std::move(st));
+    }
   }
   const uint64_t t0 = clock.mono + kMs;
   const uint64_t end = t0 + static_cast<uint64_t>(sim_s * 1e9);
@@ -203,13 +218,16 @@ int Main(int argc, char** argv) {
     g.queued[0] = 0x7f0000001000ull + static_cast<uint64_t>((t + 1) % kThreads) * 0x100;
     backend.readings.push_back(g);
   }
-  auto add = [&](uint64_t ts, uint16_t kind, uint64_t th, int stack) {
+  auto add = [&](uint64_t ts, int p, uint16_t kind, uint64_t th, int stack) {
     BenchBackend::Rec r{};
     r.rec.ts_ns = ts;
-    r.rec.pid = kPid;
+    r.rec.pid = static_cast<uint32_t>(kPid + p);
     r.rec.kind = kind;
     r.rec.th = th;
-    if (stack >= 0) r.rec.flags = RV_REC_HAS_STACK;
+    if (stack >= 0) {
+      r.rec.flags = RV_REC_HAS_STACK;
+      stack += p * kDistinctStacks;
+    }
     r.stack = stack;
     if (kind == RV_EV_SAMPLE) {
       r.rec.flags |= RV_REC_HAS_GVL;
@@ -218,20 +236,24 @@ int Main(int argc, char** argv) {
     backend.recs.push_back(r);
     if (kind != RV_EV_SAMPLE) ++events;
   };
-  uint64_t next_gc = t0 + 200 * kMs;
+  // Each millisecond one process runs a cycle of its threads, in turn: every process cycles every `processes` ms.
+  const uint64_t gc_period = processes == 1 ? 200 * kMs : 1000 * kMs;
+  std::vector<uint64_t> next_gc(static_cast<size_t>(processes));
+  for (int p = 0; p < processes; ++p) next_gc[static_cast<size_t>(p)] = t0 + gc_period * (p + 1) / processes;
   for (uint64_t ts = t0; ts < end; ts += 1 * kMs) {
+    const int p = static_cast<int>((ts - t0) / kMs % static_cast<uint64_t>(processes));
     for (int t = 0; t < kThreads; ++t) {
       const uint64_t th = 0x7f0000001000ull + static_cast<uint64_t>(t) * 0x100;
       const uint64_t base = ts + static_cast<uint64_t>(t) * 200'000;
-      add(base, RV_EV_THREAD_READY, th, -1);
-      add(base + 20'000, RV_EV_THREAD_RESUMED, th, -1);
-      if (events % 16 < 3) add(base + 60'000, RV_EV_SAMPLE, th, static_cast<int>(next_rand(kDistinctStacks)));
-      add(base + 150'000, RV_EV_THREAD_SUSPENDED, th, static_cast<int>(next_rand(kDistinctStacks)));
+      add(base, p, RV_EV_THREAD_READY, th, -1);
+      add(base + 20'000, p, RV_EV_THREAD_RESUMED, th, -1);
+      if (events % 16 < 3) add(base + 60'000, p, RV_EV_SAMPLE, th, static_cast<int>(next_rand(kDistinctStacks)));
+      add(base + 150'000, p, RV_EV_THREAD_SUSPENDED, th, static_cast<int>(next_rand(kDistinctStacks)));
     }
-    if (ts >= next_gc) {
-      add(ts + 900'000, RV_EV_GC_ENTER, 0, -1);
-      add(ts + 950'000, RV_EV_GC_EXIT, 0, -1);
-      next_gc += 200 * kMs;
+    if (ts >= next_gc[static_cast<size_t>(p)]) {
+      add(ts + 900'000, p, RV_EV_GC_ENTER, 0, -1);
+      add(ts + 950'000, p, RV_EV_GC_EXIT, 0, -1);
+      next_gc[static_cast<size_t>(p)] += gc_period;
     }
   }
 
@@ -247,7 +269,8 @@ int Main(int argc, char** argv) {
   env.preparer = [](const std::string&, const std::string& v, std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
     return FakePrepared(v);
   };
-  env.frame_source = [&ruby](int, const RubyTarget&, const ProbeSet&) -> std::unique_ptr<FrameSource> {
+  env.frame_source = [&rubies](int pid, const RubyTarget&, const ProbeSet&) -> std::unique_ptr<FrameSource> {
+    FakeRuby& ruby = *rubies[static_cast<size_t>(pid - kPid)];
     return MakeResolverFrameSource(std::make_unique<StackResolver>(ruby.TakeMemory(), ruby.offsets(), 0));
   };
   ChecksumSink* sink = nullptr;
@@ -272,8 +295,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "start: %s\n", st.error().message().c_str());
     return 1;
   }
-  if (agent.watched_pids().size() != 1) {
-    std::fprintf(stderr, "the fake Ruby process was not watched\n");
+  if (agent.watched_pids().size() != static_cast<size_t>(processes)) {
+    std::fprintf(stderr, "%zu of the %d fake Ruby processes were watched\n", agent.watched_pids().size(), processes);
     return 1;
   }
 

@@ -24,8 +24,9 @@ std::string DefaultHost() {
   return buf;
 }
 
-bool AllUnresolved(const std::vector<SharedFrame>& frames) {
-  if (frames.empty()) return true;
+bool AllUnresolved(const SharedStack& stack) {
+  if (stack == nullptr || stack->empty()) return true;
+  const std::vector<SharedFrame>& frames = *stack;
   return std::all_of(frames.begin(), frames.end(),
                      [](const SharedFrame& f) { return f->kind == FrameKind::kUnresolved; });
 }
@@ -294,17 +295,19 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
   item.th = r.th;
   item.tid = r.tid;
   item.in_gc = (r.flags & RV_REC_IN_GC) != 0;
-  if (!spare_frames_.empty()) {
-    item.frames = std::move(spare_frames_.back());
-    spare_frames_.pop_back();
-  }
   const uint64_t epoch = p->gc_epoch.ForStack(p->set->paused);  // the budget detaches the GC sites with the rest
-  if (p->frames) p->frames->ResolveShared(frames, epoch, &item.frames);
+  if (p->frames) item.stack = p->frames->ResolveStack(frames, epoch);
   std::vector<FrameInfo> marker;  // empty (no allocation) unless the stack was cut short
   AppendStackEndMarker(h, &marker);
-  for (FrameInfo& m : marker) item.frames.push_back(std::make_shared<const FrameInfo>(std::move(m)));
+  if (!marker.empty()) {
+    // The marker is this record's own: the shared stack is copied, never changed.
+    auto marked = item.stack ? std::make_shared<std::vector<SharedFrame>>(*item.stack)
+                             : std::make_shared<std::vector<SharedFrame>>();
+    for (FrameInfo& m : marker) marked->push_back(std::make_shared<const FrameInfo>(std::move(m)));
+    item.stack = std::move(marked);
+  }
   if (r.kind == RV_EV_SAMPLE) {
-    if (AllUnresolved(item.frames)) {
+    if (AllUnresolved(item.stack)) {
       // Nothing of the stack could be named (the process is exiting, or its memory is unreadable): a profile
       // entry of "<unresolved>" frames says nothing, so the sample is counted as dropped instead.
       ++unsymbolized_;
@@ -327,13 +330,7 @@ void Agent::EnqueueMarker(int pid, uint32_t kind, uint64_t t_ns) {
 void Agent::Enqueue(Pending item) { pending_.Push(std::move(item)); }
 
 void Agent::ReleasePending(uint64_t upto_ns) {
-  pending_.PopThrough(upto_ns, [this](Pending&& item) {
-    Dispatch(item);
-    if (item.frames.capacity() > 0 && item.frames.capacity() <= 256 && spare_frames_.size() < kSpareFrames) {
-      item.frames.clear();
-      spare_frames_.push_back(std::move(item.frames));
-    }
-  });
+  pending_.PopThrough(upto_ns, [this](Pending&& item) { Dispatch(item); });
 }
 
 void Agent::Dispatch(Pending& item) {
@@ -369,13 +366,13 @@ void Agent::Dispatch(Pending& item) {
   if (item.th != 0 && item.tid == static_cast<uint32_t>(pid)) p->profile->SetMainThread(item.th);
   if (item.kind == RV_EV_SAMPLE) {
     if (!p->exited_threads.Keep(item.th, /*sample=*/true, /*exited=*/false)) return;
-    p->profile->OnSample(item.t_ns, item.th, item.in_gc, item.frames, item.gvl.get());
+    p->profile->OnSample(item.t_ns, item.th, item.in_gc, item.stack, item.gvl.get());
     ++p->samples;
     ++samples_;
     return;
   }
   p->exited_threads.Keep(item.th, /*sample=*/false, item.kind == RV_EV_THREAD_EXITED);
-  p->profile->OnEvent(item.t_ns, item.th, item.kind, item.frames);
+  p->profile->OnEvent(item.t_ns, item.th, item.kind, item.stack);
   ++p->events;
   ++events_;
 }

@@ -106,7 +106,7 @@ class Agent {
     uint64_t th = 0;
     uint32_t tid = 0;  // host tid of the thread the record is about (0: unknown)
     bool in_gc = false;
-    std::vector<SharedFrame> frames;  // shared with the resolver's cache: no per-record string copies
+    SharedStack stack;  // the stack it carried (the resolver's shared object: no per-record copies), null: none
     std::shared_ptr<GvlReading> gvl;  // a sample's GVL reading (holder_th / queued_th are th keys), null when none
   };
 
@@ -181,10 +181,6 @@ class Agent {
   static constexpr int kMaxChildDepth = 4;
   int child_depth_ = 0;             // recursion of TryWatch through children
   Reorderer<Pending> pending_{kReorderWindowNs};  // released by the clock (ReleasePending), not by newer records
-  // Frame vectors of dispatched records, reused by the next stacks (no allocation per record in steady state): at
-  // most kSpareFrames, of at most 256 frames each (~4 MB worst case).
-  static constexpr size_t kSpareFrames = 1024;
-  std::vector<std::vector<SharedFrame>> spare_frames_;
 };
 
 }  // namespace rvbpfd

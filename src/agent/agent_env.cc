@@ -20,10 +20,9 @@ class ResolverFrameSource : public FrameSource {
     resolver_->set_epoch(gc_epoch);
     resolver_->Resolve(frames, out);
   }
-  void ResolveShared(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch,
-                     std::vector<SharedFrame>* out) override {
+  SharedStack ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch) override {
     resolver_->set_epoch(gc_epoch);
-    resolver_->ResolveShared(frames, out);
+    return resolver_->ResolveStack(frames);
   }
 
  private:
@@ -32,13 +31,13 @@ class ResolverFrameSource : public FrameSource {
 
 }  // namespace
 
-void FrameSource::ResolveShared(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch,
-                                std::vector<SharedFrame>* out) {
+SharedStack FrameSource::ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch) {
   std::vector<FrameInfo> named;
   Resolve(frames, gc_epoch, &named);
-  out->clear();
+  auto out = std::make_shared<std::vector<SharedFrame>>();
   out->reserve(named.size());
   for (FrameInfo& f : named) out->push_back(std::make_shared<const FrameInfo>(std::move(f)));
+  return out;
 }
 
 std::unique_ptr<FrameSource> MakeResolverFrameSource(std::unique_ptr<StackResolver> resolver) {

@@ -44,9 +44,9 @@ class FrameSource {
  public:
   virtual ~FrameSource() = default;
   virtual void Resolve(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, std::vector<FrameInfo>* out) = 0;
-  // The same frames as shared immutable objects (what the agent's per-record path uses: no string copies when the
-  // source caches). The default wraps Resolve's result.
-  virtual void ResolveShared(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, std::vector<SharedFrame>* out);
+  // The same stack as one shared immutable object (what the agent's per-record path uses: no string copies, and one
+  // object for a repeated stack, when the source caches). Never null. The default wraps Resolve's result.
+  virtual SharedStack ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch);
 };
 
 // The FrameSource over a StackResolver (MakeProcessFrameSource's, with any memory reader).

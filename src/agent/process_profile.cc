@@ -120,24 +120,17 @@ uint32_t ProfileStackTable::Intern(std::span<const FrameInfo> frames, const Fram
 
 void ProfileStackTable::ClearMemo() {
   memo_.clear();
-  for (StackMemo& m : stack_memo_) m.frames.clear();
+  for (StackMemo& m : stack_memo_) m = StackMemo{};
 }
 
-uint32_t ProfileStackTable::Intern(std::span<const SharedFrame> frames) {
+uint32_t ProfileStackTable::Intern(const SharedStack& stack) {
   if (memo_.size() > kMemoSlack + 2 * frames_.size()) ClearMemo();
   if (stack_memo_.empty()) stack_memo_.resize(kStackMemoSlots);
-  uint64_t h = frames.size();
-  for (const SharedFrame& f : frames) h = MixHash(h ^ reinterpret_cast<uintptr_t>(f.get()));
-  StackMemo& sm = stack_memo_[h % kStackMemoSlots];
-  if (sm.id != 0 && sm.frames.size() == frames.size() &&
-      std::equal(frames.begin(), frames.end(), sm.frames.begin(),
-                 [](const SharedFrame& a, const FrameInfo* b) { return a.get() == b; })) {
-    return sm.id;  // what interning these values again would return: the stack exists
-  }
-  const uint32_t id = InternShared(frames);
+  StackMemo& sm = stack_memo_[MixHash(reinterpret_cast<uintptr_t>(stack.get())) % kStackMemoSlots];
+  if (sm.stack == stack) return sm.id;  // the same object: the same frames, interned before
+  const uint32_t id = InternShared(*stack);
   if (id != 0) {
-    sm.frames.clear();
-    for (const SharedFrame& f : frames) sm.frames.push_back(f.get());
+    sm.stack = stack;
     sm.id = id;
   }
   return id;
@@ -167,7 +160,7 @@ uint32_t ProfileStackTable::InternShared(std::span<const SharedFrame> frames) {
 
 size_t ProfileStackTable::memo_memory_bytes() const {
   size_t stacks = VectorHeap(stack_memo_);
-  for (const StackMemo& m : stack_memo_) stacks += VectorHeap(m.frames);
+  for (const StackMemo& m : stack_memo_) stacks += m.stack ? sizeof(*m.stack) + VectorHeap(*m.stack) : 0;
   return stacks +
          HashSetHeap(memo_, sizeof(std::pair<const FrameInfo* const, std::pair<SharedFrame, uint32_t>>), false);
 }
@@ -242,7 +235,7 @@ void ProcessProfile::NewTable() {
 }
 
 uint32_t ProcessProfile::InternOrFull(const StackInput& frames) {
-  const uint32_t id = frames.shared.empty() ? table_->Intern(frames.values) : table_->Intern(frames.shared);
+  const uint32_t id = frames.shared != nullptr ? table_->Intern(*frames.shared) : table_->Intern(frames.values);
   if (id != 0) return id;
   ++stats_.stacks_over_cap;
   ++interval_over_cap_;
@@ -298,17 +291,17 @@ void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span
   Sample(ts_ns, th, in_gc, StackInput{frames, {}}, gvl);
 }
 
-void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames,
+void ProcessProfile::OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, const SharedStack& stack,
                               const GvlReading* gvl) {
-  Sample(ts_ns, th, in_gc, StackInput{{}, frames}, gvl);
+  Sample(ts_ns, th, in_gc, StackInput{{}, &stack}, gvl);
 }
 
 void ProcessProfile::OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const FrameInfo> frames) {
   Event(ts_ns, th, kind, StackInput{frames, {}});
 }
 
-void ProcessProfile::OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const SharedFrame> frames) {
-  Event(ts_ns, th, kind, StackInput{{}, frames});
+void ProcessProfile::OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, const SharedStack& stack) {
+  Event(ts_ns, th, kind, StackInput{{}, &stack});
 }
 
 void ProcessProfile::Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames,

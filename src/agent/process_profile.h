@@ -122,9 +122,10 @@ class ProfileStackTable {
   // The id of the stack `frames` (leaf first) with `top`, when not null, as an extra leaf frame; interned if new.
   // 0 when it is new and the table is full (nothing is added then).
   uint32_t Intern(std::span<const FrameInfo> frames, const FrameInfo* top = nullptr);
-  // The same for shared frames (the agent's path): a frame object seen before is found by its address, without
-  // hashing its strings. Same ids and the same cap decisions as Intern of the frames' values.
-  uint32_t Intern(std::span<const SharedFrame> frames);
+  // The same for a shared stack (the agent's path, not null): a stack object seen lately is found by its address,
+  // and a frame object seen before by its, without hashing strings. Same ids and the same cap decisions as Intern
+  // of the frames' values.
+  uint32_t Intern(const SharedStack& stack);
   // The id of stack `base` (an id of this table) with `top` as an extra leaf frame; 0 when new and full.
   uint32_t InternOnTop(const FrameInfo& top, uint32_t base);
 
@@ -186,11 +187,11 @@ class ProfileStackTable {
   // exists (frames are immutable: same address, same value). Cleared when it outgrows kMemoSlack + 2 * frames.
   static constexpr size_t kMemoSlack = 1024;
   std::unordered_map<const FrameInfo*, std::pair<SharedFrame, uint32_t>> memo_;
-  // Whole stacks by their frames' addresses -> stack id, direct-mapped (kStackMemoSlots); the addresses are pinned
-  // by memo_ (every frame of a remembered stack is in it), so this is cleared with memo_.
+  // Whole stack objects -> stack id, direct-mapped by address (kStackMemoSlots); each entry holds its stack, so the
+  // address is not reused while it is remembered. Cleared with memo_.
   static constexpr size_t kStackMemoSlots = 64;
   struct StackMemo {
-    std::vector<const FrameInfo*> frames;
+    SharedStack stack;  // null: empty slot
     uint32_t id = 0;
   };
   std::vector<StackMemo> stack_memo_;
@@ -213,10 +214,10 @@ class ProcessProfile {
   // Scheduler/GC events of this process (kind = rv_event_kind). `frames` is the stack the event carried (gvl_released
   // with --stacks=release), empty when none. Kinds other than thread and GC events are ignored.
   void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const FrameInfo> frames);
-  // The same with shared frames (StackResolver::ResolveShared's): identical results, cheaper for repeated frames.
-  void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const SharedFrame> frames,
-                const GvlReading* gvl = nullptr);
-  void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const SharedFrame> frames);
+  // The same with a shared stack (StackResolver::ResolveStack's; null: none): identical results, cheaper for
+  // repeated stacks.
+  void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, const SharedStack& stack, const GvlReading* gvl = nullptr);
+  void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, const SharedStack& stack);
   void OnEventsLost();  // events were dropped: spans open now are not counted (their ends are unknown)
   // `th` runs on the process's initial native thread (tid == pid): the main thread, so named in gvl_blame.
   void SetMainThread(uint64_t th) { main_th_ = th; }
@@ -255,11 +256,11 @@ class ProcessProfile {
     uint32_t holder_unknown = 0;  // blame no holder span covers
   };
 
-  // A stack as either API gave it (one of the spans is used); interned only where the event needs it.
+  // A stack as either API gave it (`shared` when not null, else `values`); interned only where the event needs it.
   struct StackInput {
     std::span<const FrameInfo> values;
-    std::span<const SharedFrame> shared;
-    bool empty() const { return values.empty() && shared.empty(); }
+    const SharedStack* shared = nullptr;
+    bool empty() const { return shared != nullptr ? *shared == nullptr || (*shared)->empty() : values.empty(); }
   };
 
   void Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames, const GvlReading* gvl);

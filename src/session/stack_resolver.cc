@@ -120,7 +120,7 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
       cache_.clear();
       cache_bytes_ = 0;
       std::fill(front_.begin(), front_.end(), FrontSlot{});
-      for (StackMemo& m : stack_memo_) m.raw.clear();
+      for (StackMemo& m : stack_memo_) m = StackMemo{};
       ++cache_clears_;
     }
     auto it = cache_.emplace(key, Entry{info, heads, epoch_}).first;
@@ -138,21 +138,22 @@ void StackResolver::Resolve(std::span<const rv_ruby_frame> frames, std::vector<F
   for (const rv_ruby_frame& f : frames) out->push_back(*ResolveFrameShared(f));
 }
 
-void StackResolver::ResolveShared(std::span<const rv_ruby_frame> frames, std::vector<SharedFrame>* out) {
+SharedStack StackResolver::ResolveStack(std::span<const rv_ruby_frame> frames) {
   StackMemo* memo = nullptr;
+  bool same_raw = false;
   if (!frames.empty() && frames.size() <= kMemoMaxFrames) {
     uint64_t h = frames.size();
     for (const rv_ruby_frame& f : frames) h = (h ^ KeyHash()(Key{f.addr, f.pc, f.cfp_iseq, f.kind, f.flags})) * 31;
     memo = &stack_memo_[((h ^ (h >> 32)) * 0x9e3779b97f4a7c15ull) >> 57];  // 7 bits: kStackMemoSlots
-    if (memo->epoch == epoch_ && memo->raw.size() == frames.size() &&
-        std::memcmp(memo->raw.data(), frames.data(), frames.size_bytes()) == 0) {
+    same_raw = memo->stack != nullptr && memo->raw.size() == frames.size() &&
+               std::memcmp(memo->raw.data(), frames.data(), frames.size_bytes()) == 0;
+    if (same_raw && memo->epoch == epoch_) {
       hits_ += frames.size();
-      out->assign(memo->frames.begin(), memo->frames.end());
-      return;
+      return memo->stack;
     }
   }
   RevalidateStale(frames);
-  out->clear();
+  auto out = std::make_shared<std::vector<SharedFrame>>();
   out->reserve(frames.size());
   bool all_cached = true;
   const uint64_t clears = cache_clears_;
@@ -162,11 +163,13 @@ void StackResolver::ResolveShared(std::span<const rv_ruby_frame> frames, std::ve
     // A miss that was cached is as good as a hit from now on; an uncached frame is symbolized anew every time.
     if (misses_ != misses) all_cached = all_cached && IsCached(f, out->back());
   }
-  if (memo != nullptr && all_cached && cache_clears_ == clears) {
-    memo->raw.assign(frames.begin(), frames.end());
-    memo->frames.assign(out->begin(), out->end());
-    memo->epoch = epoch_;
-  }
+  if (memo == nullptr || !all_cached || cache_clears_ != clears) return out;
+  memo->epoch = epoch_;
+  // The same frame objects as the remembered stack (shared_ptr == compares addresses): it is still this stack.
+  if (same_raw && *memo->stack == *out) return memo->stack;
+  memo->raw.assign(frames.begin(), frames.end());
+  memo->stack = out;
+  return out;
 }
 
 void StackResolver::RevalidateStale(std::span<const rv_ruby_frame> frames) {

@@ -36,6 +36,9 @@ namespace rvbpfd {
 
 // A resolved frame, shared between the resolver's cache and the records that named it; never modified once made.
 using SharedFrame = std::shared_ptr<const FrameInfo>;
+// A resolved stack (leaf first) as one immutable shared object: a record holds one reference for its whole stack,
+// and a consumer that keys on the object's address finds a stack seen before without looking at its frames.
+using SharedStack = std::shared_ptr<const std::vector<SharedFrame>>;
 
 class StackResolver {
  public:
@@ -57,8 +60,10 @@ class StackResolver {
   // Symbolizes `frames` (newest first, as the walker produced them) into `out` (cleared first), leaf first.
   void Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out);
   FrameInfo ResolveFrame(const rv_ruby_frame& frame);
-  // The same, without copying: cached frames are shared (the agent's per-record path).
-  void ResolveShared(std::span<const rv_ruby_frame> frames, std::vector<SharedFrame>* out);
+  // The same, without copying: cached frames are shared (the agent's per-record path). A repeated stack whose frames
+  // are all still valid is the same object as before, also across epochs once its frames are revalidated. Never
+  // null.
+  SharedStack ResolveStack(std::span<const rv_ruby_frame> frames);
   SharedFrame ResolveFrameShared(const rv_ruby_frame& frame);
 
   // The GC epoch the next Resolve runs in (see above).
@@ -107,13 +112,15 @@ class StackResolver {
   static void CopyIseqHead(const rv_ruby_frame& frame, Heads* heads);
   // Whole stacks resolved in one epoch with every frame from the cache: the same raw frames in the same epoch give
   // the same shared frames (cache entries are only erased in a later epoch, or all at once, which clears these too),
-  // so a repeated stack costs one hash and one compare. Direct-mapped by stack hash; stacks of up to
-  // kMemoMaxFrames frames (at most ~kStackMemoSlots * kMemoMaxFrames * 48 bytes = 390 KB, ~100 KB typical).
+  // so a repeated stack costs one hash and one compare. In a later epoch the stack's frames are revalidated, and
+  // when they are the same objects the remembered stack is served again (its identity outlives GCs). Direct-mapped
+  // by stack hash; stacks of up to kMemoMaxFrames frames (at most ~kStackMemoSlots * kMemoMaxFrames * 56 bytes =
+  // 460 KB, ~100 KB typical).
   static constexpr size_t kStackMemoSlots = 128;
   static constexpr size_t kMemoMaxFrames = 64;
   struct StackMemo {
     std::vector<rv_ruby_frame> raw;
-    std::vector<SharedFrame> frames;
+    SharedStack stack;  // null: the slot is empty
     uint64_t epoch = 0;
   };
 

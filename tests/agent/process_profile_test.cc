@@ -829,21 +829,29 @@ TEST(ProcessProfile, SameInputSameBytes) {
   }
 }
 
-// The shared-frame API (the agent's) must give the same bytes as the value API, whatever mix of reused frame objects
-// (the resolver's cache hits), fresh copies of equal frames (its misses) and table caps and rebuilds it sees.
-TEST(ProcessProfile, SharedFramesGiveTheSameBytesAsValues) {
+// The shared-stack API (the agent's) must give the same bytes as the value API, whatever mix of reused stack objects
+// (the resolver's memo hits), new stack objects of reused frames, fresh copies of equal frames (its misses), null
+// stacks and table caps and rebuilds it sees.
+TEST(ProcessProfile, SharedStacksGiveTheSameBytesAsValues) {
   ProcessProfileLimits limits;
   limits.max_stacks = 40;        // some stacks go over the cap
-  limits.reset_above_bytes = 0;  // the table (and its frame memo) is rebuilt at every cut
+  limits.reset_above_bytes = 0;  // the table (and its memos) is rebuilt at every cut
   std::map<std::string, SharedFrame> cached;  // label -> the one shared object, as a resolver cache hands out
-  auto shared = [&](const std::vector<FrameInfo>& values, bool fresh) {
-    std::vector<SharedFrame> out;
+  std::map<std::string, SharedStack> stacks;  // labels -> the one stack object, as the resolver's memo hands out
+  auto shared = [&](const std::vector<FrameInfo>& values, int i) -> SharedStack {
+    if (values.empty()) return nullptr;
+    std::string key;
+    for (const FrameInfo& f : values) key += f.label + ";";
+    SharedStack& st = stacks[key];
+    if (st && i % 11 != 0 && i % 4 != 0) return st;
+    auto out = std::make_shared<std::vector<SharedFrame>>();
     for (const FrameInfo& f : values) {
       SharedFrame& c = cached[f.label];
-      if (!c || fresh) c = std::make_shared<const FrameInfo>(f);  // a miss: an equal frame in a new object
-      out.push_back(c);
+      if (!c || i % 11 == 0) c = std::make_shared<const FrameInfo>(f);  // a miss: an equal frame in a new object
+      out->push_back(c);
     }
-    return out;
+    st = out;
+    return st;
   };
   auto run = [&](bool use_shared) {
     ProcessProfile pp(kPeriod, limits);
@@ -854,10 +862,10 @@ TEST(ProcessProfile, SharedFramesGiveTheSameBytesAsValues) {
         const auto s = Stack({"m" + std::to_string(i % (13 * cut)), "n" + std::to_string(i % 5), "<main>"});
         const uint64_t th = 1 + static_cast<uint64_t>(i % 3);
         if (use_shared) {
-          const auto f = shared(s, i % 11 == 0);
+          const SharedStack f = shared(s, i);
           pp.OnSample(t * 10, th, i % 7 == 0, f);
           pp.OnEvent(t * 10 + 1, th, RV_EV_THREAD_SUSPENDED, f);
-          pp.OnEvent(t * 10 + 2, th, RV_EV_THREAD_READY, std::span<const SharedFrame>(f).first(i % 2 ? 3 : 0));
+          pp.OnEvent(t * 10 + 2, th, RV_EV_THREAD_READY, shared(std::vector<FrameInfo>(s.begin(), s.begin() + (i % 2 ? 3 : 0)), i));
         } else {
           pp.OnSample(t * 10, th, i % 7 == 0, s);
           pp.OnEvent(t * 10 + 1, th, RV_EV_THREAD_SUSPENDED, s);

@@ -119,25 +119,26 @@ TEST_F(StackResolverTest, ReusedSlotIsNeverServedFromTheCache) {
 
 TEST_F(StackResolverTest, SharedStacksAreReusedWithinAnEpochAndNeverServeAReusedSlot) {
   const rv_ruby_frame frames[] = {Frame(), Frame()};
-  std::vector<SharedFrame> a, b;
-  resolver_->ResolveShared(frames, &a);
-  ASSERT_EQ(a.size(), 2u);
-  EXPECT_EQ(a[0]->label, "<main>");
-  EXPECT_EQ(a[0], a[1]) << "one cached frame is shared, not copied";
+  const SharedStack a = resolver_->ResolveStack(frames);
+  ASSERT_EQ(a->size(), 2u);
+  EXPECT_EQ((*a)[0]->label, "<main>");
+  EXPECT_EQ((*a)[0], (*a)[1]) << "one cached frame is shared, not copied";
   const uint64_t reads = mem_->reads();
-  resolver_->ResolveShared(frames, &b);
-  EXPECT_EQ(a, b);
+  SharedStack b = resolver_->ResolveStack(frames);
+  EXPECT_EQ(a, b) << "a repeated stack in the same GC epoch is the same object";
   EXPECT_EQ(mem_->reads(), reads) << "a repeated stack in the same GC epoch must not read the target";
   // GC freed the iseq and reused its slot: the next epoch must not be served the remembered stack.
   mem_->Put64(iseq_, kTString);
   resolver_->set_epoch(1);
-  resolver_->ResolveShared(frames, &b);
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b[0]->kind, FrameKind::kUnresolved);
+  b = resolver_->ResolveStack(frames);
+  ASSERT_EQ(b->size(), 2u);
+  EXPECT_EQ((*b)[0]->kind, FrameKind::kUnresolved);
+  EXPECT_EQ((*a)[0]->label, "<main>") << "a stack handed out is never changed";
   // Unresolved frames are never remembered: once the iseq is back, it is named again in the same epoch.
   mem_->Put64(iseq_, kImemoIseqFlags);
-  resolver_->ResolveShared(frames, &b);
-  EXPECT_EQ(b[0]->label, "<main>");
+  b = resolver_->ResolveStack(frames);
+  EXPECT_EQ((*b)[0]->label, "<main>");
+  EXPECT_NE(a, b) << "renamed frames are new objects, so a new stack";
   EXPECT_EQ(resolver_->ResolveFrame(Frame()).label, "<main>");
 }
 
@@ -146,13 +147,12 @@ TEST_F(StackResolverTest, ALaterEpochRevalidatesAWholeStackInOneBatch) {
   const uint64_t other = MakeTopIseq("<top (required)>", "/app/lib.rb");
   const uint64_t other_pc = encoded_;
   const rv_ruby_frame frames[] = {main_frame, {other, other_pc, other, RV_RB_FRAME_ISEQ, 0}, main_frame};
-  std::vector<SharedFrame> a, b;
-  resolver_->ResolveShared(frames, &a);
-  ASSERT_EQ(a.size(), 3u);
+  const SharedStack a = resolver_->ResolveStack(frames);
+  ASSERT_EQ(a->size(), 3u);
   resolver_->set_epoch(1);
   const uint64_t batches = mem_->read_many_calls();
-  resolver_->ResolveShared(frames, &b);
-  EXPECT_EQ(a, b) << "unchanged heads: the cached frames are served";
+  SharedStack b = resolver_->ResolveStack(frames);
+  EXPECT_EQ(a, b) << "unchanged heads: the cached frames are served, and the remembered stack object with them";
   EXPECT_EQ(mem_->read_many_calls() - batches, 1u) << "all stale frames of a stack revalidate in one batch";
   EXPECT_EQ(resolver_->revalidations(), 2u) << "two distinct frames (one repeated)";
 
@@ -161,11 +161,13 @@ TEST_F(StackResolverTest, ALaterEpochRevalidatesAWholeStackInOneBatch) {
   mem_->Put64(other, kTString);
   resolver_->set_epoch(2);
   const uint64_t misses = resolver_->cache_misses();
-  resolver_->ResolveShared(frames, &b);
-  ASSERT_EQ(b.size(), 3u);
-  EXPECT_EQ(b[0], a[0]);
-  EXPECT_EQ(b[2], a[0]);
-  EXPECT_EQ(b[1]->kind, FrameKind::kUnresolved);
+  b = resolver_->ResolveStack(frames);
+  ASSERT_EQ(b->size(), 3u);
+  EXPECT_NE(a, b) << "one frame changed: a new stack";
+  EXPECT_EQ((*b)[0], (*a)[0]);
+  EXPECT_EQ((*b)[2], (*a)[0]);
+  EXPECT_EQ((*b)[1]->kind, FrameKind::kUnresolved);
+  EXPECT_EQ((*a)[1]->kind, FrameKind::kRuby) << "a stack handed out is never changed";
   EXPECT_EQ(resolver_->cache_misses() - misses, 1u);
 }
 
