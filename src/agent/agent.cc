@@ -296,15 +296,11 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
   item.tid = r.tid;
   item.in_gc = (r.flags & RV_REC_IN_GC) != 0;
   const uint64_t epoch = p->gc_epoch.ForStack(p->set->paused);  // the budget detaches the GC sites with the rest
-  if (p->frames) item.stack = p->frames->ResolveStack(frames, epoch);
-  std::vector<FrameInfo> marker;  // empty (no allocation) unless the stack was cut short
-  AppendStackEndMarker(h, &marker);
-  if (!marker.empty()) {
-    // The marker is this record's own: the shared stack is copied, never changed.
-    auto marked = item.stack ? std::make_shared<std::vector<SharedFrame>>(*item.stack)
-                             : std::make_shared<std::vector<SharedFrame>>();
-    for (FrameInfo& m : marker) marked->push_back(std::make_shared<const FrameInfo>(std::move(m)));
-    item.stack = std::move(marked);
+  const StackEnd end = StackEndOf(h);
+  if (p->frames) {
+    item.stack = p->frames->ResolveStack(frames, epoch, end);
+  } else if (end != StackEnd::kWhole) {
+    item.stack = std::make_shared<const std::vector<SharedFrame>>(1, StackEndFrame(end));
   }
   if (r.kind == RV_EV_SAMPLE) {
     if (AllUnresolved(item.stack)) {

@@ -20,9 +20,9 @@ class ResolverFrameSource : public FrameSource {
     resolver_->set_epoch(gc_epoch);
     resolver_->Resolve(frames, out);
   }
-  SharedStack ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch) override {
+  SharedStack ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, StackEnd end) override {
     resolver_->set_epoch(gc_epoch);
-    return resolver_->ResolveStack(frames);
+    return resolver_->ResolveStack(frames, end);
   }
 
  private:
@@ -31,12 +31,13 @@ class ResolverFrameSource : public FrameSource {
 
 }  // namespace
 
-SharedStack FrameSource::ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch) {
+SharedStack FrameSource::ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, StackEnd end) {
   std::vector<FrameInfo> named;
   Resolve(frames, gc_epoch, &named);
   auto out = std::make_shared<std::vector<SharedFrame>>();
-  out->reserve(named.size());
+  out->reserve(named.size() + 1);
   for (FrameInfo& f : named) out->push_back(std::make_shared<const FrameInfo>(std::move(f)));
+  if (end != StackEnd::kWhole) out->push_back(StackEndFrame(end));
   return out;
 }
 

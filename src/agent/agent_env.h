@@ -44,9 +44,10 @@ class FrameSource {
  public:
   virtual ~FrameSource() = default;
   virtual void Resolve(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, std::vector<FrameInfo>* out) = 0;
-  // The same stack as one shared immutable object (what the agent's per-record path uses: no string copies, and one
-  // object for a repeated stack, when the source caches). Never null. The default wraps Resolve's result.
-  virtual SharedStack ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch);
+  // The same stack as one shared immutable object with `end`'s marker frame (StackEndFrame) at its oldest end: what
+  // the agent's per-record path uses (no string copies, and one object for a repeated stack, when the source caches).
+  // Never null. The default wraps Resolve's result.
+  virtual SharedStack ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, StackEnd end);
 };
 
 // The FrameSource over a StackResolver (MakeProcessFrameSource's, with any memory reader).

@@ -138,7 +138,24 @@ void StackResolver::Resolve(std::span<const rv_ruby_frame> frames, std::vector<F
   for (const rv_ruby_frame& f : frames) out->push_back(*ResolveFrameShared(f));
 }
 
-SharedStack StackResolver::ResolveStack(std::span<const rv_ruby_frame> frames) {
+SharedStack StackResolver::ResolveStack(std::span<const rv_ruby_frame> frames, StackEnd end) {
+  StackMemo* memo = nullptr;
+  SharedStack whole = ResolveWhole(frames, &memo);
+  if (end == StackEnd::kWhole) return whole;
+  if (memo != nullptr && memo->marked != nullptr && memo->marked_end == end) return memo->marked;
+  auto marked = std::make_shared<std::vector<SharedFrame>>();
+  marked->reserve(whole->size() + 1);
+  marked->assign(whole->begin(), whole->end());
+  marked->push_back(StackEndFrame(end));
+  if (memo != nullptr) {
+    memo->marked = marked;
+    memo->marked_end = end;
+  }
+  return marked;
+}
+
+SharedStack StackResolver::ResolveWhole(std::span<const rv_ruby_frame> frames, StackMemo** memo_out) {
+  *memo_out = nullptr;
   StackMemo* memo = nullptr;
   bool same_raw = false;
   if (!frames.empty() && frames.size() <= kMemoMaxFrames) {
@@ -149,6 +166,7 @@ SharedStack StackResolver::ResolveStack(std::span<const rv_ruby_frame> frames) {
                std::memcmp(memo->raw.data(), frames.data(), frames.size_bytes()) == 0;
     if (same_raw && memo->epoch == epoch_) {
       hits_ += frames.size();
+      *memo_out = memo;
       return memo->stack;
     }
   }
@@ -165,10 +183,12 @@ SharedStack StackResolver::ResolveStack(std::span<const rv_ruby_frame> frames) {
   }
   if (memo == nullptr || !all_cached || cache_clears_ != clears) return out;
   memo->epoch = epoch_;
+  *memo_out = memo;
   // The same frame objects as the remembered stack (shared_ptr == compares addresses): it is still this stack.
   if (same_raw && *memo->stack == *out) return memo->stack;
   memo->raw.assign(frames.begin(), frames.end());
   memo->stack = out;
+  memo->marked = nullptr;
   return out;
 }
 
@@ -211,6 +231,34 @@ void StackResolver::RevalidateStale(std::span<const rv_ruby_frame> frames) {
 bool StackResolver::IsCached(const rv_ruby_frame& f, const SharedFrame& info) {
   auto it = cache_.find(Key{f.addr, f.pc, f.cfp_iseq, f.kind, f.flags});
   return it != cache_.end() && it->second.info == info;
+}
+
+StackEnd StackEndOf(const rv_stack_header& h) {
+  if (h.flags & RV_STACK_F_TRUNCATED) return StackEnd::kTruncated;
+  if (h.walk_status != RV_WALK_OK || (h.flags & RV_STACK_F_NO_EC)) return StackEnd::kIncomplete;
+  return StackEnd::kWhole;
+}
+
+const SharedFrame& StackEndFrame(StackEnd end) {
+  static const SharedFrame kNone;
+  static const SharedFrame kTruncated =
+      std::make_shared<const FrameInfo>(FrameInfo{"<truncated>", "", 0, FrameKind::kUnresolved});
+  static const SharedFrame kIncomplete =
+      std::make_shared<const FrameInfo>(FrameInfo{"<incomplete stack>", "", 0, FrameKind::kUnresolved});
+  switch (end) {
+    case StackEnd::kTruncated:
+      return kTruncated;
+    case StackEnd::kIncomplete:
+      return kIncomplete;
+    case StackEnd::kWhole:
+      break;
+  }
+  return kNone;
+}
+
+void AppendStackEndMarker(const rv_stack_header& h, std::vector<FrameInfo>* frames) {
+  const StackEnd end = StackEndOf(h);
+  if (end != StackEnd::kWhole) frames->push_back(*StackEndFrame(end));
 }
 
 }  // namespace rvbpfd

@@ -40,6 +40,17 @@ using SharedFrame = std::shared_ptr<const FrameInfo>;
 // and a consumer that keys on the object's address finds a stack seen before without looking at its frames.
 using SharedStack = std::shared_ptr<const std::vector<SharedFrame>>;
 
+// How a walk ended (its rv_stack_header): whole, cut at RV_MAX_STACK_FRAMES, or stopped at a frame it could not read
+// (or with no EC). A stack that is not whole says so at its oldest end, with StackEndFrame, rather than passing for
+// a whole one.
+enum class StackEnd : uint8_t { kWhole, kTruncated, kIncomplete };
+StackEnd StackEndOf(const rv_stack_header& header);
+// The marker frame of a stack that is not whole ("<truncated>", "<incomplete stack>"): one shared object per kind,
+// so consumers keyed on frame objects see one marker. Null for kWhole.
+const SharedFrame& StackEndFrame(StackEnd end);
+// Appends the header's marker frame to `frames` (leaf first, so at the oldest end); nothing for a whole stack.
+void AppendStackEndMarker(const rv_stack_header& header, std::vector<FrameInfo>* frames);
+
 class StackResolver {
  public:
   // Entries kept before the cache is cleared (bounds the daemon's memory on programs that generate code forever).
@@ -60,10 +71,10 @@ class StackResolver {
   // Symbolizes `frames` (newest first, as the walker produced them) into `out` (cleared first), leaf first.
   void Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out);
   FrameInfo ResolveFrame(const rv_ruby_frame& frame);
-  // The same, without copying: cached frames are shared (the agent's per-record path). A repeated stack whose frames
-  // are all still valid is the same object as before, also across epochs once its frames are revalidated. Never
-  // null.
-  SharedStack ResolveStack(std::span<const rv_ruby_frame> frames);
+  // The same, without copying: cached frames are shared (the agent's per-record path), with `end`'s marker frame at
+  // the oldest end. A repeated stack whose frames are all still valid is the same object as before (with the same
+  // end), also across epochs once its frames are revalidated. Never null.
+  SharedStack ResolveStack(std::span<const rv_ruby_frame> frames, StackEnd end = StackEnd::kWhole);
   SharedFrame ResolveFrameShared(const rv_ruby_frame& frame);
 
   // The GC epoch the next Resolve runs in (see above).
@@ -122,9 +133,13 @@ class StackResolver {
     std::vector<rv_ruby_frame> raw;
     SharedStack stack;  // null: the slot is empty
     uint64_t epoch = 0;
+    SharedStack marked;  // `stack` with marked_end's marker frame (the last one asked for), null: none yet
+    StackEnd marked_end = StackEnd::kWhole;
   };
 
   static size_t FrontIndex(const Key& key);
+  // ResolveStack without the end marker; *memo is set to the memo slot that holds the returned stack, or null.
+  SharedStack ResolveWhole(std::span<const rv_ruby_frame> frames, StackMemo** memo);
   bool IsCached(const rv_ruby_frame& frame, const SharedFrame& info);
   // Before a stack is resolved: re-reads the heads of all its cached frames of an earlier epoch in one batch
   // (MemoryReader::ReadMany) and marks those still unchanged as valid in this epoch. Frames whose heads changed or

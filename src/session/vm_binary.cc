@@ -271,12 +271,4 @@ int ProcessReadErrno(int pid, uint64_t addr) {
   return process_vm_readv(pid, &local, 1, &remote, 1, 0) == 1 ? 0 : errno;
 }
 
-void AppendStackEndMarker(const rv_stack_header& h, std::vector<FrameInfo>* frames) {
-  if (h.flags & RV_STACK_F_TRUNCATED) {
-    frames->push_back(FrameInfo{"<truncated>", "", 0, FrameKind::kUnresolved});
-  } else if (h.walk_status != RV_WALK_OK || (h.flags & RV_STACK_F_NO_EC)) {
-    frames->push_back(FrameInfo{"<incomplete stack>", "", 0, FrameKind::kUnresolved});
-  }
-}
-
 }  // namespace rvbpfd

@@ -165,10 +165,6 @@ class LiveLayoutGate {
 // The errno of a 1-byte process_vm_readv of `pid` at `addr`, 0 when it worked (LiveLayoutGate::Unreadable).
 int ProcessReadErrno(int pid, uint64_t addr);
 
-// A stack that is not complete says so at its oldest end rather than passing for a whole one: cut at
-// RV_MAX_STACK_FRAMES ("<truncated>"), or the walk could not read a frame ("<incomplete stack>").
-void AppendStackEndMarker(const rv_stack_header& header, std::vector<FrameInfo>* frames);
-
 }  // namespace rvbpfd
 
 #endif  // RVBPFD_SRC_SESSION_VM_BINARY_H_

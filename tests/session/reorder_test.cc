@@ -77,6 +77,57 @@ TEST(Reorderer, EqualTimestampsKeepPushOrder) {
   for (uint32_t i = 0; i < 100; ++i) EXPECT_EQ(out[i].ruby_thread, std::optional<uint32_t>(i));
 }
 
+TEST(Reorderer, StragglersMergeWithInOrderItemsStably) {
+  // 500 and 600 arrive in order; the second 500 is older than the last item, so it is a straggler, and must come out
+  // after the first 500 (pushed earlier) and before 600; the second 600 is in order again.
+  Reorderer<TraceEvent> reorderer(10);
+  reorderer.Push(At(500, 1));
+  reorderer.Push(At(600, 2));
+  reorderer.Push(At(500, 3));
+  reorderer.Push(At(600, 4));
+  reorderer.Push(At(550, 5));
+  EXPECT_EQ(reorderer.held(), 5u);
+  std::vector<uint32_t> tags;
+  reorderer.PopThrough(550, [&](TraceEvent&& e) { tags.push_back(*e.ruby_thread); });
+  EXPECT_EQ(tags, (std::vector<uint32_t>{1, 3, 5}));
+  reorderer.Push(At(590, 6));  // older than the queue's 600s: a straggler again
+  std::vector<TraceEvent> out;
+  reorderer.Drain(&out);
+  for (const TraceEvent& e : out) tags.push_back(*e.ruby_thread);
+  EXPECT_EQ(tags, (std::vector<uint32_t>{1, 3, 5, 6, 2, 4}));
+  EXPECT_EQ(reorderer.late(), 0u);
+}
+
+TEST(Reorderer, InterleavedCpuStreamsComeOutAsAStableSort) {
+  // Two "CPUs", each producing in order, interleaved with small skews and equal timestamps, released at random
+  // points (the agent's PopThrough by the clock) with the queue growing past its first capacity: the output must be
+  // exactly a stable sort by time of the input, whichever side held each item.
+  std::mt19937_64 rng(7);
+  Reorderer<TraceEvent> reorderer(50);
+  std::vector<TraceEvent> pushed, out;
+  uint64_t now = 1000, cpu_t[2] = {1000, 1000};
+  for (uint32_t i = 0; i < 20000; ++i) {
+    const int cpu = static_cast<int>(rng() % 2);
+    now += rng() % 3;  // equal timestamps are common
+    cpu_t[cpu] = std::max(cpu_t[cpu], now + rng() % 20);  // each CPU in order, up to 20 ns apart
+    pushed.push_back(At(cpu_t[cpu], i));
+    reorderer.Push(pushed.back());
+    if (rng() % 100 == 0) {
+      const uint64_t newest = std::max(cpu_t[0], cpu_t[1]);
+      reorderer.PopThrough(newest - std::min<uint64_t>(newest, 60),
+                           [&](TraceEvent&& e) { out.push_back(std::move(e)); });
+    }
+  }
+  reorderer.Drain(&out);
+  std::stable_sort(pushed.begin(), pushed.end(), [](const TraceEvent& a, const TraceEvent& b) { return a.t_ns < b.t_ns; });
+  ASSERT_EQ(out.size(), pushed.size());
+  size_t mismatches = 0;
+  for (size_t i = 0; i < out.size(); ++i) mismatches += out[i].ruby_thread != pushed[i].ruby_thread;
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_EQ(reorderer.late(), 0u) << "skews stay inside the window";
+  EXPECT_EQ(reorderer.held(), 0u);
+}
+
 TEST(Reorderer, LateEventsAreKeptAndCounted) {
   Reorderer<TraceEvent> reorderer(100);
   std::vector<TraceEvent> out;

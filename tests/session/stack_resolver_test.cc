@@ -142,6 +142,51 @@ TEST_F(StackResolverTest, SharedStacksAreReusedWithinAnEpochAndNeverServeAReused
   EXPECT_EQ(resolver_->ResolveFrame(Frame()).label, "<main>");
 }
 
+TEST_F(StackResolverTest, AStackCutShortEndsWithOneSharedMarkerAndIsReusedPerEnd) {
+  rv_stack_header h{};
+  h.walk_status = RV_WALK_OK;
+  EXPECT_EQ(StackEndOf(h), StackEnd::kWhole);
+  EXPECT_EQ(StackEndFrame(StackEnd::kWhole), nullptr);
+  h.flags = RV_STACK_F_NO_EC;
+  EXPECT_EQ(StackEndOf(h), StackEnd::kIncomplete);
+  h.flags = RV_STACK_F_TRUNCATED;
+  EXPECT_EQ(StackEndOf(h), StackEnd::kTruncated) << "a cut stack is truncated even when its walk also failed";
+  h.flags = 0;
+  h.walk_status = RV_WALK_OK + 1;
+  EXPECT_EQ(StackEndOf(h), StackEnd::kIncomplete);
+  std::vector<FrameInfo> values;
+  AppendStackEndMarker(h, &values);
+  ASSERT_EQ(values.size(), 1u);
+  EXPECT_EQ(values[0].label, "<incomplete stack>");
+  EXPECT_EQ(values[0].kind, FrameKind::kUnresolved);
+
+  const rv_ruby_frame frames[] = {Frame(), Frame()};
+  const SharedStack whole = resolver_->ResolveStack(frames);
+  const SharedStack cut = resolver_->ResolveStack(frames, StackEnd::kTruncated);
+  ASSERT_EQ(whole->size(), 2u) << "the whole stack is never given the marker";
+  ASSERT_EQ(cut->size(), 3u);
+  EXPECT_EQ((*cut)[0], (*whole)[0]);
+  EXPECT_EQ((*cut)[2], StackEndFrame(StackEnd::kTruncated)) << "the marker is at the oldest end";
+  EXPECT_EQ((*cut)[2]->label, "<truncated>");
+  EXPECT_EQ(resolver_->ResolveStack(frames, StackEnd::kTruncated), cut) << "a repeated cut stack is one object";
+  const SharedStack incomplete = resolver_->ResolveStack(frames, StackEnd::kIncomplete);
+  EXPECT_NE(incomplete, cut);
+  EXPECT_EQ(incomplete->back(), StackEndFrame(StackEnd::kIncomplete));
+  EXPECT_EQ(resolver_->ResolveStack(frames), whole);
+  // After a GC the frames revalidate to the same objects: the marked stack is served again.
+  resolver_->set_epoch(1);
+  EXPECT_EQ(resolver_->ResolveStack(frames, StackEnd::kIncomplete), incomplete);
+  // A frame renamed after its slot was reused: a new whole stack, so a new marked one.
+  mem_->Put64(iseq_, kTString);
+  resolver_->set_epoch(2);
+  const SharedStack renamed = resolver_->ResolveStack(frames, StackEnd::kIncomplete);
+  ASSERT_EQ(renamed->size(), 3u);
+  EXPECT_NE(renamed, incomplete);
+  EXPECT_EQ((*renamed)[0]->kind, FrameKind::kUnresolved);
+  EXPECT_EQ(renamed->back(), StackEndFrame(StackEnd::kIncomplete));
+  EXPECT_EQ((*incomplete)[0]->label, "<main>") << "a stack handed out is never changed";
+}
+
 TEST_F(StackResolverTest, ALaterEpochRevalidatesAWholeStackInOneBatch) {
   const rv_ruby_frame main_frame = Frame();
   const uint64_t other = MakeTopIseq("<top (required)>", "/app/lib.rb");
