@@ -10,6 +10,8 @@
 #include <memory>
 #include <mutex>
 
+#include "common/shared_library.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -33,18 +35,51 @@ bool NeedsDebugInfo(const ElfFile& elf) {
   return !elf.has_symtab() || !elf.dwarf_file().FindSection(".debug_info").has_value();
 }
 
+// The libdebuginfod functions this file calls, resolved from libdebuginfod.so.1 at the first query (the library is
+// not linked: common/shared_library.h says why).
+struct DebuginfodApi {
+  decltype(&debuginfod_begin) begin;
+  decltype(&debuginfod_end) end;
+  decltype(&debuginfod_set_user_data) set_user_data;
+  decltype(&debuginfod_get_user_data) get_user_data;
+  decltype(&debuginfod_set_progressfn) set_progressfn;
+  decltype(&debuginfod_find_debuginfo) find_debuginfo;
+  decltype(&debuginfod_get_url) get_url;
+};
+
+Result<DebuginfodApi> OpenDebuginfod() {
+  Result<SharedLibrary> lib = SharedLibrary::Open("libdebuginfod.so.1", "libdebuginfod1");
+  if (!lib) return lib.error();
+  DebuginfodApi api{};
+  for (Status st : {lib->Resolve("debuginfod_begin", &api.begin), lib->Resolve("debuginfod_end", &api.end),
+                    lib->Resolve("debuginfod_set_user_data", &api.set_user_data),
+                    lib->Resolve("debuginfod_get_user_data", &api.get_user_data),
+                    lib->Resolve("debuginfod_set_progressfn", &api.set_progressfn),
+                    lib->Resolve("debuginfod_find_debuginfo", &api.find_debuginfo),
+                    lib->Resolve("debuginfod_get_url", &api.get_url)}) {
+    if (!st) return st.error();
+  }
+  return api;
+}
+
+// libdebuginfod, opened once per process (thread-safe), or why it could not be.
+const Result<DebuginfodApi>& Debuginfod() {
+  static const Result<DebuginfodApi> api = OpenDebuginfod();
+  return api;
+}
+
 // The deadline of one debuginfod query: libdebuginfod calls the progress function while it waits for the servers;
 // a nonzero return aborts the transfer.
 struct Deadline {
   std::chrono::steady_clock::time_point at;
 };
 int AbortAfterDeadline(debuginfod_client* client, long /*done*/, long /*total*/) {
-  const auto* d = static_cast<const Deadline*>(debuginfod_get_user_data(client));
+  const auto* d = static_cast<const Deadline*>(Debuginfod()->get_user_data(client));
   return d != nullptr && std::chrono::steady_clock::now() >= d->at ? 1 : 0;
 }
 
 struct ClientCloser {
-  void operator()(debuginfod_client* c) const { debuginfod_end(c); }
+  void operator()(debuginfod_client* c) const { Debuginfod()->end(c); }
 };
 
 }  // namespace
@@ -69,13 +104,15 @@ Result<FetchedDebugFile> FetchFromDebuginfod(const std::string& build_id, int ti
   if (urls == nullptr || *urls == '\0') {
     return Error(ErrorCode::kIo, "debuginfod: " DEBUGINFOD_URLS_ENV_VAR " is not set (ENOSYS)");
   }
-  std::unique_ptr<debuginfod_client, ClientCloser> client(debuginfod_begin());
+  const Result<DebuginfodApi>& api = Debuginfod();
+  if (!api) return api.error().Wrap("debuginfod");
+  std::unique_ptr<debuginfod_client, ClientCloser> client(api->begin());
   if (client == nullptr) return Error(ErrorCode::kIo, ErrnoMessage("debuginfod: debuginfod_begin", errno));
   Deadline deadline{std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s)};
-  debuginfod_set_user_data(client.get(), &deadline);
-  debuginfod_set_progressfn(client.get(), AbortAfterDeadline);
+  api->set_user_data(client.get(), &deadline);
+  api->set_progressfn(client.get(), AbortAfterDeadline);
   char* path = nullptr;
-  const int fd = debuginfod_find_debuginfo(client.get(), reinterpret_cast<const unsigned char*>(build_id.c_str()), 0,
+  const int fd = api->find_debuginfo(client.get(), reinterpret_cast<const unsigned char*>(build_id.c_str()), 0,
                                            &path);
   std::unique_ptr<char, decltype(&std::free)> path_owner(path, &std::free);
   if (fd < 0) {
@@ -88,7 +125,7 @@ Result<FetchedDebugFile> FetchFromDebuginfod(const std::string& build_id, int ti
   }
   close(fd);
   if (path == nullptr) return Error(ErrorCode::kIo, "debuginfod: no cache path for build-id " + build_id);
-  const char* url = debuginfod_get_url(client.get());
+  const char* url = api->get_url(client.get());
   return FetchedDebugFile{path, url != nullptr ? url : urls};
 }
 

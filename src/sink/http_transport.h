@@ -44,7 +44,8 @@ class HttpTransport {
 // https are allowed, also for proxies.
 class CurlTransport : public HttpTransport {
  public:
-  // Fails (kInternal) if libcurl cannot be initialized.
+  // Fails (kIo) if libcurl.so.4 cannot be loaded (it is opened on first use, common/shared_library.h), (kInternal) if
+  // it cannot be initialized.
   static Result<std::unique_ptr<CurlTransport>> Create();
   ~CurlTransport() override;
   CurlTransport(const CurlTransport&) = delete;
@@ -56,10 +57,6 @@ class CurlTransport : public HttpTransport {
   explicit CurlTransport(void* handle) : handle_(handle) {}
   void* handle_;  // CURL*
 };
-
-// Initializes libcurl once per process, thread-safely (curl_global_init is not thread-safe by itself). Returns
-// false if it failed. Cleanup is left to process exit, as other threads may still use libcurl until then.
-bool EnsureCurlGlobalInit();
 
 }  // namespace rvbpfd
 
