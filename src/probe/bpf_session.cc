@@ -148,6 +148,23 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
   session->ncpus_ = libbpf_num_possible_cpus();
   if (session->ncpus_ <= 0) return BpfError("counting possible CPUs", -session->ncpus_);
 
+  // The maps first, once: an instance of the object with no program to load creates them (no verification, no
+  // kernel BTF). The programs are other instances on those maps (ShareMaps), so the sampler verifies on a thread of
+  // its own while the uprobe program does on this one.
+  rvbpfd_bpf* maps = rvbpfd_bpf__open();
+  if (!maps) return BpfError("opening the BPF object", errno);
+  session->maps_skel_ = maps;
+  bpf_map__set_max_entries(maps->maps.events, RoundRingSize(options.ring_buffer_bytes));
+  // Two stack scratch slots per possible CPU, uprobes and samples apart (bpf/rvbpfd.bpf.c says why).
+  bpf_map__set_max_entries(maps->maps.stack_scratch, 2 * static_cast<uint32_t>(session->ncpus_));
+  maps->rodata->rv_cfg = options.config;
+  bpf_program* prog;
+  bpf_object__for_each_program(prog, maps->obj) bpf_program__set_autoload(prog, false);
+  if (int err = rvbpfd_bpf__load(maps); err != 0) return BpfError("creating the BPF maps (rvbpfd.bpf.o)", -err);
+  if (options.config.sampling) {
+    if (Status st = session->StartSamplerLoad(options); !st) return st.error();
+  }
+
   // Only the programs this run uses are loaded (each costs a verification): one of the two uprobe flavours, the
   // sampler only when sampling, the lifecycle tracepoints only for the agent. The multi-uprobe flavour where the
   // kernel has its links; should its load still fail, the object is loaded again with the per-site flavour.
@@ -156,16 +173,17 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
     const bool want_multi = attempt == 0 && multi_links;
     rvbpfd_bpf* skel = rvbpfd_bpf__open();
     if (!skel) return BpfError("opening the BPF object", errno);
-    bpf_map__set_max_entries(skel->maps.events, RoundRingSize(options.ring_buffer_bytes));
-    // Two stack scratch slots per possible CPU, uprobes and samples apart (bpf/rvbpfd.bpf.c says why).
-    bpf_map__set_max_entries(skel->maps.stack_scratch, 2 * static_cast<uint32_t>(session->ncpus_));
+    if (Status st = session->ShareMaps(skel); !st) {
+      rvbpfd_bpf__destroy(skel);
+      return st.error();
+    }
     skel->rodata->rv_cfg = options.config;
     if (!options.watch_processes) {
       bpf_program__set_autoload(skel->progs.rv_proc_exec, false);
       bpf_program__set_autoload(skel->progs.rv_proc_exit, false);
       bpf_program__set_autoload(skel->progs.rv_proc_fork, false);
     }
-    if (!options.config.sampling) bpf_program__set_autoload(skel->progs.rv_sample, false);
+    bpf_program__set_autoload(skel->progs.rv_sample, false);  // its own instance (StartSamplerLoad)
     if (want_multi) {
       bpf_program__set_expected_attach_type(skel->progs.rv_site_multi,
                                             static_cast<enum bpf_attach_type>(kBpfTraceUprobeMulti));
@@ -197,11 +215,53 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
   return session;
 }
 
+Status BpfSession::ShareMaps(rvbpfd_bpf* into) {
+  bpf_map* map;
+  bpf_object__for_each_map(map, into->obj) {
+    if (bpf_map__is_internal(map)) continue;  // .rodata: each instance has its own, with the same rv_cfg
+    const bpf_map* shared = bpf_object__find_map_by_name(maps_skel_->obj, bpf_map__name(map));
+    if (shared == nullptr) {
+      return Error(ErrorCode::kInternal, std::string("the BPF map ") + bpf_map__name(map) + " has no shared instance");
+    }
+    if (int err = bpf_map__reuse_fd(map, bpf_map__fd(shared)); err != 0) {
+      return BpfError(std::string("sharing the BPF map ") + bpf_map__name(map), -err);
+    }
+  }
+  return Status::Ok();
+}
+
+Status BpfSession::StartSamplerLoad(const SessionOptions& options) {
+  rvbpfd_bpf* s = rvbpfd_bpf__open();
+  if (!s) return BpfError("opening the BPF object for the sampler", errno);
+  sampler_skel_ = s;
+  if (Status st = ShareMaps(s); !st) return st;
+  s->rodata->rv_cfg = options.config;
+  bpf_program* prog;
+  bpf_object__for_each_program(prog, s->obj) bpf_program__set_autoload(prog, prog == s->progs.rv_sample);
+  sampler_loader_ = std::thread([this, s] { sampler_load_err_ = rvbpfd_bpf__load(s); });
+  return Status::Ok();
+}
+
+void BpfSession::FinishSamplerLoad() {
+  if (!sampler_loader_.joinable()) return;
+  sampler_loader_.join();
+  const int err = sampler_load_err_;
+  if (err == -EACCES) {
+    sampler_status_ = Error(ErrorCode::kBpf, ErrnoMessage("the kernel's BPF verifier rejected rvbpfd's sampler", -err) +
+                                                 "; rerun with RVBPFD_LIBBPF_DEBUG=1 for the verifier log");
+  } else if (err != 0) {
+    sampler_status_ = BpfError("loading the sampling program (rvbpfd.bpf.o)", -err);
+  }
+}
+
 BpfSession::~BpfSession() {
+  FinishSamplerLoad();
   for (bpf_link* link : proc_links_) bpf_link__destroy(link);
   for (bpf_link* link : perf_links_) bpf_link__destroy(link);
   if (ring_) ring_buffer__free(ring_);
+  if (sampler_skel_) rvbpfd_bpf__destroy(sampler_skel_);
   if (skel_) rvbpfd_bpf__destroy(skel_);
+  if (maps_skel_) rvbpfd_bpf__destroy(maps_skel_);
 }
 
 int BpfSession::OnSample(void* ctx, void* data, size_t size) {
@@ -244,9 +304,11 @@ Status BpfSession::SetWalkConfig(uint8_t binary, const rv_walk_config& config) {
 
 Status BpfSession::StartSampling(int hz) {
   if (hz <= 0 || hz > 10000) return Error(ErrorCode::kInternal, "sampling frequency out of range");
-  if (bpf_program__fd(skel_->progs.rv_sample) < 0) {
+  if (sampler_skel_ == nullptr) {
     return Error(ErrorCode::kInternal, "the session was opened without rv_config.sampling: no sampling program");
   }
+  FinishSamplerLoad();
+  if (!sampler_status_) return sampler_status_;
   const long ncpu = sysconf(_SC_NPROCESSORS_CONF);
   for (long cpu = 0; cpu < ncpu; ++cpu) {
     perf_event_attr attr{};
@@ -262,7 +324,7 @@ Status BpfSession::StartSampling(int hz) {
       if (errno == ENODEV) continue;  // offline CPU
       return BpfError("opening a cpu-clock perf event on CPU " + std::to_string(cpu), errno);
     }
-    bpf_link* link = bpf_program__attach_perf_event(skel_->progs.rv_sample, fd);
+    bpf_link* link = bpf_program__attach_perf_event(sampler_skel_->progs.rv_sample, fd);
     if (!link) {
       const int err = errno;
       close(fd);

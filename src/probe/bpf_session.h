@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -90,6 +91,9 @@ class BpfSession {
                                            std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl)>;
 
   // Loads the BPF object. Errors: kNoPrivilege (EPERM/EACCES: needs root or CAP_BPF+CAP_PERFMON), kBpf otherwise.
+  // With rv_config.sampling, the sampler is verified on a thread of its own, in parallel with the uprobe program and
+  // while the caller attaches the uprobes (rather than after the uprobe program); StartSampling waits for it and
+  // reports its load error.
   static Result<std::unique_ptr<BpfSession>> Open(const SessionOptions& options, RecordCallback on_record);
   ~BpfSession();
   BpfSession(const BpfSession&) = delete;
@@ -103,7 +107,8 @@ class BpfSession {
   // samples are dropped).
   void SetStackCallback(StackCallback on_stack) { on_stack_ = std::move(on_stack); }
   // Opens a software cpu-clock perf event on every online CPU firing `hz` times per second of CPU time and attaches
-  // the sampling program to each. The BPF side keeps only the targets' threads (pid filter).
+  // the sampling program to each (first waiting for its load, above). The BPF side keeps only the targets' threads
+  // (pid filter).
   Status StartSampling(int hz);
   // How samples of process `pid` find their EC (proc_ec map, bpf/ruby_ec.h; src/stacks/ec_route.h computes it).
   // Without it that process's samples use only current_th. RemovePid removes it too.
@@ -158,8 +163,22 @@ class BpfSession {
   // Deletes pid's entries of the ns_tids map.
   Status ForgetNamespaceTids(uint32_t pid);
   static int OnSample(void* ctx, void* data, size_t size);
+  // Makes every map of `into` (an instance of the object not loaded yet) maps_skel_'s, but for its .rodata.
+  Status ShareMaps(rvbpfd_bpf* into);
+  // Opens the sampler's instance on the shared maps and starts its load on sampler_loader_.
+  Status StartSamplerLoad(const SessionOptions& options);
+  // Joins sampler_loader_ (once) and turns its result into sampler_status_.
+  void FinishSamplerLoad();
 
+  // Three instances of the one BPF object: maps_skel_ loads no program and owns the maps; skel_ (the uprobe flavour
+  // and the lifecycle tracepoints) and sampler_skel_ (only rv_sample; null without sampling) load their programs on
+  // those maps. skel_->maps.* are the same maps as maps_skel_'s (duplicated fds).
+  rvbpfd_bpf* maps_skel_ = nullptr;
   rvbpfd_bpf* skel_ = nullptr;
+  rvbpfd_bpf* sampler_skel_ = nullptr;
+  std::thread sampler_loader_;          // loading sampler_skel_ (rvbpfd_bpf__load), until FinishSamplerLoad
+  int sampler_load_err_ = 0;            // its result (negative errno), written by sampler_loader_
+  Status sampler_status_;
   ring_buffer* ring_ = nullptr;
   RecordCallback on_record_;
   StackCallback on_stack_;
