@@ -148,9 +148,10 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
   session->ncpus_ = libbpf_num_possible_cpus();
   if (session->ncpus_ <= 0) return BpfError("counting possible CPUs", -session->ncpus_);
 
-  // The maps first, once: an instance of the object with no program to load creates them (no verification, no
-  // kernel BTF). The programs are other instances on those maps (ShareMaps), so the sampler verifies on a thread of
-  // its own while the uprobe program does on this one.
+  // The maps first, once: an instance of the object with no program to load creates them (no verification; libbpf
+  // still parses the kernel's BTF for each instance, ~10 ms, since the object has CO-RE relocations). The programs
+  // are other instances on those maps (ShareMaps), so the sampler verifies on a thread of its own while the uprobe
+  // program does on this one.
   rvbpfd_bpf* maps = rvbpfd_bpf__open();
   if (!maps) return BpfError("opening the BPF object", errno);
   session->maps_skel_ = maps;

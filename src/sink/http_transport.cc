@@ -78,7 +78,7 @@ struct SlistFree {
 }  // namespace
 
 Result<std::unique_ptr<CurlTransport>> CurlTransport::Create() {
-  if (const Result<CurlApi>& api = Curl(); !api) return api.error().Wrap("push");
+  if (const Result<CurlApi>& api = Curl(); !api) return api.error();
   CURL* handle = Api().easy_init();
   if (handle == nullptr) return Error(ErrorCode::kInternal, "creating a libcurl handle failed (out of memory?)");
   return std::unique_ptr<CurlTransport>(new CurlTransport(handle));
