@@ -101,7 +101,7 @@ RV_WALKER_INLINE int rv_ec_from_ractor(void *ctx, const struct rv_proc_ec *pe, c
 /* Routes 1 and 2 for the native thread `tid` whose thread pointer is tp. Returns enum rv_ec_route: TLS or RACTOR with
  * *ec and *th set, or NONE. *tls_unavailable is 1 when the TLS route could not be evaluated at all (no mode yet, a
  * read failed, or an EC that does not match its thread): only then may the caller still trust an older hint (the
- * current_th map); an empty TLS slot says the thread runs no Ruby. */
+ * th of the native_threads map); an empty TLS slot says the thread runs no Ruby. */
 RV_WALKER_INLINE __u32 rv_find_ec(void *ctx, const struct rv_proc_ec *pe, const struct rv_walk_config *wc, __u32 th_nt,
                                   __u32 nt_tid, __u64 tp, __u32 tid, __u64 *ec, __u64 *th, int *tls_unavailable) {
   __u64 e = 0, t = 0;

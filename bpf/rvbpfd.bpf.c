@@ -10,8 +10,6 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
-#include <bpf/bpf_core_read.h>
-
 #include "regs.bpf.h"
 #include "ruby_stack.bpf.h"
 #include "subprogs.bpf.h"
@@ -71,14 +69,24 @@ struct {
   __type(value, __u64);
 } last_trap SEC(".maps");
 
-/* Native tid -> the rb_thread_t * it last ran. Updated at every event whose th is known and which runs on the thread
- * itself; read at sites where DWARF says th is optimized out (those events always concern the current thread). */
+/* What the programs remember of a native thread between its events, one entry per native tid, read and written in
+ * place (a lookup, rather than an LRU update's element allocation, on most hits). */
+struct rv_native_thread {
+  /* The rb_thread_t * it last ran. Set at every event whose th is known and which runs on the thread itself; read at
+   * sites where DWARF says th is optimized out (those events always concern the current thread) and by samples
+   * whose EC has no other route. 0: none seen yet. */
+  __u64 th;
+  __u32 bin;  /* which VM binary that th runs (index into offsets / walk_config): samples have no site to say */
+  __u8 in_gc; /* 1 between GC_ENTER and GC_EXIT: samples there get the GC pseudo-frame */
+  __u8 pad[3];
+};
+
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, 65536);
   __type(key, __u32);
-  __type(value, __u64);
-} current_th SEC(".maps");
+  __type(value, struct rv_native_thread);
+} native_threads SEC(".maps");
 
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -96,22 +104,6 @@ struct {
   __type(value, __u64);
 } site_hits SEC(".maps");
 
-/* Which VM binary the thread in current_th runs (index into offsets / walk_config): samples have no site to say. */
-struct {
-  __uint(type, BPF_MAP_TYPE_LRU_HASH);
-  __uint(max_entries, 65536);
-  __type(key, __u32);
-  __type(value, __u32);
-} current_bin SEC(".maps");
-
-/* Native tids between GC_ENTER and GC_EXIT (tid -> 1): samples there get the GC pseudo-frame. */
-struct {
-  __uint(type, BPF_MAP_TYPE_LRU_HASH);
-  __uint(max_entries, 65536);
-  __type(key, __u32);
-  __type(value, __u8);
-} in_gc SEC(".maps");
-
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
   __uint(max_entries, RV_MAX_BINARIES);
@@ -122,9 +114,11 @@ struct {
 /* Set by userspace through the skeleton's rodata before load (rv_config says what each switch does); read-only once
  * loaded, so the verifier knows every value and removes the branches a run switches off. */
 const volatile struct rv_config rv_cfg = {};
+/* The kernel's task_struct field offsets, set the same way (rv_kernel_layout says why they are not CO-RE reads). */
+const volatile struct rv_kernel_layout rv_kernel = {};
 
 /* How samples of a process find their EC (host tgid -> rv_proc_ec), filled by userspace once the VM is mapped and
- * relocated in that process (bpf/ruby_ec.h). A process without an entry uses only current_th. */
+ * relocated in that process (bpf/ruby_ec.h). A process without an entry uses only native_threads' th. */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, 4096);
@@ -146,6 +140,15 @@ struct {
 } stack_scratch SEC(".maps");
 
 /* Fills the fixed part every ring entry starts with. */
+/* Native thread tid's entry, created empty when it has none; NULL only when the map refuses the insert. */
+static __always_inline struct rv_native_thread *rv_native_thread_of(__u32 tid) {
+  struct rv_native_thread *nt = bpf_map_lookup_elem(&native_threads, &tid);
+  if (nt) return nt;
+  struct rv_native_thread empty = {};
+  bpf_map_update_elem(&native_threads, &tid, &empty, BPF_NOEXIST);
+  return bpf_map_lookup_elem(&native_threads, &tid);
+}
+
 static __always_inline void rv_fill_record(struct rv_record *r, __u64 ts, __u64 th, __u32 serial, __u32 tid,
                                            __u32 probe_tid, __u32 pid, __u16 kind, __u16 site, __u32 flags) {
   r->ts_ns = ts;
@@ -272,7 +275,10 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   /* GC state for samples. Cleared before the event's time is read and set after it, so a sample that interrupts this
    * program is flagged only if its time lies inside [gc_enter, gc_exit] (a sample at the very edge loses the flag
    * rather than gaining a wrong one). */
-  if (site->event == RV_EV_GC_EXIT) bpf_map_delete_elem(&in_gc, &tid);
+  if (site->event == RV_EV_GC_EXIT) {
+    struct rv_native_thread *nt = bpf_map_lookup_elem(&native_threads, &tid);
+    if (nt) nt->in_gc = 0;
+  }
 
   /* The event's time: the hit's, so neither the checks below nor a full ring skew it; read again at GC_EXIT, after
    * the GC flag is cleared (above). */
@@ -298,8 +304,8 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
         break;
       }
       case RV_LOC_CURRENT: {
-        __u64 *cur = bpf_map_lookup_elem(&current_th, &tid);
-        if (cur) th = *cur;
+        struct rv_native_thread *nt = bpf_map_lookup_elem(&native_threads, &tid);
+        if (nt) th = nt->th;
         break;
       }
       default:
@@ -351,8 +357,11 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
     }
     if (about_tid == tid && site->loc_kind != RV_LOC_CURRENT) {
       /* The event runs on the thread it is about: remember which th this native thread runs. */
-      bpf_map_update_elem(&current_th, &tid, &th, BPF_ANY);
-      bpf_map_update_elem(&current_bin, &tid, &bin, BPF_ANY);
+      struct rv_native_thread *nt = rv_native_thread_of(tid);
+      if (nt) {
+        nt->th = th;
+        nt->bin = bin;
+      }
     }
   }
   /* Every event that certainly runs on its own thread teaches ns_tids this thread's pair: all but STARTED/READY,
@@ -361,8 +370,8 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
     rv_note_ns_tid(tgid, ns_tid, tid, site->event);
   }
   if (site->event == RV_EV_GC_ENTER) {
-    __u8 one = 1;
-    bpf_map_update_elem(&in_gc, &tid, &one, BPF_ANY);
+    struct rv_native_thread *nt = rv_native_thread_of(tid);
+    if (nt) nt->in_gc = 1;
   }
 
   /* Events configured to carry a stack (gvl_released by default): the thread giving up the lock is the one running
@@ -404,7 +413,7 @@ int rv_site_multi(struct pt_regs *ctx) { return rv_handle(ctx); }
 /* On-CPU sampling: attached to a software cpu-clock perf event on every CPU at --hz. A sample is kept only when the
  * interrupted task belongs to a target and runs Ruby. Its EC comes from the thread's own ruby_current_ec (TLS), else
  * from the main ractor's running EC when this native thread holds the GVL (bpf/ruby_ec.h), else, only while the TLS
- * route cannot be evaluated for this process (not set up yet, unreadable), from current_th, the thread the last
+ * route cannot be evaluated for this process (not set up yet, unreadable), from native_threads' th, the thread the last
  * scheduler event on this native thread named. The counters say which route each sample took. Between GC_ENTER and
  * GC_EXIT the sample is flagged so the daemon adds a GC frame. With rv_config.gvl_readings the sample also carries
  * its VM's GVL holder and queue (a bounded walk of at most RV_GVL_MAX_QUEUED nodes). */
@@ -432,8 +441,9 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
     struct rv_offsets *off = bpf_map_lookup_elem(&offsets, &bin);
     if (wc && wc->valid && off) {
       /* The thread pointer of the interrupted task: glibc sets it with arch_prctl/clone, which record it here. */
-      struct task_struct *task = bpf_get_current_task_btf();
-      __u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
+      __u64 fsbase = 0;
+      if (rv_kernel.task_fsbase != 0)
+        bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (const void *)(bpf_get_current_task() + rv_kernel.task_fsbase));
       /* The ractor route compares the VM's rb_native_thread.tid with this thread's: in the target's namespace. */
       struct rv_ec_query q = {.tp = fsbase,
                               .tid = pid_traps->pidns.ino != 0 ? rv_ns_tid(&pid_traps->pidns) : tid,
@@ -445,12 +455,11 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
       tls_unavailable = q.tls_unavailable != 0;
     }
   }
+  const struct rv_native_thread *nt = bpf_map_lookup_elem(&native_threads, &tid);
   if (route == RV_EC_ROUTE_NONE && tls_unavailable) {
-    __u64 *thp = bpf_map_lookup_elem(&current_th, &tid);
-    __u32 *binp = bpf_map_lookup_elem(&current_bin, &tid);
-    if (thp && binp && *thp != 0) {
-      th = *thp;
-      bin = *binp;
+    if (nt && nt->th != 0) {
+      th = nt->th;
+      bin = nt->bin;
       wc = bpf_map_lookup_elem(&walk_config, &bin);
       if (wc && bpf_probe_read_user(&ec, sizeof(ec), (const void *)(unsigned long)(th + wc->thread_ec)) == 0 && ec)
         route = RV_EC_ROUTE_CURRENT_TH;
@@ -468,7 +477,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   struct rv_sample_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
   if (!s) return 0;
   __u32 flags = RV_REC_HAS_STACK | RV_REC_SERIAL_UNKNOWN;
-  if (bpf_map_lookup_elem(&in_gc, &tid)) flags |= RV_REC_IN_GC;
+  if (nt && nt->in_gc) flags |= RV_REC_IN_GC;
   /* Who holds the GVL of the sampled thread's VM and who is queued for it, read from memory (bpf/ruby_gvl.h): the
    * contention this shows stays visible while --max-overhead has the scheduler sites detached. */
   if (rv_cfg.gvl_readings && wc->gvl.base != RV_GVL_BASE_NONE &&
@@ -546,10 +555,13 @@ SEC("raw_tp/sched_process_fork")
 int rv_proc_fork(struct bpf_raw_tracepoint_args *ctx) {
   __u32 parent = bpf_get_current_pid_tgid() >> 32;
   if (!bpf_map_lookup_elem(&target_pids, &parent)) return 0;
-  struct task_struct *child = (struct task_struct *)ctx->args[1];
-  __u32 child_pid = BPF_CORE_READ(child, pid);
-  __u32 child_tgid = BPF_CORE_READ(child, tgid);
-  if (child_pid != child_tgid) return 0;
+  if (rv_kernel.task_pid == 0 || rv_kernel.task_tgid == 0) return 0;
+  const __u64 child = ctx->args[1]; /* struct task_struct * */
+  __u32 child_pid = 0, child_tgid = 0;
+  if (bpf_probe_read_kernel(&child_pid, sizeof(child_pid), (const void *)(child + rv_kernel.task_pid)) != 0 ||
+      bpf_probe_read_kernel(&child_tgid, sizeof(child_tgid), (const void *)(child + rv_kernel.task_tgid)) != 0 ||
+      child_pid != child_tgid)
+    return 0;
   rv_output_proc(RV_EV_PROC_FORK, child_tgid, child_pid);
   return 0;
 }

@@ -261,6 +261,18 @@ struct rv_config {
   __u32 gvl_readings;
 };
 
+/* Byte offsets of the fields of the running kernel's struct task_struct that the programs read (the sampler's thread
+ * pointer, a forked child's pid and tgid). Userspace takes them from the kernel's BTF (src/probe/kernel_layout.h) and
+ * sets them as read-only data (`const volatile struct rv_kernel_layout rv_kernel`) before loading, so the object has
+ * no CO-RE relocation and libbpf never parses the kernel's BTF (~10 ms for each instance of the object). 0: not
+ * known; the program that needs the field does not read it. */
+struct rv_kernel_layout {
+  __u32 task_pid;    /* task_struct.pid (pid_t, 4 bytes) */
+  __u32 task_tgid;   /* task_struct.tgid (pid_t, 4 bytes) */
+  __u32 task_fsbase; /* task_struct.thread.fsbase (unsigned long, 8 bytes): the user thread pointer on x86-64 */
+  __u32 reserved;
+};
+
 /* A target's pid namespace, for bpf_get_ns_current_pid_tgid: the nsfs inode of /proc/PID/ns/pid and its device as
  * the kernel encodes a dev_t (major << 20 | minor, not stat's st_dev encoding). Both 0: the process lives in the
  * namespace BPF's tids are numbered in (the host's), so the tids the VM writes into its memory are host tids. */
@@ -316,6 +328,7 @@ RV_ABI_ASSERT((RV_GVL_MAX_QUEUED & (RV_GVL_MAX_QUEUED - 1)) == 0, "RV_GVL_MAX_QU
 RV_ABI_ASSERT(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
 RV_ABI_ASSERT(sizeof(struct rv_config) == 20, "rv_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_kernel_layout) == 16, "rv_kernel_layout ABI");
 RV_ABI_ASSERT(sizeof(struct rv_pid_traps) == 48, "rv_pid_traps ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_pid_traps, pidns) == 32, "rv_pid_traps ABI");
 RV_ABI_ASSERT(sizeof(struct rv_pidns) == 16, "rv_pidns ABI");

@@ -59,7 +59,8 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
     if (!s) return s.error().Wrap("starting the metrics endpoint (--metrics-listen)");
     server = std::move(s.value());
   }
-  Result<std::unique_ptr<BpfProbeBackend>> backend = BpfProbeBackend::Open(config.ring_buffer_kb * 1024u, Agent::ProbeConfig(config));
+  Result<std::unique_ptr<BpfProbeBackend>> backend =
+      BpfProbeBackend::Open(config.ring_buffer_kb * 1024u, Agent::ProbeConfig(config), config.cache_dir);
   if (!backend) return backend.error();
 
   SystemAgentClock clock;

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "common/capabilities.h"
+#include "probe/kernel_layout.h"
 #include "rvbpfd.skel.h"
 
 namespace rvbpfd {
@@ -59,6 +60,16 @@ Error BpfError(std::string_view step, int err) {
   return Error(ErrorCode::kBpf, ErrnoMessage(step, err));
 }
 
+// A failed load (rvbpfd_bpf__load's negative errno) of `programs` ("the BPF programs", "the sampling program"). From
+// BPF_PROG_LOAD, EACCES is the verifier refusing a program, not a permission problem.
+Error LoadError(const std::string& programs, int neg_err) {
+  if (neg_err == -EACCES) {
+    return Error(ErrorCode::kBpf, ErrnoMessage("the kernel's BPF verifier rejected " + programs, EACCES) +
+                                      "; rerun with RVBPFD_LIBBPF_DEBUG=1 for the verifier log");
+  }
+  return BpfError("loading " + programs + " (rvbpfd.bpf.o)", -neg_err);
+}
+
 // Whether the kernel has multi-uprobe links, asked the way an attach would: a one-instruction program of the
 // uprobe-multi attach type, linked to "/". A kernel that knows the link type gets as far as the path and refuses a
 // directory with EBADF; one that does not refuses the attach type itself (EINVAL). Costs two syscalls and no
@@ -89,6 +100,12 @@ bool KernelHasUprobeMultiLinks() {
   if (link_fd >= 0) close(link_fd);  // not expected ("/" is no file), but then the link type exists too
   close(prog_fd);
   return link_fd >= 0 || err == EBADF;
+}
+
+// The read-only data every instance of the object is loaded with: the run's switches and the kernel's layout.
+void SetReadOnlyData(rvbpfd_bpf* skel, const rv_config& config, const rv_kernel_layout& kernel) {
+  skel->rodata->rv_cfg = config;
+  skel->rodata->rv_kernel = kernel;
 }
 
 uint32_t RoundRingSize(uint32_t bytes) {
@@ -148,17 +165,23 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
   session->ncpus_ = libbpf_num_possible_cpus();
   if (session->ncpus_ <= 0) return BpfError("counting possible CPUs", -session->ncpus_);
 
-  // The maps first, once: an instance of the object with no program to load creates them (no verification; libbpf
-  // still parses the kernel's BTF for each instance, ~10 ms, since the object has CO-RE relocations). The programs
-  // are other instances on those maps (ShareMaps), so the sampler verifies on a thread of its own while the uprobe
-  // program does on this one.
+  // The task_struct offsets that the sampler and the fork tracepoint read (rv_kernel_layout); the uprobes read none.
+  if (options.config.sampling || options.watch_processes) {
+    Result<rv_kernel_layout> layout = LoadKernelLayout(options.cache_dir);
+    if (!layout.ok()) return layout.error();
+    session->kernel_layout_ = *layout;
+  }
+
+  // The maps first, once: an instance of the object with no program to load creates them (no verification). The
+  // programs are other instances on those maps (ShareMaps), so the sampler verifies on a thread of its own while the
+  // uprobe program does on this one.
   rvbpfd_bpf* maps = rvbpfd_bpf__open();
   if (!maps) return BpfError("opening the BPF object", errno);
   session->maps_skel_ = maps;
   bpf_map__set_max_entries(maps->maps.events, RoundRingSize(options.ring_buffer_bytes));
   // Two stack scratch slots per possible CPU, uprobes and samples apart (bpf/rvbpfd.bpf.c says why).
   bpf_map__set_max_entries(maps->maps.stack_scratch, 2 * static_cast<uint32_t>(session->ncpus_));
-  maps->rodata->rv_cfg = options.config;
+  SetReadOnlyData(maps, options.config, session->kernel_layout_);
   bpf_program* prog;
   bpf_object__for_each_program(prog, maps->obj) bpf_program__set_autoload(prog, false);
   if (int err = rvbpfd_bpf__load(maps); err != 0) return BpfError("creating the BPF maps (rvbpfd.bpf.o)", -err);
@@ -178,7 +201,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
       rvbpfd_bpf__destroy(skel);
       return st.error();
     }
-    skel->rodata->rv_cfg = options.config;
+    SetReadOnlyData(skel, options.config, session->kernel_layout_);
     if (!options.watch_processes) {
       bpf_program__set_autoload(skel->progs.rv_proc_exec, false);
       bpf_program__set_autoload(skel->progs.rv_proc_exit, false);
@@ -199,14 +222,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
       break;
     }
     rvbpfd_bpf__destroy(skel);
-    if (err == -EACCES) {
-      // From BPF_PROG_LOAD, EACCES is the verifier refusing the program, not a permission problem.
-      return Error(ErrorCode::kBpf, ErrnoMessage("the kernel's BPF verifier rejected rvbpfd's program", -err) +
-                                        "; rerun with RVBPFD_LIBBPF_DEBUG=1 for the verifier log");
-    }
-    if (err == -EPERM || !want_multi) {
-      return BpfError("loading the BPF programs (rvbpfd.bpf.o)", -err);
-    }
+    if (err == -EACCES || err == -EPERM || !want_multi) return LoadError("the BPF programs", err);
   }
   if (!session->skel_) return Error(ErrorCode::kBpf, "loading the BPF programs failed");
 
@@ -219,7 +235,7 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
 Status BpfSession::ShareMaps(rvbpfd_bpf* into) {
   bpf_map* map;
   bpf_object__for_each_map(map, into->obj) {
-    if (bpf_map__is_internal(map)) continue;  // .rodata: each instance has its own, with the same rv_cfg
+    if (bpf_map__is_internal(map)) continue;  // .rodata: each instance has its own, with the same values
     const bpf_map* shared = bpf_object__find_map_by_name(maps_skel_->obj, bpf_map__name(map));
     if (shared == nullptr) {
       return Error(ErrorCode::kInternal, std::string("the BPF map ") + bpf_map__name(map) + " has no shared instance");
@@ -236,7 +252,7 @@ Status BpfSession::StartSamplerLoad(const SessionOptions& options) {
   if (!s) return BpfError("opening the BPF object for the sampler", errno);
   sampler_skel_ = s;
   if (Status st = ShareMaps(s); !st) return st;
-  s->rodata->rv_cfg = options.config;
+  SetReadOnlyData(s, options.config, kernel_layout_);
   bpf_program* prog;
   bpf_object__for_each_program(prog, s->obj) bpf_program__set_autoload(prog, prog == s->progs.rv_sample);
   sampler_loader_ = std::thread([this, s] { sampler_load_err_ = rvbpfd_bpf__load(s); });
@@ -246,13 +262,7 @@ Status BpfSession::StartSamplerLoad(const SessionOptions& options) {
 void BpfSession::FinishSamplerLoad() {
   if (!sampler_loader_.joinable()) return;
   sampler_loader_.join();
-  const int err = sampler_load_err_;
-  if (err == -EACCES) {
-    sampler_status_ = Error(ErrorCode::kBpf, ErrnoMessage("the kernel's BPF verifier rejected rvbpfd's sampler", -err) +
-                                                 "; rerun with RVBPFD_LIBBPF_DEBUG=1 for the verifier log");
-  } else if (err != 0) {
-    sampler_status_ = BpfError("loading the sampling program (rvbpfd.bpf.o)", -err);
-  }
+  if (sampler_load_err_ != 0) sampler_status_ = LoadError("the sampling program", sampler_load_err_);
 }
 
 BpfSession::~BpfSession() {

@@ -37,6 +37,9 @@ struct SessionOptions {
   // they become read-only data the verifier folds into the programs. Without `sampling` the sampling program is not
   // loaded at all (StartSampling then fails).
   rv_config config{};
+  // Where the kernel's task_struct layout is cached by kernel build ID (probe/kernel_layout.h); "": no cache. Only
+  // sampling and watch_processes need that layout.
+  std::string cache_dir;
 };
 
 // One site to attach: its file offset in the VM binary and what the BPF program needs to know about it.
@@ -191,6 +194,7 @@ class BpfSession {
   uint32_t next_binary_ = 0;
   int ncpus_ = 1;
   int wake_fd_ = -1;  // WakePollOn
+  rv_kernel_layout kernel_layout_{};  // zero unless sampling or watch_processes (Open)
 };
 
 }  // namespace rvbpfd

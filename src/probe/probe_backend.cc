@@ -2,12 +2,14 @@
 
 namespace rvbpfd {
 
-Result<std::unique_ptr<BpfProbeBackend>> BpfProbeBackend::Open(uint32_t ring_buffer_bytes, const rv_config& config) {
+Result<std::unique_ptr<BpfProbeBackend>> BpfProbeBackend::Open(uint32_t ring_buffer_bytes, const rv_config& config,
+                                                                const std::string& cache_dir) {
   std::unique_ptr<BpfProbeBackend> b(new BpfProbeBackend());
   SessionOptions so;
   so.ring_buffer_bytes = ring_buffer_bytes;
   so.watch_processes = true;
   so.config = config;
+  so.cache_dir = cache_dir;
   BpfProbeBackend* self = b.get();
   Result<std::unique_ptr<BpfSession>> s = BpfSession::Open(so, [self](const rv_record& r) {
     if (self->on_record_) self->on_record_(r);

@@ -59,8 +59,9 @@ class ProbeBackend {
 // The real backend: one BpfSession opened with watch_processes.
 class BpfProbeBackend : public ProbeBackend {
  public:
-  // `config`: the programs' switches, fixed at load (Agent::ProbeConfig).
-  static Result<std::unique_ptr<BpfProbeBackend>> Open(uint32_t ring_buffer_bytes, const rv_config& config);
+  // `config`: the programs' switches, fixed at load (Agent::ProbeConfig); `cache_dir`: SessionOptions::cache_dir.
+  static Result<std::unique_ptr<BpfProbeBackend>> Open(uint32_t ring_buffer_bytes, const rv_config& config,
+                                                       const std::string& cache_dir);
 
   void SetHandlers(RecordHandler on_record, StackHandler on_stack) override;
   Result<uint8_t> AddBinary(const rv_offsets& offsets) override { return session_->AddBinary(offsets); }

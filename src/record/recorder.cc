@@ -371,6 +371,7 @@ SessionOptions Recording::SessionOptionsFor(bool stacks_ready, bool gvl_layout) 
   SessionOptions so;
   so.ring_buffer_bytes = o_.ring_buffer_kb * 1024u;
   so.force_single_links = o_.force_single_links;
+  so.cache_dir = o_.cache_dir;
   so.config.cold_gap_ns = OverheadBudget::kColdGapNs;
   if (stacks_ready) {
     if (stacks_on_) {
