@@ -24,14 +24,14 @@ seconds=${RVBPFD_FUZZ_SECONDS:-}
 jobs=${RVBPFD_FUZZ_JOBS:-1}
 # Executions per harness in the default mode: about 60 s each under ASan+UBSan on a 2-core VM.
 declare -A runs=([trace_reader]=150000 [trace_export]=80000 [elf]=40000 [site_cache]=150000 [stacks]=100000
-                 [elf_real]=200)
+                 [kernel_layout]=150000 [elf_real]=200)
 build=build-fuzz
-all=(trace_reader trace_export elf site_cache stacks)
+all=(trace_reader trace_export elf site_cache stacks kernel_layout)
 harnesses=("$@")
 ((${#harnesses[@]})) || harnesses=("${all[@]}")
 # Generated seed directory and dictionary of each harness.
 declare -A seeds=([trace_reader]=trace [trace_export]=trace [elf]=elf [site_cache]=site_cache [stacks]=stacks
-                  [elf_real]=elf_real)
+                  [kernel_layout]=kernel_layout [elf_real]=elf_real)
 declare -A dicts=([trace_reader]=tests/fuzz/rvtrace.dict [trace_export]=tests/fuzz/rvtrace.dict)
 
 for h in "${harnesses[@]}"; do

@@ -205,6 +205,23 @@ Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::stri
   out.base_ = base;
   out.mapped_ = mapped;
   auto* dst = static_cast<uint8_t*>(base);
+  // The deferred ranges, shrunk to the whole pages they cover within the file, sorted and merged.
+  std::vector<std::pair<uint64_t, uint64_t>> deferred;
+  for (auto [begin, end] : options.deferred) {
+    begin = begin > size ? size : (begin + page - 1) / page * page;
+    end = std::min(end, size) / page * page;
+    if (begin < end) deferred.emplace_back(begin, end);
+  }
+  std::sort(deferred.begin(), deferred.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& r : deferred) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  size_t next_deferred = 0;  // the first merged range not entirely before the read position
 
   // Reads the data extents only (SEEK_DATA/SEEK_HOLE; a file system without them reports one extent), through a
   // bounce buffer, and copies the pages that are not all zeros: the anonymous pages of holes and zero runs stay the
@@ -228,7 +245,17 @@ Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::stri
     const uint64_t extent_end = std::max<uint64_t>(static_cast<uint64_t>(hole), at);
     bool eof = false;
     while (at < extent_end) {
-      const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, extent_end - at));
+      while (next_deferred < merged.size() && merged[next_deferred].second <= at) ++next_deferred;
+      uint64_t limit = extent_end;
+      if (next_deferred < merged.size()) {
+        const auto [begin, end] = merged[next_deferred];
+        if (begin <= at) {  // inside a deferred range: not read now
+          at = std::min(end, extent_end);
+          continue;
+        }
+        limit = std::min(limit, begin);
+      }
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, limit - at));
       const ssize_t n = pread(fd, buf.get(), want, static_cast<off_t>(at));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
@@ -269,7 +296,70 @@ Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::stri
     out.Reset();
     return Error(ErrorCode::kIo, name + " is empty");
   }
+  out.writable_ = options.writable;
+  for (auto& [begin, end] : merged) end = std::min(end, out.size_);
+  std::erase_if(merged, [](const auto& r) { return r.first >= r.second; });
+  if (!merged.empty()) {
+    const int held = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (held < 0) {
+      Error e = OpenFailure("duplicating the descriptor of " + name, errno);
+      out.Reset();
+      return e;
+    }
+    out.deferred_fd_ = FileFd(held);
+    out.deferred_ = std::move(merged);
+    out.name_ = name;
+  }
   return out;
+}
+
+Status MappedFile::LoadDeferred() {
+  if (deferred_error_) return *deferred_error_;
+  if (deferred_.empty()) return Status::Ok();
+  auto fail = [this](Error e) {
+    deferred_error_ = e;
+    deferred_.clear();
+    deferred_fd_.Reset();
+    return e;
+  };
+  struct stat st;
+  if (fstat(deferred_fd_.get(), &st) != 0) return fail(OpenFailure("fstat of " + name_, errno));
+  const FileIdentity now{static_cast<uint64_t>(st.st_dev),
+                         static_cast<uint64_t>(st.st_ino),
+                         static_cast<uint64_t>(st.st_size),
+                         static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+                         static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec,
+                         0};
+  if (!(now == identity_)) {
+    return fail(Error(ErrorCode::kIo, name_ + " changed after it was first read (another size, time or inode)"));
+  }
+  if (!writable_ && mprotect(base_, mapped_, PROT_READ | PROT_WRITE) != 0) {
+    return fail(Error(ErrorCode::kIo, ErrnoMessage("mprotect of the copy of " + name_, errno)));
+  }
+  auto* dst = static_cast<uint8_t*>(base_);
+  std::optional<Error> err;
+  for (const auto& [begin, end] : deferred_) {
+    for (uint64_t at = begin; at < end && !err;) {
+      const ssize_t n = pread(deferred_fd_.get(), dst + at, static_cast<size_t>(end - at), static_cast<off_t>(at));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        err = OpenFailure("reading " + name_, errno);
+      } else if (n == 0) {
+        err = Error(ErrorCode::kIo, name_ + " is shorter than when it was first read");
+      } else {
+        at += static_cast<uint64_t>(n);
+        copied_ += static_cast<uint64_t>(n);
+      }
+    }
+    if (err) break;
+  }
+  if (!writable_ && mprotect(base_, mapped_, PROT_READ) != 0 && !err) {
+    err = Error(ErrorCode::kIo, ErrnoMessage("mprotect of the copy of " + name_, errno));
+  }
+  if (err) return fail(*err);
+  deferred_.clear();
+  deferred_fd_.Reset();
+  return Status::Ok();
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept { *this = std::move(o); }
@@ -282,6 +372,13 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   mapped_ = std::exchange(o.mapped_, 0);
   copied_ = std::exchange(o.copied_, 0);
   identity_ = o.identity_;
+  writable_ = o.writable_;
+  name_ = std::move(o.name_);
+  deferred_fd_ = std::move(o.deferred_fd_);
+  deferred_ = std::move(o.deferred_);
+  o.deferred_.clear();
+  deferred_error_ = std::move(o.deferred_error_);
+  o.deferred_error_.reset();
   return *this;
 }
 
@@ -293,6 +390,9 @@ void MappedFile::Reset() {
   mapped_ = 0;
   size_ = 0;
   copied_ = 0;
+  deferred_.clear();
+  deferred_fd_.Reset();
+  deferred_error_.reset();
 }
 
 }  // namespace rvbpfd

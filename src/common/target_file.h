@@ -24,8 +24,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 
@@ -85,6 +88,10 @@ struct MapOptions {
   // The copy stays writable: libelf and libdw decompress and relocate sections in place in the image they are given.
   // It is our private anonymous memory, so writes never reach the file.
   bool writable = false;
+  // File byte ranges [first, second) not copied now but by MappedFile::LoadDeferred, when something needs them (an
+  // ELF file's debug sections: ~80% of an unstripped VM binary, read only when no cache has what they give). Only the
+  // whole pages inside a range are deferred; the copy reads as zeros there until loaded.
+  std::vector<std::pair<uint64_t, uint64_t>> deferred;
 };
 
 // What fstat said of a file when it was opened, and when. The kernel sets st_ctime on every change of a file's content
@@ -130,6 +137,11 @@ class MappedFile {
   uint64_t copied_bytes() const { return copied_; }
   // The file as its fstat described it before anything was read, for caches keyed by file identity.
   const FileIdentity& identity() const { return identity_; }
+  // Copies the deferred ranges (MapOptions::deferred) from the file, once; later calls return the first call's
+  // result. Fails (kIo) when the file is no longer what was copied (another identity: written, truncated or replaced
+  // since) or cannot be read to its size; the ranges then stay zeros. Not thread-safe.
+  Status LoadDeferred();
+  bool has_deferred() const { return !deferred_.empty(); }
 
  private:
   void Reset();
@@ -138,6 +150,11 @@ class MappedFile {
   uint64_t mapped_ = 0;  // length of the mapping (size_ rounded up to pages; 0 when nothing is mapped)
   uint64_t copied_ = 0;
   FileIdentity identity_;
+  bool writable_ = false;
+  std::string name_;                                     // for messages ("ELF file /path")
+  FileFd deferred_fd_;                                   // the file, held while ranges are deferred
+  std::vector<std::pair<uint64_t, uint64_t>> deferred_;  // page-aligned, sorted, disjoint, within size_
+  std::optional<Error> deferred_error_;                  // LoadDeferred's failure, kept for later calls
 };
 
 }  // namespace rvbpfd

@@ -14,6 +14,79 @@
 namespace rvbpfd {
 namespace {
 
+// Headers beyond these counts (a real VM binary has ~40 sections, ~12 program headers): nothing is deferred.
+constexpr uint16_t kMaxDeferSections = 1024;
+
+// Debug sections by name: what the DWARF readers use and nothing else does.
+bool IsDebugSectionName(std::string_view name) {
+  return name.starts_with(".debug_") || name.starts_with(".zdebug_");
+}
+
+// File ranges of the non-allocated debug sections of the ELF file open at fd, from its section headers read with
+// pread (bounded by the file's size); empty when the headers are not a 64-bit little-endian ELF's or lie outside the
+// file: nothing is deferred then, and Parse judges the whole copy. A debug section whose bytes any other section or a
+// program header also claims (never so in a real binary) is not deferred: only debug readers ever wait for a copy.
+std::vector<std::pair<uint64_t, uint64_t>> DebugSectionRanges(int fd) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size <= 0) return out;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  auto read_at = [fd](void* buf, uint64_t len, uint64_t off) {
+    uint64_t got = 0;
+    while (got < len) {
+      const ssize_t n = pread(fd, static_cast<char*>(buf) + got, len - got, static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      got += static_cast<uint64_t>(n);
+    }
+    return true;
+  };
+  Elf64_Ehdr eh;
+  if (!read_at(&eh, sizeof(eh), 0) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+      eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB ||
+      eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shnum > kMaxDeferSections ||
+      eh.e_shstrndx == SHN_UNDEF || eh.e_shstrndx >= eh.e_shnum || eh.e_shoff > size ||
+      uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr) > size - eh.e_shoff || eh.e_phnum > kMaxDeferSections ||
+      (eh.e_phnum != 0 && eh.e_phentsize != sizeof(Elf64_Phdr)) || eh.e_phoff > size ||
+      uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr) > size - eh.e_phoff) {
+    return out;
+  }
+  std::vector<Elf64_Phdr> ph(eh.e_phnum);
+  if (!ph.empty() && !read_at(ph.data(), ph.size() * sizeof(Elf64_Phdr), eh.e_phoff)) return out;
+  std::vector<Elf64_Shdr> sh(eh.e_shnum);
+  if (!read_at(sh.data(), sh.size() * sizeof(Elf64_Shdr), eh.e_shoff)) return out;
+  constexpr uint64_t kMaxNames = 1u << 20;  // .shstrtab holds a few hundred bytes
+  const Elf64_Shdr& names = sh[eh.e_shstrndx];
+  if (names.sh_type == SHT_NOBITS || names.sh_size == 0 || names.sh_size > kMaxNames || names.sh_offset > size ||
+      names.sh_size > size - names.sh_offset) {
+    return out;
+  }
+  std::string strtab(names.sh_size, '\0');
+  if (!read_at(strtab.data(), strtab.size(), names.sh_offset)) return out;
+  // Every other claim on the file's bytes: the other sections', the program headers' and the headers' own.
+  std::vector<std::pair<uint64_t, uint64_t>> claimed = {
+      {0, sizeof(Elf64_Ehdr)},
+      {eh.e_shoff, eh.e_shoff + uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr)},
+      {eh.e_phoff, eh.e_phoff + uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr)}};
+  std::vector<std::pair<uint64_t, uint64_t>> debug;
+  for (const Elf64_Shdr& s : sh) {
+    if (s.sh_type == SHT_NOBITS || s.sh_offset > size || s.sh_size > size - s.sh_offset) continue;
+    const bool is_debug = (s.sh_flags & SHF_ALLOC) == 0 && s.sh_name < strtab.size() &&
+                          IsDebugSectionName(std::string_view(strtab.c_str() + s.sh_name));
+    (is_debug ? debug : claimed).emplace_back(s.sh_offset, s.sh_offset + s.sh_size);
+  }
+  for (const Elf64_Phdr& p : ph) {
+    if (p.p_offset > size) continue;
+    claimed.emplace_back(p.p_offset, p.p_offset + std::min<uint64_t>(p.p_filesz, size - p.p_offset));
+  }
+  for (const auto& d : debug) {
+    const bool overlaps = std::any_of(claimed.begin(), claimed.end(),
+                                      [&d](const auto& c) { return c.first < d.second && d.first < c.second; });
+    if (!overlaps) out.push_back(d);
+  }
+  return out;
+}
+
 bool IsDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
@@ -46,7 +119,10 @@ bool MatchesWithCloneSuffix(std::string_view name, std::string_view base) {
 }
 
 Result<ElfFile> ElfFile::Open(const std::string& path) {
-  Result<MappedFile> mapped = MappedFile::Map(path, "ELF file", kMaxBytes, {.writable = true});
+  Result<FileFd> fd = OpenRegularFile(path, "ELF file");
+  if (!fd) return fd.error();
+  Result<MappedFile> mapped = MappedFile::FromFd(fd->get(), path, "ELF file", kMaxBytes,
+                                                 {.writable = true, .deferred = DebugSectionRanges(fd->get())});
   if (!mapped) return mapped.error();
   return FromMapped(std::move(mapped.value()), path);
 }
@@ -54,9 +130,15 @@ Result<ElfFile> ElfFile::Open(const std::string& path) {
 Result<ElfFile> ElfFile::OpenHandle(const FileFd& handle, const std::string& path) {
   Result<FileFd> fd = ReopenRegularFile(handle, path, "ELF file");
   if (!fd) return fd.error();
-  Result<MappedFile> mapped = MappedFile::FromFd(fd->get(), path, "ELF file", kMaxBytes, {.writable = true});
+  Result<MappedFile> mapped = MappedFile::FromFd(fd->get(), path, "ELF file", kMaxBytes,
+                                                 {.writable = true, .deferred = DebugSectionRanges(fd->get())});
   if (!mapped) return mapped.error();
   return FromMapped(std::move(mapped.value()), path);
+}
+
+std::span<const uint8_t> ElfFile::content() const {
+  if (!file_.LoadDeferred().ok()) return {};
+  return {data_, static_cast<size_t>(size_)};
 }
 
 Result<ElfFile> ElfFile::FromMapped(MappedFile mapped, const std::string& path) {
@@ -244,6 +326,7 @@ std::optional<ElfSection> ElfFile::FindSection(std::string_view name) const {
 
 std::span<const uint8_t> ElfFile::SectionData(const ElfSection& section) const {
   if (section.type == SHT_NOBITS || section.offset > size_ || section.size > size_ - section.offset) return {};
+  if (IsDebugSectionName(section.name) && !file_.LoadDeferred().ok()) return {};
   return {data_ + section.offset, section.size};
 }
 

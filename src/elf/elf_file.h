@@ -75,7 +75,10 @@ bool MatchesWithCloneSuffix(std::string_view name, std::string_view base);
 
 class ElfFile {
  public:
-  // Copies the file (at most kMaxBytes) and parses its headers, sections, program headers, symbols and build-id.
+  // Copies the file (at most kMaxBytes) and parses its headers, sections, program headers, symbols and build-id. The
+  // debug sections (non-allocated .debug_* and .zdebug_*: most of an unstripped VM binary) are copied only when
+  // something reads them (content(), SectionData of one, LoadDeferredSections: what DWARF readers call first), so an
+  // analysis that caches answered reads a few MB, not tens.
   // Errors: kIo when the file cannot be read; kNotRuby is not decided here (callers know the context), a file that is
   // not a 64-bit little-endian ELF yields kIo with a message saying so.
   static Result<ElfFile> Open(const std::string& path);
@@ -127,7 +130,12 @@ class ElfFile {
   std::vector<ElfRelocation> DynamicRelocations(uint32_t type) const;
 
   // The whole file as read (what every other accessor is a view of), and what fstat said of it before the read.
-  std::span<const uint8_t> content() const { return {data_, static_cast<size_t>(size_)}; }
+  // Copies the deferred debug sections first; empty when that fails (LoadDeferredSections says why).
+  std::span<const uint8_t> content() const;
+  uint64_t content_size() const { return size_; }  // content()'s size, without copying anything in
+  // Copies the deferred debug sections now (once; MappedFile::LoadDeferred): kIo when the file changed since it was
+  // opened. DWARF readers (libdw on handle()) call it before reading any.
+  Status LoadDeferredSections() const { return file_.LoadDeferred(); }
   const FileIdentity& identity() const { return file_.identity(); }
 
   const std::vector<ElfSection>& sections() const { return sections_; }
@@ -165,7 +173,8 @@ class ElfFile {
 
   std::string path_;
   std::string origin_path_;
-  MappedFile file_;  // the whole file; stable address for libelf's elf_memory
+  // The whole file; stable address for libelf's elf_memory. Mutable: const readers copy in the deferred sections.
+  mutable MappedFile file_;
   const uint8_t* data_ = nullptr;  // file_.data()
   uint64_t size_ = 0;
   Elf* elf_ = nullptr;

@@ -31,6 +31,8 @@ std::unique_ptr<DwarfInfo> DwarfInfo::Open(const ElfFile& elf) {
   // `objcopy --only-keep-debug` keeps allocated sections such as .eh_frame as NOBITS).
   const ElfFile& dw = elf.dwarf_file();
   if (!dw.FindSection(".debug_info")) return nullptr;
+  // Their debug sections are copied on first use (ElfFile::Open); a file that changed since it was opened gives none.
+  if (!dw.LoadDeferredSections().ok() || !elf.LoadDeferredSections().ok()) return nullptr;
   Dwarf* dwarf = dwarf_begin_elf(dw.handle(), DWARF_C_READ, nullptr);
   if (dwarf == nullptr) return nullptr;
   std::unique_ptr<DwarfInfo> info(new DwarfInfo());

@@ -155,7 +155,7 @@ std::string FileHashEntryPath(const std::string& cache_dir, const FileIdentity& 
 
 std::string ContentSha256Of(const ElfFile& elf, const std::string& cache_dir, int64_t settle_ns) {
   const FileIdentity& id = elf.identity();
-  const bool cacheable = !cache_dir.empty() && id.ino != 0 && id.size == elf.content().size();
+  const bool cacheable = !cache_dir.empty() && id.ino != 0 && id.size == elf.content_size();
   const std::string path = FileHashEntryPath(cache_dir, id);
   if (cacheable) {
     if (std::optional<std::string> text = ReadCacheFile(path, 4096)) {
@@ -175,6 +175,9 @@ std::string ContentSha256Of(const ElfFile& elf, const std::string& cache_dir, in
       }
     }
   }
+  // The whole content: the deferred debug sections are read now. A file that changed since it was opened has no
+  // hash ("": the caller's error).
+  if (!elf.LoadDeferredSections().ok()) return "";
   std::string sha = SparseContentSha256Hex(elf.content());
   if (cacheable && id.Settled(settle_ns)) {
     nlohmann::json doc = {{"format", kFileHashFormat}, {"dev", id.dev},           {"ino", id.ino},
@@ -200,6 +203,10 @@ Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, c
   // The key is what the analysis reads: the whole file (its zero blocks cost nothing: a sparse file is cheap). A
   // binary claiming another's build-id, or a modified copy keeping it, only ever finds or writes its own entry.
   const std::string content_sha256 = ContentSha256Of(elf, cache_dir);
+  if (content_sha256.empty()) {
+    Status st = elf.LoadDeferredSections();
+    return Error(ErrorCode::kIo, "hashing " + elf.path() + ": " + (st.ok() ? "unreadable" : st.error().message()));
+  }
   const bool cacheable = !cache_dir.empty();
   const std::string cache_path = cache_dir + "/" + content_sha256 + ".json";
   if (cacheable) {

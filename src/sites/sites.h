@@ -96,7 +96,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version);
 // the file's identity (FileIdentity: dev, ino, size, mtime, ctime) and used again only for a file of that identity.
 // Only a file unchanged for settle_ns before it was opened is entered (FileIdentity::Settled), so an entry never
 // pairs an identity with content read while the file changed. An entry that is malformed or of another identity is
-// ignored and rewritten. cache_dir "": always hashed.
+// ignored and rewritten. cache_dir "": always hashed. "" when the content cannot be read
+// (ElfFile::LoadDeferredSections).
 // kFileSettleNs: far more than any file system's timestamp granularity (ext4, tmpfs: ns, set from a clock that ticks
 // every few ms; FAT: 2 s).
 inline constexpr int64_t kFileSettleNs = 3'000'000'000;

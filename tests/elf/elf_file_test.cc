@@ -1,10 +1,15 @@
 #include "elf/elf_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include "elf/elf_fixtures.h"
 
@@ -94,6 +99,104 @@ TEST_F(ElfFileTest, ReadsBuildIdSymbolsAndVersionString) {
   EXPECT_EQ(worker->binding, STB_LOCAL);
   EXPECT_EQ(worker->type, STT_FUNC);
   EXPECT_FALSE(elf->FindSymbol("no_such_symbol").has_value());
+}
+
+// kLibSource and `functions` more: debug sections (and code) of several pages each, so whole pages of them count.
+std::string LargeDwarfSource(int functions = 400) {
+  std::string src = kLibSource;
+  for (int i = 0; i < functions; ++i) {
+    src += "int filler_" + std::to_string(i) + "(int a, int b) { int c = a * " + std::to_string(i) +
+           " + b; return c ^ (a >> 3); }\n";
+  }
+  return src;
+}
+
+TEST_F(ElfFileTest, DebugSectionsAreCopiedWhenFirstRead) {
+  // Built with DWARF: its .debug_* sections are deferred until read, and then hold the file's own bytes.
+  const std::string lib = dir_.Join("libdwarf.so");
+  ASSERT_TRUE(CompileC(LargeDwarfSource(), lib, "-shared -fPIC -O2 -g"));
+  std::ifstream in(lib, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Result<ElfFile> elf = ElfFile::Open(lib);
+  ASSERT_TRUE(elf.ok()) << elf.error().message();
+  std::optional<ElfSection> info = elf->FindSection(".debug_info");
+  ASSERT_TRUE(info.has_value());
+  std::span<const uint8_t> data = elf->SectionData(*info);
+  ASSERT_EQ(data.size(), info->size);
+  EXPECT_TRUE(std::string(reinterpret_cast<const char*>(data.data()), data.size()) ==
+              bytes.substr(info->offset, info->size))
+      << ".debug_info differs from the file's bytes";
+  std::span<const uint8_t> all = elf->content();
+  ASSERT_EQ(all.size(), bytes.size());
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), reinterpret_cast<const uint8_t*>(bytes.data())));
+  EXPECT_TRUE(elf->LoadDeferredSections().ok());
+}
+
+TEST_F(ElfFileTest, ContentOfAFileChangedBeforeItsDebugSectionsWereReadIsRefused) {
+  const std::string lib = dir_.Join("libdwarf2.so");
+  ASSERT_TRUE(CompileC(LargeDwarfSource(), lib, "-shared -fPIC -O2 -g"));
+  Result<ElfFile> elf = ElfFile::Open(lib);
+  ASSERT_TRUE(elf.ok()) << elf.error().message();
+  struct stat st;
+  ASSERT_EQ(stat(lib.c_str(), &st), 0);
+  // Another content in place (a newer ctime): what was copied and what would be read no longer belong together.
+  do {
+    ASSERT_EQ(chmod(lib.c_str(), st.st_mode & 07777), 0);  // sets ctime, as any write does
+    struct stat now;
+    ASSERT_EQ(stat(lib.c_str(), &now), 0);
+    if (now.st_ctim.tv_sec != st.st_ctim.tv_sec || now.st_ctim.tv_nsec != st.st_ctim.tv_nsec) break;
+    usleep(1000);
+  } while (true);
+  EXPECT_FALSE(elf->LoadDeferredSections().ok());
+  EXPECT_TRUE(elf->content().empty());
+  std::optional<ElfSection> info = elf->FindSection(".debug_info");
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(elf->SectionData(*info).empty());
+  // Symbols and code came with the first copy.
+  EXPECT_TRUE(elf->FindSymbol("exported_entry").has_value());
+}
+
+TEST_F(ElfFileTest, ADebugSectionHeaderOverCodeDefersNothingThere) {
+  // A hostile file whose .debug_info header claims .text's bytes: those bytes are code first, copied at once, so a
+  // reader of .text never sees the zeros of a deferred page.
+  const std::string lib = dir_.Join("libhostile.so");
+  ASSERT_TRUE(CompileC(LargeDwarfSource(1500), lib, "-shared -fPIC -O2 -g"));
+  std::string bytes;
+  {
+    std::ifstream in(lib, std::ios::binary);
+    bytes.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  Result<ElfFile> original = ElfFile::Open(lib);
+  ASSERT_TRUE(original.ok()) << original.error().message();
+  std::optional<ElfSection> text = original->FindSection(".text");
+  std::optional<ElfSection> info = original->FindSection(".debug_info");
+  ASSERT_TRUE(text.has_value() && info.has_value());
+  ASSERT_GE(text->size, 3u * 4096u) << "the fixture's code no longer spans whole pages";
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, bytes.data(), sizeof(eh));
+  bool patched = false;
+  for (size_t i = 0; i < eh.e_shnum; ++i) {
+    Elf64_Shdr sh;
+    std::memcpy(&sh, bytes.data() + eh.e_shoff + i * sizeof(sh), sizeof(sh));
+    if (sh.sh_offset != info->offset || sh.sh_size != info->size || sh.sh_type != info->type) continue;
+    sh.sh_offset = text->offset;
+    sh.sh_size = text->size;
+    std::memcpy(bytes.data() + eh.e_shoff + i * sizeof(sh), &sh, sizeof(sh));
+    patched = true;
+  }
+  ASSERT_TRUE(patched);
+  const std::string hostile = dir_.Join("libhostile-patched.so");
+  std::ofstream(hostile, std::ios::binary) << bytes;
+  Result<ElfFile> elf = ElfFile::Open(hostile);
+  ASSERT_TRUE(elf.ok()) << elf.error().message();
+  std::optional<ElfSection> code = elf->FindSection(".text");
+  ASSERT_TRUE(code.has_value());
+  // Read the code without going through anything that would copy the deferred sections in.
+  std::span<const uint8_t> got(elf->SectionData(*code));
+  ASSERT_EQ(got.size(), code->size);
+  EXPECT_TRUE(std::string(reinterpret_cast<const char*>(got.data()), got.size()) ==
+              bytes.substr(code->offset, code->size))
+      << ".text differs from the file's bytes (a deferred page read as zeros?)";
 }
 
 TEST_F(ElfFileTest, PrefixLookupFindsClonesButNotOtherNames) {
