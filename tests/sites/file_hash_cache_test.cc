@@ -1,7 +1,8 @@
 // The content hash by file identity (ContentSha256Of, src/sites/sites.h): a settled file's hash is kept and used
 // again for that identity only; a change of the file, an unsettled file or an entry that is not the writer's gives
-// the hash of what was read.
+// the hash of what was read; a file changed before its deferred debug sections were copied gives none.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -48,6 +49,37 @@ class FileHashCacheTest : public ::testing::Test {
 };
 
 const std::string kMark(64, 'a');
+
+TEST_F(FileHashCacheTest, AFileChangedBeforeItsDebugSectionsWereCopiedHasNoHash) {
+  // With DWARF of several pages, ElfFile defers its debug sections; the hash needs them, and a file whose identity
+  // changed since it was opened must not be hashed from two contents.
+  std::string src;
+  for (int i = 0; i < 400; ++i) {
+    src += "int fx" + std::to_string(i) + "(int a) { return a * " + std::to_string(i) + "; }\n";
+  }
+  const std::string bin = dir_.Join("libfx-dwarf.so");
+  ASSERT_TRUE(testing::CompileC(src, bin, "-shared -fPIC -g"));
+  Result<ElfFile> elf = ElfFile::Open(bin);
+  ASSERT_TRUE(elf.ok()) << elf.error().message();
+  const struct stat before = [&] {
+    struct stat st{};
+    stat(bin.c_str(), &st);
+    return st;
+  }();
+  struct stat now{};
+  do {
+    ASSERT_EQ(chmod(bin.c_str(), before.st_mode & 07777), 0);  // a new ctime, as any write gives
+    ASSERT_EQ(stat(bin.c_str(), &now), 0);
+    if (now.st_ctim.tv_sec != before.st_ctim.tv_sec || now.st_ctim.tv_nsec != before.st_ctim.tv_nsec) break;
+    usleep(1000);
+  } while (true);
+  EXPECT_EQ(ContentSha256Of(*elf, "", 0), "");
+  Result<SiteSet> sites = LoadOrFindSites(*elf, "3.3.8", cache_);
+  ASSERT_FALSE(sites.ok());
+  EXPECT_EQ(sites.error().code(), ErrorCode::kIo);
+  EXPECT_NE(sites.error().message().find("changed after it was first read"), std::string::npos)
+      << sites.error().message();
+}
 
 TEST_F(FileHashCacheTest, ASettledFilesHashIsKeptAndUsedForItsIdentity) {
   const std::string truth = Truth();
