@@ -139,7 +139,6 @@ struct {
   __type(value, struct rv_sample_record);
 } stack_scratch SEC(".maps");
 
-/* Fills the fixed part every ring entry starts with. */
 /* Native thread tid's entry, created empty when it has none; NULL only when the map refuses the insert. */
 static __always_inline struct rv_native_thread *rv_native_thread_of(__u32 tid) {
   struct rv_native_thread *nt = bpf_map_lookup_elem(&native_threads, &tid);
@@ -149,6 +148,7 @@ static __always_inline struct rv_native_thread *rv_native_thread_of(__u32 tid) {
   return bpf_map_lookup_elem(&native_threads, &tid);
 }
 
+/* Fills the fixed part every ring entry starts with. */
 static __always_inline void rv_fill_record(struct rv_record *r, __u64 ts, __u64 th, __u32 serial, __u32 tid,
                                            __u32 probe_tid, __u32 pid, __u16 kind, __u16 site, __u32 flags) {
   r->ts_ns = ts;
