@@ -165,6 +165,20 @@ Result<FileFd> ReopenRegularFile(const FileFd& handle, const std::string& path, 
   return fd;
 }
 
+namespace {
+
+// What fstat said of a file, as its identity; `stat_realtime_ns` is when it said so (0: not needed).
+FileIdentity IdentityOf(const struct stat& st, int64_t stat_realtime_ns) {
+  return FileIdentity{static_cast<uint64_t>(st.st_dev),
+                      static_cast<uint64_t>(st.st_ino),
+                      static_cast<uint64_t>(st.st_size),
+                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+                      static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec,
+                      stat_realtime_ns};
+}
+
+}  // namespace
+
 Result<MappedFile> MappedFile::Map(const std::string& path, std::string_view what, uint64_t max_bytes,
                                    Options options) {
   Result<FileFd> fd = OpenRegularFile(path, what);
@@ -189,12 +203,7 @@ Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::stri
   MappedFile out;
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
-  out.identity_ = FileIdentity{static_cast<uint64_t>(st.st_dev),
-                               static_cast<uint64_t>(st.st_ino),
-                               static_cast<uint64_t>(st.st_size),
-                               static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
-                               static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec,
-                               static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec};
+  out.identity_ = IdentityOf(st, static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size == 0) return out;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -324,13 +333,7 @@ Status MappedFile::LoadDeferred() {
   };
   struct stat st;
   if (fstat(deferred_fd_.get(), &st) != 0) return fail(OpenFailure("fstat of " + name_, errno));
-  const FileIdentity now{static_cast<uint64_t>(st.st_dev),
-                         static_cast<uint64_t>(st.st_ino),
-                         static_cast<uint64_t>(st.st_size),
-                         static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
-                         static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec,
-                         0};
-  if (!(now == identity_)) {
+  if (!(IdentityOf(st, 0) == identity_)) {
     return fail(Error(ErrorCode::kIo, name_ + " changed after it was first read (another size, time or inode)"));
   }
   if (!writable_ && mprotect(base_, mapped_, PROT_READ | PROT_WRITE) != 0) {

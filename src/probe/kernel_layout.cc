@@ -68,7 +68,7 @@ Result<uint32_t> IntegerField(const btf* b, uint32_t type_id, const std::string&
   const int resolved = btf__resolve_type(b, m->type_id);
   const btf_type* t = resolved > 0 ? btf__type_by_id(b, static_cast<uint32_t>(resolved)) : nullptr;
   if (t == nullptr || !btf_is_int(t) || t->size != size) {
-    return bad("is not a " + std::to_string(size) + "-byte integer");
+    return bad("is not an integer of " + std::to_string(size) + " bytes");
   }
   return m->bit_offset / 8;
 }

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <string>
 
+#include "elf/elf_fixtures.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -78,7 +80,7 @@ TEST(KernelLayoutFromBtf, RefusesMistypedOrMissingFields) {
   no_task.with_task = false;
   const Case cases[] = {
       {"pid bit field", bitfield, "task_struct.pid is a bit field"},
-      {"4-byte fsbase", narrow_fsbase, "task_struct.thread.fsbase is not a 8-byte integer"},
+      {"4-byte fsbase", narrow_fsbase, "task_struct.thread.fsbase is not an integer of 8 bytes"},
       {"no thread", no_thread, "task_struct.thread is missing"},
       {"no task_struct", no_task, "no struct task_struct"},
   };
@@ -164,9 +166,8 @@ TEST(KernelLayoutCacheEntry, RoundTripsAndRefusesEntriesNotOfThisKernelOrOutOfRa
 class LoadKernelLayoutTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/rvbpfd-kernel-layout-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_FALSE(tmp_.path().empty());
+    dir_ = tmp_.path();
     sources_.notes_path = dir_ + "/notes";
     sources_.btf_path = dir_ + "/vmlinux";
     cache_dir_ = dir_ + "/cache";
@@ -177,12 +178,12 @@ class LoadKernelLayoutTest : public ::testing::Test {
     Write(sources_.btf_path, std::string(static_cast<const char*>(raw), size));
     btf__free(b);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   static void Write(const std::string& path, const std::string& bytes) {
     std::ofstream(path, std::ios::binary) << bytes;
   }
   std::string CachePath() const { return cache_dir_ + "/kernel-7dd4ff0789e05e14285320129149da2555ca0bfc.json"; }
 
+  testing::TempDir tmp_;
   std::string dir_;
   std::string cache_dir_;
   KernelLayoutSources sources_;
