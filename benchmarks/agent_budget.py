@@ -20,8 +20,11 @@ Prints a table and the verdict against the budgets; --json writes the figures.
 The receiver answers at once, in one segment, as a real server does; --backend-delay-ms N makes it answer N ms later
 (a backend across a network: the agent's delivery thread then sleeps and wakes once per upload).
 
+--cold-cache gives the agent an empty site cache, so its peak RSS includes the first analysis of each Ruby binary
+(a fresh host), not only the steady state.
+
 Usage: sudo benchmarks/agent_budget.py --build-dir build [--processes 50] [--seconds 60] [--warmup 25]
-       [--backend-delay-ms 0]
+       [--backend-delay-ms 0] [--cold-cache]
 """
 import argparse
 import json
@@ -90,6 +93,8 @@ def main():
     ap.add_argument("--gc-period", default="1.0", help="seconds between GC.start calls in each process")
     ap.add_argument("--backend-delay-ms", type=float, default=0.0,
                     help="the receiver answers each push this much later (a backend across a network)")
+    ap.add_argument("--cold-cache", action="store_true",
+                    help="give the agent an empty site cache (its first analysis of each Ruby binary is measured)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -120,8 +125,11 @@ def main():
                 sys.exit(f"a workload did not start (pid {p.pid})")
         log_path = os.path.join(work, "agent.log")
         log = open(log_path, "w")
-        agent = subprocess.Popen([rvbpfd, "agent", "--push-url", f"http://127.0.0.1:{port}",
-                                  "--metrics-listen", "127.0.0.1:0", "--log-format", "json"],
+        agent_cmd = [rvbpfd, "agent", "--push-url", f"http://127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0",
+                     "--log-format", "json"]
+        if args.cold_cache:
+            agent_cmd += ["--cache-dir", os.path.join(work, "sites")]
+        agent = subprocess.Popen(agent_cmd,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
         mport = None
         deadline = time.time() + 60
