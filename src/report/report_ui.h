@@ -13,8 +13,8 @@
 //   - exposes stable hooks for tests: [data-lane="thread-N" | "gvl-owner" | "gc" | "markers" | "native-TID"] label
 //     elements, #range (data-start-ns / data-end-ns of the visible range), #card (data-cruby-event,
 //     data-provenance, data-rule, data-lane, data-index, data-stacks, data-release-reason), #card ol.stack (one per
-//     stack shown, data-event / data-which), #flame (data-thread, data-zoom, data-total; hidden without samples),
-//     #flame-tip, #card's blame (data-blame-waits, data-blame-ns, data-blame-holder, data-blame-frame; .blame-wait,
+//     stack shown, data-event / data-which), #flame (data-thread, data-zoom, data-total; hidden without samples;
+//     it and #blame-flame are copies of one #flame-template, made by the script), #flame-tip, #card's blame (data-blame-waits, data-blame-ns, data-blame-holder, data-blame-frame; .blame-wait,
 //     .blame-holder with data-holder / data-ns, .blame-part with data-source / data-frame / data-ns), #blame-flame
 //     (as #flame; data-thread is the holder), #blame-top rows (data-holder, data-frame, data-ns), and
 //     window.rvReport (view, lane geometry, drawn rects; .flame and .blameFlame: the flame graphs' drawn frames,

@@ -293,6 +293,26 @@ test("screenshot with the stack card and the flame graph", async () => {
   assert.deepEqual(pageErrors, []);
 });
 
+test("both flame graphs are one section shape: the same parts in the same order, ids by their prefix", async () => {
+  const shapes = await page.evaluate(() => ["flame", "blame-flame"].map((id) => {
+    const sec = document.getElementById(id);
+    const walk = (e) => [e.tagName, e.className, [...e.children].filter((c) => c.id !== "blame-top").map(walk)];
+    return { parent: sec.parentElement.id, shape: walk(sec),
+             ids: [...sec.querySelectorAll("[id]")].map((e) => e.id).filter((i) => i !== "blame-top") };
+  }));
+  assert.equal(shapes[0].parent, "flames");
+  assert.equal(shapes[1].parent, "flames");
+  assert.deepEqual(shapes[0].shape, shapes[1].shape);
+  assert.deepEqual(shapes[0].ids, ["flame-info", "flame-thread", "flame-reset", "flame-path", "flame-plot",
+                                   "flame-canvas", "flame-tip"]);
+  assert.deepEqual(shapes[1].ids, ["blame-info", "blame-holder", "blame-reset", "blame-path", "blame-plot",
+                                   "blame-canvas", "blame-tip"]);
+  // The blame graph's top-blockers table sits between its head and its path, and only there.
+  assert.equal(await page.$eval("#blame-top", (t) => t.previousElementSibling.className), "flame-head");
+  assert.equal(await page.$eval("#flame .flame-head", (h) => h.nextElementSibling.className), "flame-path");
+  assert.equal(await page.$$eval("#flame-template", (t) => t.length), 1);
+});
+
 test("without samples there is no flame graph, only the note", async () => {
   const p = await context.newPage();
   const errors = [];

@@ -897,7 +897,34 @@
   const PSEUDO = { "-2": "(no stack recorded)", "-3": "[GC]", "-4": "[GVL not held]", "-5": "[holder unknown]",
                    "-6": "[no stack]", "-7": "(estimated: tracing paused)" };
   const P_NO_STACK = -2, P_GC = -3, P_GVL_FREE = -4, P_HOLDER_UNKNOWN = -5, P_BLAME_NO_STACK = -6, P_ESTIMATED = -7;
-  // cfg: ids {section, canvas, plot, tip, select, reset, info, path}; groups: Map(group -> [{s, stand, top, root, w}])
+  // Each graph's section is a copy of #flame-template (report.html) made by flameSection, so both have one shape;
+  // both copies exist from the start, hidden until makeFlame fills one, so a page without samples still has #flame.
+  // A part's id is the graph's prefix + "-" + its data-part (the select's: prefix + "-" + selectName).
+  // sec: {id, prefix, title, selectName, selectLabel, selectTitle, extra: an element shown under the head, or null}.
+  function flameSection(sec) {
+    const s = $("flame-template").content.firstElementChild.cloneNode(true);
+    s.id = sec.id;
+    const part = (name) => s.querySelector(`[data-part="${name}"]`);
+    const ids = { section: sec.id, select: sec.prefix + "-" + sec.selectName };
+    for (const name of ["canvas", "plot", "tip", "reset", "info", "path"]) {
+      ids[name] = sec.prefix + "-" + name;
+      part(name).id = ids[name];
+    }
+    Object.assign(part("select"), { id: ids.select, title: sec.selectTitle });
+    part("title").textContent = sec.title;
+    part("select-label").textContent = sec.selectLabel;
+    if (sec.extra) part("extra").replaceWith(sec.extra); else part("extra").remove();
+    $("flames").appendChild(s);
+    return ids;
+  }
+  const FLAME_IDS = flameSection({ id: "flame", prefix: "flame", title: "Flame graph", selectName: "thread",
+                                   selectLabel: "thread", selectTitle: "Samples of one Ruby thread, or of all" });
+  const BLAME_IDS = flameSection({ id: "blame-flame", prefix: "blame", title: "GVL blame", selectName: "holder",
+                                   selectLabel: "holder",
+                                   selectTitle: "What one GVL holder ran while others waited, or all holders",
+                                   extra: el("table", { id: "blame-top", title: "Top blockers: the holder and what it " +
+                                                        "ran, by the time other threads waited for the GVL" }) });
+  // cfg: ids (flameSection's); groups: Map(group -> [{s, stand, top, root, w}])
   // (s: stack index or -1, stand: the pseudo frame for s < 0, top: a pseudo leaf frame on top or 0, root: a pseudo
   // frame under the whole stack or 0, e.g. P_ESTIMATED for weights that were estimated); groupLabel(g);
   // allLabel; valueName ("samples" / "ns", the hooks' field); fmt(v) and lines(v) for the tip; info(total, selLabel).
@@ -1097,8 +1124,7 @@
     const groups = new Map();
     for (const [th, m] of counts) groups.set(th, [...m].map(([s, w]) => ({ s, stand: P_NO_STACK, top: 0, w })));
     return makeFlame({
-      ids: { section: "flame", canvas: "flame-canvas", plot: "flame-plot", tip: "flame-tip", select: "flame-thread",
-             reset: "flame-reset", info: "flame-info", path: "flame-path" },
+      ids: FLAME_IDS,
       groups, groupLabel: (th) => (th >= 0 ? threadLabel(th) : "(no thread named)"), allLabel: "all threads",
       valueName: "samples",
       fmt: (v) => `${v} samples`,
@@ -1179,8 +1205,7 @@
     const estimatedNote = blame.estimated > 0
       ? ` (${dur(blame.estimated)} of it estimated from the samples' GVL readings while tracing was paused)` : "";
     const fl = makeFlame({
-      ids: { section: "blame-flame", canvas: "blame-canvas", plot: "blame-plot", tip: "blame-tip", select: "blame-holder",
-             reset: "blame-reset", info: "blame-info", path: "blame-path" },
+      ids: BLAME_IDS,
       groups, groupLabel: (h) => (h >= 0 ? threadLabel(h) : "nobody / not known"), allLabel: "all holders",
       valueName: "ns", fmt: (v) => dur(v) + " waited", lines: () => [],
       info: (total, what) => `${dur(total)} other threads waited for the GVL while ${what} held it` +
