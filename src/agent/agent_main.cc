@@ -11,6 +11,7 @@
 #include "ops/log.h"
 #include "ops/metrics.h"
 #include "probe/probe_backend.h"
+#include "session/isolated_prepare.h"
 #include "session/vm_binary.h"
 
 namespace rvbpfd {
@@ -70,7 +71,26 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
   const std::string cache_dir = config.cache_dir;
   const bool want_stacks = config.stacks != "off" || config.hz > 0;
   env.preparer = [cache_dir, want_stacks](const std::string& path, const std::string& version,
-                                          std::shared_ptr<ElfFile> parsed) {
+                                          std::shared_ptr<ElfFile> parsed,
+                                          std::shared_ptr<const FileFd> handle) -> Result<PreparedBinary> {
+    // A child process analyses the binary first and fills the caches (session/isolated_prepare.h): its debug
+    // sections are copied and parsed there, so neither their memory nor a parser's crash on a hostile file reaches
+    // the agent. Killed before ProbeSetManager's own bound gives up on this thread.
+    PrepareChildRequest child;
+    child.handle = handle.get();
+    child.path = parsed ? parsed->path() : path;
+    child.origin_path = parsed ? parsed->origin_path() : "";
+    child.ruby_version = version;
+    child.cache_dir = cache_dir;
+    child.want_stacks = want_stacks;
+    child.timeout = ProbeSetManager::kDefaultPrepareTimeout * 9 / 10;
+    const PrepareChildOutcome outcome = WarmBinaryCaches(child);
+    if (outcome.state == PrepareChildOutcome::State::kFailed) return outcome.error;
+    if (outcome.state == PrepareChildOutcome::State::kNotStarted) {
+      // Logger is thread-safe; this runs on the preparation thread.
+      AgentLog().Warn("analysing a VM binary in the agent itself", {{"error", outcome.error.message()}});
+    }
+    // Warmed: what follows reads the caches. Not started: the analysis runs here, as it would without a child.
     // Discovery parsed the file already: analysing that copy keeps one parse (and one copy in memory) per binary.
     return parsed ? PrepareVmBinary(*parsed, version, cache_dir, want_stacks)
                   : PrepareVmBinary(path, version, cache_dir, want_stacks);

@@ -93,9 +93,8 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
 
   DeadlineResult<Result<PreparedBinary>> bounded = RunWithDeadline<Result<PreparedBinary>>(
       prepare_timeout_,
-      [prep = preparer_, path = target.vm_host_path, version = target.ruby_version, parsed = target.vm_elf] {
-        return prep(path, version, parsed);
-      });
+      [prep = preparer_, path = target.vm_host_path, version = target.ruby_version, parsed = target.vm_elf,
+       handle = target.vm_fd] { return prep(path, version, parsed, handle); });
   if (bounded.status != DeadlineStatus::kDone) {
     ++prepare_timeouts_;
     Error e(ErrorCode::kIo, "preparing " + target.vm_path + " took more than " +

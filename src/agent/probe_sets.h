@@ -95,9 +95,11 @@ struct ProbeSet {
 };
 
 // Prepares the VM binary at vm_path; `parsed`: discovery's parse of that file (RubyTarget::vm_elf), used instead of
-// parsing it again when not null (it is the preparer's alone while it runs).
+// parsing it again when not null (it is the preparer's alone while it runs); `handle`: the O_PATH descriptor it was
+// parsed through (RubyTarget::vm_fd; may be null), for reading the very same file elsewhere (an analysis child).
 using BinaryPreparer = std::function<Result<PreparedBinary>(const std::string& vm_path, const std::string& ruby_version,
-                                                            std::shared_ptr<ElfFile> parsed)>;
+                                                            std::shared_ptr<ElfFile> parsed,
+                                                            std::shared_ptr<const FileFd> handle)>;
 
 class ProbeSetManager {
  public:

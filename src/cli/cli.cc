@@ -28,6 +28,7 @@
 #include "ops/agent_config.h"
 #include "record/recorder.h"
 #include "report/report.h"
+#include "session/isolated_prepare.h"
 #include "session/vm_binary.h"
 #include "sites/sites.h"
 #include "target/target.h"
@@ -88,6 +89,10 @@ int RunCli(int argc, char** argv) {
   // Hostile input must never abort the daemon with an uncaught exception (exit 134 and a core as root): whatever
   // escapes is one line and the internal-error status.
   try {
+    // The fleet agent's binary-analysis child (session/isolated_prepare.h), not a user command.
+    if (argc >= 2 && argv[1] == kPrepareChildCommand) {
+      return RunPrepareChild(std::span<char* const>(argv + 2, static_cast<size_t>(argc - 2)));
+    }
     return RunCliUnguarded(argc, argv);
   } catch (const std::exception& e) {
     return Fail(Error(ErrorCode::kInternal, std::string("uncaught exception: ") + e.what()));

@@ -24,6 +24,14 @@ std::string_view ErrorCodeName(ErrorCode code) {
   return "internal";
 }
 
+std::optional<ErrorCode> ErrorCodeFromExitStatus(int64_t status) {
+  if (status < 0 || status > 255) return std::nullopt;
+  const auto code = static_cast<ErrorCode>(status);
+  // ErrorCodeName names every code of the enum and answers "internal" for any other value.
+  if (ErrorCodeName(code) == "internal" && code != ErrorCode::kInternal) return std::nullopt;
+  return code;
+}
+
 std::string Error::ToString() const {
   std::string out = "rvbpfd: ";
   out += ErrorCodeName(code_);

@@ -7,6 +7,7 @@
 #define RVBPFD_SRC_COMMON_ERROR_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,6 +33,8 @@ enum class ErrorCode : uint8_t {
 // Short stable name of a code, used in messages ("rvbpfd: not-ruby: ...") and tests.
 std::string_view ErrorCodeName(ErrorCode code);
 inline int ExitStatus(ErrorCode code) { return static_cast<int>(code); }
+// The code whose ExitStatus is `status`; nullopt when no code has it (e.g. read from another process).
+std::optional<ErrorCode> ErrorCodeFromExitStatus(int64_t status);
 
 class Error {
  public:

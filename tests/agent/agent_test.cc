@@ -67,8 +67,8 @@ class AgentTest : public ::testing::Test {
     AgentEnv env;
     env.backend = &backend_;
     env.clock = &clock_;
-    env.preparer = [this](const std::string&, const std::string& v,
-                          std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
+    env.preparer = [this](const std::string&, const std::string& v, std::shared_ptr<ElfFile>,
+                          std::shared_ptr<const FileFd>) -> Result<PreparedBinary> {
       PreparedBinary p = FakePrepared(v);
       if (layout_) p.live_layout = *layout_;
       return p;
@@ -601,9 +601,8 @@ TEST_F(AgentTest, AgentNeedsASink) {
   AgentEnv env;
   env.backend = &backend_;
   env.clock = &clock_;
-  env.preparer = [](const std::string&, const std::string& v, std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
-    return FakePrepared(v);
-  };
+  env.preparer = [](const std::string&, const std::string& v, std::shared_ptr<ElfFile>,
+                     std::shared_ptr<const FileFd>) -> Result<PreparedBinary> { return FakePrepared(v); };
   env.make_sinks = [](const AgentConfig&) -> Result<AgentSinks> { return AgentSinks{}; };
   Result<std::unique_ptr<Agent>> a = Agent::Create(config_, env);
   ASSERT_FALSE(a.ok());

@@ -17,9 +17,11 @@ class ProbeSetsTest : public ::testing::Test {
   ProbeSetsTest()
       : sets_(&backend_,
               [this](const std::string&, const std::string& version,
-                     std::shared_ptr<ElfFile> parsed) -> Result<PreparedBinary> {
+                     std::shared_ptr<ElfFile> parsed,
+                     std::shared_ptr<const FileFd> handle) -> Result<PreparedBinary> {
                 ++prepares_;
                 prepared_from_ = parsed.get();
+                prepared_handle_ = handle.get();
                 if (fail_) return Error(ErrorCode::kNoSymbols, "no .symtab");
                 return FakePrepared(version);
               },
@@ -40,6 +42,7 @@ class ProbeSetsTest : public ::testing::Test {
   ProbeSetManager sets_;
   int prepares_ = 0;
   const ElfFile* prepared_from_ = nullptr;  // the parse the last preparation was handed (null: none)
+  const FileFd* prepared_handle_ = nullptr;  // the descriptor it was handed (null: none)
   bool fail_ = false;
 };
 
@@ -73,6 +76,8 @@ TEST_F(ProbeSetsTest, ABinaryIsPreparedFromDiscoverysOwnParseOfIt) {
   ASSERT_NE(t.vm_elf, nullptr);
   ASSERT_TRUE(sets_.Acquire(10, t).ok());
   EXPECT_EQ(prepared_from_, t.vm_elf.get()) << "the binary was parsed a second time";
+  ASSERT_NE(prepared_handle_, nullptr);
+  EXPECT_EQ(prepared_handle_, t.vm_fd.get()) << "an analysis child would read another file than the one parsed";
 }
 
 TEST_F(ProbeSetsTest, TheLastProcessOutDetachesAndAReturningBinaryReattachesWithoutNewSlots) {

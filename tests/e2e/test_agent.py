@@ -29,6 +29,8 @@ seven processes is up to 35 uploads). Checked:
   - the forked worker W is found through the fork tracepoint and profiled (its own pid label, hot_a);
   - F is refused by the live layout check: one warning naming its pid and the main thread, counted in
     rvbpfd_processes_skipped_total{reason="layout"}, no upload with its pid, and the agent goes on;
+  - every VM binary was analysed in a child process (session/isolated_prepare.h): no log line says the agent
+    analysed one itself;
   - after C exits, its last (partial) profile arrives and no later upload names its pid;
   - SIGHUP reloads the config file (push-queue 4 now; rvbpfd_config_reloads_total{result="ok"});
   - backend down: while DIR/REFUSE exists the receiver answers 503; the agent keeps running, retries, drops the
@@ -462,6 +464,9 @@ def main():
             if agent.wait_log(attached(f.pid), 0.1):
                 prob.append("F was attached although its layout does not match")
         res.check("a process whose memory does not match its binary's layout is refused (F)", prob)
+        in_agent = [r for r in agent.records() if r.get("msg") == "analysing a VM binary in the agent itself"]
+        res.check("every VM binary (F's new copy included) was analysed in a child process, none in the agent",
+                  [f"analysed in the agent: {r}" for r in in_agent])
 
         time.sleep(3 * INTERVAL + 1.5)
         m = agent.metrics()
