@@ -279,9 +279,8 @@ int Main(int argc, char** argv) {
   AgentEnv env;
   env.backend = &backend;
   env.clock = &clock;
-  env.preparer = [](const std::string&, const std::string& v, std::shared_ptr<ElfFile>) -> Result<PreparedBinary> {
-    return FakePrepared(v);
-  };
+  env.preparer = [](const std::string&, const std::string& v, std::shared_ptr<ElfFile>,
+                     std::shared_ptr<const FileFd>) -> Result<PreparedBinary> { return FakePrepared(v); };
   env.frame_source = [&rubies](int pid, const RubyTarget&, const ProbeSet&) -> std::unique_ptr<FrameSource> {
     FakeRuby& ruby = *rubies[static_cast<size_t>(pid - kPid)];
     return MakeResolverFrameSource(std::make_unique<StackResolver>(ruby.TakeMemory(), ruby.offsets(), 0));
