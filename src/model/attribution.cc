@@ -74,7 +74,7 @@ void Attribution::NoteForEstimate(uint64_t t_ns, uint64_t thread, EventName even
   if (thread == 0 || event == EventName::kSample) return;
   const bool exited = event == EventName::kThreadExited;
   auto [seen, fresh] = seen_.try_emplace(thread);
-  Seen& l = seen->second;
+  Seen& l = *seen;
   // A drain estimated it over the pauses while it had no event (a thread without any): its own stretches start now.
   if (fresh) carried_stacks_.erase(thread);
   if (l.unobserved && (!paused_ || exited)) {
@@ -128,9 +128,9 @@ void Attribution::OnGvlReading(GvlSample reading) {
 }
 
 const Attribution::Sample* Attribution::LatestSample(uint64_t thread, uint64_t t) const {
-  auto it = samples_.find(thread);
-  if (it == samples_.end() || it->second.empty()) return nullptr;
-  const std::vector<Sample>& v = it->second;
+  const std::vector<Sample>* found = samples_.find(thread);
+  if (found == nullptr || found->empty()) return nullptr;
+  const std::vector<Sample>& v = *found;
   auto hi = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Sample& s) { return x < s.t_ns; });
   if (hi == v.begin()) return nullptr;
   return &*(hi - 1);
@@ -145,18 +145,18 @@ void Attribution::OnSample(uint64_t t_ns, uint64_t thread, uint32_t stack, bool 
 std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::SamplesIn(uint64_t thread,
                                                                                       uint64_t from,
                                                                                       uint64_t to) const {
-  auto it = samples_.find(thread);
-  if (it == samples_.end() || it->second.empty()) return {nullptr, nullptr};
-  const std::vector<Sample>& v = it->second;
+  const std::vector<Sample>* found = samples_.find(thread);
+  if (found == nullptr || found->empty()) return {nullptr, nullptr};
+  const std::vector<Sample>& v = *found;
   auto lo = std::lower_bound(v.begin(), v.end(), from, [](const Sample& s, uint64_t t) { return s.t_ns < t; });
   auto hi = std::lower_bound(lo, v.end(), to, [](const Sample& s, uint64_t t) { return s.t_ns < t; });
   return {v.data() + (lo - v.begin()), v.data() + (hi - v.begin())};
 }
 
 std::span<const Span> Attribution::GcsIn(uint64_t thread, uint64_t from, uint64_t to) const {
-  auto it = gcs_.find(thread);
-  if (it == gcs_.end()) return {};
-  const std::vector<Span>& v = it->second;  // one GC at a time: sorted by start and by end
+  const std::vector<Span>* found = gcs_.find(thread);
+  if (found == nullptr) return {};
+  const std::vector<Span>& v = *found;  // one GC at a time: sorted by start and by end
   auto lo = std::upper_bound(v.begin(), v.end(), from, [](uint64_t t, const Span& g) { return t < g.end_ns; });
   auto hi = std::lower_bound(lo, v.end(), to, [](const Span& g, uint64_t t) { return g.start_ns < t; });
   return {v.data() + (lo - v.begin()), static_cast<size_t>(hi - lo)};
@@ -208,9 +208,9 @@ class Attribution::PartSink {
 };
 
 const Span* Attribution::HoldAt(uint64_t thread, uint64_t t) const {
-  auto it = holds_.find(thread);
-  if (it == holds_.end()) return nullptr;
-  const std::vector<Span>& v = it->second;  // one thread's holds do not overlap: sorted by start and by end
+  const std::vector<Span>* found = holds_.find(thread);
+  if (found == nullptr) return nullptr;
+  const std::vector<Span>& v = *found;  // one thread's holds do not overlap: sorted by start and by end
   auto after = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Span& h) { return x < h.start_ns; });
   if (after == v.begin()) return nullptr;
   const Span& h = *(after - 1);
@@ -532,18 +532,17 @@ void Attribution::DrainEstimate(uint64_t now_ns, AttributionResult* into) {
   // A waiter no reading lists now whose stretch goes on from the last drain's cut keeps its stack.
   for (const auto& [w, ws] : carried) {
     if (listed.contains(w)) continue;
-    auto it = seen_.find(w);
-    const bool goes_on = it != seen_.end() ? it->second.unobserved && it->second.unobserved_at_reading &&
-                                                 !unobserved_.contains(w)
-                                           : paused_ && pauses_.size() == 1 && pauses_.back().at_reading;
+    const Seen* l = seen_.find(w);
+    const bool goes_on = l != nullptr ? l->unobserved && l->unobserved_at_reading && !unobserved_.contains(w)
+                                      : paused_ && pauses_.size() == 1 && pauses_.back().at_reading;
     if (goes_on) carried_stacks_[w] = ws;
   }
   const std::vector<Interval> no_pauses;
   for (uint64_t w : listed) {
     // Its closed stretches whole, then an open one up to now.
     for (const Interval& st : StretchesOf(w, unobserved_, paused_ ? no_pauses : pauses)) estimate(w, st, false);
-    if (auto it = seen_.find(w); it != seen_.end() && it->second.unobserved) {
-      const Seen& l = it->second;
+    if (const Seen* found = seen_.find(w); found != nullptr && found->unobserved) {
+      const Seen& l = *found;
       estimate(w, Interval{l.unobserved_from, now_ns, l.unobserved_from_wait, false, l.unobserved_at_reading}, true);
     } else if (!seen_.contains(w)) {
       if (paused_) {
@@ -567,20 +566,17 @@ void Attribution::DrainEstimate(uint64_t now_ns, AttributionResult* into) {
     pauses_.back().from = *cut;
     pauses_.back().at_reading = true;
   }
-  for (auto it = seen_.begin(); it != seen_.end();) {
-    Seen& l = it->second;
+  seen_.erase_if([&](uint64_t, Seen& l) {
     // An exited thread is remembered a while: a reading listing its pointer then is stale, not a thread without
     // events (StretchesOf).
-    if (l.exited && !l.unobserved && l.exit_ns + kForgetExitedNs < now_ns) {
-      it = seen_.erase(it);
-      continue;
-    }
+    if (l.exited && !l.unobserved && l.exit_ns + kForgetExitedNs < now_ns) return true;
     if (l.unobserved && cut && l.unobserved_from <= *cut) {
       l.unobserved_from = *cut;
       l.unobserved_at_reading = true;
     }
-    ++it;
-  }
+    return false;
+  });
+  seen_.shrink_if_sparse();
   // Kept: from the reading an open stretch goes on from (or the time it starts at), and every reading since the
   // oldest wait a pause could still cut (its stretch would start at the wants_gvl).
   uint64_t keep_from = now_ns;
@@ -636,31 +632,33 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
     it = it->second.empty() ? holders_.erase(it) : std::next(it);
   }
   for (auto* by : {&holds_, &gcs_}) {
-    for (auto it = by->begin(); it != by->end();) {
-      std::erase_if(it->second, ended);
-      it = it->second.empty() ? by->erase(it) : std::next(it);
-    }
+    by->erase_if([&ended](uint64_t, std::vector<Span>& v) {
+      std::erase_if(v, ended);
+      return v.empty();
+    });
   }
   // The estimate (DrainEstimate) looks up each thread's latest sample at or before every reading it keeps: those
   // samples stay, with each live thread's latest before them.
   uint64_t samples_from = keep_from_ns;
   if (options_.estimate_paused && !readings_.empty()) samples_from = std::min(samples_from, readings_.front().t_ns);
-  for (auto it = samples_.begin(); it != samples_.end();) {
-    std::vector<Sample>& v = it->second;
+  samples_.erase_if([&](uint64_t thread, std::vector<Sample>& v) {
     auto first = std::lower_bound(v.begin(), v.end(), samples_from,
                                   [](const Sample& s, uint64_t t) { return s.t_ns < t; });
     if (options_.estimate_paused && first != v.begin()) {
-      auto seen = seen_.find(it->first);
-      if (seen == seen_.end() || !seen->second.exited) --first;
+      const Seen* seen = seen_.find(thread);
+      if (seen == nullptr || !seen->exited) --first;
     }
     v.erase(v.begin(), first);
-    it = v.empty() ? samples_.erase(it) : std::next(it);
-  }
+    return v.empty();
+  });
   // A vector that once held a burst gives its memory back.
   auto shrink = [](auto& v) {
     if (v.capacity() > 64 && v.capacity() > 4 * v.size()) v.shrink_to_fit();
   };
   shrink(waits_);
+  holds_.shrink_if_sparse();
+  gcs_.shrink_if_sparse();
+  samples_.shrink_if_sparse();
   for (auto& [vm, v] : holders_) shrink(v);
   for (auto& [thread, v] : holds_) shrink(v);
   for (auto& [thread, v] : gcs_) shrink(v);
@@ -693,17 +691,16 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
 
 size_t Attribution::approx_memory_bytes() const {
   size_t n = VectorHeap(waits_) + VectorHeap(blocked_) +
-             HashSetHeap(gcs_, sizeof(std::pair<const uint64_t, std::vector<Span>>), false) +
+             gcs_.approx_memory_bytes() +
              holders_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint32_t, std::vector<Span>>)) +
-             HashSetHeap(holds_, sizeof(std::pair<const uint64_t, std::vector<Span>>), false) +
-             HashSetHeap(samples_, sizeof(std::pair<const uint64_t, std::vector<Sample>>), false) +
+             holds_.approx_memory_bytes() + samples_.approx_memory_bytes() +
              lives_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint64_t, Life>));  // tree nodes
   for (const auto& [vm, v] : holders_) n += VectorHeap(v);
   for (const auto& [thread, v] : holds_) n += VectorHeap(v);
   for (const auto& [thread, v] : gcs_) n += VectorHeap(v);
   for (const auto& [thread, v] : samples_) n += VectorHeap(v);
   n += VectorHeap(readings_) + reading_counted_.capacity() / 8 +
-       HashSetHeap(seen_, sizeof(std::pair<const uint64_t, Seen>), false) +
+       seen_.approx_memory_bytes() +
        HashSetHeap(carried_stacks_, sizeof(std::pair<const uint64_t, WaiterStack>), false) + VectorHeap(pauses_);
   for (const GvlSample& g : readings_) n += VectorHeap(g.queued);
   return n;

@@ -75,6 +75,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/flat_map64.h"
 #include "model/span_tracker.h"
 #include "trace/release_reason.h"
 
@@ -317,15 +318,16 @@ class Attribution {
   uint64_t GcOverlap(uint64_t thread, uint64_t from, uint64_t to) const;
 
   AttributionOptions options_;
+  // The per-thread tables are flat (common/flat_map64.h): one is looked up for nearly every span, sample and event.
   std::vector<Span> waits_, blocked_;
-  std::unordered_map<uint64_t, std::vector<Span>> gcs_;    // per thread, in time order
-  std::map<uint32_t, std::vector<Span>> holders_;           // per VM, in time order
-  std::unordered_map<uint64_t, std::vector<Span>> holds_;  // per thread, in time order
+  FlatMap64<std::vector<Span>> gcs_;               // per thread, in time order
+  std::map<uint32_t, std::vector<Span>> holders_;  // per VM, in time order
+  FlatMap64<std::vector<Span>> holds_;             // per thread, in time order
   size_t kept_ = 0;  // spans and samples in the containers above
-  std::unordered_map<uint64_t, std::vector<Sample>> samples_;
+  FlatMap64<std::vector<Sample>> samples_;         // per thread, in time order
   std::map<uint64_t, Life> lives_;
   // estimate_paused:
-  std::unordered_map<uint64_t, Seen> seen_;
+  FlatMap64<Seen> seen_;
   bool paused_ = false;
   std::vector<Interval> pauses_;  // the paused windows; the last one open while paused_
   std::unordered_map<uint64_t, std::vector<Interval>> unobserved_;  // per thread, closed stretches, in time order
