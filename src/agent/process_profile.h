@@ -69,6 +69,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/flat_map64.h"
 #include "model/attribution.h"
 #include "model/span_tracker.h"
 #include "session/stack_resolver.h"
@@ -284,7 +285,7 @@ class ProcessProfile {
   ProcessProfileLimits limits_;
   std::unique_ptr<ProfileStackTable> table_;
   SpecialStacks special_;
-  std::unordered_map<uint32_t, Weights> weights_;     // this interval's weights by stack id
+  FlatMap64<Weights> weights_;  // this interval's weights by stack id (looked up for every sample and span)
   SpanTracker tracker_;  // thread keys are th; stack ids are table_'s
   Attribution blame_;    // fed the tracker's spans and the samples; drained into interval_blame_
   AttributionResult interval_blame_;  // this interval's blame so far
