@@ -15,7 +15,10 @@ static_assert(std::size(kBlameSourceNames) == static_cast<size_t>(BlameSource::k
 constexpr std::string_view kWallStateNames[] = {"running", "gc", "gvl_wait", "blocked", "unknown"};
 static_assert(std::size(kWallStateNames) == static_cast<size_t>(WallState::kCount));
 
-bool ByStart(const Span& a, const Span& b) { return a.start_ns < b.start_ns; }
+template <typename T>
+bool ByStart(const T& a, const T& b) {
+  return a.start_ns < b.start_ns;
+}
 
 // Splits `ns` over `n` shares so that they sum to ns exactly: share i gets ns / n, the first ns % n one more.
 uint64_t Share(uint64_t ns, size_t n, size_t i) { return ns / n + (i < ns % n ? 1 : 0); }
@@ -39,11 +42,14 @@ void Attribution::OnSpan(const Span& s) {
       if (s.counted) into = &waits_;  // all for the wall clock; BlameWaits picks the blamed ones
       break;
     case SpanKind::kHolder:
-      into = &holders_[s.vm];
-      break;
+      holders_[s.vm].push_back(Holder{s.start_ns, s.end_ns, s.thread});
+      ++kept_;
+      return;
     case SpanKind::kGvlHold:
-      if (s.counted) into = &holds_[s.thread];
-      break;
+      if (!s.counted) return;
+      holds_[s.thread].push_back(Hold{s.start_ns, s.end_ns, s.stack, s.release_stack, s.end == SpanEnd::kReleased});
+      ++kept_;
+      return;
     case SpanKind::kBlocked:
       if (s.counted && options_.wall) into = &blocked_;
       break;
@@ -173,11 +179,11 @@ class Attribution::PartSink {
  public:
   PartSink(AttributionResult& r, bool per_wait, uint64_t waiter) : r_(r), per_wait_(per_wait), waiter_(waiter) {}
 
-  void Segment(uint64_t holder, uint64_t from, uint64_t to, const Span* hold) {
+  void Segment(uint64_t holder, uint64_t from, uint64_t to, const Hold* hold) {
     holder_ = holder;
     if (!per_wait_) return;
     BlameSegment seg{.holder = holder, .from_ns = from, .to_ns = to};
-    if (hold != nullptr && hold->end == SpanEnd::kReleased) {
+    if (hold != nullptr && hold->released) {
       seg.release_stack = hold->release_stack ? hold->stack : 0;
       seg.release_ns = hold->end_ns;
     }
@@ -207,13 +213,13 @@ class Attribution::PartSink {
   uint64_t holder_ = 0;
 };
 
-const Span* Attribution::HoldAt(uint64_t thread, uint64_t t) const {
-  const std::vector<Span>* found = holds_.find(thread);
+const Attribution::Hold* Attribution::HoldAt(uint64_t thread, uint64_t t) const {
+  const std::vector<Hold>* found = holds_.find(thread);
   if (found == nullptr) return nullptr;
-  const std::vector<Span>& v = *found;  // one thread's holds do not overlap: sorted by start and by end
-  auto after = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Span& h) { return x < h.start_ns; });
+  const std::vector<Hold>& v = *found;  // one thread's holds do not overlap: sorted by start and by end
+  auto after = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Hold& h) { return x < h.start_ns; });
   if (after == v.begin()) return nullptr;
-  const Span& h = *(after - 1);
+  const Hold& h = *(after - 1);
   return h.end_ns > t ? &h : nullptr;
 }
 
@@ -239,7 +245,7 @@ void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from,
     return;
   }
   // No sample: the hold of `holder` that covers `from`.
-  const Span* h = HoldAt(holder, from);
+  const Hold* h = HoldAt(holder, from);
   if (h != nullptr && h->stack != 0) {
     out.Add(h->stack, false, h->release_stack ? BlameSource::kReleaseStack : BlameSource::kLastSample, rest, 0);
   } else {
@@ -247,7 +253,7 @@ void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from,
   }
 }
 
-void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const Span& hold) const {
+void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const Hold& hold) const {
   uint64_t gc_ns = 0;
   for (const Span& g : GcsIn(thread, hold.start_ns, hold.end_ns)) {
     const uint64_t ns = std::min(g.end_ns, hold.end_ns) - std::max(g.start_ns, hold.start_ns);
@@ -273,7 +279,7 @@ void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const 
   }
 }
 
-void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const Span> holders) const {
+void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const Holder> holders) const {
   r.total_gvl_wait_ns += w.duration_ns();
   ++r.waits;
   if (options_.per_wait) {
@@ -283,7 +289,7 @@ void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const
   PartSink out(r, options_.per_wait, w.thread);
   // A cursor keeps a ns from being blamed twice.
   uint64_t cursor = w.start_ns;
-  auto segment = [&](uint64_t holder, uint64_t to, const Span* hold) {
+  auto segment = [&](uint64_t holder, uint64_t to, const Hold* hold) {
     out.Segment(holder, cursor, to, hold);
     if (options_.per_wait) ++r.wait_blame.back().segments;
   };
@@ -296,10 +302,10 @@ void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const
   // The VM's holder spans ending after the wait began (they do not overlap): the first is the one with the latest
   // start <= w.start_ns.
   auto it = std::upper_bound(holders.begin(), holders.end(), w.start_ns,
-                             [](uint64_t t, const Span& h) { return t < h.start_ns; });
+                             [](uint64_t t, const Holder& h) { return t < h.start_ns; });
   if (it != holders.begin()) --it;
   for (; it != holders.end() && it->start_ns < w.end_ns && cursor < w.end_ns; ++it) {
-    const Span& h = *it;
+    const Holder& h = *it;
     if (h.end_ns <= cursor) continue;
     const uint64_t from = std::max(h.start_ns, cursor);
     const uint64_t to = std::min(h.end_ns, w.end_ns);
@@ -324,17 +330,17 @@ void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const
 void Attribution::BlameWaits(AttributionResult& r) const {
   // A VM's holder spans close in time order, so a sorted copy is only made for a foreign order. Each VM's list is
   // looked at once per call, not once per wait (that was quadratic in the agent's intervals).
-  std::map<uint32_t, std::vector<Span>> sorted;
-  std::map<uint32_t, std::span<const Span>> by_vm;
-  auto holders_of = [&](uint32_t vm) -> std::span<const Span> {
+  std::map<uint32_t, std::vector<Holder>> sorted;
+  std::map<uint32_t, std::span<const Holder>> by_vm;
+  auto holders_of = [&](uint32_t vm) -> std::span<const Holder> {
     auto [known, fresh] = by_vm.try_emplace(vm);
     if (!fresh) return known->second;
     auto it = holders_.find(vm);
     if (it == holders_.end()) return known->second;
-    if (std::is_sorted(it->second.begin(), it->second.end(), ByStart)) return known->second = it->second;
-    std::vector<Span>& copy = sorted[vm];
+    if (std::is_sorted(it->second.begin(), it->second.end(), ByStart<Holder>)) return known->second = it->second;
+    std::vector<Holder>& copy = sorted[vm];
     copy = it->second;
-    std::stable_sort(copy.begin(), copy.end(), ByStart);
+    std::stable_sort(copy.begin(), copy.end(), ByStart<Holder>);
     return known->second = copy;
   };
   for (const Span& w : waits_) {
@@ -347,9 +353,9 @@ void Attribution::AttributeWall(AttributionResult& r, uint64_t end_ns) const {
   // Every counted span of each thread, then what none covers.
   std::map<uint64_t, uint64_t> covered;
   for (const auto& [thread, holds] : holds_) {
-    for (const Span& h : holds) {
-      AttributeRunning(r, h.thread, h);
-      covered[h.thread] += h.duration_ns();
+    for (const Hold& h : holds) {
+      AttributeRunning(r, thread, h);
+      covered[thread] += h.duration_ns();
     }
   }
   for (const Span& w : waits_) {
@@ -626,17 +632,17 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
   waits_.clear();
   // What a wait starting at or after keep_from_ns can read: holder spans, holds and GCs ending after it, samples
   // from it on.
-  auto ended = [keep_from_ns](const Span& s) { return s.end_ns <= keep_from_ns; };
+  auto ended = [keep_from_ns](const auto& s) { return s.end_ns <= keep_from_ns; };
   for (auto it = holders_.begin(); it != holders_.end();) {
     std::erase_if(it->second, ended);
     it = it->second.empty() ? holders_.erase(it) : std::next(it);
   }
-  for (auto* by : {&holds_, &gcs_}) {
-    by->erase_if([&ended](uint64_t, std::vector<Span>& v) {
-      std::erase_if(v, ended);
-      return v.empty();
-    });
-  }
+  auto drop_ended = [&ended](uint64_t, auto& v) {
+    std::erase_if(v, ended);
+    return v.empty();
+  };
+  holds_.erase_if(drop_ended);
+  gcs_.erase_if(drop_ended);
   // The estimate (DrainEstimate) looks up each thread's latest sample at or before every reading it keeps: those
   // samples stay, with each live thread's latest before them.
   uint64_t samples_from = keep_from_ns;
@@ -677,10 +683,11 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
   for (std::vector<Span>* v : {&waits_, &blocked_}) {
     for (Span& s : *v) remap(s.stack);
   }
-  for (auto* by : {&holds_, &gcs_}) {
-    for (auto& [thread, v] : *by) {
-      for (Span& s : v) remap(s.stack);
-    }
+  for (auto& [thread, v] : holds_) {
+    for (Hold& h : v) remap(h.stack);
+  }
+  for (auto& [thread, v] : gcs_) {
+    for (Span& s : v) remap(s.stack);
   }
   for (auto& [thread, v] : samples_) {
     for (Sample& s : v) remap(s.stack);
@@ -692,7 +699,7 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
 size_t Attribution::approx_memory_bytes() const {
   size_t n = VectorHeap(waits_) + VectorHeap(blocked_) +
              gcs_.approx_memory_bytes() +
-             holders_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint32_t, std::vector<Span>>)) +
+             holders_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint32_t, std::vector<Holder>>)) +
              holds_.approx_memory_bytes() + samples_.approx_memory_bytes() +
              lives_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint64_t, Life>));  // tree nodes
   for (const auto& [vm, v] : holders_) n += VectorHeap(v);
