@@ -126,12 +126,17 @@ void ProfileStackTable::ClearMemo() {
 uint32_t ProfileStackTable::Intern(const SharedStack& stack) {
   if (memo_.size() > kMemoSlack + 2 * frames_.size()) ClearMemo();
   if (stack_memo_.empty()) stack_memo_.resize(kStackMemoSlots);
-  StackMemo& sm = stack_memo_[MixHash(reinterpret_cast<uintptr_t>(stack.get())) % kStackMemoSlots];
-  if (sm.stack == stack) return sm.id;  // the same object: the same frames, interned before
+  StackMemo* set = &stack_memo_[MixHash(reinterpret_cast<uintptr_t>(stack.get())) % (kStackMemoSlots / 2) * 2];
+  // The same object: the same frames, interned before.
+  if (set[0].stack == stack) return set[0].id;
+  if (set[1].stack == stack) {
+    std::swap(set[0], set[1]);
+    return set[0].id;
+  }
   const uint32_t id = InternShared(*stack);
   if (id != 0) {
-    sm.stack = stack;
-    sm.id = id;
+    set[1] = std::move(set[0]);  // the least recently used one goes
+    set[0] = StackMemo{stack, id};
   }
   return id;
 }

@@ -188,8 +188,9 @@ class ProfileStackTable {
   // exists (frames are immutable: same address, same value). Cleared when it outgrows kMemoSlack + 2 * frames.
   static constexpr size_t kMemoSlack = 1024;
   std::unordered_map<const FrameInfo*, std::pair<SharedFrame, uint32_t>> memo_;
-  // Whole stack objects -> stack id, direct-mapped by address (kStackMemoSlots); each entry holds its stack, so the
-  // address is not reused while it is remembered. Cleared with memo_.
+  // Whole stack objects -> stack id, by address in kStackMemoSlots / 2 sets of two slots (the most recently used
+  // first), so two hot stacks whose addresses share a set do not evict each other on every record; each entry holds
+  // its stack, so the address is not reused while it is remembered. Cleared with memo_.
   static constexpr size_t kStackMemoSlots = 64;
   struct StackMemo {
     SharedStack stack;  // null: empty slot
