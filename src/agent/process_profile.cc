@@ -126,12 +126,17 @@ void ProfileStackTable::ClearMemo() {
 uint32_t ProfileStackTable::Intern(const SharedStack& stack) {
   if (memo_.size() > kMemoSlack + 2 * frames_.size()) ClearMemo();
   if (stack_memo_.empty()) stack_memo_.resize(kStackMemoSlots);
-  StackMemo& sm = stack_memo_[MixHash(reinterpret_cast<uintptr_t>(stack.get())) % kStackMemoSlots];
-  if (sm.stack == stack) return sm.id;  // the same object: the same frames, interned before
+  StackMemo* set = &stack_memo_[MixHash(reinterpret_cast<uintptr_t>(stack.get())) % (kStackMemoSlots / 2) * 2];
+  // The same object: the same frames, interned before.
+  if (set[0].stack == stack) return set[0].id;
+  if (set[1].stack == stack) {
+    std::swap(set[0], set[1]);
+    return set[0].id;
+  }
   const uint32_t id = InternShared(*stack);
   if (id != 0) {
-    sm.stack = stack;
-    sm.id = id;
+    set[1] = std::move(set[0]);  // the least recently used one goes
+    set[0] = StackMemo{stack, id};
   }
   return id;
 }
@@ -410,7 +415,7 @@ std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<ui
   std::vector<uint64_t> location_of_frame(table_->frame_count() + 1, 0);  // table frame id -> location id
   std::vector<uint64_t> locations;
   for (uint32_t stack : stacks) {
-    const Weights& w = weights_.at(stack);
+    const Weights& w = *weights_.find(stack);  // every id in `stacks` has weights
     const uint64_t v = w.*member;
     const uint64_t guessed = inferred != nullptr ? w.*inferred : 0;
     if (v == 0 && guessed == 0) continue;
@@ -502,7 +507,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
   stacks.reserve(weights_.size());
   Weights total;
   for (const auto& [id, w] : weights_) {
-    stacks.push_back(id);
+    stacks.push_back(static_cast<uint32_t>(id));
     total.samples += w.samples;
     total.wait_ns += w.wait_ns;
     total.held_ns += w.held_ns;
@@ -581,7 +586,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
   }
 
   // A new interval: weights and per-interval counts start over; memory goes back to what live state needs.
-  std::unordered_map<uint32_t, Weights>().swap(weights_);
+  weights_ = FlatMap64<Weights>();
   interval_discarded_waits_ = interval_discarded_holds_ = interval_discarded_gcs_ = interval_over_cap_ = 0;
   interval_blame_ = AttributionResult{};
   blame_drain_at_ = std::max(kBlameDrainMin, 2 * blame_.kept());
@@ -601,7 +606,7 @@ size_t ProcessProfile::approx_memory_bytes() const {
   return sizeof(*this) + HeapChunk(sizeof(ProfileStackTable)) + table_->approx_memory_bytes() +
          table_->memo_memory_bytes() +
          tracker_.approx_memory_bytes() + blame_.approx_memory_bytes() +
-         HashSetHeap(weights_, sizeof(std::pair<const uint32_t, Weights>), false) +
+         weights_.approx_memory_bytes() +
          HashSetHeap(thread_numbers_, sizeof(std::pair<const uint64_t, uint32_t>), false) +
          VectorHeap(exited_threads_) +
          interval_blame_.blame_ns.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const BlameKey, uint64_t>));

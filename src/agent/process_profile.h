@@ -69,6 +69,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/flat_map64.h"
 #include "model/attribution.h"
 #include "model/span_tracker.h"
 #include "session/stack_resolver.h"
@@ -187,8 +188,9 @@ class ProfileStackTable {
   // exists (frames are immutable: same address, same value). Cleared when it outgrows kMemoSlack + 2 * frames.
   static constexpr size_t kMemoSlack = 1024;
   std::unordered_map<const FrameInfo*, std::pair<SharedFrame, uint32_t>> memo_;
-  // Whole stack objects -> stack id, direct-mapped by address (kStackMemoSlots); each entry holds its stack, so the
-  // address is not reused while it is remembered. Cleared with memo_.
+  // Whole stack objects -> stack id, by address in kStackMemoSlots / 2 sets of two slots (the most recently used
+  // first), so two hot stacks whose addresses share a set do not evict each other on every record; each entry holds
+  // its stack, so the address is not reused while it is remembered. Cleared with memo_.
   static constexpr size_t kStackMemoSlots = 64;
   struct StackMemo {
     SharedStack stack;  // null: empty slot
@@ -284,7 +286,7 @@ class ProcessProfile {
   ProcessProfileLimits limits_;
   std::unique_ptr<ProfileStackTable> table_;
   SpecialStacks special_;
-  std::unordered_map<uint32_t, Weights> weights_;     // this interval's weights by stack id
+  FlatMap64<Weights> weights_;  // this interval's weights by stack id (looked up for every sample and span)
   SpanTracker tracker_;  // thread keys are th; stack ids are table_'s
   Attribution blame_;    // fed the tracker's spans and the samples; drained into interval_blame_
   AttributionResult interval_blame_;  // this interval's blame so far

@@ -15,7 +15,10 @@ static_assert(std::size(kBlameSourceNames) == static_cast<size_t>(BlameSource::k
 constexpr std::string_view kWallStateNames[] = {"running", "gc", "gvl_wait", "blocked", "unknown"};
 static_assert(std::size(kWallStateNames) == static_cast<size_t>(WallState::kCount));
 
-bool ByStart(const Span& a, const Span& b) { return a.start_ns < b.start_ns; }
+template <typename T>
+bool ByStart(const T& a, const T& b) {
+  return a.start_ns < b.start_ns;
+}
 
 // Splits `ns` over `n` shares so that they sum to ns exactly: share i gets ns / n, the first ns % n one more.
 uint64_t Share(uint64_t ns, size_t n, size_t i) { return ns / n + (i < ns % n ? 1 : 0); }
@@ -39,11 +42,14 @@ void Attribution::OnSpan(const Span& s) {
       if (s.counted) into = &waits_;  // all for the wall clock; BlameWaits picks the blamed ones
       break;
     case SpanKind::kHolder:
-      into = &holders_[s.vm];
-      break;
+      holders_[s.vm].push_back(Holder{s.start_ns, s.end_ns, s.thread});
+      ++kept_;
+      return;
     case SpanKind::kGvlHold:
-      if (s.counted) into = &holds_[s.thread];
-      break;
+      if (!s.counted) return;
+      holds_[s.thread].push_back(Hold{s.start_ns, s.end_ns, s.stack, s.release_stack, s.end == SpanEnd::kReleased});
+      ++kept_;
+      return;
     case SpanKind::kBlocked:
       if (s.counted && options_.wall) into = &blocked_;
       break;
@@ -74,7 +80,7 @@ void Attribution::NoteForEstimate(uint64_t t_ns, uint64_t thread, EventName even
   if (thread == 0 || event == EventName::kSample) return;
   const bool exited = event == EventName::kThreadExited;
   auto [seen, fresh] = seen_.try_emplace(thread);
-  Seen& l = seen->second;
+  Seen& l = *seen;
   // A drain estimated it over the pauses while it had no event (a thread without any): its own stretches start now.
   if (fresh) carried_stacks_.erase(thread);
   if (l.unobserved && (!paused_ || exited)) {
@@ -128,9 +134,9 @@ void Attribution::OnGvlReading(GvlSample reading) {
 }
 
 const Attribution::Sample* Attribution::LatestSample(uint64_t thread, uint64_t t) const {
-  auto it = samples_.find(thread);
-  if (it == samples_.end() || it->second.empty()) return nullptr;
-  const std::vector<Sample>& v = it->second;
+  const std::vector<Sample>* found = samples_.find(thread);
+  if (found == nullptr || found->empty()) return nullptr;
+  const std::vector<Sample>& v = *found;
   auto hi = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Sample& s) { return x < s.t_ns; });
   if (hi == v.begin()) return nullptr;
   return &*(hi - 1);
@@ -145,18 +151,18 @@ void Attribution::OnSample(uint64_t t_ns, uint64_t thread, uint32_t stack, bool 
 std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::SamplesIn(uint64_t thread,
                                                                                       uint64_t from,
                                                                                       uint64_t to) const {
-  auto it = samples_.find(thread);
-  if (it == samples_.end() || it->second.empty()) return {nullptr, nullptr};
-  const std::vector<Sample>& v = it->second;
+  const std::vector<Sample>* found = samples_.find(thread);
+  if (found == nullptr || found->empty()) return {nullptr, nullptr};
+  const std::vector<Sample>& v = *found;
   auto lo = std::lower_bound(v.begin(), v.end(), from, [](const Sample& s, uint64_t t) { return s.t_ns < t; });
   auto hi = std::lower_bound(lo, v.end(), to, [](const Sample& s, uint64_t t) { return s.t_ns < t; });
   return {v.data() + (lo - v.begin()), v.data() + (hi - v.begin())};
 }
 
 std::span<const Span> Attribution::GcsIn(uint64_t thread, uint64_t from, uint64_t to) const {
-  auto it = gcs_.find(thread);
-  if (it == gcs_.end()) return {};
-  const std::vector<Span>& v = it->second;  // one GC at a time: sorted by start and by end
+  const std::vector<Span>* found = gcs_.find(thread);
+  if (found == nullptr) return {};
+  const std::vector<Span>& v = *found;  // one GC at a time: sorted by start and by end
   auto lo = std::upper_bound(v.begin(), v.end(), from, [](uint64_t t, const Span& g) { return t < g.end_ns; });
   auto hi = std::lower_bound(lo, v.end(), to, [](const Span& g, uint64_t t) { return g.start_ns < t; });
   return {v.data() + (lo - v.begin()), static_cast<size_t>(hi - lo)};
@@ -173,11 +179,11 @@ class Attribution::PartSink {
  public:
   PartSink(AttributionResult& r, bool per_wait, uint64_t waiter) : r_(r), per_wait_(per_wait), waiter_(waiter) {}
 
-  void Segment(uint64_t holder, uint64_t from, uint64_t to, const Span* hold) {
+  void Segment(uint64_t holder, uint64_t from, uint64_t to, const Hold* hold) {
     holder_ = holder;
     if (!per_wait_) return;
     BlameSegment seg{.holder = holder, .from_ns = from, .to_ns = to};
-    if (hold != nullptr && hold->end == SpanEnd::kReleased) {
+    if (hold != nullptr && hold->released) {
       seg.release_stack = hold->release_stack ? hold->stack : 0;
       seg.release_ns = hold->end_ns;
     }
@@ -207,13 +213,13 @@ class Attribution::PartSink {
   uint64_t holder_ = 0;
 };
 
-const Span* Attribution::HoldAt(uint64_t thread, uint64_t t) const {
-  auto it = holds_.find(thread);
-  if (it == holds_.end()) return nullptr;
-  const std::vector<Span>& v = it->second;  // one thread's holds do not overlap: sorted by start and by end
-  auto after = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Span& h) { return x < h.start_ns; });
+const Attribution::Hold* Attribution::HoldAt(uint64_t thread, uint64_t t) const {
+  const std::vector<Hold>* found = holds_.find(thread);
+  if (found == nullptr) return nullptr;
+  const std::vector<Hold>& v = *found;  // one thread's holds do not overlap: sorted by start and by end
+  auto after = std::upper_bound(v.begin(), v.end(), t, [](uint64_t x, const Hold& h) { return x < h.start_ns; });
   if (after == v.begin()) return nullptr;
-  const Span& h = *(after - 1);
+  const Hold& h = *(after - 1);
   return h.end_ns > t ? &h : nullptr;
 }
 
@@ -239,7 +245,7 @@ void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from,
     return;
   }
   // No sample: the hold of `holder` that covers `from`.
-  const Span* h = HoldAt(holder, from);
+  const Hold* h = HoldAt(holder, from);
   if (h != nullptr && h->stack != 0) {
     out.Add(h->stack, false, h->release_stack ? BlameSource::kReleaseStack : BlameSource::kLastSample, rest, 0);
   } else {
@@ -247,7 +253,7 @@ void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from,
   }
 }
 
-void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const Span& hold) const {
+void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const Hold& hold) const {
   uint64_t gc_ns = 0;
   for (const Span& g : GcsIn(thread, hold.start_ns, hold.end_ns)) {
     const uint64_t ns = std::min(g.end_ns, hold.end_ns) - std::max(g.start_ns, hold.start_ns);
@@ -273,7 +279,7 @@ void Attribution::AttributeRunning(AttributionResult& r, uint64_t thread, const 
   }
 }
 
-void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const Span> holders) const {
+void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const Holder> holders) const {
   r.total_gvl_wait_ns += w.duration_ns();
   ++r.waits;
   if (options_.per_wait) {
@@ -283,7 +289,7 @@ void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const
   PartSink out(r, options_.per_wait, w.thread);
   // A cursor keeps a ns from being blamed twice.
   uint64_t cursor = w.start_ns;
-  auto segment = [&](uint64_t holder, uint64_t to, const Span* hold) {
+  auto segment = [&](uint64_t holder, uint64_t to, const Hold* hold) {
     out.Segment(holder, cursor, to, hold);
     if (options_.per_wait) ++r.wait_blame.back().segments;
   };
@@ -296,10 +302,10 @@ void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const
   // The VM's holder spans ending after the wait began (they do not overlap): the first is the one with the latest
   // start <= w.start_ns.
   auto it = std::upper_bound(holders.begin(), holders.end(), w.start_ns,
-                             [](uint64_t t, const Span& h) { return t < h.start_ns; });
+                             [](uint64_t t, const Holder& h) { return t < h.start_ns; });
   if (it != holders.begin()) --it;
   for (; it != holders.end() && it->start_ns < w.end_ns && cursor < w.end_ns; ++it) {
-    const Span& h = *it;
+    const Holder& h = *it;
     if (h.end_ns <= cursor) continue;
     const uint64_t from = std::max(h.start_ns, cursor);
     const uint64_t to = std::min(h.end_ns, w.end_ns);
@@ -324,17 +330,17 @@ void Attribution::BlameWait(AttributionResult& r, const Span& w, std::span<const
 void Attribution::BlameWaits(AttributionResult& r) const {
   // A VM's holder spans close in time order, so a sorted copy is only made for a foreign order. Each VM's list is
   // looked at once per call, not once per wait (that was quadratic in the agent's intervals).
-  std::map<uint32_t, std::vector<Span>> sorted;
-  std::map<uint32_t, std::span<const Span>> by_vm;
-  auto holders_of = [&](uint32_t vm) -> std::span<const Span> {
+  std::map<uint32_t, std::vector<Holder>> sorted;
+  std::map<uint32_t, std::span<const Holder>> by_vm;
+  auto holders_of = [&](uint32_t vm) -> std::span<const Holder> {
     auto [known, fresh] = by_vm.try_emplace(vm);
     if (!fresh) return known->second;
     auto it = holders_.find(vm);
     if (it == holders_.end()) return known->second;
-    if (std::is_sorted(it->second.begin(), it->second.end(), ByStart)) return known->second = it->second;
-    std::vector<Span>& copy = sorted[vm];
+    if (std::is_sorted(it->second.begin(), it->second.end(), ByStart<Holder>)) return known->second = it->second;
+    std::vector<Holder>& copy = sorted[vm];
     copy = it->second;
-    std::stable_sort(copy.begin(), copy.end(), ByStart);
+    std::stable_sort(copy.begin(), copy.end(), ByStart<Holder>);
     return known->second = copy;
   };
   for (const Span& w : waits_) {
@@ -347,9 +353,9 @@ void Attribution::AttributeWall(AttributionResult& r, uint64_t end_ns) const {
   // Every counted span of each thread, then what none covers.
   std::map<uint64_t, uint64_t> covered;
   for (const auto& [thread, holds] : holds_) {
-    for (const Span& h : holds) {
-      AttributeRunning(r, h.thread, h);
-      covered[h.thread] += h.duration_ns();
+    for (const Hold& h : holds) {
+      AttributeRunning(r, thread, h);
+      covered[thread] += h.duration_ns();
     }
   }
   for (const Span& w : waits_) {
@@ -532,18 +538,17 @@ void Attribution::DrainEstimate(uint64_t now_ns, AttributionResult* into) {
   // A waiter no reading lists now whose stretch goes on from the last drain's cut keeps its stack.
   for (const auto& [w, ws] : carried) {
     if (listed.contains(w)) continue;
-    auto it = seen_.find(w);
-    const bool goes_on = it != seen_.end() ? it->second.unobserved && it->second.unobserved_at_reading &&
-                                                 !unobserved_.contains(w)
-                                           : paused_ && pauses_.size() == 1 && pauses_.back().at_reading;
+    const Seen* l = seen_.find(w);
+    const bool goes_on = l != nullptr ? l->unobserved && l->unobserved_at_reading && !unobserved_.contains(w)
+                                      : paused_ && pauses_.size() == 1 && pauses_.back().at_reading;
     if (goes_on) carried_stacks_[w] = ws;
   }
   const std::vector<Interval> no_pauses;
   for (uint64_t w : listed) {
     // Its closed stretches whole, then an open one up to now.
     for (const Interval& st : StretchesOf(w, unobserved_, paused_ ? no_pauses : pauses)) estimate(w, st, false);
-    if (auto it = seen_.find(w); it != seen_.end() && it->second.unobserved) {
-      const Seen& l = it->second;
+    if (const Seen* found = seen_.find(w); found != nullptr && found->unobserved) {
+      const Seen& l = *found;
       estimate(w, Interval{l.unobserved_from, now_ns, l.unobserved_from_wait, false, l.unobserved_at_reading}, true);
     } else if (!seen_.contains(w)) {
       if (paused_) {
@@ -567,20 +572,17 @@ void Attribution::DrainEstimate(uint64_t now_ns, AttributionResult* into) {
     pauses_.back().from = *cut;
     pauses_.back().at_reading = true;
   }
-  for (auto it = seen_.begin(); it != seen_.end();) {
-    Seen& l = it->second;
+  seen_.erase_if([&](uint64_t, Seen& l) {
     // An exited thread is remembered a while: a reading listing its pointer then is stale, not a thread without
     // events (StretchesOf).
-    if (l.exited && !l.unobserved && l.exit_ns + kForgetExitedNs < now_ns) {
-      it = seen_.erase(it);
-      continue;
-    }
+    if (l.exited && !l.unobserved && l.exit_ns + kForgetExitedNs < now_ns) return true;
     if (l.unobserved && cut && l.unobserved_from <= *cut) {
       l.unobserved_from = *cut;
       l.unobserved_at_reading = true;
     }
-    ++it;
-  }
+    return false;
+  });
+  seen_.shrink_if_sparse();
   // Kept: from the reading an open stretch goes on from (or the time it starts at), and every reading since the
   // oldest wait a pause could still cut (its stretch would start at the wants_gvl).
   uint64_t keep_from = now_ns;
@@ -630,37 +632,39 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
   waits_.clear();
   // What a wait starting at or after keep_from_ns can read: holder spans, holds and GCs ending after it, samples
   // from it on.
-  auto ended = [keep_from_ns](const Span& s) { return s.end_ns <= keep_from_ns; };
+  auto ended = [keep_from_ns](const auto& s) { return s.end_ns <= keep_from_ns; };
   for (auto it = holders_.begin(); it != holders_.end();) {
     std::erase_if(it->second, ended);
     it = it->second.empty() ? holders_.erase(it) : std::next(it);
   }
-  for (auto* by : {&holds_, &gcs_}) {
-    for (auto it = by->begin(); it != by->end();) {
-      std::erase_if(it->second, ended);
-      it = it->second.empty() ? by->erase(it) : std::next(it);
-    }
-  }
+  auto drop_ended = [&ended](uint64_t, auto& v) {
+    std::erase_if(v, ended);
+    return v.empty();
+  };
+  holds_.erase_if(drop_ended);
+  gcs_.erase_if(drop_ended);
   // The estimate (DrainEstimate) looks up each thread's latest sample at or before every reading it keeps: those
   // samples stay, with each live thread's latest before them.
   uint64_t samples_from = keep_from_ns;
   if (options_.estimate_paused && !readings_.empty()) samples_from = std::min(samples_from, readings_.front().t_ns);
-  for (auto it = samples_.begin(); it != samples_.end();) {
-    std::vector<Sample>& v = it->second;
+  samples_.erase_if([&](uint64_t thread, std::vector<Sample>& v) {
     auto first = std::lower_bound(v.begin(), v.end(), samples_from,
                                   [](const Sample& s, uint64_t t) { return s.t_ns < t; });
     if (options_.estimate_paused && first != v.begin()) {
-      auto seen = seen_.find(it->first);
-      if (seen == seen_.end() || !seen->second.exited) --first;
+      const Seen* seen = seen_.find(thread);
+      if (seen == nullptr || !seen->exited) --first;
     }
     v.erase(v.begin(), first);
-    it = v.empty() ? samples_.erase(it) : std::next(it);
-  }
+    return v.empty();
+  });
   // A vector that once held a burst gives its memory back.
   auto shrink = [](auto& v) {
     if (v.capacity() > 64 && v.capacity() > 4 * v.size()) v.shrink_to_fit();
   };
   shrink(waits_);
+  holds_.shrink_if_sparse();
+  gcs_.shrink_if_sparse();
+  samples_.shrink_if_sparse();
   for (auto& [vm, v] : holders_) shrink(v);
   for (auto& [thread, v] : holds_) shrink(v);
   for (auto& [thread, v] : gcs_) shrink(v);
@@ -679,10 +683,11 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
   for (std::vector<Span>* v : {&waits_, &blocked_}) {
     for (Span& s : *v) remap(s.stack);
   }
-  for (auto* by : {&holds_, &gcs_}) {
-    for (auto& [thread, v] : *by) {
-      for (Span& s : v) remap(s.stack);
-    }
+  for (auto& [thread, v] : holds_) {
+    for (Hold& h : v) remap(h.stack);
+  }
+  for (auto& [thread, v] : gcs_) {
+    for (Span& s : v) remap(s.stack);
   }
   for (auto& [thread, v] : samples_) {
     for (Sample& s : v) remap(s.stack);
@@ -693,17 +698,16 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
 
 size_t Attribution::approx_memory_bytes() const {
   size_t n = VectorHeap(waits_) + VectorHeap(blocked_) +
-             HashSetHeap(gcs_, sizeof(std::pair<const uint64_t, std::vector<Span>>), false) +
-             holders_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint32_t, std::vector<Span>>)) +
-             HashSetHeap(holds_, sizeof(std::pair<const uint64_t, std::vector<Span>>), false) +
-             HashSetHeap(samples_, sizeof(std::pair<const uint64_t, std::vector<Sample>>), false) +
+             gcs_.approx_memory_bytes() +
+             holders_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint32_t, std::vector<Holder>>)) +
+             holds_.approx_memory_bytes() + samples_.approx_memory_bytes() +
              lives_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint64_t, Life>));  // tree nodes
   for (const auto& [vm, v] : holders_) n += VectorHeap(v);
   for (const auto& [thread, v] : holds_) n += VectorHeap(v);
   for (const auto& [thread, v] : gcs_) n += VectorHeap(v);
   for (const auto& [thread, v] : samples_) n += VectorHeap(v);
   n += VectorHeap(readings_) + reading_counted_.capacity() / 8 +
-       HashSetHeap(seen_, sizeof(std::pair<const uint64_t, Seen>), false) +
+       seen_.approx_memory_bytes() +
        HashSetHeap(carried_stacks_, sizeof(std::pair<const uint64_t, WaiterStack>), false) + VectorHeap(pauses_);
   for (const GvlSample& g : readings_) n += VectorHeap(g.queued);
   return n;

@@ -75,6 +75,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/flat_map64.h"
 #include "model/span_tracker.h"
 #include "trace/release_reason.h"
 
@@ -251,6 +252,22 @@ class Attribution {
     uint32_t stack;
     bool in_gc;
   };
+  // What blame and the wall clock read of a counted GVL hold (its thread is the key it is kept under): half a Span,
+  // as one is kept per hold.
+  struct Hold {
+    uint64_t start_ns;
+    uint64_t end_ns;
+    uint32_t stack;      // Span::stack
+    bool release_stack;  // Span::release_stack
+    bool released;       // it ended by its gvl_released (SpanEnd::kReleased)
+    uint64_t duration_ns() const { return end_ns - start_ns; }
+  };
+  // A holder span (SpanKind::kHolder) of one VM (the key it is kept under).
+  struct Holder {
+    uint64_t start_ns;
+    uint64_t end_ns;
+    uint64_t thread;  // Span::thread: the holder, 0 = nobody
+  };
   struct Life {
     uint64_t first_ns = 0;
     uint64_t exit_ns = 0;
@@ -303,12 +320,12 @@ class Attribution {
   const Sample* LatestSample(uint64_t thread, uint64_t t) const;
   // Blames every kept wait into r, against its VM's holder spans sorted by start.
   void BlameWaits(AttributionResult& r) const;
-  void BlameWait(AttributionResult& r, const Span& w, std::span<const Span> holders) const;
+  void BlameWait(AttributionResult& r, const Span& w, std::span<const Holder> holders) const;
   void AttributeHolder(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const;
   // The hold of `thread` with start <= t < end, or null.
-  const Span* HoldAt(uint64_t thread, uint64_t t) const;
+  const Hold* HoldAt(uint64_t thread, uint64_t t) const;
   void AttributeWall(AttributionResult& r, uint64_t end_ns) const;
-  void AttributeRunning(AttributionResult& r, uint64_t thread, const Span& hold) const;
+  void AttributeRunning(AttributionResult& r, uint64_t thread, const Hold& hold) const;
   // The samples of `thread` with from <= t < to.
   std::pair<const Sample*, const Sample*> SamplesIn(uint64_t thread, uint64_t from, uint64_t to) const;
   // The GCs `thread` ran that overlap [from, to).
@@ -317,15 +334,16 @@ class Attribution {
   uint64_t GcOverlap(uint64_t thread, uint64_t from, uint64_t to) const;
 
   AttributionOptions options_;
+  // The per-thread tables are flat (common/flat_map64.h): one is looked up for nearly every span, sample and event.
   std::vector<Span> waits_, blocked_;
-  std::unordered_map<uint64_t, std::vector<Span>> gcs_;    // per thread, in time order
-  std::map<uint32_t, std::vector<Span>> holders_;           // per VM, in time order
-  std::unordered_map<uint64_t, std::vector<Span>> holds_;  // per thread, in time order
+  FlatMap64<std::vector<Span>> gcs_;               // per thread, in time order
+  std::map<uint32_t, std::vector<Holder>> holders_;  // per VM, in time order
+  FlatMap64<std::vector<Hold>> holds_;               // per thread, in time order
   size_t kept_ = 0;  // spans and samples in the containers above
-  std::unordered_map<uint64_t, std::vector<Sample>> samples_;
+  FlatMap64<std::vector<Sample>> samples_;         // per thread, in time order
   std::map<uint64_t, Life> lives_;
   // estimate_paused:
-  std::unordered_map<uint64_t, Seen> seen_;
+  FlatMap64<Seen> seen_;
   bool paused_ = false;
   std::vector<Interval> pauses_;  // the paused windows; the last one open while paused_
   std::unordered_map<uint64_t, std::vector<Interval>> unobserved_;  // per thread, closed stretches, in time order

@@ -17,20 +17,12 @@ TrackerEvent TrackerEventOf(const TraceEvent& e, uint64_t key, uint32_t stack) {
 }
 
 SpanTracker::Thread& SpanTracker::Touch(uint64_t key) {
-  // Node-based map: the cached pointer stays valid until that element is erased, where the cache is reset.
-  if (key != cached_key_ || cached_ == nullptr) {
-    cached_ = &threads_[key];
-    cached_key_ = key;
-  }
-  cached_->idle = 0;
-  return *cached_;
+  Thread& t = threads_[key];
+  t.idle = 0;
+  return t;
 }
 
-SpanTracker::Thread* SpanTracker::Find(uint64_t key) {
-  if (key == cached_key_ && cached_ != nullptr) return cached_;
-  auto it = threads_.find(key);
-  return it == threads_.end() ? nullptr : &it->second;
-}
+SpanTracker::Thread* SpanTracker::Find(uint64_t key) { return threads_.find(key); }
 
 SpanTracker::Holder& SpanTracker::HolderOf(uint32_t vm) {
   for (Holder& h : holders_) {
@@ -41,8 +33,8 @@ SpanTracker::Holder& SpanTracker::HolderOf(uint32_t vm) {
 }
 
 bool SpanTracker::waiting(uint64_t thread) const {
-  auto it = threads_.find(thread);
-  return it != threads_.end() && it->second.waiting;
+  const Thread* t = threads_.find(thread);
+  return t != nullptr && t->waiting;
 }
 
 uint64_t SpanTracker::oldest_open_wait_ns(uint64_t otherwise) const {
@@ -244,8 +236,8 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
 
   switch (e.event) {
     case EventName::kThreadStarted: {
-      auto [it, inserted] = threads_.try_emplace(key);
-      Thread& t = it->second;
+      auto [found, inserted] = threads_.try_emplace(key);
+      Thread& t = *found;
       if (!inserted) {
         // A key reused after an exit that was not seen: the old thread's open spans have no end.
         if (t.waiting) EndWait(key, t, ts, SpanEnd::kRestarted, false);
@@ -263,15 +255,13 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       return;
     }
     case EventName::kThreadExited: {
-      auto it = threads_.find(key);
-      if (it != threads_.end()) {
-        Thread& t = it->second;
+      if (Thread* found = threads_.find(key)) {
+        Thread& t = *found;
         // CRuby 3.3+ fires no SUSPENDED at exit, so a hold still open here ends by the exit.
         if (t.holding) EndHold(key, t, ts, SpanEnd::kExited, t.last_sample_stack, Provenance::kDerived, true);
         if (t.waiting) EndWait(key, t, ts, SpanEnd::kExited, false);
         if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kExited, true);
-        if (cached_ == &t) cached_ = nullptr;
-        threads_.erase(it);
+        threads_.erase(key);
       }
       if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kExited);
       return;
@@ -396,21 +386,16 @@ void SpanTracker::Cut(uint64_t cut_ns) {
 }
 
 size_t SpanTracker::PruneIdle(uint32_t max_idle) {
-  size_t dropped = 0;
-  for (auto it = threads_.begin(); it != threads_.end();) {
-    Thread& t = it->second;
+  const size_t dropped = threads_.erase_if([&](uint64_t key, Thread& t) {
     if (!t.waiting && !t.holding && t.idle >= max_idle) {
       // Its open blocked span (a long sleep) is not ended by anything seen: left out.
-      if (t.blocked) EndBlocked(it->first, t, t.blocked_start_ns, SpanEnd::kCut, false);
-      if (cached_ == &t) cached_ = nullptr;
-      it = threads_.erase(it);
-      ++dropped;
-    } else {
-      ++t.idle;
-      ++it;
+      if (t.blocked) EndBlocked(key, t, t.blocked_start_ns, SpanEnd::kCut, false);
+      return true;
     }
-  }
-  if (threads_.bucket_count() > 64 && threads_.bucket_count() > 4 * threads_.size()) threads_.rehash(0);
+    ++t.idle;
+    return false;
+  });
+  threads_.shrink_if_sparse();
   return dropped;
 }
 
@@ -427,8 +412,7 @@ void SpanTracker::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
 }
 
 size_t SpanTracker::approx_memory_bytes() const {
-  return HashSetHeap(threads_, sizeof(std::pair<const uint64_t, Thread>), false) +
-         HeapChunk(holders_.capacity() * sizeof(Holder));
+  return threads_.approx_memory_bytes() + HeapChunk(holders_.capacity() * sizeof(Holder));
 }
 
 }  // namespace rvbpfd

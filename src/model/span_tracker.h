@@ -48,9 +48,9 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
+#include "common/flat_map64.h"
 #include "trace/event.h"
 #include "trace/release_reason.h"
 
@@ -186,9 +186,9 @@ class SpanTracker {
   void Emit(const Span& s) { sink_(s); }
 
   Sink sink_;
-  std::unordered_map<uint64_t, Thread> threads_;
-  uint64_t cached_key_ = 0;
-  Thread* cached_ = nullptr;  // threads_[cached_key_]: consecutive events are mostly about one thread
+  // By thread key. A flat table: consecutive events alternate between threads, so each is a lookup. A Thread& is
+  // valid until the next insertion or erase (no Emit inserts: the sink must not call back).
+  FlatMap64<Thread> threads_;
   std::vector<Holder> holders_;  // one per VM seen, few
   bool gc_open_ = false;
   uint64_t gc_start_ns_ = 0;
