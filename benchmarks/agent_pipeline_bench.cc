@@ -120,10 +120,14 @@ class BenchBackend : public ProbeBackend {
   }
   Result<uint8_t> AddBinary(const rv_offsets&) override { return uint8_t{0}; }
   Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
-  Result<int> AttachGroup(const std::string&, const std::vector<SiteSpec>&) override { return groups_++; }
+  using ProbeBackend::AttachGroup;
+  Result<int> AttachGroup(const std::string&, const std::vector<SiteSpec>&, int) override { return groups_++; }
+  void DetachGroup(int, std::span<const uint64_t>) override {}
   void DetachGroup(int) override {}
   Status ReattachGroup(int, const std::string&) override { return Status::Ok(); }
   bool GroupAttached(int) const override { return true; }
+  std::vector<uint64_t> GroupCookies(int) const override { return {}; }
+  void ReleaseGroup(int) override {}
   Status AddPid(uint32_t, const rv_pidns&, std::span<const std::pair<uint32_t, uint32_t>>) override {
     return Status::Ok();
   }
@@ -146,8 +150,11 @@ class BenchBackend : public ProbeBackend {
     }
     return n;
   }
+  void WakePollOn(int) override {}
   rv_counters ReadCounters() const override { return rv_counters{}; }
+  std::vector<uint64_t> ReadSiteHits() const override { return {}; }
   std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return {}; }
+  bool uses_multi_links() const override { return true; }
   // Makes the records with ts_ns <= upto deliverable.
   void ReleaseUpTo(uint64_t upto) {
     while (ready_ < recs.size() && recs[ready_].rec.ts_ns <= upto) ++ready_;

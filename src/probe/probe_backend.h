@@ -1,10 +1,12 @@
-// The agent's view of the kernel side: an interface over BpfSession, so that the agent's decisions (which binaries
-// get probes, which pids are filtered, when probes pause) are unit-tested against a fake without BPF or root.
+// The daemon's view of the kernel side: an interface over BpfSession, so that the fleet agent's decisions (which
+// binaries get probes, which pids are filtered, when probes pause) and the recorder's main loop (draining, drop
+// counts, the overhead budget's pauses, the end of a recording) are unit-tested against a fake without BPF or root.
 //
 // Groups are identified by an id the backend assigns; a detached group keeps its id (and its BPF cookies), so a binary
 // whose last process exited and that comes back later is reattached without consuming new site slots.
 //
-// Threading: used from the agent's main loop only; the handlers run on that thread inside Poll().
+// Threading: used from the daemon's main loop only (but for ReleaseGroup, below); the handlers run on that thread
+// inside Poll(). A backend may be opened on another thread and handed over.
 #ifndef RVBPFD_SRC_PROBE_PROBE_BACKEND_H_
 #define RVBPFD_SRC_PROBE_PROBE_BACKEND_H_
 
@@ -32,15 +34,32 @@ class ProbeBackend {
 
   virtual ~ProbeBackend() = default;
   // Records without a stack (scheduler events, process exec/exit) and records with one (samples, released stacks).
+  // Without on_stack, a record's stack is ignored (the record goes to on_record) and samples are dropped.
   virtual void SetHandlers(RecordHandler on_record, StackHandler on_stack) = 0;
   virtual Result<uint8_t> AddBinary(const rv_offsets& offsets) = 0;
   virtual Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) = 0;
-  // Attaches `sites` of the file at `path` for every process mapping it (the pid filter decides whose hits count).
-  virtual Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) = 0;
+  // Attaches `sites` of the file at `path`, assigning their BPF cookies in attach order (across groups, from 0).
+  // pid > 0 restricts the uprobes to that process in the kernel as well; -1 attaches for every process mapping the
+  // file (the pid filter decides whose hits count).
+  virtual Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites, int pid) = 0;
+  Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) {
+    return AttachGroup(path, sites, -1);
+  }
+  // Detaches a group, its sites ordered by `site_hits` (ReadSiteHits, by cookie), as BpfSession::Detach: the hot
+  // breakpoints go first. A caller that has just read the hits passes them (one map read fewer).
+  virtual void DetachGroup(int group, std::span<const uint64_t> site_hits) = 0;
+  // The same, ordered by the hits read now.
   virtual void DetachGroup(int group) = 0;
-  // Attaches a detached group again, through `path` (another path to the same file).
+  // Attaches a detached group again, through `path` (the path it was attached through, or another path to the same
+  // file).
   virtual Status ReattachGroup(int group, const std::string& path) = 0;
   virtual bool GroupAttached(int group) const = 0;
+  // The BPF cookies of a group's sites (indexes into ReadSiteHits); empty for an unknown or released group.
+  virtual std::vector<uint64_t> GroupCookies(int group) const = 0;
+  // Detaches a group for good and frees its links; its id is not reused. Closing a multi-uprobe link waits for an
+  // RCU grace period (tens of ms): two groups may be released from two threads at once, so that they wait for the
+  // same one, while nothing else uses the backend.
+  virtual void ReleaseGroup(int group) = 0;
   // pidns / threads: as BpfSession::AddPid (the process's pid namespace when it is not the host's).
   virtual Status AddPid(uint32_t pid, const rv_pidns& pidns,
                         std::span<const std::pair<uint32_t, uint32_t>> threads) = 0;
@@ -51,15 +70,27 @@ class ProbeBackend {
   virtual ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) = 0;
   // Drains records (calling the handlers), waiting at most timeout_ms for the first.
   virtual Result<int> Poll(int timeout_ms) = 0;
+  // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
+  // the end of a wait). Not owned; -1 removes it.
+  virtual void WakePollOn(int fd) = 0;
+  // Folds the per-CPU counters (each as include/rvbpfd/counters.h says: a sum or a maximum).
   virtual rv_counters ReadCounters() const = 0;
+  // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
+  // BPF discarded. Empty when they cannot be read.
+  virtual std::vector<uint64_t> ReadSiteHits() const = 0;
   // Uprobe hits per watched process (host pid) since it was added: the per-process budget's input.
   virtual std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const = 0;
+  // Whether groups attach as one multi-uprobe link each (Linux 6.6+) rather than one link per site.
+  virtual bool uses_multi_links() const = 0;
 };
 
-// The real backend: one BpfSession opened with watch_processes.
+// The real backend: one BpfSession and the groups attached through it.
 class BpfProbeBackend : public ProbeBackend {
  public:
-  // `config`: the programs' switches, fixed at load (Agent::ProbeConfig); `cache_dir`: SessionOptions::cache_dir.
+  // Loads the BPF object for `options` (BpfSession::Open, errors included). May run on a helper thread.
+  static Result<std::unique_ptr<BpfProbeBackend>> Open(const SessionOptions& options);
+  // The fleet agent's session (watch_processes). `config`: the programs' switches, fixed at load
+  // (Agent::ProbeConfig); `cache_dir`: SessionOptions::cache_dir.
   static Result<std::unique_ptr<BpfProbeBackend>> Open(uint32_t ring_buffer_bytes, const rv_config& config,
                                                        const std::string& cache_dir);
 
@@ -68,10 +99,14 @@ class BpfProbeBackend : public ProbeBackend {
   Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) override {
     return session_->SetWalkConfig(binary, config);
   }
-  Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) override;
+  using ProbeBackend::AttachGroup;
+  Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites, int pid) override;
+  void DetachGroup(int group, std::span<const uint64_t> site_hits) override;
   void DetachGroup(int group) override;
   Status ReattachGroup(int group, const std::string& path) override;
   bool GroupAttached(int group) const override;
+  std::vector<uint64_t> GroupCookies(int group) const override;
+  void ReleaseGroup(int group) override;
   Status AddPid(uint32_t pid, const rv_pidns& pidns, std::span<const std::pair<uint32_t, uint32_t>> threads) override {
     return session_->AddPid(pid, pidns, threads);
   }
@@ -80,18 +115,22 @@ class BpfProbeBackend : public ProbeBackend {
   Status WatchProcesses() override { return session_->WatchProcesses(); }
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override { return installer.Poll(*session_); }
   Result<int> Poll(int timeout_ms) override { return session_->Poll(timeout_ms); }
+  void WakePollOn(int fd) override { session_->WakePollOn(fd); }
   rv_counters ReadCounters() const override { return session_->ReadCounters(); }
+  std::vector<uint64_t> ReadSiteHits() const override { return session_->ReadSiteHits(); }
   std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return session_->ReadPidTraps(); }
-  bool uses_multi_links() const { return session_->uses_multi_links(); }
+  bool uses_multi_links() const override { return session_->uses_multi_links(); }
 
  private:
   BpfProbeBackend() = default;
+  // The group with that id, null when unknown or released.
+  SiteGroup* GroupAt(int group) const;
 
   // Handlers live here (not in the session's callbacks) so SetHandlers can be called after Open.
   RecordHandler on_record_;
   StackHandler on_stack_;
   std::unique_ptr<BpfSession> session_;
-  std::vector<std::unique_ptr<SiteGroup>> groups_;  // index = group id
+  std::vector<std::unique_ptr<SiteGroup>> groups_;  // index = group id; null once released
 };
 
 }  // namespace rvbpfd

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "common/release_in_child.h"
 #include "common/target_file.h"
@@ -28,7 +29,9 @@
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "probe/ec_install.h"
+#include "probe/probe_backend.h"
 #include "record/launch.h"
+#include "record/recording.h"
 #include "record/release_reason.h"
 #include "session/ingest.h"
 #include "session/overhead_budget.h"
@@ -53,13 +56,13 @@ std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
 // CPU time of the calling thread (ns): what detaching/reattaching probes cost the daemon, charged to the budget.
-uint64_t ThreadCpuNs() {
+uint64_t SystemThreadCpuNs() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-uint64_t MonotonicNs() {
+uint64_t SystemMonotonicNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
@@ -109,13 +112,10 @@ Error TargetExitedError(int pid) {
 // child is reaped with waitpid (launch mode).
 class TargetWatch {
  public:
-  static TargetWatch ForPid(int pid) {
-    TargetWatch w;
-    w.pid_ = pid;
-    w.pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-    return w;
-  }
+  // `exit_fd`: readable once process `pid` has exited (RecorderEnv::open_exit_fd; owned from here), or -1.
+  TargetWatch(int pid, int exit_fd) : pid_(pid), pidfd_(exit_fd) {}
   TargetWatch(TargetWatch&& o) noexcept : pid_(o.pid_), pidfd_(o.pidfd_) { o.pidfd_ = -1; }
+  TargetWatch& operator=(TargetWatch&&) = delete;
   ~TargetWatch() {
     if (pidfd_ >= 0) close(pidfd_);
   }
@@ -130,23 +130,35 @@ class TargetWatch {
   }
 
  private:
-  TargetWatch() = default;
   int pid_ = -1;
   int pidfd_ = -1;
 };
 
-struct Target {
-  int pid = 0;
-  int ns_pid = 0;  // attach mode: the pid in the target's own pid namespace (RubyTarget::ns_pid)
-  std::string vm_path;  // the VM binary's path for messages (host view: /proc/PID/root/... in attach mode)
-  // What is read and probed: vm_path itself in launch mode; in attach mode /proc/self/fd/N of an O_PATH descriptor
-  // opened inside the target's root (an absolute symlink there never names a host file, and the file analysed is the
-  // file probed even if the path is swapped meanwhile).
-  std::string open_path;
-  std::shared_ptr<const FileFd> vm_file;  // attach mode: the descriptor open_path names
-  std::string ruby_version;
-  std::string build_id;
-  std::shared_ptr<ElfFile> vm_elf;  // the VM binary, parsed once for the whole run
+// A probe group of the backend, released (ProbeBackend::ReleaseGroup) when this goes: the recording's handle on it.
+class ProbeGroup {
+ public:
+  ProbeGroup() = default;
+  ProbeGroup(ProbeBackend* backend, int id) : backend_(backend), id_(id) {}
+  ProbeGroup(const ProbeGroup&) = delete;
+  ProbeGroup& operator=(const ProbeGroup&) = delete;
+  ProbeGroup& operator=(ProbeGroup&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      backend_ = o.backend_;
+      id_ = std::exchange(o.id_, -1);
+    }
+    return *this;
+  }
+  ~ProbeGroup() { Reset(); }
+  explicit operator bool() const { return id_ >= 0; }
+  int id() const { return id_; }
+  void Reset() {
+    if (id_ >= 0) backend_->ReleaseGroup(std::exchange(id_, -1));
+  }
+
+ private:
+  ProbeBackend* backend_ = nullptr;
+  int id_ = -1;
 };
 
 // The rvtrace header's name for a --stacks value.
@@ -168,8 +180,9 @@ std::string StacksModeName(const std::string& option) {
 // abandoned so nothing partial is left behind. The BPF callbacks point at this object: it never moves.
 class Recording {
  public:
-  explicit Recording(const RecordOptions& o)
+  Recording(const RecordOptions& o, const RecorderEnv& env)
       : o_(o),
+        env_(env),
         launch_(!o.command.empty()),
         stacks_on_(o.stacks != "off"),
         sampling_(o.hz > 0),
@@ -185,6 +198,8 @@ class Recording {
   }
 
   Status Prepare();
+  // Instead of Prepare: a target analysed already.
+  void Adopt(RecordTarget target, PreparedBinary prepared);
   Status Open();
   Status Attach();
   Status Run();
@@ -199,6 +214,8 @@ class Recording {
  private:
   // The BPF session's options: what the flags ask for, given whether the VM binary gives stacks and a GVL layout.
   SessionOptions SessionOptionsFor(bool stacks_ready, bool gvl_layout) const;
+  // Starts the speculative load of the backend on bpf_loader_ (see there).
+  void StartBackendLoad();
   Status FindLaunchTarget();
   Status FindAttachTarget();
   Status CheckAttachedLayout();
@@ -221,6 +238,8 @@ class Recording {
   // Writes what the reorder window let out (ready_), keeping only events of live threads.
   Status WriteReady();
   uint64_t NowT() const { return MonotonicNs() - origin_ns_; }
+  uint64_t MonotonicNs() const { return env_.monotonic_ns(); }
+  uint64_t ThreadCpuNs() const { return env_.thread_cpu_ns(); }
   // A failure while the attached process may have died: that is the error to report.
   Error ExitedOr(Error e) const {
     if (!launch_ && ProcessGone(target_.pid)) return TargetExitedError(target_.pid);
@@ -228,6 +247,7 @@ class Recording {
   }
 
   const RecordOptions& o_;
+  const RecorderEnv env_;
   const bool launch_;
   const bool stacks_on_;
   const bool sampling_;
@@ -238,13 +258,13 @@ class Recording {
   // read by Open after the join.
   std::thread bpf_loader_;
   SessionOptions speculative_options_;
-  std::optional<Result<std::unique_ptr<BpfSession>>> loaded_session_;
-  Target target_;
+  std::optional<Result<std::unique_ptr<ProbeBackend>>> loaded_backend_;
+  RecordTarget target_;
   std::optional<LaunchIdentity> launch_identity_;
   std::optional<PreparedBinary> prepared_;
 
   // Open.
-  std::unique_ptr<BpfSession> session_;
+  std::unique_ptr<ProbeBackend> backend_;
   std::optional<HeldChild> child_;
   std::optional<StackSetup> stack_setup_;
   uint64_t origin_ns_ = 0;  // monotonic ns of the trace's t = 0
@@ -263,7 +283,7 @@ class Recording {
 
   // Stacks: symbolized as they come out of the ring (the objects they point to are as fresh as they will ever be),
   // interned into the writer's dictionaries, and pushed through the reorder window like any event.
-  uint8_t bin_ = 0;  // BpfSession::AddBinary's index of the VM binary
+  uint8_t bin_ = 0;  // ProbeBackend::AddBinary's index of the VM binary
   std::vector<std::string> site_functions_;  // cookie -> enclosing function (for the release-reason rule)
   std::unique_ptr<StackResolver> resolver_;
   std::vector<FrameInfo> frame_infos_;
@@ -283,7 +303,8 @@ class Recording {
 
   // Attach.
   std::optional<TargetWatch> watch_;
-  std::unique_ptr<SiteGroup> low_group_, high_group_;
+  ProbeGroup low_group_, high_group_;
+  std::vector<uint64_t> low_cookies_;  // the low group's BPF cookies: its sites stay attached while paused
   uint64_t attached_ns_ = 0;  // monotonic ns when the probes went live
 
   // --max-overhead. The ring callbacks check the budget too once Run started (budget_active_): a burst of stack
@@ -386,11 +407,20 @@ SessionOptions Recording::SessionOptionsFor(bool stacks_ready, bool gvl_layout) 
   return so;
 }
 
-Status Recording::Prepare() {
+void Recording::StartBackendLoad() {
   speculative_options_ = SessionOptionsFor(/*stacks_ready=*/stacks_on_ || sampling_, /*gvl_layout=*/true);
-  bpf_loader_ = StartHelperThread([this] {
-    loaded_session_.emplace(BpfSession::Open(speculative_options_, [this](const rv_record& r) { OnRecord(r); }));
-  });
+  bpf_loader_ = StartHelperThread([this] { loaded_backend_.emplace(env_.open_backend(speculative_options_)); });
+}
+
+void Recording::Adopt(RecordTarget target, PreparedBinary prepared) {
+  StartBackendLoad();
+  target_ = std::move(target);
+  prepared_ = std::move(prepared);
+  target_.vm_elf.reset();
+}
+
+Status Recording::Prepare() {
+  StartBackendLoad();
   if (Status st = launch_ ? FindLaunchTarget() : FindAttachTarget(); !st) return st;
   // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
   Result<PreparedBinary> prepared =
@@ -468,13 +498,13 @@ Status Recording::Open() {
   if (std::memcmp(&so.config, &speculative_options_.config, sizeof(so.config)) != 0) {
     // The binary gives no stacks or no GVL layout: those programs must not run. The speculative session is
     // released before the right one loads.
-    loaded_session_.reset();
-    loaded_session_.emplace(BpfSession::Open(so, [this](const rv_record& r) { OnRecord(r); }));
+    loaded_backend_.reset();
+    loaded_backend_.emplace(env_.open_backend(so));
   }
-  Result<std::unique_ptr<BpfSession>>& s = *loaded_session_;
-  if (!s) return s.error();
-  session_ = std::move(s.value());
-  loaded_session_.reset();
+  Result<std::unique_ptr<ProbeBackend>>& b = *loaded_backend_;
+  if (!b) return b.error();
+  backend_ = std::move(b.value());
+  loaded_backend_.reset();
 
   if (launch_) {
     Result<HeldChild> c = HeldChild::Spawn(o_.command, launch_identity_);
@@ -520,7 +550,7 @@ void Recording::PollEcRoute() {
   const uint64_t now = MonotonicNs();
   if (now - ec_last_poll_ns_ < 1'000'000) return;  // at most one /proc/PID/maps scan per ms while pending
   ec_last_poll_ns_ = now;
-  const ProcessEcInstaller::State st = ec_installer_->Poll(*session_);
+  const ProcessEcInstaller::State st = backend_->PollEc(*ec_installer_);
   if (st == ProcessEcInstaller::State::kFailed && !o_.quiet) {
     fprintf(stderr, "rvbpfd: warning: samples find their thread only through scheduler events: %s\n",
             EscapeControlBytes(ec_installer_->error()).c_str());
@@ -555,27 +585,28 @@ Error Recording::LaunchGateError(const char* why_unchecked) const {
 
 Status Recording::Attach() {
   const SiteSet& sites = prepared_->sites;
-  Result<uint8_t> bin = session_->AddBinary(sites.offsets);
+  Result<uint8_t> bin = backend_->AddBinary(sites.offsets);
   if (!bin) return bin.error();
   bin_ = *bin;
+  ProbeBackend::StackHandler on_stack;
   if (stack_setup_) {
     rv_walk_config wc = WalkConfigFor(*stack_setup_);
-    if (Status st = session_->SetWalkConfig(bin_, wc); !st) return st;
-    session_->SetStackCallback([this](const rv_record& r, const rv_stack_header& h,
-                                      std::span<const rv_ruby_frame> frames,
-                                      const rv_gvl_reading* gvl) { OnStackRecord(r, h, frames, gvl); });
+    if (Status st = backend_->SetWalkConfig(bin_, wc); !st) return st;
+    on_stack = [this](const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
+                      const rv_gvl_reading* gvl) { OnStackRecord(r, h, frames, gvl); };
   }
+  backend_->SetHandlers([this](const rv_record& r) { OnRecord(r); }, std::move(on_stack));
   // A target in a pid namespace of its own (a container) names threads by that namespace's tids (launch mode: the
   // child shares rvbpfd's).
   Result<TargetPidNamespace> pidns = ReadPidNamespace(target_.pid, ProcFs());
   if (!pidns) return ExitedOr(pidns.error().Wrap("reading the target's pid namespace"));
-  if (Status st = session_->AddPid(static_cast<uint32_t>(target_.pid), pidns->ns, pidns->threads); !st) return st;
+  if (Status st = backend_->AddPid(static_cast<uint32_t>(target_.pid), pidns->ns, pidns->threads); !st) return st;
   if (stack_setup_ && sampling_) {
     ec_installer_.emplace(target_.pid, target_.open_path, stack_setup_->ec_route, bin_);
     PollEcRoute();
   }
   SplitSiteSpecs split = SplitSites(sites, bin_);
-  // BpfSession assigns cookies in attach order (low group, then high group), starting at 0 for this session.
+  // The backend assigns cookies in attach order (low group, then high group), starting at 0 for this session.
   site_functions_ = split.functions;
   // Attach mode: the VM is mapped already, so the stack resolver (tens of ms for a large static ruby's symbol table)
   // is built before the probes go live rather than inside the first stack record's callback, where it would hold
@@ -583,27 +614,28 @@ Status Recording::Attach() {
   if (stack_setup_ && !launch_ && !resolver_) {
     resolver_ = MakeStackResolver(target_.pid, target_.open_path, *stack_setup_);
   }
-  watch_.emplace(TargetWatch::ForPid(target_.pid));
-  session_->WakePollOn(watch_->fd());  // the main loop sees the exit at once, not at the end of its wait
+  watch_.emplace(target_.pid, env_.open_exit_fd(target_.pid));
+  backend_->WakePollOn(watch_->fd());  // the main loop sees the exit at once, not at the end of its wait
   const uint64_t attach_start = MonotonicNs();
   for (auto* list : {&split.low, &split.high}) {
     if (list->empty()) continue;
-    Result<std::unique_ptr<SiteGroup>> g = session_->Attach(target_.open_path, *list, target_.pid);
+    Result<int> g = backend_->AttachGroup(target_.open_path, *list, target_.pid);
     if (!g) {
       if (!launch_ && (watch_->Exited() || ProcessGone(target_.pid))) return TargetExitedError(target_.pid);
       return g.error().Wrap("attaching probes");
     }
-    (list == &split.low ? low_group_ : high_group_) = std::move(g.value());
+    (list == &split.low ? low_group_ : high_group_) = ProbeGroup(backend_.get(), *g);
   }
+  if (low_group_) low_cookies_ = backend_->GroupCookies(low_group_.id());
   if (stack_setup_ && sampling_) {
-    if (Status st = session_->StartSampling(o_.hz); !st) return st.error().Wrap("starting on-CPU sampling");
+    if (Status st = backend_->StartSampling(o_.hz); !st) return st.error().Wrap("starting on-CPU sampling");
   }
   attached_ns_ = MonotonicNs();
   const double attach_ms = static_cast<double>(attached_ns_ - attach_start) / 1e6;
   if (!launch_ && watch_->Exited()) return TargetExitedError(target_.pid);
   if (!o_.quiet) {
     fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s (symbols: %s), in %.0f ms; writing %s\n",
-            sites.sites.size(), session_->uses_multi_links() ? "multi-uprobe links" : "one link per site",
+            sites.sites.size(), backend_->uses_multi_links() ? "multi-uprobe links" : "one link per site",
             target_.pid, EscapeControlBytes(target_.ruby_version).c_str(), EscapeControlBytes(target_.vm_path).c_str(),
             EscapeControlBytes(sites.symbols_source).c_str(), attach_ms, EscapeControlBytes(output_).c_str());
   }
@@ -635,13 +667,13 @@ Status Recording::Attach() {
 
 void Recording::DrainRing() {
   rvbpfd::DrainRing([&] {
-    Result<int> n = session_->Poll(0);
+    Result<int> n = backend_->Poll(0);
     return n ? *n : -1;
   });
 }
 
 void Recording::CheckCounters() {
-  rv_counters c = session_->ReadCounters();
+  rv_counters c = backend_->ReadCounters();
   if (c.dropped > seen_.dropped) {
     gc_epoch_.OnLoss();
     DrainRing();
@@ -676,15 +708,14 @@ void Recording::CheckBudget() {
   const uint64_t now = MonotonicNs();
   if (now < next_check_ns_ || in_check_) return;
   in_check_ = true;
-  const std::vector<uint64_t> site_hits = session_->ReadSiteHits();
-  const TrapCounts traps =
-      CountTraps(session_->ReadCounters(), site_hits, low_group_ ? low_group_->cookies() : std::vector<uint64_t>{});
+  const std::vector<uint64_t> site_hits = backend_->ReadSiteHits();
+  const TrapCounts traps = CountTraps(backend_->ReadCounters(), site_hits, low_cookies_);
   switch (budget_.Update(now, traps)) {
     case OverheadBudget::Action::kPause:
-      if (high_group_ && high_group_->attached()) {
+      if (high_group_ && backend_->GroupAttached(high_group_.id())) {
         const uint64_t cpu0 = ThreadCpuNs();
         const uint64_t wall0 = MonotonicNs();
-        session_->Detach(*high_group_, site_hits);  // ordered by hits: see BpfSession::Detach
+        backend_->DetachGroup(high_group_.id(), site_hits);  // ordered by hits: see BpfSession::Detach
         gc_unseen_ = true;
         budget_.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
         const double detach_ms = static_cast<double>(MonotonicNs() - wall0) / 1e6;
@@ -695,20 +726,20 @@ void Recording::CheckBudget() {
           fprintf(stderr,
                   "rvbpfd: warning: detaching the high-rate probes took %.0f ms (%s), longer than a %.0f ms budget "
                   "window: --max-overhead %g cannot hold on this kernel%s\n",
-                  detach_ms, session_->uses_multi_links() ? "multi-uprobe links" : "one link per site",
+                  detach_ms, backend_->uses_multi_links() ? "multi-uprobe links" : "one link per site",
                   static_cast<double>(budget_.window_ns()) / 1e6, o_.max_overhead_pct,
-                  session_->uses_multi_links() ? "" : " (multi-uprobe links, one grace period per group, need Linux "
+                  backend_->uses_multi_links() ? "" : " (multi-uprobe links, one grace period per group, need Linux "
                                                       "6.6+)");
         }
-        budget_.Detached(CountTraps(session_->ReadCounters(), {}, {}));
+        budget_.Detached(CountTraps(backend_->ReadCounters(), {}, {}));
         PushDaemon(EventName::kTracingPaused, "max-overhead", budget_.current_pct(now, traps), NowT());
       }
       break;
     case OverheadBudget::Action::kResume:
-      if (high_group_ && !high_group_->attached()) {
+      if (high_group_ && !backend_->GroupAttached(high_group_.id())) {
         const uint64_t cpu0 = ThreadCpuNs();
         const uint64_t before_t = NowT();
-        Status st = session_->Reattach(*high_group_);
+        Status st = backend_->ReattachGroup(high_group_.id(), target_.open_path);
         budget_.Charge(static_cast<double>(ThreadCpuNs() - cpu0));
         if (st) {
           gc_unseen_ = false;
@@ -762,7 +793,7 @@ Status Recording::Run() {
     // While the launched command's layout is unchecked, records are taken as they come: the check is due as soon as
     // the first scheduler event arrives, while the command is still starting.
     if (!LayoutChecked()) timeout_ms = std::min(timeout_ms, 1);
-    Result<int> n = session_->Poll(timeout_ms);
+    Result<int> n = backend_->Poll(timeout_ms);
     if (!n) {
       fprintf(stderr, "%s\n", n.error().ToString().c_str());
       stop_reason_ = "error";
@@ -820,7 +851,7 @@ Status Recording::Run() {
       fprintf(stderr, "\r\033[Krvbpfd: pid %d  %llu events (%.0f/s)  %llu dropped  est. overhead %.1f%%%s",
               target_.pid, static_cast<unsigned long long>(seen_.events), rate,
               static_cast<unsigned long long>(seen_.dropped), budget_.last_window_pct(),
-              high_group_ && !high_group_->attached() ? "  (high-rate probes paused)" : "");
+              high_group_ && !backend_->GroupAttached(high_group_.id()) ? "  (high-rate probes paused)" : "");
       fflush(stderr);
     }
 
@@ -830,7 +861,7 @@ Status Recording::Run() {
       target_exited_ = true;
     }
     if (target_exited_ || stop_now) break;
-    if (g_stop.load()) {
+    if (env_.stop_requested->load()) {
       stop_reason_ = "signal";
       break;
     }
@@ -920,18 +951,48 @@ Result<int> Recording::Finish() {
   // has exited nothing can hit the probes, so a child process does that wait after rvbpfd has exited
   // (common/release_in_child.h). With a live target (--duration, a signal) both groups are released here, at the
   // same time so that they wait for the same grace period, and no probe outlives rvbpfd.
-  if (target_exited_ && HandOffFileRelease()) return 0;
+  if (target_exited_ && env_.hand_off_release()) return 0;
   if (low_group_ && high_group_) {
-    std::thread release_low([this] { low_group_.reset(); });
-    high_group_.reset();
+    std::thread release_low([this] { low_group_.Reset(); });
+    high_group_.Reset();
     release_low.join();
   }
   return 0;
 }
 
+// The phases from Open on, for a recording whose target is analysed (Prepare or Adopt).
+Result<int> OpenToFinish(Recording& recording) {
+  if (Status st = recording.Open(); !st) return st.error();
+  if (Status st = recording.Attach(); !st) return recording.Abandon(st.error());
+  if (Status st = recording.Run(); !st) return recording.Abandon(st.error());
+  return recording.Finish();
+}
+
 }  // namespace
 
 void RequestStop() { g_stop.store(true); }
+
+RecorderEnv SystemRecorderEnv(const std::atomic<bool>* stop_requested) {
+  RecorderEnv env;
+  env.open_backend = [](const SessionOptions& options) -> Result<std::unique_ptr<ProbeBackend>> {
+    Result<std::unique_ptr<BpfProbeBackend>> b = BpfProbeBackend::Open(options);
+    if (!b) return b.error();
+    return std::unique_ptr<ProbeBackend>(std::move(b.value()));
+  };
+  env.monotonic_ns = SystemMonotonicNs;
+  env.thread_cpu_ns = SystemThreadCpuNs;
+  env.open_exit_fd = [](int pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); };
+  env.hand_off_release = HandOffFileRelease;
+  env.stop_requested = stop_requested;
+  return env;
+}
+
+Result<int> RecordAnalysedTarget(const RecordOptions& options, const RecorderEnv& env, RecordTarget target,
+                                 PreparedBinary prepared) {
+  Recording recording(options, env);
+  recording.Adopt(std::move(target), std::move(prepared));
+  return OpenToFinish(recording);
+}
 
 Result<int> Record(const RecordOptions& o) {
   g_stop.store(false);
@@ -943,12 +1004,9 @@ Result<int> Record(const RecordOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  Recording recording(o);
+  Recording recording(o, SystemRecorderEnv(&g_stop));
   if (Status st = recording.Prepare(); !st) return st.error();
-  if (Status st = recording.Open(); !st) return st.error();
-  if (Status st = recording.Attach(); !st) return recording.Abandon(st.error());
-  if (Status st = recording.Run(); !st) return recording.Abandon(st.error());
-  return recording.Finish();
+  return OpenToFinish(recording);
 }
 
 }  // namespace rvbpfd

@@ -1,5 +1,6 @@
 // Fakes for the fleet agent's unit tests: a /proc tree with fake Ruby processes, a probe backend that records what
-// the agent asked of BPF and delivers injected records, a settable clock, a recording sink.
+// the agent asked of BPF and delivers injected records (probe/fake_probe_backend.h), a settable clock, a recording
+// sink.
 #ifndef RVBPFD_TESTS_AGENT_AGENT_FAKES_H_
 #define RVBPFD_TESTS_AGENT_AGENT_FAKES_H_
 
@@ -15,6 +16,7 @@
 
 #include "agent/agent_env.h"
 #include "elf/elf_fixtures.h"
+#include "probe/fake_probe_backend.h"
 #include "probe/probe_backend.h"
 #include "session/vm_binary.h"
 #include "sink/sink.h"
@@ -110,164 +112,8 @@ class FakeProc {
   TempDir dir_;
 };
 
-class FakeBackend : public ProbeBackend {
- public:
-  struct Group {
-    std::string path;
-    std::vector<SiteSpec> sites;
-    bool attached = true;
-    int attaches = 1;
-  };
-  void SetHandlers(RecordHandler on_record, StackHandler on_stack) override {
-    on_record_ = std::move(on_record);
-    on_stack_ = std::move(on_stack);
-  }
-  Result<uint8_t> AddBinary(const rv_offsets&) override { return static_cast<uint8_t>(binaries++); }
-  Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
-  Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites) override {
-    groups.push_back(Group{path, sites});
-    return static_cast<int>(groups.size() - 1);
-  }
-  void DetachGroup(int g) override {
-    if (g >= 0) groups.at(static_cast<size_t>(g)).attached = false;
-  }
-  Status ReattachGroup(int g, const std::string& path) override {
-    Group& grp = groups.at(static_cast<size_t>(g));
-    if (!grp.attached) {
-      grp.attached = true;
-      grp.path = path;
-      ++grp.attaches;
-    }
-    return Status::Ok();
-  }
-  bool GroupAttached(int g) const override { return g >= 0 && groups.at(static_cast<size_t>(g)).attached; }
-  Status AddPid(uint32_t pid, const rv_pidns& ns, std::span<const std::pair<uint32_t, uint32_t>> threads) override {
-    pids.insert(pid);
-    pidns[pid] = ns;
-    ns_threads[pid].assign(threads.begin(), threads.end());
-    pid_traps[pid] = {};  // as BPF: the count starts over
-    return Status::Ok();
-  }
-  Status RemovePid(uint32_t pid) override {
-    pids.erase(pid);
-    pid_traps.erase(pid);
-    return Status::Ok();
-  }
-  Status StartSampling(int hz) override {
-    sampling_hz = hz;
-    return Status::Ok();
-  }
-  ProcessEcInstaller::State PollEc(ProcessEcInstaller&) override {
-    ++ec_polls;
-    return ProcessEcInstaller::State::kInstalled;
-  }
-  Status WatchProcesses() override {
-    watching = true;
-    return Status::Ok();
-  }
-  // Delivers everything queued (the first call with timeout > 0 as well: tests never wait).
-  Result<int> Poll(int) override {
-    int n = 0;
-    std::vector<Queued> q;
-    q.swap(queue_);
-    for (Queued& r : q) {
-      if (r.has_stack) {
-        rv_stack_header h{};
-        h.nframes = static_cast<uint32_t>(r.frames.size());
-        on_stack_(r.rec, h, r.frames, r.gvl ? &*r.gvl : nullptr);
-      } else {
-        on_record_(r.rec);
-      }
-      ++n;
-    }
-    return n;
-  }
-  rv_counters ReadCounters() const override { return counters; }
-  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override {
-    std::unordered_map<uint32_t, rv_pid_traps> out;
-    for (uint32_t pid : pids) {
-      auto it = pid_traps.find(pid);
-      out[pid] = it == pid_traps.end() ? rv_pid_traps{} : it->second;
-    }
-    return out;
-  }
-  // Hits of a process that became no record (BPF discarded them), e.g. rb_mutex_lock entered by IO#write.
-  void DiscardedTraps(uint32_t pid, uint64_t n) {
-    if (pids.count(pid)) pid_traps[pid].traps += n;
-  }
-  // Hits (already counted) that BPF found cold: no trap on their CPU for rv_config.cold_gap_ns before them.
-  void ColdTraps(uint32_t pid, uint64_t n) {
-    if (pids.count(pid)) pid_traps[pid].cold += n;
-  }
-  // Hits of a single-stepped site (counted as traps too).
-  void SteppedTraps(uint32_t pid, uint64_t n) {
-    if (pids.count(pid)) {
-      pid_traps[pid].traps += n;
-      pid_traps[pid].stepped += n;
-    }
-  }
-
-  // Injection.
-  // A scheduler event is one trap of a watched process (as BPF counts them); exec/exit/fork records are not.
-  // tid: the host tid of the thread the record is about (0: unknown).
-  void Record(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th = 0, uint32_t tid = 0) {
-    if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
-    rv_record r{};
-    r.ts_ns = ts;
-    r.pid = pid;
-    r.kind = kind;
-    r.th = th;
-    r.tid = tid;
-    queue_.push_back(Queued{r, false, {}});
-  }
-  // A sample (or stacked event) whose frames are named "m<addr>" by FakeFrameSource.
-  // `gvl`: the GVL reading the sample carries (RV_REC_HAS_GVL), none by default.
-  void Stack(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<uint64_t> addrs,
-             uint32_t flags = 0, uint32_t tid = 0, std::optional<rv_gvl_reading> gvl = std::nullopt) {
-    if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
-    rv_record r{};
-    r.ts_ns = ts;
-    r.pid = pid;
-    r.kind = kind;
-    r.th = th;
-    r.tid = tid;
-    r.flags = flags | RV_REC_HAS_STACK | (gvl ? RV_REC_HAS_GVL : 0u);
-    std::vector<rv_ruby_frame> frames;
-    for (uint64_t a : addrs) {
-      rv_ruby_frame f{};
-      f.addr = a;
-      frames.push_back(f);
-    }
-    queue_.push_back(Queued{r, true, frames, gvl});
-  }
-  size_t attached_groups() const {
-    size_t n = 0;
-    for (const Group& g : groups) n += g.attached ? 1 : 0;
-    return n;
-  }
-
-  std::vector<Group> groups;
-  std::set<uint32_t> pids;
-  std::map<uint32_t, rv_pid_traps> pid_traps;  // uprobe hits per watched pid
-  std::map<uint32_t, rv_pidns> pidns;                                            // AddPid's namespace, per pid
-  std::map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> ns_threads;  // AddPid's (ns tid, host tid)
-  rv_counters counters{};
-  int binaries = 0;
-  int sampling_hz = 0;
-  int ec_polls = 0;
-  bool watching = false;
-
- private:
-  struct Queued {
-    rv_record rec;
-    bool has_stack;
-    std::vector<rv_ruby_frame> frames;
-    std::optional<rv_gvl_reading> gvl;
-  };
-  RecordHandler on_record_;
-  StackHandler on_stack_;
-  std::vector<Queued> queue_;
-};
+// The probe backend fake is shared with the recorder's tests.
+using FakeBackend = rvbpfd::testing::FakeProbeBackend;
 
 class FakeClock : public AgentClock {
  public:

@@ -1,0 +1,404 @@
+// The recorder's pipeline from an analysed target on (record/recording.h), driven with the fake probe backend, a
+// settable clock and an eventfd standing for the target's pidfd: no BPF, no root, no Ruby. Each test scripts what
+// the kernel side does as the clock advances (the fake's Poll advances it by the poll's timeout, as a wait would)
+// and reads the written .rvtrace back.
+#include "record/recording.h"
+
+#include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "elf/elf_fixtures.h"
+#include "probe/fake_probe_backend.h"
+#include "rvbpfd/abi.h"
+#include "trace/event.h"
+#include "trace/reader.h"
+
+namespace rvbpfd {
+namespace {
+
+using testing::FakeProbeBackend;
+using testing::TempDir;
+
+constexpr uint64_t kMs = 1'000'000;
+constexpr uint64_t kStartNs = 1'000'000'000'000;  // the fake monotonic clock at the start: 1000 s after boot
+const std::string kVmPath = "/fake/usr/lib/libruby.so.3.3.8";
+// The prepared binary's sites: two that stay attached (thread start/exit) and three high-rate ones that
+// --max-overhead pauses. Cookies follow attach order: 0-1 low, 2-4 high.
+constexpr uint64_t kStartedSite = 0x100, kExitedSite = 0x180;
+constexpr uint64_t kResumedSite = 0x300, kSuspendedSite = 0x400, kGcEnterSite = 0x500;
+constexpr int kLowGroup = 0, kHighGroup = 1;
+
+// The recording owns its backend; this one lends it the test's fake, so the fake outlives the recording.
+class BackendRef : public ProbeBackend {
+ public:
+  explicit BackendRef(FakeProbeBackend* fake) : f_(fake) {}
+  void SetHandlers(RecordHandler on_record, StackHandler on_stack) override {
+    f_->SetHandlers(std::move(on_record), std::move(on_stack));
+  }
+  Result<uint8_t> AddBinary(const rv_offsets& offsets) override { return f_->AddBinary(offsets); }
+  Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) override {
+    return f_->SetWalkConfig(binary, config);
+  }
+  using ProbeBackend::AttachGroup;
+  Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites, int pid) override {
+    return f_->AttachGroup(path, sites, pid);
+  }
+  void DetachGroup(int group, std::span<const uint64_t> site_hits) override { f_->DetachGroup(group, site_hits); }
+  void DetachGroup(int group) override { f_->DetachGroup(group); }
+  Status ReattachGroup(int group, const std::string& path) override { return f_->ReattachGroup(group, path); }
+  bool GroupAttached(int group) const override { return f_->GroupAttached(group); }
+  std::vector<uint64_t> GroupCookies(int group) const override { return f_->GroupCookies(group); }
+  void ReleaseGroup(int group) override { f_->ReleaseGroup(group); }
+  Status AddPid(uint32_t pid, const rv_pidns& pidns,
+                std::span<const std::pair<uint32_t, uint32_t>> threads) override {
+    return f_->AddPid(pid, pidns, threads);
+  }
+  Status RemovePid(uint32_t pid) override { return f_->RemovePid(pid); }
+  Status StartSampling(int hz) override { return f_->StartSampling(hz); }
+  Status WatchProcesses() override { return f_->WatchProcesses(); }
+  ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override { return f_->PollEc(installer); }
+  Result<int> Poll(int timeout_ms) override { return f_->Poll(timeout_ms); }
+  void WakePollOn(int fd) override { f_->WakePollOn(fd); }
+  rv_counters ReadCounters() const override { return f_->ReadCounters(); }
+  std::vector<uint64_t> ReadSiteHits() const override { return f_->ReadSiteHits(); }
+  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return f_->ReadPidTraps(); }
+  bool uses_multi_links() const override { return f_->uses_multi_links(); }
+
+ private:
+  FakeProbeBackend* f_;
+};
+
+ProbeSite Site(uint64_t offset, uint8_t event) {
+  ProbeSite s;
+  s.file_offset = offset;
+  s.event = event;
+  s.function = "f" + std::to_string(offset);
+  return s;
+}
+
+class RecorderTest : public ::testing::Test {
+ protected:
+  struct Open {
+    SessionOptions options;
+    bool on_main_thread;
+  };
+
+  void SetUp() override {
+    exit_event_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ASSERT_GE(exit_event_, 0);
+    pid_ = static_cast<uint32_t>(getpid());
+    options_.pid = getpid();
+    options_.output = dir_.Join("out.rvtrace");
+    options_.quiet = true;
+    options_.stacks = "off";
+    options_.hz = 0;
+    options_.duration_s = 30;  // a safety net: every test ends sooner
+
+    const std::thread::id main_thread = std::this_thread::get_id();
+    env_.open_backend = [this, main_thread](const SessionOptions& so) -> Result<std::unique_ptr<ProbeBackend>> {
+      std::lock_guard<std::mutex> l(opens_mu_);
+      opens_.push_back(Open{so, std::this_thread::get_id() == main_thread});
+      return std::unique_ptr<ProbeBackend>(new BackendRef(&fake_));
+    };
+    env_.monotonic_ns = [this] { return now_; };
+    env_.thread_cpu_ns = [] { return uint64_t{0}; };
+    env_.open_exit_fd = [this](int pid) {
+      exit_fd_pid_ = pid;
+      exit_fd_ = dup(exit_event_);
+      return exit_fd_;
+    };
+    env_.hand_off_release = [this] {
+      ++hand_offs_;
+      return false;
+    };
+    env_.stop_requested = &stop_;
+    fake_.before_poll = [this](int timeout_ms) {
+      if (timeout_ms > 0) now_ += static_cast<uint64_t>(timeout_ms) * kMs;
+      // Ends a loop that a broken stop condition would keep running; the tests then fail on the stop reason.
+      if (++steps_ > 100'000) stop_.store(true);
+      if (script_) script_(now_ - kStartNs);
+    };
+
+    target_.pid = getpid();
+    target_.vm_path = kVmPath;
+    target_.open_path = kVmPath;
+    target_.ruby_version = "3.3.8";
+    target_.build_id = "0123456789abcdef";
+    prepared_.sites.ruby_version = "3.3.8";
+    prepared_.sites.sites = {Site(kStartedSite, RV_EV_THREAD_STARTED), Site(kExitedSite, RV_EV_THREAD_EXITED),
+                             Site(kResumedSite, RV_EV_THREAD_RESUMED), Site(kSuspendedSite, RV_EV_THREAD_SUSPENDED),
+                             Site(kGcEnterSite, RV_EV_GC_ENTER)};
+  }
+  void TearDown() override { close(exit_event_); }
+
+  // Runs the recording to its end (the script decides when) and reads its trace back.
+  Result<int> Run() {
+    Result<int> r = RecordAnalysedTarget(options_, env_, target_, prepared_);
+    if (r.ok()) {
+      Result<TraceFile> t = TraceReader::ReadFile(options_.output);
+      EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().ToString());
+      if (t.ok()) trace_ = std::move(t.value());
+    }
+    return r;
+  }
+  // A record the target's probes took at t_ns after the recording's origin.
+  void Inject(uint64_t t_ns, uint16_t kind, uint64_t th) { fake_.Record(kStartNs + t_ns, pid_, kind, th); }
+  void TargetExits() {
+    const uint64_t one = 1;
+    ASSERT_EQ(write(exit_event_, &one, sizeof(one)), static_cast<ssize_t>(sizeof(one)));
+  }
+  std::vector<TraceEvent> Events(EventName name) const {
+    std::vector<TraceEvent> out;
+    for (const TraceEvent& e : trace_.events) {
+      if (e.event == name) out.push_back(e);
+    }
+    return out;
+  }
+  const TraceEvent* Stopped() const {
+    for (const TraceEvent& e : trace_.events) {
+      if (e.event == EventName::kTracingStopped) return &e;
+    }
+    return nullptr;
+  }
+
+  TempDir dir_;
+  FakeProbeBackend fake_;
+  RecorderEnv env_;
+  RecordOptions options_;
+  RecordTarget target_;
+  PreparedBinary prepared_;
+  uint32_t pid_ = 0;
+  uint64_t now_ = kStartNs;
+  int steps_ = 0;
+  std::function<void(uint64_t t_ns)> script_;  // called at every poll with the time since the origin
+  std::atomic<bool> stop_{false};
+  int exit_event_ = -1;  // written when the target "exits"; the recording gets a dup of it as the target's pidfd
+  int exit_fd_ = -1;
+  int exit_fd_pid_ = 0;
+  int hand_offs_ = 0;
+  std::mutex opens_mu_;
+  std::vector<Open> opens_;
+  TraceFile trace_;
+};
+
+TEST_F(RecorderTest, AttachesBothGroupsToTheTargetAndWatchesItsExit) {
+  script_ = [&](uint64_t t) {
+    if (t >= 60 * kMs) TargetExits();
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(*r, 0);
+  ASSERT_EQ(fake_.groups.size(), 2u);
+  EXPECT_EQ(fake_.groups[kLowGroup].path, kVmPath);
+  EXPECT_EQ(fake_.groups[kLowGroup].pid, getpid());
+  EXPECT_EQ(fake_.groups[kHighGroup].pid, getpid());
+  ASSERT_EQ(fake_.groups[kLowGroup].sites.size(), 2u);
+  ASSERT_EQ(fake_.groups[kHighGroup].sites.size(), 3u);
+  EXPECT_EQ(fake_.groups[kHighGroup].sites[0].file_offset, kResumedSite);
+  EXPECT_EQ(fake_.pids.count(pid_), 1u);
+  // The target's pidfd wakes the ring's poll.
+  EXPECT_EQ(exit_fd_pid_, getpid());
+  ASSERT_EQ(fake_.wake_fds.size(), 1u);
+  EXPECT_EQ(fake_.wake_fds[0], exit_fd_);
+  EXPECT_GE(exit_fd_, 0);
+  EXPECT_EQ(trace_.header.pid, getpid());
+  EXPECT_EQ(trace_.header.ruby_version, "3.3.8");
+}
+
+TEST_F(RecorderTest, RecordsComeOutInTimeOrder) {
+  const uint64_t a = 0x1000, b = 0x2000;
+  bool first = false, second = false;
+  script_ = [&](uint64_t t) {
+    // Two CPUs' records interleave: each poll delivers some out of order, and a later poll one older than two
+    // records already delivered (within the 20 ms reorder window of the newest).
+    if (t >= 40 * kMs && !first) {
+      first = true;
+      Inject(30 * kMs, RV_EV_THREAD_RESUMED, a);
+      Inject(22 * kMs, RV_EV_THREAD_STARTED, a);
+      Inject(35 * kMs, RV_EV_THREAD_SUSPENDED, a);
+    }
+    if (t >= 60 * kMs && !second) {
+      second = true;
+      Inject(25 * kMs, RV_EV_THREAD_STARTED, b);
+      Inject(50 * kMs, RV_EV_THREAD_RESUMED, b);
+    }
+    if (t >= 120 * kMs) TargetExits();
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  std::vector<std::pair<uint64_t, EventName>> got;
+  for (const TraceEvent& e : trace_.events) {
+    if (e.source != kSourceDaemon) got.emplace_back(e.t_ns, e.event);
+  }
+  const std::vector<std::pair<uint64_t, EventName>> want = {
+      {22 * kMs, EventName::kThreadStarted}, {25 * kMs, EventName::kThreadStarted},
+      {30 * kMs, EventName::kGvlAcquired},   {35 * kMs, EventName::kGvlReleased},
+      {50 * kMs, EventName::kGvlAcquired}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(trace_.out_of_order_events, 0u);
+  ASSERT_TRUE(trace_.summary.has_value());
+  EXPECT_EQ(trace_.summary->late_events, 0u);
+}
+
+TEST_F(RecorderTest, DroppedEventsBecomeEventsDroppedRecords) {
+  script_ = [&](uint64_t t) {
+    if (t >= 40 * kMs && fake_.counters.dropped == 0) fake_.counters.dropped = 7;
+    if (t >= 100 * kMs && fake_.counters.dropped == 7) fake_.counters.dropped = 10;
+    if (t >= 160 * kMs) TargetExits();
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  const std::vector<TraceEvent> drops = Events(EventName::kEventsDropped);
+  ASSERT_EQ(drops.size(), 2u);
+  EXPECT_EQ(drops[0].count, 7u);
+  EXPECT_EQ(drops[1].count, 3u);
+  // Stamped when the main loop saw the counter move (every 20 ms without a budget).
+  EXPECT_EQ(drops[0].t_ns, 40 * kMs);
+  EXPECT_EQ(drops[1].t_ns, 100 * kMs);
+  EXPECT_EQ(drops[0].source, kSourceDaemon);
+  ASSERT_TRUE(trace_.summary.has_value());
+  EXPECT_EQ(trace_.summary->events_dropped, 10u);
+}
+
+TEST_F(RecorderTest, OverheadBudgetPausesTheHighGroupHottestFirstAndResumesIt) {
+  options_.max_overhead_pct = 5;
+  options_.duration_s = 1;
+  fake_.site_hits.assign(5, 0);
+  uint64_t last = 0;  // the time traps were counted up to
+  script_ = [&](uint64_t t) {
+    // Traps while the high-rate sites are attached: 400 per ms (~60% of the target's time at 1.5 us a hit, far
+    // over 5%); the suspended site is the hottest, then GC enter, then resumed. The low sites trap rarely.
+    const uint64_t ms = (t - last) / kMs;
+    if (ms == 0) return;
+    last += ms * kMs;
+    uint64_t traps = 2 * ms;
+    fake_.site_hits[0] += ms;
+    fake_.site_hits[1] += ms;
+    if (fake_.GroupAttached(kHighGroup)) {
+      fake_.site_hits[2] += 20 * ms;
+      fake_.site_hits[3] += 300 * ms;
+      fake_.site_hits[4] += 80 * ms;
+      traps += 400 * ms;
+    }
+    fake_.counters.probe_hits += traps;
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_FALSE(fake_.detaches.empty());
+  for (const FakeProbeBackend::Detach& d : fake_.detaches) EXPECT_EQ(d.group, kHighGroup);
+  EXPECT_EQ(fake_.detaches[0].order, (std::vector<uint64_t>{kSuspendedSite, kGcEnterSite, kResumedSite}));
+  EXPECT_GE(fake_.groups[kHighGroup].attaches, 2);  // reattached after a pause
+  EXPECT_EQ(fake_.groups[kHighGroup].path, kVmPath);
+
+  const std::vector<TraceEvent> paused = Events(EventName::kTracingPaused);
+  const std::vector<TraceEvent> resumed = Events(EventName::kTracingResumed);
+  ASSERT_FALSE(paused.empty());
+  ASSERT_FALSE(resumed.empty());
+  EXPECT_EQ(paused.size(), fake_.detaches.size());
+  EXPECT_EQ(resumed.size() + 1, static_cast<size_t>(fake_.groups[kHighGroup].attaches));
+  EXPECT_EQ(paused[0].reason, "max-overhead");
+  EXPECT_EQ(resumed[0].reason, "budget window over");
+  EXPECT_LT(paused[0].t_ns, resumed[0].t_ns);
+  // The first pause comes within the first budget window (250 ms), once its allowance is spent.
+  EXPECT_LT(paused[0].t_ns, 250 * kMs);
+  const TraceEvent* stopped = Stopped();
+  ASSERT_NE(stopped, nullptr);
+  EXPECT_EQ(stopped->reason, "duration");
+}
+
+TEST_F(RecorderTest, DurationEndsTheRecording) {
+  options_.duration_s = 0.5;
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(*r, 0);
+  const TraceEvent* stopped = Stopped();
+  ASSERT_NE(stopped, nullptr);
+  EXPECT_EQ(stopped->reason, "duration");
+  EXPECT_GE(stopped->t_ns, 500 * kMs);
+  EXPECT_LE(stopped->t_ns, 520 * kMs);  // the first 20 ms poll past the end
+  // A live target's probes are released before rvbpfd exits, both groups at once.
+  EXPECT_EQ(hand_offs_, 0);
+  std::vector<int> released = fake_.released;
+  std::sort(released.begin(), released.end());
+  EXPECT_EQ(released, (std::vector<int>{kLowGroup, kHighGroup}));
+}
+
+TEST_F(RecorderTest, TargetExitEndsTheRecording) {
+  script_ = [&](uint64_t t) {
+    if (t >= 200 * kMs) TargetExits();
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(*r, 0);
+  const TraceEvent* stopped = Stopped();
+  ASSERT_NE(stopped, nullptr);
+  EXPECT_EQ(stopped->reason, "target_exited");
+  EXPECT_GE(stopped->t_ns, 200 * kMs);
+  EXPECT_LT(stopped->t_ns, 220 * kMs);
+  // The exited target's probes are handed to a child to release (here the hand-off declines, so they are released
+  // as usual).
+  EXPECT_EQ(hand_offs_, 1);
+  EXPECT_EQ(fake_.released.size(), 2u);
+}
+
+TEST_F(RecorderTest, StopRequestEndsTheRecording) {
+  script_ = [&](uint64_t t) {
+    if (t >= 100 * kMs) stop_.store(true);
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  const TraceEvent* stopped = Stopped();
+  ASSERT_NE(stopped, nullptr);
+  EXPECT_EQ(stopped->reason, "signal");
+  EXPECT_GE(stopped->t_ns, 100 * kMs);
+  EXPECT_LT(stopped->t_ns, 120 * kMs);
+  EXPECT_EQ(hand_offs_, 0);
+}
+
+TEST_F(RecorderTest, SpeculativeLoadOnAHelperThreadIsRedoneWhenTheBinaryGivesNoStacks) {
+  // The flags ask for stacks and samples; the analysis found no stack layout (prepared_.stacks is empty), so the
+  // programs loaded speculatively are not the ones the run needs.
+  options_.stacks = "release";
+  options_.hz = 99;
+  options_.ring_buffer_kb = 512;
+  script_ = [&](uint64_t t) {
+    if (t >= 40 * kMs) TargetExits();
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_EQ(opens_.size(), 2u);
+  EXPECT_FALSE(opens_[0].on_main_thread);
+  EXPECT_EQ(opens_[0].options.config.sampling, 1u);
+  EXPECT_NE(opens_[0].options.config.stack_events, 0u);
+  EXPECT_TRUE(opens_[1].on_main_thread);
+  EXPECT_EQ(opens_[1].options.config.sampling, 0u);
+  EXPECT_EQ(opens_[1].options.config.stack_events, 0u);
+  EXPECT_EQ(opens_[1].options.ring_buffer_bytes, 512u * 1024u);
+  EXPECT_EQ(fake_.sampling_hz, 0);  // no stacks: no sampling
+}
+
+TEST_F(RecorderTest, SpeculativeLoadIsKeptWhenItMatches) {
+  script_ = [&](uint64_t t) {
+    if (t >= 40 * kMs) TargetExits();
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_EQ(opens_.size(), 1u);
+  EXPECT_FALSE(opens_[0].on_main_thread);
+  EXPECT_EQ(opens_[0].options.config.cold_gap_ns, OverheadBudget::kColdGapNs);
+}
+
+}  // namespace
+}  // namespace rvbpfd
