@@ -190,17 +190,32 @@ std::string Sha256Hex(std::span<const uint8_t> data) {
 }
 
 std::string SparseContentSha256Hex(std::span<const uint8_t> data) {
+  const std::pair<uint64_t, uint64_t> all{0, data.size()};
+  return SparseContentSha256Hex(data, {&all, 1});
+}
+
+std::string SparseContentSha256Hex(std::span<const uint8_t> data,
+                                   std::span<const std::pair<uint64_t, uint64_t>> written) {
   constexpr size_t kBlock = 4096;
   static const uint8_t kZeros[kBlock] = {};
   Sha256 h;
   static constexpr char kTag[] = "rvbpfd sparse content v1";
   h.Update({reinterpret_cast<const uint8_t*>(kTag), sizeof(kTag) - 1});
   UpdateLe64(h, data.size());
-  for (size_t off = 0; off < data.size(); off += kBlock) {
-    const size_t n = std::min(kBlock, data.size() - off);
-    if (std::memcmp(data.data() + off, kZeros, n) == 0) continue;
-    UpdateLe64(h, off / kBlock);
-    h.Update(data.subspan(off, n));
+  // Blocks in increasing order, each once: the ones the ranges overlap (a block two ranges share is visited for the
+  // first), clipped to the data.
+  uint64_t next_block = 0;
+  for (const auto& [begin, end] : written) {
+    if (begin >= end || begin >= data.size()) continue;
+    const uint64_t last = (std::min<uint64_t>(end, data.size()) - 1) / kBlock;
+    for (uint64_t b = std::max<uint64_t>(begin / kBlock, next_block); b <= last; ++b) {
+      const size_t off = static_cast<size_t>(b * kBlock);
+      const size_t n = std::min(kBlock, data.size() - off);
+      if (std::memcmp(data.data() + off, kZeros, n) == 0) continue;
+      UpdateLe64(h, b);
+      h.Update(data.subspan(off, n));
+    }
+    next_block = std::max(next_block, last + 1);
   }
   return ToHex(h.Finish());
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 namespace rvbpfd {
 
@@ -40,9 +41,14 @@ std::string Sha256Hex(std::span<const uint8_t> data);
 
 // Lower-case hex SHA-256 of an encoding of `data` that leaves out its all-zero 4 KiB blocks: the size, then each
 // non-zero block's index and bytes. The encoding is injective (the size and the non-zero blocks determine the content),
-// so this identifies content as strongly as Sha256Hex, but a sparse 1 GiB file costs the hash of its data only (and
-// reading the holes of a MappedFile touches no memory).
+// so this identifies content as strongly as Sha256Hex, but a sparse 1 GiB file costs the hash of its data only.
 std::string SparseContentSha256Hex(std::span<const uint8_t> data);
+// The same hash when every byte of `data` outside the byte ranges `written` ([begin, end), sorted, disjoint) is zero:
+// blocks no range overlaps are taken as zero and never read. For a MappedFile (MappedFile::written_ranges), whose
+// holes are untouched anonymous memory: some kernels give such a page real memory when it is read, so reading the
+// holes of a sparse 1 GiB file would cost 1 GiB of RSS.
+std::string SparseContentSha256Hex(std::span<const uint8_t> data,
+                                   std::span<const std::pair<uint64_t, uint64_t>> written);
 
 }  // namespace rvbpfd
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -285,6 +286,12 @@ Result<MappedFile> MappedFile::FromFd(int fd, const std::string& path, std::stri
         if (!zero) {
           std::memcpy(dst + file_off, p, piece);
           out.copied_ += piece;
+          // In file order: extend the last range or start one.
+          if (!out.written_.empty() && out.written_.back().second == file_off) {
+            out.written_.back().second = file_off + piece;
+          } else {
+            out.written_.emplace_back(file_off, file_off + piece);
+          }
         }
         off += piece;
       }
@@ -360,6 +367,18 @@ Status MappedFile::LoadDeferred() {
     err = Error(ErrorCode::kIo, ErrnoMessage("mprotect of the copy of " + name_, errno));
   }
   if (err) return fail(*err);
+  // The deferred ranges are written now: merge them into written_ (both sorted; adjacent or overlapping ranges join).
+  std::vector<std::pair<uint64_t, uint64_t>> all;
+  all.reserve(written_.size() + deferred_.size());
+  std::merge(written_.begin(), written_.end(), deferred_.begin(), deferred_.end(), std::back_inserter(all));
+  written_.clear();
+  for (const auto& r : all) {
+    if (!written_.empty() && r.first <= written_.back().second) {
+      written_.back().second = std::max(written_.back().second, r.second);
+    } else {
+      written_.push_back(r);
+    }
+  }
   deferred_.clear();
   deferred_fd_.Reset();
   return Status::Ok();
@@ -374,6 +393,8 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   size_ = std::exchange(o.size_, 0);
   mapped_ = std::exchange(o.mapped_, 0);
   copied_ = std::exchange(o.copied_, 0);
+  written_ = std::move(o.written_);
+  o.written_.clear();
   identity_ = o.identity_;
   writable_ = o.writable_;
   name_ = std::move(o.name_);
@@ -393,6 +414,7 @@ void MappedFile::Reset() {
   mapped_ = 0;
   size_ = 0;
   copied_ = 0;
+  written_.clear();
   deferred_.clear();
   deferred_fd_.Reset();
   deferred_error_.reset();

@@ -135,6 +135,10 @@ class MappedFile {
   std::span<const uint8_t> bytes() const { return {data(), static_cast<size_t>(size_)}; }
   // Pages of the file that held data and were copied (the rest are holes or zeros and cost no memory), for tests.
   uint64_t copied_bytes() const { return copied_; }
+  // The byte ranges [begin, end) of the copy that were written (sorted, disjoint); every other byte is zero. The rest
+  // is untouched anonymous memory that readers should skip: some kernels give such a page real memory when it is
+  // read (SparseContentSha256Hex takes these ranges). Deferred ranges join once loaded.
+  const std::vector<std::pair<uint64_t, uint64_t>>& written_ranges() const { return written_; }
   // The file as its fstat described it before anything was read, for caches keyed by file identity.
   const FileIdentity& identity() const { return identity_; }
   // Copies the deferred ranges (MapOptions::deferred) from the file, once; later calls return the first call's
@@ -149,6 +153,7 @@ class MappedFile {
   uint64_t size_ = 0;
   uint64_t mapped_ = 0;  // length of the mapping (size_ rounded up to pages; 0 when nothing is mapped)
   uint64_t copied_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> written_;  // see written_ranges()
   FileIdentity identity_;
   bool writable_ = false;
   std::string name_;                                     // for messages ("ELF file /path")

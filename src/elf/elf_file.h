@@ -133,6 +133,9 @@ class ElfFile {
   // Copies the deferred debug sections first; empty when that fails (LoadDeferredSections says why).
   std::span<const uint8_t> content() const;
   uint64_t content_size() const { return size_; }  // content()'s size, without copying anything in
+  // The byte ranges of content() that may hold anything but zeros (MappedFile::written_ranges): readers of the whole
+  // content skip the rest without touching it. Complete only once content() has loaded the deferred sections.
+  const std::vector<std::pair<uint64_t, uint64_t>>& content_written_ranges() const { return file_.written_ranges(); }
   // Copies the deferred debug sections now (once; MappedFile::LoadDeferred): kIo when the file changed since it was
   // opened. DWARF readers (libdw on handle()) call it before reading any.
   Status LoadDeferredSections() const { return file_.LoadDeferred(); }

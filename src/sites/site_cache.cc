@@ -178,7 +178,7 @@ std::string ContentSha256Of(const ElfFile& elf, const std::string& cache_dir, in
   // The whole content: the deferred debug sections are read now. A file that changed since it was opened has no
   // hash ("": the caller's error).
   if (!elf.LoadDeferredSections().ok()) return "";
-  std::string sha = SparseContentSha256Hex(elf.content());
+  std::string sha = SparseContentSha256Hex(elf.content(), elf.content_written_ranges());
   if (cacheable && id.Settled(settle_ns)) {
     nlohmann::json doc = {{"format", kFileHashFormat}, {"dev", id.dev},           {"ino", id.ino},
                           {"size", id.size},           {"mtime_ns", id.mtime_ns}, {"ctime_ns", id.ctime_ns},

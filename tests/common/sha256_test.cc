@@ -1,6 +1,8 @@
 // SHA-256 against the FIPS 180-4 example vectors and split updates.
 #include "common/sha256.h"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <random>
 #include <string>
@@ -89,6 +91,31 @@ TEST(SparseContentSha256Test, ZeroBlocksCountButOtherContentDiffers) {
   b.push_back(0);  // one more zero byte: another size
   EXPECT_NE(SparseContentSha256Hex(b), ha);
   EXPECT_NE(SparseContentSha256Hex({}), SparseContentSha256Hex(std::vector<uint8_t>(4096, 0)));
+}
+
+// With the ranges of a MappedFile: bytes outside them are never read (a page there could cost memory), so garbage
+// put there must not change the hash, and the hash equals the one of the content with those bytes zero.
+TEST(SparseContentSha256Test, BlocksOutsideTheWrittenRangesAreNotRead) {
+  std::vector<uint8_t> data(10 * 4096 + 123, 0);
+  data[100] = 1;             // block 0
+  data[4096 * 3 + 7] = 2;    // block 3
+  data[4096 * 4 - 1] = 3;    // block 3, its last byte
+  data[4096 * 10 + 5] = 4;   // the partial last block
+  const std::string whole = SparseContentSha256Hex(data);
+  // Ranges as a MappedFile has them, one not page-aligned and two sharing block 3.
+  const std::vector<std::pair<uint64_t, uint64_t>> written = {
+      {0, 200}, {4096 * 3, 4096 * 3 + 100}, {4096 * 3 + 100, 4096 * 4}, {4096 * 10, data.size()}};
+  std::vector<uint8_t> garbage = data;
+  for (size_t b : {1, 2, 5, 6, 7, 8, 9}) std::fill_n(garbage.begin() + b * 4096, 4096, 0xAB);
+  EXPECT_EQ(SparseContentSha256Hex(garbage, written), whole);
+  // A written block's content still counts, also where a range only touches the block.
+  garbage[4096 * 3 + 2000] = 9;
+  EXPECT_NE(SparseContentSha256Hex(garbage, written), whole);
+  // Nothing written: the hash of all zeros of that size.
+  EXPECT_EQ(SparseContentSha256Hex(garbage, {}), SparseContentSha256Hex(std::vector<uint8_t>(data.size(), 0)));
+  // A range past the end is clipped.
+  const std::vector<std::pair<uint64_t, uint64_t>> past = {{0, data.size() + 99999}};
+  EXPECT_EQ(SparseContentSha256Hex(data, past), whole);
 }
 
 }  // namespace
