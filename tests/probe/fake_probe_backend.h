@@ -161,9 +161,9 @@ class FakeProbeBackend : public ProbeBackend {
   }
 
   // Injection.
-  // A scheduler event is one trap of a watched process (as BPF counts them); exec/exit/fork records are not.
-  // tid: the host tid of the thread the record is about (0: unknown).
-  void Record(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th = 0, uint32_t tid = 0) {
+  // A record as BPF fills it, its trap counted as BPF counts it: a scheduler event is one trap of a watched process;
+  // exec/exit/fork records are not.
+  rv_record Counted(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, uint32_t tid) {
     if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
     rv_record r{};
     r.ts_ns = ts;
@@ -171,19 +171,17 @@ class FakeProbeBackend : public ProbeBackend {
     r.kind = kind;
     r.th = th;
     r.tid = tid;
-    queue_.push_back(Queued{r, false, {}});
+    return r;
+  }
+  // A record without a stack. tid: the host tid of the thread the record is about (0: unknown).
+  void Record(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th = 0, uint32_t tid = 0) {
+    queue_.push_back(Queued{Counted(ts, pid, kind, th, tid), false, {}});
   }
   // A sample (or stacked event) whose frames are the given addresses.
   // `gvl`: the GVL reading the sample carries (RV_REC_HAS_GVL), none by default.
   void Stack(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<uint64_t> addrs,
              uint32_t flags = 0, uint32_t tid = 0, std::optional<rv_gvl_reading> gvl = std::nullopt) {
-    if (kind < RV_EV_KIND_COUNT && pids.count(pid)) ++pid_traps[pid].traps;
-    rv_record r{};
-    r.ts_ns = ts;
-    r.pid = pid;
-    r.kind = kind;
-    r.th = th;
-    r.tid = tid;
+    rv_record r = Counted(ts, pid, kind, th, tid);
     r.flags = flags | RV_REC_HAS_STACK | (gvl ? RV_REC_HAS_GVL : 0u);
     std::vector<rv_ruby_frame> frames;
     for (uint64_t a : addrs) {
