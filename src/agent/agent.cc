@@ -1,9 +1,11 @@
 #include "agent/agent.h"
 
 #include <malloc.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <iterator>
 #include <unordered_map>
 
@@ -231,6 +233,7 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
   p->interval_start_ns = now;
   p->attached_ns = now;
+  if (env_.open_exit_fd) p->exit_fd = FileFd(env_.open_exit_fd(pid));
   if (set->paused) p->profile->OnTracingPaused(now);
   if (set->stacks && config_.hz > 0) {
     p->ec.emplace(pid, p->target.vm_host_path, set->stacks->ec_route, set->binary, config_.proc_root);
@@ -441,9 +444,35 @@ void Agent::PollEc(WatchedProcess& p) {
 
 void Agent::CheckLiveness() {
   const uint64_t now = env_.clock->MonotonicNs();
+  // One poll of every exit descriptor, with no wait, instead of one /proc/PID/stat read per process: with 50
+  // processes the reads were ~5% of the agent's CPU. A process without a descriptor is read from /proc.
+  std::vector<int> gone;
+  exit_polls_.clear();
+  exit_poll_pids_.clear();
   for (int pid : registry_.pids()) {
-    if (!ProcessAlive(config_.proc_root, pid)) FinishProcess(pid, now, "vanished");
+    const WatchedProcess* p = registry_.Find(pid);
+    if (p != nullptr && p->exit_fd.ok()) {
+      exit_polls_.push_back(pollfd{p->exit_fd.get(), POLLIN, 0});
+      exit_poll_pids_.push_back(pid);
+    } else if (!ProcessAlive(config_.proc_root, pid)) {
+      gone.push_back(pid);
+    }
   }
+  if (!exit_polls_.empty()) {
+    int n = 0;
+    do {
+      n = poll(exit_polls_.data(), exit_polls_.size(), 0);
+    } while (n < 0 && errno == EINTR);
+    for (size_t i = 0; i < exit_polls_.size(); ++i) {
+      // Readable: it exited. An error (not expected on a pidfd the agent holds, or a failed poll): /proc decides.
+      const short r = n < 0 ? POLLERR : exit_polls_[i].revents;
+      const bool error = (r & (POLLERR | POLLNVAL | POLLHUP)) != 0;
+      if ((r & POLLIN) || (error && !ProcessAlive(config_.proc_root, exit_poll_pids_[i]))) {
+        gone.push_back(exit_poll_pids_[i]);
+      }
+    }
+  }
+  for (int pid : gone) FinishProcess(pid, now, "vanished");
 }
 
 void Agent::UpdateBudgets(uint64_t now) {

@@ -14,6 +14,8 @@
 #ifndef RVBPFD_SRC_AGENT_AGENT_H_
 #define RVBPFD_SRC_AGENT_AGENT_H_
 
+#include <poll.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -138,6 +140,7 @@ class Agent {
   void FinishProcess(int pid, uint64_t end_ns, const char* reason);
   void CutProcess(WatchedProcess& p, uint64_t cut_ns);
   void CutAll(uint64_t cut_ns);
+  // Finishes the processes that exited without an exit record (a ring drop): their exit descriptors, one poll.
   void CheckLiveness();
   // One EC route installation attempt for a process whose route is still pending.
   void PollEc(WatchedProcess& p);
@@ -158,6 +161,9 @@ class Agent {
   ExecRetrySchedule retries_;
   ProbeSetManager probe_sets_;
   ProcessRegistry registry_;
+  // CheckLiveness's scratch space: the exit descriptors polled and their pids, in the same order.
+  std::vector<pollfd> exit_polls_;
+  std::vector<int> exit_poll_pids_;
   static constexpr size_t kMaxLoggedProblems = 4096;
   std::unordered_set<uint64_t> logged_problems_;  // hashes of skip reasons already logged (once per problem)
   uint64_t skipped_timeout_ = 0;    // processes skipped because inspecting or preparing them hit the time bound

@@ -77,6 +77,10 @@ struct AgentEnv {
   std::function<Result<SelfUsage>()> self_usage;
   // The memory of a process, for the check of its live layout before it is watched (null: process_vm_readv).
   std::function<std::unique_ptr<MemoryReader>(int pid)> memory;
+  // A descriptor that becomes readable once process `pid` has exited (RunAgent: pidfd_open), or -1 (then its
+  // liveness is read from /proc/PID/stat). The agent owns it. Null: no descriptors, /proc only (the unit tests' pids
+  // are fake and must never name a real process).
+  std::function<int(int pid)> open_exit_fd;
 };
 
 }  // namespace rvbpfd

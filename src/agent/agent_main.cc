@@ -1,6 +1,7 @@
 #include "agent/agent_main.h"
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -100,6 +101,10 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
     return MakeProcessFrameSource(pid, target, set, proc_root);
   };
   env.make_sinks = MakeAgentSinks;
+  // pidfds name processes of the agent's own pid namespace: only when --proc-root is that namespace's /proc.
+  if (proc_root == "/proc") {
+    env.open_exit_fd = [](int pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); };
+  }
   env.metrics = &metrics;
   env.log = &log;
 

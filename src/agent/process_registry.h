@@ -16,6 +16,7 @@
 #include "agent/agent_env.h"
 #include "agent/probe_sets.h"
 #include "agent/process_profile.h"
+#include "common/target_file.h"
 #include "ops/process_labels.h"
 #include "probe/ec_install.h"
 #include "session/ingest.h"
@@ -35,6 +36,8 @@ struct WatchedProcess {
   // that fails, samples use the thread the last scheduler event named.
   std::optional<ProcessEcInstaller> ec;
   uint64_t attached_ns = 0;  // monotonic
+  // Readable once the process has exited (AgentEnv::open_exit_fd); not ok(): its liveness is read from /proc.
+  FileFd exit_fd;
   // A native thread keeps its last th in BPF's current_th after that Ruby thread exited (until it runs another), so
   // a sample can name a dead thread; such samples are dropped (bounded: erased when the pointer is reused).
   ExitedThreads exited_threads;

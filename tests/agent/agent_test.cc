@@ -1,6 +1,8 @@
 #include "agent/agent.h"
 
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -93,6 +95,15 @@ class AgentTest : public ::testing::Test {
     env.metrics = &metrics_;
     env.log = &log_;
     env.self_usage = []() -> Result<SelfUsage> { return SelfUsage{1.5, 10 << 20, 12 << 20}; };
+    if (use_exit_fds_) {
+      // An eventfd stands for each process's pidfd: the agent owns the descriptor, the test writes to a duplicate
+      // to make it readable ("the process exited").
+      env.open_exit_fd = [this](int pid) {
+        const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (fd >= 0) exit_fds_[pid] = FileFd(dup(fd));
+        return fd;
+      };
+    }
     Result<std::unique_ptr<Agent>> a = Agent::Create(config_, env);
     ASSERT_TRUE(a.ok()) << a.error().message();
     agent_ = std::move(a.value());
@@ -133,6 +144,9 @@ class AgentTest : public ::testing::Test {
   std::optional<LiveLayout> layout_;
   std::map<int, testing::FakeMemory> memory_;
   int memory_opened_ = 0;
+  // With exit descriptors (AgentEnv::open_exit_fd): the test's duplicate of every process's descriptor.
+  bool use_exit_fds_ = false;
+  std::map<int, FileFd> exit_fds_;
 };
 
 // The layout a prepared binary reports for the live check: testing::FakeVm's, in the libruby of FakeProc (mapped at
@@ -316,6 +330,28 @@ TEST_F(AgentTest, AProcessThatVanishedWithoutAnExitRecordIsFinishedWithinASecond
   EXPECT_EQ(agent_->process(11), nullptr);
   EXPECT_FALSE(backend_.pids.count(11));
   EXPECT_EQ(UploadsFor(11).size(), 1u);
+}
+
+TEST_F(AgentTest, AProcessWhoseExitDescriptorIsReadableIsFinishedWithoutReadingProc) {
+  use_exit_fds_ = true;
+  StartAgent();
+  ASSERT_TRUE(exit_fds_.count(10) && exit_fds_.count(11));
+  backend_.Stack(clock_.mono + 5 * kMs, 11, RV_EV_SAMPLE, 0x1000, {111});
+  Run(100 * kMs);
+  // /proc says both are gone, but a process with an exit descriptor is judged by it alone: 10's stays quiet.
+  proc_.Remove(10);
+  proc_.Zombie(11, "puma");
+  Run(1100 * kMs);
+  EXPECT_NE(agent_->process(10), nullptr);
+  EXPECT_NE(agent_->process(11), nullptr);
+  const uint64_t one = 1;
+  ASSERT_EQ(write(exit_fds_[11].get(), &one, sizeof(one)), static_cast<ssize_t>(sizeof(one)));
+  Run(1100 * kMs);
+  EXPECT_EQ(agent_->process(11), nullptr);
+  EXPECT_FALSE(backend_.pids.count(11));
+  EXPECT_EQ(UploadsFor(11).size(), 1u);
+  EXPECT_NE(agent_->process(10), nullptr);
+  EXPECT_NE(log_text_.str().find("reason=vanished"), std::string::npos) << log_text_.str();
 }
 
 TEST_F(AgentTest, SamplesOfExitedThreadsAreDroppedAndUnnameableStacksCounted) {
