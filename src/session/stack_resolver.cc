@@ -35,7 +35,8 @@ StackResolver::StackResolver(std::unique_ptr<MemoryReader> mem, const RubyOffset
     : mem_(std::move(mem)),
       symbolizer_(mem_.get(), offsets, global_symbols, current_vm_ptr),
       front_(kFrontSlots),
-      stack_memo_(kStackMemoSlots) {}
+      stack_memo_(kStackMemoSlots),
+      siblings_(kSiblingSlots) {}
 
 size_t StackResolver::KeyHash::operator()(const Key& k) const {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
@@ -75,18 +76,39 @@ size_t StackResolver::FrontIndex(const Key& k) {
   return static_cast<size_t>(((h ^ (h >> 32)) * 0x9e3779b97f4a7c15ull) >> 54);  // 10 bits: kFrontSlots
 }
 
-StackResolver::Entry* StackResolver::Find(const Key& key, FrontSlot& slot) {
-  if (slot.entry != nullptr && slot.key == key) return slot.entry;
+size_t StackResolver::SiblingIndex(const Key& k) {
+  const uint64_t h = KeyHash()(Key{k.addr, 0, k.cfp_iseq, k.kind, k.flags});
+  return static_cast<size_t>(((h ^ (h >> 32)) * 0x9e3779b97f4a7c15ull) >> 56);  // 8 bits: kSiblingSlots
+}
+
+StackResolver::Node* StackResolver::Find(const Key& key, FrontSlot& slot) {
+  if (slot.node != nullptr && slot.key == key) return slot.node;
   auto it = cache_.find(key);
   if (it == cache_.end()) return nullptr;
   slot.key = key;
-  slot.entry = &it->second;
-  return slot.entry;
+  slot.node = &*it;
+  return slot.node;
+}
+
+StackResolver::Node* StackResolver::ValidSibling(const Key& key) {
+  if (key.kind != RV_RB_FRAME_ISEQ && key.kind != RV_RB_FRAME_CME_ISEQ) return nullptr;
+  const Key& s = siblings_[SiblingIndex(key)];
+  if (s.addr != key.addr || s.cfp_iseq != key.cfp_iseq || s.kind != key.kind || s.flags != key.flags ||
+      s.pc == key.pc) {
+    return nullptr;
+  }
+  Node* n = Find(s, front_[FrontIndex(s)]);
+  return n != nullptr && n->second.epoch == epoch_ ? n : nullptr;
+}
+
+void StackResolver::NoteLive(Node* node) {
+  if (live_epoch_ == epoch_ && live_.size() < kMaxLiveEntries) live_.push_back(node);
 }
 
 FrameInfo StackResolver::ResolveFrame(const rv_ruby_frame& frame) { return *ResolveFrameShared(frame); }
 
 SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
+  if (live_epoch_ != epoch_) RevalidateLive();
   const bool cacheable = frame.kind != RV_RB_FRAME_UNRESOLVED && frame.kind != RV_RB_FRAME_NONE;
   const Key key{frame.addr, frame.pc, frame.cfp_iseq, frame.kind, frame.flags};
   Heads heads;
@@ -94,7 +116,8 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
   FrontSlot* slot = nullptr;
   if (cacheable) {
     slot = &front_[FrontIndex(key)];
-    if (Entry* e = Find(key, *slot)) {
+    if (Node* n = Find(key, *slot)) {
+      Entry* e = &n->second;
       if (e->epoch == epoch_) {
         ++hits_;
         return e->info;
@@ -103,16 +126,38 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
       if (have_heads && heads == e->heads) {
         ++revalidations_;
         e->epoch = epoch_;
+        NoteLive(n);
         return e->info;
       }
-      slot->entry = nullptr;
+      slot->node = nullptr;
       cache_bytes_ -= std::min(cache_bytes_, EntryBytes(*e->info));
       cache_.erase(key);
     }
   }
   ++misses_;
-  if (cacheable && !have_heads) have_heads = ReadHeads(frame, &heads);
-  SharedFrame info = std::make_shared<const FrameInfo>(ToFrameInfo(frame, symbolizer_.Symbolize(frame)));
+  SharedFrame info;
+  if (cacheable) {
+    // Another pc of the same objects, named in this epoch: the same label and path, this pc's line. Its heads are
+    // the objects' heads now (validated in this epoch); heads just read must agree with them.
+    Node* sibling = ValidSibling(key);
+    if (sibling != nullptr && (!have_heads || heads == sibling->second.heads)) {
+      std::optional<int> line = (frame.flags & RV_RB_FRAME_F_LINE_ZERO)
+                                    ? std::optional<int>(0)
+                                    : symbolizer_.LineNumber(frame.cfp_iseq, frame.pc);
+      if (line) {
+        FrameInfo named = *sibling->second.info;
+        named.line = *line;
+        info = std::make_shared<const FrameInfo>(std::move(named));
+        heads = sibling->second.heads;
+        have_heads = true;
+        ++line_only_;
+      }
+    }
+  }
+  if (info == nullptr) {
+    if (cacheable && !have_heads) have_heads = ReadHeads(frame, &heads);
+    info = std::make_shared<const FrameInfo>(ToFrameInfo(frame, symbolizer_.Symbolize(frame)));
+  }
   // The heads are read before symbolizing: if the object changed in between, the entry fails validation later.
   if (cacheable && have_heads && info->kind != FrameKind::kUnresolved) {
     const size_t bytes = EntryBytes(*info);
@@ -121,17 +166,21 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
       cache_bytes_ = 0;
       std::fill(front_.begin(), front_.end(), FrontSlot{});
       for (StackMemo& m : stack_memo_) m = StackMemo{};
+      live_.clear();
       ++cache_clears_;
     }
     auto it = cache_.emplace(key, Entry{info, heads, epoch_}).first;
     cache_bytes_ += bytes;
     slot->key = key;
-    slot->entry = &it->second;
+    slot->node = &*it;
+    siblings_[SiblingIndex(key)] = key;
+    NoteLive(&*it);
   }
   return info;
 }
 
 void StackResolver::Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out) {
+  if (live_epoch_ != epoch_) RevalidateLive();
   RevalidateStale(frames);
   out->clear();
   out->reserve(frames.size());
@@ -170,6 +219,7 @@ SharedStack StackResolver::ResolveWhole(std::span<const rv_ruby_frame> frames, S
       return memo->stack;
     }
   }
+  if (live_epoch_ != epoch_) RevalidateLive();
   RevalidateStale(frames);
   auto out = std::make_shared<std::vector<SharedFrame>>();
   out->reserve(frames.size());
@@ -197,18 +247,33 @@ void StackResolver::RevalidateStale(std::span<const rv_ruby_frame> frames) {
   for (const rv_ruby_frame& f : frames) {
     if (f.kind == RV_RB_FRAME_UNRESOLVED || f.kind == RV_RB_FRAME_NONE) continue;
     const Key key{f.addr, f.pc, f.cfp_iseq, f.kind, f.flags};
-    Entry* e = Find(key, front_[FrontIndex(key)]);
-    if (e == nullptr || e->epoch == epoch_) continue;
+    Node* n = Find(key, front_[FrontIndex(key)]);
+    if (n == nullptr || n->second.epoch == epoch_) continue;
     // A frame repeated in the stack (recursion) is queued once.
-    if (std::any_of(stale_.begin(), stale_.end(), [&](const Stale& s) { return s.entry == e; })) continue;
-    stale_.push_back({e, &f});
+    if (std::any_of(stale_.begin(), stale_.end(), [&](const Stale& s) { return s.node == n; })) continue;
+    stale_.push_back({n, f});
   }
+  RevalidateBatch();
+}
+
+void StackResolver::RevalidateLive() {
+  stale_.clear();
+  for (Node* n : live_) {
+    const Key& k = n->first;
+    stale_.push_back({n, rv_ruby_frame{k.addr, k.pc, k.cfp_iseq, k.kind, k.flags}});
+  }
+  live_.clear();
+  live_epoch_ = epoch_;
+  RevalidateBatch();
+}
+
+void StackResolver::RevalidateBatch() {
   if (stale_.empty()) return;
   stale_heads_.assign(stale_.size(), Heads{});
   requests_.clear();
   // Same reads as ReadHeads, per frame: the object's head, then (when it is another object) the cfp's iseq head.
   for (size_t i = 0; i < stale_.size(); ++i) {
-    const rv_ruby_frame& f = *stale_[i].frame;
+    const rv_ruby_frame& f = stale_[i].frame;
     requests_.push_back({f.addr, stale_heads_[i].head.data(), sizeof(Heads::head)});
     if (NeedsIseqHead(f)) {
       requests_.push_back({f.cfp_iseq, stale_heads_[i].iseq_head.data(), sizeof(Heads::iseq_head)});
@@ -217,13 +282,15 @@ void StackResolver::RevalidateStale(std::span<const rv_ruby_frame> frames) {
   mem_->ReadMany(requests_);
   size_t r = 0;
   for (size_t i = 0; i < stale_.size(); ++i) {
-    const rv_ruby_frame& f = *stale_[i].frame;
+    const rv_ruby_frame& f = stale_[i].frame;
     bool ok = requests_[r++].ok;
     if (NeedsIseqHead(f)) ok = requests_[r++].ok && ok;
     CopyIseqHead(f, &stale_heads_[i]);
-    if (ok && stale_heads_[i] == stale_[i].entry->heads) {
+    Entry& e = stale_[i].node->second;
+    if (ok && stale_heads_[i] == e.heads) {
       ++revalidations_;
-      stale_[i].entry->epoch = epoch_;
+      e.epoch = epoch_;
+      NoteLive(stale_[i].node);
     }
   }
 }

@@ -10,6 +10,12 @@
 // head, so the symbolizer's type checks run again. Unresolved frames are never cached. Known gap: an anonymous class
 // that is later assigned to a constant keeps its cached "#<Class:0x...>" label.
 //
+// Cost per GC and per new pc: the entries used in one epoch are revalidated together at the first use in the next
+// (one batch of reads per GC for a process's working set, not one per distinct stack). A frame that misses only
+// because its pc is new (a thread stopped at another instruction of a method already named in this epoch) takes
+// the label and path of that entry, whose objects are the same and were validated in this epoch, and reads only its
+// line: the symbolizer's other reads (iseq body, strings, class path) are the bulk of a miss.
+//
 // Resolved frames are shared and immutable (SharedFrame): a cache hit hands out a reference to the cached frame
 // instead of copying its strings, and a frame stays valid for its holders after its cache entry is dropped.
 //
@@ -24,6 +30,7 @@
 #include <memory>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "rvbpfd/abi.h"
@@ -82,6 +89,8 @@ class StackResolver {
   uint64_t cache_hits() const { return hits_; }
   uint64_t revalidations() const { return revalidations_; }
   uint64_t cache_misses() const { return misses_; }
+  // Misses named from another pc's entry of the same objects, reading only the line (a subset of cache_misses).
+  uint64_t line_only_misses() const { return line_only_; }
   // Bytes the cache is charged for now (see kMaxCacheBytes), and how often it was cleared at either bound.
   size_t cache_bytes() const { return cache_bytes_; }
   uint64_t cache_clears() const { return cache_clears_; }
@@ -106,13 +115,15 @@ class StackResolver {
     Heads heads;
     uint64_t epoch = 0;  // last GC epoch in which heads were seen unchanged
   };
+  // A cache_ node: its address is stable across rehashes until it is erased.
+  using Node = std::pair<const Key, Entry>;
   // A direct-mapped index in front of cache_ (slot = key hash mod kFrontSlots): most lookups are hits on a few
   // hundred hot frames, and one compare here is several times cheaper than the hash map's find. A slot points at a
   // cache_ node (stable across rehashes) and is reset whenever that node is erased.
   static constexpr size_t kFrontSlots = 1024;  // = 1 << 10, FrontIndex's bits
   struct FrontSlot {
     Key key{};
-    Entry* entry = nullptr;
+    Node* node = nullptr;
   };
 
   // False when the objects cannot be read (the frame then goes to the symbolizer, which reports it unresolved).
@@ -145,7 +156,19 @@ class StackResolver {
   // (MemoryReader::ReadMany) and marks those still unchanged as valid in this epoch. Frames whose heads changed or
   // could not be read are left as they were, and the per-frame path handles them.
   void RevalidateStale(std::span<const rv_ruby_frame> frames);
-  Entry* Find(const Key& key, FrontSlot& slot);
+  // At the first use in a new epoch: revalidates live_ (the entries valid in the previous one) in one batch; those
+  // unchanged stay live, the others are left stale for the per-frame path.
+  void RevalidateLive();
+  // Reads the heads of every stale_ entry in one ReadMany and marks the unchanged ones valid in this epoch (and
+  // live).
+  void RevalidateBatch();
+  // Records that `node` became valid in this epoch (made, or revalidated), while live_ has room.
+  void NoteLive(Node* node);
+  Node* Find(const Key& key, FrontSlot& slot);
+  // The cached entry of the same objects and flags as `key` with another pc, valid in this epoch, or null: what a
+  // miss on a new pc is named from (ISEQ frames only; a C frame has no pc).
+  Node* ValidSibling(const Key& key);
+  static size_t SiblingIndex(const Key& key);
   static size_t EntryBytes(const FrameInfo& f) { return kEntryOverheadBytes + f.label.capacity() + f.path.capacity(); }
 
   std::unique_ptr<MemoryReader> mem_;
@@ -153,10 +176,19 @@ class StackResolver {
   std::unordered_map<Key, Entry, KeyHash> cache_;
   std::vector<FrontSlot> front_;  // kFrontSlots entries (40 KB)
   std::vector<StackMemo> stack_memo_;  // kStackMemoSlots entries
-  // RevalidateStale's scratch space (kept to avoid allocating per stack).
+  // Entries valid in live_epoch_ (made or revalidated then), at most kMaxLiveEntries; see RevalidateLive.
+  static constexpr size_t kMaxLiveEntries = 512;
+  std::vector<Node*> live_;
+  uint64_t live_epoch_ = 0;
+  // The last cached key per (addr, cfp_iseq, kind, flags), direct-mapped (kSiblingSlots; a zero key, of kind
+  // RV_RB_FRAME_NONE, matches no frame): where ValidSibling looks. Keys, not pointers, so an erased entry is simply
+  // not found.
+  static constexpr size_t kSiblingSlots = 256;  // = 1 << 8, SiblingIndex's bits
+  std::vector<Key> siblings_;
+  // RevalidateStale's and RevalidateLive's scratch space (kept to avoid allocating per stack).
   struct Stale {
-    Entry* entry;
-    const rv_ruby_frame* frame;
+    Node* node;
+    rv_ruby_frame frame;
   };
   std::vector<Stale> stale_;
   std::vector<Heads> stale_heads_;
@@ -167,6 +199,7 @@ class StackResolver {
   uint64_t hits_ = 0;
   uint64_t revalidations_ = 0;
   uint64_t misses_ = 0;
+  uint64_t line_only_ = 0;
 };
 
 // Converts one symbolizer result into a trace frame of the walker frame's kind.

@@ -61,6 +61,28 @@ class StackResolverTest : public ::testing::Test {
     return iseq;
   }
   rv_ruby_frame Frame() const { return rv_ruby_frame{iseq_, encoded_, iseq_, RV_RB_FRAME_ISEQ, 0}; }
+  // A top-level iseq of 8 words whose instructions start at word 0 (line `first`) and word 4 (line `second`): a pc
+  // of encoded + 8 is at the first, encoded + 40 at the second (calc_lineno looks one word back). Its line table is
+  // CRuby's succinct index, immediate part only (positions below 54).
+  uint64_t MakeTwoLineIseq(const std::string& label, int first, int second, uint64_t* encoded) {
+    const uint64_t iseq = MakeTopIseq(label, "/app/" + label + ".rb");
+    *encoded = encoded_;
+    uint64_t body = 0;
+    mem_->Read(iseq + off_.iseq_body, &body, sizeof(body));
+    const uint64_t info = Alloc(24), table = Alloc(48);
+    mem_->Put32(info, static_cast<uint32_t>(first));
+    mem_->Put32(info + 12, static_cast<uint32_t>(second));
+    for (uint64_t x = 0; x < 54; ++x) {  // 7 bits per position: how many instructions start at or before it
+      uint64_t w = 0;
+      mem_->Read(table + (x / 9) * 8, &w, sizeof(w));
+      w |= (x >= 4 ? 2ull : 1ull) << (7 * (x % 9));
+      mem_->Put64(table + (x / 9) * 8, w);
+    }
+    mem_->Put64(body + off_.body_insns_info_body, info);
+    mem_->Put32(body + off_.body_insns_info_size, 2);
+    mem_->Put64(body + off_.body_succ_index_table, table);
+    return iseq;
+  }
 
   RubyOffsets off_;
   FakeMemory* mem_ = nullptr;
@@ -214,6 +236,64 @@ TEST_F(StackResolverTest, ALaterEpochRevalidatesAWholeStackInOneBatch) {
   EXPECT_EQ((*b)[1]->kind, FrameKind::kUnresolved);
   EXPECT_EQ((*a)[1]->kind, FrameKind::kRuby) << "a stack handed out is never changed";
   EXPECT_EQ(resolver_->cache_misses() - misses, 1u);
+}
+
+TEST_F(StackResolverTest, AGcRevalidatesTheFramesOfTheLastEpochInOneBatch) {
+  const rv_ruby_frame main_frame = Frame();
+  const uint64_t other = MakeTopIseq("<top (required)>", "/app/lib.rb");
+  const rv_ruby_frame other_frame{other, encoded_, other, RV_RB_FRAME_ISEQ, 0};
+  const rv_ruby_frame first[] = {main_frame};
+  const rv_ruby_frame second[] = {other_frame, main_frame};
+  const SharedStack a = resolver_->ResolveStack(first);
+  const SharedStack b = resolver_->ResolveStack(second);
+  resolver_->set_epoch(1);
+  const uint64_t batches = mem_->read_many_calls();
+  const uint64_t reads = mem_->reads();
+  EXPECT_EQ(resolver_->ResolveStack(first), a);
+  EXPECT_EQ(resolver_->ResolveStack(second), b);
+  EXPECT_EQ(mem_->read_many_calls() - batches, 1u) << "the two stacks' frames revalidate in one batch, at the first";
+  EXPECT_EQ(mem_->reads() - reads, 2u) << "one head per distinct frame, nothing else";
+  EXPECT_EQ(resolver_->revalidations(), 2u);
+
+  // A frame whose object changed in a GC is left stale by the batch and named again.
+  mem_->Put64(other, kTString);
+  resolver_->set_epoch(2);
+  EXPECT_EQ(resolver_->ResolveStack(first), a);
+  const SharedStack renamed = resolver_->ResolveStack(second);
+  EXPECT_EQ((*renamed)[0]->kind, FrameKind::kUnresolved);
+  EXPECT_EQ((*renamed)[1], (*a)[0]);
+}
+
+TEST_F(StackResolverTest, ANewPcOfAnIseqNamedInThisEpochReadsOnlyItsLine) {
+  uint64_t encoded = 0;
+  const uint64_t iseq = MakeTwoLineIseq("work", 10, 20, &encoded);
+  const rv_ruby_frame at_first{iseq, encoded + 8, iseq, RV_RB_FRAME_ISEQ, 0};
+  const rv_ruby_frame at_second{iseq, encoded + 40, iseq, RV_RB_FRAME_ISEQ, 0};
+  // What a full symbolization gives at the second pc (a resolver over a copy of the memory, with an empty cache).
+  StackResolver fresh(std::make_unique<FakeMemory>(*mem_), off_, 0);
+  const FrameInfo expected = fresh.ResolveFrame(at_second);
+  ASSERT_EQ(expected.line, 20);
+
+  uint64_t reads = mem_->reads();
+  const FrameInfo first = resolver_->ResolveFrame(at_first);
+  const uint64_t full_reads = mem_->reads() - reads;
+  EXPECT_EQ(first.label, "work");
+  EXPECT_EQ(first.line, 10);
+  reads = mem_->reads();
+  EXPECT_EQ(resolver_->ResolveFrame(at_second), expected);
+  EXPECT_EQ(resolver_->line_only_misses(), 1u);
+  EXPECT_LT(mem_->reads() - reads, full_reads / 2) << "label and path come from the entry of the first pc";
+  reads = mem_->reads();
+  EXPECT_EQ(resolver_->ResolveFrame(at_second), expected);
+  EXPECT_EQ(mem_->reads(), reads) << "the new pc is cached like any miss";
+
+  // After a GC that reused the iseq's slot, no entry of it is valid: a third pc is symbolized in full (unresolved:
+  // the slot is no iseq now), never named from the old entries.
+  mem_->Put64(iseq, kTString);
+  resolver_->set_epoch(1);
+  const rv_ruby_frame at_third{iseq, encoded + 16, iseq, RV_RB_FRAME_ISEQ, 0};
+  EXPECT_EQ(resolver_->ResolveFrame(at_third).kind, FrameKind::kUnresolved);
+  EXPECT_EQ(resolver_->line_only_misses(), 1u);
 }
 
 TEST_F(StackResolverTest, UnreadableFrameIsUnresolvedAndNotCached) {
