@@ -101,10 +101,6 @@ StackResolver::Node* StackResolver::ValidSibling(const Key& key) {
   return n != nullptr && n->second.epoch == epoch_ ? n : nullptr;
 }
 
-void StackResolver::NoteLive(Node* node) {
-  if (live_epoch_ == epoch_ && live_.size() < kMaxLiveEntries) live_.push_back(node);
-}
-
 FrameInfo StackResolver::ResolveFrame(const rv_ruby_frame& frame) { return *ResolveFrameShared(frame); }
 
 SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
@@ -120,13 +116,14 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
       Entry* e = &n->second;
       if (e->epoch == epoch_) {
         ++hits_;
+        NoteUsed(n);
         return e->info;
       }
       have_heads = ReadHeads(frame, &heads);
       if (have_heads && heads == e->heads) {
         ++revalidations_;
         e->epoch = epoch_;
-        NoteLive(n);
+        NoteUsed(n);
         return e->info;
       }
       slot->node = nullptr;
@@ -174,7 +171,7 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
     slot->key = key;
     slot->node = &*it;
     siblings_[SiblingIndex(key)] = key;
-    NoteLive(&*it);
+    NoteUsed(&*it);
   }
   return info;
 }
@@ -262,7 +259,7 @@ void StackResolver::RevalidateLive() {
     const Key& k = n->first;
     stale_.push_back({n, rv_ruby_frame{k.addr, k.pc, k.cfp_iseq, k.kind, k.flags}});
   }
-  live_.clear();
+  live_.clear();  // refilled by NoteUsed as frames are named in this epoch
   live_epoch_ = epoch_;
   RevalidateBatch();
 }
@@ -290,7 +287,6 @@ void StackResolver::RevalidateBatch() {
     if (ok && stale_heads_[i] == e.heads) {
       ++revalidations_;
       e.epoch = epoch_;
-      NoteLive(stale_[i].node);
     }
   }
 }

@@ -113,7 +113,8 @@ class StackResolver {
   struct Entry {
     SharedFrame info;
     Heads heads;
-    uint64_t epoch = 0;  // last GC epoch in which heads were seen unchanged
+    uint64_t epoch = 0;       // last GC epoch in which heads were seen unchanged
+    uint64_t used_epoch = ~uint64_t{0};  // last GC epoch a frame was named from it (none yet: ~0)
   };
   // A cache_ node: its address is stable across rehashes until it is erased.
   using Node = std::pair<const Key, Entry>;
@@ -159,11 +160,15 @@ class StackResolver {
   // At the first use in a new epoch: revalidates live_ (the entries valid in the previous one) in one batch; those
   // unchanged stay live, the others are left stale for the per-frame path.
   void RevalidateLive();
-  // Reads the heads of every stale_ entry in one ReadMany and marks the unchanged ones valid in this epoch (and
-  // live).
+  // Reads the heads of every stale_ entry in one ReadMany and marks the unchanged ones valid in this epoch.
   void RevalidateBatch();
-  // Records that `node` became valid in this epoch (made, or revalidated), while live_ has room.
-  void NoteLive(Node* node);
+  // Records that a frame was named from `node` in this epoch (live_, while it has room): only entries in use are
+  // carried into the next epoch's batch.
+  void NoteUsed(Node* node) {
+    if (node->second.used_epoch == epoch_) return;
+    node->second.used_epoch = epoch_;
+    if (live_.size() < kMaxLiveEntries) live_.push_back(node);
+  }
   Node* Find(const Key& key, FrontSlot& slot);
   // The cached entry of the same objects and flags as `key` with another pc, valid in this epoch, or null: what a
   // miss on a new pc is named from (ISEQ frames only; a C frame has no pc).
@@ -176,7 +181,7 @@ class StackResolver {
   std::unordered_map<Key, Entry, KeyHash> cache_;
   std::vector<FrontSlot> front_;  // kFrontSlots entries (40 KB)
   std::vector<StackMemo> stack_memo_;  // kStackMemoSlots entries
-  // Entries valid in live_epoch_ (made or revalidated then), at most kMaxLiveEntries; see RevalidateLive.
+  // Entries used in live_epoch_, at most kMaxLiveEntries; see RevalidateLive.
   static constexpr size_t kMaxLiveEntries = 512;
   std::vector<Node*> live_;
   uint64_t live_epoch_ = 0;

@@ -264,6 +264,23 @@ TEST_F(StackResolverTest, AGcRevalidatesTheFramesOfTheLastEpochInOneBatch) {
   EXPECT_EQ((*renamed)[1], (*a)[0]);
 }
 
+TEST_F(StackResolverTest, TheBatchCarriesOnlyTheFramesUsedInTheLastEpoch) {
+  const rv_ruby_frame only_main[] = {Frame()};
+  const uint64_t other = MakeTopIseq("<top (required)>", "/app/lib.rb");
+  const rv_ruby_frame only_other[] = {{other, encoded_, other, RV_RB_FRAME_ISEQ, 0}};
+  resolver_->ResolveStack(only_main);
+  resolver_->ResolveStack(only_other);
+  resolver_->set_epoch(1);
+  resolver_->ResolveStack(only_main);  // the batch: both heads; `other` is not used in epoch 1
+  resolver_->set_epoch(2);
+  const uint64_t reads = mem_->reads();
+  resolver_->ResolveStack(only_main);
+  EXPECT_EQ(mem_->reads() - reads, 1u) << "a frame unused for a whole epoch leaves the batch";
+  resolver_->ResolveStack(only_other);  // still cached: revalidated on its own when it comes back
+  EXPECT_EQ(mem_->reads() - reads, 2u);
+  EXPECT_EQ(resolver_->cache_misses(), 2u);
+}
+
 TEST_F(StackResolverTest, ANewPcOfAnIseqNamedInThisEpochReadsOnlyItsLine) {
   uint64_t encoded = 0;
   const uint64_t iseq = MakeTwoLineIseq("work", 10, 20, &encoded);
