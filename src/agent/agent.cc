@@ -40,7 +40,9 @@ Agent::Agent(AgentConfig config, AgentEnv env)
       env_(std::move(env)),
       inspector_(config_.proc_root),
       probe_sets_(env_.backend, env_.preparer, config_.max_overhead_pct,
-                   TrapCosts(kProbeCostUs, kSteppedProbeCostUs, kColdProbeExtraUs, kCycleTargetUs), kBudgetWindowNs) {}
+                   TrapCosts(kProbeCostUs, kSteppedProbeCostUs, kColdProbeExtraUs, kCycleTargetUs), kBudgetWindowNs,
+                   ProbeSetManager::kDefaultPrepareTimeout,
+                   [](uint8_t event) { return ProcessProfile::ReadsEvent(event); }) {}
 
 Agent::~Agent() = default;
 

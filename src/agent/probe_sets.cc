@@ -41,13 +41,15 @@ void UniqueFd::Reset() {
 
 ProbeSetManager::ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct,
                                  TrapCosts costs, uint64_t budget_window_ns,
-                                 std::chrono::milliseconds prepare_timeout)
+                                 std::chrono::milliseconds prepare_timeout,
+                                 std::function<bool(uint8_t event)> attaches)
     : backend_(backend),
       preparer_(std::move(preparer)),
       max_overhead_pct_(max_overhead_pct),
       costs_(costs),
       budget_window_ns_(budget_window_ns),
-      prepare_timeout_(prepare_timeout) {}
+      prepare_timeout_(prepare_timeout),
+      attaches_(std::move(attaches)) {}
 
 Status ProbeSetManager::AttachSet(ProbeSet& set, const std::string& via_path) {
   Result<UniqueFd> fd = OpenBinary(via_path, set.key);
@@ -128,6 +130,9 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
   set->ruby_version = target.ruby_version;
   set->stacks = prepared->stacks;
   set->layout = prepared->live_layout;
+  if (attaches_) {
+    std::erase_if(prepared->sites.sites, [this](const ProbeSite& s) { return !attaches_(s.event); });
+  }
   set->site_count = prepared->sites.sites.size();
   Result<UniqueFd> fd = OpenBinary(target.vm_host_path, key);
   if (!fd) return fd.error();

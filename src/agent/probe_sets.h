@@ -76,7 +76,7 @@ struct ProbeSet {
   uint8_t binary = 0;        // index of its offsets in BPF
   std::optional<StackSetup> stacks;
   LiveLayout layout;         // what each process of the binary is checked against (CheckLiveLayout)
-  size_t site_count = 0;
+  size_t site_count = 0;     // sites attached (of the events the manager attaches)
   int low_group = -1;        // thread start/exit sites
   int high_group = -1;       // READY/RESUMED/SUSPENDED, GC, sleep, Mutex#lock: what the budget pauses
   UniqueFd file;             // O_PATH fd of the binary while attached
@@ -109,9 +109,12 @@ class ProbeSetManager {
   // goes on (RunWithDeadline).
   static constexpr std::chrono::milliseconds kDefaultPrepareTimeout{60'000};
 
+  // `attaches`: whether a site of this event (rv_event_kind) is attached; null: every site. A site whose records
+  // nothing reads would only cost the target its traps and the agent its records.
   ProbeSetManager(ProbeBackend* backend, BinaryPreparer preparer, double max_overhead_pct, TrapCosts costs,
                   uint64_t budget_window_ns = 1'000'000'000,
-                  std::chrono::milliseconds prepare_timeout = kDefaultPrepareTimeout);
+                  std::chrono::milliseconds prepare_timeout = kDefaultPrepareTimeout,
+                  std::function<bool(uint8_t event)> attaches = nullptr);
 
   struct Acquired {
     ProbeSet* set = nullptr;
@@ -140,6 +143,7 @@ class ProbeSetManager {
   TrapCosts costs_;
   uint64_t budget_window_ns_;
   std::chrono::milliseconds prepare_timeout_;
+  std::function<bool(uint8_t event)> attaches_;
   uint64_t prepare_timeouts_ = 0;
   std::map<BinaryKey, std::unique_ptr<ProbeSet>> sets_;
   std::map<BinaryKey, Error> failed_;

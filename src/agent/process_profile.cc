@@ -346,6 +346,7 @@ void ProcessProfile::DrainBlame(uint64_t now_ns) {
 
 void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const StackInput& frames) {
   ++stats_.events;
+  if (!ReadsEvent(kind)) return;
   TrackerEvent e;
   e.t_ns = ts_ns;
   e.thread = th;
@@ -366,7 +367,7 @@ void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const Sta
       if (th != 0) exited_threads_.push_back(th);
       break;
     default:
-      return;  // sleep/mutex probes and unknown kinds carry nothing these profiles count
+      return;  // not reached: ReadsEvent
   }
   // Only the stacks the tracker can attribute are interned: a gvl_released's, and a wants_gvl's that begins a wait
   // (a repeated one's is not used), of a known thread.

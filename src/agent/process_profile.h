@@ -71,6 +71,7 @@
 
 #include "common/flat_map64.h"
 #include "model/attribution.h"
+#include "rvbpfd/abi.h"
 #include "model/span_tracker.h"
 #include "session/stack_resolver.h"
 #include "trace/event.h"
@@ -213,8 +214,14 @@ class ProcessProfile {
   // the GVL reading the sample carried (trace/event.h; its holder_th / queued_th are th keys), null when none.
   void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, std::span<const FrameInfo> frames,
                 const GvlReading* gvl = nullptr);
+  // Whether OnEvent reads records of this kind (rv_event_kind): thread and GC events. Kernel#sleep / Mutex#lock entry
+  // records carry nothing these profiles count, so the agent attaches no site of theirs.
+  static constexpr bool ReadsEvent(uint32_t kind) {
+    return (kind >= RV_EV_THREAD_STARTED && kind <= RV_EV_THREAD_EXITED) || kind == RV_EV_GC_ENTER ||
+           kind == RV_EV_GC_EXIT;
+  }
   // Scheduler/GC events of this process (kind = rv_event_kind). `frames` is the stack the event carried (gvl_released
-  // with --stacks=release), empty when none. Kinds other than thread and GC events are ignored.
+  // with --stacks=release), empty when none. Kinds ReadsEvent refuses are ignored.
   void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, std::span<const FrameInfo> frames);
   // The same with a shared stack (StackResolver::ResolveStack's; null: none): identical results, cheaper for
   // repeated stacks.

@@ -163,7 +163,9 @@ class RecordingSink : public ProfileSink {
 };
 
 // Two low sites (thread start, GC enter) and one high site (RESUMED), stacks on.
-inline PreparedBinary FakePrepared(const std::string& version) {
+// A prepared binary with a thread start, a GC enter and a resumed site, and with `entry_probes` also a Kernel#sleep
+// and a Mutex#lock entry site.
+inline PreparedBinary FakePrepared(const std::string& version, bool entry_probes = false) {
   PreparedBinary p;
   p.sites.ruby_version = version;
   ProbeSite a;
@@ -176,6 +178,16 @@ inline PreparedBinary FakePrepared(const std::string& version) {
   c.file_offset = 0x300;
   c.event = RV_EV_THREAD_RESUMED;
   p.sites.sites = {a, b, c};
+  if (entry_probes) {
+    ProbeSite sleep;
+    sleep.file_offset = 0x400;
+    sleep.event = RV_EV_SLEEP_ENTER;
+    ProbeSite lock;
+    lock.file_offset = 0x500;
+    lock.event = RV_EV_MUTEX_LOCK_ENTER;
+    p.sites.sites.push_back(sleep);
+    p.sites.sites.push_back(lock);
+  }
   p.stacks = StackSetup{};
   return p;
 }

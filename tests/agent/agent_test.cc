@@ -71,7 +71,7 @@ class AgentTest : public ::testing::Test {
     env.clock = &clock_;
     env.preparer = [this](const std::string&, const std::string& v, std::shared_ptr<ElfFile>,
                           std::shared_ptr<const FileFd>) -> Result<PreparedBinary> {
-      PreparedBinary p = FakePrepared(v);
+      PreparedBinary p = FakePrepared(v, /*entry_probes=*/true);
       if (layout_) p.live_layout = *layout_;
       return p;
     };
@@ -330,6 +330,22 @@ TEST_F(AgentTest, AProcessThatVanishedWithoutAnExitRecordIsFinishedWithinASecond
   EXPECT_EQ(agent_->process(11), nullptr);
   EXPECT_FALSE(backend_.pids.count(11));
   EXPECT_EQ(UploadsFor(11).size(), 1u);
+}
+
+TEST_F(AgentTest, SitesOfEventsNoProfileReadsAreNeverAttached) {
+  StartAgent();
+  ASSERT_FALSE(backend_.groups.empty());
+  size_t sites = 0;
+  for (const auto& g : backend_.groups) {
+    for (const auto& s : g.sites) {
+      EXPECT_TRUE(ProcessProfile::ReadsEvent(s.site.event)) << "event " << int{s.site.event};
+      EXPECT_NE(s.site.event, RV_EV_SLEEP_ENTER);
+      EXPECT_NE(s.site.event, RV_EV_MUTEX_LOCK_ENTER);
+      ++sites;
+    }
+  }
+  // Two binaries (the host's libruby and the container's), three sites each of the five the preparer found.
+  EXPECT_EQ(sites, 6u);
 }
 
 TEST_F(AgentTest, AProcessWhoseExitDescriptorIsReadableIsFinishedWithoutReadingProc) {
