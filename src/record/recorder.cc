@@ -471,7 +471,7 @@ void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std:
   }
   if (!resolver_) {
     // The VM's load address is known once the target has mapped it (launch mode: after exec).
-    resolver_ = MakeStackResolver(target_.pid, target_.open_path, *stack_setup_);
+    resolver_ = env_.make_stack_resolver(target_.pid, target_.open_path, *stack_setup_);
   }
   resolver_->set_epoch(gc_epoch_.ForStack(gc_unseen_));
   resolver_->Resolve(frames, &frame_infos_);
@@ -612,7 +612,7 @@ Status Recording::Attach() {
   // is built before the probes go live rather than inside the first stack record's callback, where it would hold
   // the main loop, and the --max-overhead checks with it, while the target traps.
   if (stack_setup_ && !launch_ && !resolver_) {
-    resolver_ = MakeStackResolver(target_.pid, target_.open_path, *stack_setup_);
+    resolver_ = env_.make_stack_resolver(target_.pid, target_.open_path, *stack_setup_);
   }
   watch_.emplace(target_.pid, env_.open_exit_fd(target_.pid));
   backend_->WakePollOn(watch_->fd());  // the main loop sees the exit at once, not at the end of its wait
@@ -982,6 +982,9 @@ RecorderEnv SystemRecorderEnv(const std::atomic<bool>* stop_requested) {
   env.monotonic_ns = SystemMonotonicNs;
   env.thread_cpu_ns = SystemThreadCpuNs;
   env.open_exit_fd = [](int pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); };
+  env.make_stack_resolver = [](int pid, const std::string& vm_path, const StackSetup& setup) {
+    return MakeStackResolver(pid, vm_path, setup);
+  };
   env.hand_off_release = HandOffFileRelease;
   env.stop_requested = stop_requested;
   return env;

@@ -32,6 +32,10 @@ struct RecorderEnv {
   // A descriptor that becomes readable once process `pid` has exited (a pidfd), or -1 when there is none (the exit
   // is then seen in /proc). The recording owns it.
   std::function<int(int pid)> open_exit_fd;
+  // The stack resolver of the target's process (session/vm_binary.h MakeStackResolver: its memory through
+  // process_vm_readv, C function names through its maps). Called once the VM is mapped.
+  std::function<std::unique_ptr<StackResolver>(int pid, const std::string& vm_path, const StackSetup& setup)>
+      make_stack_resolver;
   // Hands the release of the probes of a target that has exited to a child process (common/release_in_child.h);
   // false when it could not, and the recording releases them itself.
   std::function<bool()> hand_off_release;

@@ -123,6 +123,7 @@ class FakeProbeBackend : public ProbeBackend {
       if (r.has_stack && on_stack_) {
         rv_stack_header h{};
         h.nframes = static_cast<uint32_t>(r.frames.size());
+        h.flags = r.header_flags;
         on_stack_(r.rec, h, r.frames, r.gvl ? &*r.gvl : nullptr);
       } else if (!r.has_stack || r.rec.kind != RV_EV_SAMPLE) {
         on_record_(r.rec);
@@ -191,6 +192,14 @@ class FakeProbeBackend : public ProbeBackend {
     }
     queue_.push_back(Queued{r, true, frames, gvl});
   }
+  // A stacked record with the walker's frames as given (newest first) and the walk's header flags
+  // (RV_STACK_F_TRUNCATED, RV_STACK_F_NO_EC); `flags` are the record's (RV_REC_IN_GC, ...).
+  void StackFrames(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<rv_ruby_frame> frames,
+                   uint32_t flags = 0, uint32_t header_flags = 0) {
+    rv_record r = Counted(ts, pid, kind, th, 0);
+    r.flags = flags | RV_REC_HAS_STACK;
+    queue_.push_back(Queued{r, true, std::move(frames), std::nullopt, header_flags});
+  }
   size_t attached_groups() const {
     size_t n = 0;
     for (const Group& g : groups) n += g.attached ? 1 : 0;
@@ -221,6 +230,7 @@ class FakeProbeBackend : public ProbeBackend {
     bool has_stack;
     std::vector<rv_ruby_frame> frames;
     std::optional<rv_gvl_reading> gvl;
+    uint32_t header_flags = 0;  // rv_stack_header.flags
   };
   RecordHandler on_record_;
   StackHandler on_stack_;

@@ -22,6 +22,8 @@
 #include "elf/elf_fixtures.h"
 #include "probe/fake_probe_backend.h"
 #include "rvbpfd/abi.h"
+#include "stacks/fake_memory.h"
+#include "stacks/synthetic_objects.h"
 #include "trace/event.h"
 #include "trace/reader.h"
 
@@ -124,6 +126,12 @@ class RecorderTest : public ::testing::Test {
       return false;
     };
     env_.stop_requested = &stop_;
+    env_.make_stack_resolver = [this](int pid, const std::string& vm_path, const StackSetup& setup) {
+      resolver_pid_ = pid;
+      auto mem = std::make_unique<testing::FakeMemory>(target_memory_);
+      memory_ = mem.get();
+      return std::make_unique<StackResolver>(std::move(mem), setup.offsets, 0);
+    };
     fake_.before_poll = [this](int timeout_ms) {
       if (timeout_ms > 0) now_ += static_cast<uint64_t>(timeout_ms) * kMs;
       // Ends a loop that a broken stop condition would keep running; the tests then fail on the stop reason.
@@ -191,7 +199,110 @@ class RecorderTest : public ::testing::Test {
   std::mutex opens_mu_;
   std::vector<Open> opens_;
   TraceFile trace_;
+  // The target's memory as the stack resolver starts with it; memory_ is the resolver's own copy (valid while the
+  // recording runs), which a script may change as the target would.
+  testing::FakeMemory target_memory_;
+  testing::FakeMemory* memory_ = nullptr;
+  int resolver_pid_ = 0;
 };
+
+// With stacks: the 3.4 layout, and the target's heap holding two named top-level iseqs.
+class RecorderStackTest : public RecorderTest {
+ protected:
+  static constexpr uint64_t kHeap = 0x800000;
+  void SetUp() override {
+    RecorderTest::SetUp();
+    Result<RubyOffsets> o = RubyOffsets::ForVersion(3, 4);
+    ASSERT_TRUE(o.ok());
+    off_ = o.value();
+    StackSetup setup;
+    setup.offsets = off_;
+    prepared_.stacks = setup;
+    options_.stacks = "release";
+    target_memory_.Map(kHeap, 0x10000);
+    testing::SyntheticObjects objects(&target_memory_, kHeap);
+    auto string = [&](const std::string& s) {  // an embedded T_STRING (3.4: length at +16, bytes at +24)
+      const uint64_t str = objects.Alloc(24 + s.size() + 1);
+      target_memory_.Put64(str, 0x05);
+      target_memory_.Put64(str + 16, s.size());
+      target_memory_.Put(str + 24, s.data(), s.size());
+      return str;
+    };
+    main_ = objects.TopIseqFrame(off_, string("<main>"), string("/app/main.rb"));
+    lib_ = objects.TopIseqFrame(off_, string("<top (required)>"), string("/app/lib.rb"));
+  }
+  // The frames of an event's stack in the trace, leaf first, as "label@path".
+  std::vector<std::string> StackOf(const TraceEvent& e) const {
+    std::vector<std::string> out;
+    if (!e.stack) return out;
+    for (uint32_t f : trace_.stacks.at(*e.stack)) {
+      const FrameInfo& info = trace_.frames.at(f);
+      out.push_back(info.label + "@" + info.path);
+    }
+    return out;
+  }
+
+  RubyOffsets off_;
+  rv_ruby_frame main_{}, lib_{};
+};
+
+TEST_F(RecorderStackTest, StacksAreNamedFromTheTargetsMemoryAndMarkedWhenCutShort) {
+  options_.hz = 19;
+  bool injected = false;
+  script_ = [&](uint64_t t) {
+    if (!std::exchange(injected, true)) {
+      fake_.StackFrames(kStartNs + 1 * kMs, pid_, RV_EV_THREAD_SUSPENDED, 0x5000, {lib_, main_});
+      fake_.StackFrames(kStartNs + 2 * kMs, pid_, RV_EV_SAMPLE, 0x5000, {main_}, RV_REC_IN_GC);
+      fake_.StackFrames(kStartNs + 3 * kMs, pid_, RV_EV_THREAD_SUSPENDED, 0x5000, {lib_}, 0, RV_STACK_F_TRUNCATED);
+    }
+    if (t >= 40 * kMs) TargetExits();
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(resolver_pid_, getpid());
+  EXPECT_EQ(fake_.sampling_hz, 19);
+  EXPECT_GT(fake_.ec_polls, 0) << "samples find their thread through the EC route the recorder installs";
+  const std::vector<TraceEvent> released = Events(EventName::kGvlReleased);
+  ASSERT_EQ(released.size(), 2u);
+  EXPECT_EQ(StackOf(released[0]), (std::vector<std::string>{"<top (required)>@/app/lib.rb", "<main>@/app/main.rb"}));
+  EXPECT_FALSE(released[0].reason.empty()) << "a release's reason is derived from its stack and site";
+  EXPECT_EQ(released[0].reason_provenance, Provenance::kDerived);
+  EXPECT_EQ(StackOf(released[1]), (std::vector<std::string>{"<top (required)>@/app/lib.rb", "<truncated>@"}));
+  const std::vector<TraceEvent> samples = Events(EventName::kSample);
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(StackOf(samples[0]), (std::vector<std::string>{std::string(kGcFrameLabel) + "@", "<main>@/app/main.rb"}));
+}
+
+TEST_F(RecorderStackTest, AGcBetweenTwoStacksMakesTheResolverLookAgain) {
+  int step = 0;  // one step per poll: each stack is named at the poll that delivers it
+  script_ = [&](uint64_t t) {
+    switch (step++) {
+      case 0:
+        fake_.StackFrames(kStartNs + 1 * kMs, pid_, RV_EV_THREAD_SUSPENDED, 0x5000, {main_});
+        break;
+      case 1:
+        // A GC freed the iseq and reused its slot for a String: a name cached before it must not be served.
+        Inject(2 * kMs, RV_EV_GC_ENTER, 0x5000);
+        Inject(3 * kMs, RV_EV_GC_EXIT, 0x5000);
+        ASSERT_NE(memory_, nullptr);
+        memory_->Put64(main_.addr, 0x05);
+        break;
+      case 2:
+        fake_.StackFrames(kStartNs + 4 * kMs, pid_, RV_EV_THREAD_SUSPENDED, 0x5000, {main_});
+        break;
+      default:
+        if (t >= 40 * kMs) TargetExits();
+    }
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  const std::vector<TraceEvent> released = Events(EventName::kGvlReleased);
+  ASSERT_EQ(released.size(), 2u);
+  EXPECT_EQ(StackOf(released[0]), (std::vector<std::string>{"<main>@/app/main.rb"}));
+  ASSERT_EQ(StackOf(released[1]).size(), 1u);
+  EXPECT_NE(StackOf(released[1])[0], "<main>@/app/main.rb");
+  EXPECT_EQ(trace_.frames.at(trace_.stacks.at(*released[1].stack)[0]).kind, FrameKind::kUnresolved);
+}
 
 TEST_F(RecorderTest, AttachesBothGroupsToTheTargetAndWatchesItsExit) {
   script_ = [&](uint64_t t) {

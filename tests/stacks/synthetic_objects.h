@@ -61,6 +61,23 @@ class SyntheticObjects {
     return f;
   }
 
+  // A top-level iseq (ISEQ_TYPE_TOP, its own local iseq; imemo type 7) named by the String VALUEs `label` and `path`,
+  // with no line table (line 0), as a walker frame at its first instruction.
+  rv_ruby_frame TopIseqFrame(const RubyOffsets& off, uint64_t label, uint64_t path) {
+    const uint64_t iseq = Alloc(64), body = Alloc(400), encoded = Alloc(64);
+    mem_->Put64(iseq, RV_RB_T_IMEMO | (7ull << RV_RB_IMEMO_SHIFT));
+    mem_->Put64(iseq + off.iseq_body, body);
+    mem_->Put32(body + off.body_type, 0);
+    mem_->Put64(body + off.body_iseq_encoded, encoded);
+    mem_->Put32(body + off.body_iseq_size, 8);
+    mem_->Put32(body + off.body_insns_info_size, 0);
+    mem_->Put64(body + off.body_location + off.loc_label, label);
+    mem_->Put64(body + off.body_location + off.loc_base_label, label);
+    mem_->Put64(body + off.body_location + off.loc_pathobj, path);
+    mem_->Put64(body + off.body_local_iseq, iseq);
+    return rv_ruby_frame{iseq, encoded, iseq, RV_RB_FRAME_ISEQ, 0};
+  }
+
  private:
   FakeMemory* mem_;
   uint64_t next_;
