@@ -1,5 +1,6 @@
 // The recorder's pipeline from an analysed target on (record/recording.h), driven with the fake probe backend, a
-// settable clock and an eventfd standing for the target's pidfd: no BPF, no root, no Ruby. Each test scripts what
+// settable clock, an eventfd standing for the target's pidfd and a fake target memory for its stacks: no BPF, no
+// root, no Ruby (launch mode runs a real shell command). Each test scripts what
 // the kernel side does as the clock advances (the fake's Poll advances it by the poll's timeout, as a wait would)
 // and reads the written .rvtrace back.
 #include "record/recording.h"
@@ -10,7 +11,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -81,6 +85,11 @@ class BackendRef : public ProbeBackend {
  private:
   FakeProbeBackend* f_;
 };
+
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 ProbeSite Site(uint64_t offset, uint8_t event) {
   ProbeSite s;
@@ -498,6 +507,43 @@ TEST_F(RecorderTest, SpeculativeLoadOnAHelperThreadIsRedoneWhenTheBinaryGivesNoS
   EXPECT_EQ(opens_[1].options.config.stack_events, 0u);
   EXPECT_EQ(opens_[1].options.ring_buffer_bytes, 512u * 1024u);
   EXPECT_EQ(fake_.sampling_hz, 0);  // no stacks: no sampling
+}
+
+TEST_F(RecorderTest, LaunchModeRunsTheCommandAndRecordsItUntilItExits) {
+  // A real command (a shell that lives ~0.3 s); its "VM" is the libc it maps, whose layout (nothing to compare: no
+  // version string, no hook list) passes the live check once the command has mapped it and a thread event came.
+  options_.command = {"/bin/sh", "-c", "sleep 0.3; exit 3"};
+  options_.pid = 0;
+  target_.pid = 0;
+  std::error_code ec;
+  target_.vm_path = target_.open_path = std::filesystem::canonical("/lib/x86_64-linux-gnu/libc.so.6", ec).string();
+  if (ec) GTEST_SKIP() << "no /lib/x86_64-linux-gnu/libc.so.6 on this machine";
+  options_.duration_s = 3600;  // the fake clock runs ahead of real time; the command's exit ends the recording
+  uint32_t command_pid = 0;
+  bool started = false;
+  script_ = [&](uint64_t) {
+    usleep(1000);  // real time passes for the command: ~1 ms a poll
+    if (command_pid == 0 && !fake_.pids.empty()) command_pid = *fake_.pids.begin();
+    // Its first thread event once it runs the program and has mapped the "VM" (however slow the machine: the
+    // check's 5 s limit is on the fake clock).
+    if (command_pid != 0 && !started &&
+        ReadFileOrEmpty("/proc/" + std::to_string(command_pid) + "/maps").find(target_.open_path) !=
+            std::string::npos) {
+      started = true;
+      fake_.Record(now_ + 1 * kMs, command_pid, RV_EV_THREAD_STARTED, 0x5000);
+    }
+  };
+  Result<int> r = Run();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_NE(command_pid, 0u) << "the command's pid was never added to the BPF filter";
+  EXPECT_EQ(trace_.header.pid, static_cast<int>(command_pid));
+  EXPECT_EQ(trace_.header.command, options_.command);
+  EXPECT_EQ(Events(EventName::kThreadStarted).size(), 1u);
+  ASSERT_NE(Stopped(), nullptr);
+  EXPECT_EQ(*r, 0);
+  EXPECT_EQ(hand_offs_, 1) << "the recording ended because the command exited (not at --duration)";
+  EXPECT_EQ(fake_.attached_groups(), 0u) << "the probes are released at the end";
+  EXPECT_EQ(exit_fd_pid_, static_cast<int>(command_pid));
 }
 
 TEST_F(RecorderTest, SpeculativeLoadIsKeptWhenItMatches) {
