@@ -235,7 +235,10 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
   p->interval_start_ns = now;
   p->attached_ns = now;
-  if (env_.open_exit_fd) p->exit_fd = FileFd(env_.open_exit_fd(pid));
+  if (env_.open_exit_fd && exit_fds_ < kMaxExitFds) {
+    p->exit_fd = FileFd(env_.open_exit_fd(pid));
+    if (p->exit_fd.ok()) ++exit_fds_;
+  }
   if (set->paused) p->profile->OnTracingPaused(now);
   if (set->stacks && config_.hz > 0) {
     p->ec.emplace(pid, p->target.vm_host_path, set->stacks->ec_route, set->binary, config_.proc_root);
@@ -415,6 +418,7 @@ void Agent::CutAll(uint64_t cut_ns) {
 void Agent::FinishProcess(int pid, uint64_t end_ns, const char* reason) {
   std::unique_ptr<WatchedProcess> p = registry_.Remove(pid);
   if (!p) return;
+  if (p->exit_fd.ok()) --exit_fds_;  // closed with p
   // The exit record's time ends the last interval; a vanished process ends now.
   const uint64_t now = env_.clock->MonotonicNs();
   CutProcess(*p, std::min(std::max(end_ns, p->interval_start_ns), std::max(now, p->interval_start_ns)));

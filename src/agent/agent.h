@@ -48,6 +48,9 @@ class Agent {
   static constexpr double kColdProbeExtraUs = 3;
   static constexpr uint64_t kHousekeepingNs = 1'000'000'000;  // liveness and metrics period
   static constexpr uint64_t kMinRescanGapNs = 10'000'000'000;  // /proc rescans after drops, at most this often
+  // Exit descriptors (pidfds) held at most: a host with more Ruby processes checks the rest in /proc, so the default
+  // limit of 1024 open files still leaves room for the ring, the sockets and the files the agent opens.
+  static constexpr size_t kMaxExitFds = 512;
   // Records are held this long (event time) and handed to the profiles sorted: ProcessProfile needs time order, and
   // records from different CPUs reach the ring out of order by microseconds.
   static constexpr uint64_t kReorderWindowNs = 20'000'000;
@@ -164,6 +167,7 @@ class Agent {
   // CheckLiveness's scratch space: the exit descriptors polled and their pids, in the same order.
   std::vector<pollfd> exit_polls_;
   std::vector<int> exit_poll_pids_;
+  size_t exit_fds_ = 0;  // watched processes holding an exit descriptor (at most kMaxExitFds)
   static constexpr size_t kMaxLoggedProblems = 4096;
   std::unordered_set<uint64_t> logged_problems_;  // hashes of skip reasons already logged (once per problem)
   uint64_t skipped_timeout_ = 0;    // processes skipped because inspecting or preparing them hit the time bound

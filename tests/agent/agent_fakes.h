@@ -162,31 +162,23 @@ class RecordingSink : public ProfileSink {
   int flushes = 0;
 };
 
-// Two low sites (thread start, GC enter) and one high site (RESUMED), stacks on.
-// A prepared binary with a thread start, a GC enter and a resumed site, and with `entry_probes` also a Kernel#sleep
-// and a Mutex#lock entry site.
+// A prepared binary with stacks on and three sites: a thread start (low group), a GC enter and a RESUMED (high); with
+// `entry_probes` also a Kernel#sleep and a Mutex#lock entry site.
 inline PreparedBinary FakePrepared(const std::string& version, bool entry_probes = false) {
   PreparedBinary p;
   p.sites.ruby_version = version;
-  ProbeSite a;
-  a.file_offset = 0x100;
-  a.event = RV_EV_THREAD_STARTED;
-  ProbeSite b;
-  b.file_offset = 0x200;
-  b.event = RV_EV_GC_ENTER;
-  ProbeSite c;
-  c.file_offset = 0x300;
-  c.event = RV_EV_THREAD_RESUMED;
-  p.sites.sites = {a, b, c};
+  auto add = [&p](uint64_t offset, uint8_t event) {
+    ProbeSite s;
+    s.file_offset = offset;
+    s.event = event;
+    p.sites.sites.push_back(s);
+  };
+  add(0x100, RV_EV_THREAD_STARTED);
+  add(0x200, RV_EV_GC_ENTER);
+  add(0x300, RV_EV_THREAD_RESUMED);
   if (entry_probes) {
-    ProbeSite sleep;
-    sleep.file_offset = 0x400;
-    sleep.event = RV_EV_SLEEP_ENTER;
-    ProbeSite lock;
-    lock.file_offset = 0x500;
-    lock.event = RV_EV_MUTEX_LOCK_ENTER;
-    p.sites.sites.push_back(sleep);
-    p.sites.sites.push_back(lock);
+    add(0x400, RV_EV_SLEEP_ENTER);
+    add(0x500, RV_EV_MUTEX_LOCK_ENTER);
   }
   p.stacks = StackSetup{};
   return p;

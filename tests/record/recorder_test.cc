@@ -135,7 +135,7 @@ class RecorderTest : public ::testing::Test {
       return false;
     };
     env_.stop_requested = &stop_;
-    env_.make_stack_resolver = [this](int pid, const std::string& vm_path, const StackSetup& setup) {
+    env_.make_stack_resolver = [this](int pid, const std::string& /*vm_path*/, const StackSetup& setup) {
       resolver_pid_ = pid;
       auto mem = std::make_unique<testing::FakeMemory>(target_memory_);
       memory_ = mem.get();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "stacks/fake_memory.h"
+#include "stacks/synthetic_objects.h"
 
 namespace rvbpfd {
 namespace {
@@ -43,22 +44,20 @@ class StackResolverTest : public ::testing::Test {
     mem_->Put(str + 24, s.data(), s.size());
     return str;
   }
-  // A top-level iseq (ISEQ_TYPE_TOP, its own local iseq) with no line table: label as given, line 0.
+  // A top-level iseq (ISEQ_TYPE_TOP, its own local iseq) with no line table, named by the String VALUEs given
+  // (testing::SyntheticObjects, on this fixture's allocator): line 0, the walker frame at its first instruction.
+  rv_ruby_frame TopIseqFrame(uint64_t label, uint64_t path) {
+    testing::SyntheticObjects objects(mem_, next_);
+    const rv_ruby_frame f = objects.TopIseqFrame(off_, label, path);
+    next_ = objects.next();
+    return f;
+  }
+  // The same, named by the strings given; encoded_ becomes its first instruction.
   uint64_t MakeTopIseq(const std::string& label, const std::string& path) {
-    uint64_t iseq = Alloc(64), body = Alloc(400), encoded = Alloc(64);
-    mem_->Put64(iseq, kImemoIseqFlags);
-    mem_->Put64(iseq + off_.iseq_body, body);
-    mem_->Put32(body + off_.body_type, 0);
-    mem_->Put64(body + off_.body_iseq_encoded, encoded);
-    mem_->Put32(body + off_.body_iseq_size, 8);
-    mem_->Put32(body + off_.body_insns_info_size, 0);
     const uint64_t l = String(label);
-    mem_->Put64(body + off_.body_location + off_.loc_label, l);
-    mem_->Put64(body + off_.body_location + off_.loc_base_label, l);
-    mem_->Put64(body + off_.body_location + off_.loc_pathobj, String(path));
-    mem_->Put64(body + off_.body_local_iseq, iseq);
-    encoded_ = encoded;
-    return iseq;
+    const rv_ruby_frame f = TopIseqFrame(l, String(path));
+    encoded_ = f.pc;
+    return f.addr;
   }
   rv_ruby_frame Frame() const { return rv_ruby_frame{iseq_, encoded_, iseq_, RV_RB_FRAME_ISEQ, 0}; }
   // A top-level iseq of 8 words whose instructions start at word 0 (line `first`) and word 4 (line `second`): a pc
@@ -341,18 +340,7 @@ TEST_F(StackResolverTest, CacheIsBoundedByBytesNotOnlyEntries) {
   const uint64_t path = String("/app/big.rb");
   size_t resolved = 0;
   for (size_t i = 0; i < frames; ++i) {
-    uint64_t iseq = Alloc(64), body = Alloc(400), encoded = Alloc(64);
-    mem_->Put64(iseq, kImemoIseqFlags);
-    mem_->Put64(iseq + off_.iseq_body, body);
-    mem_->Put32(body + off_.body_type, 0);
-    mem_->Put64(body + off_.body_iseq_encoded, encoded);
-    mem_->Put32(body + off_.body_iseq_size, 8);
-    mem_->Put32(body + off_.body_insns_info_size, 0);
-    mem_->Put64(body + off_.body_location + off_.loc_label, label);
-    mem_->Put64(body + off_.body_location + off_.loc_base_label, label);
-    mem_->Put64(body + off_.body_location + off_.loc_pathobj, path);
-    mem_->Put64(body + off_.body_local_iseq, iseq);
-    rv_ruby_frame f{iseq, encoded, iseq, RV_RB_FRAME_ISEQ, 0};
+    const rv_ruby_frame f = TopIseqFrame(label, path);
     resolved += resolver_->ResolveFrame(f).kind != FrameKind::kUnresolved ? 1 : 0;
     ASSERT_LE(resolver_->cache_bytes(), StackResolver::kMaxCacheBytes);
   }

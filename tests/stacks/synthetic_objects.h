@@ -25,6 +25,7 @@ class SyntheticObjects {
     next_ += (n + 15) & ~size_t{15};
     return a;
   }
+  uint64_t next() const { return next_; }  // where the next allocation goes
   // A T_ARRAY with its elements on the heap (length at +16, pointer at +32), the same in 3.1 and 3.2+.
   uint64_t HeapArray(const std::vector<uint64_t>& elems) {
     const uint64_t ary = Alloc(40), ptr = Alloc(8 * elems.size());
