@@ -78,7 +78,7 @@ struct ProbeSet {
   LiveLayout layout;         // what each process of the binary is checked against (CheckLiveLayout)
   size_t site_count = 0;     // sites attached (of the events the manager attaches)
   int low_group = -1;        // thread start/exit sites
-  int high_group = -1;       // READY/RESUMED/SUSPENDED, GC, sleep, Mutex#lock: what the budget pauses
+  int high_group = -1;       // READY/RESUMED/SUSPENDED, GC (and any sleep/Mutex#lock sites): what the budget pauses
   UniqueFd file;             // O_PATH fd of the binary while attached
   std::set<int> pids;        // the watched processes using it (refcount)
   double attach_ms = 0;      // last attach time

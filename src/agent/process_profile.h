@@ -71,8 +71,8 @@
 
 #include "common/flat_map64.h"
 #include "model/attribution.h"
-#include "rvbpfd/abi.h"
 #include "model/span_tracker.h"
+#include "rvbpfd/abi.h"
 #include "session/stack_resolver.h"
 #include "trace/event.h"
 #include "trace/stacks.h"
