@@ -235,9 +235,10 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
   p->interval_start_ns = now;
   p->attached_ns = now;
-  if (env_.open_exit_fd && exit_fds_ < kMaxExitFds) {
-    p->exit_fd = FileFd(env_.open_exit_fd(pid));
-    if (p->exit_fd.ok()) ++exit_fds_;
+  if (env_.open_exit_fd) {
+    const auto held = std::count_if(registry_.all().begin(), registry_.all().end(),
+                                    [](const auto& entry) { return entry.second->exit_fd.ok(); });
+    if (static_cast<size_t>(held) < kMaxExitFds) p->exit_fd = FileFd(env_.open_exit_fd(pid));
   }
   if (set->paused) p->profile->OnTracingPaused(now);
   if (set->stacks && config_.hz > 0) {
@@ -418,7 +419,6 @@ void Agent::CutAll(uint64_t cut_ns) {
 void Agent::FinishProcess(int pid, uint64_t end_ns, const char* reason) {
   std::unique_ptr<WatchedProcess> p = registry_.Remove(pid);
   if (!p) return;
-  if (p->exit_fd.ok()) --exit_fds_;  // closed with p
   // The exit record's time ends the last interval; a vanished process ends now.
   const uint64_t now = env_.clock->MonotonicNs();
   CutProcess(*p, std::min(std::max(end_ns, p->interval_start_ns), std::max(now, p->interval_start_ns)));
@@ -455,9 +455,8 @@ void Agent::CheckLiveness() {
   std::vector<int> gone;
   exit_polls_.clear();
   exit_poll_pids_.clear();
-  for (int pid : registry_.pids()) {
-    const WatchedProcess* p = registry_.Find(pid);
-    if (p != nullptr && p->exit_fd.ok()) {
+  for (const auto& [pid, p] : registry_.all()) {
+    if (p->exit_fd.ok()) {
       exit_polls_.push_back(pollfd{p->exit_fd.get(), POLLIN, 0});
       exit_poll_pids_.push_back(pid);
     } else if (!ProcessAlive(config_.proc_root, pid)) {

@@ -167,7 +167,6 @@ class Agent {
   // CheckLiveness's scratch space: the exit descriptors polled and their pids, in the same order.
   std::vector<pollfd> exit_polls_;
   std::vector<int> exit_poll_pids_;
-  size_t exit_fds_ = 0;  // watched processes holding an exit descriptor (at most kMaxExitFds)
   static constexpr size_t kMaxLoggedProblems = 4096;
   std::unordered_set<uint64_t> logged_problems_;  // hashes of skip reasons already logged (once per problem)
   uint64_t skipped_timeout_ = 0;    // processes skipped because inspecting or preparing them hit the time bound
