@@ -238,7 +238,7 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   if (env_.open_exit_fd) {
     const auto held = std::count_if(registry_.all().begin(), registry_.all().end(),
                                     [](const auto& entry) { return entry.second->exit_fd.ok(); });
-    if (static_cast<size_t>(held) < kMaxExitFds) p->exit_fd = FileFd(env_.open_exit_fd(pid));
+    if (static_cast<size_t>(held) < env_.max_exit_fds) p->exit_fd = FileFd(env_.open_exit_fd(pid));
   }
   if (set->paused) p->profile->OnTracingPaused(now);
   if (set->stacks && config_.hz > 0) {

@@ -48,9 +48,6 @@ class Agent {
   static constexpr double kColdProbeExtraUs = 3;
   static constexpr uint64_t kHousekeepingNs = 1'000'000'000;  // liveness and metrics period
   static constexpr uint64_t kMinRescanGapNs = 10'000'000'000;  // /proc rescans after drops, at most this often
-  // Exit descriptors (pidfds) held at most: a host with more Ruby processes checks the rest in /proc, so the default
-  // limit of 1024 open files still leaves room for the ring, the sockets and the files the agent opens.
-  static constexpr size_t kMaxExitFds = 512;
   // Records are held this long (event time) and handed to the profiles sorted: ProcessProfile needs time order, and
   // records from different CPUs reach the ring out of order by microseconds.
   static constexpr uint64_t kReorderWindowNs = 20'000'000;

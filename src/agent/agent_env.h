@@ -4,6 +4,7 @@
 #ifndef RVBPFD_SRC_AGENT_AGENT_ENV_H_
 #define RVBPFD_SRC_AGENT_AGENT_ENV_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -81,6 +82,9 @@ struct AgentEnv {
   // liveness is read from /proc/PID/stat). The agent owns it. Null: no descriptors, /proc only (the unit tests' pids
   // are fake and must never name a real process).
   std::function<int(int pid)> open_exit_fd;
+  // Exit descriptors held at most: a host with more Ruby processes checks the rest in /proc, so the default limit of
+  // 1024 open files still leaves room for the ring, the sockets and the files the agent opens.
+  size_t max_exit_fds = 512;
 };
 
 }  // namespace rvbpfd

@@ -95,6 +95,7 @@ class AgentTest : public ::testing::Test {
     env.metrics = &metrics_;
     env.log = &log_;
     env.self_usage = []() -> Result<SelfUsage> { return SelfUsage{1.5, 10 << 20, 12 << 20}; };
+    env.max_exit_fds = max_exit_fds_;
     if (use_exit_fds_) {
       // An eventfd stands for each process's pidfd: the agent owns the descriptor, the test writes to a duplicate
       // to make it readable ("the process exited").
@@ -146,6 +147,7 @@ class AgentTest : public ::testing::Test {
   int memory_opened_ = 0;
   // With exit descriptors (AgentEnv::open_exit_fd): the test's duplicate of every process's descriptor.
   bool use_exit_fds_ = false;
+  size_t max_exit_fds_ = AgentEnv{}.max_exit_fds;
   std::map<int, FileFd> exit_fds_;
 };
 
@@ -368,6 +370,42 @@ TEST_F(AgentTest, AProcessWhoseExitDescriptorIsReadableIsFinishedWithoutReadingP
   EXPECT_EQ(UploadsFor(11).size(), 1u);
   EXPECT_NE(agent_->process(10), nullptr);
   EXPECT_NE(log_text_.str().find("reason=vanished"), std::string::npos) << log_text_.str();
+}
+
+TEST_F(AgentTest, ProcessesPastTheExitDescriptorCapAreJudgedByProcUntilADescriptorIsFree) {
+  use_exit_fds_ = true;
+  max_exit_fds_ = 2;
+  StartAgent();
+  for (int pid : {10, 11, 20}) ASSERT_NE(agent_->process(pid), nullptr) << pid;
+  ASSERT_EQ(exit_fds_.size(), 2u) << "two descriptors at most";
+  int without_fd = 0;
+  for (int pid : {10, 11, 20}) {
+    if (!exit_fds_.count(pid)) without_fd = pid;
+  }
+  ASSERT_NE(without_fd, 0);
+  const int with_fd = exit_fds_.begin()->first;
+  // A worker forked while both are held is watched through /proc.
+  AddRuby(50, "host", "puma");
+  backend_.Record(clock_.mono + 1 * kMs, 50, RV_EV_PROC_FORK);
+  Run(50 * kMs);
+  ASSERT_NE(agent_->process(50), nullptr);
+  EXPECT_FALSE(exit_fds_.count(50));
+  // The process over the cap is finished once /proc says it is gone; a process with a descriptor by it alone.
+  proc_.Remove(without_fd);
+  proc_.Remove(with_fd);
+  Run(1100 * kMs);
+  EXPECT_EQ(agent_->process(without_fd), nullptr);
+  EXPECT_NE(agent_->process(with_fd), nullptr);
+  const uint64_t one = 1;
+  ASSERT_EQ(write(exit_fds_[with_fd].get(), &one, sizeof(one)), static_cast<ssize_t>(sizeof(one)));
+  Run(1100 * kMs);
+  EXPECT_EQ(agent_->process(with_fd), nullptr);
+  // Its descriptor was closed with it: the next process gets one.
+  AddRuby(51, "host", "puma");
+  backend_.Record(clock_.mono + 1 * kMs, 51, RV_EV_PROC_FORK);
+  Run(50 * kMs);
+  ASSERT_NE(agent_->process(51), nullptr);
+  EXPECT_TRUE(exit_fds_.count(51));
 }
 
 TEST_F(AgentTest, SamplesOfExitedThreadsAreDroppedAndUnnameableStacksCounted) {

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -544,6 +545,47 @@ TEST_F(RecorderTest, LaunchModeRunsTheCommandAndRecordsItUntilItExits) {
   EXPECT_EQ(hand_offs_, 1) << "the recording ended because the command exited (not at --duration)";
   EXPECT_EQ(fake_.attached_groups(), 0u) << "the probes are released at the end";
   EXPECT_EQ(exit_fd_pid_, static_cast<int>(command_pid));
+}
+
+TEST_F(RecorderTest, LaunchModeRefusesACommandWhoseMemoryDoesNotMatchTheLayoutAndLeavesItRunning) {
+  // The same real command, but the analysis says its "VM" holds ruby_version "3.3.8" at vaddr 1, where libc has the
+  // rest of its ELF magic: the live check fails once the command has mapped it and a thread event came.
+  options_.command = {"/bin/sh", "-c", "sleep 0.5; exit 3"};
+  options_.pid = 0;
+  target_.pid = 0;
+  std::error_code ec;
+  target_.vm_path = target_.open_path = std::filesystem::canonical("/lib/x86_64-linux-gnu/libc.so.6", ec).string();
+  if (ec) GTEST_SKIP() << "no /lib/x86_64-linux-gnu/libc.so.6 on this machine";
+  prepared_.live_layout.vm_path = target_.vm_path;
+  prepared_.live_layout.ruby_version = "3.3.8";
+  prepared_.live_layout.ruby_version_vaddr = 1;
+  prepared_.live_layout.lowest_load_vaddr = 0;
+  options_.duration_s = 3600;
+  uint32_t command_pid = 0;
+  bool started = false;
+  script_ = [&](uint64_t) {
+    usleep(1000);
+    if (command_pid == 0 && !fake_.pids.empty()) command_pid = *fake_.pids.begin();
+    if (command_pid != 0 && !started &&
+        ReadFileOrEmpty("/proc/" + std::to_string(command_pid) + "/maps").find(target_.open_path) !=
+            std::string::npos) {
+      started = true;
+      fake_.Record(now_ + 1 * kMs, command_pid, RV_EV_THREAD_STARTED, 0x5000);
+    }
+  };
+  Result<int> r = Run();
+  ASSERT_NE(command_pid, 0u) << "the command's pid was never added to the BPF filter";
+  ASSERT_FALSE(r.ok()) << "a command whose memory contradicts the analysis must not be traced";
+  EXPECT_EQ(r.error().code(), ErrorCode::kNoSymbols);
+  EXPECT_NE(r.error().message().find("its ruby_version is \"ELF"), std::string::npos) << r.error().message();
+  EXPECT_NE(r.error().message().find("runs on untraced"), std::string::npos) << r.error().message();
+  EXPECT_FALSE(std::filesystem::exists(options_.output)) << "nothing is written for a refused command";
+  EXPECT_EQ(fake_.attached_groups(), 0u) << "the probes are released";
+  // The command is not rvbpfd's to kill: it runs to its own end.
+  int status = 0;
+  ASSERT_EQ(waitpid(static_cast<pid_t>(command_pid), &status, 0), static_cast<pid_t>(command_pid));
+  ASSERT_TRUE(WIFEXITED(status)) << "the command was killed (status " << status << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 3);
 }
 
 TEST_F(RecorderTest, SpeculativeLoadIsKeptWhenItMatches) {
