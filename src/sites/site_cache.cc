@@ -23,8 +23,9 @@ namespace {
 // 5: keyed by the binary's SHA-256 (content_sha256), no longer by its build-id; provenance of each fact (binaries
 // without .symtab are analysed too). 6: no code fingerprint (the SHA-256 of the whole file already names the code).
 // 7: GC sites at calls of rb_gc_event_hook (3.4+ builds that do not inline its flag test). 8: STARTED and RESUMED
-// sites must locate th (a 3.2 binary without DWARF is refused, no longer cached as all "current").
-constexpr int kCacheFormat = 8;
+// sites must locate th (a 3.2 binary without DWARF is refused, no longer cached as all "current"). 9: a 3.2 binary
+// without DWARF is analysed (th at STARTED/RESUMED from the code, its GC checks, thread_start_func_1/2 named).
+constexpr int kCacheFormat = 9;
 // A cache value that is not what its field holds (thrown by Int, reported as a corrupt cache).
 struct BadValue {
   std::string what;

@@ -4,13 +4,16 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 
+#include "common/hex.h"
 #include "sites/disasm.h"
 #include "sites/dwarf_info.h"
 #include "sites/gc_hook_calls.h"
 #include "sites/placement.h"
+#include "sites/ruby32_th.h"
 #include "sites/stripped.h"
 
 namespace rvbpfd {
@@ -48,12 +51,6 @@ uint8_t EventFromThreadEventBit(int64_t bit) {
   }
 }
 
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%" PRIx64, v);
-  return buf;
-}
-
 bool IsColdOrPart(const std::string& name) {
   return name.find(".cold") != std::string::npos || name.find(".part.") != std::string::npos;
 }
@@ -75,6 +72,7 @@ bool MayReference(std::span<const uint8_t> code, uint64_t vaddr, uint64_t target
 struct HookAnalysis {
   uint8_t event = RV_EV_NONE;
   std::optional<ThLocation> rsi_th;
+  uint64_t test_jump = 0;  // the je/jne of the hook-list test after the site
   std::string why;  // when event == RV_EV_NONE
 };
 
@@ -114,6 +112,7 @@ struct Finder {
         if (!target) break;
         if (insn->id == X86_INS_JNE) path = *target;                      // jne: taken when the list is non-NULL
         else if (insn->id == X86_INS_JE) path = insn->address + insn->size;  // je: falls through when non-NULL
+        out.test_jump = insn->address;
         break;
       }
       written |= dis.WrittenRegs(*insn);
@@ -219,14 +218,39 @@ Status AssignFileOffsetsAndSort(const ElfFile& vm, std::vector<ProbeSite>* sites
 }
 
 // Without .symtab, the two scheduler functions whose names the release-reason rules read
-// (record/release_reason.h) are recognised by what they do: thread_start_func_2 holds the EXITED checks (its
-// SUSPENDED checks are the thread's last release), and rb_thread_schedule_limits is the first function the exported
-// rb_thread_schedule calls. Sites elsewhere keep their exported or fn@ names.
-void NameStrippedSchedulerFunctions(const ElfFile& vm, Disassembler& dis, const StrippedCode& code, SiteSet* set) {
+// (record/release_reason.h) are recognised by what they do. thread_start_func_2's SUSPENDED checks are the thread's
+// last release: on 3.3+ it is the function of the EXITED checks; on 3.2 those are in its caller thread_start_func_1
+// (the pthread start routine), which calls it once between its STARTED and EXITED checks. rb_thread_schedule_limits
+// is the first function the exported rb_thread_schedule calls. Sites elsewhere keep their exported or fn@ names.
+// `execute_hooks`: the entries of rb_thread_execute_hooks (the hook calls, not thread_start_func_2).
+void NameStrippedSchedulerFunctions(const ElfFile& vm, Disassembler& dis, const StrippedCode& code, bool ruby32,
+                                    const std::set<uint64_t>& execute_hooks, SiteSet* set) {
   std::set<uint64_t> exit_fns;
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> started_exited;  // 3.2: function -> (STARTED, EXITED check)
   for (const ProbeSite& s : set->sites) {
-    if (s.method != "hook-site" || s.event != RV_EV_THREAD_EXITED) continue;
-    if (std::optional<CodeRange> r = RangeContaining(code.functions, s.vaddr)) exit_fns.insert(r->start);
+    if (s.method != "hook-site") continue;
+    std::optional<CodeRange> r = RangeContaining(code.functions, s.vaddr);
+    if (!r) continue;
+    if (s.event == RV_EV_THREAD_EXITED) {
+      exit_fns.insert(r->start);
+      started_exited[r->start].second = s.vaddr;
+    } else if (s.event == RV_EV_THREAD_STARTED) {
+      started_exited[r->start].first = s.vaddr;
+    }
+  }
+  uint64_t start_func_2 = 0;  // 3.2: the one function thread_start_func_1 calls between its two checks
+  if (ruby32 && exit_fns.size() == 1) {
+    const auto [started, exited] = started_exited[*exit_fns.begin()];
+    std::set<uint64_t> callees;
+    if (started != 0 && exited > started) {
+      dis.DecodeRange(vm.BytesAt(started, exited - started), started, [&](const cs_insn& insn) {
+        std::optional<uint64_t> t = insn.id == X86_INS_CALL ? DirectBranchTarget(insn) : std::nullopt;
+        std::optional<CodeRange> callee = t ? RangeContaining(code.functions, *t) : std::nullopt;
+        if (callee && callee->start == *t && execute_hooks.count(*t) == 0) callees.insert(*t);
+        return true;
+      });
+    }
+    if (callees.size() == 1) start_func_2 = *callees.begin();
   }
   uint64_t limits = 0;
   if (std::optional<ElfSymbol> sched = vm.FindSymbol("rb_thread_schedule");
@@ -243,18 +267,26 @@ void NameStrippedSchedulerFunctions(const ElfFile& vm, Disassembler& dis, const 
     if (s.method != "hook-site") continue;
     std::optional<CodeRange> r = RangeContaining(code.functions, s.vaddr);
     if (!r || vm.FunctionContaining(s.vaddr)) continue;  // an exported function keeps its own name
+    const char* name = nullptr;
     if (exit_fns.count(r->start) != 0) {
-      s.function = "thread_start_func_2";
-      ++named;
+      name = ruby32 ? "thread_start_func_1" : "thread_start_func_2";
+    } else if (ruby32 && r->start == start_func_2) {
+      name = "thread_start_func_2";
     } else if (r->start == limits) {
-      s.function = "rb_thread_schedule_limits";
+      name = "rb_thread_schedule_limits";
+    }
+    if (name != nullptr) {
+      s.function = name;
       ++named;
     }
   }
   set->provenance.push_back(
-      {"function names", "exports where a site lies in an exported function; thread_start_func_2 = the function "
-                         "of the EXITED checks, rb_thread_schedule_limits = rb_thread_schedule's first callee "
-                         "(disassembly, " + std::to_string(named) + " sites); others fn@<entry>"});
+      {"function names", std::string("exports where a site lies in an exported function; ") +
+                             (ruby32 ? "thread_start_func_1 = the function of the EXITED checks, thread_start_func_2 "
+                                       "= the one function it calls between its STARTED and EXITED checks"
+                                     : "thread_start_func_2 = the function of the EXITED checks") +
+                             ", rb_thread_schedule_limits = rb_thread_schedule's first callee (disassembly, " +
+                             std::to_string(named) + " sites); others fn@<entry>"});
 }
 
 bool IsGcEvent(uint8_t event) { return event == RV_EV_GC_ENTER || event == RV_EV_GC_EXIT; }
@@ -545,6 +577,14 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   set.provenance.push_back({"events", "disassembly (the RUBY_INTERNAL_THREAD_EVENT_* immediate in edi before the "
                                       "hook call on each check's taken path)"});
   // Thread-scheduler hook sites.
+  Ruby32ThLayout ruby32_layout;
+  if (major == 3 && minor == 2) {
+    rv_offsets table{};
+    uint32_t main_serial = 0;
+    TableOffsets(3, 2, &table, &main_serial);
+    ruby32_layout = Ruby32ThLayout{table.th_nt, table.nt_tid, kRuby32SchedRunningOffset};
+  }
+  int ruby32_shapes = 0;  // 3.2 sites whose th was read off the statement before the hook
   for (const auto& [vaddr, function] : hook_refs) {
     HookAnalysis a = finder.AnalyzeHookSite(vaddr);
     if (a.event == RV_EV_NONE) {
@@ -591,12 +631,32 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
       site.th_source = "disasm";
       decided = true;
     }
+    std::string shape_note = "no rsi load before the hook call";
+    if (!decided && needs_explicit_th && !finder.ThreadHookTakesTh() && stripped &&
+        (a.event == RV_EV_THREAD_STARTED || a.event == RV_EV_THREAD_RESUMED)) {
+      // 3.2 without DWARF: th from the statement before the hook (sites/ruby32_th.h).
+      std::optional<CodeRange> fn = RangeContaining(stripped->functions, vaddr);
+      const uint64_t start = StraightLineStart(stripped->branch_targets, fn ? fn->start : vaddr, vaddr);
+      std::string why;
+      std::optional<ThLocation> th =
+          a.event == RV_EV_THREAD_STARTED
+              ? Ruby32ThAtStarted(vm, *dis, start, vaddr, ruby32_layout, &why)
+              : Ruby32ThAtResumed(vm, *dis, start, vaddr, a.test_jump, ruby32_layout, &why);
+      if (th) {
+        site.th = *th;
+        site.th_source = "disasm";
+        ++ruby32_shapes;
+        decided = true;
+      } else {
+        shape_note = "no CRuby 3.2 shape: " + why;
+      }
+    }
     if (!decided) {
       if (needs_explicit_th) {
         return Error(ErrorCode::kNoSymbols,
                      EventKindName(a.event) + " hook site " + Hex(vaddr) + " in " + site.function + " of " +
                          vm.path() + ": cannot locate th (" + (dwarf_note.empty() ? "no DWARF" : dwarf_note) +
-                         ", no rsi load before the hook call); install the matching debug symbols (-dbgsym)");
+                         ", " + shape_note + "); install the matching debug symbols (-dbgsym)");
       }
       site.th = ThLocation{RV_LOC_CURRENT, 0, 0};
       site.th_source = "current";
@@ -604,7 +664,40 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     set.sites.push_back(std::move(site));
   }
 
-  if (stripped) NameStrippedSchedulerFunctions(vm, *dis, *stripped, &set);
+  if (stripped && ruby32_shapes > 0) {
+    // 3.2: a READY in the function of a RESUMED whose th was found takes the same argument (Ruby32ThAtReady).
+    for (ProbeSite& ready : set.sites) {
+      if (ready.event != RV_EV_THREAD_READY || ready.th_source != "current") continue;
+      std::optional<CodeRange> fn = RangeContaining(stripped->functions, ready.vaddr);
+      if (!fn) continue;
+      for (const ProbeSite& resumed : set.sites) {
+        if (resumed.event != RV_EV_THREAD_RESUMED || resumed.th_source != "disasm" ||
+            resumed.th.kind != RV_LOC_REG || resumed.th.offset != 0 ||
+            RangeContaining(stripped->functions, resumed.vaddr) != fn) {
+          continue;
+        }
+        std::string why;
+        const bool straight = StraightLineStart(stripped->branch_targets, fn->start, ready.vaddr) == fn->start;
+        if (std::optional<ThLocation> th =
+                Ruby32ThAtReady(vm, *dis, *fn, ready.vaddr, straight, resumed.th.reg, &why)) {
+          ready.th = *th;
+          ready.th_source = "disasm";
+          ++ruby32_shapes;
+        }
+        break;
+      }
+    }
+  }
+  if (ruby32_shapes > 0) {
+    set.provenance.push_back(
+        {"th at 3.2 STARTED/READY/RESUMED", "disassembly (" + std::to_string(ruby32_shapes) + " sites): the th whose nt "
+         "receives the tid store of native_thread_init(th->nt) before STARTED; the th stored by sched->running = th "
+         "before RESUMED (table 3.2 offsets); at READY, the same argument register as its function's RESUMED"});
+  }
+  if (stripped) {
+    NameStrippedSchedulerFunctions(vm, *dis, *stripped, !finder.ThreadHookTakesTh(), finder.execute_hooks_called,
+                                   &set);
+  }
 
   // GC enter/exit hook-check sites (§4).
   for (const auto& [vaddr, event] : gc_global_refs) {
@@ -662,36 +755,38 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
       hook_events = dwarf->MemberOffset(gc_start->value, "rb_objspace", "hook_events");
       flags = dwarf->MemberOffset(gc_start->value, "rb_objspace", "flags");
     }
-    if (!hook_events && minor == 3) hook_events = 0x14;  // 3.3.8 layout (§4): the check reads byte 0x17
-    if (!flags && minor == 3) flags = 0x10;
+    // rb_objspace of 3.2.11 and 3.3.8 (gdb ptype /o; §4): the check reads byte 0x17. The stripped-copy tests compare
+    // the 3.3 sites found with them to the DWARF ones.
+    if (!hook_events && (minor == 2 || minor == 3)) hook_events = 0x14;
+    if (!flags && (minor == 2 || minor == 3)) flags = 0x10;
     if (hook_events && flags) {
       const int64_t hook_byte = *hook_events + kGcFlagsByte;
-      static constexpr const char* kGcFunctions[] = {"gc_start",           "gc_rest",
-                                                     "gc_continue",        "gc_marks_continue",
-                                                     "gc_sweep_continue",  "rb_objspace_call_finalizer",
-                                                     "rb_memerror"};
-      // The functions to search: the GC functions by name, or without .symtab every function whose bytes hold a
-      // `testb $imm8, disp8(%reg)` of the hook byte (the during_gc pairing below is what makes a match a GC hook).
-      std::vector<CodeRange> gc_units;
+      // The functions to search: every function (.symtab, else .eh_frame) whose bytes hold a `testb $imm8,
+      // disp8(%reg)` of the hook byte; the during_gc pairing below is what makes a match a GC hook. Not only the GC
+      // functions by name: 3.2 inlines gc_continue's checks into newobj_alloc.
+      std::vector<CodeRange> candidates;
       if (stripped) {
-        for (const CodeRange& fn : stripped->functions) {
-          std::span<const uint8_t> b = vm.BytesAt(fn.start, fn.end - fn.start);
-          auto is_bit = [](uint8_t v) { return v == kGcEnterByteBit || v == kGcExitByteBit; };
-          const uint8_t hb = static_cast<uint8_t>(hook_byte);
-          for (size_t i = 0; i + 4 < b.size(); ++i) {
-            // f6 modrm [sib] disp8 imm8
-            if (b[i] == 0xf6 && ((b[i + 2] == hb && is_bit(b[i + 3])) || (b[i + 3] == hb && is_bit(b[i + 4])))) {
-              gc_units.push_back(fn);
-              break;
-            }
-          }
-        }
+        candidates = stripped->functions;
       } else {
         std::set<uint64_t> done;
-        for (const char* base : kGcFunctions) {
-          for (const ElfSymbol& sym : vm.FindSymbolsWithPrefix(base)) {
-            if (!sym.from_symtab || sym.type != STT_FUNC || sym.size == 0 || !done.insert(sym.value).second) continue;
-            gc_units.push_back({sym.value, sym.value + sym.size});
+        for (const ElfSymbol& sym : vm.symbols()) {
+          if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0 ||
+              !done.insert(sym.value).second) {
+            continue;
+          }
+          candidates.push_back({sym.value, sym.value + sym.size});
+        }
+      }
+      std::vector<CodeRange> gc_units;
+      for (const CodeRange& fn : candidates) {
+        std::span<const uint8_t> b = vm.BytesAt(fn.start, fn.end - fn.start);
+        auto is_bit = [](uint8_t v) { return v == kGcEnterByteBit || v == kGcExitByteBit; };
+        const uint8_t hb = static_cast<uint8_t>(hook_byte);
+        for (size_t i = 0; i + 4 < b.size(); ++i) {
+          // f6 modrm [sib] disp8 imm8
+          if (b[i] == 0xf6 && ((b[i + 2] == hb && is_bit(b[i + 3])) || (b[i + 3] == hb && is_bit(b[i + 4])))) {
+            gc_units.push_back(fn);
+            break;
           }
         }
       }
@@ -787,8 +882,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   } else {
     set.provenance.push_back(
         {"GC enter/exit", std::string("hook checks of objspace->hook_events (offsets ") +
-                              (dwarf ? "dwarf" : "table") + ", functions " + (stripped ? "all, by code shape" : "symtab") +
-                              " + disassembly)"});
+                              (dwarf ? "dwarf" : "table") + "; every " + (stripped ? "FDE" : "symtab function") +
+                              " with the check's bytes, by disassembly)"});
   }
 
   // Kernel#sleep and Thread::Mutex#lock: entry of their workers (§5). A `.part.N`/`.cold` piece is reached from its

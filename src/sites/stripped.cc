@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <set>
+
+#include "common/hex.h"
 #include "rvbpfd/abi.h"
 
 namespace rvbpfd {
@@ -56,12 +58,6 @@ std::set<uint64_t> Intersect(const std::set<uint64_t>& a, const std::set<uint64_
   std::set<uint64_t> out;
   std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::inserter(out, out.begin()));
   return out;
-}
-
-std::string Hex(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%" PRIx64, v);
-  return buf;
 }
 
 // GOT slot -> symbol of the JUMP_SLOT / GLOB_DAT relocation that fills it.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "common/hex.h"
 #include "sites/disasm.h"
 #include "stacks/ruby_ec_host.h"
 
@@ -15,12 +16,6 @@ namespace {
 // executable's and startup libraries' blocks plus a small surplus (KiBs to a few MiB); a larger "offset" is a pointer
 // (a dynamic TLSDESC argument) or garbage.
 constexpr int64_t kMaxStaticTlsOffset = int64_t{1} << 30;
-
-std::string Hex(uint64_t v) {
-  char buf[24];
-  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 std::string SignedHex(int64_t v) {
   return v < 0 ? "-" + Hex(static_cast<uint64_t>(0) - static_cast<uint64_t>(v)) : "+" + Hex(static_cast<uint64_t>(v));

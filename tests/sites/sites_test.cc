@@ -69,11 +69,48 @@ __attribute__((noinline)) static void rb_thread_execute_hooks(unsigned event, st
 void rb_internal_thread_add_event_hook(void *h) { rb_internal_thread_event_hooks = h; }
 #endif
 #define HOOK(ev, th) do { if (rb_internal_thread_event_hooks != NULL) rb_thread_execute_hooks((ev), (th)); } while (0)
+#ifdef RV_RUBY32
+/* CRuby 3.2's shapes (thread_pthread.c 3.2.11): the hook call passes no thread; th is the th->nt whose tid
+ * native_thread_init just stored (STARTED, in the pthread start routine, which loops for cached native threads) and
+ * the value stored to sched->running right before RESUMED; READY is the first statement of the same function. */
+struct rv32_nt { char pad[16]; int tid; };
+struct rv32_sched { struct rb_thread_struct *running; int need_yield; };
+extern long syscall(long, ...);
+/* Hidden, as the static functions of thread_pthread.c are: a stripped binary does not name them. */
+#define RV_HIDDEN __attribute__((visibility("hidden"), noinline))
+RV_HIDDEN void fx32_start_func_2(struct rb_thread_struct *th) { rv_sink = th; rv_external(); HOOK(8, NULL); }
+RV_HIDDEN void *fx32_start_func_1(void *th_ptr) {
+  struct rb_thread_struct *th = th_ptr;
+  do {
+    struct rv32_nt *nt = (struct rv32_nt *)th->nt;
+    nt->tid = (int)syscall(186);
+    rv_external();
+    HOOK(1, NULL);
+    fx32_start_func_2(th);
+    HOOK(16, NULL);
+    th = rv_get_th();
+  } while (th != NULL);
+  return NULL;
+}
+void *fx32_thread_entry(void) { return (void *)fx32_start_func_1; }  /* pthread_create's start routine */
+void fx32_to_running(struct rv32_sched *sched, struct rb_thread_struct *th) {
+  HOOK(2, NULL);
+  while (sched->running) rv_external();
+#ifdef RV_RUBY32_TWO_STORES
+  ((struct rv32_sched *)th)->running = (struct rb_thread_struct *)sched;
+#endif
+  sched->running = th;
+  HOOK(4, NULL);
+  if (sched->need_yield) rv_external();
+}
+void fx32_to_waiting(struct rv32_sched *sched) { HOOK(8, NULL); sched->running = NULL; }
+#else
 void fx_started(struct rb_thread_struct *th) { HOOK(1, th); }
 void fx_ready(int unused, struct rb_thread_struct *th) { rv_sink = (void *)(size_t)unused; HOOK(2, th); }
 void fx_resumed(struct rb_thread_struct *th) { rv_external(); HOOK(4, th); }
 void fx_suspended(struct rb_thread_struct *th) { HOOK(8, th); }
 void fx_exited(struct rb_thread_struct *th) { HOOK(16, th); }
+#endif
 int fx_layout(struct rb_thread_struct *th) { return th->nt->tid + (int)th->serial; }
 void rb_f_sleep(void) { rv_sink = 0; }
 void rb_mutex_lock(void) { rv_sink = 0; }
@@ -241,6 +278,67 @@ TEST_F(FixtureTest, Ruby32NeedsAnExplicitThAtStartedAndResumed) {
   EXPECT_TRUE(why.find("STARTED hook site") != std::string::npos || why.find("RESUMED hook site") != std::string::npos)
       << why;
   EXPECT_NE(why.find("cannot locate th"), std::string::npos) << why;
+}
+
+// A stripped 3.2: th at STARTED and RESUMED is read off the statement CRuby 3.2 runs before each hook
+// (sites/ruby32_th.h), and equals what DWARF says of the unstripped build; READY, in the same function as RESUMED,
+// takes the register that holds the same argument there.
+TEST_F(FixtureTest, StrippedRuby32LocatesThFromTheStatementsBeforeTheHooks) {
+  const std::string full = Build("libfx32.so", "-g -DRV_REGISTRY -DRV_RUBY32");
+  const std::string stripped = dir_.Join("libfx32-stripped.so");
+  ASSERT_EQ(std::system(("strip -o '" + stripped + "' '" + full + "'").c_str()), 0);
+  Result<SiteSet> want = Find(full, "3.2.9");
+  Result<SiteSet> got = Find(stripped, "3.2.9");
+  ASSERT_TRUE(want.ok()) << want.error().ToString();
+  ASSERT_TRUE(got.ok()) << got.error().ToString();
+  // One site per event, but SUSPENDED: fx32_to_waiting's, and the thread's last one in fx32_start_func_2.
+  std::map<uint8_t, const ProbeSite*> want_by_event, got_by_event;
+  const ProbeSite* last_release = nullptr;
+  for (const ProbeSite& s : want->sites) {
+    if (s.method == "hook-site") want_by_event[s.event] = &s;
+  }
+  for (const ProbeSite& s : got->sites) {
+    if (s.method != "hook-site") continue;
+    if (s.event == RV_EV_THREAD_SUSPENDED && s.function == "thread_start_func_2") last_release = &s;
+    else got_by_event[s.event] = &s;
+  }
+  ASSERT_EQ(got_by_event.size(), 5u) << FormatSites(*got);
+  ASSERT_NE(last_release, nullptr) << "the function thread_start_func_1 calls is named: " << FormatSites(*got);
+  for (uint8_t event : {RV_EV_THREAD_STARTED, RV_EV_THREAD_RESUMED}) {
+    SCOPED_TRACE(EventKindName(event));
+    ASSERT_TRUE(want_by_event.count(event) && got_by_event.count(event));
+    EXPECT_EQ(want_by_event[event]->th_source, "dwarf");
+    EXPECT_EQ(got_by_event[event]->th_source, "disasm");
+    EXPECT_EQ(got_by_event[event]->th, want_by_event[event]->th) << FormatSites(*got);
+    EXPECT_EQ(got_by_event[event]->vaddr, want_by_event[event]->vaddr);
+  }
+  const ProbeSite* ready = got_by_event[RV_EV_THREAD_READY];
+  ASSERT_NE(ready, nullptr);
+  EXPECT_EQ(ready->th_source, "disasm");
+  EXPECT_EQ(ready->th, got_by_event[RV_EV_THREAD_RESUMED]->th);
+  EXPECT_EQ(got_by_event[RV_EV_THREAD_SUSPENDED]->th, kCurrent);
+  EXPECT_EQ(got_by_event[RV_EV_THREAD_EXITED]->th, kCurrent);
+  EXPECT_EQ(got_by_event[RV_EV_THREAD_STARTED]->function, "thread_start_func_1");
+  EXPECT_EQ(got_by_event[RV_EV_THREAD_EXITED]->function, "thread_start_func_1");
+  bool provenance = false;
+  for (const auto& [fact, source] : got->provenance) {
+    if (fact == "th at 3.2 STARTED/READY/RESUMED") provenance = source.find("(3 sites)") != std::string::npos;
+  }
+  EXPECT_TRUE(provenance) << FormatSites(*got);
+}
+
+// Two register stores to [base + 0] next to the RESUMED hook: which one is sched->running is not known, so the
+// binary is refused rather than traced with a guessed th.
+TEST_F(FixtureTest, StrippedRuby32WithTwoCandidateRunningStoresIsRefused) {
+  const std::string full = Build("libfx32-two.so", "-g0 -DRV_REGISTRY -DRV_RUBY32 -DRV_RUBY32_TWO_STORES");
+  const std::string stripped = dir_.Join("libfx32-two-stripped.so");
+  ASSERT_EQ(std::system(("strip -o '" + stripped + "' '" + full + "'").c_str()), 0);
+  Result<SiteSet> got = Find(stripped, "3.2.9");
+  ASSERT_FALSE(got.ok()) << FormatSites(*got);
+  EXPECT_EQ(got.error().code(), ErrorCode::kNoSymbols);
+  EXPECT_NE(got.error().message().find("RESUMED hook site"), std::string::npos) << got.error().message();
+  EXPECT_NE(got.error().message().find("2 candidate `sched->running = th` stores"), std::string::npos)
+      << got.error().message();
 }
 
 TEST_F(FixtureTest, UnknownEventArgumentIsRefused) {
@@ -454,9 +552,9 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   ASSERT_NE(at, std::string::npos) << out_of_range;
   out_of_range.replace(at, 10, "\"event\": 99");
   std::string stale_format = good_json;
-  at = stale_format.find("\"format\": 8");
+  at = stale_format.find("\"format\": 9");
   ASSERT_NE(at, std::string::npos);
-  stale_format.replace(at, 11, "\"format\": 7");  // the previous format: recomputed
+  stale_format.replace(at, 11, "\"format\": 8");  // the previous format: recomputed
   std::string huge_offset = good_json;
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);
