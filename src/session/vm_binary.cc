@@ -172,7 +172,7 @@ Error LiveLayoutRefusal(const LiveLayout& layout, int pid, const std::string& wh
   return Error(ErrorCode::kNoSymbols,
                layout.vm_path + " (" + layout.description + "): process " + std::to_string(pid) +
                    " does not match the layout rvbpfd derived: " + what +
-                   "; supported without debug symbols: CRuby 3.3 and 3.4 release builds (GCC, x86-64), otherwise "
+                   "; supported without debug symbols: CRuby 3.2, 3.3 and 3.4 release builds (GCC, x86-64), otherwise "
                    "install the VM's debug symbols");
 }
 
