@@ -171,6 +171,31 @@ class RecorderTest : public ::testing::Test {
     }
     return r;
   }
+  // Launch mode with a real shell command whose "VM" is the libc it maps; the script gives the command's first thread
+  // event once it runs the program and has mapped that file (however slow the machine: the live check's 5 s limit is
+  // on the fake clock). *command_pid is set once the command's pid was added to the BPF filter. False when this
+  // machine has no /lib/x86_64-linux-gnu/libc.so.6 (the test skips).
+  bool LaunchShellOnLibc(const std::string& shell_script, uint32_t* command_pid) {
+    options_.command = {"/bin/sh", "-c", shell_script};
+    options_.pid = 0;
+    target_.pid = 0;
+    std::error_code ec;
+    target_.vm_path = target_.open_path = std::filesystem::canonical("/lib/x86_64-linux-gnu/libc.so.6", ec).string();
+    if (ec) return false;
+    options_.duration_s = 3600;  // the fake clock runs ahead of real time; the command's exit ends the recording
+    *command_pid = 0;
+    script_ = [this, command_pid, started = false](uint64_t) mutable {
+      usleep(1000);  // real time passes for the command: ~1 ms a poll
+      if (*command_pid == 0 && !fake_.pids.empty()) *command_pid = *fake_.pids.begin();
+      if (*command_pid != 0 && !started &&
+          ReadFileOrEmpty("/proc/" + std::to_string(*command_pid) + "/maps").find(target_.open_path) !=
+              std::string::npos) {
+        started = true;
+        fake_.Record(now_ + 1 * kMs, *command_pid, RV_EV_THREAD_STARTED, 0x5000);
+      }
+    };
+    return true;
+  }
   // A record the target's probes took at t_ns after the recording's origin.
   void Inject(uint64_t t_ns, uint16_t kind, uint64_t th) { fake_.Record(kStartNs + t_ns, pid_, kind, th); }
   void TargetExits() {
@@ -511,29 +536,10 @@ TEST_F(RecorderTest, SpeculativeLoadOnAHelperThreadIsRedoneWhenTheBinaryGivesNoS
 }
 
 TEST_F(RecorderTest, LaunchModeRunsTheCommandAndRecordsItUntilItExits) {
-  // A real command (a shell that lives ~0.3 s); its "VM" is the libc it maps, whose layout (nothing to compare: no
-  // version string, no hook list) passes the live check once the command has mapped it and a thread event came.
-  options_.command = {"/bin/sh", "-c", "sleep 0.3; exit 3"};
-  options_.pid = 0;
-  target_.pid = 0;
-  std::error_code ec;
-  target_.vm_path = target_.open_path = std::filesystem::canonical("/lib/x86_64-linux-gnu/libc.so.6", ec).string();
-  if (ec) GTEST_SKIP() << "no /lib/x86_64-linux-gnu/libc.so.6 on this machine";
-  options_.duration_s = 3600;  // the fake clock runs ahead of real time; the command's exit ends the recording
+  // A shell that lives ~0.3 s; its "VM" is the libc it maps, whose layout (nothing to compare: no version string, no
+  // hook list) passes the live check once the command has mapped it and a thread event came.
   uint32_t command_pid = 0;
-  bool started = false;
-  script_ = [&](uint64_t) {
-    usleep(1000);  // real time passes for the command: ~1 ms a poll
-    if (command_pid == 0 && !fake_.pids.empty()) command_pid = *fake_.pids.begin();
-    // Its first thread event once it runs the program and has mapped the "VM" (however slow the machine: the
-    // check's 5 s limit is on the fake clock).
-    if (command_pid != 0 && !started &&
-        ReadFileOrEmpty("/proc/" + std::to_string(command_pid) + "/maps").find(target_.open_path) !=
-            std::string::npos) {
-      started = true;
-      fake_.Record(now_ + 1 * kMs, command_pid, RV_EV_THREAD_STARTED, 0x5000);
-    }
-  };
+  if (!LaunchShellOnLibc("sleep 0.3; exit 3", &command_pid)) GTEST_SKIP() << "no libc.so.6 at the Debian path";
   Result<int> r = Run();
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   ASSERT_NE(command_pid, 0u) << "the command's pid was never added to the BPF filter";
@@ -548,31 +554,14 @@ TEST_F(RecorderTest, LaunchModeRunsTheCommandAndRecordsItUntilItExits) {
 }
 
 TEST_F(RecorderTest, LaunchModeRefusesACommandWhoseMemoryDoesNotMatchTheLayoutAndLeavesItRunning) {
-  // The same real command, but the analysis says its "VM" holds ruby_version "3.3.8" at vaddr 1, where libc has the
-  // rest of its ELF magic: the live check fails once the command has mapped it and a thread event came.
-  options_.command = {"/bin/sh", "-c", "sleep 0.5; exit 3"};
-  options_.pid = 0;
-  target_.pid = 0;
-  std::error_code ec;
-  target_.vm_path = target_.open_path = std::filesystem::canonical("/lib/x86_64-linux-gnu/libc.so.6", ec).string();
-  if (ec) GTEST_SKIP() << "no /lib/x86_64-linux-gnu/libc.so.6 on this machine";
+  // The same kind of command, but the analysis says its "VM" holds ruby_version "3.3.8" at vaddr 1, where libc has
+  // the rest of its ELF magic: the live check fails once the command has mapped it and a thread event came.
+  uint32_t command_pid = 0;
+  if (!LaunchShellOnLibc("sleep 0.5; exit 3", &command_pid)) GTEST_SKIP() << "no libc.so.6 at the Debian path";
   prepared_.live_layout.vm_path = target_.vm_path;
   prepared_.live_layout.ruby_version = "3.3.8";
   prepared_.live_layout.ruby_version_vaddr = 1;
   prepared_.live_layout.lowest_load_vaddr = 0;
-  options_.duration_s = 3600;
-  uint32_t command_pid = 0;
-  bool started = false;
-  script_ = [&](uint64_t) {
-    usleep(1000);
-    if (command_pid == 0 && !fake_.pids.empty()) command_pid = *fake_.pids.begin();
-    if (command_pid != 0 && !started &&
-        ReadFileOrEmpty("/proc/" + std::to_string(command_pid) + "/maps").find(target_.open_path) !=
-            std::string::npos) {
-      started = true;
-      fake_.Record(now_ + 1 * kMs, command_pid, RV_EV_THREAD_STARTED, 0x5000);
-    }
-  };
   Result<int> r = Run();
   ASSERT_NE(command_pid, 0u) << "the command's pid was never added to the BPF filter";
   ASSERT_FALSE(r.ok()) << "a command whose memory contradicts the analysis must not be traced";

@@ -161,6 +161,13 @@ class FixtureTest : public ::testing::Test {
     EXPECT_TRUE(CompileC(kFixtureSource, path, "-shared -fPIC -O2 " + flags));
     return path;
   }
+  // A `strip`ped copy (no .symtab, no DWARF) of the fixture built with `flags`, as name; "" on failure.
+  std::string BuildStripped(const std::string& name, const std::string& flags) {
+    const std::string full = Build("full-" + name, flags);
+    const std::string stripped = dir_.Join(name);
+    if (std::system(("strip -o '" + stripped + "' '" + full + "'").c_str()) != 0) return "";
+    return stripped;
+  }
   Result<SiteSet> Find(const std::string& path, const std::string& version) {
     Result<ElfFile> elf = ElfFile::Open(path);
     if (!elf.ok()) return elf.error();
@@ -284,10 +291,9 @@ TEST_F(FixtureTest, Ruby32NeedsAnExplicitThAtStartedAndResumed) {
 // (sites/ruby32_th.h), and equals what DWARF says of the unstripped build; READY, in the same function as RESUMED,
 // takes the register that holds the same argument there.
 TEST_F(FixtureTest, StrippedRuby32LocatesThFromTheStatementsBeforeTheHooks) {
-  const std::string full = Build("libfx32.so", "-g -DRV_REGISTRY -DRV_RUBY32");
-  const std::string stripped = dir_.Join("libfx32-stripped.so");
-  ASSERT_EQ(std::system(("strip -o '" + stripped + "' '" + full + "'").c_str()), 0);
-  Result<SiteSet> want = Find(full, "3.2.9");
+  const std::string stripped = BuildStripped("libfx32.so", "-g -DRV_REGISTRY -DRV_RUBY32");
+  ASSERT_FALSE(stripped.empty());
+  Result<SiteSet> want = Find(dir_.Join("full-libfx32.so"), "3.2.9");
   Result<SiteSet> got = Find(stripped, "3.2.9");
   ASSERT_TRUE(want.ok()) << want.error().ToString();
   ASSERT_TRUE(got.ok()) << got.error().ToString();
@@ -330,9 +336,8 @@ TEST_F(FixtureTest, StrippedRuby32LocatesThFromTheStatementsBeforeTheHooks) {
 // Two register stores to [base + 0] next to the RESUMED hook: which one is sched->running is not known, so the
 // binary is refused rather than traced with a guessed th.
 TEST_F(FixtureTest, StrippedRuby32WithTwoCandidateRunningStoresIsRefused) {
-  const std::string full = Build("libfx32-two.so", "-g0 -DRV_REGISTRY -DRV_RUBY32 -DRV_RUBY32_TWO_STORES");
-  const std::string stripped = dir_.Join("libfx32-two-stripped.so");
-  ASSERT_EQ(std::system(("strip -o '" + stripped + "' '" + full + "'").c_str()), 0);
+  const std::string stripped = BuildStripped("libfx32-two.so", "-g0 -DRV_REGISTRY -DRV_RUBY32 -DRV_RUBY32_TWO_STORES");
+  ASSERT_FALSE(stripped.empty());
   Result<SiteSet> got = Find(stripped, "3.2.9");
   ASSERT_FALSE(got.ok()) << FormatSites(*got);
   EXPECT_EQ(got.error().code(), ErrorCode::kNoSymbols);
@@ -378,10 +383,9 @@ TEST_F(FixtureTest, StrippedBinaryWithoutTheHookRegistryExportsIsNoSymbolsWithTh
 }
 
 TEST_F(FixtureTest, StrippedBinaryGivesTheSitesOfTheUnstrippedOne) {
-  const std::string full = Build("libfx-registry.so", "-g -DRV_REGISTRY");
-  const std::string stripped = dir_.Join("libfx-registry-stripped.so");
-  ASSERT_EQ(std::system(("strip -o '" + stripped + "' '" + full + "'").c_str()), 0);
-  Result<SiteSet> want = Find(full, "3.3.0");
+  const std::string stripped = BuildStripped("libfx-registry.so", "-g -DRV_REGISTRY");
+  ASSERT_FALSE(stripped.empty());
+  Result<SiteSet> want = Find(dir_.Join("full-libfx-registry.so"), "3.3.0");
   Result<SiteSet> got = Find(stripped, "3.3.0");
   ASSERT_TRUE(want.ok()) << want.error().ToString();
   ASSERT_TRUE(got.ok()) << got.error().ToString();
