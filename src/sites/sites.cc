@@ -690,9 +690,10 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   }
   if (ruby32_shapes > 0) {
     set.provenance.push_back(
-        {"th at 3.2 STARTED/READY/RESUMED", "disassembly (" + std::to_string(ruby32_shapes) + " sites): the th whose nt "
-         "receives the tid store of native_thread_init(th->nt) before STARTED; the th stored by sched->running = th "
-         "before RESUMED (table 3.2 offsets); at READY, the same argument register as its function's RESUMED"});
+        {"th at 3.2 STARTED/READY/RESUMED",
+         "disassembly (" + std::to_string(ruby32_shapes) + " sites): the th whose nt receives the tid store of "
+         "native_thread_init(th->nt) before STARTED; the th stored by sched->running = th before RESUMED (table 3.2 "
+         "offsets); at READY, the same argument register as its function's RESUMED"});
   }
   if (stripped) {
     NameStrippedSchedulerFunctions(vm, *dis, *stripped, !finder.ThreadHookTakesTh(), finder.execute_hooks_called,
