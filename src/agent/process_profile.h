@@ -246,8 +246,7 @@ class ProcessProfile {
   uint64_t sample_period_ns() const { return sample_period_ns_; }
 
   // Spans + samples the blame attribution keeps before a drain. Small, so that what a process keeps (~15 KB) stays
-  // in cache between its records: with 4096, 50 processes kept ~5 MB and agent_pipeline_bench spent ~25% more CPU
-  // per event than with 256, the more frequent drains included.
+  // in cache between its records.
   static constexpr size_t kBlameDrainMin = 256;
   static constexpr size_t kMaxThreadNames = 4096;  // numbered threads before the numbering starts over
 

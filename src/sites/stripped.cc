@@ -3,8 +3,6 @@
 #include <elf.h>
 
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
 #include <cstring>
 #include <set>
 

@@ -3,7 +3,6 @@
 #include <elf.h>
 
 #include <algorithm>
-#include <cstdio>
 
 #include "common/hex.h"
 #include "sites/disasm.h"
