@@ -90,7 +90,8 @@ StackResolver::Node* StackResolver::Find(const Key& key, FrontSlot& slot) {
   return slot.node;
 }
 
-StackResolver::Node* StackResolver::ValidSibling(const Key& key) {
+StackResolver::Node* StackResolver::ValidSibling(const rv_ruby_frame& frame, const Key& key, Heads* heads,
+                                                bool* have_heads) {
   if (key.kind != RV_RB_FRAME_ISEQ && key.kind != RV_RB_FRAME_CME_ISEQ) return nullptr;
   const Key& s = siblings_[SiblingIndex(key)];
   if (s.addr != key.addr || s.cfp_iseq != key.cfp_iseq || s.kind != key.kind || s.flags != key.flags ||
@@ -98,7 +99,18 @@ StackResolver::Node* StackResolver::ValidSibling(const Key& key) {
     return nullptr;
   }
   Node* n = Find(s, front_[FrontIndex(s)]);
-  return n != nullptr && n->second.epoch == epoch_ ? n : nullptr;
+  if (n == nullptr) return nullptr;
+  Entry& e = n->second;
+  // Valid in this epoch: its heads are the objects' heads now, so none need reading for this frame.
+  if (e.epoch == epoch_) return !*have_heads || *heads == e.heads ? n : nullptr;
+  // Named in an earlier epoch (a GC since: a sample's new pc usually comes after one). The same objects if their
+  // heads are unchanged: the entry is valid again, and this frame costs its heads and its line instead of a full
+  // symbolization (~40 dependent reads).
+  if (!*have_heads) *have_heads = ReadHeads(frame, heads);
+  if (!*have_heads || *heads != e.heads) return nullptr;
+  ++revalidations_;
+  e.epoch = epoch_;
+  return n;
 }
 
 FrameInfo StackResolver::ResolveFrame(const rv_ruby_frame& frame) { return *ResolveFrameShared(frame); }
@@ -134,10 +146,9 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
   ++misses_;
   SharedFrame info;
   if (cacheable) {
-    // Another pc of the same objects, named in this epoch: the same label and path, this pc's line. Its heads are
-    // the objects' heads now (validated in this epoch); heads just read must agree with them.
-    Node* sibling = ValidSibling(key);
-    if (sibling != nullptr && (!have_heads || heads == sibling->second.heads)) {
+    // Another pc of the same objects, valid in this epoch: the same label and path, this pc's line.
+    Node* sibling = ValidSibling(frame, key, &heads, &have_heads);
+    if (sibling != nullptr) {
       std::optional<int> line = (frame.flags & RV_RB_FRAME_F_LINE_ZERO)
                                     ? std::optional<int>(0)
                                     : symbolizer_.LineNumber(frame.cfp_iseq, frame.pc);

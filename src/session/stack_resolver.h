@@ -12,9 +12,11 @@
 //
 // Cost per GC and per new pc: the entries used in one epoch are revalidated together at the first use in the next
 // (one batch of reads per GC for a process's working set, not one per distinct stack). A frame that misses only
-// because its pc is new (a thread stopped at another instruction of a method already named in this epoch) takes
-// the label and path of that entry, whose objects are the same and were validated in this epoch, and reads only its
-// line: the symbolizer's other reads (iseq body, strings, class path) are the bulk of a miss.
+// because its pc is new (a thread stopped at another instruction of a method already named) takes the label and
+// path of that method's entry and reads only its line: the symbolizer's other reads (iseq body, strings, class path)
+// are the bulk of a miss. The entry must be valid in this epoch, or become so: one named before a GC is revalidated
+// against the heads of the new frame's objects, which are read anyway (a sample's pc is usually new and usually
+// comes after a GC: that is what the agent's samples cost most often).
 //
 // Resolved frames are shared and immutable (SharedFrame): a cache hit hands out a reference to the cached frame
 // instead of copying its strings, and a frame stays valid for its holders after its cache entry is dropped.
@@ -170,9 +172,11 @@ class StackResolver {
     if (live_.size() < kMaxLiveEntries) live_.push_back(node);
   }
   Node* Find(const Key& key, FrontSlot& slot);
-  // The cached entry of the same objects and flags as `key` with another pc, valid in this epoch, or null: what a
-  // miss on a new pc is named from (ISEQ frames only; a C frame has no pc).
-  Node* ValidSibling(const Key& key);
+  // The cached entry of the same objects and flags as `frame` (whose key is `key`) with another pc, valid in this
+  // epoch, or null: what a miss on a new pc is named from (ISEQ frames only; a C frame has no pc). An entry of an
+  // earlier epoch is revalidated here, as RevalidateStale would: against the frame's heads (`*heads`, read now when
+  // `*have_heads` is false), which must equal the entry's. Heads read here are left in `*heads`.
+  Node* ValidSibling(const rv_ruby_frame& frame, const Key& key, Heads* heads, bool* have_heads);
   static size_t SiblingIndex(const Key& key);
   static size_t EntryBytes(const FrameInfo& f) { return kEntryOverheadBytes + f.label.capacity() + f.path.capacity(); }
 

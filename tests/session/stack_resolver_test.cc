@@ -83,6 +83,34 @@ class StackResolverTest : public ::testing::Test {
     return iseq;
   }
 
+  // MakeTwoLineIseq("work", 10, 20) and a frame at each line; `second` is what a full symbolization (a resolver over
+  // a copy of the memory, with an empty cache) names the frame at the second line.
+  struct TwoLines {
+    uint64_t iseq = 0, encoded = 0;
+    rv_ruby_frame at_first{}, at_second{};
+    FrameInfo second;
+  };
+  TwoLines MakeWork() {
+    TwoLines w;
+    w.iseq = MakeTwoLineIseq("work", 10, 20, &w.encoded);
+    w.at_first = {w.iseq, w.encoded + 8, w.iseq, RV_RB_FRAME_ISEQ, 0};
+    w.at_second = {w.iseq, w.encoded + 40, w.iseq, RV_RB_FRAME_ISEQ, 0};
+    StackResolver fresh(std::make_unique<FakeMemory>(*mem_), off_, 0);
+    w.second = fresh.ResolveFrame(w.at_second);
+    return w;
+  }
+
+  // After a GC (epoch `epoch`) that reused the iseq's slot no entry of it is valid: a third pc is symbolized in full
+  // (unresolved: the slot is no iseq now), never named from the old entries.
+  void ExpectAReusedSlotIsSymbolizedInFull(const TwoLines& w, uint64_t epoch) {
+    const uint64_t line_only = resolver_->line_only_misses();
+    mem_->Put64(w.iseq, kTString);
+    resolver_->set_epoch(epoch);
+    const rv_ruby_frame at_third{w.iseq, w.encoded + 16, w.iseq, RV_RB_FRAME_ISEQ, 0};
+    EXPECT_EQ(resolver_->ResolveFrame(at_third).kind, FrameKind::kUnresolved);
+    EXPECT_EQ(resolver_->line_only_misses(), line_only);
+  }
+
   RubyOffsets off_;
   FakeMemory* mem_ = nullptr;
   std::unique_ptr<StackResolver> resolver_;
@@ -281,13 +309,9 @@ TEST_F(StackResolverTest, TheBatchCarriesOnlyTheFramesUsedInTheLastEpoch) {
 }
 
 TEST_F(StackResolverTest, ANewPcOfAnIseqNamedInThisEpochReadsOnlyItsLine) {
-  uint64_t encoded = 0;
-  const uint64_t iseq = MakeTwoLineIseq("work", 10, 20, &encoded);
-  const rv_ruby_frame at_first{iseq, encoded + 8, iseq, RV_RB_FRAME_ISEQ, 0};
-  const rv_ruby_frame at_second{iseq, encoded + 40, iseq, RV_RB_FRAME_ISEQ, 0};
-  // What a full symbolization gives at the second pc (a resolver over a copy of the memory, with an empty cache).
-  StackResolver fresh(std::make_unique<FakeMemory>(*mem_), off_, 0);
-  const FrameInfo expected = fresh.ResolveFrame(at_second);
+  const TwoLines w = MakeWork();
+  const rv_ruby_frame &at_first = w.at_first, &at_second = w.at_second;
+  const FrameInfo& expected = w.second;
   ASSERT_EQ(expected.line, 20);
 
   uint64_t reads = mem_->reads();
@@ -303,13 +327,39 @@ TEST_F(StackResolverTest, ANewPcOfAnIseqNamedInThisEpochReadsOnlyItsLine) {
   EXPECT_EQ(resolver_->ResolveFrame(at_second), expected);
   EXPECT_EQ(mem_->reads(), reads) << "the new pc is cached like any miss";
 
-  // After a GC that reused the iseq's slot, no entry of it is valid: a third pc is symbolized in full (unresolved:
-  // the slot is no iseq now), never named from the old entries.
-  mem_->Put64(iseq, kTString);
+  ExpectAReusedSlotIsSymbolizedInFull(w, 1);
+}
+
+// A sample's new pc often comes epochs after the iseq was last named (not in the batch the last GC revalidated): the
+// old entry is revalidated by its heads and gives label and path, so the frame costs its heads and its line, not a
+// full symbolization.
+TEST_F(StackResolverTest, ANewPcAfterAGcRevalidatesTheIseqsEntryAndReadsOnlyItsLine) {
+  const rv_ruby_frame main = Frame();  // before MakeWork, which moves encoded_ to its own iseq
+  const TwoLines w = MakeWork();
+  const rv_ruby_frame &at_first = w.at_first, &at_second = w.at_second;
+  const FrameInfo& expected = w.second;
+  ASSERT_EQ(expected.line, 20);
+  uint64_t reads = mem_->reads();
+  ASSERT_EQ(resolver_->ResolveFrame(at_first).line, 10);
+  const uint64_t full_reads = mem_->reads() - reads;
+
+  // An epoch in which the method is not used (so its entry leaves the batch a GC revalidates), then another.
   resolver_->set_epoch(1);
-  const rv_ruby_frame at_third{iseq, encoded + 16, iseq, RV_RB_FRAME_ISEQ, 0};
-  EXPECT_EQ(resolver_->ResolveFrame(at_third).kind, FrameKind::kUnresolved);
+  ASSERT_EQ(resolver_->ResolveFrame(main).label, "<main>");
+  resolver_->set_epoch(2);
+  ASSERT_EQ(resolver_->ResolveFrame(main).label, "<main>");  // the batch of the epoch's first use is done
+  const uint64_t revalidations = resolver_->revalidations();
+  reads = mem_->reads();
+  EXPECT_EQ(resolver_->ResolveFrame(at_second), expected);
   EXPECT_EQ(resolver_->line_only_misses(), 1u);
+  EXPECT_EQ(resolver_->revalidations() - revalidations, 1u) << "the first pc's entry is valid again";
+  EXPECT_LT(mem_->reads() - reads, full_reads / 2) << "label and path come from the revalidated entry";
+  reads = mem_->reads();
+  EXPECT_EQ(resolver_->ResolveFrame(at_first).line, 10);
+  EXPECT_EQ(mem_->reads(), reads) << "the revalidated entry is a hit for the rest of the epoch";
+
+  // The heads differ after a GC that reused the slot, so the revalidation fails and nothing is named from the entry.
+  ExpectAReusedSlotIsSymbolizedInFull(w, 3);
 }
 
 TEST_F(StackResolverTest, UnreadableFrameIsUnresolvedAndNotCached) {
