@@ -12,30 +12,33 @@ ProcessEcInstaller::ProcessEcInstaller(int pid, std::string vm_path, EcRoute rou
     : pid_(pid), vm_path_(std::move(vm_path)), route_(std::move(route)), binary_(binary),
       proc_root_(std::move(proc_root)) {}
 
-ProcessEcInstaller::State ProcessEcInstaller::Poll(BpfSession& session) {
-  if (state_ != State::kPending) return state_;
+std::optional<rv_proc_ec> ProcessEcInstaller::Resolve() {
+  if (state_ != State::kPending) return std::nullopt;
   std::optional<uint64_t> lowest = LowestMappingOf(pid_, vm_path_, proc_root_);
-  if (!lowest) return state_;  // not mapped yet (launch mode before exec, or ld.so still loading)
+  if (!lowest) return std::nullopt;  // not mapped yet (launch mode before exec, or ld.so still loading)
   const uint64_t bias = EcRouteLoadBias(route_, *lowest);
   if (EcRouteHasGotSlot(route_) &&
       !EcRouteSlotInPlace(route_, MappedFileOffset(pid_, vm_path_, bias + route_.got_vaddr, proc_root_))) {
-    return state_;  // ld.so has not mapped the data segment yet: the slot's address shows other bytes of the file
+    return std::nullopt;  // ld.so has not mapped the data segment yet: the slot's address shows other bytes of the file
   }
   ProcessMemoryReader mem(pid_);
   Result<std::optional<rv_proc_ec>> pe = ResolveProcessEc(route_, binary_, bias, mem);
   if (!pe) {
-    state_ = State::kFailed;
-    error_ = pe.error().message();
-    return state_;
+    Refused(pe.error().message());
+    return std::nullopt;
   }
-  if (!pe->has_value()) return state_;  // mapped, not relocated yet
-  if (Status st = session.SetProcEc(static_cast<uint32_t>(pid_), **pe); !st) {
-    state_ = State::kFailed;
-    error_ = st.error().message();
-    return state_;
-  }
-  installed_ = **pe;
+  return *pe;  // nullopt: mapped, not relocated yet
+}
+
+ProcessEcInstaller::State ProcessEcInstaller::Installed(const rv_proc_ec& pe) {
+  installed_ = pe;
   state_ = State::kInstalled;
+  return state_;
+}
+
+ProcessEcInstaller::State ProcessEcInstaller::Refused(std::string why) {
+  state_ = State::kFailed;
+  error_ = std::move(why);
   return state_;
 }
 

@@ -1,8 +1,10 @@
 // Installs the per-process part of a VM binary's EC route (src/stacks/ec_route.h) into BPF's proc_ec map, once the
 // process has mapped the VM and ld.so has relocated it: at once when attaching to a running process; in launch mode
-// (or for a process the fleet agent found at exec) only after the dynamic loader ran, so Poll() is retried until then.
+// (or for a process the fleet agent found at exec) only after the dynamic loader ran, so Resolve() is retried until
+// then.
 //
-// Used by the recorder's main loop and the fleet agent; one instance per process. Not thread-safe (the daemon's loop).
+// Used by the recorder's main loop and the fleet agent (through ProbeBackend::PollEc, which writes the map); one
+// instance per process. Not thread-safe (the daemon's loop).
 #ifndef RVBPFD_SRC_PROBE_EC_INSTALL_H_
 #define RVBPFD_SRC_PROBE_EC_INSTALL_H_
 
@@ -10,7 +12,6 @@
 #include <optional>
 #include <string>
 
-#include "probe/bpf_session.h"
 #include "rvbpfd/abi.h"
 #include "stacks/ec_route.h"
 
@@ -26,8 +27,15 @@ class ProcessEcInstaller {
 
   ProcessEcInstaller(int pid, std::string vm_path, EcRoute route, uint8_t binary, std::string proc_root = "/proc");
 
-  // One attempt while pending (a /proc/PID/maps scan and at most three small reads of the target); a no-op after.
-  State Poll(BpfSession& session);
+  // One attempt while pending (a /proc/PID/maps scan and at most three small reads of the target): the process's
+  // proc_ec values once the VM is mapped and relocated, for the backend to write. nullopt while pending, after a
+  // failure, and once installed (state() says which).
+  std::optional<rv_proc_ec> Resolve();
+  // The backend's answer for the values Resolve gave: written (kInstalled), or refused with `why` (kFailed).
+  State Installed(const rv_proc_ec& pe);
+  State Refused(std::string why);
+
+  int pid() const { return pid_; }
   State state() const { return state_; }
   const std::string& error() const { return error_; }
   const std::optional<rv_proc_ec>& installed() const { return installed_; }

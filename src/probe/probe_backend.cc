@@ -37,6 +37,15 @@ void BpfProbeBackend::SetHandlers(RecordHandler on_record, StackHandler on_stack
                                     const rv_gvl_reading* gvl) { on_stack_(r, h, frames, gvl); });
 }
 
+ProcessEcInstaller::State BpfProbeBackend::PollEc(ProcessEcInstaller& installer) {
+  std::optional<rv_proc_ec> pe = installer.Resolve();
+  if (!pe) return installer.state();
+  if (Status st = session_->SetProcEc(static_cast<uint32_t>(installer.pid()), *pe); !st) {
+    return installer.Refused(st.error().message());
+  }
+  return installer.Installed(*pe);
+}
+
 SiteGroup* BpfProbeBackend::GroupAt(int group) const {
   if (group < 0 || static_cast<size_t>(group) >= groups_.size()) return nullptr;
   return groups_[static_cast<size_t>(group)].get();

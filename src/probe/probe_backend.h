@@ -113,7 +113,7 @@ class BpfProbeBackend : public ProbeBackend {
   Status RemovePid(uint32_t pid) override { return session_->RemovePid(pid); }
   Status StartSampling(int hz) override { return session_->StartSampling(hz); }
   Status WatchProcesses() override { return session_->WatchProcesses(); }
-  ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override { return installer.Poll(*session_); }
+  ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override;
   Result<int> Poll(int timeout_ms) override { return session_->Poll(timeout_ms); }
   void WakePollOn(int fd) override { session_->WakePollOn(fd); }
   rv_counters ReadCounters() const override { return session_->ReadCounters(); }

@@ -174,6 +174,23 @@ testing::FakeMemory FakeVmMemory(int tid, uint64_t main_thread = testing::FakeVm
   return testing::FakeVmMemory(kFakeLibrubyBias, tid, main_thread);
 }
 
+// An EC route the backend refuses (BPF's proc_ec map full): the process is still watched, the refusal is logged once
+// per reason however many processes share it, and a refused route is not retried.
+TEST_F(AgentTest, ARefusedEcRouteIsLoggedOnceAndNotRetried) {
+  backend_.ec_refusal = "writing proc_ec: No space left on device (errno 28)";
+  StartAgent();
+  EXPECT_EQ(agent_->watched_pids(), (std::vector<int>{10, 11, 20}));
+  EXPECT_EQ(backend_.ec_polls, 3) << "one attempt per process";
+  Run(5'000'000'000);  // past the eager polls and several housekeeping rounds
+  EXPECT_EQ(backend_.ec_polls, 3) << "a refused route is not retried";
+  const std::string log = log_text_.str();
+  const std::string warning = "samples of this process find their thread only through scheduler events";
+  const size_t at = log.find(warning);
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_EQ(log.find(warning, at + 1), std::string::npos) << "logged once for the reason: " << log;
+  EXPECT_NE(log.find("No space left on device (errno 28)"), std::string::npos) << log;
+}
+
 TEST_F(AgentTest, StartWatchesEveryRubyProcessWithOneProbeSetPerBinary) {
   StartAgent();
   EXPECT_EQ(agent_->watched_pids(), (std::vector<int>{10, 11, 20}));

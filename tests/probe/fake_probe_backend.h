@@ -103,8 +103,10 @@ class FakeProbeBackend : public ProbeBackend {
     sampling_hz = hz;
     return Status::Ok();
   }
-  ProcessEcInstaller::State PollEc(ProcessEcInstaller&) override {
+  // Every installer is installed, or refused with ec_refusal when it is set (as BPF refuses a full proc_ec map).
+  ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override {
     ++ec_polls;
+    if (ec_refusal) return installer.Refused(*ec_refusal);
     return ProcessEcInstaller::State::kInstalled;
   }
   Status WatchProcesses() override {
@@ -221,6 +223,7 @@ class FakeProbeBackend : public ProbeBackend {
   int binaries = 0;
   int sampling_hz = 0;
   int ec_polls = 0;
+  std::optional<std::string> ec_refusal;
   int polls = 0;
   bool watching = false;
 

@@ -281,6 +281,36 @@ class RecorderStackTest : public RecorderTest {
   rv_ruby_frame main_{}, lib_{};
 };
 
+// The EC route cannot be installed (the backend refuses it, as BPF does when proc_ec is full): the recording goes on,
+// says so once with the reason, and stops retrying; samples still find their thread through scheduler events.
+TEST_F(RecorderStackTest, AnEcRouteTheBackendRefusesIsReportedOnceAndTheRecordingGoesOn) {
+  options_.hz = 19;
+  options_.quiet = false;
+  fake_.ec_refusal = "writing proc_ec: No space left on device (errno 28)";
+  bool injected = false;
+  script_ = [&](uint64_t t) {
+    if (!std::exchange(injected, true)) {
+      fake_.StackFrames(kStartNs + 1 * kMs, pid_, RV_EV_THREAD_SUSPENDED, 0x5000, {lib_, main_});
+      fake_.StackFrames(kStartNs + 2 * kMs, pid_, RV_EV_SAMPLE, 0x5000, {main_});
+    }
+    if (t >= 40 * kMs) TargetExits();
+  };
+  ::testing::internal::CaptureStderr();
+  Result<int> r = Run();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(fake_.ec_polls, 1) << "a refused route is not retried";
+  const std::string warning = "rvbpfd: warning: samples find their thread only through scheduler events: " +
+                              *fake_.ec_refusal + "\n";
+  const size_t at = err.find(warning);
+  EXPECT_NE(at, std::string::npos) << err;
+  EXPECT_EQ(err.find(warning, at + 1), std::string::npos) << "the warning is given once: " << err;
+  ASSERT_EQ(Events(EventName::kGvlReleased).size(), 1u);
+  const std::vector<TraceEvent> samples = Events(EventName::kSample);
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(StackOf(samples[0]), std::vector<std::string>{"<main>@/app/main.rb"});
+}
+
 TEST_F(RecorderStackTest, StacksAreNamedFromTheTargetsMemoryAndMarkedWhenCutShort) {
   options_.hz = 19;
   bool injected = false;
