@@ -5,7 +5,9 @@
 #ifndef RVBPFD_TESTS_STACKS_LIVE_GOLDEN_H_
 #define RVBPFD_TESTS_STACKS_LIVE_GOLDEN_H_
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,14 +29,22 @@ namespace rvbpfd::testing {
 // tools/build-test-rubies.sh installs the test Rubies here.
 inline constexpr const char* kTestRubies = "/var/cache/rvbpfd/rubies";
 
-// Builds tests/golden with this Ruby's mkmf into the build tree; returns the directory or "" on failure.
+// Builds tests/golden with this Ruby's mkmf into the build tree; returns the directory or "" on failure. ctest runs
+// the live tests of one Ruby in parallel (ctest -j), and extconf.rb rewriting the Makefile under another test's make
+// fails that build: an exclusive lock on the directory makes them take turns (a later one finds it built).
 inline std::string BuildGolden(const std::string& ruby_name, const std::string& ruby_bin) {
   const std::string dir = std::string(RVBPFD_BINARY_DIR) + "/golden-" + ruby_name;
   std::filesystem::create_directories(dir);
+  const int lock = open((dir + "/.build-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock < 0 || flock(lock, LOCK_EX) != 0) {
+    if (lock >= 0) close(lock);
+    return "";
+  }
   const std::string cmd = "cd '" + dir + "' && '" + ruby_bin + "' '" RVBPFD_SOURCE_DIR "/tests/golden/extconf.rb' " +
                           "> build.log 2>&1 && make >> build.log 2>&1";
-  if (std::system(cmd.c_str()) != 0) return "";
-  return dir;
+  const bool built = std::system(cmd.c_str()) == 0;
+  close(lock);  // releases the lock
+  return built ? dir : "";
 }
 
 // gtest parameter names for test Ruby names ("3.4.5-static" -> "3_4_5_static").
