@@ -103,9 +103,9 @@ StackResolver::Node* StackResolver::ValidSibling(const rv_ruby_frame& frame, con
   Entry& e = n->second;
   // Valid in this epoch: its heads are the objects' heads now, so none need reading for this frame.
   if (e.epoch == epoch_) return !*have_heads || *heads == e.heads ? n : nullptr;
-  // Named in an earlier epoch (a GC since: a sample's new pc usually comes after one). The same objects if their
-  // heads are unchanged: the entry is valid again, and this frame costs its heads and its line instead of a full
-  // symbolization (~40 dependent reads).
+  // Of an earlier epoch and not in the batch revalidated at this one's start (unused for an epoch or more). The same
+  // objects if their heads are unchanged: the entry is valid again, and this frame costs its heads and its line
+  // instead of a full symbolization (~40 dependent reads).
   if (!*have_heads) *have_heads = ReadHeads(frame, heads);
   if (!*have_heads || *heads != e.heads) return nullptr;
   ++revalidations_;

@@ -14,9 +14,9 @@
 // (one batch of reads per GC for a process's working set, not one per distinct stack). A frame that misses only
 // because its pc is new (a thread stopped at another instruction of a method already named) takes the label and
 // path of that method's entry and reads only its line: the symbolizer's other reads (iseq body, strings, class path)
-// are the bulk of a miss. The entry must be valid in this epoch, or become so: one named before a GC is revalidated
-// against the heads of the new frame's objects, which are read anyway (a sample's pc is usually new and usually
-// comes after a GC: that is what the agent's samples cost most often).
+// are the bulk of a miss. The entry must be valid in this epoch, or become so: one last used before the previous
+// epoch (so not in the batch) is revalidated against the heads of the new frame's objects, which are read anyway. A
+// sample's pc is usually new, and its method often unused for epochs: most of the agent's symbolization reads.
 //
 // Resolved frames are shared and immutable (SharedFrame): a cache hit hands out a reference to the cached frame
 // instead of copying its strings, and a frame stays valid for its holders after its cache entry is dropped.
