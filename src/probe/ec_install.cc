@@ -24,7 +24,7 @@ std::optional<rv_proc_ec> ProcessEcInstaller::Resolve() {
   ProcessMemoryReader mem(pid_);
   Result<std::optional<rv_proc_ec>> pe = ResolveProcessEc(route_, binary_, bias, mem);
   if (!pe) {
-    Refused(pe.error().message());
+    Failed(pe.error().message());
     return std::nullopt;
   }
   return *pe;  // nullopt: mapped, not relocated yet
@@ -36,7 +36,7 @@ ProcessEcInstaller::State ProcessEcInstaller::Installed(const rv_proc_ec& pe) {
   return state_;
 }
 
-ProcessEcInstaller::State ProcessEcInstaller::Refused(std::string why) {
+ProcessEcInstaller::State ProcessEcInstaller::Failed(std::string why) {
   state_ = State::kFailed;
   error_ = std::move(why);
   return state_;

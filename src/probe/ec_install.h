@@ -31,9 +31,10 @@ class ProcessEcInstaller {
   // proc_ec values once the VM is mapped and relocated, for the backend to write. nullopt while pending, after a
   // failure, and once installed (state() says which).
   std::optional<rv_proc_ec> Resolve();
-  // The backend's answer for the values Resolve gave: written (kInstalled), or refused with `why` (kFailed).
+  // The backend's answer for the values Resolve gave: written (kInstalled), or refused with `why` (kFailed, as when
+  // Resolve finds the process's values unusable).
   State Installed(const rv_proc_ec& pe);
-  State Refused(std::string why);
+  State Failed(std::string why);
 
   int pid() const { return pid_; }
   State state() const { return state_; }

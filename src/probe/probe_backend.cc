@@ -41,7 +41,7 @@ ProcessEcInstaller::State BpfProbeBackend::PollEc(ProcessEcInstaller& installer)
   std::optional<rv_proc_ec> pe = installer.Resolve();
   if (!pe) return installer.state();
   if (Status st = session_->SetProcEc(static_cast<uint32_t>(installer.pid()), *pe); !st) {
-    return installer.Refused(st.error().message());
+    return installer.Failed(st.error().message());
   }
   return installer.Installed(*pe);
 }

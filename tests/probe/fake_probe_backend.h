@@ -106,7 +106,7 @@ class FakeProbeBackend : public ProbeBackend {
   // Every installer is installed, or refused with ec_refusal when it is set (as BPF refuses a full proc_ec map).
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override {
     ++ec_polls;
-    if (ec_refusal) return installer.Refused(*ec_refusal);
+    if (ec_refusal) return installer.Failed(*ec_refusal);
     return ProcessEcInstaller::State::kInstalled;
   }
   Status WatchProcesses() override {

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/target_file.h"
+
 namespace rvbpfd::testing {
 
 // tools/build-test-rubies.sh installs the test Rubies here.
@@ -35,16 +37,12 @@ inline constexpr const char* kTestRubies = "/var/cache/rvbpfd/rubies";
 inline std::string BuildGolden(const std::string& ruby_name, const std::string& ruby_bin) {
   const std::string dir = std::string(RVBPFD_BINARY_DIR) + "/golden-" + ruby_name;
   std::filesystem::create_directories(dir);
-  const int lock = open((dir + "/.build-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock < 0 || flock(lock, LOCK_EX) != 0) {
-    if (lock >= 0) close(lock);
-    return "";
-  }
+  const FileFd lock(open((dir + "/.build-lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));  // closing unlocks
+  if (!lock.ok() || flock(lock.get(), LOCK_EX) != 0) return "";
   const std::string cmd = "cd '" + dir + "' && '" + ruby_bin + "' '" RVBPFD_SOURCE_DIR "/tests/golden/extconf.rb' " +
                           "> build.log 2>&1 && make >> build.log 2>&1";
-  const bool built = std::system(cmd.c_str()) == 0;
-  close(lock);  // releases the lock
-  return built ? dir : "";
+  if (std::system(cmd.c_str()) != 0) return "";
+  return dir;
 }
 
 // gtest parameter names for test Ruby names ("3.4.5-static" -> "3_4_5_static").
