@@ -147,7 +147,11 @@ TEST_F(IsolatedPrepareTest, NoChildCanStartWithoutAnExecutableOrACacheDir) {
 // The agent prepares binaries on helper threads that block the daemon's signals, and it ignores SIGPIPE: the child
 // must start with neither (a blocked SIGTERM would outlive a kill request; an ignored SIGPIPE hides a broken pipe).
 TEST_F(IsolatedPrepareTest, TheChildStartsWithNoBlockedOrIgnoredSignals) {
-  const std::string exe = Script("grep -E '^Sig(Blk|Ign):' /proc/$$/status > \"$OUT\"; printf 'ok\\n' >&3");
+  // Read with shell builtins only: a command the shell forks (e.g. grep) would read the shell's status while dash
+  // has every signal blocked around its vfork, until it is scheduled again after the exec (seen on a loaded machine).
+  const std::string exe = Script(
+      "while IFS= read -r line; do case \"$line\" in SigBlk:*|SigIgn:*) printf '%s\\n' \"$line\";; esac; "
+      "done < /proc/$$/status > \"$OUT\"; printf 'ok\\n' >&3");
   void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN);
   PrepareChildOutcome o;
   std::thread t = StartHelperThread([&] { o = WarmBinaryCaches(Request(exe)); });
