@@ -11,50 +11,31 @@
 namespace rvbpfd {
 namespace {
 
-bool ValidMetricName(std::string_view n) {
+// [a-zA-Z_:][a-zA-Z0-9_:]* for metric names (`colon`), [a-zA-Z_][a-zA-Z0-9_]* for label names.
+bool ValidName(std::string_view n, bool colon) {
   if (n.empty()) return false;
   for (size_t i = 0; i < n.size(); ++i) {
     char c = n[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon && c == ':') ||
               (i > 0 && c >= '0' && c <= '9');
     if (!ok) return false;
   }
   return true;
 }
 
-bool ValidLabelName(std::string_view n) {
-  if (n.empty() || n.substr(0, 2) == "__") return false;
-  for (size_t i = 0; i < n.size(); ++i) {
-    char c = n[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (i > 0 && c >= '0' && c <= '9');
-    if (!ok) return false;
-  }
-  return true;
-}
+bool ValidMetricName(std::string_view n) { return ValidName(n, /*colon=*/true); }
+// Names beginning with "__" are reserved for the scraper's own labels.
+bool ValidLabelName(std::string_view n) { return ValidName(n, /*colon=*/false) && n.substr(0, 2) != "__"; }
 
-// Exposition format 0.0.4: HELP text escapes \ and newline; label values also escape the double quote.
-std::string EscapeHelp(std::string_view s) {
+// Exposition format 0.0.4: HELP text escapes \ and newline; label values (`quote`) also escape the double quote.
+std::string Escape(std::string_view s, bool quote) {
   std::string out;
   for (char c : s) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
       out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string EscapeLabelValue(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '"') {
+    } else if (quote && c == '"') {
       out += "\\\"";
     } else {
       out += c;
@@ -151,7 +132,7 @@ std::string MetricsRegistry::RenderPrometheus() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   for (const auto& [name, family] : families_) {
-    out += "# HELP " + name + " " + EscapeHelp(family.help) + "\n";
+    out += "# HELP " + name + " " + Escape(family.help, /*quote=*/false) + "\n";
     out += "# TYPE " + name + (family.type == Type::kCounter ? " counter\n" : " gauge\n");
     for (const auto& [labels, value] : family.series) {
       out += name;
@@ -161,7 +142,7 @@ std::string MetricsRegistry::RenderPrometheus() const {
         for (const auto& [k, v] : labels) {
           if (!first) out += ',';
           first = false;
-          out += k + "=\"" + EscapeLabelValue(v) + "\"";
+          out += k + "=\"" + Escape(v, /*quote=*/true) + "\"";
         }
         out += '}';
       }

@@ -81,8 +81,12 @@ TEST(MetricsRegistryTest, RejectsInvalidWrites) {
   r.SetGauge("g", "h", {{"__reserved", "x"}}, 1);
   r.SetGauge("g", "h", {{"bad-label", "x"}}, 1);
   r.SetGauge("g", "h", {{"", "x"}}, 1);
-  EXPECT_EQ(r.rejected_writes(), 9u);
-  EXPECT_EQ(r.RenderPrometheus(), "# HELP ok_total h\n# TYPE ok_total counter\nok_total 1\n");
+  r.SetGauge("g", "h", {{"a:b", "x"}}, 1);             // a colon is for metric names only
+  r.SetGauge("ns:g", "h", {{"_a1", "x"}}, 1);          // accepted
+  EXPECT_EQ(r.rejected_writes(), 10u);
+  EXPECT_EQ(r.RenderPrometheus(),
+            "# HELP ns:g h\n# TYPE ns:g gauge\nns:g{_a1=\"x\"} 1\n"
+            "# HELP ok_total h\n# TYPE ok_total counter\nok_total 1\n");
 }
 
 TEST(MetricsRegistryTest, ConcurrentWritersAndReaders) {
