@@ -476,11 +476,19 @@ def main():
         bins = m.get("rvbpfd_binaries_probed", 0)
         if bins < 2:
             prob.append(f"rvbpfd_binaries_probed = {bins}, expected >= 2")
-        probed = [r for r in agent.records() if r.get("msg") == "binary probed"]
+        # Only the binaries this test's own processes run: the agent watches every Ruby on the host, and under
+        # `ctest -j` other tests' short-lived Rubies make their binaries be probed and unprobed again and again.
+        own_pids = {p.pid for p in (a, b, c, d, e)} | ({e.worker} if e.worker else set())
+        own_paths = {r.get("vm_path") for r in agent.records()
+                     if r.get("msg") == "process attached" and r.get("pid") in own_pids}
+        probed = [r for r in agent.records() if r.get("msg") == "binary probed" and r.get("path") in own_paths]
         paths = {}
         for r in probed:
             paths.setdefault(r.get("path"), 0)
             paths[r.get("path")] += 1
+        if len(own_paths) < 2:
+            prob.append(f"the test's processes ran {sorted(p for p in own_paths if p)} per 'process attached', "
+                        "expected libruby and the static ruby")
         for path, n in paths.items():
             if n > 1:
                 prob.append(f"{path} probed {n} times while its processes lived: probe sets must be per binary")
