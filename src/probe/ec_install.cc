@@ -30,8 +30,7 @@ std::optional<rv_proc_ec> ProcessEcInstaller::Resolve() {
   return *pe;  // nullopt: mapped, not relocated yet
 }
 
-ProcessEcInstaller::State ProcessEcInstaller::Installed(const rv_proc_ec& pe) {
-  installed_ = pe;
+ProcessEcInstaller::State ProcessEcInstaller::Installed() {
   state_ = State::kInstalled;
   return state_;
 }

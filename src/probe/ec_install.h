@@ -21,7 +21,7 @@ class ProcessEcInstaller {
  public:
   enum class State {
     kPending,    // the VM is not mapped or not relocated yet: samples use current_th until then
-    kInstalled,  // proc_ec holds the route (installed())
+    kInstalled,  // proc_ec holds the route
     kFailed,     // the process's values are unusable (error() says why): samples keep using current_th
   };
 
@@ -33,13 +33,12 @@ class ProcessEcInstaller {
   std::optional<rv_proc_ec> Resolve();
   // The backend's answer for the values Resolve gave: written (kInstalled), or refused with `why` (kFailed, as when
   // Resolve finds the process's values unusable).
-  State Installed(const rv_proc_ec& pe);
+  State Installed();
   State Failed(std::string why);
 
   int pid() const { return pid_; }
   State state() const { return state_; }
   const std::string& error() const { return error_; }
-  const std::optional<rv_proc_ec>& installed() const { return installed_; }
 
  private:
   int pid_;
@@ -49,7 +48,6 @@ class ProcessEcInstaller {
   std::string proc_root_;
   State state_ = State::kPending;
   std::string error_;
-  std::optional<rv_proc_ec> installed_;
 };
 
 }  // namespace rvbpfd

@@ -43,7 +43,7 @@ ProcessEcInstaller::State BpfProbeBackend::PollEc(ProcessEcInstaller& installer)
   if (Status st = session_->SetProcEc(static_cast<uint32_t>(installer.pid()), *pe); !st) {
     return installer.Failed(st.error().message());
   }
-  return installer.Installed(*pe);
+  return installer.Installed();
 }
 
 SiteGroup* BpfProbeBackend::GroupAt(int group) const {

@@ -107,10 +107,14 @@ StackResolver::Node* StackResolver::ValidSibling(const rv_ruby_frame& frame, con
   // objects if their heads are unchanged: the entry is valid again, and this frame costs its heads and its line
   // instead of a full symbolization (~40 dependent reads).
   if (!*have_heads) *have_heads = ReadHeads(frame, heads);
-  if (!*have_heads || *heads != e.heads) return nullptr;
+  return *have_heads && Revalidate(e, *heads) ? n : nullptr;
+}
+
+bool StackResolver::Revalidate(Entry& e, const Heads& now) {
+  if (now != e.heads) return false;
   ++revalidations_;
   e.epoch = epoch_;
-  return n;
+  return true;
 }
 
 FrameInfo StackResolver::ResolveFrame(const rv_ruby_frame& frame) { return *ResolveFrameShared(frame); }
@@ -132,9 +136,7 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
         return e->info;
       }
       have_heads = ReadHeads(frame, &heads);
-      if (have_heads && heads == e->heads) {
-        ++revalidations_;
-        e->epoch = epoch_;
+      if (have_heads && Revalidate(*e, heads)) {
         NoteUsed(n);
         return e->info;
       }
@@ -294,11 +296,7 @@ void StackResolver::RevalidateBatch() {
     bool ok = requests_[r++].ok;
     if (NeedsIseqHead(f)) ok = requests_[r++].ok && ok;
     CopyIseqHead(f, &stale_heads_[i]);
-    Entry& e = stale_[i].node->second;
-    if (ok && stale_heads_[i] == e.heads) {
-      ++revalidations_;
-      e.epoch = epoch_;
-    }
+    if (ok) Revalidate(stale_[i].node->second, stale_heads_[i]);
   }
 }
 

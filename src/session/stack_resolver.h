@@ -172,6 +172,8 @@ class StackResolver {
     if (live_.size() < kMaxLiveEntries) live_.push_back(node);
   }
   Node* Find(const Key& key, FrontSlot& slot);
+  // Marks `e` valid in this epoch when `now` (its objects' heads read now) equals the heads it was named with.
+  bool Revalidate(Entry& e, const Heads& now);
   // The cached entry of the same objects and flags as `frame` (whose key is `key`) with another pc, valid in this
   // epoch, or null: what a miss on a new pc is named from (ISEQ frames only; a C frame has no pc). An entry of an
   // earlier epoch is revalidated here, as RevalidateStale would: against the frame's heads (`*heads`, read now when

@@ -107,7 +107,7 @@ class FakeProbeBackend : public ProbeBackend {
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override {
     ++ec_polls;
     if (ec_refusal) return installer.Failed(*ec_refusal);
-    return ProcessEcInstaller::State::kInstalled;
+    return installer.Installed();
   }
   Status WatchProcesses() override {
     watching = true;
