@@ -352,6 +352,9 @@ int Main(int argc, char** argv) {
               wall_ns / static_cast<double>(events), cpu_ns / static_cast<double>(events));
   std::printf("profiles checksum: %016llx (pprof inside: %016llx)\n", static_cast<unsigned long long>(sink->hash),
               static_cast<unsigned long long>(sink->PprofHash()));
+  size_t gz_bytes = 0;
+  for (const auto& [type, gz] : sink->kept) gz_bytes += gz.size();
+  std::printf("profile upload bytes: %zu gzip\n", gz_bytes);
   return 0;
 }
 

@@ -95,6 +95,25 @@ struct {
   __type(value, struct rv_counters);
 } counters SEC(".maps");
 
+/* Events lost to a full ring so far, one count for all CPUs (rv_counters.dropped says the same per CPU). The map is
+ * mmapable: the daemon checks it at every poll by reading its shared page, where reading the per-CPU counters would
+ * cost a syscall per poll. An atomic add per drop, which is rare. */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __uint(map_flags, BPF_F_MMAPABLE);
+  __type(key, __u32);
+  __type(value, __u64);
+} drop_count SEC(".maps");
+
+/* Counts one lost event in c (when there is one) and in drop_count. */
+static __always_inline void rv_count_drop(struct rv_counters *c) {
+  __u32 zero = 0;
+  __u64 *total = bpf_map_lookup_elem(&drop_count, &zero);
+  if (c) c->dropped++;
+  if (total) __sync_fetch_and_add(total, 1);
+}
+
 /* Probe hits per site (cookie -> hits, per CPU), including hits that are discarded: the daemon sums them per attach
  * group to see which sites cost the target its traps (OverheadBudget). One per-CPU increment per hit. */
 struct {
@@ -186,10 +205,8 @@ static __always_inline void rv_output_stack(void *s, __u32 size, int is_sample) 
   if (size > sizeof(struct rv_sample_record)) size = sizeof(struct rv_sample_record);
   /* Same wakeup rule as single records (rv_submit_record): only when the ring is a quarter full. */
   if (bpf_ringbuf_output(&events, s, size, avail + size >= ring / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP) != 0) {
-    if (c) {
-      if (is_sample) c->samples_dropped++;
-      else c->dropped++;
-    }
+    if (!is_sample) rv_count_drop(c);
+    else if (c) c->samples_dropped++;
     return;
   }
   if (c) {
@@ -393,7 +410,7 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
 
   struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
   if (!r) {
-    if (c) c->dropped++;
+    rv_count_drop(c);
     return 0;
   }
   rv_fill_record(r, ts, th, serial, about_tid, tid, tgid, site->event, (__u16)key, flags);
@@ -515,7 +532,7 @@ static __always_inline void rv_output_proc(__u16 kind, __u32 tgid, __u32 tid) {
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
   if (!r) {
-    if (c) c->dropped++; /* the agent rescans /proc after any drop, so a lost exec is found late, not never */
+    rv_count_drop(c); /* the agent rescans /proc after any drop, so a lost exec is found late, not never */
     return;
   }
   rv_fill_record(r, bpf_ktime_get_ns(), 0, 0, tid, tid, tgid, kind, 0xffff, RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN);

@@ -548,8 +548,8 @@ void Agent::UpdateBudgets(uint64_t now) {
 }
 
 void Agent::CheckCounters(uint64_t /*now*/) {
-  const rv_counters c = env_.backend->ReadCounters();
-  if (c.dropped > seen_.dropped) {
+  const uint64_t dropped = env_.backend->EventsDropped();  // no syscall: checked at every poll
+  if (dropped > drops_seen_) {
     // Lost records may be anyone's: every open span is unknown now, a GC may have moved objects, and an exec or
     // exit may be among them, so /proc is scanned again (rate-limited).
     for (auto& [pid, p] : registry_.all()) {
@@ -558,7 +558,7 @@ void Agent::CheckCounters(uint64_t /*now*/) {
     }
     rescan_pending_ = true;
   }
-  seen_ = c;
+  drops_seen_ = dropped;
 }
 
 Status Agent::RunOnce(int poll_ms) {
@@ -610,6 +610,7 @@ void Agent::LogDeliveryProblems(uint64_t now) {
 void Agent::UpdateMetrics() {
   MetricsRegistry* m = env_.metrics;
   if (m == nullptr) return;
+  const rv_counters seen = env_.backend->ReadCounters();
   m->SetGauge(kMetricProcessesWatched, "Ruby processes being profiled", {}, static_cast<double>(registry_.size()));
   m->SetGauge(kMetricBinariesProbed, "Ruby VM binaries with attached probes", {},
               static_cast<double>(probe_sets_.active_sets()));
@@ -617,14 +618,14 @@ void Agent::UpdateMetrics() {
                 static_cast<double>(events_));
   m->SetCounter(kMetricSamples, "On-CPU samples of watched processes handled", {}, static_cast<double>(samples_));
   m->SetCounter(kMetricGvlReadings, "Samples that read their VM's GVL (holder and queue) in BPF", {},
-                static_cast<double>(seen_.gvl_readings));
+                static_cast<double>(seen.gvl_readings));
   const char* dropped_help = "Events, samples and profiles lost, by reason";
   SinkStats push = sinks_.push ? sinks_.push->stats() : SinkStats{};
   const SinkStats dir = sinks_.dir ? sinks_.dir->stats() : SinkStats{};
   // The BPF loss counters, each under its own reason (include/rvbpfd/counters.h).
-#define RV_DROP_METRIC(field, fold, label, reason)                                                          \
-  if (reason[0] != '\0') {                                                                                  \
-    m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(reason)}}, static_cast<double>(seen_.field)); \
+#define RV_DROP_METRIC(field, fold, label, reason)                                                                \
+  if (reason[0] != '\0') {                                                                                        \
+    m->SetCounter(kMetricDropped, dropped_help, {{"reason", std::string(reason)}}, static_cast<double>(seen.field)); \
   }
   RV_EVENT_COUNTERS(RV_DROP_METRIC)
   RV_SAMPLE_COUNTERS(RV_DROP_METRIC)

@@ -177,7 +177,7 @@ class Agent {
   uint64_t last_rescan_ns_ = 0;
   bool rescan_pending_ = false;
   bool started_ = false;
-  rv_counters seen_{};
+  uint64_t drops_seen_ = 0;  // ProbeBackend::EventsDropped at the last poll
   uint64_t profiles_built_ = 0;
   uint64_t events_ = 0;
   uint64_t samples_ = 0;

@@ -5,6 +5,7 @@
 #include <linux/bpf.h>
 #include <linux/perf_event.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -185,6 +186,14 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
   bpf_program* prog;
   bpf_object__for_each_program(prog, maps->obj) bpf_program__set_autoload(prog, false);
   if (int err = rvbpfd_bpf__load(maps); err != 0) return BpfError("creating the BPF maps (rvbpfd.bpf.o)", -err);
+  {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void* p = mmap(nullptr, page, PROT_READ, MAP_SHARED, bpf_map__fd(maps->maps.drop_count), 0);
+    if (p != MAP_FAILED) {
+      session->drop_page_ = p;
+      session->drop_page_bytes_ = page;
+    }
+  }
   if (options.config.sampling) {
     if (Status st = session->StartSamplerLoad(options); !st) return st.error();
   }
@@ -272,6 +281,7 @@ BpfSession::~BpfSession() {
   if (ring_) ring_buffer__free(ring_);
   if (sampler_skel_) rvbpfd_bpf__destroy(sampler_skel_);
   if (skel_) rvbpfd_bpf__destroy(skel_);
+  if (drop_page_ != nullptr) munmap(drop_page_, drop_page_bytes_);
   if (maps_skel_) rvbpfd_bpf__destroy(maps_skel_);
 }
 
@@ -562,6 +572,12 @@ rv_counters BpfSession::ReadCounters() const {
 #undef RV_FOLD_SUM
   }
   return total;
+}
+
+uint64_t BpfSession::EventsDropped() const {
+  if (drop_page_ == nullptr) return ReadCounters().dropped;
+  // Written by BPF programs on any CPU with atomic adds: an atomic load sees each add whole.
+  return __atomic_load_n(static_cast<const uint64_t*>(drop_page_), __ATOMIC_RELAXED);
 }
 
 std::unordered_map<uint32_t, rv_pid_traps> BpfSession::ReadPidTraps() const {

@@ -152,6 +152,10 @@ class BpfSession {
   void WakePollOn(int fd) { wake_fd_ = fd; }
   // Folds the per-CPU counters (each as include/rvbpfd/counters.h says: a sum or a maximum).
   rv_counters ReadCounters() const;
+  // Events lost to a full ring so far (ReadCounters().dropped, counted apart): read from the drop_count map's shared
+  // page, so no syscall, when the kernel let it be mapped; else through ReadCounters.
+  uint64_t EventsDropped() const;
+  bool drop_count_mapped() const { return drop_page_ != nullptr; }
   // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
   // BPF discarded. Empty when the map cannot be read.
   std::vector<uint64_t> ReadSiteHits() const;
@@ -194,6 +198,9 @@ class BpfSession {
   uint32_t next_binary_ = 0;
   int ncpus_ = 1;
   int wake_fd_ = -1;  // WakePollOn
+  // The drop_count map's page, mapped read-only (the BPF programs add to it); null when mmap failed.
+  void* drop_page_ = nullptr;
+  size_t drop_page_bytes_ = 0;
   rv_kernel_layout kernel_layout_{};  // zero unless sampling or watch_processes (Open)
 };
 

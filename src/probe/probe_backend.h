@@ -75,6 +75,8 @@ class ProbeBackend {
   virtual void WakePollOn(int fd) = 0;
   // Folds the per-CPU counters (each as include/rvbpfd/counters.h says: a sum or a maximum).
   virtual rv_counters ReadCounters() const = 0;
+  // Events lost to a full ring so far (ReadCounters().dropped): what a loop checks at every poll, cheaper there.
+  virtual uint64_t EventsDropped() const { return ReadCounters().dropped; }
   // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
   // BPF discarded. Empty when they cannot be read.
   virtual std::vector<uint64_t> ReadSiteHits() const = 0;
@@ -117,6 +119,7 @@ class BpfProbeBackend : public ProbeBackend {
   Result<int> Poll(int timeout_ms) override { return session_->Poll(timeout_ms); }
   void WakePollOn(int fd) override { session_->WakePollOn(fd); }
   rv_counters ReadCounters() const override { return session_->ReadCounters(); }
+  uint64_t EventsDropped() const override { return session_->EventsDropped(); }
   std::vector<uint64_t> ReadSiteHits() const override { return session_->ReadSiteHits(); }
   std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return session_->ReadPidTraps(); }
   bool uses_multi_links() const override { return session_->uses_multi_links(); }

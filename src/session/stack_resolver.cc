@@ -120,6 +120,12 @@ bool StackResolver::Revalidate(Entry& e, const Heads& now) {
 FrameInfo StackResolver::ResolveFrame(const rv_ruby_frame& frame) { return *ResolveFrameShared(frame); }
 
 SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
+  Node* node = nullptr;
+  return ResolveFrameNode(frame, &node);
+}
+
+SharedFrame StackResolver::ResolveFrameNode(const rv_ruby_frame& frame, Node** node_out) {
+  *node_out = nullptr;
   if (live_epoch_ != epoch_) RevalidateLive();
   const bool cacheable = frame.kind != RV_RB_FRAME_UNRESOLVED && frame.kind != RV_RB_FRAME_NONE;
   const Key key{frame.addr, frame.pc, frame.cfp_iseq, frame.kind, frame.flags};
@@ -133,15 +139,18 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
       if (e->epoch == epoch_) {
         ++hits_;
         NoteUsed(n);
+        *node_out = n;
         return e->info;
       }
       have_heads = ReadHeads(frame, &heads);
       if (have_heads && Revalidate(*e, heads)) {
         NoteUsed(n);
+        *node_out = n;
         return e->info;
       }
       slot->node = nullptr;
       cache_bytes_ -= std::min(cache_bytes_, EntryBytes(*e->info));
+      ForgetMemoNode(n);
       cache_.erase(key);
     }
   }
@@ -185,8 +194,21 @@ SharedFrame StackResolver::ResolveFrameShared(const rv_ruby_frame& frame) {
     slot->node = &*it;
     siblings_[SiblingIndex(key)] = key;
     NoteUsed(&*it);
+    *node_out = &*it;
   }
   return info;
+}
+
+bool StackResolver::MemoValidNow(const StackMemo& memo) const {
+  if (memo.nodes.size() != memo.raw.size()) return false;
+  return std::all_of(memo.nodes.begin(), memo.nodes.end(), [this](const Node* n) { return n->second.epoch == epoch_; });
+}
+
+void StackResolver::ForgetMemoNode(const Node* node) {
+  // Rare (an entry whose objects changed in a GC): a scan of the memos' node lists (at most 128 x 64) is cheap.
+  for (StackMemo& m : stack_memo_) {
+    if (std::find(m.nodes.begin(), m.nodes.end(), node) != m.nodes.end()) m.nodes.clear();
+  }
 }
 
 void StackResolver::Resolve(std::span<const rv_ruby_frame> frames, std::vector<FrameInfo>* out) {
@@ -223,26 +245,36 @@ SharedStack StackResolver::ResolveWhole(std::span<const rv_ruby_frame> frames, S
     memo = &stack_memo_[((h ^ (h >> 32)) * 0x9e3779b97f4a7c15ull) >> 57];  // 7 bits: kStackMemoSlots
     same_raw = memo->stack != nullptr && memo->raw.size() == frames.size() &&
                std::memcmp(memo->raw.data(), frames.data(), frames.size_bytes()) == 0;
-    if (same_raw && memo->epoch == epoch_) {
-      hits_ += frames.size();
-      *memo_out = memo;
-      return memo->stack;
-    }
   }
+  // First, at a new epoch's first stack, the batch that revalidates the entries of the previous one.
   if (live_epoch_ != epoch_) RevalidateLive();
+  if (same_raw && memo->epoch != epoch_ && MemoValidNow(*memo)) {
+    // Every frame would be named from the same entry: the stack stands, its entries are in use in this epoch.
+    for (Node* n : memo->nodes) NoteUsed(n);
+    memo->epoch = epoch_;
+    ++stacks_kept_;
+  }
+  if (same_raw && memo->epoch == epoch_) {
+    hits_ += frames.size();
+    *memo_out = memo;
+    return memo->stack;
+  }
   RevalidateStale(frames);
   auto out = std::make_shared<std::vector<SharedFrame>>();
   out->reserve(frames.size());
+  nodes_.clear();
   bool all_cached = true;
   const uint64_t clears = cache_clears_;
   for (const rv_ruby_frame& f : frames) {
-    const uint64_t misses = misses_;
-    out->push_back(ResolveFrameShared(f));
+    Node* node = nullptr;
+    out->push_back(ResolveFrameNode(f, &node));
     // A miss that was cached is as good as a hit from now on; an uncached frame is symbolized anew every time.
-    if (misses_ != misses) all_cached = all_cached && IsCached(f, out->back());
+    all_cached = all_cached && node != nullptr;
+    nodes_.push_back(node);
   }
   if (memo == nullptr || !all_cached || cache_clears_ != clears) return out;
   memo->epoch = epoch_;
+  memo->nodes.assign(nodes_.begin(), nodes_.end());
   *memo_out = memo;
   // The same frame objects as the remembered stack (shared_ptr == compares addresses): it is still this stack.
   if (same_raw && *memo->stack == *out) return memo->stack;
@@ -298,11 +330,6 @@ void StackResolver::RevalidateBatch() {
     CopyIseqHead(f, &stale_heads_[i]);
     if (ok) Revalidate(stale_[i].node->second, stale_heads_[i]);
   }
-}
-
-bool StackResolver::IsCached(const rv_ruby_frame& f, const SharedFrame& info) {
-  auto it = cache_.find(Key{f.addr, f.pc, f.cfp_iseq, f.kind, f.flags});
-  return it != cache_.end() && it->second.info == info;
 }
 
 StackEnd StackEndOf(const rv_stack_header& h) {

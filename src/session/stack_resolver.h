@@ -93,6 +93,8 @@ class StackResolver {
   uint64_t cache_misses() const { return misses_; }
   // Misses named from another pc's entry of the same objects, reading only the line (a subset of cache_misses).
   uint64_t line_only_misses() const { return line_only_; }
+  // Stacks served whole in a later epoch because the batch at its start found all their entries unchanged.
+  uint64_t stacks_kept_across_gc() const { return stacks_kept_; }
   // Bytes the cache is charged for now (see kMaxCacheBytes), and how often it was cleared at either bound.
   size_t cache_bytes() const { return cache_bytes_; }
   uint64_t cache_clears() const { return cache_clears_; }
@@ -137,14 +139,19 @@ class StackResolver {
   static void CopyIseqHead(const rv_ruby_frame& frame, Heads* heads);
   // Whole stacks resolved in one epoch with every frame from the cache: the same raw frames in the same epoch give
   // the same shared frames (cache entries are only erased in a later epoch, or all at once, which clears these too),
-  // so a repeated stack costs one hash and one compare. In a later epoch the stack's frames are revalidated, and
-  // when they are the same objects the remembered stack is served again (its identity outlives GCs). Direct-mapped
-  // by stack hash; stacks of up to kMemoMaxFrames frames (at most ~kStackMemoSlots * kMemoMaxFrames * 56 bytes =
-  // 460 KB, ~100 KB typical).
+  // so a repeated stack costs one hash and one compare. In a later epoch, once the batch at the epoch's start
+  // (RevalidateLive) has found every one of the stack's cache entries unchanged, the remembered stack is valid again
+  // as it is: the per-frame path would name each frame from the same entry. Otherwise its frames go through that
+  // path, and when they are the same objects the remembered stack is served again (its identity outlives GCs).
+  // Direct-mapped by stack hash; stacks of up to kMemoMaxFrames frames (at most ~kStackMemoSlots * kMemoMaxFrames *
+  // 64 bytes = 520 KB, ~110 KB typical).
   static constexpr size_t kStackMemoSlots = 128;
   static constexpr size_t kMemoMaxFrames = 64;
   struct StackMemo {
     std::vector<rv_ruby_frame> raw;
+    // The cache entry each frame of `raw` was named from (same order); cleared when one of them is erased, so a
+    // memo never points at an erased node.
+    std::vector<Node*> nodes;
     SharedStack stack;  // null: the slot is empty
     uint64_t epoch = 0;
     SharedStack marked;  // `stack` with marked_end's marker frame (the last one asked for), null: none yet
@@ -154,7 +161,12 @@ class StackResolver {
   static size_t FrontIndex(const Key& key);
   // ResolveStack without the end marker; *memo is set to the memo slot that holds the returned stack, or null.
   SharedStack ResolveWhole(std::span<const rv_ruby_frame> frames, StackMemo** memo);
-  bool IsCached(const rv_ruby_frame& frame, const SharedFrame& info);
+  // ResolveFrameShared that also gives the cache entry the frame was named from, or null when it was not cached.
+  SharedFrame ResolveFrameNode(const rv_ruby_frame& frame, Node** node);
+  // Whether every entry a memo's stack was named from is valid in this epoch (see StackMemo).
+  bool MemoValidNow(const StackMemo& memo) const;
+  // Before cache_ erases `node`: memos named from it stop pointing at it.
+  void ForgetMemoNode(const Node* node);
   // Before a stack is resolved: re-reads the heads of all its cached frames of an earlier epoch in one batch
   // (MemoryReader::ReadMany) and marks those still unchanged as valid in this epoch. Frames whose heads changed or
   // could not be read are left as they were, and the per-frame path handles them.
@@ -202,6 +214,7 @@ class StackResolver {
     rv_ruby_frame frame;
   };
   std::vector<Stale> stale_;
+  std::vector<Node*> nodes_;  // ResolveWhole's: the entry of each frame of the stack being resolved
   std::vector<Heads> stale_heads_;
   std::vector<MemoryReader::Request> requests_;
   uint64_t cache_clears_ = 0;
@@ -211,6 +224,7 @@ class StackResolver {
   uint64_t revalidations_ = 0;
   uint64_t misses_ = 0;
   uint64_t line_only_ = 0;
+  uint64_t stacks_kept_ = 0;
 };
 
 // Converts one symbolizer result into a trace frame of the walker frame's kind.

@@ -192,6 +192,8 @@ TEST_P(BpfSessionTest, FullRingCountsDropsInsteadOfBlocking) {
   rv_counters c = session->ReadCounters();
   EXPECT_GT(c.dropped, 0u);
   EXPECT_EQ(received + c.dropped, kCalls);
+  EXPECT_TRUE(session->drop_count_mapped()) << "the drop count is read from its shared page, without a syscall";
+  EXPECT_EQ(session->EventsDropped(), c.dropped) << "the shared drop count agrees with the per-CPU counters";
   EXPECT_EQ(c.events, received);
   EXPECT_GT(c.ring_high_water, 0u);
   EXPECT_LE(c.ring_high_water, 4096u);

@@ -291,6 +291,51 @@ TEST_F(StackResolverTest, AGcRevalidatesTheFramesOfTheLastEpochInOneBatch) {
   EXPECT_EQ((*renamed)[1], (*a)[0]);
 }
 
+TEST_F(StackResolverTest, AStackWhoseFramesTheBatchFoundUnchangedIsServedWholeAfterAGc) {
+  const rv_ruby_frame main_frame = Frame();
+  const uint64_t other = MakeTopIseq("<top (required)>", "/app/lib.rb");
+  const rv_ruby_frame frames[] = {{other, encoded_, other, RV_RB_FRAME_ISEQ, 0}, main_frame};
+  const SharedStack a = resolver_->ResolveStack(frames);
+  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+    resolver_->set_epoch(epoch);
+    const uint64_t batches = mem_->read_many_calls();
+    const uint64_t reads = mem_->reads();
+    EXPECT_EQ(resolver_->ResolveStack(frames), a) << "epoch " << epoch;
+    EXPECT_EQ(resolver_->stacks_kept_across_gc(), epoch) << "served whole, not frame by frame";
+    // Its frames stay in use: each GC's batch re-reads their heads (and only those), so a change is still seen.
+    EXPECT_EQ(mem_->read_many_calls() - batches, 1u) << "epoch " << epoch;
+    EXPECT_EQ(mem_->reads() - reads, 2u) << "epoch " << epoch;
+  }
+  mem_->Put64(other, kTString);
+  resolver_->set_epoch(4);
+  const SharedStack renamed = resolver_->ResolveStack(frames);
+  EXPECT_EQ(resolver_->stacks_kept_across_gc(), 3u) << "a changed frame is never served from the remembered stack";
+  EXPECT_EQ((*renamed)[0]->kind, FrameKind::kUnresolved);
+  EXPECT_EQ((*renamed)[1], (*a)[1]);
+}
+
+TEST_F(StackResolverTest, ARememberedStackForgetsAnEntryErasedWhileNamingAnotherStack) {
+  // Stack `both` is remembered with the entries of its two frames. After a GC in which `other`'s slot was reused, a
+  // stack of `other` alone (resolved first) erases that entry; `both` must then go frame by frame (under ASan, a
+  // remembered pointer to the erased entry would be a use after free).
+  const rv_ruby_frame main_frame = Frame();
+  const uint64_t other = MakeTopIseq("<top (required)>", "/app/lib.rb");
+  const rv_ruby_frame other_frame{other, encoded_, other, RV_RB_FRAME_ISEQ, 0};
+  const rv_ruby_frame both[] = {other_frame, main_frame};
+  const rv_ruby_frame alone[] = {other_frame};
+  const SharedStack a = resolver_->ResolveStack(both);
+  resolver_->set_epoch(1);  // the batch of epoch 1 carries no entry: nothing was used in epoch 0 but these, all kept
+  ASSERT_EQ(resolver_->ResolveStack(both), a);
+  mem_->Put64(other, kTString);
+  resolver_->set_epoch(2);
+  EXPECT_EQ((*resolver_->ResolveStack(alone))[0]->kind, FrameKind::kUnresolved);
+  const SharedStack b = resolver_->ResolveStack(both);
+  EXPECT_NE(b, a);
+  EXPECT_EQ((*b)[0]->kind, FrameKind::kUnresolved);
+  EXPECT_EQ((*b)[1], (*a)[1]);
+  EXPECT_EQ(resolver_->stacks_kept_across_gc(), 1u);
+}
+
 TEST_F(StackResolverTest, TheBatchCarriesOnlyTheFramesUsedInTheLastEpoch) {
   const rv_ruby_frame only_main[] = {Frame()};
   const uint64_t other = MakeTopIseq("<top (required)>", "/app/lib.rb");
