@@ -139,10 +139,11 @@ class StackResolver {
   static void CopyIseqHead(const rv_ruby_frame& frame, Heads* heads);
   // Whole stacks resolved in one epoch with every frame from the cache: the same raw frames in the same epoch give
   // the same shared frames (cache entries are only erased in a later epoch, or all at once, which clears these too),
-  // so a repeated stack costs one hash and one compare. In a later epoch, once the batch at the epoch's start
-  // (RevalidateLive) has found every one of the stack's cache entries unchanged, the remembered stack is valid again
-  // as it is: the per-frame path would name each frame from the same entry. Otherwise its frames go through that
-  // path, and when they are the same objects the remembered stack is served again (its identity outlives GCs).
+  // so a repeated stack costs one hash and one compare. In a later epoch, once every one of the stack's cache entries
+  // is valid in it (the batch at the epoch's start, RevalidateLive, found them unchanged, as it usually does), the
+  // remembered stack is served as it is: the per-frame path would name each frame from the same entry. Otherwise its
+  // frames go through that path, and when they are the same objects the remembered stack is served again (its
+  // identity outlives GCs).
   // Direct-mapped by stack hash; stacks of up to kMemoMaxFrames frames (at most ~kStackMemoSlots * kMemoMaxFrames *
   // 64 bytes = 520 KB, ~110 KB typical).
   static constexpr size_t kStackMemoSlots = 128;
