@@ -93,7 +93,8 @@ class StackResolver {
   uint64_t cache_misses() const { return misses_; }
   // Misses named from another pc's entry of the same objects, reading only the line (a subset of cache_misses).
   uint64_t line_only_misses() const { return line_only_; }
-  // Stacks served whole in a later epoch because the batch at its start found all their entries unchanged.
+  // Stacks served whole in a later epoch because every entry they were named from is valid in it (usually found
+  // unchanged by the batch at the epoch's start).
   uint64_t stacks_kept_across_gc() const { return stacks_kept_; }
   // Bytes the cache is charged for now (see kMaxCacheBytes), and how often it was cleared at either bound.
   size_t cache_bytes() const { return cache_bytes_; }

@@ -324,7 +324,7 @@ TEST_F(StackResolverTest, ARememberedStackForgetsAnEntryErasedWhileNamingAnother
   const rv_ruby_frame both[] = {other_frame, main_frame};
   const rv_ruby_frame alone[] = {other_frame};
   const SharedStack a = resolver_->ResolveStack(both);
-  resolver_->set_epoch(1);  // the batch of epoch 1 carries no entry: nothing was used in epoch 0 but these, all kept
+  resolver_->set_epoch(1);  // the batch finds both entries unchanged: `both` is served whole and stays remembered
   ASSERT_EQ(resolver_->ResolveStack(both), a);
   mem_->Put64(other, kTString);
   resolver_->set_epoch(2);
