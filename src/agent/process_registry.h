@@ -10,12 +10,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "agent/agent_env.h"
 #include "agent/probe_sets.h"
 #include "agent/process_profile.h"
+#include "common/flat_map64.h"
 #include "common/target_file.h"
 #include "ops/process_labels.h"
 #include "probe/ec_install.h"
@@ -58,15 +58,16 @@ std::vector<ProfileUpload> MakeUploads(const std::string& host, const WatchedPro
 
 class ProcessRegistry {
  public:
-  // Called for every record (tens of thousands a second): a hash lookup rather than the ordered map's tree walk.
+  // Called for every record (tens of thousands a second): one or two adjacent slots of a flat index rather than the
+  // ordered map's tree walk or a node-based hash map's bucket chase (each a likely cache miss).
   WatchedProcess* Find(int pid) {
-    auto it = index_.find(pid);
-    return it == index_.end() ? nullptr : it->second;
+    WatchedProcess** found = index_.find(static_cast<uint32_t>(pid));
+    return found == nullptr ? nullptr : *found;
   }
   WatchedProcess& Add(std::unique_ptr<WatchedProcess> p) {
     const int pid = p->pid;
     WatchedProcess& added = *(procs_[pid] = std::move(p));
-    index_[pid] = &added;
+    index_[static_cast<uint32_t>(pid)] = &added;
     return added;
   }
   std::unique_ptr<WatchedProcess> Remove(int pid) {
@@ -74,7 +75,7 @@ class ProcessRegistry {
     if (it == procs_.end()) return nullptr;
     std::unique_ptr<WatchedProcess> p = std::move(it->second);
     procs_.erase(it);
-    index_.erase(pid);
+    index_.erase(static_cast<uint32_t>(pid));
     return p;
   }
   size_t size() const { return procs_.size(); }
@@ -87,7 +88,7 @@ class ProcessRegistry {
 
  private:
   std::map<int, std::unique_ptr<WatchedProcess>> procs_;  // ordered by pid: deterministic cuts, logs and tests
-  std::unordered_map<int, WatchedProcess*> index_;         // the same processes, for Find
+  FlatMap64<WatchedProcess*> index_;                       // the same processes by pid, for Find
 };
 
 }  // namespace rvbpfd

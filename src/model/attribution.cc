@@ -629,18 +629,31 @@ AttributionResult Attribution::Compute(uint64_t end_ns) const {
 
 void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
   BlameWaits(*into);
+  // Vectors keep their memory from drain to drain: a live thread (or VM) refills its vector at once, where growing it
+  // again from nothing after every drain (the agent drains every few hundred spans) took a chain of reallocations
+  // each time. A vector that held far less than its capacity since the last drain (after a burst) gives the rest
+  // back, and a thread's vector that stayed empty for a whole drain period (an idle or exited thread) is dropped.
+  auto trim = [](auto& v, size_t used) {
+    if (v.capacity() <= 64 || v.capacity() <= 4 * used) return;
+    std::remove_reference_t<decltype(v)> fitted;
+    fitted.reserve(std::max(v.size(), used));
+    fitted.assign(std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
+    v.swap(fitted);
+  };
+  trim(waits_, waits_.size());
   waits_.clear();
   // What a wait starting at or after keep_from_ns can read: holder spans, holds and GCs ending after it, samples
   // from it on.
   auto ended = [keep_from_ns](const auto& s) { return s.end_ns <= keep_from_ns; };
-  for (auto it = holders_.begin(); it != holders_.end();) {
-    std::erase_if(it->second, ended);
-    it = it->second.empty() ? holders_.erase(it) : std::next(it);
-  }
-  auto drop_ended = [&ended](uint64_t, auto& v) {
+  auto drop_ended = [&ended, &trim](uint64_t, auto& v) {
+    const size_t used = v.size();
     std::erase_if(v, ended);
-    return v.empty();
+    trim(v, used);
+    return used == 0;
   };
+  for (auto it = holders_.begin(); it != holders_.end();) {
+    it = drop_ended(it->first, it->second) ? holders_.erase(it) : std::next(it);
+  }
   holds_.erase_if(drop_ended);
   gcs_.erase_if(drop_ended);
   // The estimate (DrainEstimate) looks up each thread's latest sample at or before every reading it keeps: those
@@ -648,6 +661,7 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
   uint64_t samples_from = keep_from_ns;
   if (options_.estimate_paused && !readings_.empty()) samples_from = std::min(samples_from, readings_.front().t_ns);
   samples_.erase_if([&](uint64_t thread, std::vector<Sample>& v) {
+    const size_t used = v.size();
     auto first = std::lower_bound(v.begin(), v.end(), samples_from,
                                   [](const Sample& s, uint64_t t) { return s.t_ns < t; });
     if (options_.estimate_paused && first != v.begin()) {
@@ -655,20 +669,12 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
       if (seen == nullptr || !seen->exited) --first;
     }
     v.erase(v.begin(), first);
-    return v.empty();
+    trim(v, used);
+    return used == 0;
   });
-  // A vector that once held a burst gives its memory back.
-  auto shrink = [](auto& v) {
-    if (v.capacity() > 64 && v.capacity() > 4 * v.size()) v.shrink_to_fit();
-  };
-  shrink(waits_);
   holds_.shrink_if_sparse();
   gcs_.shrink_if_sparse();
   samples_.shrink_if_sparse();
-  for (auto& [vm, v] : holders_) shrink(v);
-  for (auto& [thread, v] : holds_) shrink(v);
-  for (auto& [thread, v] : gcs_) shrink(v);
-  for (auto& [thread, v] : samples_) shrink(v);
   kept_ = blocked_.size() + readings_.size();
   for (const auto& [thread, v] : gcs_) kept_ += v.size();
   for (const auto& [vm, v] : holders_) kept_ += v.size();

@@ -515,6 +515,48 @@ TEST(Attribution, DrainingKeepsOnlyWhatOpenWaitsNeedAndBlamesAsIfWhole) {
   EXPECT_GT(kept_at_end, 100u);
 }
 
+TEST(Attribution, DrainingReusesALiveThreadsMemoryAndGivesBackAnIdleThreadsAndABursts) {
+  Attribution a(AttributionOptions{.blame_cut_waits = true, .wall = false});
+  AttributionResult r;
+  uint64_t t = 0;
+  // n holds of `thread`, each with its holder span, all ended before the next drain's keep_from.
+  auto holds = [&](uint64_t thread, int n) {
+    for (int i = 0; i < n; ++i, t += 10) {
+      a.OnSpan(Span{.kind = SpanKind::kGvlHold, .end = SpanEnd::kReleased, .thread = thread, .start_ns = t,
+                    .end_ns = t + 5, .stack = 1});
+      a.OnSpan(Span{.kind = SpanKind::kHolder, .end = SpanEnd::kReleased, .thread = thread, .start_ns = t,
+                    .end_ns = t + 5});
+    }
+  };
+  const size_t empty = a.approx_memory_bytes();
+  // Threads 1 and 2 hold 100 times each between drains: their emptied vectors keep their memory for the next period
+  // instead of growing again from nothing.
+  holds(1, 100);
+  holds(2, 100);
+  a.DrainBlame(t, &r);
+  EXPECT_EQ(a.kept(), 0u);
+  const size_t live = a.approx_memory_bytes();
+  EXPECT_GT(live, empty + 400 * sizeof(uint64_t) * 2);  // at least the 200 holds and 200 holder spans' worth
+  // Thread 2 stays idle for a whole period: its vector goes; thread 1's is reused.
+  holds(1, 100);
+  a.DrainBlame(t, &r);
+  const size_t one_live = a.approx_memory_bytes();
+  EXPECT_LT(one_live, live);
+  EXPECT_GT(one_live, empty);
+  // A burst of thread 1, then an ordinary period: the burst's memory is given back.
+  holds(1, 20000);
+  a.DrainBlame(t, &r);
+  const size_t after_burst = a.approx_memory_bytes();
+  EXPECT_GT(after_burst, one_live + 20000 * sizeof(uint64_t) * 2);
+  holds(1, 100);
+  a.DrainBlame(t, &r);
+  EXPECT_LT(a.approx_memory_bytes(), one_live + 4096);
+  // Nothing at all for a period: back to empty.
+  a.DrainBlame(t, &r);
+  a.DrainBlame(t, &r);
+  EXPECT_LE(a.approx_memory_bytes(), empty + 1024);
+}
+
 // ---- Estimates from GVL readings while the scheduler probes were paused --------------------------------------------
 
 TEST(AttributionEstimate, ACompleteRecordingKeepsItsExactAttributionWhateverItsReadingsSay) {
