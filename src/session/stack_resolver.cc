@@ -110,6 +110,32 @@ StackResolver::Node* StackResolver::ValidSibling(const rv_ruby_frame& frame, con
   return *have_heads && Revalidate(e, *heads) ? n : nullptr;
 }
 
+const std::shared_ptr<const Symbolizer::LineTable>& StackResolver::NoLineTable() {
+  static const auto* const kNone = new std::shared_ptr<const Symbolizer::LineTable>(
+      std::make_shared<const Symbolizer::LineTable>());
+  return *kNone;
+}
+
+std::optional<int> StackResolver::LineFromSibling(Entry& sibling, const rv_ruby_frame& frame) {
+  if (frame.flags & RV_RB_FRAME_F_LINE_ZERO) return 0;
+  // 3.1's pc-less frames follow a rule of LineNumber's own. The sibling is valid in this epoch, so the iseq is the
+  // object its table was read from, and CRuby never changes a line table once the iseq is compiled.
+  if (frame.pc != 0) {
+    if (sibling.lines == nullptr) {
+      std::optional<Symbolizer::LineTable> table = symbolizer_.ReadLineTable(frame.cfp_iseq);
+      if (table) {
+        sibling.lines = std::make_shared<const Symbolizer::LineTable>(std::move(*table));
+        cache_bytes_ += sibling.lines->bytes();
+        ++line_tables_;
+      } else {
+        sibling.lines = NoLineTable();
+      }
+    }
+    if (sibling.lines != NoLineTable()) return Symbolizer::LineAt(*sibling.lines, frame.pc);
+  }
+  return symbolizer_.LineNumber(frame.cfp_iseq, frame.pc);
+}
+
 bool StackResolver::Revalidate(Entry& e, const Heads& now) {
   if (now != e.heads) return false;
   ++revalidations_;
@@ -150,25 +176,28 @@ SharedFrame StackResolver::ResolveFrameNode(const rv_ruby_frame& frame, Node** n
       }
       slot->node = nullptr;
       cache_bytes_ -= std::min(cache_bytes_, EntryBytes(*e->info));
+      if (e->lines != nullptr && e->lines != NoLineTable() && e->lines.use_count() == 1) {
+        cache_bytes_ -= std::min(cache_bytes_, e->lines->bytes());  // the last entry that shared the table
+      }
       ForgetMemoNode(n);
       cache_.erase(key);
     }
   }
   ++misses_;
   SharedFrame info;
+  std::shared_ptr<const Symbolizer::LineTable> lines;
   if (cacheable) {
     // Another pc of the same objects, valid in this epoch: the same label and path, this pc's line.
     Node* sibling = ValidSibling(frame, key, &heads, &have_heads);
     if (sibling != nullptr) {
-      std::optional<int> line = (frame.flags & RV_RB_FRAME_F_LINE_ZERO)
-                                    ? std::optional<int>(0)
-                                    : symbolizer_.LineNumber(frame.cfp_iseq, frame.pc);
+      std::optional<int> line = LineFromSibling(sibling->second, frame);
       if (line) {
         FrameInfo named = *sibling->second.info;
         named.line = *line;
         info = std::make_shared<const FrameInfo>(std::move(named));
         heads = sibling->second.heads;
         have_heads = true;
+        lines = sibling->second.lines;
         ++line_only_;
       }
     }
@@ -188,7 +217,7 @@ SharedFrame StackResolver::ResolveFrameNode(const rv_ruby_frame& frame, Node** n
       live_.clear();
       ++cache_clears_;
     }
-    auto it = cache_.emplace(key, Entry{info, heads, epoch_}).first;
+    auto it = cache_.emplace(key, Entry{info, heads, epoch_, ~uint64_t{0}, std::move(lines)}).first;
     cache_bytes_ += bytes;
     slot->key = key;
     slot->node = &*it;

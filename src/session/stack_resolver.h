@@ -13,8 +13,9 @@
 // Cost per GC and per new pc: the entries used in one epoch are revalidated together at the first use in the next
 // (one batch of reads per GC for a process's working set, not one per distinct stack). A frame that misses only
 // because its pc is new (a thread stopped at another instruction of a method already named) takes the label and
-// path of that method's entry and reads only its line: the symbolizer's other reads (iseq body, strings, class path)
-// are the bulk of a miss. The entry must be valid in this epoch, or become so: one last used before the previous
+// path of that method's entry and only its line is new: the symbolizer's other reads (iseq body, strings, class path)
+// are the bulk of a miss. The line comes from the iseq's line table, read in one batch at the first new pc and
+// shared by the entries of its pcs, so later new pcs of a hot method read nothing. The entry must be valid in this epoch, or become so: one last used before the previous
 // epoch (so not in the batch) is revalidated against the heads of the new frame's objects, which are read anyway. A
 // sample's pc is usually new, and its method often unused for epochs: most of the agent's symbolization reads.
 //
@@ -93,6 +94,8 @@ class StackResolver {
   uint64_t cache_misses() const { return misses_; }
   // Misses named from another pc's entry of the same objects, reading only the line (a subset of cache_misses).
   uint64_t line_only_misses() const { return line_only_; }
+  // Line tables read for them: one per iseq whose pcs were named that way (while its entries stay cached).
+  uint64_t line_tables_read() const { return line_tables_; }
   // Stacks served whole in a later epoch because every entry they were named from is valid in it (usually found
   // unchanged by the batch at the epoch's start).
   uint64_t stacks_kept_across_gc() const { return stacks_kept_; }
@@ -120,6 +123,9 @@ class StackResolver {
     Heads heads;
     uint64_t epoch = 0;       // last GC epoch in which heads were seen unchanged
     uint64_t used_epoch = ~uint64_t{0};  // last GC epoch a frame was named from it (none yet: ~0)
+    // The line table of the frame's cfp_iseq, shared with the entries of that iseq's other pcs made from this one
+    // (LineFromSibling); null until a new pc needed it, NoLineTable() when it could not be read whole.
+    std::shared_ptr<const Symbolizer::LineTable> lines;
   };
   // A cache_ node: its address is stable across rehashes until it is erased.
   using Node = std::pair<const Key, Entry>;
@@ -132,6 +138,10 @@ class StackResolver {
     Node* node = nullptr;
   };
 
+  // The line of `frame`, a new pc of the iseq `sibling` names: from the iseq's line table (read and kept in the
+  // sibling's entry at the first such pc), else LineNumber's own reads.
+  std::optional<int> LineFromSibling(Entry& sibling, const rv_ruby_frame& frame);
+  static const std::shared_ptr<const Symbolizer::LineTable>& NoLineTable();
   // False when the objects cannot be read (the frame then goes to the symbolizer, which reports it unresolved).
   bool ReadHeads(const rv_ruby_frame& frame, Heads* heads);
   // Whether the frame's cfp_iseq head is a second read; when it is the frame's own object, CopyIseqHead fills it in
@@ -226,6 +236,7 @@ class StackResolver {
   uint64_t revalidations_ = 0;
   uint64_t misses_ = 0;
   uint64_t line_only_ = 0;
+  uint64_t line_tables_ = 0;
   uint64_t stacks_kept_ = 0;
 };
 

@@ -2,7 +2,9 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
+#include <span>
 #include <vector>
 
 namespace rvbpfd {
@@ -30,6 +32,29 @@ constexpr uint64_t kImmediateTableSize = 54;
 constexpr uint64_t kSuccPartOffset = 48;
 constexpr uint64_t kSuccBlockBytes = 80;
 constexpr uint64_t kInsnInfoEntryBytes = 12;
+// One block of the succinct table's second part: 512 positions (succ_dict_block).
+struct SuccBlock {
+  uint32_t rank;
+  uint32_t pad;
+  uint64_t small_block_ranks;
+  uint64_t bits[8];
+};
+static_assert(sizeof(SuccBlock) == kSuccBlockBytes);
+// calc_lineno's instruction position of pc: (pc - iseq_encoded) in words, minus one when non-zero (pc already points
+// past the current instruction); nullopt for a pc outside the iseq or not on a word.
+std::optional<uint64_t> PositionOf(uint64_t encoded, uint32_t iseq_size, uint64_t pc) {
+  if (pc < encoded || (pc - encoded) % 8 != 0 || (pc - encoded) / 8 > iseq_size) return std::nullopt;
+  const uint64_t pos = (pc - encoded) / 8;
+  return pos > 0 ? pos - 1 : 0;
+}
+// The 1-based insns_info index of a position below kImmediateTableSize, from its immediate word (9 per word).
+uint64_t ImmediateIndex(uint64_t imm, uint64_t pos) { return (imm >> (7 * (pos % 9))) & 0x7f; }
+// The same for position kImmediateTableSize + x, from its block (succ_index_lookup).
+uint64_t BlockIndex(const SuccBlock& block, uint64_t x) {
+  const uint64_t bit = x % 512, small = bit / 64;
+  const uint64_t small_rank = small == 0 ? 0 : (block.small_block_ranks >> (9 * (small - 1))) & 0x1ff;
+  return block.rank + small_rank + __builtin_popcountll(block.bits[small] << (63 - bit % 64));
+}
 // 3.1 st_table (include/ruby/st.h): {u8 entry_power, bin_power, size_ind; u32 rebuilds_num; type; num_entries; bins;
 // entries_start; entries_bound; entries}, entries being {hash, key, record} triples; hash ~0 marks a deleted entry.
 struct StTable {
@@ -195,47 +220,92 @@ std::optional<int> Symbolizer::LineNumber(uint64_t iseq, uint64_t pc) {
     if (!ReadFirstLineno(body, &first)) return std::nullopt;
     return first;
   }
-  uint64_t body = 0, encoded = 0, insns = 0, table = 0;
-  uint32_t iseq_size = 0, size = 0;
-  if (!ReadWord(iseq + off_.iseq_body, &body) || body == 0 || !ReadWord(body + off_.body_iseq_encoded, &encoded) ||
-      !mem_->ReadValue(body + off_.body_iseq_size, &iseq_size) ||
-      !mem_->ReadValue(body + off_.body_insns_info_size, &size) ||
-      !ReadWord(body + off_.body_insns_info_body, &insns)) {
-    return std::nullopt;
-  }
-  // pos = (pc - iseq_encoded) in words, minus one when non-zero: pc already points past the current instruction.
-  if (pc < encoded || (pc - encoded) % 8 != 0 || (pc - encoded) / 8 > iseq_size) return std::nullopt;
-  uint64_t pos = (pc - encoded) / 8;
-  if (pos > 0) pos--;
-  if (size == 0) return 0;  // no line information: rb_iseq_line_no returns 0
+  LineHeader h;
+  if (!ReadLineHeader(iseq, &h)) return std::nullopt;
+  const std::optional<uint64_t> pos = PositionOf(h.encoded, h.iseq_size, pc);
+  if (!pos) return std::nullopt;
+  if (h.size == 0) return 0;  // no line information: rb_iseq_line_no returns 0
   uint64_t index = 1;
-  if (size > 1) {
-    if (!ReadWord(body + off_.body_succ_index_table, &table) || table == 0) return std::nullopt;
-    if (pos < kImmediateTableSize) {
+  if (h.size > 1) {
+    if (*pos < kImmediateTableSize) {
       uint64_t imm = 0;
-      if (!ReadWord(table + (pos / 9) * 8, &imm)) return std::nullopt;
-      index = (imm >> (7 * (pos % 9))) & 0x7f;
+      if (!ReadWord(h.table + (*pos / 9) * 8, &imm)) return std::nullopt;
+      index = ImmediateIndex(imm, *pos);
     } else {
-      const uint64_t x = pos - kImmediateTableSize;
-      struct {
-        uint32_t rank;
-        uint32_t pad;
-        uint64_t small_block_ranks;
-        uint64_t bits[8];
-      } block;
-      static_assert(sizeof(block) == kSuccBlockBytes);
-      if (!mem_->Read(table + kSuccPartOffset + (x / 512) * kSuccBlockBytes, &block, sizeof(block))) {
+      const uint64_t x = *pos - kImmediateTableSize;
+      SuccBlock block;
+      if (!mem_->Read(h.table + kSuccPartOffset + (x / 512) * kSuccBlockBytes, &block, sizeof(block))) {
         return std::nullopt;
       }
-      const uint64_t bit = x % 512, small = bit / 64;
-      const uint64_t small_rank = small == 0 ? 0 : (block.small_block_ranks >> (9 * (small - 1))) & 0x1ff;
-      index = block.rank + small_rank + __builtin_popcountll(block.bits[small] << (63 - bit % 64));
+      index = BlockIndex(block, x);
     }
   }
-  if (index < 1 || index > size) return std::nullopt;  // CRuby would index insns_info[-1]: a corrupt table
+  if (index < 1 || index > h.size) return std::nullopt;  // CRuby would index insns_info[-1]: a corrupt table
   int32_t line = 0;
-  if (!mem_->ReadValue(insns + (index - 1) * kInsnInfoEntryBytes, &line)) return std::nullopt;
+  if (!mem_->ReadValue(h.insns + (index - 1) * kInsnInfoEntryBytes, &line)) return std::nullopt;
   return line;
+}
+
+bool Symbolizer::ReadLineHeader(uint64_t iseq, LineHeader* h) {
+  uint64_t body = 0;
+  if (!ReadWord(iseq + off_.iseq_body, &body) || body == 0 || !ReadWord(body + off_.body_iseq_encoded, &h->encoded) ||
+      !mem_->ReadValue(body + off_.body_iseq_size, &h->iseq_size) ||
+      !mem_->ReadValue(body + off_.body_insns_info_size, &h->size) ||
+      !ReadWord(body + off_.body_insns_info_body, &h->insns)) {
+    return false;
+  }
+  if (h->size > 1 && (!ReadWord(body + off_.body_succ_index_table, &h->table) || h->table == 0)) return false;
+  return true;
+}
+
+std::optional<Symbolizer::LineTable> Symbolizer::ReadLineTable(uint64_t iseq) {
+  if (!IsImemo(iseq, kImemoIseq)) return std::nullopt;
+  LineHeader h;
+  if (!ReadLineHeader(iseq, &h)) return std::nullopt;
+  LineTable t;
+  t.encoded = h.encoded;
+  t.iseq_size = h.iseq_size;
+  t.size = h.size;
+  // The index words any position of the iseq can reach (LineNumber's reads for every pc), and every entry's line.
+  const uint64_t blocks = h.size > 1 && h.iseq_size > kImmediateTableSize
+                              ? (uint64_t{h.iseq_size} - kImmediateTableSize - 1) / 512 + 1
+                              : 0;
+  const uint64_t succ_bytes = h.size > 1 ? kSuccPartOffset + blocks * kSuccBlockBytes : 0;
+  const uint64_t insns_bytes = uint64_t{h.size} * kInsnInfoEntryBytes;
+  if (succ_bytes + insns_bytes > kMaxLineTableReadBytes) return std::nullopt;
+  t.succ.resize(succ_bytes / 8);
+  std::vector<uint8_t> entries(insns_bytes);
+  MemoryReader::Request reads[2];
+  size_t n = 0;
+  if (succ_bytes > 0) reads[n++] = {h.table, t.succ.data(), succ_bytes};
+  if (insns_bytes > 0) reads[n++] = {h.insns, entries.data(), insns_bytes};
+  if (mem_->ReadMany(std::span(reads, n)) != n) return std::nullopt;
+  t.lines.resize(h.size);
+  for (size_t i = 0; i < h.size; ++i) std::memcpy(&t.lines[i], entries.data() + i * kInsnInfoEntryBytes, 4);
+  return t;
+}
+
+std::optional<int> Symbolizer::LineAt(const LineTable& t, uint64_t pc) {
+  const std::optional<uint64_t> pos = PositionOf(t.encoded, t.iseq_size, pc);
+  if (!pos) return std::nullopt;
+  if (t.size == 0) return 0;
+  uint64_t index = 1;
+  if (t.size > 1) {
+    // ReadLineTable sized succ for every position of the iseq; a table made otherwise is checked, not trusted.
+    if (*pos < kImmediateTableSize) {
+      if (*pos / 9 >= t.succ.size()) return std::nullopt;
+      index = ImmediateIndex(t.succ[*pos / 9], *pos);
+    } else {
+      const uint64_t x = *pos - kImmediateTableSize;
+      const uint64_t word = (kSuccPartOffset + (x / 512) * kSuccBlockBytes) / 8;
+      if (word + kSuccBlockBytes / 8 > t.succ.size()) return std::nullopt;
+      SuccBlock block;
+      std::memcpy(&block, t.succ.data() + word, sizeof(block));
+      index = BlockIndex(block, x);
+    }
+  }
+  if (index < 1 || index > t.size) return std::nullopt;
+  return t.lines[index - 1];
 }
 
 bool Symbolizer::IsSingleton(uint64_t klass) {

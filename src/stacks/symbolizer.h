@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "rvbpfd/ruby_walker_types.h"
 #include "stacks/memory_reader.h"
@@ -46,6 +47,26 @@ class Symbolizer {
   // Pieces, public for tests. Each returns nullopt when the target memory does not hold what it should.
   std::optional<std::string> ReadString(uint64_t value);       // a T_STRING's bytes
   std::optional<int> LineNumber(uint64_t iseq, uint64_t pc);  // calc_lineno(iseq, pc)
+
+  // One iseq's line table (insns_info's lines and the succinct index from instruction positions to them), read in
+  // one batch, so that any pc of the iseq is mapped to its line without reading again: LineNumber costs about nine
+  // dependent reads per pc, and a sampled frame's pc is a new one each time in a hot method.
+  struct LineTable {
+    uint64_t encoded = 0;        // body->iseq_encoded
+    uint32_t iseq_size = 0;      // body->iseq_size, words
+    uint32_t size = 0;           // body->insns_info.size, entries
+    std::vector<uint64_t> succ;  // succ_index_table (size > 1): the 6-word immediate part, then 10 words per block
+                                 // of 512 positions, up to the block of the iseq's last position
+    std::vector<int32_t> lines;  // insns_info.body[i].line_no
+    size_t bytes() const { return sizeof(LineTable) + 8 * succ.capacity() + 4 * lines.capacity(); }
+  };
+  // Larger tables (iseqs of tens of thousands of instructions) are not read whole: LineNumber serves them.
+  static constexpr size_t kMaxLineTableReadBytes = 64 * 1024;
+  // nullopt when the iseq's memory does not hold a readable table or it is over kMaxLineTableReadBytes.
+  std::optional<LineTable> ReadLineTable(uint64_t iseq);
+  // What LineNumber(iseq, pc) gives for a pc != 0 (3.1's pc-less frames have a rule of their own), from the table
+  // of that iseq, with the same reads done once: the same line, or nullopt for a pc outside the iseq.
+  static std::optional<int> LineAt(const LineTable& table, uint64_t pc);
   // rb_id2str: the String of an ID through the global symbol table (nullopt when absent, or while the table at
   // `global_symbols` does not pass GlobalSymbolsUsable()).
   std::optional<std::string> IdToString(uint64_t id);
@@ -61,6 +82,15 @@ class Symbolizer {
     std::optional<std::string> value;
   };
   bool ReadWord(uint64_t addr, uint64_t* out) { return mem_->ReadValue(addr, out); }
+  // The fields of an iseq's body that its line numbers need (LineNumber and ReadLineTable read the same ones).
+  struct LineHeader {
+    uint64_t encoded = 0;
+    uint32_t iseq_size = 0;
+    uint32_t size = 0;    // insns_info entries
+    uint64_t insns = 0;   // insns_info.body
+    uint64_t table = 0;   // succ_index_table, read only when size > 1 (then never 0)
+  };
+  bool ReadLineHeader(uint64_t iseq, LineHeader* h);
   std::optional<uint64_t> Flags(uint64_t obj);
   std::optional<std::string> LookupId(uint64_t id);  // IdToString without the table check
   bool IsType(uint64_t obj, uint64_t type);

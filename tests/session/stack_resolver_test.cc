@@ -372,6 +372,18 @@ TEST_F(StackResolverTest, ANewPcOfAnIseqNamedInThisEpochReadsOnlyItsLine) {
   EXPECT_EQ(resolver_->ResolveFrame(at_second), expected);
   EXPECT_EQ(mem_->reads(), reads) << "the new pc is cached like any miss";
 
+  // The second pc read the iseq's line table; every further pc of it is named from that table, without a read.
+  EXPECT_EQ(resolver_->line_tables_read(), 1u);
+  reads = mem_->reads();
+  const rv_ruby_frame at_pos2{w.iseq, w.encoded + 24, w.iseq, RV_RB_FRAME_ISEQ, 0};
+  const rv_ruby_frame at_pos6{w.iseq, w.encoded + 56, w.iseq, RV_RB_FRAME_ISEQ, 0};
+  EXPECT_EQ(resolver_->ResolveFrame(at_pos2).line, 10);
+  EXPECT_EQ(resolver_->ResolveFrame(at_pos6).line, 20);
+  EXPECT_EQ(resolver_->ResolveFrame(at_pos6).label, "work");
+  EXPECT_EQ(mem_->reads(), reads);
+  EXPECT_EQ(resolver_->line_only_misses(), 3u);
+  EXPECT_EQ(resolver_->line_tables_read(), 1u);
+
   ExpectAReusedSlotIsSymbolizedInFull(w, 1);
 }
 

@@ -123,6 +123,56 @@ TEST_F(SymbolizerTest, SingleEntryTablesNeedNoSuccinctTable) {
   EXPECT_EQ(sym.LineNumber(iseq, encoded + 40), 42);
 }
 
+TEST_F(SymbolizerTest, ALineTableReadOnceGivesEveryPcTheLineLineNumberGives) {
+  // Tables with no entry, one entry (no succinct index), an immediate part only, and blocks past the first.
+  struct Case {
+    std::vector<uint64_t> starts;
+    uint32_t iseq_size;
+  };
+  const std::vector<Case> cases = {{{}, 12}, {{0}, 10}, {{0, 5, 20}, 40}, {{0, 3, 53, 54, 60, 117, 600, 1100, 1165, 1500, 2047}, 2048}};
+  Symbolizer sym(&mem_, off_, 0);
+  for (const Case& c : cases) {
+    std::vector<int> lines;
+    for (size_t i = 0; i < c.starts.size(); i++) lines.push_back(7 + static_cast<int>(i) * 3);
+    uint64_t encoded = 0;
+    const uint64_t iseq = Iseq(c.starts, lines, c.iseq_size, &encoded);
+    std::optional<Symbolizer::LineTable> table = sym.ReadLineTable(iseq);
+    ASSERT_TRUE(table.has_value()) << c.iseq_size;
+    EXPECT_EQ(table->lines.size(), c.starts.size());
+    // Every pc of the iseq, and pcs just outside it or off a word.
+    for (uint64_t pc = encoded - 16; pc <= encoded + 8 * (c.iseq_size + 2); pc += 4) {
+      if (pc == 0) continue;
+      ASSERT_EQ(Symbolizer::LineAt(*table, pc), sym.LineNumber(iseq, pc)) << c.iseq_size << " pc +" << pc - encoded;
+    }
+  }
+}
+
+TEST_F(SymbolizerTest, ALineTableIsNotReadWhenTooLargeOrUnreadable) {
+  Symbolizer sym(&mem_, off_, 0);
+  uint64_t encoded = 0;
+  // 6,000 entries of 12 bytes: over kMaxLineTableReadBytes, so LineNumber serves each pc.
+  std::vector<uint64_t> starts;
+  std::vector<int> lines;
+  for (uint64_t i = 0; i < 6000; i++) {
+    starts.push_back(i);
+    lines.push_back(static_cast<int>(i));
+  }
+  const uint64_t big = Iseq(starts, lines, 6000, &encoded);
+  EXPECT_FALSE(sym.ReadLineTable(big).has_value());
+  EXPECT_EQ(sym.LineNumber(big, encoded + 8 * 100), 99);
+  // insns_info.body pointing at unmapped memory, or not an iseq at all.
+  const uint64_t iseq = Iseq({0, 4}, {1, 2}, 10, &encoded);
+  uint64_t body = 0;
+  ASSERT_TRUE(mem_.Read(iseq + off_.iseq_body, &body, 8));
+  mem_.Put64(body + off_.body_insns_info_body, 0xdead0000);
+  EXPECT_FALSE(sym.ReadLineTable(iseq).has_value());
+  EXPECT_FALSE(sym.ReadLineTable(String("not an iseq", true)).has_value());
+  // A table not made by ReadLineTable, shorter than its iseq_size says, is checked rather than read past its end.
+  Symbolizer::LineTable short_table{.encoded = 0x1000, .iseq_size = 2000, .size = 3, .succ = {0, 0, 0}, .lines = {1, 2, 3}};
+  EXPECT_FALSE(Symbolizer::LineAt(short_table, 0x1000 + 8 * 40).has_value());
+  EXPECT_FALSE(Symbolizer::LineAt(short_table, 0x1000 + 8 * 1000).has_value());
+}
+
 TEST_F(SymbolizerTest, StringsEmbeddedAndOnTheHeap) {
   Symbolizer sym(&mem_, off_, 0);
   EXPECT_EQ(sym.ReadString(String("block in <main>", true)), "block in <main>");
