@@ -49,10 +49,12 @@ size_t StackResolver::KeyHash::operator()(const Key& k) const {
 }
 
 bool StackResolver::ReadHeads(const rv_ruby_frame& frame, Heads* heads) {
-  if (!mem_->Read(frame.addr, heads->head.data(), sizeof(heads->head))) return false;
-  if (NeedsIseqHead(frame)) {
-    return mem_->Read(frame.cfp_iseq, heads->iseq_head.data(), sizeof(heads->iseq_head));
+  if (NeedsIseqHead(frame)) {  // both heads in one batch (one syscall for a live target)
+    MemoryReader::Request both[2] = {{frame.addr, heads->head.data(), sizeof(heads->head)},
+                                     {frame.cfp_iseq, heads->iseq_head.data(), sizeof(heads->iseq_head)}};
+    return mem_->ReadMany(both) == 2;
   }
+  if (!mem_->Read(frame.addr, heads->head.data(), sizeof(heads->head))) return false;
   CopyIseqHead(frame, heads);
   return true;
 }

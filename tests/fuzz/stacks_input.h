@@ -131,6 +131,17 @@ inline void AppendMemoryRecord(std::string* out, uint64_t addr, std::span<const 
   }
 }
 
+// A line table read whole stays within the read bound and, in a memory whose bytes do not depend on how they are
+// read (`consistent`), gives pc the line LineNumber reads for it: the stack resolver names new pcs from such tables.
+// Wrap mode is not such a memory: a read that leaves a record takes all its bytes from the input instead.
+inline void CheckLineTable(Symbolizer& symbolizer, uint64_t iseq, uint64_t pc, bool consistent) {
+  const std::optional<Symbolizer::LineTable> table = symbolizer.ReadLineTable(iseq);
+  if (!table) return;
+  FUZZ_CHECK(8 * table->succ.size() + 4 * table->lines.size() <= Symbolizer::kMaxLineTableReadBytes);
+  const std::optional<int> line = Symbolizer::LineAt(*table, pc);
+  if (consistent) FUZZ_CHECK(line == symbolizer.LineNumber(iseq, pc));
+}
+
 // What the harness does with one input, and what the seed writer records the reads of: find the thread's EC, walk it,
 // symbolize its frames and the header's own frame, read a string and an ID, resolve the process's EC route and run
 // the sampler's EC lookup. False when the header names no supported layout.
@@ -148,10 +159,12 @@ inline bool ExerciseStacks(MemoryReader& mem, const StacksHeader& h) {
   const uint64_t vm_ptr = h.vm_ptr_vaddr != 0 ? h.vm_ptr_vaddr + h.load_bias : 0;
   Symbolizer symbolizer(&mem, *offsets, (h.flags & kStacksNoGlobalSymbols) != 0 ? 0 : h.global_symbols, vm_ptr);
   size_t symbolized = 0;
+  const bool consistent = (h.flags & kStacksWrap) == 0;
   for (const rv_ruby_frame& frame : walk.frames) {
     if (++symbolized > 128) break;
     const SymbolizedFrame f = symbolizer.Symbolize(frame);
     if (!f.resolved) FUZZ_CHECK(f.full_label && !f.path && !f.absolute_path);
+    if (symbolized <= 16 && frame.pc != 0) CheckLineTable(symbolizer, frame.cfp_iseq, frame.pc, consistent);
   }
   for (uint32_t kind = 0; kind < 2; ++kind) {
     rv_ruby_frame frame{};
@@ -161,6 +174,7 @@ inline bool ExerciseStacks(MemoryReader& mem, const StacksHeader& h) {
     frame.kind = kind;
     (void)symbolizer.Symbolize(frame);
   }
+  if (h.frame_pc != 0) CheckLineTable(symbolizer, h.frame_addr, h.frame_pc, consistent);
   (void)symbolizer.ReadString(h.string);
   (void)symbolizer.IdToString(h.id);
 
