@@ -15,9 +15,10 @@
 // because its pc is new (a thread stopped at another instruction of a method already named) takes the label and
 // path of that method's entry and only its line is new: the symbolizer's other reads (iseq body, strings, class path)
 // are the bulk of a miss. The line comes from the iseq's line table, read in one batch at the first new pc and
-// shared by the entries of its pcs, so later new pcs of a hot method read nothing. The entry must be valid in this epoch, or become so: one last used before the previous
-// epoch (so not in the batch) is revalidated against the heads of the new frame's objects, which are read anyway. A
-// sample's pc is usually new, and its method often unused for epochs: most of the agent's symbolization reads.
+// shared by the entries of its pcs, so later new pcs of a hot method read nothing. The entry must be valid in this
+// epoch, or become so: one last used before the previous epoch (so not in the batch) is revalidated against the heads
+// of the new frame's objects, which are read anyway. A sample's pc is usually new, and its method often unused for
+// epochs: most of the agent's symbolization reads.
 //
 // Resolved frames are shared and immutable (SharedFrame): a cache hit hands out a reference to the cached frame
 // instead of copying its strings, and a frame stays valid for its holders after its cache entry is dropped.

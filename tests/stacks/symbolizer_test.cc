@@ -129,7 +129,8 @@ TEST_F(SymbolizerTest, ALineTableReadOnceGivesEveryPcTheLineLineNumberGives) {
     std::vector<uint64_t> starts;
     uint32_t iseq_size;
   };
-  const std::vector<Case> cases = {{{}, 12}, {{0}, 10}, {{0, 5, 20}, 40}, {{0, 3, 53, 54, 60, 117, 600, 1100, 1165, 1500, 2047}, 2048}};
+  const std::vector<Case> cases = {
+      {{}, 12}, {{0}, 10}, {{0, 5, 20}, 40}, {{0, 3, 53, 54, 60, 117, 600, 1100, 1165, 1500, 2047}, 2048}};
   Symbolizer sym(&mem_, off_, 0);
   for (const Case& c : cases) {
     std::vector<int> lines;
@@ -168,7 +169,8 @@ TEST_F(SymbolizerTest, ALineTableIsNotReadWhenTooLargeOrUnreadable) {
   EXPECT_FALSE(sym.ReadLineTable(iseq).has_value());
   EXPECT_FALSE(sym.ReadLineTable(String("not an iseq", true)).has_value());
   // A table not made by ReadLineTable, shorter than its iseq_size says, is checked rather than read past its end.
-  Symbolizer::LineTable short_table{.encoded = 0x1000, .iseq_size = 2000, .size = 3, .succ = {0, 0, 0}, .lines = {1, 2, 3}};
+  Symbolizer::LineTable short_table{
+      .encoded = 0x1000, .iseq_size = 2000, .size = 3, .succ = {0, 0, 0}, .lines = {1, 2, 3}};
   EXPECT_FALSE(Symbolizer::LineAt(short_table, 0x1000 + 8 * 40).has_value());
   EXPECT_FALSE(Symbolizer::LineAt(short_table, 0x1000 + 8 * 1000).has_value());
 }
