@@ -304,7 +304,7 @@ std::optional<int> Symbolizer::LineAt(const LineTable& t, uint64_t pc) {
       index = BlockIndex(block, x);
     }
   }
-  if (index < 1 || index > t.size) return std::nullopt;
+  if (index < 1 || index > t.size || index > t.lines.size()) return std::nullopt;
   return t.lines[index - 1];
 }
 

@@ -173,6 +173,12 @@ TEST_F(SymbolizerTest, ALineTableIsNotReadWhenTooLargeOrUnreadable) {
       .encoded = 0x1000, .iseq_size = 2000, .size = 3, .succ = {0, 0, 0}, .lines = {1, 2, 3}};
   EXPECT_FALSE(Symbolizer::LineAt(short_table, 0x1000 + 8 * 40).has_value());
   EXPECT_FALSE(Symbolizer::LineAt(short_table, 0x1000 + 8 * 1000).has_value());
+  // The same for lines: position 0's index is 2, past the one line given.
+  Symbolizer::LineTable few_lines{
+      .encoded = 0x1000, .iseq_size = 10, .size = 3, .succ = {2, 0, 0, 0, 0, 0}, .lines = {1}};
+  EXPECT_FALSE(Symbolizer::LineAt(few_lines, 0x1000 + 8).has_value());
+  few_lines.lines = {1, 5, 9};
+  EXPECT_EQ(Symbolizer::LineAt(few_lines, 0x1000 + 8), 5);
 }
 
 TEST_F(SymbolizerTest, StringsEmbeddedAndOnTheHeap) {
