@@ -167,7 +167,9 @@ void SpanTracker::EndGc(uint64_t end_ns, SpanEnd end, bool counted) {
 }
 
 void SpanTracker::DiscardOpen(uint64_t t) {
-  // Whatever was open may have ended, and begun again, in the events that are missing.
+  // Whatever was open may have ended, and begun again, in the events that are missing; a new thread may have
+  // started at the key of an exited one.
+  ForgetExited();
   for (auto& [key, th] : threads_) {
     if (th.waiting) EndWait(key, th, t, SpanEnd::kGap, false);
     if (th.holding) EndHold(key, th, t, SpanEnd::kGap, th.last_sample_stack, Provenance::kObserved, false);
@@ -181,6 +183,7 @@ void SpanTracker::DiscardOpen(uint64_t t) {
 void SpanTracker::OnSample(uint64_t thread, uint32_t stack, bool in_gc) {
   if (thread != 0) {
     Thread& t = Touch(thread);
+    if (t.exited) return;  // a dead thread's sample (a stale thread pointer) says nothing about any span
     if (stack != 0) t.last_sample_stack = stack;
   }
   // A sample inside the open GC shows where that GC was triggered: better than the thread's older sample.
@@ -218,7 +221,7 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
     case EventName::kMutexLockEnter:
       // No exit probe exists: the reason holds for the thread's next release, until it runs again.
       if (key == 0) return;
-      if (Thread* t = Find(key)) {
+      if (Thread* t = Find(key); t != nullptr && !t->exited) {
         t->probe_reason =
             e.event == EventName::kSleepEnter ? ReleaseReason::kSleeping : ReleaseReason::kWaitingMutex;
       }
@@ -234,11 +237,21 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
   }
   if (key == 0) return;  // a scheduler event about no known thread cannot be attributed
 
+  // One lookup per event. A Thread& is valid until the next insertion or erase; none happens below.
+  auto [found, fresh] = threads_.try_emplace(key);
+  Thread& t = *found;
+  t.idle = 0;
+  if (t.exited) {
+    // 3.2 reports a thread's last release after its EXITED: a dead thread's release opens nothing.
+    if (e.event == EventName::kGvlReleased || e.event == EventName::kThreadExited) return;
+    // Anything else is a new thread at the key (this is its thread_started, or that was not seen).
+    t = Thread{};
+    --exited_;
+    fresh = true;
+  }
   switch (e.event) {
     case EventName::kThreadStarted: {
-      auto [found, inserted] = threads_.try_emplace(key);
-      Thread& t = *found;
-      if (!inserted) {
+      if (!fresh) {
         // A key reused after an exit that was not seen: the old thread's open spans have no end.
         if (t.waiting) EndWait(key, t, ts, SpanEnd::kRestarted, false);
         if (t.holding) EndHold(key, t, ts, SpanEnd::kRestarted, t.last_sample_stack, Provenance::kObserved, false);
@@ -255,19 +268,20 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       return;
     }
     case EventName::kThreadExited: {
-      if (Thread* found = threads_.find(key)) {
-        Thread& t = *found;
-        // CRuby 3.3+ fires no SUSPENDED at exit, so a hold still open here ends by the exit.
-        if (t.holding) EndHold(key, t, ts, SpanEnd::kExited, t.last_sample_stack, Provenance::kDerived, true);
-        if (t.waiting) EndWait(key, t, ts, SpanEnd::kExited, false);
-        if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kExited, true);
-        threads_.erase(key);
-      }
+      // CRuby 3.3+ fires no SUSPENDED at exit, so a hold still open here ends by the exit.
+      if (t.holding) EndHold(key, t, ts, SpanEnd::kExited, t.last_sample_stack, Provenance::kDerived, true);
+      if (t.waiting) EndWait(key, t, ts, SpanEnd::kExited, false);
+      if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kExited, true);
+      // Kept as a marker until the next PruneIdle or gap, or a new thread's event at the key, so that what the
+      // thread still reports (3.2: a release after EXITED) opens nothing.
+      t = Thread{};
+      t.vm = e.vm;
+      t.exited = true;
+      ++exited_;
       if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kExited);
       return;
     }
     case EventName::kWantsGvl: {
-      Thread& t = Touch(key);
       t.vm = e.vm;
       if (t.holding) {
         // Wanting the lock while holding it means a release that was not seen (3.2 timeslices): the hold ends here.
@@ -284,7 +298,6 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       return;
     }
     case EventName::kGvlAcquired: {
-      Thread& t = Touch(key);
       t.vm = e.vm;
       if (t.waiting) EndWait(key, t, ts, SpanEnd::kAcquired, true);
       if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kAcquired, true);
@@ -298,7 +311,6 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       return;
     }
     case EventName::kGvlReleased: {
-      Thread& t = Touch(key);
       t.vm = e.vm;
       t.release_stack = e.stack;
       // Releasing the lock while waiting for it cannot happen in order: the wait's acquisition was not seen.
@@ -385,7 +397,14 @@ void SpanTracker::Cut(uint64_t cut_ns) {
   }
 }
 
+void SpanTracker::ForgetExited() {
+  if (exited_ == 0) return;
+  threads_.erase_if([](uint64_t, const Thread& t) { return t.exited; });
+  exited_ = 0;
+}
+
 size_t SpanTracker::PruneIdle(uint32_t max_idle) {
+  ForgetExited();
   const size_t dropped = threads_.erase_if([&](uint64_t key, Thread& t) {
     if (!t.waiting && !t.holding && t.idle >= max_idle) {
       // Its open blocked span (a long sleep) is not ended by anything seen: left out.

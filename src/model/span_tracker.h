@@ -34,8 +34,11 @@
 //   - gc: the latest sample stack of the GC's thread when it began, replaced by a stack sampled inside this GC.
 //
 // Thread keys are the caller's (a trace's ruby_thread + 1, the agent's rb_thread_t pointer); 0 means "no known
-// thread": such events only count for GC and samples. Events must come in time order; an end before its span's
-// start is clamped to the start (a zero-length span).
+// thread": such events only count for GC and samples. After a thread_exited, a gvl_released or thread_exited of
+// the key, its probes and its samples are ignored until a gap or the next PruneIdle: 3.2 reports a thread's last
+// release after its EXITED, which must not open a blocked span for a dead thread (the model absorbs it the same
+// way). Any other event of the key is a new thread there (its thread_started, or one not seen). Events must come
+// in time order; an end before its span's start is clamped to the start (a zero-length span).
 //
 // Provenance: waits, holds and GC times are observed (both ends are the VM's own events); a hold ended by an exit or
 // a wants_gvl, a GC's thread taken from the GVL holder, holder intervals and release reasons from a probe are derived.
@@ -144,13 +147,15 @@ class SpanTracker {
   size_t PruneIdle(uint32_t max_idle);
   // Replaces every stack id the tracker holds (the caller renumbered its stacks); `map` is never given 0.
   void RemapStacks(const std::function<uint32_t(uint32_t)>& map);
-  size_t thread_count() const { return threads_.size(); }
+  // Live threads: those seen and not exited (an exited thread's marker is not counted).
+  size_t thread_count() const { return threads_.size() - exited_; }
   size_t approx_memory_bytes() const;
 
  private:
   struct Thread {
     uint32_t vm = 0;
     uint32_t idle = 0;          // PruneIdle calls since the thread's last scheduler event or sample
+    bool exited = false;        // its thread_exited was seen: a marker (see "After a thread_exited" above)
     bool waiting = false;
     bool holding = false;
     bool blocked = false;
@@ -182,6 +187,7 @@ class SpanTracker {
   void EndBlocked(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted);
   void EndGc(uint64_t end_ns, SpanEnd end, bool counted);
   void DiscardOpen(uint64_t t);
+  void ForgetExited();
   uint32_t WaitStack(const Thread& t) const;
   void Emit(const Span& s) { sink_(s); }
 
@@ -189,6 +195,7 @@ class SpanTracker {
   // By thread key. A flat table: consecutive events alternate between threads, so each is a lookup. A Thread& is
   // valid until the next insertion or erase (no Emit inserts: the sink must not call back).
   FlatMap64<Thread> threads_;
+  size_t exited_ = 0;  // entries of threads_ with `exited` set
   std::vector<Holder> holders_;  // one per VM seen, few
   bool gc_open_ = false;
   uint64_t gc_start_ns_ = 0;

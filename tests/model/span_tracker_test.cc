@@ -228,6 +228,46 @@ TEST(SpanTracker, ThreadExitMidWaitLeavesTheWaitUncountedButEndsAHold) {
   EXPECT_EQ(k.tracker().holder(), 0u);
 }
 
+TEST(SpanTracker, ARuby32ReleaseAfterTheExitOpensNothingAndANewThreadAtTheKeyStartsFresh) {
+  Tracker k;
+  k.Ev(0, EventName::kGvlAcquired, kA);
+  k.Ev(100, EventName::kThreadExited, kA);
+  k.Ev(105, EventName::kGvlReleased, kA, 7);  // 3.2: the dead thread's last SUSPENDED
+  k.Ev(106, EventName::kThreadExited, kA);    // a repeat changes nothing either
+  k.Ev(107, EventName::kSleepEnter, kA);
+  k.Sample(kA, 9);  // a sample naming the dead thread (a stale thread pointer)
+  EXPECT_EQ(k.tracker().thread_count(), 0u);
+  k.tracker().Finish(150);
+  ASSERT_EQ(k.Of(SpanKind::kGvlHold, kA).size(), 1u);
+  EXPECT_EQ(k.Of(SpanKind::kGvlHold, kA)[0].end_ns, 100u);
+  EXPECT_TRUE(k.Of(SpanKind::kBlocked, kA).empty()) << "a blocked span opened for a thread that had exited";
+
+  // Any other event of the key is a new thread there, which starts with nothing of the old one.
+  k.spans.clear();
+  k.Ev(200, EventName::kWantsGvl, kA);
+  k.Ev(230, EventName::kGvlAcquired, kA);
+  k.Ev(260, EventName::kGvlReleased, kA, 8);
+  EXPECT_EQ(k.tracker().thread_count(), 1u);
+  const auto wa = k.Of(SpanKind::kGvlWait, kA);
+  ASSERT_EQ(wa.size(), 1u);
+  EXPECT_TRUE(wa[0].counted);
+  EXPECT_EQ(wa[0].duration_ns(), 30u);
+  EXPECT_EQ(wa[0].stack, 0u) << "the new thread waits with no stack of the dead one's";
+  const auto ha = k.Of(SpanKind::kGvlHold, kA);
+  ASSERT_EQ(ha.size(), 1u);
+  EXPECT_EQ(ha[0].stack, 8u);
+
+  // The marker of an exit lasts until the next prune: a later release of the key is a thread's again.
+  k.Ev(300, EventName::kThreadExited, kB);
+  EXPECT_EQ(k.tracker().thread_count(), 1u);
+  EXPECT_EQ(k.tracker().PruneIdle(5), 0u) << "a marker is not an idle thread";
+  k.spans.clear();
+  k.Ev(310, EventName::kGvlReleased, kB);
+  k.tracker().Finish(320);
+  EXPECT_EQ(k.Of(SpanKind::kBlocked, kB).size(), 1u);
+  EXPECT_EQ(k.tracker().thread_count(), 2u);
+}
+
 TEST(SpanTracker, LostEventsAndPausesMakeOpenSpansAndTheHolderUnknown) {
   for (EventName gap : {EventName::kEventsDropped, EventName::kTracingPaused, EventName::kTracingResumed}) {
     Tracker k;
