@@ -523,7 +523,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
 /* ---- Fleet agent: process lifecycle ------------------------------------------------------------------------------
  * Loaded and attached only when the daemon asks (BpfSession::WatchProcesses); the single-process recorder never
  * loads them. Each writes one fixed-size rv_record, counted in events/dropped like a probe record, with the same
- * wakeup rule (only once the ring is a quarter full): the agent polls the ring every ~50 ms anyway. They are raw
+ * wakeup rule (only once the ring is a quarter full): the agent reads the ring every 500 ms anyway. They are raw
  * tracepoints on sched_process_exec / sched_process_exit: attaching needs no tracefs (often not mounted on hosts
  * and never inside a DaemonSet's container), and both run in the context of the task concerned, so
  * bpf_get_current_pid_tgid() is all they read. */

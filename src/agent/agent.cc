@@ -42,7 +42,8 @@ Agent::Agent(AgentConfig config, AgentEnv env)
       probe_sets_(env_.backend, env_.preparer, config_.max_overhead_pct,
                    TrapCosts(kProbeCostUs, kSteppedProbeCostUs, kColdProbeExtraUs, kCycleTargetUs), kBudgetWindowNs,
                    ProbeSetManager::kDefaultPrepareTimeout,
-                   [](uint8_t event) { return ProcessProfile::ReadsEvent(event); }) {}
+                   [](uint8_t event) { return ProcessProfile::ReadsEvent(event); }),
+      drain_period_ns_(env_.drain_period_ns.value_or(kDrainPeriodNs)) {}
 
 Agent::~Agent() = default;
 
@@ -235,6 +236,7 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
   p->interval_start_ns = now;
   p->attached_ns = now;
+  ec_eager_ = true;  // its EC route is retried every kShortWaitNs from the next RunOnce
   if (env_.open_exit_fd) {
     const auto held = std::count_if(registry_.all().begin(), registry_.all().end(),
                                     [](const auto& entry) { return entry.second->exit_fd.ok(); });
@@ -383,12 +385,19 @@ void Agent::Dispatch(Pending& item) {
 }
 
 void Agent::DrainRing() {
+  const uint64_t now = env_.clock->MonotonicNs();
   // Records up to now are in the ring or already handled; a bounded number of rounds so a flood cannot pin us here.
   rvbpfd::DrainRing([this] {
     Result<int> n = env_.backend->Poll(0);
     return n ? *n : -1;
   });
+  NoteDrained(now);
   ReleasePending(UINT64_MAX);
+}
+
+void Agent::NoteDrained(uint64_t read_from_ns) {
+  drained_ns_ = read_from_ns;
+  next_drain_ns_ = read_from_ns + drain_period_ns_;
 }
 
 void Agent::CutProcess(WatchedProcess& p, uint64_t cut_ns) {
@@ -561,11 +570,28 @@ void Agent::CheckCounters(uint64_t /*now*/) {
   drops_seen_ = dropped;
 }
 
+int Agent::NextWaitMs(uint64_t now, int poll_ms) const {
+  uint64_t due = std::min({next_drain_ns_, next_budget_check_ns_, next_cut_ns_, next_housekeeping_ns_});
+  if (rescan_pending_) due = std::min(due, last_rescan_ns_ + kMinRescanGapNs);
+  if (ec_eager_ || retries_.size() > 0) due = std::min(due, now + kShortWaitNs);
+  if (due <= now) return 0;
+  const uint64_t ms = (due - now + 999'999) / 1'000'000;  // rounded up: a wait never ends before the work is due
+  return static_cast<int>(std::min<uint64_t>(ms, static_cast<uint64_t>(std::max(poll_ms, 0))));
+}
+
 Status Agent::RunOnce(int poll_ms) {
-  Result<int> n = env_.backend->Poll(poll_ms);
-  if (!n) return n.error();
+  Result<bool> woken = env_.backend->Wait(NextWaitMs(env_.clock->MonotonicNs(), poll_ms));
+  if (!woken) return woken.error();
   uint64_t now = env_.clock->MonotonicNs();
-  ReleasePending(now > kReorderWindowNs ? now - kReorderWindowNs : 0);
+  if (*woken || now >= next_drain_ns_) {
+    // Read before the ring: every record stamped before `now` (less the reorder window's skew) is handed over.
+    Result<int> n = env_.backend->Consume();
+    if (!n) return n.error();
+    NoteDrained(now);
+  }
+  // Only records older than the last read are known to be complete; a marker enqueued since (a budget pause) waits
+  // for the records before it that are still in the ring.
+  ReleasePending(drained_ns_ > kReorderWindowNs ? drained_ns_ - kReorderWindowNs : 0);
   CheckCounters(now);
   InspectDue(now);
   if (rescan_pending_ && now - last_rescan_ns_ >= kMinRescanGapNs) ScanProc("rescan");
@@ -577,8 +603,11 @@ Status Agent::RunOnce(int poll_ms) {
     next_cut_ns_ += interval_ns_;
     if (next_cut_ns_ <= now) next_cut_ns_ = now + interval_ns_;
   }
+  ec_eager_ = false;
   for (auto& [pid, p] : registry_.all()) {
-    if (now - p->attached_ns < kEcEagerNs || now >= next_housekeeping_ns_) PollEc(*p);
+    const bool eager = now - p->attached_ns < kEcEagerNs;
+    ec_eager_ = ec_eager_ || eager;
+    if (eager || now >= next_housekeeping_ns_) PollEc(*p);
   }
   if (now >= next_housekeeping_ns_) {
     DrainRing();

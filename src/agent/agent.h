@@ -1,14 +1,15 @@
 // The fleet agent's core: discovery of CRuby processes, one shared probe set per VM binary, per-process profiles
 // cut every --interval and handed to the sinks, the overhead budget per probe set, metrics, and config reloads.
 //
-// Lifecycle: Create -> Start (BPF config, sampling, exec/exit tracepoints, the /proc scan) -> RunOnce repeatedly
-// (poll the ring ~50 ms, then the housekeeping below) -> Shutdown (the last partial interval is cut and submitted,
-// the sinks flushed with a deadline). Reload applies a SIGHUP's config.
+// Lifecycle: Create -> Start (BPF config, sampling, exec/exit tracepoints, the /proc scan) -> RunOnce repeatedly (wake
+// when timed work is due, read the ring every kDrainPeriodNs or when BPF wakes it, then the housekeeping below) ->
+// Shutdown (the last partial interval is cut and submitted, the sinks flushed with a deadline). Reload applies a
+// SIGHUP's config.
 //
-// Per RunOnce, after the ring was drained: exec'd pids whose inspection is due are inspected (ExecRetrySchedule),
-// processes that vanished without an exit record are finished (checked every second), the budgets of the probe sets
-// are updated (pausing/resuming their high-rate sites), an interval that ended is cut for every process, and the
-// metrics are refreshed (every second).
+// Per RunOnce, after the ring was read (when due): exec'd pids whose inspection is due are inspected
+// (ExecRetrySchedule), processes that vanished without an exit record are finished (checked every second), the budgets
+// of the probe sets are updated (pausing/resuming their high-rate sites), an interval that ended is cut for every
+// process, and the metrics are refreshed (every second).
 //
 // Threading: one thread (the caller's); the sinks and the metrics server have their own threads.
 #ifndef RVBPFD_SRC_AGENT_AGENT_H_
@@ -39,8 +40,17 @@ namespace rvbpfd {
 
 class Agent {
  public:
-  // Ring poll period (ms): bounds how long records wait in the ring (BPF does not wake the agent per record).
-  static constexpr int kPollMs = 50;
+  // Longest wait (ms) of one RunOnce. It waits less when timed work is due sooner (NextWaitMs): a ring read, a
+  // budget check, a cut, the housekeeping, and every kShortWaitNs while exec'd pids await inspection or a new
+  // process's EC route is retried.
+  static constexpr int kPollMs = 1000;
+  static constexpr uint64_t kShortWaitNs = 50'000'000;
+  // Ring read period (ns): records wait in the ring this long at most, unless BPF wakes the agent first (it does
+  // once the ring is a quarter full, bpf/rvbpfd.bpf.c). Reading the ring touches the state of every watched process,
+  // which the processes themselves evict from the CPU caches in between, so each read pays a refill that on a busy
+  // host costs more than the records it brings (docs/design.md, "Fleet agent: the loop"). It also bounds how late an
+  // exec, a fork or an exit is noticed and a record's frames are named.
+  static constexpr uint64_t kDrainPeriodNs = 500'000'000;
   // Costs of a uprobe hit assumed by the overhead budget (us), as the recorder's --probe-cost-us,
   // --stepped-probe-cost-us and --cold-probe-extra-us defaults.
   static constexpr double kProbeCostUs = 1.5;
@@ -70,8 +80,13 @@ class Agent {
   ~Agent();
 
   Status Start();
-  // One loop iteration; errors are fatal to the agent (the ring cannot be read).
+  // One loop iteration, waiting at most poll_ms (less when work is due sooner); errors are fatal to the agent (the
+  // ring cannot be read).
   Status RunOnce(int poll_ms = kPollMs);
+  // How long the next RunOnce waits at `now`, at most poll_ms: until the earliest of the next ring read, budget check,
+  // cut and housekeeping (or rescan, when one is pending), and at most kShortWaitNs while exec'd pids await
+  // inspection or a process attached less than kEcEagerNs ago has its EC route retried.
+  int NextWaitMs(uint64_t now, int poll_ms) const;
   // Applies a reloaded config (already merged over the defaults/flags and validated): see PlanReload. Processes that
   // no longer match the filter are dropped (their partial profile is submitted), new matches are picked up by a
   // /proc rescan, sinks are recreated when output-dir/push-url/push-queue/output-max-mb changed.
@@ -87,6 +102,11 @@ class Agent {
   const AgentConfig& config() const { return config_; }
   uint64_t next_cut_ns() const { return next_cut_ns_; }
   uint64_t next_budget_check_ns() const { return next_budget_check_ns_; }
+  uint64_t next_drain_ns() const { return next_drain_ns_; }
+  uint64_t next_housekeeping_ns() const { return next_housekeeping_ns_; }
+  // Records that reached the reorder window after a later one was handed to the profiles (out of order): 0 unless
+  // a CPU's records lagged by more than kReorderWindowNs.
+  uint64_t late_records() const { return pending_.late(); }
   uint64_t profiles_built() const { return profiles_built_; }
   uint64_t events() const { return events_; }
   uint64_t samples() const { return samples_; }
@@ -123,7 +143,10 @@ class Agent {
   void Dispatch(Pending& item);
   void OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
                const rv_gvl_reading* gvl);
+  // Reads the ring until it is empty (bounded rounds) and hands every pending record over (cuts, housekeeping).
   void DrainRing();
+  // The ring was read whole from `read_from_ns` on: the release horizon, and the next read is due a period later.
+  void NoteDrained(uint64_t read_from_ns);
   void ScanProc(const char* how);
   void InspectDue(uint64_t now);
   // Inspects pid and starts watching it when it is a supported CRuby matching the filter and its memory matches its
@@ -174,6 +197,10 @@ class Agent {
   uint64_t next_cut_ns_ = 0;
   uint64_t next_housekeeping_ns_ = 0;
   uint64_t next_budget_check_ns_ = 0;
+  uint64_t drain_period_ns_ = kDrainPeriodNs;  // AgentEnv::drain_period_ns, else kDrainPeriodNs
+  uint64_t drained_ns_ = 0;     // when the ring was last read whole: records older than this are all handed over
+  uint64_t next_drain_ns_ = 0;  // when RunOnce reads the ring next, woken or not
+  bool ec_eager_ = false;       // some process attached less than kEcEagerNs ago (as of the last RunOnce)
   uint64_t last_rescan_ns_ = 0;
   bool rescan_pending_ = false;
   bool started_ = false;

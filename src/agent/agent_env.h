@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -85,6 +86,8 @@ struct AgentEnv {
   // Exit descriptors held at most: a host with more Ruby processes checks the rest in /proc, so the default limit of
   // 1024 open files still leaves room for the ring, the sockets and the files the agent opens.
   size_t max_exit_fds = 512;
+  // How often the ring is read when BPF does not wake the agent (null: Agent::kDrainPeriodNs; 0: at every RunOnce).
+  std::optional<uint64_t> drain_period_ns;
 };
 
 }  // namespace rvbpfd

@@ -541,20 +541,27 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
 }
 
 Result<int> BpfSession::Poll(int timeout_ms) {
-  // BPF wakes the epoll only when the ring is a quarter full (bpf/rvbpfd.bpf.c), so the wait is mostly a timed sleep
-  // and the records are taken with consume(), which reads whatever is there without waiting for a wakeup.
-  int n = 0;
-  if (wake_fd_ >= 0) {
-    // The ring's epoll fd is itself pollable: one wait for the ring and the wake fd, then the ring is read.
-    pollfd fds[2] = {{ring_buffer__epoll_fd(ring_), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(fds, 2, timeout_ms) < 0 && errno != EINTR) return BpfError("polling the BPF ring buffer", errno);
-  } else {
-    n = ring_buffer__poll(ring_, timeout_ms);
-    if (n < 0 && n != -EINTR) return BpfError("polling the BPF ring buffer", -n);
+  // BPF wakes the epoll only when the ring is a quarter full, so the wait is mostly a timed sleep and the records are
+  // taken by Consume, which reads whatever is there without waiting for a wakeup.
+  if (Result<bool> woke = Wait(timeout_ms); !woke) return woke.error();
+  return Consume();
+}
+
+Result<bool> BpfSession::Wait(int timeout_ms) {
+  // The ring's epoll fd is itself pollable: one wait for the ring and the wake fd.
+  pollfd fds[2] = {{ring_buffer__epoll_fd(ring_), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  const int n = poll(fds, wake_fd_ >= 0 ? 2 : 1, timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return false;
+    return BpfError("polling the BPF ring buffer", errno);
   }
-  int m = ring_buffer__consume(ring_);
+  return n > 0;
+}
+
+Result<int> BpfSession::Consume() {
+  const int m = ring_buffer__consume(ring_);
   if (m < 0) return BpfError("reading the BPF ring buffer", -m);
-  return (n > 0 ? n : 0) + m;
+  return m;
 }
 
 rv_counters BpfSession::ReadCounters() const {

@@ -145,8 +145,15 @@ class BpfSession {
   // rv_config.watch_exec. Records arrive through the record callback with kind RV_EV_PROC_EXEC / _EXIT / _FORK.
   Status WatchProcesses();
 
-  // Drains the ring buffer, waiting at most timeout_ms for data. Returns records consumed or a kBpf error.
+  // Drains the ring buffer, waiting at most timeout_ms for data (Wait, then Consume). Returns records consumed or a
+  // kBpf error.
   Result<int> Poll(int timeout_ms);
+  // Waits at most timeout_ms for BPF to wake the ring (it does so only once the ring is a quarter full,
+  // bpf/rvbpfd.bpf.c) or for the WakePollOn fd; consumes nothing. True when either woke it: the ring then stays
+  // readable until it is consumed.
+  Result<bool> Wait(int timeout_ms);
+  // Hands every record the ring holds now to the handlers, without waiting. Returns records consumed.
+  Result<int> Consume();
   // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
   // the end of a wait). Not owned; -1 removes it.
   void WakePollOn(int fd) { wake_fd_ = fd; }

@@ -6,7 +6,7 @@
 // whose last process exited and that comes back later is reattached without consuming new site slots.
 //
 // Threading: used from the daemon's main loop only (but for ReleaseGroup, below); the handlers run on that thread
-// inside Poll(). A backend may be opened on another thread and handed over.
+// inside Consume(). A backend may be opened on another thread and handed over.
 #ifndef RVBPFD_SRC_PROBE_PROBE_BACKEND_H_
 #define RVBPFD_SRC_PROBE_PROBE_BACKEND_H_
 
@@ -68,8 +68,16 @@ class ProbeBackend {
   virtual Status WatchProcesses() = 0;
   // One attempt of a process's EC route installation (proc_ec map): how its samples find their thread's EC.
   virtual ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) = 0;
-  // Drains records (calling the handlers), waiting at most timeout_ms for the first.
-  virtual Result<int> Poll(int timeout_ms) = 0;
+  // Waits at most timeout_ms for the ring to be woken (BPF wakes it only once it is a quarter full) or for the
+  // WakePollOn fd, consuming nothing: true when either woke it (the ring then stays readable until consumed).
+  virtual Result<bool> Wait(int timeout_ms) = 0;
+  // Hands every record the ring holds now to the handlers, without waiting. Returns records consumed.
+  virtual Result<int> Consume() = 0;
+  // Wait, then Consume: drains records, waiting at most timeout_ms for a wakeup.
+  Result<int> Poll(int timeout_ms) {
+    if (Result<bool> woke = Wait(timeout_ms); !woke) return woke.error();
+    return Consume();
+  }
   // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
   // the end of a wait). Not owned; -1 removes it.
   virtual void WakePollOn(int fd) = 0;
@@ -116,7 +124,8 @@ class BpfProbeBackend : public ProbeBackend {
   Status StartSampling(int hz) override { return session_->StartSampling(hz); }
   Status WatchProcesses() override { return session_->WatchProcesses(); }
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override;
-  Result<int> Poll(int timeout_ms) override { return session_->Poll(timeout_ms); }
+  Result<bool> Wait(int timeout_ms) override { return session_->Wait(timeout_ms); }
+  Result<int> Consume() override { return session_->Consume(); }
   void WakePollOn(int fd) override { session_->WakePollOn(fd); }
   rv_counters ReadCounters() const override { return session_->ReadCounters(); }
   uint64_t EventsDropped() const override { return session_->EventsDropped(); }

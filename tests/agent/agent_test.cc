@@ -69,6 +69,7 @@ class AgentTest : public ::testing::Test {
     AgentEnv env;
     env.backend = &backend_;
     env.clock = &clock_;
+    env.drain_period_ns = drain_period_ns_;
     env.preparer = [this](const std::string&, const std::string& v, std::shared_ptr<ElfFile>,
                           std::shared_ptr<const FileFd>) -> Result<PreparedBinary> {
       PreparedBinary p = FakePrepared(v, /*entry_probes=*/true);
@@ -148,6 +149,9 @@ class AgentTest : public ::testing::Test {
   // With exit descriptors (AgentEnv::open_exit_fd): the test's duplicate of every process's descriptor.
   bool use_exit_fds_ = false;
   size_t max_exit_fds_ = AgentEnv{}.max_exit_fds;
+  // 0: the ring is read at every RunOnce, as the tests' scripts (records due by the next step) assume; the tests of
+  // the read period set it.
+  std::optional<uint64_t> drain_period_ns_ = 0;
   std::map<int, FileFd> exit_fds_;
 };
 
@@ -679,6 +683,122 @@ TEST_F(AgentTest, ABudgetPauseComesAfterTheEventsStillInTheReorderWindow) {
   Run(3 * kS);
   // The wait began before the pause, which ended it uncounted: no part of it before the interval cut is observed.
   EXPECT_TRUE(UploadsFor(10, "gvl_wait").empty()) << "the pause reached the profile before the earlier READY";
+}
+
+// Between ring reads (Agent::kDrainPeriodNs) the agent does not touch the ring unless BPF wakes it (the ring a
+// quarter full): a record waits in the ring until the next read, and reaches its profile once it is older than the
+// reorder window at that read.
+TEST_F(AgentTest, TheRingIsReadEveryDrainPeriodUnlessBpfWakesTheAgent) {
+  drain_period_ns_ = std::nullopt;  // the agent's own period
+  backend_.wake_at_queued = SIZE_MAX;
+  StartAgent();
+  Run(50 * kMs);  // the first RunOnce reads the ring
+  const uint64_t due = agent_->next_drain_ns();
+  ASSERT_EQ(due, clock_.mono + Agent::kDrainPeriodNs);
+  ASSERT_LT(due + 100 * kMs, agent_->next_housekeeping_ns());  // no housekeeping drain in between
+  const int consumes = backend_.consumes;
+  backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
+  Run(due - 50 * kMs - clock_.mono);
+  EXPECT_EQ(backend_.consumes, consumes) << "the ring was read before its period";
+  EXPECT_EQ(agent_->events(), 0u);
+  Run(100 * kMs);
+  EXPECT_EQ(backend_.consumes, consumes + 1);
+  EXPECT_EQ(agent_->events(), 1u);
+  EXPECT_EQ(agent_->next_drain_ns(), due + Agent::kDrainPeriodNs);  // read at the step that reached `due`
+  // BPF wakes the agent: the ring is read at once, whatever the period.
+  backend_.wake_at_queued = 3;
+  for (int i = 0; i < 3; ++i) backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_SUSPENDED, 0x1000, 10);
+  clock_.mono += 10 * kMs;
+  ASSERT_TRUE(agent_->RunOnce(0).ok());
+  EXPECT_EQ(backend_.consumes, consumes + 2);
+}
+
+// A budget pause between ring reads: the records stamped before it that are still in the ring reach the profile
+// before the pause does (only what is older than the last read is released), so the wait a READY opened before the
+// pause is ended by the pause, uncounted, as ABudgetPauseComesAfterTheEventsStillInTheReorderWindow has it.
+TEST_F(AgentTest, ABudgetPauseBetweenRingReadsComesAfterTheRecordsStillInTheRing) {
+  drain_period_ns_ = std::nullopt;
+  backend_.wake_at_queued = SIZE_MAX;
+  StartAgent();
+  Run(50 * kMs);
+  const ProbeSet* host = agent_->process(10)->set;
+  // To a budget check that falls between two reads, with the pause it makes before the next interval cut.
+  while (agent_->next_budget_check_ns() + Agent::kBudgetCheckNs >= agent_->next_cut_ns() ||
+         agent_->next_budget_check_ns() + 20 * kMs >= agent_->next_drain_ns() ||
+         clock_.mono + 50 * kMs < agent_->next_budget_check_ns()) {
+    Run(50 * kMs);
+  }
+  const uint64_t check = agent_->next_budget_check_ns();
+  const uint64_t read = agent_->next_drain_ns();
+  ASSERT_GT(read, check);
+  backend_.Record(check - 30 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
+  backend_.Record(check - 20 * kMs, 10, RV_EV_THREAD_SUSPENDED, 0x2000, 11);
+  backend_.Record(check - 5 * kMs, 10, RV_EV_THREAD_READY, 0x2000, 11);
+  backend_.DiscardedTraps(10, 40000);
+  const int consumes = backend_.consumes;
+  clock_.mono = check;
+  ASSERT_TRUE(agent_->RunOnce(0).ok());
+  ASSERT_TRUE(host->paused);
+  ASSERT_EQ(backend_.consumes, consumes) << "the pause was not made between two reads";
+  // Past the reorder window of the pause, still before the next read: nothing may be released yet.
+  clock_.mono = check + Agent::kReorderWindowNs + 10 * kMs;
+  ASSERT_LT(clock_.mono, read);
+  ASSERT_TRUE(agent_->RunOnce(0).ok());
+  Run(20 * kS);
+  ASSERT_FALSE(host->paused);
+  backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x2000, 11);
+  Run(3 * kS);
+  EXPECT_EQ(agent_->late_records(), 0u);
+  EXPECT_TRUE(UploadsFor(10, "gvl_wait").empty()) << "the pause reached the profile before the earlier READY";
+}
+
+// A quiet agent sleeps until its next timed work: a ring read, a budget check, a cut or the housekeeping, and wakes
+// every Agent::kShortWaitNs only while a new process's EC route or an exec'd pid is pending.
+TEST_F(AgentTest, TheLoopWaitsUntilItsNextTimedWork) {
+  drain_period_ns_ = std::nullopt;
+  backend_.wake_at_queued = SIZE_MAX;
+  StartAgent();
+  // Processes attached less than kEcEagerNs ago: short waits.
+  EXPECT_LE(agent_->NextWaitMs(clock_.mono, Agent::kPollMs) * kMs, Agent::kShortWaitNs);
+  int wakeups = 0;
+  auto run_as_main = [&](uint64_t ns) {
+    const uint64_t end = clock_.mono + ns;
+    while (clock_.mono < end) {
+      const int wait_ms = agent_->NextWaitMs(clock_.mono, Agent::kPollMs);
+      ASSERT_GE(wait_ms, 0);
+      ASSERT_LE(wait_ms, Agent::kPollMs);
+      const uint64_t now = clock_.mono;
+      const uint64_t due = std::min({agent_->next_drain_ns(), agent_->next_budget_check_ns(),
+                                     agent_->next_cut_ns(), agent_->next_housekeeping_ns()});
+      // Never past the earliest due work (rounded up to a whole ms).
+      ASSERT_LE(now + static_cast<uint64_t>(wait_ms) * kMs, std::max(due, now) + kMs - 1);
+      clock_.mono += std::max(wait_ms, 1) * kMs;
+      ASSERT_TRUE(agent_->RunOnce(0).ok());
+      ++wakeups;
+    }
+  };
+  run_as_main(Agent::kEcEagerNs + 1 * kS);
+  // Steady: records are read every kDrainPeriodNs and budgets checked every kBudgetCheckNs; nothing else wakes it.
+  wakeups = 0;
+  const uint64_t steady = clock_.mono;
+  backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
+  run_as_main(10 * kS);
+  const uint64_t seconds = (clock_.mono - steady) / kS;
+  const uint64_t most = seconds * (kS / Agent::kBudgetCheckNs + kS / Agent::kDrainPeriodNs + 1) + 2;
+  EXPECT_LE(static_cast<uint64_t>(wakeups), most) << "woke more often than its timed work";
+  EXPECT_GE(static_cast<uint64_t>(wakeups), seconds * (kS / Agent::kBudgetCheckNs));
+  EXPECT_EQ(agent_->events(), 1u);
+  // An exec'd pid awaiting inspection (a Ruby whose libruby is not mapped yet): short waits again.
+  const std::string exe = proc_.AddExe("host", "ruby");
+  proc_.AddProcess(77, "ruby", "host", exe, {});
+  backend_.Record(clock_.mono + 1 * kMs, 77, RV_EV_PROC_EXEC);
+  backend_.wake_at_queued = 1;
+  clock_.mono += 50 * kMs;
+  ASSERT_TRUE(agent_->RunOnce(0).ok());
+  clock_.mono += 50 * kMs;
+  ASSERT_TRUE(agent_->RunOnce(0).ok());  // released past the reorder window: the exec is scheduled
+  ASSERT_GT(agent_->retries().size(), 0u);
+  EXPECT_LE(agent_->NextWaitMs(clock_.mono, Agent::kPollMs) * kMs, Agent::kShortWaitNs);
 }
 
 TEST_F(AgentTest, DroppedRecordsTriggerARescanThatFindsProcessesWhoseExecWasLost) {

@@ -1,8 +1,10 @@
 // A ProbeBackend for unit tests of the fleet agent and the recorder: it records what was asked of BPF (groups and
-// their cookies, detach order, pids, wake fds, releases) and delivers injected records from Poll, without BPF or root.
+// their cookies, detach order, pids, wake fds, releases) and delivers injected records from Consume (Poll), without
+// BPF or root.
 #ifndef RVBPFD_TESTS_PROBE_FAKE_PROBE_BACKEND_H_
 #define RVBPFD_TESTS_PROBE_FAKE_PROBE_BACKEND_H_
 
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -113,11 +115,16 @@ class FakeProbeBackend : public ProbeBackend {
     watching = true;
     return Status::Ok();
   }
-  // Calls before_poll(timeout_ms) first (the test's script: advance its clock, inject, change counters), then
-  // delivers everything queued, never waiting.
-  Result<int> Poll(int timeout_ms) override {
+  // Calls before_poll(timeout_ms) (the test's script: advance its clock, inject, change counters), never waiting.
+  // Woken when at least wake_at_queued records are queued (BPF's quarter-full wakeup; SIZE_MAX: never).
+  Result<bool> Wait(int timeout_ms) override {
     ++polls;
     if (before_poll) before_poll(timeout_ms);
+    return queue_.size() >= wake_at_queued;
+  }
+  // Delivers everything queued.
+  Result<int> Consume() override {
+    ++consumes;
     int n = 0;
     std::vector<Queued> q;
     q.swap(queue_);
@@ -224,7 +231,9 @@ class FakeProbeBackend : public ProbeBackend {
   int sampling_hz = 0;
   int ec_polls = 0;
   std::optional<std::string> ec_refusal;
-  int polls = 0;
+  int polls = 0;     // Wait calls (one per Poll)
+  int consumes = 0;  // Consume calls (one per Poll)
+  size_t wake_at_queued = 1;  // Wait is woken with this many records queued (SIZE_MAX: never)
   bool watching = false;
 
  private:

@@ -76,7 +76,8 @@ class BackendRef : public ProbeBackend {
   Status StartSampling(int hz) override { return f_->StartSampling(hz); }
   Status WatchProcesses() override { return f_->WatchProcesses(); }
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override { return f_->PollEc(installer); }
-  Result<int> Poll(int timeout_ms) override { return f_->Poll(timeout_ms); }
+  Result<bool> Wait(int timeout_ms) override { return f_->Wait(timeout_ms); }
+  Result<int> Consume() override { return f_->Consume(); }
   void WakePollOn(int fd) override { f_->WakePollOn(fd); }
   rv_counters ReadCounters() const override { return f_->ReadCounters(); }
   std::vector<uint64_t> ReadSiteHits() const override { return f_->ReadSiteHits(); }
