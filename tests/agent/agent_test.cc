@@ -740,7 +740,8 @@ TEST_F(AgentTest, ABudgetPauseBetweenRingReadsComesAfterTheRecordsStillInTheRing
   ASSERT_TRUE(agent_->RunOnce(0).ok());
   ASSERT_TRUE(host->paused);
   ASSERT_EQ(backend_.consumes, consumes) << "the pause was not made between two reads";
-  // Past the reorder window of the pause, still before the next read: nothing may be released yet.
+  // Past the reorder window of the pause, still before the next read. Released up to now, the pause would reach the
+  // profile here, before the READY still in the ring (which would then arrive late).
   clock_.mono = check + Agent::kReorderWindowNs + 10 * kMs;
   ASSERT_LT(clock_.mono, read);
   ASSERT_TRUE(agent_->RunOnce(0).ok());
