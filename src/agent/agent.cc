@@ -236,7 +236,7 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
   p->interval_start_ns = now;
   p->attached_ns = now;
-  ec_eager_ = true;  // its EC route is retried every kShortWaitNs from the next RunOnce
+  ec_eager_until_ns_ = std::max(ec_eager_until_ns_, now + kEcEagerNs);  // its EC route is retried meanwhile
   if (env_.open_exit_fd) {
     const auto held = std::count_if(registry_.all().begin(), registry_.all().end(),
                                     [](const auto& entry) { return entry.second->exit_fd.ok(); });
@@ -573,7 +573,7 @@ void Agent::CheckCounters(uint64_t /*now*/) {
 int Agent::NextWaitMs(uint64_t now, int poll_ms) const {
   uint64_t due = std::min({next_drain_ns_, next_budget_check_ns_, next_cut_ns_, next_housekeeping_ns_});
   if (rescan_pending_) due = std::min(due, last_rescan_ns_ + kMinRescanGapNs);
-  if (ec_eager_ || retries_.size() > 0) due = std::min(due, now + kShortWaitNs);
+  if (now < ec_eager_until_ns_ || retries_.size() > 0) due = std::min(due, now + kShortWaitNs);
   if (due <= now) return 0;
   const uint64_t ms = (due - now + 999'999) / 1'000'000;  // rounded up: a wait never ends before the work is due
   return static_cast<int>(std::min<uint64_t>(ms, static_cast<uint64_t>(std::max(poll_ms, 0))));
@@ -603,11 +603,8 @@ Status Agent::RunOnce(int poll_ms) {
     next_cut_ns_ += interval_ns_;
     if (next_cut_ns_ <= now) next_cut_ns_ = now + interval_ns_;
   }
-  ec_eager_ = false;
   for (auto& [pid, p] : registry_.all()) {
-    const bool eager = now - p->attached_ns < kEcEagerNs;
-    ec_eager_ = ec_eager_ || eager;
-    if (eager || now >= next_housekeeping_ns_) PollEc(*p);
+    if (now - p->attached_ns < kEcEagerNs || now >= next_housekeeping_ns_) PollEc(*p);
   }
   if (now >= next_housekeeping_ns_) {
     DrainRing();

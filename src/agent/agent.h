@@ -200,7 +200,7 @@ class Agent {
   uint64_t drain_period_ns_ = kDrainPeriodNs;  // AgentEnv::drain_period_ns, else kDrainPeriodNs
   uint64_t drained_ns_ = 0;     // when the ring was last read whole: records older than this are all handed over
   uint64_t next_drain_ns_ = 0;  // when RunOnce reads the ring next, woken or not
-  bool ec_eager_ = false;       // some process attached less than kEcEagerNs ago (as of the last RunOnce)
+  uint64_t ec_eager_until_ns_ = 0;  // the last attach + kEcEagerNs: until then EC routes may be retried
   uint64_t last_rescan_ns_ = 0;
   bool rescan_pending_ = false;
   bool started_ = false;
