@@ -193,6 +193,9 @@ class ChecksumSink : public ProfileSink {
     for (unsigned char c : upload.pprof_gz) Mix(hash, c);
     kept.emplace_back(std::move(upload.profile_type), std::move(upload.pprof_gz));
   }
+  void SubmitAll(std::vector<ProfileUpload> all) override {
+    for (ProfileUpload& u : all) Submit(std::move(u));
+  }
   // Of the pprof bytes inside, after the timed run (inflating is not the agent's cost).
   uint64_t PprofHash() const {
     uint64_t h = 1469598103934665603ull;

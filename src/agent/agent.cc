@@ -400,29 +400,37 @@ void Agent::NoteDrained(uint64_t read_from_ns) {
   next_drain_ns_ = read_from_ns + drain_period_ns_;
 }
 
-void Agent::CutProcess(WatchedProcess& p, uint64_t cut_ns) {
-  if (cut_ns <= p.interval_start_ns) return;
+std::vector<ProfileUpload> Agent::CutProcess(WatchedProcess& p, uint64_t cut_ns) {
+  if (cut_ns <= p.interval_start_ns) return {};
   const uint64_t start = p.interval_start_ns;
   std::vector<BuiltProfile> built =
       p.profile->Cut(cut_ns, UnixNs(start), static_cast<int64_t>(cut_ns - start));
   p.interval_start_ns = cut_ns;
-  if (built.empty()) return;
+  if (built.empty()) return {};
   profiles_built_ += built.size();
-  std::vector<ProfileUpload> uploads = MakeUploads(host_, p, std::move(built), UnixNs(start), UnixNs(cut_ns));
-  for (ProfileUpload& u : uploads) {
-    if (sinks_.dir && sinks_.push) {
-      sinks_.dir->Submit(u);
-      sinks_.push->Submit(std::move(u));
-    } else if (sinks_.dir) {
-      sinks_.dir->Submit(std::move(u));
-    } else if (sinks_.push) {
-      sinks_.push->Submit(std::move(u));
-    }
+  return MakeUploads(host_, p, std::move(built), UnixNs(start), UnixNs(cut_ns));
+}
+
+void Agent::SubmitUploads(std::vector<ProfileUpload> uploads) {
+  if (uploads.empty()) return;
+  if (sinks_.dir && sinks_.push) {
+    sinks_.dir->SubmitAll(uploads);
+    sinks_.push->SubmitAll(std::move(uploads));
+  } else if (sinks_.dir) {
+    sinks_.dir->SubmitAll(std::move(uploads));
+  } else if (sinks_.push) {
+    sinks_.push->SubmitAll(std::move(uploads));
   }
 }
 
 void Agent::CutAll(uint64_t cut_ns) {
-  for (auto& [pid, p] : registry_.all()) CutProcess(*p, cut_ns);
+  // One hand-over for the whole cut, so the push sink can send it in few requests.
+  std::vector<ProfileUpload> uploads;
+  for (auto& [pid, p] : registry_.all()) {
+    std::vector<ProfileUpload> cut = CutProcess(*p, cut_ns);
+    std::move(cut.begin(), cut.end(), std::back_inserter(uploads));
+  }
+  SubmitUploads(std::move(uploads));
 }
 
 void Agent::FinishProcess(int pid, uint64_t end_ns, const char* reason) {
@@ -430,7 +438,8 @@ void Agent::FinishProcess(int pid, uint64_t end_ns, const char* reason) {
   if (!p) return;
   // The exit record's time ends the last interval; a vanished process ends now.
   const uint64_t now = env_.clock->MonotonicNs();
-  CutProcess(*p, std::min(std::max(end_ns, p->interval_start_ns), std::max(now, p->interval_start_ns)));
+  SubmitUploads(
+      CutProcess(*p, std::min(std::max(end_ns, p->interval_start_ns), std::max(now, p->interval_start_ns))));
   if (Status st = env_.backend->RemovePid(static_cast<uint32_t>(pid)); !st) {
     log().Warn("cannot remove process from the BPF filter", {{"pid", pid}, {"error", st.error().message()}});
   }
@@ -620,6 +629,11 @@ void Agent::LogDeliveryProblems(uint64_t now) {
   if (!sinks_.push && !sinks_.dir) return;
   SinkStats s = sinks_.push ? sinks_.push->stats() : SinkStats{};
   const SinkStats d = sinks_.dir ? sinks_.dir->stats() : SinkStats{};
+  if (s.push_api == "ingest" && !logged_ingest_fallback_) {
+    logged_ingest_fallback_ = true;
+    log().Warn("the push backend has no push API (push.v1.PusherService/Push answered 404, 405 or 415): each "
+               "profile now goes to /ingest in a request of its own", {});
+  }
   const uint64_t problems = s.delivery_failures + s.retries + s.dropped_queue_full + d.delivery_failures +
                             d.dropped_queue_full;
   if (problems == logged_failures_) return;
@@ -712,6 +726,7 @@ Status Agent::Reload(const AgentConfig& loaded) {
       retired_dir_dropped_ += sinks_.dir->stats().dropped_queue_full;
     }
     sinks_ = std::move(sinks.value());
+    logged_ingest_fallback_ = false;  // a new push sink tries the push API again
   }
   DrainRing();
   const uint64_t now = env_.clock->MonotonicNs();

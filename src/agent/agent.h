@@ -161,7 +161,9 @@ class Agent {
   // them (then forgotten all at once: a problem may be logged again, memory stays bounded).
   bool FirstTimeLogged(const std::string& problem);
   void FinishProcess(int pid, uint64_t end_ns, const char* reason);
-  void CutProcess(WatchedProcess& p, uint64_t cut_ns);
+  // Ends p's interval at cut_ns: its profiles, ready for the sinks.
+  std::vector<ProfileUpload> CutProcess(WatchedProcess& p, uint64_t cut_ns);
+  void SubmitUploads(std::vector<ProfileUpload> uploads);  // to every sink, in one hand-over each
   void CutAll(uint64_t cut_ns);
   // Finishes the processes that exited without an exit record (a ring drop): their exit descriptors, one poll.
   void CheckLiveness();
@@ -211,6 +213,7 @@ class Agent {
   uint64_t unsymbolized_ = 0;
   uint64_t last_delivery_log_ns_ = 0;
   uint64_t logged_failures_ = 0;   // push failures+retries+drops at the last delivery-problem log
+  bool logged_ingest_fallback_ = false;  // the push sink's switch to /ingest was logged (once per sink)
   static constexpr int kMaxChildDepth = 4;
   int child_depth_ = 0;             // recursion of TryWatch through children
   Reorderer<Pending> pending_{kReorderWindowNs};  // released by the clock (ReleasePending), not by newer records

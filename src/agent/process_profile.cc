@@ -571,14 +571,16 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
     }
     std::vector<std::string> label_names;
     if (k.inferred != nullptr && estimated) label_names.emplace_back(kProvenanceLabel);
-    out.push_back(BuiltProfile{std::string(k.type), std::move(gz.value()), k.total, std::move(label_names)});
+    out.push_back(
+        BuiltProfile{std::string(k.type), std::move(gz.value()), raw.size(), k.total, std::move(label_names)});
   }
   const uint64_t blamed = SaturatingAdd(interval_blame_.total_gvl_wait_ns, interval_blame_.estimated_gvl_wait_ns);
   if (blamed > 0) {
-    Result<std::string> gz = Gzip(BuildBlame(interval_start_unix_ns, duration_ns,
-                                             with_estimate(with(interval_discarded_waits_, "GVL waits"))));
+    const std::string raw =
+        BuildBlame(interval_start_unix_ns, duration_ns, with_estimate(with(interval_discarded_waits_, "GVL waits")));
+    Result<std::string> gz = Gzip(raw);
     if (gz.ok()) {
-      out.push_back(BuiltProfile{"gvl_blame", std::move(gz.value()), blamed,
+      out.push_back(BuiltProfile{"gvl_blame", std::move(gz.value()), raw.size(), blamed,
                                  {std::string(kHolderLabel), std::string(kWaiterLabel), std::string(kSourceLabel),
                                   std::string(kProvenanceLabel)}});
     } else {

@@ -82,6 +82,7 @@ namespace rvbpfd {
 struct BuiltProfile {
   std::string profile_type;  // "cpu", "gvl_wait", "gvl_held", "gc", "gvl_blame"
   std::string pprof_gz;      // the gzipped pprof Profile message
+  uint64_t pprof_bytes = 0;  // its size before gzip
   uint64_t total = 0;        // cpu: samples; the others: ns
   std::vector<std::string> sample_label_names;  // the label names its samples carry (gvl_blame's)
 };

@@ -30,6 +30,7 @@ std::vector<ProfileUpload> MakeUploads(const std::string& host, const WatchedPro
     u.from_unix_s = from_s;
     u.until_unix_s = until_s;
     u.pprof_gz = std::move(b.pprof_gz);
+    u.pprof_bytes = b.pprof_bytes;
     u.sample_label_names = std::move(b.sample_label_names);
     out.push_back(std::move(u));
   }

@@ -52,6 +52,7 @@ Result<std::unique_ptr<DeliveryWorker>> DeliveryWorker::Start(DeliveryWorkerOpti
   if (options.max_queue == 0) {
     return Error(ErrorCode::kUsage, "sink queue length must be at least 1 (--push-queue)");
   }
+  if (options.max_batch == 0) return Error(ErrorCode::kInternal, "sink worker started with max_batch 0");
   if (!deliver) return Error(ErrorCode::kInternal, "sink worker started without a delivery function");
   if (!options.clock) options.clock = SinkClock::Steady();
   if (!options.jitter) options.jitter = std::make_shared<SplitMix64Jitter>(0);
@@ -75,15 +76,30 @@ DeliveryWorker::~DeliveryWorker() {
   if (thread_.joinable()) thread_.join();
 }
 
+void DeliveryWorker::DropOverflowLocked() {
+  while (queue_.size() > options_.max_queue) {
+    queue_.pop_front();
+    ++stats_.dropped_queue_full;
+  }
+}
+
 void DeliveryWorker::Submit(ProfileUpload upload) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     queue_.push_back(std::move(upload));
-    if (queue_.size() > options_.max_queue) {
-      queue_.pop_front();
-      ++stats_.dropped_queue_full;
-    }
+    DropOverflowLocked();
+  }
+  work_cv_.notify_all();
+}
+
+void DeliveryWorker::SubmitAll(std::vector<ProfileUpload> uploads) {
+  if (uploads.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    for (ProfileUpload& u : uploads) queue_.push_back(std::move(u));
+    DropOverflowLocked();
   }
   work_cv_.notify_all();
 }
@@ -108,7 +124,7 @@ bool DeliveryWorker::Flush(std::chrono::milliseconds deadline) {
 SinkStats DeliveryWorker::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   SinkStats s = stats_;
-  s.queued = queue_.size() + (in_flight_ ? 1 : 0);
+  s.queued = queue_.size() + in_flight_;
   s.consecutive_failures = consecutive_failures_;
   return s;
 }
@@ -149,46 +165,69 @@ void DeliveryWorker::Run() {
       continue;
     }
 
-    ProfileUpload upload = std::move(queue_.front());
-    queue_.pop_front();
-    in_flight_ = true;
+    // The batch: the oldest upload, then the ones after it while they fit (DeliveryWorkerOptions::max_batch).
+    size_t n = 1;
+    uint64_t bytes = queue_.front().pprof_bytes;
+    while (n < std::min(options_.max_batch, queue_.size()) &&
+           queue_[n].pprof_bytes <= options_.max_batch_bytes - std::min(bytes, options_.max_batch_bytes)) {
+      bytes += queue_[n].pprof_bytes;
+      ++n;
+    }
+    std::vector<ProfileUpload> batch(std::make_move_iterator(queue_.begin()),
+                                     std::make_move_iterator(queue_.begin() + static_cast<ptrdiff_t>(n)));
+    queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(n));
+    in_flight_ = n;
     DeliveryContext context{options_.attempt_timeout, &cancel_};
     if (flush_active_) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(flush_deadline_ - now);
       context.timeout = std::clamp(left, std::chrono::milliseconds(1), options_.attempt_timeout);
     }
     lock.unlock();
-    DeliveryOutcome outcome = deliver_(upload, context);
+    std::vector<DeliveryOutcome> outcomes = deliver_(batch, context);
     lock.lock();
-    in_flight_ = false;
+    in_flight_ = 0;
+    if (outcomes.empty()) outcomes.push_back(DeliveryOutcome::Retry("sink: the attempt reported no outcome"));
+    outcomes.resize(std::min(outcomes.size(), batch.size()));
 
-    switch (outcome.kind) {
-      case DeliveryOutcome::Kind::kDelivered:
-        ++stats_.delivered;
-        stats_.bytes_delivered += upload.pprof_gz.size();
-        consecutive_failures_ = 0;
-        break;
-      case DeliveryOutcome::Kind::kFailed:
-        ++stats_.delivery_failures;
-        stats_.last_error = std::move(outcome.error);
-        consecutive_failures_ = 0;  // the backend answered: no reason to slow down the next upload
-        break;
-      case DeliveryOutcome::Kind::kRetry: {
-        ++stats_.retries;
-        ++consecutive_failures_;
-        stats_.last_error = std::move(outcome.error);
-        std::chrono::milliseconds delay =
-            BackoffDelay(options_.backoff, consecutive_failures_, options_.jitter->Next());
-        delay = std::max(delay, std::min(outcome.retry_after, options_.backoff.max));
-        next_attempt_at_ = options_.clock->Now() + delay;
-        queue_.push_front(std::move(upload));
-        if (queue_.size() > options_.max_queue) {  // newer uploads filled the queue meanwhile: this one is oldest
-          queue_.pop_front();
-          ++stats_.dropped_queue_full;
-        }
-        break;
+    // Back to the head, in order: the retried uploads, then the unattempted ones.
+    std::vector<ProfileUpload> back;
+    std::chrono::milliseconds retry_after{0};
+    bool retry = false;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (i >= outcomes.size()) {
+        back.push_back(std::move(batch[i]));
+        continue;
+      }
+      DeliveryOutcome& outcome = outcomes[i];
+      switch (outcome.kind) {
+        case DeliveryOutcome::Kind::kDelivered:
+          ++stats_.delivered;
+          stats_.bytes_delivered += batch[i].pprof_gz.size();
+          break;
+        case DeliveryOutcome::Kind::kFailed:
+          ++stats_.delivery_failures;
+          stats_.last_error = std::move(outcome.error);
+          break;
+        case DeliveryOutcome::Kind::kRetry:
+          retry = true;
+          retry_after = std::max(retry_after, outcome.retry_after);
+          stats_.last_error = std::move(outcome.error);
+          back.push_back(std::move(batch[i]));
+          break;
       }
     }
+    if (retry) {
+      ++stats_.retries;
+      ++consecutive_failures_;
+      std::chrono::milliseconds delay = BackoffDelay(options_.backoff, consecutive_failures_, options_.jitter->Next());
+      delay = std::max(delay, std::min(retry_after, options_.backoff.max));
+      next_attempt_at_ = options_.clock->Now() + delay;
+    } else {
+      consecutive_failures_ = 0;  // delivered, or the backend answered: no reason to slow down the next upload
+    }
+    // Newer uploads may have filled the queue meanwhile: these are then the oldest, and dropped first.
+    queue_.insert(queue_.begin(), std::make_move_iterator(back.begin()), std::make_move_iterator(back.end()));
+    DropOverflowLocked();
     idle_cv_.notify_all();
   }
 }

@@ -15,8 +15,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "sink/profile_upload.h"
@@ -86,11 +88,19 @@ struct DeliveryContext {
   const std::atomic<bool>* cancel = nullptr;  // becomes true when the sink is being destroyed: abort promptly
 };
 
-// Called on the worker thread only, one attempt at a time, without the worker's lock held.
-using DeliverFunction = std::function<DeliveryOutcome(const ProfileUpload&, const DeliveryContext&)>;
+// One attempt: delivers `uploads`, the oldest queued (at least one, see DeliveryWorkerOptions::max_batch), and
+// returns one outcome per upload attempted, in their order. Uploads past the outcomes were not attempted and go back
+// to the head of the queue as they were. An empty result counts as a retryable failure of the first upload. Called
+// on the worker thread only, one attempt at a time, without the worker's lock held.
+using DeliverFunction =
+    std::function<std::vector<DeliveryOutcome>(std::span<const ProfileUpload>, const DeliveryContext&)>;
 
 struct DeliveryWorkerOptions {
-  size_t max_queue = 256;                        // uploads waiting (>= 1), besides the one being sent
+  size_t max_queue = 256;                        // uploads waiting (>= 1), besides the ones being sent
+  // An attempt carries the oldest upload and the ones after it while there are at most max_batch (>= 1) and their
+  // pprof_bytes sum to at most max_batch_bytes (the first goes whatever its size).
+  size_t max_batch = 1;
+  uint64_t max_batch_bytes = UINT64_MAX;
   BackoffPolicy backoff;
   std::chrono::milliseconds attempt_timeout{10000};
   std::shared_ptr<SinkClock> clock;              // null = SinkClock::Steady()
@@ -101,12 +111,14 @@ struct DeliveryWorkerOptions {
 // queued then are discarded (call Flush first to deliver them).
 //
 // Policy:
-//   - uploads are attempted strictly oldest first; a retried upload stays at the head, so order is kept;
-//   - at most max_queue uploads wait besides the one being sent; Submit on a full queue drops the oldest waiting
+//   - uploads are attempted strictly oldest first, in batches of the oldest (max_batch); retried and unattempted
+//     uploads go back to the head, so order is kept;
+//   - at most max_queue uploads wait besides the ones being sent; Submit on a full queue drops the oldest waiting
 //     one, and an upload whose attempt failed retryably is dropped if max_queue newer ones arrived meanwhile (it is
 //     then the oldest); both count in dropped_queue_full;
-//   - kRetry: retries += 1, the head waits BackoffDelay(consecutive failures) (at least Retry-After) before the next
-//     attempt; the failure count is the backend's, not the upload's, and resets on kDelivered or kFailed;
+//   - kRetry on any upload of an attempt: retries += 1 (one per attempt, whatever its size), the head waits
+//     BackoffDelay(consecutive failures) (at least the largest Retry-After) before the next attempt; the failure
+//     count is the backend's, not the upload's, and resets after an attempt without kRetry;
 //   - kFailed: the upload is given up on (delivery_failures += 1).
 class DeliveryWorker {
  public:
@@ -116,6 +128,8 @@ class DeliveryWorker {
   DeliveryWorker& operator=(const DeliveryWorker&) = delete;
 
   void Submit(ProfileUpload upload);
+  // Queues `uploads` in order under one lock and wakes the worker once, so they can leave in one attempt.
+  void SubmitAll(std::vector<ProfileUpload> uploads);
   // See ProfileSink::Flush. If the head is waiting out a backoff, it is attempted at once (a shutdown should not
   // sleep through the last chance to deliver); later failures back off as usual, each attempt's timeout is cut to
   // what is left of `deadline`. Concurrent Flush calls share the latest of their deadlines.
@@ -129,7 +143,8 @@ class DeliveryWorker {
  private:
   DeliveryWorker(DeliveryWorkerOptions options, DeliverFunction deliver);
   void Run();
-  bool DrainedLocked() const { return queue_.empty() && !in_flight_; }
+  bool DrainedLocked() const { return queue_.empty() && in_flight_ == 0; }
+  void DropOverflowLocked();
   void CheckFlushDeadlineLocked(SinkClock::TimePoint now);
 
   const DeliveryWorkerOptions options_;
@@ -139,7 +154,7 @@ class DeliveryWorker {
   std::condition_variable work_cv_;  // the worker waits here: new uploads, flush, stop, backoff timer
   std::condition_variable idle_cv_;  // Flush waits here: an attempt finished, drained, flush deadline passed
   std::deque<ProfileUpload> queue_;  // oldest first
-  bool in_flight_ = false;           // the worker holds an upload outside queue_ while attempting it
+  size_t in_flight_ = 0;             // uploads the worker holds outside queue_ while attempting them
   bool stopping_ = false;
   SinkClock::TimePoint next_attempt_at_{};  // the head is not attempted before this (backoff)
   uint64_t consecutive_failures_ = 0;

@@ -134,7 +134,9 @@ Result<std::unique_ptr<DirSink>> DirSink::Create(const std::string& dir, uint64_
   options.max_queue = max_queue;
   Result<std::unique_ptr<DeliveryWorker>> worker = DeliveryWorker::Start(
       std::move(options),
-      [s = sink.get()](const ProfileUpload& upload, const DeliveryContext&) { return s->Deliver(upload); });
+      [s = sink.get()](std::span<const ProfileUpload> uploads, const DeliveryContext&) {
+        return std::vector<DeliveryOutcome>{s->Deliver(uploads.front())};  // max_batch 1: one file an attempt
+      });
   if (!worker) return worker.error();
   sink->worker_ = std::move(worker).value();
   if (rotated > 0) sink->worker_->CountRotated(rotated);
@@ -250,6 +252,8 @@ std::string DirSink::PathFor(const ProfileUpload& upload) const {
 }
 
 void DirSink::Submit(ProfileUpload upload) { worker_->Submit(std::move(upload)); }
+
+void DirSink::SubmitAll(std::vector<ProfileUpload> uploads) { worker_->SubmitAll(std::move(uploads)); }
 
 bool DirSink::Flush(std::chrono::milliseconds deadline) { return worker_->Flush(deadline); }
 

@@ -48,6 +48,7 @@ class DirSink : public ProfileSink {
   ~DirSink() override;
 
   void Submit(ProfileUpload upload) override;
+  void SubmitAll(std::vector<ProfileUpload> uploads) override;
   bool Flush(std::chrono::milliseconds deadline) override;
   SinkStats stats() const override;
 

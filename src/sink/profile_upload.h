@@ -19,6 +19,9 @@ struct ProfileUpload {
   int64_t from_unix_s = 0;                    // interval start, Unix seconds
   int64_t until_unix_s = 0;                   // interval end, Unix seconds
   std::string pprof_gz;                       // the gzipped pprof Profile message
+  // Bytes of the pprof before gzip. Pyroscope's size and rate limits count these, so the push sink sizes its
+  // requests by them.
+  uint64_t pprof_bytes = 0;
 };
 
 }  // namespace rvbpfd

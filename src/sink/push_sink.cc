@@ -4,6 +4,7 @@
 #include <cctype>
 #include <set>
 
+#include "common/proto_buffer.h"
 #include "common/utf8.h"
 
 namespace rvbpfd {
@@ -81,14 +82,13 @@ std::string PyroscopeAppName(std::string_view app_name) {
   return out.empty() ? "unknown" : out;
 }
 
-std::string PyroscopeName(std::string_view app_name, const std::map<std::string, std::string>& labels,
-                          const std::vector<std::string>& sample_label_names) {
-  std::string out = PyroscopeAppName(app_name);
-  out += '{';
+std::vector<std::pair<std::string, std::string>> PyroscopeSeriesLabels(
+    const std::map<std::string, std::string>& labels, const std::vector<std::string>& sample_label_names) {
   // The samples' label names count against the limit and are taken.
   std::set<std::string> taken;
   for (const std::string& n : sample_label_names) taken.insert(SanitizeLabelName(n));
   const size_t max_labels = kMaxLabels - std::min(kMaxLabels, taken.size());
+  std::vector<std::pair<std::string, std::string>> out;
   std::set<std::string> sent;
   for (const auto& [raw_name, raw_value] : labels) {  // std::map: sorted by name
     if (sent.size() == max_labels) break;
@@ -97,13 +97,62 @@ std::string PyroscopeName(std::string_view app_name, const std::map<std::string,
     if (taken.contains(name)) continue;
     std::string value = SanitizeLabelValue(raw_value);
     if (value.empty() || !sent.insert(name).second) continue;  // empty = absent; duplicates after sanitizing
-    if (sent.size() > 1) out += ',';
+    out.emplace_back(std::move(name), std::move(value));
+  }
+  return out;
+}
+
+std::string PyroscopeName(std::string_view app_name, const std::map<std::string, std::string>& labels,
+                          const std::vector<std::string>& sample_label_names) {
+  std::string out = PyroscopeAppName(app_name);
+  out += '{';
+  bool first = true;
+  for (const auto& [name, value] : PyroscopeSeriesLabels(labels, sample_label_names)) {
+    if (!first) out += ',';
+    first = false;
     out += name;
     out += '=';
     out += value;
   }
   out += '}';
   return out;
+}
+
+std::string PyroscopeProfileName(std::string_view profile_type) {
+  return profile_type == "cpu" ? "process_cpu" : std::string(profile_type);
+}
+
+std::string PyroscopePushRequest(std::span<const ProfileUpload> uploads) {
+  // Field numbers of grafana/pyroscope's api/push/v1/push.proto and api/types/v1/types.proto.
+  constexpr uint32_t kPushRequestSeries = 1;
+  constexpr uint32_t kSeriesLabels = 1, kSeriesSamples = 2;
+  constexpr uint32_t kLabelPairName = 1, kLabelPairValue = 2;
+  constexpr uint32_t kRawSampleRawProfile = 1;
+  std::string request;
+  ProtoBuffer req(&request);
+  for (const ProfileUpload& u : uploads) {
+    std::vector<std::pair<std::string, std::string>> labels =
+        PyroscopeSeriesLabels(u.labels, u.sample_label_names);
+    labels.emplace_back("__name__", PyroscopeProfileName(u.profile_type));
+    labels.emplace_back("__delta__", "false");
+    labels.emplace_back("pyroscope_spy", "rvbpfd");
+    labels.emplace_back("service_name", PyroscopeAppName(u.app_name));
+    std::sort(labels.begin(), labels.end());
+    std::string series;
+    ProtoBuffer ser(&series);
+    for (const auto& [name, value] : labels) {
+      std::string pair;
+      ProtoBuffer lp(&pair);
+      lp.BytesField(kLabelPairName, name);
+      lp.BytesField(kLabelPairValue, value);
+      ser.BytesField(kSeriesLabels, pair);
+    }
+    std::string sample;
+    ProtoBuffer(&sample).BytesField(kRawSampleRawProfile, u.pprof_gz);
+    ser.BytesField(kSeriesSamples, sample);
+    req.BytesField(kPushRequestSeries, series);
+  }
+  return request;
 }
 
 std::string PercentEncode(std::string_view text) {
@@ -159,6 +208,12 @@ Result<std::string> PyroscopeIngestUrl(std::string_view push_url) {
   return url;
 }
 
+std::string PyroscopePushUrl(std::string_view ingest_url) {
+  std::string_view base = ingest_url;
+  base.remove_suffix(std::string_view("/ingest").size());
+  return std::string(base) + "/push.v1.PusherService/Push";
+}
+
 Result<std::unique_ptr<PushSink>> PushSink::Create(PushSinkOptions options) {
   Result<std::string> ingest_url = PyroscopeIngestUrl(options.url);
   if (!ingest_url) return ingest_url.error();
@@ -177,53 +232,104 @@ Result<std::unique_ptr<PushSink>> PushSink::Create(PushSinkOptions options) {
   worker_options.clock = options.clock;
   worker_options.jitter = options.jitter;
 
+  worker_options.max_batch = kMaxPushBatch;
+  worker_options.max_batch_bytes = kMaxPushBatchBytes;
+
   std::unique_ptr<PushSink> sink(new PushSink(std::move(options), std::move(ingest_url).value()));
   Result<std::unique_ptr<DeliveryWorker>> worker = DeliveryWorker::Start(
       std::move(worker_options),
-      [s = sink.get()](const ProfileUpload& upload, const DeliveryContext& context) {
-        return s->Deliver(upload, context);
+      [s = sink.get()](std::span<const ProfileUpload> uploads, const DeliveryContext& context) {
+        return s->Deliver(uploads, context);
       });
   if (!worker) return worker.error();
   sink->worker_ = std::move(worker).value();
   return sink;
 }
 
+PushSink::PushSink(PushSinkOptions options, std::string ingest_url)
+    : options_(std::move(options)), ingest_url_(std::move(ingest_url)), push_url_(PyroscopePushUrl(ingest_url_)) {}
+
 PushSink::~PushSink() { worker_.reset(); }
 
 void PushSink::Submit(ProfileUpload upload) {
-  if (upload.pprof_gz.empty()) {  // a caller bug: count it rather than send Pyroscope an empty body
+  if (upload.pprof_gz.empty()) {  // a caller bug: count it rather than send Pyroscope an empty profile
     worker_->CountFailure("not sent: empty " + upload.profile_type + " profile of " + upload.app_name);
     return;
   }
   worker_->Submit(std::move(upload));
 }
 
+void PushSink::SubmitAll(std::vector<ProfileUpload> uploads) {
+  std::vector<ProfileUpload> kept;
+  kept.reserve(uploads.size());
+  for (ProfileUpload& u : uploads) {
+    if (u.pprof_gz.empty()) {
+      worker_->CountFailure("not sent: empty " + u.profile_type + " profile of " + u.app_name);
+    } else {
+      kept.push_back(std::move(u));
+    }
+  }
+  worker_->SubmitAll(std::move(kept));
+}
+
 bool PushSink::Flush(std::chrono::milliseconds deadline) { return worker_->Flush(deadline); }
 
-SinkStats PushSink::stats() const { return worker_->stats(); }
+SinkStats PushSink::stats() const {
+  SinkStats s = worker_->stats();
+  s.push_api = use_ingest_.load(std::memory_order_relaxed) ? "ingest" : "push";
+  return s;
+}
 
-DeliveryOutcome PushSink::Deliver(const ProfileUpload& upload, const DeliveryContext& context) {
+HttpResult PushSink::Post(std::string url, std::string_view content_type, const std::string& body,
+                          const DeliveryContext& context) const {
   HttpRequest request;
-  request.url = PyroscopeIngestRequestUrl(ingest_url_, upload);
-  request.content_type = "application/octet-stream";
+  request.url = std::move(url);
+  request.content_type = content_type;
   request.headers = options_.headers;
-  request.body = upload.pprof_gz;
+  request.body = body;
   request.timeout = context.timeout;
   request.cancel = context.cancel;
-  const HttpResult result = options_.transport->Post(request);
+  return options_.transport->Post(request);
+}
+
+DeliveryOutcome PushSink::Outcome(const std::string& url, const HttpResult& result, size_t profiles) const {
   if (result.status >= 200 && result.status < 300) return DeliveryOutcome::Delivered();
   if (result.status == 0) {
-    return DeliveryOutcome::Retry(result.error.empty() ? "POST " + RedactUrl(ingest_url_) + ": no response"
-                                                       : result.error);
+    return DeliveryOutcome::Retry(result.error.empty() ? "POST " + RedactUrl(url) + ": no response" : result.error);
   }
-  std::string error = "POST " + RedactUrl(ingest_url_) + ": HTTP " + std::to_string(result.status);
+  std::string error = "POST " + RedactUrl(url) + ": HTTP " + std::to_string(result.status);
   const std::string excerpt = OneLine(result.body_excerpt);
   if (!excerpt.empty()) error += ": " + excerpt;
   if (result.status == 408 || result.status == 429 || result.status >= 500) {
     return DeliveryOutcome::Retry(std::move(error),
                                   std::chrono::duration_cast<std::chrono::milliseconds>(result.retry_after));
   }
-  return DeliveryOutcome::Failed(std::move(error) + " (not retried)");
+  error += " (not retried";
+  if (profiles > 1) error += "; one request of " + std::to_string(profiles) + " profiles, some may have been stored";
+  return DeliveryOutcome::Failed(std::move(error) + ")");
+}
+
+std::vector<DeliveryOutcome> PushSink::Deliver(std::span<const ProfileUpload> uploads,
+                                               const DeliveryContext& context) {
+  if (!use_ingest_.load(std::memory_order_relaxed)) {
+    const HttpResult result = Post(push_url_, "application/proto", PyroscopePushRequest(uploads), context);
+    // A backend without the push API (Pyroscope before 1.0, or a proxy that passes only /ingest) gets every profile
+    // through /ingest from now on, this batch included.
+    if (result.status != 404 && result.status != 405 && result.status != 415) {
+      return std::vector<DeliveryOutcome>(uploads.size(), Outcome(push_url_, result, uploads.size()));
+    }
+    use_ingest_.store(true, std::memory_order_relaxed);
+  }
+  std::vector<DeliveryOutcome> out;
+  for (const ProfileUpload& u : uploads) {
+    out.push_back(Outcome(ingest_url_,
+                          Post(PyroscopeIngestRequestUrl(ingest_url_, u), "application/octet-stream", u.pprof_gz,
+                               context),
+                          1));
+    // A retry waits for the backoff; the uploads after it go back to the queue unattempted.
+    if (out.back().kind == DeliveryOutcome::Kind::kRetry) break;
+  }
+  return out;
 }
 
 }  // namespace rvbpfd

@@ -1,8 +1,30 @@
-// PushSink: delivers profiles to Grafana Pyroscope (or anything speaking its HTTP ingest API, e.g. Grafana Alloy's
+// PushSink: delivers profiles to Grafana Pyroscope (or anything speaking its HTTP APIs, e.g. Grafana Alloy's
 // pyroscope.receive_http) at --push-url.
 //
-// The request (Pyroscope server HTTP API, "Ingestion", format pprof; checked against grafana/pyroscope's
-// pkg/ingester/pyroscope/ingest_handler.go and pkg/og/convert/pprof/profile.go):
+// Two APIs, one series per profile either way (checked against grafana/pyroscope's source: api/push/v1/push.proto,
+// pkg/distributor, pkg/ingester/pyroscope/ingest_handler.go and pkg/og/convert/pprof/profile.go, releases 1.1 to
+// 2.2):
+//
+// 1. The push API, used first: a cut's profiles in few requests (kMaxPushBatch, kMaxPushBatchBytes).
+//
+//   POST <base>/push.v1.PusherService/Push          (Connect unary)
+//   Content-Type: application/proto
+//   <body: PushRequest { repeated RawProfileSeries series = 1 }, one series per profile:
+//          RawProfileSeries { repeated LabelPair labels = 1; repeated RawSample samples = 2 },
+//          LabelPair { string name = 1; string value = 2 }, RawSample { bytes raw_profile = 1 } = the gzipped pprof>
+//
+//   - The series' labels are the ones the /ingest route below makes for the same profile, so both APIs store the
+//     same series: __name__ (the profile name, table below), __delta__="false", pyroscope_spy="rvbpfd",
+//     service_name (the app name) and the process labels (rules below).
+//   - Pyroscope takes the profile's time from the pprof's time_nanos on both routes (the agent always sets it; /ingest
+//     uses `from` only when time_nanos is 0), so from/until have no counterpart here.
+//   - 200 = every profile stored. A 4xx may come after Pyroscope stored some series of the request, so a refused
+//     request is not split and resent: its profiles count as failures, and the error says some may be stored.
+//   - 404, 405 or 415 means the backend has no push API (Pyroscope before 1.0 answers 404; a proxy may pass only
+//     /ingest): the sink then sends every profile, that request's included, through /ingest for the rest of its life
+//     (SinkStats::push_api = "ingest").
+//
+// 2. The ingest API (Pyroscope server HTTP API, "Ingestion", format pprof), one profile a request:
 //
 //   POST <base>/ingest?name=<app>{<k>=<v>,...}&from=<unix s>&until=<unix s>&format=pprof&spyName=rvbpfd
 //   Content-Type: application/octet-stream
@@ -43,23 +65,26 @@
 //     sent (a series cannot have one name twice).
 //   - the whole `name` is percent-encoded: every byte except A-Z a-z 0-9 - . _ ~ becomes %XX (upper-case hex).
 //
-// Delivery policy (DeliveryWorker, delivery_worker.h): one worker thread sends uploads oldest first, one at a time.
+// Delivery policy (DeliveryWorker, delivery_worker.h): one worker thread sends uploads oldest first, one request at
+// a time; the status of a push request applies to every profile it carried.
 //   2xx                                        delivered
 //   408, 429, 5xx, no response (connect, DNS,  retried after BackoffDelay: backoff_min doubling up to backoff_max,
 //   TLS, timeout)                              equal jitter, at least the server's Retry-After (capped at max)
 //   any other status (400, 401, 404, 413, 422  given up on: delivery_failures += 1 (retrying cannot fix it)
-//   ... and 3xx, which is not followed)
+//   ... and 3xx, which is not followed)        (on the push API, 404, 405 and 415 switch to /ingest instead)
 // While the backend is down new uploads keep queueing; beyond max_queue the oldest is dropped
 // (dropped_queue_full). Credentials in the URL (user:password@) are passed to libcurl but never appear in
 // last_error.
 #ifndef RVBPFD_SRC_SINK_PUSH_SINK_H_
 #define RVBPFD_SRC_SINK_PUSH_SINK_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -85,6 +110,12 @@ struct PushSinkOptions {
   std::shared_ptr<JitterSource> jitter;
 };
 
+// Profiles an attempt carries on the push API: at most this many, and beyond the first, at most this many pprof bytes
+// before gzip. Pyroscope up to 1.14 checks a whole request against its ingestion burst (2 MB by default), so a
+// request of 1 MiB passes on default limits; at fleet-agent sizes a cut of 50 processes takes a few requests.
+inline constexpr size_t kMaxPushBatch = 256;
+inline constexpr uint64_t kMaxPushBatchBytes = 1u << 20;
+
 class PushSink : public ProfileSink {
  public:
   // Fails with kUsage if the URL is not http(s)://host[:port][/path] (no query or fragment).
@@ -92,18 +123,24 @@ class PushSink : public ProfileSink {
   ~PushSink() override;
 
   void Submit(ProfileUpload upload) override;
+  void SubmitAll(std::vector<ProfileUpload> uploads) override;
   bool Flush(std::chrono::milliseconds deadline) override;
   SinkStats stats() const override;
 
-  const std::string& ingest_url() const { return ingest_url_; }  // <base>/ingest, credentials included
-
  private:
-  PushSink(PushSinkOptions options, std::string ingest_url) : options_(std::move(options)),
-                                                              ingest_url_(std::move(ingest_url)) {}
-  DeliveryOutcome Deliver(const ProfileUpload& upload, const DeliveryContext& context);
+  PushSink(PushSinkOptions options, std::string ingest_url);
+  // One attempt (DeliverFunction): the whole batch in one push request, or each profile to /ingest once the backend
+  // has shown it has no push API.
+  std::vector<DeliveryOutcome> Deliver(std::span<const ProfileUpload> uploads, const DeliveryContext& context);
+  HttpResult Post(std::string url, std::string_view content_type, const std::string& body,
+                  const DeliveryContext& context) const;
+  // The outcome of a request carrying `profiles` profiles (delivery policy above).
+  DeliveryOutcome Outcome(const std::string& url, const HttpResult& result, size_t profiles) const;
 
   PushSinkOptions options_;
-  const std::string ingest_url_;
+  const std::string ingest_url_;  // <base>/ingest, credentials included
+  const std::string push_url_;    // <base>/push.v1.PusherService/Push
+  std::atomic<bool> use_ingest_{false};     // set by the worker thread once; read by stats()
   std::unique_ptr<DeliveryWorker> worker_;  // stopped first, in ~PushSink, while everything it uses is alive
 };
 
@@ -119,6 +156,19 @@ std::string PercentEncode(std::string_view text);
 std::string PyroscopeIngestRequestUrl(std::string_view ingest_url, const ProfileUpload& upload);
 // "<base>/ingest" from a --push-url, or kUsage naming the flag.
 Result<std::string> PyroscopeIngestUrl(std::string_view push_url);
+// "<base>/push.v1.PusherService/Push" from what PyroscopeIngestUrl returned.
+std::string PyroscopePushUrl(std::string_view ingest_url);
+// The labels a profile's series gets besides the ones Pyroscope derives (service name, profile name, spy), sanitized
+// and limited as above, sorted by name.
+std::vector<std::pair<std::string, std::string>> PyroscopeSeriesLabels(
+    const std::map<std::string, std::string>& labels, const std::vector<std::string>& sample_label_names = {});
+// The __name__ Pyroscope's /ingest route gives a profile of this type (the table above): "process_cpu" for cpu,
+// the type itself otherwise.
+std::string PyroscopeProfileName(std::string_view profile_type);
+// The body of a push: a PushRequest with one series per upload (labels above, plus __name__, __delta__="false",
+// pyroscope_spy="rvbpfd" and service_name, as the /ingest route sets them), each with the upload's gzipped pprof
+// as its one raw sample.
+std::string PyroscopePushRequest(std::span<const ProfileUpload> uploads);
 
 }  // namespace rvbpfd
 

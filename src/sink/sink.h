@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "sink/profile_upload.h"
 
@@ -25,6 +26,9 @@ struct SinkStats {
   uint64_t consecutive_failures = 0;  // retryable failures since the last delivery or permanent failure
   uint64_t rotated_files = 0;         // DirSink only: files deleted to keep the total under the size cap
   std::string last_error;             // the last failure, one line ("" = none yet); never contains URL credentials
+  // PushSink only: the API profiles go to, "push" (push.v1.PusherService/Push, many profiles a request) or "ingest"
+  // (/ingest, one profile a request, once the backend answered the push API with 404, 405 or 415).
+  std::string push_api;
 };
 
 class ProfileSink {  // thread-safe
@@ -33,6 +37,9 @@ class ProfileSink {  // thread-safe
   // Queues `upload` and returns at once: never blocks on I/O. When the queue is full the oldest waiting upload is
   // dropped and counted in dropped_queue_full.
   virtual void Submit(ProfileUpload upload) = 0;
+  // Submit for each of `uploads`, in order, under one lock: the agent hands over a whole cut at once, so the push
+  // sink can send it in few requests.
+  virtual void SubmitAll(std::vector<ProfileUpload> uploads) = 0;
   // Waits until everything queued has been delivered or given up on, or `deadline` has passed. True only if the
   // queue drained with nothing dropped or failed while waiting. Used at graceful shutdown.
   virtual bool Flush(std::chrono::milliseconds deadline) = 0;

@@ -148,6 +148,11 @@ class RecordingSink : public ProfileSink {
     std::lock_guard<std::mutex> l(mu);
     uploads.push_back(std::move(upload));
   }
+  void SubmitAll(std::vector<ProfileUpload> all) override {
+    std::lock_guard<std::mutex> l(mu);
+    ++submit_alls;
+    for (ProfileUpload& u : all) uploads.push_back(std::move(u));
+  }
   bool Flush(std::chrono::milliseconds) override {
     ++flushes;
     return true;
@@ -160,6 +165,7 @@ class RecordingSink : public ProfileSink {
   std::mutex mu;
   std::vector<ProfileUpload> uploads;
   int flushes = 0;
+  int submit_alls = 0;  // hand-overs through SubmitAll
 };
 
 // A prepared binary with stacks on and three sites: a thread start (low group), a GC enter and a RESUMED (high); with

@@ -262,6 +262,7 @@ TEST_F(AgentTest, EachIntervalCutsLabelledProfilesOfEveryProcess) {
   EXPECT_EQ(c[0].app_name, "billing");
   EXPECT_TRUE(UploadsFor(11).empty());  // no samples, no events: nothing to upload
   EXPECT_EQ(agent_->samples(), 20u);
+  EXPECT_EQ(sink_->submit_alls, 1);  // both processes' profiles in one hand-over, for the push sink to batch
   // The next interval starts where this one ended.
   backend_.Stack(clock_.mono + 5 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
   Run(2 * kS);

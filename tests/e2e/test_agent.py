@@ -17,6 +17,8 @@ contending for a mutex and the GVL in a per-process hot method, a third running 
 The agent runs with --interval 2, --output-dir too, and a --config file giving push-queue 128 (one interval of these
 seven processes is up to 35 uploads). Checked:
   - every pprof the receiver accepted decodes (pprof_decode.py), with the sample types of its profile;
+  - every upload came through Pyroscope's push API (push.v1.PusherService/Push), and at least one push request
+    carried several profiles (the agent batches a cut's profiles);
   - labels of each process's uploads: host, pid (the HOST pid, also for D), command, ruby_version, service_name
     (e2e-billing for A, the command otherwise), container_id absent unless the cgroup path names one (then equal);
   - the hot method of every live process appears in its cpu profiles; gvl_wait, gvl_held, gc and gvl_blame profiles
@@ -40,6 +42,11 @@ seven processes is up to 35 uploads). Checked:
     upload received before the signal);
   - --output-dir got complete files too;
   - `rvbpfd agent` without a sink fails with exit 2 and one line naming --output-dir and --push-url.
+
+Then a backend without the push API: a new receiver with DIR/NO_PUSH (it answers the push route 404, as Pyroscope
+before 1.0 does), one more 3.3.8 process N (hot_a) and an agent with --interval 1 pushing to it. Checked: the agent
+tried the push API (push_not_found.count >= 1) and then delivered through /ingest by itself: uploads arrive with
+api "ingest", none with api "push", rvbpfd_push_failures_total stays 0, and N's uploads pass the same checks as A's.
 """
 import json
 import os
@@ -297,7 +304,8 @@ def decode_uploads(recv_dir):
         try:
             u["pprof"] = pprof_decode.decode(u["body"])
         except ValueError as e:
-            problems.append(f"upload #{u.get('seq')} ({u.get('query', {}).get('name')}) does not decode: {e}")
+            name = u.get("query", {}).get("name") or u.get("push_labels")
+            problems.append(f"upload #{u.get('seq')} ({u.get('api')}: {name}) does not decode: {e}")
             continue
         u["type"] = PROFILE_TYPES.get(u.get("profile_name"))
         if u["type"] is None:
@@ -333,6 +341,8 @@ def check_process(uploads, proc):
             bad.append(f"container_id={l['container_id']!r} but the cgroup path names no container")
         if cid is not None and l.get("container_id") != cid:
             bad.append(f"container_id={l.get('container_id')!r}, want {cid}")
+        if u.get("api") == "push" and u["pprof"]["duration_nanos"] <= 0:
+            bad.append(f"time_nanos {u['pprof']['time_nanos']} duration_nanos {u['pprof']['duration_nanos']}")
         if u["until"] <= u["from"]:
             bad.append(f"from {u['from']} until {u['until']}")
         if bad:
@@ -368,6 +378,64 @@ def check_process(uploads, proc):
             p.append(f"{proc.name}: {u['type']} upload #{u['seq']} has no weight")
             break
     return p
+
+
+def end_procs(procs):
+    """Ends every workload still running."""
+    for proc in procs:
+        if proc.p.poll() is None:
+            proc.stop() if isinstance(proc, HogProc) else proc.finish()
+
+
+def check_no_push(rvbpfd, ruby, work, res, procs):
+    """The backend has no push API (DIR/NO_PUSH: the receiver answers the push route 404, as Pyroscope before 1.0
+    does): the agent must go over to /ingest by itself and lose nothing. Started processes are added to procs."""
+    recv_dir = os.path.join(work, "recv-no-push")
+    os.makedirs(recv_dir)
+    open(os.path.join(recv_dir, "NO_PUSH"), "w").close()
+    receiver = fake_pyroscope.start(recv_dir)
+    agent = None
+    try:
+        n = Proc("N", ruby, "hot_a")
+        procs.append(n)
+        agent = Agent(rvbpfd, ["--push-url", f"http://127.0.0.1:{receiver.server_address[1]}", "--interval", "1",
+                               "--metrics-listen", "127.0.0.1:0", "--host", HOST, "--log-format", "json"])
+        if not agent.wait_log(lambda r: r.get("msg") == "process attached" and r.get("pid") == n.pid, 10):
+            res.check("no push API: the agent attaches to N", [f"no 'process attached' for N (pid {n.pid})"])
+            return
+        # Until N's uploads hold every profile type (check_process wants them all).
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            uploads, _ = decode_uploads(recv_dir)
+            if {u["type"] for u in by_pid(uploads, n.pid)} >= set(PROFILE_TYPES.values()):
+                break
+            time.sleep(0.5)
+        time.sleep(1.5)  # the metrics are refreshed every second
+        m = agent.metrics()
+        uploads, prob = decode_uploads(recv_dir)
+        not_found = fake_pyroscope.read_count(recv_dir, "push_not_found")
+        ingested = [u for u in uploads if u.get("api") == "ingest"]
+        pushed = [u for u in uploads if u.get("api") != "ingest"]
+        failures = m.get("rvbpfd_push_failures_total")
+        print(f"  no push API: {not_found} pushes answered 404, then {len(ingested)} uploads through /ingest, "
+              f"{len(pushed)} otherwise; push failures {failures}")
+        if not_found < 1:
+            prob.append("the agent never tried the push API (push_not_found.count is 0)")
+        if not ingested:
+            prob.append("no upload came through /ingest")
+        if pushed:
+            prob.append(f"{len(pushed)} uploads came through {sorted({str(u.get('api')) for u in pushed})}, "
+                        "although the push route answers 404")
+        if failures != 0:
+            prob.append(f"rvbpfd_push_failures_total = {failures}, expected 0: the 404 lost profiles")
+        res.check("a backend without the push API (404): the agent falls back to /ingest by itself, losing nothing",
+                  prob)
+        res.check(f"N (through /ingest): labels, profile types and hot method {n.hot}", check_process(uploads, n))
+    finally:
+        if agent is not None:
+            agent.stop()
+        receiver.shutdown()
+        receiver.server_close()
 
 
 def main():
@@ -503,6 +571,18 @@ def main():
 
         uploads, prob = decode_uploads(recv_dir)
         res.check(f"every pprof received decodes ({len(uploads)} uploads)", prob + ([] if uploads else ["none"]))
+        prob = []
+        other = [u for u in uploads if u.get("api") != "push"]
+        if other:
+            prob.append(f"{len(other)} of {len(uploads)} uploads came through "
+                        f"{sorted({str(u.get('api')) for u in other})}, not the push API")
+        per_request = {u["request_seq"]: u["request_uploads"] for u in uploads if u.get("api") == "push"}
+        most = max(per_request.values(), default=0)
+        print(f"  push API: {len(per_request)} requests, {sum(per_request.values())} profiles, at most {most} in one")
+        if most <= 1:
+            prob.append(f"no push request carried more than one profile ({len(per_request)} requests): the agent "
+                        "does not batch a cut's profiles")
+        res.check("uploads arrive through the push API, a cut's profiles batched into few requests", prob)
         for proc in (a, b, c, d, e):
             res.check(f"{proc.name}: labels, profile types and hot method {proc.hot}", check_process(uploads, proc))
         w = Worker(e)
@@ -644,12 +724,13 @@ def main():
             except ValueError as e:
                 prob.append(f"{f}: {e}")
         res.check(f"--output-dir holds complete pprof files ({len(files)})", prob)
+
+        end_procs(procs)  # the next agent watches the host too: only its own workload should run
+        check_no_push(rvbpfd, r33, work, res, procs)
     finally:
         if agent is not None:
             agent.stop()
-        for proc in procs:
-            if proc.p.poll() is None:
-                proc.stop() if isinstance(proc, HogProc) else proc.finish()
+        end_procs(procs)
         receiver.terminate()
         receiver.wait()
         if args.keep:

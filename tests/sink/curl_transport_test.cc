@@ -142,9 +142,11 @@ TEST(PushSinkLoopbackTest, RetriesThroughARealHttpServer) {
   const auto requests = server.requests();
   ASSERT_EQ(requests.size(), 2u);
   for (const auto& r : requests) {
-    EXPECT_EQ(r.target, "/ingest?name=shop-api%7Bhost%3Dweb-1%2Cpid%3D4242%7D&from=100&until=115&format=pprof"
-                        "&spyName=rvbpfd");
-    EXPECT_EQ(r.body, u.pprof_gz);
+    EXPECT_EQ(r.target, "/push.v1.PusherService/Push");
+    const auto series = testing::DecodePushRequest(r.body);
+    ASSERT_TRUE(series.has_value());
+    ASSERT_EQ(series->size(), 1u);
+    EXPECT_EQ((*series)[0].profiles, std::vector<std::string>{u.pprof_gz});
   }
   EXPECT_EQ((*sink)->stats().retries, 1u);
   EXPECT_EQ((*sink)->stats().delivered, 1u);
@@ -166,8 +168,9 @@ std::string Gzip(const std::string& data) {
   return out;
 }
 
-// A minimal pprof Profile: sample types samples/count and cpu/nanoseconds, no samples.
-std::string TinyPprof() {
+// A minimal pprof Profile: sample types samples/count and cpu/nanoseconds, no samples, the interval [from_s,
+// from_s + 15 s) in time_nanos and duration_nanos (the push API takes the time from there).
+std::string TinyPprof(int64_t from_s) {
   std::string p;
   p += std::string("\x0a\x04\x08\x01\x10\x02", 6);  // sample_type {type: 1 "samples", unit: 2 "count"}
   p += std::string("\x0a\x04\x08\x03\x10\x04", 6);  // sample_type {type: 3 "cpu", unit: 4 "nanoseconds"}
@@ -176,6 +179,13 @@ std::string TinyPprof() {
     p += static_cast<char>(s.size());
     p += s;
   }
+  auto varint_field = [&p](char key, uint64_t v) {
+    p += key;
+    for (; v >= 0x80; v >>= 7) p += static_cast<char>((v & 0x7f) | 0x80);
+    p += static_cast<char>(v);
+  };
+  varint_field('\x48', static_cast<uint64_t>(from_s) * 1'000'000'000);  // time_nanos = 9
+  varint_field('\x50', 15'000'000'000);                                // duration_nanos = 10
   return Gzip(p);
 }
 
@@ -246,7 +256,6 @@ TEST(PushSinkLoopbackTest, OutageAtTheFakePyroscopeThenRecovery) {
   ASSERT_TRUE(created.ok()) << created.error().ToString();
   PushSink& sink = **created;
 
-  const std::string pprof = TinyPprof();
   auto upload = [&](int64_t from) {
     ProfileUpload u;
     u.app_name = "shop-api";
@@ -254,7 +263,7 @@ TEST(PushSinkLoopbackTest, OutageAtTheFakePyroscopeThenRecovery) {
     u.labels = {{"host", "web-1"}, {"pid", "4242"}, {"command", "ruby app.rb, --port=3000"}};
     u.from_unix_s = from;
     u.until_unix_s = from + 15;
-    u.pprof_gz = pprof;
+    u.pprof_gz = TinyPprof(from);
     return u;
   };
   // Backend down: A is refused and retried; B and C arrive; with room for 2, A (the oldest) is dropped.
@@ -280,8 +289,45 @@ TEST(PushSinkLoopbackTest, OutageAtTheFakePyroscopeThenRecovery) {
     EXPECT_NE(meta.find("\"service_name\": \"shop-api\""), std::string::npos) << meta;
     EXPECT_NE(meta.find("\"command\": \"ruby app.rb_ --port=3000\""), std::string::npos) << meta;
     EXPECT_NE(meta.find("\"profile_name\": \"process_cpu\""), std::string::npos) << meta;
-    EXPECT_NE(meta.find("\"Content-Type\": \"application/octet-stream\""), std::string::npos) << meta;
-    EXPECT_EQ(ReadText(receiver.out_dir() + "/00000" + std::to_string(i) + ".body"), pprof);
+    EXPECT_NE(meta.find("\"Content-Type\": \"application/proto\""), std::string::npos) << meta;
+    EXPECT_EQ(ReadText(receiver.out_dir() + "/00000" + std::to_string(i) + ".body"), TinyPprof(from));
+  }
+}
+
+TEST(PushSinkLoopbackTest, ABackendWithoutThePushApiGetsEveryProfileThroughIngest) {
+  TempDir tmp;
+  FakePyroscope receiver(tmp.path());
+  ASSERT_GT(receiver.port(), 0) << "tests/e2e/fake_pyroscope.py did not start (python3 missing?)";
+  { std::ofstream(receiver.out_dir() + "/NO_PUSH") << "Pyroscope before 1.0\n"; }
+  PushSinkOptions options;
+  options.url = "http://127.0.0.1:" + std::to_string(receiver.port());
+  auto created = PushSink::Create(options);
+  ASSERT_TRUE(created.ok()) << created.error().ToString();
+  PushSink& sink = **created;
+  std::vector<ProfileUpload> uploads;
+  for (int64_t from : {100, 115}) {
+    ProfileUpload u;
+    u.app_name = "shop-api";
+    u.profile_type = "cpu";
+    u.labels = {{"host", "web-1"}};
+    u.from_unix_s = from;
+    u.until_unix_s = from + 15;
+    u.pprof_gz = TinyPprof(from);
+    uploads.push_back(std::move(u));
+  }
+  sink.SubmitAll(std::move(uploads));
+  EXPECT_TRUE(sink.Flush(60s));
+  const SinkStats s = sink.stats();
+  EXPECT_EQ(s.delivered, 2u);
+  EXPECT_EQ(s.delivery_failures + s.retries, 0u);
+  EXPECT_EQ(s.push_api, "ingest");
+  EXPECT_EQ(receiver.Count("push_not_found"), 1);
+  EXPECT_EQ(receiver.Count("ingest_requests"), 2);
+  EXPECT_EQ(receiver.Count("rejected"), 0) << ReadText(receiver.out_dir() + "/rejected.log");
+  for (int i = 1; i <= 2; ++i) {
+    const std::string meta = ReadText(receiver.out_dir() + "/00000" + std::to_string(i) + ".json");
+    EXPECT_NE(meta.find("\"api\": \"ingest\""), std::string::npos) << meta;
+    EXPECT_NE(meta.find("\"from\": " + std::to_string(i == 1 ? 100 : 115)), std::string::npos) << meta;
   }
 }
 

@@ -56,9 +56,27 @@ Harness MakeSink(std::vector<HttpResult> script, std::vector<uint64_t> jitter = 
   return h;
 }
 
+constexpr std::string_view kPushUrl = "http://pyroscope.example:4040/push.v1.PusherService/Push";
+
+// The profiles one request carried: every raw profile of a push request, or an /ingest request's body.
+std::vector<std::string> Profiles(const FakeTransport::Call& call) {
+  if (call.url != kPushUrl) return {call.body};
+  std::vector<std::string> out;
+  const auto series = testing::DecodePushRequest(call.body);
+  EXPECT_TRUE(series.has_value()) << "undecodable push request";
+  for (const auto& s : series.value_or(std::vector<testing::PushedSeries>{})) {
+    out.insert(out.end(), s.profiles.begin(), s.profiles.end());
+  }
+  return out;
+}
+
+// Every profile sent, in order, over all requests.
 std::vector<std::string> Bodies(const FakeTransport& t) {
   std::vector<std::string> out;
-  for (const auto& c : t.calls()) out.push_back(c.body);
+  for (const auto& c : t.calls()) {
+    const std::vector<std::string> p = Profiles(c);
+    out.insert(out.end(), p.begin(), p.end());
+  }
   return out;
 }
 
@@ -162,26 +180,131 @@ TEST(PushSinkTest, CreateRejectsBadUrlAndEmptyQueue) {
   EXPECT_NE(r.error().message().find("--push-queue"), std::string::npos);
 }
 
-TEST(PushSinkTest, RequestShape) {
+TEST(PushSinkTest, PushRequestShape) {
   Harness h = MakeSink({});
   std::string body("\x1f\x8b\x08\x00pprof\0bytes", 15);
-  h.sink->Submit(MakeUpload(body));
+  ProfileUpload blame = MakeUpload("blame");
+  blame.profile_type = "gvl_blame";
+  blame.labels["holder"] = "shadowed by the sample label";
+  blame.sample_label_names = {"holder"};
+  h.sink->SubmitAll({MakeUpload(body), blame});
   ASSERT_TRUE(h.sink->Flush(60s));
   const auto calls = h.transport->calls();
-  ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0].url,
-            "http://pyroscope.example:4040/ingest?name=shop-api%7Bhost%3Dweb-1%2Cpid%3D4242%7D"
-            "&from=1700000000&until=1700000015&format=pprof&spyName=rvbpfd");
-  EXPECT_EQ(calls[0].content_type, "application/octet-stream");
-  EXPECT_EQ(calls[0].body, body);
+  ASSERT_EQ(calls.size(), 1u);  // both in one request
+  EXPECT_EQ(calls[0].url, kPushUrl);
+  EXPECT_EQ(calls[0].content_type, "application/proto");
   EXPECT_EQ(calls[0].timeout, 10000ms);
   ASSERT_EQ(calls[0].headers.size(), 1u);
   EXPECT_EQ(calls[0].headers[0], (std::pair<std::string, std::string>{"X-Scope-OrgID", "team-a"}));
+  const auto series = testing::DecodePushRequest(calls[0].body);
+  ASSERT_TRUE(series.has_value());
+  ASSERT_EQ(series->size(), 2u);
+  // The labels the /ingest route would give the same profiles, sorted by name; one raw sample each.
+  using Labels = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ((*series)[0].labels, (Labels{{"__delta__", "false"},
+                                         {"__name__", "process_cpu"},
+                                         {"host", "web-1"},
+                                         {"pid", "4242"},
+                                         {"pyroscope_spy", "rvbpfd"},
+                                         {"service_name", "shop-api"}}));
+  EXPECT_EQ((*series)[0].profiles, std::vector<std::string>{body});
+  EXPECT_EQ((*series)[1].labels, (Labels{{"__delta__", "false"},
+                                         {"__name__", "gvl_blame"},
+                                         {"host", "web-1"},
+                                         {"pid", "4242"},
+                                         {"pyroscope_spy", "rvbpfd"},
+                                         {"service_name", "shop-api"}}));
+  EXPECT_EQ((*series)[1].profiles, std::vector<std::string>{"blame"});
   const SinkStats s = h.sink->stats();
-  EXPECT_EQ(s.delivered, 1u);
-  EXPECT_EQ(s.bytes_delivered, body.size());
+  EXPECT_EQ(s.delivered, 2u);
+  EXPECT_EQ(s.bytes_delivered, body.size() + 5);
   EXPECT_EQ(s.queued, 0u);
   EXPECT_EQ(s.retries + s.delivery_failures + s.dropped_queue_full, 0u);
+  EXPECT_EQ(s.push_api, "push");
+}
+
+TEST(PushSinkTest, ProfileNamesAreTheOnesIngestDerivesFromTheSampleTypes) {
+  // The table in push_sink.h: Pyroscope's /ingest names a pprof process_cpu when a sample type contains "cpu", else
+  // after its last sample type, which the agent names after the profile type.
+  EXPECT_EQ(PyroscopeProfileName("cpu"), "process_cpu");
+  for (const char* type : {"gvl_wait", "gvl_held", "gc", "gvl_blame"}) EXPECT_EQ(PyroscopeProfileName(type), type);
+}
+
+TEST(PushSinkTest, BatchesAreCutAtTheByteCap) {
+  Harness h = MakeSink({});
+  std::vector<ProfileUpload> uploads;
+  for (uint64_t kib : {400, 400, 400, 2000, 100}) {
+    ProfileUpload u = MakeUpload("k" + std::to_string(kib));
+    u.pprof_bytes = kib << 10;
+    uploads.push_back(std::move(u));
+  }
+  h.sink->SubmitAll(std::move(uploads));
+  ASSERT_TRUE(h.sink->Flush(60s));
+  std::vector<std::vector<std::string>> requests;
+  for (const auto& c : h.transport->calls()) requests.push_back(Profiles(c));
+  // 1 MiB a request: 400+400 KiB, then 400 KiB alone (2000 more would pass the cap), 2000 KiB alone (the first
+  // of a request goes whatever its size, and nothing fits after it), then 100 KiB.
+  EXPECT_EQ(requests,
+            (std::vector<std::vector<std::string>>{{"k400", "k400"}, {"k400"}, {"k2000"}, {"k100"}}));
+}
+
+class NoPushApiTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(NoPushApiTest, EveryProfileGoesToIngestFromThenOn) {
+  Harness h = MakeSink({Answer(GetParam(), "404 page not found")});
+  std::string body("\x1f\x8b\x08\x00pprof\0bytes", 15);
+  h.sink->SubmitAll({MakeUpload(body), MakeUpload("second", 1700000015)});
+  ASSERT_TRUE(h.sink->Flush(60s));
+  h.sink->SubmitAll({MakeUpload("third", 1700000030)});
+  ASSERT_TRUE(h.sink->Flush(60s));
+  const auto calls = h.transport->calls();
+  ASSERT_EQ(calls.size(), 4u);
+  EXPECT_EQ(calls[0].url, kPushUrl);
+  EXPECT_EQ(calls[1].url,
+            "http://pyroscope.example:4040/ingest?name=shop-api%7Bhost%3Dweb-1%2Cpid%3D4242%7D"
+            "&from=1700000000&until=1700000015&format=pprof&spyName=rvbpfd");
+  EXPECT_EQ(calls[1].content_type, "application/octet-stream");
+  EXPECT_EQ(calls[1].body, body);
+  ASSERT_EQ(calls[1].headers.size(), 1u);
+  EXPECT_EQ(calls[1].headers[0], (std::pair<std::string, std::string>{"X-Scope-OrgID", "team-a"}));
+  EXPECT_EQ(calls[2].body, "second");
+  EXPECT_EQ(calls[3].body, "third");  // the push API is not tried again
+  const SinkStats s = h.sink->stats();
+  EXPECT_EQ(s.delivered, 3u);
+  EXPECT_EQ(s.retries + s.delivery_failures, 0u);
+  EXPECT_EQ(s.push_api, "ingest");
+}
+
+INSTANTIATE_TEST_SUITE_P(Statuses, NoPushApiTest, ::testing::Values(404, 405, 415));
+
+TEST(PushSinkTest, ARefusedPushCountsEveryProfileItCarried) {
+  Harness h = MakeSink({Answer(400, "invalid labels")});
+  h.sink->SubmitAll({MakeUpload("u0"), MakeUpload("u1"), MakeUpload("u2")});
+  EXPECT_FALSE(h.sink->Flush(60s));
+  ASSERT_EQ(h.transport->calls().size(), 1u);  // not split and resent: Pyroscope may have stored some
+  const SinkStats s = h.sink->stats();
+  EXPECT_EQ(s.delivery_failures, 3u);
+  EXPECT_EQ(s.delivered + s.retries, 0u);
+  EXPECT_NE(s.last_error.find("HTTP 400: invalid labels (not retried; one request of 3 profiles, some may have been "
+                              "stored)"),
+            std::string::npos)
+      << s.last_error;
+  EXPECT_EQ(s.push_api, "push");
+}
+
+TEST(PushSinkTest, AnIngestRetryLeavesTheProfilesAfterItUnattempted) {
+  // No push API; then over /ingest u0 is delivered, u1 gets a 503: u2 is not attempted before u1's retry.
+  Harness h = MakeSink({Answer(404), Answer(200), Answer(503)}, {0}, 256, true, 500ms, 4000ms);
+  h.sink->SubmitAll({MakeUpload("u0"), MakeUpload("u1"), MakeUpload("u2")});
+  ASSERT_TRUE(h.sink->Flush(60s));
+  EXPECT_EQ(Bodies(*h.transport), (std::vector<std::string>{"u0", "u1", "u2", "u0", "u1", "u1", "u2"}));
+  const auto calls = h.transport->calls();
+  ASSERT_EQ(calls.size(), 5u);
+  EXPECT_EQ(calls[3].at - calls[2].at, 250ms);  // u1's backoff (base 500, jitter 0)
+  const SinkStats s = h.sink->stats();
+  EXPECT_EQ(s.delivered, 3u);
+  EXPECT_EQ(s.retries, 1u);
+  EXPECT_EQ(s.delivery_failures, 0u);
 }
 
 // --- Queue and retry policy ----------------------------------------------------------------------------------------
@@ -213,7 +336,7 @@ TEST(PushSinkTest, RetriesWithExponentialBackoffAndJitter) {
   std::vector<milliseconds> delays;
   for (size_t i = 1; i < calls.size(); ++i) {
     delays.push_back(std::chrono::duration_cast<milliseconds>(calls[i].at - calls[i - 1].at));
-    EXPECT_EQ(calls[i].body, "u0");
+    EXPECT_EQ(Profiles(calls[i]), std::vector<std::string>{"u0"});
   }
   // base 500 -> 250+0; base 1000 -> 500+0; base 2000 -> 1000 + (2^64-1 mod 1001 = 15); base 4000 -> 2000 + 7.
   EXPECT_EQ(delays, (std::vector<milliseconds>{250ms, 500ms, 1015ms, 2007ms}));
@@ -226,10 +349,11 @@ TEST(PushSinkTest, RetriesWithExponentialBackoffAndJitter) {
 }
 
 TEST(PushSinkTest, BackoffIsTheBackendsNotTheUploads) {
-  // u0 fails twice then is delivered; u1 then fails once: its delay starts again from backoff_min.
+  // u0 fails twice then is delivered; u1, submitted meanwhile, then fails once: its delay starts again from
+  // backoff_min.
   Harness h = MakeSink({Answer(503), Answer(503), Answer(200), Answer(503)}, {0, 0, 0}, 256, true, 500ms, 4000ms);
   h.transport->on_call = [&h](size_t index, const HttpRequest&) {
-    if (index == 0) h.sink->Submit(MakeUpload("u1"));
+    if (index == 2) h.sink->Submit(MakeUpload("u1"));
   };
   h.sink->Submit(MakeUpload("u0"));
   ASSERT_TRUE(h.sink->Flush(3600s));
@@ -270,7 +394,19 @@ TEST_P(PermanentStatusTest, GivesUpWithoutRetrying) {
       << s.last_error;
 }
 
-INSTANTIATE_TEST_SUITE_P(Statuses, PermanentStatusTest, ::testing::Values(301, 400, 401, 404, 413, 422));
+// (404, 405 and 415 say the backend has no push API: NoPushApiTest.)
+INSTANTIATE_TEST_SUITE_P(Statuses, PermanentStatusTest, ::testing::Values(301, 400, 401, 413, 422));
+
+TEST(PushSinkTest, IngestGivesUpOnA404) {
+  Harness h = MakeSink({Answer(404), Answer(404, "no such tenant")});
+  h.sink->Submit(MakeUpload("u0"));
+  EXPECT_FALSE(h.sink->Flush(60s));
+  EXPECT_EQ(h.transport->calls().size(), 2u);
+  const SinkStats s = h.sink->stats();
+  EXPECT_EQ(s.delivery_failures, 1u);
+  EXPECT_EQ(s.retries, 0u);
+  EXPECT_NE(s.last_error.find("/ingest: HTTP 404: no such tenant (not retried)"), std::string::npos) << s.last_error;
+}
 
 class RetryableStatusTest : public ::testing::TestWithParam<int> {};
 

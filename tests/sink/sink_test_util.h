@@ -19,7 +19,9 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -160,6 +162,69 @@ inline HttpResult Answer(int status, std::string body = "", std::chrono::seconds
   r.retry_after = retry_after;
   if (status == 0) r.error = "POST http://backend/ingest: Connection refused";
   return r;
+}
+
+// One series of a decoded push request: its labels in the order sent, and its raw profiles.
+struct PushedSeries {
+  std::vector<std::pair<std::string, std::string>> labels;
+  std::vector<std::string> profiles;
+};
+
+// Decodes a push.v1 PushRequest (written here from push.proto's field numbers, independently of the sink's encoder):
+// series = 1 { labels = 1 { name = 1, value = 2 }, samples = 2 { raw_profile = 1 } }. Only varint and
+// length-delimited fields are expected; anything else, or a truncated field, gives nullopt.
+inline std::optional<std::vector<PushedSeries>> DecodePushRequest(std::string_view body) {
+  // Calls f(field, bytes) for each length-delimited field of `msg`; false on anything malformed.
+  auto each = [](std::string_view msg, const std::function<bool(uint32_t, std::string_view)>& f) {
+    size_t pos = 0;
+    auto varint = [&](uint64_t* v) {
+      *v = 0;
+      for (int shift = 0; shift < 64 && pos < msg.size(); shift += 7) {
+        const auto b = static_cast<unsigned char>(msg[pos++]);
+        *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+        if ((b & 0x80) == 0) return true;
+      }
+      return false;
+    };
+    while (pos < msg.size()) {
+      uint64_t key = 0, v = 0;
+      if (!varint(&key)) return false;
+      if ((key & 7) == 0) {
+        if (!varint(&v)) return false;
+        continue;
+      }
+      if ((key & 7) != 2 || !varint(&v) || v > msg.size() - pos) return false;
+      if (!f(static_cast<uint32_t>(key >> 3), msg.substr(pos, v))) return false;
+      pos += v;
+    }
+    return true;
+  };
+  std::vector<PushedSeries> out;
+  const bool ok = each(body, [&](uint32_t field, std::string_view series) {
+    if (field != 1) return true;
+    PushedSeries s;
+    const bool series_ok = each(series, [&](uint32_t f, std::string_view m) {
+      if (f == 1) {
+        std::pair<std::string, std::string> label;
+        return each(m, [&](uint32_t lf, std::string_view v) {
+          if (lf == 1) label.first = v;
+          if (lf == 2) label.second = v;
+          return true;
+        }) && (s.labels.push_back(label), true);
+      }
+      if (f == 2) {
+        return each(m, [&](uint32_t rf, std::string_view v) {
+          if (rf == 1) s.profiles.emplace_back(v);
+          return true;
+        });
+      }
+      return true;
+    });
+    out.push_back(std::move(s));
+    return series_ok;
+  });
+  if (!ok) return std::nullopt;
+  return out;
 }
 
 // A fresh directory under /tmp, removed with everything in it.
