@@ -161,13 +161,19 @@ def parse_name(name):
     return service, labels
 
 
+def _maybe_gunzip(data):
+    """A profile's bytes, gunzipped if gzipped. Raises ValueError on a bad gzip stream."""
+    if data[:2] != b"\x1f\x8b":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError("bad gzip: %s" % e)
+
+
 def pprof_sample_types(data):
     """[(type, unit), ...] of a pprof Profile (gzipped or not). Raises ValueError if it does not decode."""
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise ValueError("bad gzip: %s" % e)
+    data = _maybe_gunzip(data)
     raw_types, strings = [], []
     for number, wire, value in _fields(data):
         if number == 1 and wire == 2:
@@ -190,14 +196,23 @@ def pprof_sample_types(data):
     return out
 
 
+def _checked_sample_types(profile):
+    """The sample types of a profile either route carries, checked as Pyroscope checks them: not empty, decodes, has
+    sample types, none containing '-'. Raises ValueError."""
+    if not profile:
+        raise ValueError("empty profile")
+    sample_types = pprof_sample_types(profile)
+    if not sample_types:
+        raise ValueError("pprof has no sample types")
+    if any("-" in t for t, _ in sample_types):
+        raise ValueError("sample type contains '-'")
+    return sample_types
+
+
 def pprof_times(data):
     """(time_nanos, duration_nanos) of a pprof Profile (gzipped or not): fields 9 and 10 as signed int64, 0 when
     absent. Raises ValueError if it does not decode."""
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise ValueError("bad gzip: %s" % e)
+    data = _maybe_gunzip(data)
     time_nanos = duration_nanos = 0
     for number, wire, value in _fields(data):
         if number == 9 and wire == 0:
@@ -336,13 +351,7 @@ def validate_push(body):
         samples = []
         for j, raw in enumerate(s["samples"]):
             try:
-                if not raw:
-                    raise ValueError("empty raw_profile")
-                sample_types = pprof_sample_types(raw)
-                if not sample_types:
-                    raise ValueError("pprof has no sample types")
-                if any("-" in t for t, _ in sample_types):
-                    raise ValueError("sample type contains '-'")
+                sample_types = _checked_sample_types(raw)
                 want = pyroscope_profile_name(sample_types)
                 if labels["__name__"] != want:
                     raise ValueError("__name__ is %r, but sample types %s make the profile %r" %
@@ -504,13 +513,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 raise ValueError("format is %r, not pprof" % query.get("format"))
             if "multipart/form-data" in content_type:
                 raise ValueError("multipart body with format=pprof: Pyroscope reads the raw body as the profile")
-            if not body:
-                raise ValueError("empty body")
-            sample_types = pprof_sample_types(body)
-            if not sample_types:
-                raise ValueError("pprof has no sample types")
-            if any("-" in t for t, _ in sample_types):
-                raise ValueError("sample type contains '-'")
+            sample_types = _checked_sample_types(body)
         except ValueError as e:
             srv.reject("ingest", self.path, e)
             self._answer(400, "fake-pyroscope: %s" % e)
