@@ -155,6 +155,11 @@ TEST(PyroscopeUrlTest, BaseUrlForms) {
             "HTTPS://profiles.example/pyroscope/ingest");
   EXPECT_EQ(PyroscopeIngestUrl("http://h:4040/ingest").value(), "http://h:4040/ingest");
   EXPECT_EQ(PyroscopeIngestUrl("http://u:pw@h").value(), "http://u:pw@h/ingest");
+  // The push API lives beside /ingest, under the same base path.
+  EXPECT_EQ(PyroscopePushUrl(PyroscopeIngestUrl("HTTPS://profiles.example/pyroscope//").value()),
+            "HTTPS://profiles.example/pyroscope/push.v1.PusherService/Push");
+  EXPECT_EQ(PyroscopePushUrl(PyroscopeIngestUrl("http://h:4040/ingest").value()),
+            "http://h:4040/push.v1.PusherService/Push");
   for (const char* bad : {"ftp://h", "127.0.0.1:4040", "http://", "http:///ingest", "http://h/?x=1", "http://h#f",
                           "http://h /x", ""}) {
     auto r = PyroscopeIngestUrl(bad);
