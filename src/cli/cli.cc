@@ -270,8 +270,8 @@ int RunCliUnguarded(int argc, char** argv) {
                                          "Cap of --output-dir's total size in MiB; the oldest files go first "
                                          "(default 1024)"));
   agent_opts.push_back(agent->add_option("--push-url", agent_flags.push_url,
-                                         "Pyroscope base URL to push profiles to (POST <url>/ingest), e.g. "
-                                         "http://pyroscope:4040"));
+                                         "Pyroscope base URL to push profiles to (its push API, many a request; "
+                                         "/ingest, one a request, if it has none), e.g. http://pyroscope:4040"));
   agent_opts.push_back(agent->add_option("--push-queue", agent_flags.push_queue,
                                          "Profiles kept while the push backend is down; beyond it the oldest are "
                                          "dropped (default 256)"));
