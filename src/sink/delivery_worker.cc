@@ -45,7 +45,7 @@ std::chrono::milliseconds BackoffDelay(const BackoffPolicy& policy, uint64_t fai
 }
 
 DeliveryWorker::DeliveryWorker(DeliveryWorkerOptions options, DeliverFunction deliver)
-    : options_(std::move(options)), deliver_(std::move(deliver)) {}
+    : options_(std::move(options)), deliver_(std::move(deliver)), queue_limit_(options_.max_queue) {}
 
 Result<std::unique_ptr<DeliveryWorker>> DeliveryWorker::Start(DeliveryWorkerOptions options,
                                                               DeliverFunction deliver) {
@@ -77,7 +77,7 @@ DeliveryWorker::~DeliveryWorker() {
 }
 
 void DeliveryWorker::DropOverflowLocked() {
-  while (queue_.size() > options_.max_queue) {
+  while (queue_.size() > queue_limit_) {
     queue_.pop_front();
     ++stats_.dropped_queue_full;
   }
@@ -98,6 +98,7 @@ void DeliveryWorker::SubmitAll(std::vector<ProfileUpload> uploads) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
+    queue_limit_ = std::max(options_.max_queue, uploads.size());
     for (ProfileUpload& u : uploads) queue_.push_back(std::move(u));
     DropOverflowLocked();
   }
@@ -181,6 +182,7 @@ void DeliveryWorker::Run() {
     if (flush_active_) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(flush_deadline_ - now);
       context.timeout = std::clamp(left, std::chrono::milliseconds(1), options_.attempt_timeout);
+      context.deadline = flush_deadline_;
     }
     lock.unlock();
     std::vector<DeliveryOutcome> outcomes = deliver_(batch, context);

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -84,8 +85,11 @@ struct DeliveryOutcome {
 
 // Passed to each attempt.
 struct DeliveryContext {
-  std::chrono::milliseconds timeout{10000};   // the attempt's budget (shortened to what is left of a Flush)
+  std::chrono::milliseconds timeout{10000};   // a request's budget (shortened to what is left of a Flush)
   const std::atomic<bool>* cancel = nullptr;  // becomes true when the sink is being destroyed: abort promptly
+  // While a Flush waits: when it gives up. An attempt of several requests starts none after it (the uploads left go
+  // back unattempted) and cuts each request's timeout to what is left of it.
+  std::optional<SinkClock::TimePoint> deadline;
 };
 
 // One attempt: delivers `uploads`, the oldest queued (at least one, see DeliveryWorkerOptions::max_batch), and
@@ -113,9 +117,10 @@ struct DeliveryWorkerOptions {
 // Policy:
 //   - uploads are attempted strictly oldest first, in batches of the oldest (max_batch); retried and unattempted
 //     uploads go back to the head, so order is kept;
-//   - at most max_queue uploads wait besides the ones being sent; Submit on a full queue drops the oldest waiting
-//     one, and an upload whose attempt failed retryably is dropped if max_queue newer ones arrived meanwhile (it is
-//     then the oldest); both count in dropped_queue_full;
+//   - at most max_queue uploads wait besides the ones being sent, or as many as the last SubmitAll handed over if
+//     that was more (a cut of more profiles than max_queue is not cut short while the backend keeps up); beyond it
+//     Submit drops the oldest waiting ones, and uploads whose attempt failed retryably are dropped if that many newer
+//     ones arrived meanwhile (they are then the oldest); both count in dropped_queue_full;
 //   - kRetry on any upload of an attempt: retries += 1 (one per attempt, whatever its size), the head waits
 //     BackoffDelay(consecutive failures) (at least the largest Retry-After) before the next attempt; the failure
 //     count is the backend's, not the upload's, and resets after an attempt without kRetry;
@@ -144,7 +149,7 @@ class DeliveryWorker {
   DeliveryWorker(DeliveryWorkerOptions options, DeliverFunction deliver);
   void Run();
   bool DrainedLocked() const { return queue_.empty() && in_flight_ == 0; }
-  void DropOverflowLocked();
+  void DropOverflowLocked();  // down to queue_limit_, oldest first
   void CheckFlushDeadlineLocked(SinkClock::TimePoint now);
 
   const DeliveryWorkerOptions options_;
@@ -155,6 +160,7 @@ class DeliveryWorker {
   std::condition_variable idle_cv_;  // Flush waits here: an attempt finished, drained, flush deadline passed
   std::deque<ProfileUpload> queue_;  // oldest first
   size_t in_flight_ = 0;             // uploads the worker holds outside queue_ while attempting them
+  size_t queue_limit_ = 0;           // max(max_queue, the last SubmitAll's size)
   bool stopping_ = false;
   SinkClock::TimePoint next_attempt_at_{};  // the head is not attempted before this (backoff)
   uint64_t consecutive_failures_ = 0;

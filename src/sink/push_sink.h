@@ -70,7 +70,8 @@
 //   2xx                                        delivered
 //   408, 429, 5xx, no response (connect, DNS,  retried after BackoffDelay: backoff_min doubling up to backoff_max,
 //   TLS, timeout)                              equal jitter, at least the server's Retry-After (capped at max)
-//   any other status (400, 401, 404, 413, 422  given up on: delivery_failures += 1 (retrying cannot fix it)
+//   any other status (400, 401, 404, 413, 422  given up on: delivery_failures += 1 per profile the request
+//                                              carried (retrying cannot fix it)
 //   ... and 3xx, which is not followed)        (on the push API, 404, 405 and 415 switch to /ingest instead)
 // While the backend is down new uploads keep queueing; beyond max_queue the oldest is dropped
 // (dropped_queue_full). Credentials in the URL (user:password@) are passed to libcurl but never appear in
@@ -110,8 +111,8 @@ struct PushSinkOptions {
   std::shared_ptr<JitterSource> jitter;
 };
 
-// Profiles an attempt carries on the push API: at most this many, and beyond the first, at most this many pprof bytes
-// before gzip. Pyroscope up to 1.14 checks a whole request against its ingestion burst (2 MB by default), so a
+// Profiles an attempt carries on the push API: at most this many, and at most this many pprof bytes before gzip in
+// all (a larger profile goes alone). Pyroscope up to 1.14 checks a whole request against its ingestion burst (2 MB by default), so a
 // request of 1 MiB passes on default limits; at fleet-agent sizes a cut of 50 processes takes a few requests.
 inline constexpr size_t kMaxPushBatch = 256;
 inline constexpr uint64_t kMaxPushBatchBytes = 1u << 20;

@@ -252,6 +252,7 @@ TEST_F(AgentTest, EachIntervalCutsLabelledProfilesOfEveryProcess) {
   EXPECT_EQ(a[0].from_unix_s, start_unix_s);
   EXPECT_EQ(a[0].until_unix_s, start_unix_s + 2);
   const std::string pb = Gunzip(a[0].pprof_gz);
+  EXPECT_EQ(a[0].pprof_bytes, pb.size());  // the push sink sizes its requests by it
   EXPECT_NE(pb.find("m111"), std::string::npos);
   EXPECT_NE(pb.find("m222"), std::string::npos);
   EXPECT_EQ(pb.find("m333"), std::string::npos);

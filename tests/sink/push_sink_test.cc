@@ -285,7 +285,7 @@ INSTANTIATE_TEST_SUITE_P(Statuses, NoPushApiTest, ::testing::Values(404, 405, 41
 TEST(PushSinkTest, ARefusedPushCountsEveryProfileItCarried) {
   Harness h = MakeSink({Answer(400, "invalid labels")});
   h.sink->SubmitAll({MakeUpload("u0"), MakeUpload("u1"), MakeUpload("u2")});
-  EXPECT_FALSE(h.sink->Flush(60s));
+  h.sink->Flush(60s);  // its result depends on whether the failure came before it was called
   ASSERT_EQ(h.transport->calls().size(), 1u);  // not split and resent: Pyroscope may have stored some
   const SinkStats s = h.sink->stats();
   EXPECT_EQ(s.delivery_failures, 3u);
@@ -402,10 +402,78 @@ TEST_P(PermanentStatusTest, GivesUpWithoutRetrying) {
 // (404, 405 and 415 say the backend has no push API: NoPushApiTest.)
 INSTANTIATE_TEST_SUITE_P(Statuses, PermanentStatusTest, ::testing::Values(301, 400, 401, 413, 422));
 
+TEST(PushSinkTest, AFlushDeadlineEndsAnIngestAttemptBetweenRequests) {
+  // w fails once, so the worker waits out a backoff while u0..u4 arrive; then a Flush of 2.5 s sends all six at
+  // once, finds no push API, and every /ingest answer takes 1 s: w (timeout 2.5 s), u0 (1.5 s) and u1 (0.5 s) go,
+  // then the attempt ends at the Flush's deadline; u2..u4 go back unattempted and leave in a later attempt, with
+  // the full timeout (whether the Flush saw them delivered before it returned is a race with the worker).
+  Harness h = MakeSink({Answer(503), Answer(404)}, {0}, 256, /*auto_advance=*/false, 60000ms, 60000ms);
+  h.transport->on_call = [&h](size_t index, const HttpRequest&) {
+    if (index > 1) h.clock->Advance(1s);
+  };
+  h.sink->Submit(MakeUpload("w"));
+  h.clock->AwaitParked(1);
+  std::vector<ProfileUpload> uploads;
+  for (int i = 0; i < 5; ++i) uploads.push_back(MakeUpload("u" + std::to_string(i)));
+  h.sink->SubmitAll(std::move(uploads));
+  h.sink->Flush(2500ms);
+  EXPECT_TRUE(h.sink->Flush(60s));
+  const auto calls = h.transport->calls();
+  ASSERT_EQ(calls.size(), 8u);
+  EXPECT_EQ(calls[2].timeout, 2500ms);
+  EXPECT_EQ(calls[3].timeout, 1500ms);
+  EXPECT_EQ(calls[4].timeout, 500ms);
+  EXPECT_EQ(calls[5].timeout, 10000ms);  // a new attempt: the one under the Flush stopped at its deadline
+  EXPECT_EQ(Bodies(*h.transport), (std::vector<std::string>{"w", "w", "u0", "u1", "u2", "u3", "u4", "w", "u0", "u1",
+                                                             "u2", "u3", "u4"}));
+  EXPECT_EQ(h.sink->stats().delivered, 6u);
+}
+
+TEST(PushSinkTest, AFailedAndARetriedProfileInOneIngestAttempt) {
+  // Over /ingest: u0 refused for good, u1 retried, u2 not attempted until u1's retry.
+  Harness h = MakeSink({Answer(404), Answer(400, "bad"), Answer(503)}, {0}, 256, true, 500ms, 4000ms);
+  h.sink->SubmitAll({MakeUpload("u0"), MakeUpload("u1"), MakeUpload("u2")});
+  h.sink->Flush(60s);  // its result depends on whether the failure came before it was called
+  EXPECT_EQ(Bodies(*h.transport), (std::vector<std::string>{"u0", "u1", "u2", "u0", "u1", "u1", "u2"}));
+  const SinkStats s = h.sink->stats();
+  EXPECT_EQ(s.delivery_failures, 1u);
+  EXPECT_EQ(s.retries, 1u);
+  EXPECT_EQ(s.delivered, 2u);
+}
+
+TEST(PushSinkTest, ACutLargerThanTheQueueIsKeptWhole) {
+  // max_queue 3, a hand-over of 5: nothing dropped while the backend keeps up.
+  Harness h = MakeSink({}, {}, 3);
+  std::vector<ProfileUpload> uploads;
+  for (int i = 0; i < 5; ++i) uploads.push_back(MakeUpload("u" + std::to_string(i)));
+  h.sink->SubmitAll(std::move(uploads));
+  ASSERT_TRUE(h.sink->Flush(60s));
+  EXPECT_EQ(Bodies(*h.transport), (std::vector<std::string>{"u0", "u1", "u2", "u3", "u4"}));
+  EXPECT_EQ(h.sink->stats().dropped_queue_full, 0u);
+}
+
+TEST(PushSinkTest, ARetriedBatchIsDroppedOldestFirstWhenNewerProfilesFillTheQueue) {
+  // max_queue 3: [u0 u1 u2] fails while u3 and u4 arrive; five wait for three places, so u0 and u1 go.
+  Harness h = MakeSink({Answer(503)}, {}, 3);
+  h.transport->on_call = [&h](size_t index, const HttpRequest&) {
+    if (index == 0) {
+      h.sink->Submit(MakeUpload("u3"));
+      h.sink->Submit(MakeUpload("u4"));
+    }
+  };
+  h.sink->SubmitAll({MakeUpload("u0"), MakeUpload("u1"), MakeUpload("u2")});
+  h.sink->Flush(60s);  // false when the drops happen while it waits: whether they do is a race with the worker
+  EXPECT_EQ(Bodies(*h.transport), (std::vector<std::string>{"u0", "u1", "u2", "u2", "u3", "u4"}));
+  const SinkStats s = h.sink->stats();
+  EXPECT_EQ(s.dropped_queue_full, 2u);
+  EXPECT_EQ(s.retries, 1u);
+  EXPECT_EQ(s.delivered, 3u);
+}
+
 TEST(PushSinkTest, IngestGivesUpOnA404) {
   Harness h = MakeSink({Answer(404), Answer(404, "no such tenant")});
   h.sink->Submit(MakeUpload("u0"));
-  EXPECT_FALSE(h.sink->Flush(60s));
+  h.sink->Flush(60s);  // its result depends on whether the failure came before it was called
   EXPECT_EQ(h.transport->calls().size(), 2u);
   const SinkStats s = h.sink->stats();
   EXPECT_EQ(s.delivery_failures, 1u);
