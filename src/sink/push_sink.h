@@ -112,8 +112,9 @@ struct PushSinkOptions {
 };
 
 // Profiles an attempt carries on the push API: at most this many, and at most this many pprof bytes before gzip in
-// all (a larger profile goes alone). Pyroscope up to 1.14 checks a whole request against its ingestion burst (2 MB by default), so a
-// request of 1 MiB passes on default limits; at fleet-agent sizes a cut of 50 processes takes a few requests.
+// all (a larger profile goes alone). Pyroscope up to 1.14 checks a whole request against its ingestion burst (2 MB by
+// default), so a request of 1 MiB passes on default limits; at fleet-agent sizes a cut of 50 processes takes a few
+// requests.
 inline constexpr size_t kMaxPushBatch = 256;
 inline constexpr uint64_t kMaxPushBatchBytes = 1u << 20;
 
