@@ -98,7 +98,7 @@ void DeliveryWorker::SubmitAll(std::vector<ProfileUpload> uploads) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
-    queue_limit_ = std::max(options_.max_queue, uploads.size());
+    queue_limit_ = std::max(queue_limit_, uploads.size());
     for (ProfileUpload& u : uploads) queue_.push_back(std::move(u));
     DropOverflowLocked();
   }

@@ -117,7 +117,7 @@ struct DeliveryWorkerOptions {
 // Policy:
 //   - uploads are attempted strictly oldest first, in batches of the oldest (max_batch); retried and unattempted
 //     uploads go back to the head, so order is kept;
-//   - at most max_queue uploads wait besides the ones being sent, or as many as the last SubmitAll handed over if
+//   - at most max_queue uploads wait besides the ones being sent, or as many as the largest SubmitAll handed over if
 //     that was more (a cut of more profiles than max_queue is not cut short while the backend keeps up); beyond it
 //     Submit drops the oldest waiting ones, and uploads whose attempt failed retryably are dropped if that many newer
 //     ones arrived meanwhile (they are then the oldest); both count in dropped_queue_full;
@@ -160,7 +160,7 @@ class DeliveryWorker {
   std::condition_variable idle_cv_;  // Flush waits here: an attempt finished, drained, flush deadline passed
   std::deque<ProfileUpload> queue_;  // oldest first
   size_t in_flight_ = 0;             // uploads the worker holds outside queue_ while attempting them
-  size_t queue_limit_ = 0;           // max(max_queue, the last SubmitAll's size)
+  size_t queue_limit_ = 0;           // max(max_queue, the largest SubmitAll's size)
   bool stopping_ = false;
   SinkClock::TimePoint next_attempt_at_{};  // the head is not attempted before this (backoff)
   uint64_t consecutive_failures_ = 0;

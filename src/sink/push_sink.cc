@@ -322,14 +322,13 @@ std::vector<DeliveryOutcome> PushSink::Deliver(std::span<const ProfileUpload> up
   }
   std::vector<DeliveryOutcome> out;
   for (const ProfileUpload& u : uploads) {
+    // Each request gets what is left of a Flush (the push request before it, or earlier ones, may have used it up).
     DeliveryContext request = context;
-    if (!out.empty()) {  // the first request was budgeted by the worker; the others by what is left
-      if (context.cancel != nullptr && context.cancel->load(std::memory_order_relaxed)) break;
-      if (context.deadline) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(*context.deadline - options_.clock->Now());
-        if (left <= std::chrono::milliseconds(0)) break;  // a Flush gave up: the rest go back unattempted
-        request.timeout = std::min(request.timeout, left);
-      }
+    if (!out.empty() && context.cancel != nullptr && context.cancel->load(std::memory_order_relaxed)) break;
+    if (context.deadline) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*context.deadline - options_.clock->Now());
+      if (left <= std::chrono::milliseconds(0) && !out.empty()) break;  // the rest go back unattempted
+      request.timeout = std::clamp(left, std::chrono::milliseconds(1), request.timeout);
     }
     out.push_back(Outcome(ingest_url_,
                           Post(PyroscopeIngestRequestUrl(ingest_url_, u), "application/octet-stream", u.pprof_gz,

@@ -452,6 +452,21 @@ TEST(PushSinkTest, ACutLargerThanTheQueueIsKeptWhole) {
   EXPECT_EQ(h.sink->stats().dropped_queue_full, 0u);
 }
 
+TEST(PushSinkTest, ASmallerHandOverDoesNotShrinkTheRoomALargerOneMade) {
+  // max_queue 3; a cut of 5 fails while an exited process's 1 profile arrives: 6 wait for 5 places (the largest
+  // hand-over), so only u0 is dropped.
+  Harness h = MakeSink({Answer(503)}, {}, 3);
+  h.transport->on_call = [&h](size_t index, const HttpRequest&) {
+    if (index == 0) h.sink->SubmitAll({MakeUpload("u5")});
+  };
+  std::vector<ProfileUpload> uploads;
+  for (int i = 0; i < 5; ++i) uploads.push_back(MakeUpload("u" + std::to_string(i)));
+  h.sink->SubmitAll(std::move(uploads));
+  h.sink->Flush(60s);  // its result depends on whether the drop came before it was called
+  EXPECT_EQ(h.sink->stats().dropped_queue_full, 1u);
+  EXPECT_EQ(h.sink->stats().delivered, 5u);
+}
+
 TEST(PushSinkTest, ARetriedBatchIsDroppedOldestFirstWhenNewerProfilesFillTheQueue) {
   // max_queue 3: [u0 u1 u2] fails while u3 and u4 arrive; five wait for three places, so u0 and u1 go.
   Harness h = MakeSink({Answer(503)}, {}, 3);
