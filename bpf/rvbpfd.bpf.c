@@ -37,17 +37,27 @@ struct {
   __type(value, struct rv_offsets);
 } offsets SEC(".maps");
 
-/* Processes being recorded (host tgid -> uprobe hits of that process so far). The uprobes live on the VM's file,
- * shared by every process mapping it, so this filter is what keeps other processes' events out; the counts are each
- * process's trap bill (the fleet agent's --max-overhead is per process, and records undercount traps). */
+/* Processes being recorded (host tgid -> rv_target). The uprobes live on the VM's file, shared by every process
+ * mapping it, so this filter is what keeps other processes' events out. */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 4096);
+  __uint(max_entries, RV_MAX_TARGETS);
   __type(key, __u32);
-  __type(value, struct rv_pid_traps);
+  __type(value, struct rv_target);
 } target_pids SEC(".maps");
 
-/* Threads of targets in their own pid namespace (rv_pid_traps.pidns): (host tgid, namespace tid) -> host tid. The VM
+/* Each recorded process's uprobe hits so far, at its rv_target.slot: its trap bill (the fleet agent's --max-overhead
+ * is per process, and records undercount traps). Mmapable: the agent reads every process's count 5 times a second
+ * from the shared pages, with no syscall and no walk of target_pids' buckets. */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, RV_MAX_TARGETS);
+  __uint(map_flags, BPF_F_MMAPABLE);
+  __type(key, __u32);
+  __type(value, struct rv_pid_traps);
+} pid_traps SEC(".maps");
+
+/* Threads of targets in their own pid namespace (rv_target.pidns): (host tgid, namespace tid) -> host tid. The VM
  * names the subject of a STARTED/READY by the tid it sees in its namespace (rb_native_thread.tid); this is how such
  * an event fired on another thread gets the subject's host tid. Filled by every hit a thread of such a target takes
  * on itself (and by userspace, for the threads that exist when it adds the process); an EXITED on the thread removes
@@ -140,7 +150,7 @@ const volatile struct rv_kernel_layout rv_kernel = {};
  * relocated in that process (bpf/ruby_ec.h). A process without an entry uses only native_threads' th. */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 4096);
+  __uint(max_entries, RV_MAX_TARGETS);
   __type(key, __u32);
   __type(value, struct rv_proc_ec);
 } proc_ec SEC(".maps");
@@ -255,8 +265,10 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32;
   __u32 tid = (__u32)pid_tgid;
-  struct rv_pid_traps *pid_traps = bpf_map_lookup_elem(&target_pids, &tgid);
-  if (!pid_traps) return 0;
+  struct rv_target *target = bpf_map_lookup_elem(&target_pids, &tgid);
+  if (!target) return 0;
+  struct rv_pid_traps *traps = bpf_map_lookup_elem(&pid_traps, &target->slot);
+  if (!traps) return 0; /* never: userspace gives slots below RV_MAX_TARGETS */
 
   /* Every hit past the pid filter is one trap the target paid for, whatever happens below: counted first, in total,
    * per site and per process (threads of one process trap on several CPUs at once: atomic), as cold when it is the
@@ -273,9 +285,9 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u32 key = (__u32)bpf_get_attach_cookie(ctx);
   struct rv_site *site = bpf_map_lookup_elem(&sites, &key);
   int stepped = site && (site->flags & RV_SITE_SINGLE_STEP);
-  __sync_fetch_and_add(&pid_traps->traps, 1);
-  if (cold) __sync_fetch_and_add(&pid_traps->cold, 1);
-  if (stepped) __sync_fetch_and_add(&pid_traps->stepped, 1);
+  __sync_fetch_and_add(&traps->traps, 1);
+  if (cold) __sync_fetch_and_add(&traps->cold, 1);
+  if (stepped) __sync_fetch_and_add(&traps->stepped, 1);
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   if (c) {
     c->probe_hits++;
@@ -332,8 +344,8 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
 
   /* A target in its own pid namespace: the tids in its memory are that namespace's (rv_ns_tid). Host targets skip
    * all of this on the one flag test. */
-  const int pidns = pid_traps->pidns.ino != 0;
-  const __u32 ns_tid = pidns ? rv_ns_tid(&pid_traps->pidns) : 0;
+  const int pidns = target->pidns.ino != 0;
+  const __u32 ns_tid = pidns ? rv_ns_tid(&target->pidns) : 0;
   __u32 serial = 0;
   __u32 about_tid = tid;
   if (th == 0) {
@@ -402,7 +414,7 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
       __u64 w0 = bpf_ktime_get_ns();
       rv_output_stack(s, rv_walk_thread_stack(wc, th, s), 0);
       __u64 walk = bpf_ktime_get_ns() - w0; /* the target's time, like the trap: --max-overhead charges it */
-      __sync_fetch_and_add(&pid_traps->stack_ns, walk);
+      __sync_fetch_and_add(&traps->stack_ns, walk);
       if (c) c->stack_ns += walk;
       return 0;
     }
@@ -441,9 +453,11 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   __u32 tid = (__u32)pid_tgid;
   __u32 zero = 0;
   (void)ctx;
-  struct rv_pid_traps *pid_traps = bpf_map_lookup_elem(&target_pids, &tgid);
-  if (!pid_traps) return 0;
+  struct rv_target *target = bpf_map_lookup_elem(&target_pids, &tgid);
+  if (!target) return 0;
   if (!rv_cfg.sampling) return 0;
+  struct rv_pid_traps *traps = bpf_map_lookup_elem(&pid_traps, &target->slot);
+  if (!traps) return 0; /* never: userspace gives slots below RV_MAX_TARGETS */
   __u64 ts = bpf_ktime_get_ns();
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   __u64 ec = 0, th = 0;
@@ -463,7 +477,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
         bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (const void *)(bpf_get_current_task() + rv_kernel.task_fsbase));
       /* The ractor route compares the VM's rb_native_thread.tid with this thread's: in the target's namespace. */
       struct rv_ec_query q = {.tp = fsbase,
-                              .tid = pid_traps->pidns.ino != 0 ? rv_ns_tid(&pid_traps->pidns) : tid,
+                              .tid = target->pidns.ino != 0 ? rv_ns_tid(&target->pidns) : tid,
                               .th_nt = off->th_nt,
                               .nt_tid = off->nt_tid};
       route = rv_find_ec_subprog(pe, wc, &q);
@@ -515,7 +529,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   }
   /* The whole sample ran in the target's context (an interrupt of it): --max-overhead charges it. */
   __u64 spent = bpf_ktime_get_ns() - ts;
-  __sync_fetch_and_add(&pid_traps->stack_ns, spent);
+  __sync_fetch_and_add(&traps->stack_ns, spent);
   if (c) c->stack_ns += spent;
   return 0;
 }

@@ -57,6 +57,8 @@ enum rv_reg {
 #define RV_MAX_SITES 1024
 /* Maximum number of distinct VM binaries (libruby.so / static ruby) with their own struct offsets. */
 #define RV_MAX_BINARIES 64
+/* Maximum number of processes recorded at once (target_pids entries, and pid_traps slots, one per entry). */
+#define RV_MAX_TARGETS 4096
 
 /* rv_site.flags */
 enum rv_site_flags {
@@ -287,8 +289,17 @@ struct rv_ns_tid_key {
   __u32 ns_tid; /* the thread's tid in the process's pid namespace (rb_native_thread.tid) */
 };
 
-/* Value of the target_pids map: one process's uprobe hits since it was added, each an int3 trap it paid for, and its
- * pid namespace (set by userspace when it adds the process, read-only for BPF). */
+/* Value of the target_pids map: a process being recorded. Set by userspace when it adds the process, read-only for
+ * BPF. */
+struct rv_target {
+  __u32 slot;     /* its entry in the pid_traps array, < RV_MAX_TARGETS */
+  __u32 reserved; /* 0 */
+  struct rv_pidns pidns;
+};
+
+/* An entry of the pid_traps array: one process's uprobe hits since userspace added it (each an int3 trap it paid
+ * for). BPF adds to it atomically; userspace zeroes it before it hands the slot to a process and reads it through the
+ * map's shared pages (the fleet agent's --max-overhead is per process). */
 struct rv_pid_traps {
   __u64 traps;
   __u64 cold;    /* of those, hits after rv_config.cold_gap_ns without a target hit on their CPU */
@@ -296,7 +307,6 @@ struct rv_pid_traps {
   /* ns the BPF programs spent walking and writing this process's Ruby stacks (stacked events, samples), in its own
    * context: a cost on top of its traps that grows with stack depth (~0.4 us a frame). */
   __u64 stack_ns;
-  struct rv_pidns pidns;
 };
 
 /* Per-CPU counters (include/rvbpfd/counters.h says what each is); the daemon folds them over CPUs. */
@@ -329,8 +339,9 @@ RV_ABI_ASSERT(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
 RV_ABI_ASSERT(sizeof(struct rv_config) == 20, "rv_config ABI");
 RV_ABI_ASSERT(sizeof(struct rv_kernel_layout) == 16, "rv_kernel_layout ABI");
-RV_ABI_ASSERT(sizeof(struct rv_pid_traps) == 48, "rv_pid_traps ABI");
-RV_ABI_ASSERT(__builtin_offsetof(struct rv_pid_traps, pidns) == 32, "rv_pid_traps ABI");
+RV_ABI_ASSERT(sizeof(struct rv_target) == 24, "rv_target ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_target, pidns) == 8, "rv_target ABI");
+RV_ABI_ASSERT(sizeof(struct rv_pid_traps) == 32, "rv_pid_traps ABI");
 RV_ABI_ASSERT(sizeof(struct rv_pidns) == 16, "rv_pidns ABI");
 RV_ABI_ASSERT(sizeof(struct rv_ns_tid_key) == 8, "rv_ns_tid_key ABI");
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "common/capabilities.h"
@@ -193,6 +194,12 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
       session->drop_page_ = p;
       session->drop_page_bytes_ = page;
     }
+    // Writable: AddPid zeroes a slot before it hands it to a process.
+    const size_t traps_bytes = (sizeof(rv_pid_traps) * RV_MAX_TARGETS + page - 1) / page * page;
+    void* t = mmap(nullptr, traps_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, bpf_map__fd(maps->maps.pid_traps), 0);
+    if (t == MAP_FAILED) return BpfError("mapping the per-process trap counts (pid_traps map)", errno);
+    session->traps_pages_ = static_cast<rv_pid_traps*>(t);
+    session->traps_pages_bytes_ = traps_bytes;
   }
   if (options.config.sampling) {
     if (Status st = session->StartSamplerLoad(options); !st) return st.error();
@@ -282,6 +289,7 @@ BpfSession::~BpfSession() {
   if (sampler_skel_) rvbpfd_bpf__destroy(sampler_skel_);
   if (skel_) rvbpfd_bpf__destroy(skel_);
   if (drop_page_ != nullptr) munmap(drop_page_, drop_page_bytes_);
+  if (traps_pages_ != nullptr) munmap(traps_pages_, traps_pages_bytes_);
   if (maps_skel_) rvbpfd_bpf__destroy(maps_skel_);
 }
 
@@ -382,10 +390,33 @@ Status BpfSession::AddPid(uint32_t pid, const rv_pidns& pidns,
       }
     }
   }
-  rv_pid_traps no_traps{};
-  no_traps.pidns = pidns;
-  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.target_pids), &pid, &no_traps, BPF_ANY) != 0) {
-    return BpfError("adding pid " + std::to_string(pid) + " to the BPF pid filter", errno);
+  const int fd = bpf_map__fd(skel_->maps.target_pids);
+  const bool had_slot = target_slots_.assigned().contains(pid);
+  std::optional<uint32_t> slot = target_slots_.Assign(pid);
+  if (!slot) {
+    // Every slot taken: free those of processes BPF took out of the filter at their exit and nobody removed since.
+    target_slots_.ReleaseIf([fd](uint32_t p) {
+      rv_target t;
+      return bpf_map_lookup_elem(fd, &p, &t) != 0 && errno == ENOENT;
+    });
+    slot = target_slots_.Assign(pid);
+  }
+  if (!slot) {
+    return BpfError("adding pid " + std::to_string(pid) + " to the BPF pid filter (" +
+                        std::to_string(RV_MAX_TARGETS) + " processes already recorded)",
+                    ENOSPC);
+  }
+  // Its count starts over, before BPF can find the slot through the filter.
+  rv_pid_traps& traps = traps_pages_[*slot];
+  __atomic_store_n(&traps.traps, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&traps.cold, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&traps.stepped, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&traps.stack_ns, 0, __ATOMIC_RELAXED);
+  const rv_target target{*slot, 0, pidns};
+  if (bpf_map_update_elem(fd, &pid, &target, BPF_ANY) != 0) {
+    const int err = errno;
+    if (!had_slot) target_slots_.Release(pid);  // a slot it had may still be named by its filter entry
+    return BpfError("adding pid " + std::to_string(pid) + " to the BPF pid filter", err);
   }
   return Status::Ok();
 }
@@ -414,6 +445,7 @@ Status BpfSession::RemovePid(uint32_t pid) {
   if (bpf_map_delete_elem(bpf_map__fd(skel_->maps.target_pids), &pid) != 0 && errno != ENOENT) {
     return BpfError("removing pid " + std::to_string(pid) + " from the BPF pid filter", errno);
   }
+  target_slots_.Release(pid);
   // A reused pid must not inherit this process's EC route.
   if (bpf_map_delete_elem(bpf_map__fd(skel_->maps.proc_ec), &pid) != 0 && errno != ENOENT) {
     return BpfError("removing pid " + std::to_string(pid) + " from the BPF proc_ec map", errno);
@@ -588,37 +620,16 @@ uint64_t BpfSession::EventsDropped() const {
 }
 
 std::unordered_map<uint32_t, rv_pid_traps> BpfSession::ReadPidTraps() const {
-  // Batches of up to kBatch entries (the map holds at most 4096); one lookup per pid only if batches are refused.
-  constexpr uint32_t kBatch = 1024;
   std::unordered_map<uint32_t, rv_pid_traps> out;
-  const int fd = bpf_map__fd(skel_->maps.target_pids);
-  std::vector<uint32_t> keys(kBatch);
-  std::vector<rv_pid_traps> values(kBatch);
-  uint32_t in_batch = 0, out_batch = 0;
-  bool first = true;
-  for (;;) {
-    uint32_t count = kBatch;
-    LIBBPF_OPTS(bpf_map_batch_opts, opts);
-    const int err =
-        bpf_map_lookup_batch(fd, first ? nullptr : &in_batch, &out_batch, keys.data(), values.data(), &count, &opts);
-    if (err != 0 && err != -ENOENT) {
-      if (!first) return out;
-      out.clear();
-      uint32_t key = 0, next = 0;
-      const uint32_t* prev = nullptr;
-      while (bpf_map_get_next_key(fd, prev, &next) == 0) {
-        rv_pid_traps v{};
-        if (bpf_map_lookup_elem(fd, &next, &v) == 0) out[next] = v;
-        key = next;
-        prev = &key;
-      }
-      return out;
-    }
-    for (uint32_t i = 0; i < count; ++i) out[keys[i]] = values[i];
-    if (err == -ENOENT) return out;  // the last batch
-    in_batch = out_batch;
-    first = false;
+  out.reserve(target_slots_.assigned().size());
+  for (const auto& [pid, slot] : target_slots_.assigned()) {
+    // BPF programs add on any CPU with atomic adds: an atomic load sees each add whole.
+    const rv_pid_traps& t = traps_pages_[slot];
+    out[pid] = rv_pid_traps{__atomic_load_n(&t.traps, __ATOMIC_RELAXED), __atomic_load_n(&t.cold, __ATOMIC_RELAXED),
+                            __atomic_load_n(&t.stepped, __ATOMIC_RELAXED),
+                            __atomic_load_n(&t.stack_ns, __ATOMIC_RELAXED)};
   }
+  return out;
 }
 
 std::vector<uint64_t> BpfSession::ReadSiteHits() const {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "probe/target_slots.h"
 #include "rvbpfd/abi.h"
 
 struct rvbpfd_bpf;
@@ -116,7 +117,7 @@ class BpfSession {
   // How samples of process `pid` find their EC (proc_ec map, bpf/ruby_ec.h; src/stacks/ec_route.h computes it).
   // Without it that process's samples use only current_th. RemovePid removes it too.
   Status SetProcEc(uint32_t pid, const rv_proc_ec& route);
-  // Adds a process to the BPF pid filter. `pidns`: its pid namespace when it is not the host's (zero otherwise), so
+  // Adds a process to the BPF pid filter, its trap count from zero (also when it was in it already). `pidns`: its pid namespace when it is not the host's (zero otherwise), so
   // BPF translates the namespace tids its VM writes (rv_pidns); `threads`: the (namespace tid, host tid) pairs of its
   // threads known now, for events about a thread that has not hit a probe itself since (others are learned by BPF).
   Status AddPid(uint32_t pid, const rv_pidns& pidns = {}, std::span<const std::pair<uint32_t, uint32_t>> threads = {});
@@ -166,8 +167,9 @@ class BpfSession {
   // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
   // BPF discarded. Empty when the map cannot be read.
   std::vector<uint64_t> ReadSiteHits() const;
-  // Uprobe hits of each process in the pid filter since AddPid (discarded hits included), and how many of them were
-  // cold (rv_config.cold_gap_ns): what each process has paid in traps. One batch syscall per 1,024 processes.
+  // Uprobe hits of each process added and not removed since, counted from its AddPid (discarded hits included; none
+  // after BPF took it out of the filter at its exit), with how many were cold (rv_config.cold_gap_ns) or stepped and
+  // the ns its stacks took: what each process has paid. Read from the pid_traps map's shared pages: no syscall.
   std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const;
   bool uses_multi_links() const { return multi_supported_; }
 
@@ -208,6 +210,10 @@ class BpfSession {
   // The drop_count map's page, mapped read-only (the BPF programs add to it); null when mmap failed.
   void* drop_page_ = nullptr;
   size_t drop_page_bytes_ = 0;
+  // The pid_traps map's pages, mapped read-write (Open fails without them); target_slots_ says whose each slot is.
+  rv_pid_traps* traps_pages_ = nullptr;
+  size_t traps_pages_bytes_ = 0;
+  TargetSlots target_slots_{RV_MAX_TARGETS};
   rv_kernel_layout kernel_layout_{};  // zero unless sampling or watch_processes (Open)
 };
 
