@@ -11,11 +11,14 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <span>
 #include <sstream>
+#include <string_view>
 
 #include "common/capabilities.h"
 #include "common/target_file.h"
 #include "elf/elf_file.h"
+#include "elf/symbol_names.h"
 
 namespace rvbpfd {
 namespace {
@@ -66,12 +69,24 @@ Error PrivilegeError(const std::string& what, int err) {
   return Error(ErrorCode::kNoPrivilege, ErrnoMessage(what, err) + "; " + PrivilegeHint({kCapSysPtrace}));
 }
 
+// Symbols of which a static ruby's executable defines at least one (DiscoverTarget's test for the VM).
+constexpr std::string_view kVmSymbols[] = {"ruby_version", "ruby_vm_event_flags"};
+
 // Opens `path` O_PATH inside the target's root and parses the ELF file through that descriptor, so that the file
 // analysed is the file later read and probed (target->vm_fd), however the path changes meanwhile. On success records
-// the descriptor and path in *target.
-Result<ElfFile> OpenThroughDescriptor(const std::string& path, RubyTarget* target) {
+// the descriptor and path in *target. With `must_name`, a file whose symbol string tables name none of those symbols
+// is a kNotRuby error without being parsed (StringTablesName: a few reads instead of a copy of the whole file); a file
+// that cannot be scanned so is parsed.
+Result<ElfFile> OpenThroughDescriptor(const std::string& path, RubyTarget* target,
+                                      std::span<const std::string_view> must_name = {}) {
   Result<FileFd> handle = OpenPathInRoot(path);
   if (!handle) return handle.error();
+  if (!must_name.empty()) {
+    Result<FileFd> fd = ReopenRegularFile(*handle, path, "ELF file");
+    if (!fd) return fd.error();
+    Result<bool> named = StringTablesName(fd->get(), must_name);
+    if (named.ok() && !*named) return Error(ErrorCode::kNotRuby, path + " names no ruby_version symbol");
+  }
   Result<ElfFile> elf = ElfFile::OpenHandle(*handle, path);
   if (!elf) return elf.error();
   target->vm_fd = std::make_shared<const FileFd>(std::move(handle.value()));
@@ -177,7 +192,8 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
 
   // Opens the VM file as the target sees it: through its root, else through map_files (which also reaches a
   // deleted file, e.g. after a package upgrade).
-  auto open_vm = [&](const std::string& path) -> Result<ElfFile> {
+  // `must_name`: as OpenThroughDescriptor's; its kNotRuby ends the search like a privilege error does.
+  auto open_vm = [&](const std::string& path, std::span<const std::string_view> must_name = {}) -> Result<ElfFile> {
     const MapsEntry* mapping = nullptr;
     for (const MapsEntry& e : maps) {
       if (e.path == path && (mapping == nullptr || e.start < mapping->start)) mapping = &e;
@@ -186,14 +202,18 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
     std::string via_root = procfs.PidPath(pid, "root") + path;
     Result<ElfFile> elf = Error(ErrorCode::kIo, "not opened");
     if (mapping == nullptr || !mapping->deleted) {
-      elf = OpenThroughDescriptor(via_root, &target);
-      if (elf.ok() || elf.error().code() == ErrorCode::kNoPrivilege) return elf;
+      elf = OpenThroughDescriptor(via_root, &target, must_name);
+      if (elf.ok() || elf.error().code() == ErrorCode::kNoPrivilege || elf.error().code() == ErrorCode::kNotRuby) {
+        return elf;
+      }
     }
     if (mapping != nullptr) {
       char range[64];
       std::snprintf(range, sizeof(range), "%" PRIx64 "-%" PRIx64, mapping->start, mapping->end);
-      Result<ElfFile> alt = OpenThroughDescriptor(procfs.PidPath(pid, "map_files/") + range, &target);
-      if (alt.ok() || alt.error().code() == ErrorCode::kNoPrivilege) return alt;
+      Result<ElfFile> alt = OpenThroughDescriptor(procfs.PidPath(pid, "map_files/") + range, &target, must_name);
+      if (alt.ok() || alt.error().code() == ErrorCode::kNoPrivilege || alt.error().code() == ErrorCode::kNotRuby) {
+        return alt;
+      }
     }
     return elf.ok() ? Error(ErrorCode::kIo, "cannot open " + path) : elf.error();
   };
@@ -228,14 +248,13 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
       }
     }
     if (!exe_path.empty()) {
-      Result<ElfFile> elf = open_vm(exe_path);
+      Result<ElfFile> elf = open_vm(exe_path, kVmSymbols);
       if (!elf.ok() && elf.error().code() == ErrorCode::kNoPrivilege) return elf.error();
       if (elf.ok()) {
-        std::optional<ElfSymbol> v = elf->FindSymbol("ruby_version");
-        bool defines_vm = v && v->shndx != SHN_UNDEF;
-        if (!defines_vm) {
-          std::optional<ElfSymbol> flags = elf->FindSymbol("ruby_vm_event_flags");
-          defines_vm = flags && flags->shndx != SHN_UNDEF;
+        bool defines_vm = false;
+        for (std::string_view name : kVmSymbols) {
+          std::optional<ElfSymbol> sym = elf->FindSymbol(name);
+          defines_vm = defines_vm || (sym && sym->shndx != SHN_UNDEF);
         }
         if (defines_vm) {
           target.vm_path = exe_path;

@@ -1,6 +1,7 @@
 // libFuzzer harness: the analysis rvbpfd runs on a target's VM binary, which the target controls: ElfFile's parsing
 // and lookups, DWARF (variable locations, struct members, CFI), the probe-site finder with its cache serialisation,
-// the GC fallback, the walker's struct offsets, the EC route and the stripped-binary global_symbols search. The
+// the GC fallback, the walker's struct offsets, the EC route, the stripped-binary global_symbols search, and the
+// symbol-name pre-filter DiscoverTarget runs on executables (StringTablesName, checked against the full parse). The
 // input is the binary's bytes, handed to ElfFile::Open through a memfd (no file system write per run). Seeds are
 // small VM look-alikes compiled at build time (tests/fuzz/elf_seed.c) in several link modes.
 #include <elf.h>
@@ -11,8 +12,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "elf/elf_file.h"
+#include "elf/symbol_names.h"
 #include "fuzz/fuzz_util.h"
 #include "sites/dwarf_info.h"
 #include "sites/sites.h"
@@ -49,8 +52,15 @@ bool Load(const uint8_t* data, size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace rvbpfd;
   if (!Load(data, size)) fuzz::Fail("writing the memfd");
+  // DiscoverTarget's pre-filter for executables, in small chunks so names cross chunk borders.
+  constexpr std::string_view kVmNames[] = {"ruby_version", "ruby_vm_event_flags"};
+  const Result<bool> named = StringTablesName(MemFd(), kVmNames, 64);
   Result<ElfFile> elf = ElfFile::Open("/proc/self/fd/" + std::to_string(MemFd()));
   if (!elf.ok()) return 0;
+  // Never a "no" for a file where the full parse finds such a symbol.
+  if (named.ok() && !named.value()) {
+    for (std::string_view name : kVmNames) FUZZ_CHECK(!elf->FindSymbol(name).has_value());
+  }
 
   // Lookups every analysis builds on, at the addresses the file itself names.
   for (const ElfSection& s : elf->sections()) {
