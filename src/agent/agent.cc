@@ -96,6 +96,7 @@ Status Agent::Start() {
   interval_ns_ = static_cast<uint64_t>(config_.interval_s * 1e9);
   next_cut_ns_ = now + interval_ns_;
   next_housekeeping_ns_ = now + kHousekeepingNs;
+  tick_origin_ns_ = now;
   started_ = true;
   ScanProc("scan");
   UpdateMetrics();
@@ -388,7 +389,7 @@ void Agent::DrainRing() {
   const uint64_t now = env_.clock->MonotonicNs();
   // Records up to now are in the ring or already handled; a bounded number of rounds so a flood cannot pin us here.
   rvbpfd::DrainRing([this] {
-    Result<int> n = env_.backend->Poll(0);
+    Result<int> n = env_.backend->Consume();  // what the ring holds, without a poll syscall
     return n ? *n : -1;
   });
   NoteDrained(now);
@@ -397,7 +398,20 @@ void Agent::DrainRing() {
 
 void Agent::NoteDrained(uint64_t read_from_ns) {
   drained_ns_ = read_from_ns;
-  next_drain_ns_ = read_from_ns + drain_period_ns_;
+  next_drain_ns_ = drain_period_ns_ == 0 ? read_from_ns : LastTickWithin(read_from_ns, drain_period_ns_);
+}
+
+uint64_t Agent::LastTickWithin(uint64_t from_ns, uint64_t period_ns) const {
+  // The latest tick at most period_ns after from_ns, and at least the first tick after it.
+  const uint64_t first = TickAfter(from_ns);
+  const uint64_t limit = from_ns + period_ns;
+  if (limit < first) return first;
+  return first + (limit - first) / kBudgetCheckNs * kBudgetCheckNs;
+}
+
+uint64_t Agent::TickAfter(uint64_t t_ns) const {
+  if (t_ns < tick_origin_ns_) return tick_origin_ns_;
+  return tick_origin_ns_ + ((t_ns - tick_origin_ns_) / kBudgetCheckNs + 1) * kBudgetCheckNs;
 }
 
 std::vector<ProfileUpload> Agent::CutProcess(WatchedProcess& p, uint64_t cut_ns) {
@@ -500,7 +514,7 @@ void Agent::CheckLiveness() {
 
 void Agent::UpdateBudgets(uint64_t now) {
   if (now < next_budget_check_ns_) return;
-  next_budget_check_ns_ = now + kBudgetCheckNs;
+  next_budget_check_ns_ = TickAfter(now);
   // Traps, not records: a hit that BPF discards (rb_mutex_lock entered by IO#write in a shared libruby) costs the
   // process the same trap. One batch read of every watched process's count per check (kBudgetCheckNs).
   const std::unordered_map<uint32_t, rv_pid_traps> traps = env_.backend->ReadPidTraps();
@@ -620,7 +634,7 @@ Status Agent::RunOnce(int poll_ms) {
     CheckLiveness();
     UpdateMetrics();
     LogDeliveryProblems(now);
-    next_housekeeping_ns_ = now + kHousekeepingNs;
+    next_housekeeping_ns_ = LastTickWithin(now, kHousekeepingNs);
   }
   return Status::Ok();
 }

@@ -49,8 +49,9 @@ class Agent {
   // once the ring is a quarter full, bpf/rvbpfd.bpf.c). Reading the ring touches the state of every watched process,
   // which the processes themselves evict from the CPU caches in between, so each read pays a refill that on a busy
   // host costs more than the records it brings (docs/design.md, "Fleet agent: the loop"). It also bounds how late an
-  // exec, a fork or an exit is noticed and a record's frames are named.
-  static constexpr uint64_t kDrainPeriodNs = 500'000'000;
+  // exec, a fork or an exit is noticed and a record's frames are named. Three ticks: the ring is read at every third
+  // budget check.
+  static constexpr uint64_t kDrainPeriodNs = 600'000'000;
   // Costs of a uprobe hit assumed by the overhead budget (us), as the recorder's --probe-cost-us,
   // --stepped-probe-cost-us and --cold-probe-extra-us defaults.
   static constexpr double kProbeCostUs = 1.5;
@@ -66,9 +67,10 @@ class Agent {
   static constexpr uint64_t kEcEagerNs = 2'000'000'000;
   // Overhead budget window: the agent checks every kBudgetCheckNs, so its windows are longer than the recorder's.
   static constexpr uint64_t kBudgetWindowNs = 1'000'000'000;
-  // How often the per-process trap counts are read for the budgets: the read walks the whole BPF pid hash (4,096
-  // buckets), tens of microseconds, so not at every poll; a fifth of a window bounds the overshoot the next windows
-  // repay.
+  // How often the per-process trap counts are read for the budgets: a fifth of a window bounds the overshoot the next
+  // windows repay. Also the loop's tick: the timed work falls on these checks, counted from Start (the ring read at
+  // the last one within kDrainPeriodNs of the previous read, the housekeeping at the last one within kHousekeepingNs
+  // of the previous), so a quiet loop wakes once per tick rather than once per kind of work.
   static constexpr uint64_t kBudgetCheckNs = 200'000'000;
 
   // The BPF programs' switches for `config`: stacks at release (and wants), sampling at hz, every exec watched. Fixed
@@ -145,8 +147,13 @@ class Agent {
                const rv_gvl_reading* gvl);
   // Reads the ring until it is empty (bounded rounds) and hands every pending record over (cuts, housekeeping).
   void DrainRing();
-  // The ring was read whole from `read_from_ns` on: the release horizon, and the next read is due a period later.
+  // The ring was read whole from `read_from_ns` on: the release horizon, and the next read is due at the last tick
+  // within a period of it (at the next RunOnce when the period is 0).
   void NoteDrained(uint64_t read_from_ns);
+  // The first tick (kBudgetCheckNs apart from tick_origin_ns_) after t_ns.
+  uint64_t TickAfter(uint64_t t_ns) const;
+  // The latest tick at most period_ns after from_ns, but never before the first tick after it.
+  uint64_t LastTickWithin(uint64_t from_ns, uint64_t period_ns) const;
   void ScanProc(const char* how);
   void InspectDue(uint64_t now);
   // Inspects pid and starts watching it when it is a supported CRuby matching the filter and its memory matches its
@@ -199,6 +206,7 @@ class Agent {
   uint64_t next_cut_ns_ = 0;
   uint64_t next_housekeeping_ns_ = 0;
   uint64_t next_budget_check_ns_ = 0;
+  uint64_t tick_origin_ns_ = 0;  // Start's time: ticks (kBudgetCheckNs) are counted from it
   uint64_t drain_period_ns_ = kDrainPeriodNs;  // AgentEnv::drain_period_ns, else kDrainPeriodNs
   uint64_t drained_ns_ = 0;     // when the ring was last read whole: records older than this are all handed over
   uint64_t next_drain_ns_ = 0;  // when RunOnce reads the ring next, woken or not

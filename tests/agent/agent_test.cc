@@ -689,14 +689,17 @@ TEST_F(AgentTest, ABudgetPauseComesAfterTheEventsStillInTheReorderWindow) {
 
 // Between ring reads (Agent::kDrainPeriodNs) the agent does not touch the ring unless BPF wakes it (the ring a
 // quarter full): a record waits in the ring until the next read, and reaches its profile once it is older than the
-// reorder window at that read.
+// reorder window at that read. Reads fall on budget checks: the last one within a period of the previous read.
 TEST_F(AgentTest, TheRingIsReadEveryDrainPeriodUnlessBpfWakesTheAgent) {
   drain_period_ns_ = std::nullopt;  // the agent's own period
   backend_.wake_at_queued = SIZE_MAX;
+  const uint64_t start = clock_.mono;
   StartAgent();
   Run(50 * kMs);  // the first RunOnce reads the ring
   const uint64_t due = agent_->next_drain_ns();
-  ASSERT_EQ(due, clock_.mono + Agent::kDrainPeriodNs);
+  EXPECT_EQ((due - start) % Agent::kBudgetCheckNs, 0u) << "the read is not on a budget check";
+  EXPECT_LE(due, clock_.mono + Agent::kDrainPeriodNs);
+  EXPECT_GT(due + Agent::kBudgetCheckNs, clock_.mono + Agent::kDrainPeriodNs) << "not the last check in the period";
   ASSERT_LT(due + 100 * kMs, agent_->next_housekeeping_ns());  // no housekeeping drain in between
   const int consumes = backend_.consumes;
   backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
@@ -763,7 +766,8 @@ TEST_F(AgentTest, TheLoopWaitsUntilItsNextTimedWork) {
   StartAgent();
   int wakeups = 0;
   int longest_ms = 0;
-  auto run_as_main = [&](uint64_t ns) {
+  // With `late`, each wait ends 1-4 ms after it was due, varying, as a real poll does (scheduling latency).
+  auto run_as_main = [&](uint64_t ns, bool late = false) {
     const uint64_t end = clock_.mono + ns;
     while (clock_.mono < end) {
       const int wait_ms = agent_->NextWaitMs(clock_.mono, Agent::kPollMs);
@@ -775,7 +779,7 @@ TEST_F(AgentTest, TheLoopWaitsUntilItsNextTimedWork) {
                                      agent_->next_cut_ns(), agent_->next_housekeeping_ns()});
       // Never past the earliest due work (rounded up to a whole ms).
       ASSERT_LE(now + static_cast<uint64_t>(wait_ms) * kMs, std::max(due, now) + kMs - 1);
-      clock_.mono += std::max(wait_ms, 1) * kMs;
+      clock_.mono += std::max(wait_ms, 1) * kMs + (late ? static_cast<uint64_t>(1 + wakeups % 4) * kMs : 0);
       ASSERT_TRUE(agent_->RunOnce(0).ok());
       ++wakeups;
     }
@@ -784,15 +788,20 @@ TEST_F(AgentTest, TheLoopWaitsUntilItsNextTimedWork) {
   run_as_main(Agent::kEcEagerNs - 100 * kMs);
   EXPECT_LE(static_cast<uint64_t>(longest_ms) * kMs, Agent::kShortWaitNs);
   run_as_main(1 * kS);
-  // Steady: records are read every kDrainPeriodNs and budgets checked every kBudgetCheckNs; nothing else wakes it.
+  // Steady: budgets checked every kBudgetCheckNs, and the ring reads, the housekeeping and the cuts (a whole number of
+  // checks apart) fall on those checks: nothing else wakes it.
   wakeups = 0;
   longest_ms = 0;
   const uint64_t steady = clock_.mono;
   backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
-  run_as_main(10 * kS);
+  const int consumes = backend_.consumes;
+  run_as_main(10 * kS, /*late=*/true);
   const uint64_t seconds = (clock_.mono - steady) / kS;
-  const uint64_t most = seconds * (kS / Agent::kBudgetCheckNs + kS / Agent::kDrainPeriodNs + 1) + 2;
-  EXPECT_LE(static_cast<uint64_t>(wakeups), most) << "woke more often than its timed work";
+  const uint64_t most = seconds * (kS / Agent::kBudgetCheckNs) + 2;
+  EXPECT_LE(static_cast<uint64_t>(wakeups), most) << "woke more often than its budget checks";
+  // The ring is read at every third check (kDrainPeriodNs), and once more at each housekeeping and cut.
+  EXPECT_LE(static_cast<uint64_t>(backend_.consumes - consumes),
+            seconds * (kS / Agent::kDrainPeriodNs + 2 * kS / Agent::kHousekeepingNs) + 4);
   EXPECT_GE(static_cast<uint64_t>(wakeups), seconds * (kS / Agent::kBudgetCheckNs));
   EXPECT_GT(static_cast<uint64_t>(longest_ms) * kMs, Agent::kShortWaitNs);
   EXPECT_EQ(agent_->events(), 1u);
