@@ -117,9 +117,10 @@ class BpfSession {
   // How samples of process `pid` find their EC (proc_ec map, bpf/ruby_ec.h; src/stacks/ec_route.h computes it).
   // Without it that process's samples use only current_th. RemovePid removes it too.
   Status SetProcEc(uint32_t pid, const rv_proc_ec& route);
-  // Adds a process to the BPF pid filter, its trap count from zero (also when it was in it already). `pidns`: its pid namespace when it is not the host's (zero otherwise), so
-  // BPF translates the namespace tids its VM writes (rv_pidns); `threads`: the (namespace tid, host tid) pairs of its
-  // threads known now, for events about a thread that has not hit a probe itself since (others are learned by BPF).
+  // Adds a process to the BPF pid filter, its trap count from zero (also when it was in it already). `pidns`: its pid
+  // namespace when it is not the host's (zero otherwise), so BPF translates the namespace tids its VM writes
+  // (rv_pidns); `threads`: the (namespace tid, host tid) pairs of its threads known now, for events about a thread
+  // that has not hit a probe itself since (others are learned by BPF).
   Status AddPid(uint32_t pid, const rv_pidns& pidns = {}, std::span<const std::pair<uint32_t, uint32_t>> threads = {});
   // Removes it from the filter, with its EC route and its namespace tids.
   Status RemovePid(uint32_t pid);

@@ -24,9 +24,9 @@ void TargetSlots::Release(uint32_t pid) {
   by_pid_.erase(it);
 }
 
-size_t TargetSlots::ReleaseIf(const std::function<bool(uint32_t)> &gone) {
+size_t TargetSlots::ReleaseIf(const std::function<bool(uint32_t)>& gone) {
   std::vector<uint32_t> pids;
-  for (const auto &[pid, slot] : by_pid_) {
+  for (const auto& [pid, slot] : by_pid_) {
     if (gone(pid)) pids.push_back(pid);
   }
   for (uint32_t pid : pids) Release(pid);

@@ -85,7 +85,7 @@ Result<ElfFile> OpenThroughDescriptor(const std::string& path, RubyTarget* targe
     Result<FileFd> fd = ReopenRegularFile(*handle, path, "ELF file");
     if (!fd) return fd.error();
     Result<bool> named = StringTablesName(fd->get(), must_name);
-    if (named.ok() && !*named) return Error(ErrorCode::kNotRuby, path + " names no ruby_version symbol");
+    if (named.ok() && !*named) return Error(ErrorCode::kNotRuby, path + " names none of the VM's symbols");
   }
   Result<ElfFile> elf = ElfFile::OpenHandle(*handle, path);
   if (!elf) return elf.error();

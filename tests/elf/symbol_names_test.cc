@@ -1,8 +1,6 @@
-// StringTablesName: whether an ELF file's symbol string tables name a symbol,
-// read in bounded chunks. Real fixtures compiled at test time (exported,
-// stripped, absent, as a tail of another name, as data only), chunk borders,
-// and hostile files (not ELF, truncated, headers pointing out of the file). No
-// root needed.
+// StringTablesName: whether an ELF file's symbol string tables name a symbol, read in bounded chunks. Real fixtures
+// compiled at test time (exported, stripped, absent, as a tail of another name, as data only), chunk borders, and
+// hostile files (not ELF, truncated, headers pointing out of the file). No root needed.
 #include "elf/symbol_names.h"
 
 #include <elf.h>
@@ -26,27 +24,25 @@ using testing::TempDir;
 
 constexpr std::string_view kVm[] = {"ruby_version", "ruby_vm_event_flags"};
 
-// As a static ruby: the VM's symbols defined in the executable and exported
-// (-rdynamic), so .dynsym has them too.
-constexpr const char *kStaticRuby = R"(
+// As a static ruby: the VM's symbols defined in the executable and exported (-rdynamic), so .dynsym has them too.
+constexpr const char* kStaticRuby = R"(
 const char ruby_version[] = "3.4.5";
 unsigned int ruby_vm_event_flags;
 int main(void) { return (int)ruby_version[0] + (int)ruby_vm_event_flags; }
 )";
 // Not a Ruby: the name only as data (a string literal), never as a symbol.
-constexpr const char *kNotRuby = R"(
+constexpr const char* kNotRuby = R"(
 #include <stdio.h>
 int helper_count;
 int main(void) { puts("ruby_version"); return helper_count; }
 )";
-// A symbol whose name ends with the VM's: its string also contains
-// "ruby_version\0" (linkers share such tails).
-constexpr const char *kTail = R"(
+// A symbol whose name ends with the VM's: its string also contains "ruby_version\0" (linkers share such tails).
+constexpr const char* kTail = R"(
 int xruby_version;
 int main(void) { return xruby_version; }
 )";
 
-Result<bool> Scan(const std::string &path, size_t chunk = kSymbolNamesChunkBytes) {
+Result<bool> Scan(const std::string& path, size_t chunk = kSymbolNamesChunkBytes) {
   Result<FileFd> fd = OpenRegularFile(path, "ELF file");
   if (!fd) return fd.error();
   return StringTablesName(fd->get(), kVm, chunk);
@@ -54,7 +50,7 @@ Result<bool> Scan(const std::string &path, size_t chunk = kSymbolNamesChunkBytes
 
 class SymbolNamesTest : public ::testing::Test {
  protected:
-  std::string Build(const char *source, const std::string &name, const std::string &flags) {
+  std::string Build(const char* source, const std::string& name, const std::string& flags) {
     const std::string path = dir_.Join(name);
     EXPECT_TRUE(CompileC(source, path, flags));
     return path;
@@ -71,16 +67,14 @@ TEST_F(SymbolNamesTest, AStaticRubyNamesItsVmSymbolsAndAnotherProgramDoesNot) {
   Result<bool> o = Scan(other);
   ASSERT_TRUE(o.ok()) << o.error().ToString();
   EXPECT_FALSE(*o) << "a string literal is not a symbol name";
-  // The full parse agrees: the answer "no" is only given where no such symbol
-  // exists.
+  // The full parse agrees: the answer "no" is only given where no such symbol exists.
   Result<ElfFile> elf = ElfFile::Open(other);
   ASSERT_TRUE(elf.ok());
   for (std::string_view name : kVm) EXPECT_FALSE(elf->FindSymbol(name).has_value()) << name;
 }
 
 TEST_F(SymbolNamesTest, AStrippedExecutableStillNamesItsExportedSymbols) {
-  // -s drops .symtab: only .dynsym (and .dynstr) remain, as in a distribution's
-  // binary.
+  // -s drops .symtab: only .dynsym (and .dynstr) remain, as in a distribution's binary.
   const std::string ruby = Build(kStaticRuby, "ruby-stripped", "-O2 -rdynamic -s");
   Result<ElfFile> elf = ElfFile::Open(ruby);
   ASSERT_TRUE(elf.ok());
@@ -88,8 +82,7 @@ TEST_F(SymbolNamesTest, AStrippedExecutableStillNamesItsExportedSymbols) {
   Result<bool> r = Scan(ruby);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_TRUE(*r);
-  // Stripped and not exported: no table names it, and the full parse finds no
-  // symbol either.
+  // Stripped and not exported: no table names it, and the full parse finds no symbol either.
   const std::string hidden = Build(kStaticRuby, "ruby-hidden", "-O2 -s");
   Result<bool> h = Scan(hidden);
   ASSERT_TRUE(h.ok()) << h.error().ToString();
@@ -107,9 +100,8 @@ TEST_F(SymbolNamesTest, ANameThatEndsAnotherCountsAsNamed) {
 }
 
 TEST_F(SymbolNamesTest, ANameAcrossAChunkBorderIsFound) {
-  // Every chunk size from just above the longest name to a few hundred bytes
-  // puts the border at another place in the tables, across the names at some of
-  // them.
+  // Every chunk size from just above the longest name to a few hundred bytes puts the border at another place in the
+  // tables, across the names at some of them.
   const std::string ruby = Build(kStaticRuby, "ruby", "-O2 -rdynamic");
   const std::string other = Build(kNotRuby, "other", "-O2");
   for (size_t chunk = 21; chunk < 400; ++chunk) {
@@ -130,7 +122,7 @@ TEST_F(SymbolNamesTest, HostileFilesAreErrorsNeverReadsOutOfTheFile) {
   ASSERT_GT(full.size(), sizeof(Elf64_Ehdr));
   Elf64_Ehdr eh;
   std::memcpy(&eh, full.data(), sizeof(eh));
-  auto scan_bytes = [&](const std::string &name, const std::string &bytes) {
+  auto scan_bytes = [&](const std::string& name, const std::string& bytes) {
     const std::string path = dir_.Join(name);
     testing::WriteFile(path, bytes);
     return Scan(path);
@@ -147,8 +139,7 @@ TEST_F(SymbolNamesTest, HostileFilesAreErrorsNeverReadsOutOfTheFile) {
   bad.e_shoff = full.size() + 4096;
   std::memcpy(far.data(), &bad, sizeof(bad));
   EXPECT_FALSE(scan_bytes("far-sections", far).ok());
-  // A string table said to be larger than the file: every symbol table's linked
-  // table is stretched.
+  // A string table said to be larger than the file: every symbol table's linked table is stretched.
   std::string stretched = full;
   for (size_t i = 0; i < eh.e_shnum; ++i) {
     Elf64_Shdr s;

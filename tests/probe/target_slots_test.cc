@@ -1,5 +1,5 @@
-// TargetSlots: which pid_traps slot each recorded process counts its traps in, and the order freed slots come back.
-// No root needed.
+// TargetSlots: which pid_traps slot each recorded process counts its traps in, and the order freed slots come back. No
+// root needed.
 #include "probe/target_slots.h"
 
 #include <gtest/gtest.h>
@@ -33,9 +33,8 @@ TEST(TargetSlotsTest, AFullTableRefusesANewPidButNotOneItHolds) {
 }
 
 TEST(TargetSlotsTest, AFreedSlotIsReusedLast) {
-  // A BPF program may still add a hit to the slot of a process that just left:
-  // the slot freed longest ago goes first, so a just-freed one waits until
-  // every other free slot is taken.
+  // A BPF program may still add a hit to the slot of a process that just left: the slot freed longest ago goes first,
+  // so a just-freed one waits until every other free slot is taken.
   TargetSlots slots(3);
   const uint32_t first = *slots.Assign(1);
   slots.Release(1);
