@@ -78,12 +78,21 @@ Result<bool> StringTablesName(int fd, std::span<const std::string_view> names, s
     if (s.sh_link == 0 || s.sh_link >= sh.size()) return NotScannable("a symbol table links no string table");
     tables.insert(s.sh_link);
   }
+  // Distinct string tables of a real file do not overlap, so together they are at most the file: a crafted one whose
+  // tables each span the file (up to 65,535 of them) would otherwise make this read the file that many times.
+  uint64_t total = 0;
+  for (uint32_t index : tables) {
+    const Elf64_Shdr& t = sh[index];
+    if (t.sh_type == SHT_NOBITS) continue;  // no bytes in the file: no names
+    if (t.sh_offset > size || t.sh_size > size - t.sh_offset) return NotScannable("a string table is out of the file");
+    total += t.sh_size;
+    if (total > size) return NotScannable("its string tables overlap");
+  }
   std::string buf;
   buf.reserve(longest + chunk_bytes + 1);
   for (uint32_t index : tables) {
     const Elf64_Shdr& t = sh[index];
-    if (t.sh_type == SHT_NOBITS || t.sh_size == 0) continue;  // no bytes in the file: no names
-    if (t.sh_offset > size || t.sh_size > size - t.sh_offset) return NotScannable("a string table is out of the file");
+    if (t.sh_type == SHT_NOBITS || t.sh_size == 0) continue;
     // Chunk by chunk; the last longest-1 bytes of one are kept in front of the next, so a name across a chunk border is
     // found. A virtual NUL after the table: a name at its very end, unterminated, still counts (conservative).
     buf.clear();

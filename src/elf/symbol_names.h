@@ -7,7 +7,8 @@
 //
 // The answer is conservative: a name found as a whole NUL-terminated string in one of those tables "may" be a defined
 // symbol (the full parse decides); one found in none cannot be a symbol of the file. Reads are bounded by the file's
-// size (fstat) and every header is checked against it; a file that is not a 64-bit little-endian ELF, or whose
+// size (fstat) and every header is checked against it, and the string tables together may not exceed the file (so a
+// crafted file cannot make it read the file many times); a file that is not a 64-bit little-endian ELF, or whose
 // headers do not fit, is an error, so the caller falls back to the full parse.
 //
 // Threading: no state; safe from any thread.

@@ -153,6 +153,24 @@ TEST_F(SymbolNamesTest, HostileFilesAreErrorsNeverReadsOutOfTheFile) {
     std::memcpy(stretched.data() + link_at, &t, sizeof(t));
   }
   EXPECT_FALSE(scan_bytes("stretched", stretched).ok());
+  // Every symbol table's string table said to be the whole file: each fits, but together they would read the file
+  // once per table.
+  std::string overlapping = full;
+  int linked = 0;
+  for (size_t i = 0; i < eh.e_shnum; ++i) {
+    Elf64_Shdr s;
+    std::memcpy(&s, overlapping.data() + eh.e_shoff + i * sizeof(Elf64_Shdr), sizeof(s));
+    if (s.sh_type != SHT_SYMTAB && s.sh_type != SHT_DYNSYM) continue;
+    Elf64_Shdr t;
+    const size_t link_at = eh.e_shoff + s.sh_link * sizeof(Elf64_Shdr);
+    std::memcpy(&t, overlapping.data() + link_at, sizeof(t));
+    t.sh_offset = 0;
+    t.sh_size = full.size();
+    std::memcpy(overlapping.data() + link_at, &t, sizeof(t));
+    ++linked;
+  }
+  ASSERT_GE(linked, 2) << "the fixture needs .symtab and .dynsym";
+  EXPECT_FALSE(scan_bytes("overlapping", overlapping).ok());
   // A directory is not a regular file.
   const int dir_fd = open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ASSERT_GE(dir_fd, 0);
