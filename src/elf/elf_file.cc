@@ -248,6 +248,15 @@ Status ElfFile::Parse() {
   // .symtab before .dynsym so lookups prefer the richer table.
   std::stable_sort(symtabs.begin(), symtabs.end(),
                    [](const auto& a, const auto& b) { return a.second.sh_type == SHT_SYMTAB && b.second.sh_type != SHT_SYMTAB; });
+  // What the symbols may cost is bounded by the file's size: the entries of all tables together must fit in it, and
+  // the names copied may total at most kMaxNameBytesPerFileByte times it. A crafted file could otherwise make the
+  // daemon copy the file once per table (many tables over the same bytes) or one long string once per symbol.
+  uint64_t entries = 0;
+  for (const auto& [scn, sh] : symtabs) entries += sh.sh_entsize == 0 ? 0 : sh.sh_size / sh.sh_entsize;
+  if (entries > size_ / sizeof(Elf64_Sym)) {
+    return Error(ErrorCode::kIo, path_ + ": its symbol tables together are larger than the file");
+  }
+  uint64_t name_bytes = 0;
   for (auto& [scn, sh] : symtabs) {
     Elf_Data* data = elf_getdata(scn, nullptr);
     if (data == nullptr || sh.sh_entsize == 0) continue;
@@ -260,6 +269,12 @@ Status ElfFile::Parse() {
       symbols_.push_back({name, sym.st_value, sym.st_size, static_cast<uint8_t>(GELF_ST_TYPE(sym.st_info)),
                           static_cast<uint8_t>(GELF_ST_BIND(sym.st_info)), sym.st_shndx,
                           sh.sh_type == SHT_SYMTAB});
+      name_bytes += symbols_.back().name.size();
+      if (name_bytes > kMaxNameBytesPerFileByte * size_) {
+        symbols_.clear();
+        return Error(ErrorCode::kIo, path_ + ": its symbol names total more than " +
+                                         std::to_string(kMaxNameBytesPerFileByte) + " times the file's size");
+      }
     }
   }
   IndexFunctions();

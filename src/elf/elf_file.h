@@ -87,6 +87,9 @@ class ElfFile {
   static Result<ElfFile> OpenHandle(const FileFd& handle, const std::string& path);
   // A VM binary with full DWARF is tens of MB; a larger file is not a plausible libruby/ruby (bytes).
   static constexpr uint64_t kMaxBytes = 1ull << 30;
+  // The symbol names a file's tables give may total at most this many times its size (a real file's names are a part
+  // of it, the same name repeated a few times at most); a file over it is refused as crafted.
+  static constexpr uint64_t kMaxNameBytesPerFileByte = 4;
 
   ElfFile(ElfFile&& other) noexcept;
   ElfFile& operator=(ElfFile&& other) noexcept;

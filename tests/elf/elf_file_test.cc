@@ -1,5 +1,6 @@
 #include "elf/elf_file.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -325,6 +326,74 @@ TEST_F(ElfFileTest, LyingProgramHeaderIsBoundedByTheFileSize) {
   EXPECT_TRUE(elf->BytesAt(fn->value, bytes.size()).empty()) << "a read past the end of the file must fail";
   std::optional<uint64_t> off = elf->VaddrToFileOffset(fn->value + bytes.size());
   EXPECT_FALSE(off.has_value()) << "an address mapped by the lie but beyond the file has no file offset";
+}
+
+// Crafted symbol tables that would make the parse copy far more than the file: refused, while the same file with its
+// real tables parses.
+TEST_F(ElfFileTest, SymbolsThatWouldCostMoreThanTheFileAreRefused) {
+  const std::string full = testing::ReadFile(lib_);
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, full.data(), sizeof(eh));
+  auto header = [&](const std::string& bytes, size_t i) {
+    Elf64_Shdr s;
+    std::memcpy(&s, bytes.data() + eh.e_shoff + i * sizeof(Elf64_Shdr), sizeof(s));
+    return s;
+  };
+  auto put = [&](std::string* bytes, size_t i, const Elf64_Shdr& s) {
+    std::memcpy(bytes->data() + eh.e_shoff + i * sizeof(Elf64_Shdr), &s, sizeof(s));
+  };
+  auto open_bytes = [&](const std::string& name, const std::string& bytes) {
+    const std::string path = dir_.Join(name);
+    testing::WriteFile(path, bytes);
+    return ElfFile::Open(path);
+  };
+  ASSERT_TRUE(open_bytes("plain.so", full).ok());
+
+  // .symtab and .dynsym both said to span the whole file: each fits, together they are twice its size.
+  std::string overlapping = full;
+  int tables = 0;
+  for (size_t i = 0; i < eh.e_shnum; ++i) {
+    Elf64_Shdr s = header(overlapping, i);
+    if (s.sh_type != SHT_SYMTAB && s.sh_type != SHT_DYNSYM) continue;
+    s.sh_offset = 0;
+    s.sh_size = full.size() / sizeof(Elf64_Sym) * sizeof(Elf64_Sym);
+    put(&overlapping, i, s);
+    ++tables;
+  }
+  ASSERT_EQ(tables, 2) << "the fixture needs .symtab and .dynsym";
+  Result<ElfFile> both = open_bytes("overlapping.so", overlapping);
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(both.error().code(), ErrorCode::kIo);
+  EXPECT_THAT(both.error().message(), ::testing::HasSubstr("symbol tables together are larger than the file"));
+
+  // Every .symtab symbol naming one string as long as the file, appended to it: the names would total the file's
+  // size once per symbol.
+  std::string repeated = full;
+  const size_t long_at = repeated.size();
+  repeated.append(full.size(), 'A');
+  repeated.push_back('\0');
+  int symtabs = 0;
+  for (size_t i = 0; i < eh.e_shnum; ++i) {
+    const Elf64_Shdr s = header(repeated, i);
+    if (s.sh_type != SHT_SYMTAB) continue;
+    ++symtabs;
+    ASSERT_GT(s.sh_size / sizeof(Elf64_Sym), 2 * ElfFile::kMaxNameBytesPerFileByte);
+    Elf64_Shdr names = header(repeated, s.sh_link);
+    names.sh_offset = long_at;
+    names.sh_size = full.size() + 1;
+    put(&repeated, s.sh_link, names);
+    for (size_t k = 1; k < s.sh_size / sizeof(Elf64_Sym); ++k) {  // entry 0 is the null symbol
+      Elf64_Sym sym;
+      const size_t at = s.sh_offset + k * sizeof(Elf64_Sym);
+      std::memcpy(&sym, repeated.data() + at, sizeof(sym));
+      sym.st_name = 0;
+      std::memcpy(repeated.data() + at, &sym, sizeof(sym));
+    }
+  }
+  ASSERT_EQ(symtabs, 1);
+  Result<ElfFile> many = open_bytes("repeated.so", repeated);
+  ASSERT_FALSE(many.ok());
+  EXPECT_THAT(many.error().message(), ::testing::HasSubstr("symbol names total more than 4 times the file's size"));
 }
 
 TEST_F(ElfFileTest, MovedFileStaysUsable) {
