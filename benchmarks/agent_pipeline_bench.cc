@@ -166,7 +166,7 @@ class BenchBackend : public ProbeBackend {
   void WakePollOn(int) override {}
   rv_counters ReadCounters() const override { return rv_counters{}; }
   std::vector<uint64_t> ReadSiteHits() const override { return {}; }
-  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return {}; }
+  std::optional<rv_pid_traps> PidTraps(uint32_t) const override { return std::nullopt; }
   bool uses_multi_links() const override { return true; }
   // Makes the records with ts_ns <= upto deliverable.
   void ReleaseUpTo(uint64_t upto) {

@@ -98,6 +98,8 @@ Status Agent::Start() {
   next_housekeeping_ns_ = now + kHousekeepingNs;
   tick_origin_ns_ = now;
   started_ = true;
+  // The agent's own CPU and RSS are read when the metrics are rendered (a scrape), not by the loop.
+  if (env_.metrics != nullptr) env_.metrics->AddCollector(SelfUsageCollector(env_.self_usage));
   ScanProc("scan");
   UpdateMetrics();
   return Status::Ok();
@@ -516,18 +518,18 @@ void Agent::UpdateBudgets(uint64_t now) {
   if (now < next_budget_check_ns_) return;
   next_budget_check_ns_ = TickAfter(now);
   // Traps, not records: a hit that BPF discards (rb_mutex_lock entered by IO#write in a shared libruby) costs the
-  // process the same trap. One batch read of every watched process's count per check (kBudgetCheckNs).
-  const std::unordered_map<uint32_t, rv_pid_traps> traps = env_.backend->ReadPidTraps();
+  // process the same trap. Every watched process's count is read at each check (kBudgetCheckNs).
   for (ProbeSet* set : probe_sets_.ActiveSets()) {
     // The budget is per process: the set's sites pause when its busiest process has spent its share.
     rv_pid_traps busiest{};
     double busiest_ns = 0;
     for (int pid : set->pids) {
       WatchedProcess* p = registry_.Find(pid);
-      auto it = traps.find(static_cast<uint32_t>(pid));
-      if (p == nullptr || it == traps.end()) continue;
+      if (p == nullptr) continue;
+      const std::optional<rv_pid_traps> read = env_.backend->PidTraps(static_cast<uint32_t>(pid));
+      if (!read) continue;
       // A count below the last one: the pid was added to the filter again (its counts restarted).
-      const rv_pid_traps& now_traps = it->second;
+      const rv_pid_traps& now_traps = *read;
       const bool restarted = now_traps.traps < p->traps_seen.traps;
       rv_pid_traps delta = now_traps;
       if (!restarted) {
@@ -704,8 +706,6 @@ void Agent::UpdateMetrics() {
   m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "exception"}},
                 static_cast<double>(skipped_exception_));
   m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "layout"}}, static_cast<double>(skipped_layout_));
-  Result<SelfUsage> usage = env_.self_usage ? env_.self_usage() : ReadSelfUsage("/proc");
-  if (usage) ExportSelfUsage(*usage, m);
 }
 
 Status Agent::Reload(const AgentConfig& loaded) {

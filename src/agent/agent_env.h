@@ -75,7 +75,7 @@ struct AgentEnv {
   std::function<Result<AgentSinks>(const AgentConfig& config)> make_sinks;
   MetricsRegistry* metrics = nullptr;  // may be null
   Logger* log = nullptr;               // null: AgentLog()
-  // Reads the agent's own CPU and RSS (null: ReadSelfUsage("/proc")).
+  // Reads the agent's own CPU and RSS, at each render of `metrics` (null: ReadSelfUsage("/proc")).
   std::function<Result<SelfUsage>()> self_usage;
   // The memory of a process, for the check of its live layout before it is watched (null: process_vm_readv).
   std::function<std::unique_ptr<MemoryReader>(int pid)> memory;

@@ -45,7 +45,7 @@ struct WatchedProcess {
   uint64_t interval_start_ns = 0;  // monotonic
   uint64_t events = 0;             // scheduler events handled (whole life)
   uint64_t samples = 0;
-  rv_pid_traps traps_seen{};       // the process's uprobe hits (ProbeBackend::ReadPidTraps) at the last budget check
+  rv_pid_traps traps_seen{};       // the process's uprobe hits (ProbeBackend::PidTraps) at the last budget check
 };
 
 // Upload labels of a process: host, pid, command, ruby_version, container_id (only when non-empty), service_name.

@@ -128,7 +128,18 @@ size_t MetricsRegistry::rejected_writes() const {
   return rejected_writes_;
 }
 
-std::string MetricsRegistry::RenderPrometheus() const {
+void MetricsRegistry::AddCollector(Collector collect) {
+  std::lock_guard<std::mutex> lock(mu_);
+  collectors_.push_back(std::move(collect));
+}
+
+std::string MetricsRegistry::RenderPrometheus() {
+  std::vector<Collector> collectors;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    collectors = collectors_;
+  }
+  for (const Collector& collect : collectors) collect(*this);
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   for (const auto& [name, family] : families_) {
@@ -257,6 +268,12 @@ void ExportSelfUsage(const SelfUsage& usage, MetricsRegistry* registry) {
                        usage.cpu_seconds);
   registry->SetGauge(kMetricAgentRssBytes, "Resident set size of the agent, bytes", {},
                      static_cast<double>(usage.rss_bytes));
+}
+
+MetricsRegistry::Collector SelfUsageCollector(std::function<Result<SelfUsage>()> read) {
+  return [read = std::move(read)](MetricsRegistry& registry) {
+    if (Result<SelfUsage> usage = read ? read() : ReadSelfUsage("/proc"); usage) ExportSelfUsage(*usage, &registry);
+  };
 }
 
 }  // namespace rvbpfd

@@ -6,12 +6,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 
@@ -50,9 +52,15 @@ class MetricsRegistry {
   void SetGauge(std::string_view name, std::string_view help, const MetricLabels& labels, double value);
   // Adds `delta` (>= 0; a negative or NaN delta is rejected) to a counter, creating it at 0.
   void AddCounter(std::string_view name, std::string_view help, const MetricLabels& labels, double delta);
-  // Text exposition format 0.0.4: per name (sorted) "# HELP", "# TYPE", then one line per label set (sorted), label
-  // values escaped (\\, \", \n). Empty string when nothing was written.
-  std::string RenderPrometheus() const;
+  // A collector writes metrics that are cheap to read where they are rendered and costly to keep fresh (the agent's
+  // own CPU and RSS, from /proc/self): every RenderPrometheus runs each collector first, in the order added, on the
+  // rendering thread and without the registry's lock held (it writes through the Set/Add methods). So it must be
+  // thread-safe and must not render.
+  using Collector = std::function<void(MetricsRegistry&)>;
+  void AddCollector(Collector collect);
+  // Runs the collectors, then renders the text exposition format 0.0.4: per name (sorted) "# HELP", "# TYPE", then
+  // one line per label set (sorted), label values escaped (\\, \", \n). Empty string when nothing was written.
+  std::string RenderPrometheus();
   size_t rejected_writes() const;
 
  private:
@@ -67,6 +75,7 @@ class MetricsRegistry {
 
   mutable std::mutex mu_;
   std::map<std::string, Family, std::less<>> families_;
+  std::vector<Collector> collectors_;
   size_t rejected_writes_ = 0;
 };
 
@@ -90,11 +99,11 @@ struct MetricsServerOptions {
 // Serves GET (and HEAD) /metrics from its own thread: one poll() loop over the listening socket, the open
 // connections (non-blocking, each with a deadline) and an eventfd that the destructor signals. Every response
 // closes its connection. Other paths get 404, other methods 405, malformed requests 400. The registry must outlive
-// the server; it is only read (RenderPrometheus) on the server thread.
+// the server; the server thread renders it (RenderPrometheus, which runs its collectors there).
 class MetricsServer {
  public:
-  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& listen, const MetricsRegistry* registry);
-  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& listen, const MetricsRegistry* registry,
+  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& listen, MetricsRegistry* registry);
+  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& listen, MetricsRegistry* registry,
                                                       const MetricsServerOptions& options);
   ~MetricsServer();  // wakes the thread, joins it, closes every fd
   MetricsServer(const MetricsServer&) = delete;
@@ -108,7 +117,7 @@ class MetricsServer {
   MetricsServer() = default;
   void Run();
 
-  const MetricsRegistry* registry_ = nullptr;
+  MetricsRegistry* registry_ = nullptr;
   MetricsServerOptions options_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: the destructor writes 1 to stop the loop
@@ -128,6 +137,9 @@ struct SelfUsage {
 Result<SelfUsage> ReadSelfUsage(const std::string& proc_root = "/proc");
 // Writes rvbpfd_agent_cpu_seconds_total and rvbpfd_agent_rss_bytes.
 void ExportSelfUsage(const SelfUsage& usage, MetricsRegistry* registry);
+// A collector (MetricsRegistry::AddCollector) that exports `read`'s usage at each render (nothing when it fails):
+// the figures are those of the scrape's moment, and nobody reads /proc/self when nobody scrapes.
+MetricsRegistry::Collector SelfUsageCollector(std::function<Result<SelfUsage>()> read);
 
 }  // namespace rvbpfd
 

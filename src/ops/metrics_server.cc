@@ -51,13 +51,11 @@ size_t HeadEnd(const std::string& in) {
 
 }  // namespace
 
-Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
-                                                            const MetricsRegistry* registry) {
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen, MetricsRegistry* registry) {
   return Start(listen, registry, MetricsServerOptions());
 }
 
-Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
-                                                            const MetricsRegistry* registry,
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen, MetricsRegistry* registry,
                                                             const MetricsServerOptions& options) {
   if (registry == nullptr) return Error(ErrorCode::kInternal, "metrics server: no registry");
   Result<ListenAddress> addr = ParseListenAddress(listen);

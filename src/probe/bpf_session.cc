@@ -619,17 +619,13 @@ uint64_t BpfSession::EventsDropped() const {
   return __atomic_load_n(static_cast<const uint64_t*>(drop_page_), __ATOMIC_RELAXED);
 }
 
-std::unordered_map<uint32_t, rv_pid_traps> BpfSession::ReadPidTraps() const {
-  std::unordered_map<uint32_t, rv_pid_traps> out;
-  out.reserve(target_slots_.assigned().size());
-  for (const auto& [pid, slot] : target_slots_.assigned()) {
-    // BPF programs add on any CPU with atomic adds: an atomic load sees each add whole.
-    const rv_pid_traps& t = traps_pages_[slot];
-    out[pid] = rv_pid_traps{__atomic_load_n(&t.traps, __ATOMIC_RELAXED), __atomic_load_n(&t.cold, __ATOMIC_RELAXED),
-                            __atomic_load_n(&t.stepped, __ATOMIC_RELAXED),
-                            __atomic_load_n(&t.stack_ns, __ATOMIC_RELAXED)};
-  }
-  return out;
+std::optional<rv_pid_traps> BpfSession::PidTraps(uint32_t pid) const {
+  const auto it = target_slots_.assigned().find(pid);
+  if (it == target_slots_.assigned().end()) return std::nullopt;
+  // BPF programs add on any CPU with atomic adds: an atomic load sees each add whole.
+  const rv_pid_traps& t = traps_pages_[it->second];
+  return rv_pid_traps{__atomic_load_n(&t.traps, __ATOMIC_RELAXED), __atomic_load_n(&t.cold, __ATOMIC_RELAXED),
+                      __atomic_load_n(&t.stepped, __ATOMIC_RELAXED), __atomic_load_n(&t.stack_ns, __ATOMIC_RELAXED)};
 }
 
 std::vector<uint64_t> BpfSession::ReadSiteHits() const {

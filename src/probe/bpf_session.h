@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -170,8 +170,9 @@ class BpfSession {
   std::vector<uint64_t> ReadSiteHits() const;
   // Uprobe hits of each process added and not removed since, counted from its AddPid (discarded hits included; none
   // after BPF took it out of the filter at its exit), with how many were cold (rv_config.cold_gap_ns) or stepped and
-  // the ns its stacks took: what each process has paid. Read from the pid_traps map's shared pages: no syscall.
-  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const;
+  // the ns its stacks took: what each process has paid. Read from the pid_traps map's shared pages: no syscall, no
+  // allocation. nullopt for a pid not in the filter.
+  std::optional<rv_pid_traps> PidTraps(uint32_t pid) const;
   bool uses_multi_links() const { return multi_supported_; }
 
  private:

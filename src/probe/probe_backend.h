@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "common/error.h"
@@ -88,8 +88,9 @@ class ProbeBackend {
   // Probe hits per cookie (index = cookie, for every cookie assigned so far), summed over CPUs; hits include those
   // BPF discarded. Empty when they cannot be read.
   virtual std::vector<uint64_t> ReadSiteHits() const = 0;
-  // Uprobe hits per watched process (host pid) since it was added: the per-process budget's input.
-  virtual std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const = 0;
+  // Uprobe hits of a watched process (host pid) since it was added: the per-process budget's input. nullopt for a
+  // pid not watched. Cheap (no syscall): read for every watched process at every budget check.
+  virtual std::optional<rv_pid_traps> PidTraps(uint32_t pid) const = 0;
   // Whether groups attach as one multi-uprobe link each (Linux 6.6+) rather than one link per site.
   virtual bool uses_multi_links() const = 0;
 };
@@ -130,7 +131,7 @@ class BpfProbeBackend : public ProbeBackend {
   rv_counters ReadCounters() const override { return session_->ReadCounters(); }
   uint64_t EventsDropped() const override { return session_->EventsDropped(); }
   std::vector<uint64_t> ReadSiteHits() const override { return session_->ReadSiteHits(); }
-  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return session_->ReadPidTraps(); }
+  std::optional<rv_pid_traps> PidTraps(uint32_t pid) const override { return session_->PidTraps(pid); }
   bool uses_multi_links() const override { return session_->uses_multi_links(); }
 
  private:

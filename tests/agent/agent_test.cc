@@ -95,7 +95,10 @@ class AgentTest : public ::testing::Test {
     };
     env.metrics = &metrics_;
     env.log = &log_;
-    env.self_usage = []() -> Result<SelfUsage> { return SelfUsage{1.5, 10 << 20, 12 << 20}; };
+    env.self_usage = [this]() -> Result<SelfUsage> {
+      ++self_usage_reads_;
+      return SelfUsage{1.5, 10 << 20, 12 << 20};
+    };
     env.max_exit_fds = max_exit_fds_;
     if (use_exit_fds_) {
       // An eventfd stands for each process's pidfd: the agent owns the descriptor, the test writes to a duplicate
@@ -146,6 +149,7 @@ class AgentTest : public ::testing::Test {
   std::optional<LiveLayout> layout_;
   std::map<int, testing::FakeMemory> memory_;
   int memory_opened_ = 0;
+  int self_usage_reads_ = 0;  // calls of AgentEnv::self_usage
   // With exit descriptors (AgentEnv::open_exit_fd): the test's duplicate of every process's descriptor.
   bool use_exit_fds_ = false;
   size_t max_exit_fds_ = AgentEnv{}.max_exit_fds;
@@ -839,6 +843,18 @@ TEST_F(AgentTest, ShutdownSubmitsTheLastPartialIntervalAndFlushes) {
   const std::string m = metrics_.RenderPrometheus();
   EXPECT_NE(m.find("rvbpfd_profiles_built_total 1"), std::string::npos) << m;
   EXPECT_NE(m.find("rvbpfd_agent_rss_bytes"), std::string::npos) << m;
+}
+
+TEST_F(AgentTest, ItsOwnUsageIsReadOnlyWhenTheMetricsAreRendered) {
+  StartAgent();
+  backend_.Stack(clock_.mono + 5 * kMs, 10, RV_EV_SAMPLE, 0x1000, {111});
+  Run(5 * Agent::kHousekeepingNs);  // five housekeepings, which update the other metrics
+  EXPECT_EQ(self_usage_reads_, 0);
+  const std::string m = metrics_.RenderPrometheus();
+  EXPECT_EQ(self_usage_reads_, 1);
+  EXPECT_NE(m.find("rvbpfd_agent_cpu_seconds_total 1.5\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("rvbpfd_agent_rss_bytes 10485760\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("rvbpfd_samples_total 1\n"), std::string::npos) << m;
 }
 
 TEST_F(AgentTest, AgentNeedsASink) {

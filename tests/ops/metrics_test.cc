@@ -185,6 +185,43 @@ TEST(ReadSelfUsageTest, ErrorsNameTheFile) {
   EXPECT_FALSE(ReadSelfUsage(dir.path()).ok());
 }
 
+TEST(MetricsRegistryTest, CollectorsRunAtEachRenderInOrder) {
+  MetricsRegistry r;
+  int renders = 0;
+  std::vector<std::string> order;
+  // A collector writes through the registry's own methods: it runs without the lock held (else this deadlocks).
+  r.AddCollector([&](MetricsRegistry& reg) {
+    order.push_back("first");
+    reg.SetGauge("g", "G", {}, ++renders);
+  });
+  r.AddCollector([&](MetricsRegistry&) { order.push_back("second"); });
+  EXPECT_EQ(renders, 0);  // adding runs nothing
+  EXPECT_THAT(r.RenderPrometheus(), HasSubstr("\ng 1\n"));
+  EXPECT_THAT(r.RenderPrometheus(), HasSubstr("\ng 2\n"));
+  EXPECT_EQ(order, (std::vector<std::string>{"first", "second", "first", "second"}));
+}
+
+TEST(MetricsRegistryTest, SelfUsageIsReadAtEachRenderAndNothingIsWrittenWhenItFails) {
+  MetricsRegistry r;
+  int reads = 0;
+  bool fail = true;
+  r.AddCollector(SelfUsageCollector([&]() -> Result<SelfUsage> {
+    ++reads;
+    if (fail) return Error(ErrorCode::kIo, "cannot read /proc/self/stat");
+    return SelfUsage{2.5, 4096, 8192};
+  }));
+  EXPECT_EQ(r.RenderPrometheus(), "");
+  fail = false;
+  const std::string out = r.RenderPrometheus();
+  EXPECT_THAT(out, HasSubstr("rvbpfd_agent_cpu_seconds_total 2.5\n"));
+  EXPECT_THAT(out, HasSubstr("rvbpfd_agent_rss_bytes 4096\n"));
+  EXPECT_EQ(reads, 2);
+  // Without a reader: the real /proc/self.
+  MetricsRegistry real;
+  real.AddCollector(SelfUsageCollector(nullptr));
+  EXPECT_THAT(real.RenderPrometheus(), HasSubstr("# TYPE rvbpfd_agent_rss_bytes gauge\n"));
+}
+
 TEST(ReadSelfUsageTest, ReadsTheRealProc) {
   Result<SelfUsage> u = ReadSelfUsage();
   ASSERT_TRUE(u.ok()) << u.error().message();

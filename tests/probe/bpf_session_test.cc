@@ -225,14 +225,15 @@ TEST_P(BpfSessionTest, CallsFromAnExcludedCallerAreNotEvents) {
   ASSERT_LT((*group)->cookies()[0], per_site.size());
   EXPECT_EQ(per_site[(*group)->cookies()[0]], 25u);
   // ... and per process (the fleet agent's per-process budget): discarded hits included.
-  const std::unordered_map<uint32_t, rv_pid_traps> per_pid = session->ReadPidTraps();
-  ASSERT_EQ(per_pid.size(), 1u);
-  EXPECT_EQ(per_pid.at(static_cast<uint32_t>(getpid())).traps, 25u);
+  const std::optional<rv_pid_traps> mine = session->PidTraps(static_cast<uint32_t>(getpid()));
+  ASSERT_TRUE(mine.has_value());
+  EXPECT_EQ(mine->traps, 25u);
+  EXPECT_FALSE(session->PidTraps(static_cast<uint32_t>(getpid()) + 1).has_value());  // not in the filter
   // Adding a pid again starts its count over; removing it drops it.
   ASSERT_TRUE(session->AddPid(static_cast<uint32_t>(getpid())).ok());
-  EXPECT_EQ(session->ReadPidTraps().at(static_cast<uint32_t>(getpid())).traps, 0u);
+  EXPECT_EQ(session->PidTraps(static_cast<uint32_t>(getpid()))->traps, 0u);
   ASSERT_TRUE(session->RemovePid(static_cast<uint32_t>(getpid())).ok());
-  EXPECT_TRUE(session->ReadPidTraps().empty());
+  EXPECT_FALSE(session->PidTraps(static_cast<uint32_t>(getpid())).has_value());
 }
 
 TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
@@ -263,7 +264,7 @@ TEST_P(BpfSessionTest, AHitLongAfterThePreviousOneOnItsCpuIsCold) {
   const rv_counters c = session->ReadCounters();
   EXPECT_EQ(c.probe_hits, 105u);
   EXPECT_EQ(c.cold_hits, 6u);
-  const rv_pid_traps mine = session->ReadPidTraps().at(static_cast<uint32_t>(getpid()));
+  const rv_pid_traps mine = session->PidTraps(static_cast<uint32_t>(getpid())).value();
   EXPECT_EQ(mine.traps, 105u);
   EXPECT_EQ(mine.cold, 6u);
 
@@ -316,7 +317,7 @@ TEST_P(BpfSessionTest, HitsOfASingleSteppedSiteAreCountedApart) {
   const rv_counters c = session->ReadCounters();
   EXPECT_EQ(c.probe_hits, 20u);
   EXPECT_EQ(c.stepped_hits, 10u);
-  const rv_pid_traps mine = session->ReadPidTraps().at(static_cast<uint32_t>(getpid()));
+  const rv_pid_traps mine = session->PidTraps(static_cast<uint32_t>(getpid())).value();
   EXPECT_EQ(mine.traps, 20u);
   EXPECT_EQ(mine.stepped, 10u);
 }

@@ -144,13 +144,10 @@ class FakeProbeBackend : public ProbeBackend {
   void WakePollOn(int fd) override { wake_fds.push_back(fd); }
   rv_counters ReadCounters() const override { return counters; }
   std::vector<uint64_t> ReadSiteHits() const override { return site_hits; }
-  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override {
-    std::unordered_map<uint32_t, rv_pid_traps> out;
-    for (uint32_t pid : pids) {
-      auto it = pid_traps.find(pid);
-      out[pid] = it == pid_traps.end() ? rv_pid_traps{} : it->second;
-    }
-    return out;
+  std::optional<rv_pid_traps> PidTraps(uint32_t pid) const override {
+    if (!pids.count(pid)) return std::nullopt;
+    auto it = pid_traps.find(pid);
+    return it == pid_traps.end() ? rv_pid_traps{} : it->second;
   }
   bool uses_multi_links() const override { return multi_links; }
 

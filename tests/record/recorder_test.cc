@@ -81,7 +81,7 @@ class BackendRef : public ProbeBackend {
   void WakePollOn(int fd) override { f_->WakePollOn(fd); }
   rv_counters ReadCounters() const override { return f_->ReadCounters(); }
   std::vector<uint64_t> ReadSiteHits() const override { return f_->ReadSiteHits(); }
-  std::unordered_map<uint32_t, rv_pid_traps> ReadPidTraps() const override { return f_->ReadPidTraps(); }
+  std::optional<rv_pid_traps> PidTraps(uint32_t pid) const override { return f_->PidTraps(pid); }
   bool uses_multi_links() const override { return f_->uses_multi_links(); }
 
  private:
