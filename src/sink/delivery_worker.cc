@@ -180,9 +180,8 @@ void DeliveryWorker::Run() {
     in_flight_ = n;
     DeliveryContext context{options_.attempt_timeout, &cancel_};
     if (flush_active_) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(flush_deadline_ - now);
-      context.timeout = std::clamp(left, std::chrono::milliseconds(1), options_.attempt_timeout);
       context.deadline = flush_deadline_;
+      context.timeout = context.RequestTimeout(now);
     }
     lock.unlock();
     std::vector<DeliveryOutcome> outcomes = deliver_(batch, context);

@@ -6,6 +6,7 @@
 #ifndef RVBPFD_SRC_SINK_DELIVERY_WORKER_H_
 #define RVBPFD_SRC_SINK_DELIVERY_WORKER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -90,6 +91,17 @@ struct DeliveryContext {
   // While a Flush waits: when it gives up. An attempt of several requests starts none after it (the uploads left go
   // back unattempted) and cuts each request's timeout to what is left of it.
   std::optional<SinkClock::TimePoint> deadline;
+
+  // What is left of the deadline at `now`, in whole ms rounded up (0 or less once it passed); nullopt without one.
+  std::optional<std::chrono::milliseconds> LeftAt(SinkClock::TimePoint now) const {
+    if (!deadline) return std::nullopt;
+    return std::chrono::ceil<std::chrono::milliseconds>(*deadline - now);
+  }
+  // The timeout of a request that starts at `now`: `timeout`, cut to what is left of the deadline, at least 1 ms.
+  std::chrono::milliseconds RequestTimeout(SinkClock::TimePoint now) const {
+    const std::optional<std::chrono::milliseconds> left = LeftAt(now);
+    return left ? std::clamp(*left, std::chrono::milliseconds(1), timeout) : timeout;
+  }
 };
 
 // One attempt: delivers `uploads`, the oldest queued (at least one, see DeliveryWorkerOptions::max_batch), and

@@ -325,11 +325,10 @@ std::vector<DeliveryOutcome> PushSink::Deliver(std::span<const ProfileUpload> up
     // Each request gets what is left of a Flush (the push request before it, or earlier ones, may have used it up).
     DeliveryContext request = context;
     if (!out.empty() && context.cancel != nullptr && context.cancel->load(std::memory_order_relaxed)) break;
-    if (context.deadline) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*context.deadline - options_.clock->Now());
-      if (left <= std::chrono::milliseconds(0) && !out.empty()) break;  // the rest go back unattempted
-      request.timeout = std::clamp(left, std::chrono::milliseconds(1), request.timeout);
-    }
+    const SinkClock::TimePoint now = options_.clock->Now();
+    const std::optional<std::chrono::milliseconds> left = context.LeftAt(now);
+    if (left && *left <= std::chrono::milliseconds(0) && !out.empty()) break;  // the rest go back unattempted
+    request.timeout = context.RequestTimeout(now);
     out.push_back(Outcome(ingest_url_,
                           Post(PyroscopeIngestRequestUrl(ingest_url_, u), "application/octet-stream", u.pprof_gz,
                                request),

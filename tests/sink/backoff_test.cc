@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <limits>
 
@@ -49,6 +50,25 @@ TEST(BackoffDelayTest, DegenerateBounds) {
   // From 0 the doubling still reaches the cap (0 -> 1 -> 2 -> ...).
   EXPECT_EQ(BackoffDelay(BackoffPolicy{milliseconds(0), milliseconds(8)}, 5, 0), milliseconds(4));
   EXPECT_EQ(BackoffDelay(BackoffPolicy{milliseconds(1), milliseconds(8)}, 2, 1), milliseconds(2));
+}
+
+// A request's timeout is the attempt's, cut to what is left of a Flush's deadline (rounded up to whole ms, at least
+// 1 ms), for the worker's attempt and for each request of a push sink's attempt alike.
+TEST(DeliveryContextTest, ARequestGetsWhatIsLeftOfTheDeadline) {
+  using std::chrono::milliseconds;
+  const SinkClock::TimePoint now{std::chrono::seconds(100)};
+  DeliveryContext c;
+  c.timeout = milliseconds(10000);
+  EXPECT_FALSE(c.LeftAt(now).has_value());
+  EXPECT_EQ(c.RequestTimeout(now), milliseconds(10000));
+  c.deadline = now + milliseconds(250);
+  EXPECT_EQ(c.LeftAt(now), milliseconds(250));
+  EXPECT_EQ(c.RequestTimeout(now), milliseconds(250));
+  EXPECT_EQ(c.RequestTimeout(now + std::chrono::microseconds(249'500)), milliseconds(1));  // 0.5 ms left: 1 ms
+  EXPECT_EQ(c.LeftAt(now + milliseconds(300)), milliseconds(-50));
+  EXPECT_EQ(c.RequestTimeout(now + milliseconds(300)), milliseconds(1));  // passed: still a 1 ms try
+  c.deadline = now + std::chrono::hours(1);
+  EXPECT_EQ(c.RequestTimeout(now), milliseconds(10000));  // never longer than the attempt's own
 }
 
 }  // namespace
