@@ -10,17 +10,6 @@ namespace {
 
 bool HoldsGvl(ThreadState state) { return state == ThreadState::kRunning || state == ThreadState::kGc; }
 
-// The state a thread's first event implies it was in before that event (the kBeforeFirstEvent rule).
-ThreadState StateBeforeFirst(EventName event) {
-  switch (event) {
-    case EventName::kThreadStarted: return ThreadState::kNotStarted;
-    case EventName::kWantsGvl: return ThreadState::kReleased;    // READY comes from a thread without the GVL
-    case EventName::kGvlAcquired: return ThreadState::kWantsGvl;  // RESUMED ends a wait
-    case EventName::kGcExit: return ThreadState::kGc;
-    default: return ThreadState::kRunning;  // SUSPENDED, EXITED, GC enter and both probes run holding the GVL
-  }
-}
-
 bool IsOwnThreadEvent(EventName event) {
   // Only these run on the thread's own native thread on every version (STARTED runs on the creator, READY on the
   // waker on 3.3+), so only they decide the native view.
@@ -31,64 +20,89 @@ void AddDistinct(std::vector<uint32_t>* list, uint32_t value) {
   if (std::find(list->begin(), list->end(), value) == list->end()) list->push_back(value);
 }
 
+// The lane state a tracker phase is drawn as; nullopt for a thread the tracker has not seen.
+std::optional<ThreadState> LaneState(ThreadPhase phase) {
+  switch (phase) {
+    case ThreadPhase::kUnseen:
+      return std::nullopt;
+    case ThreadPhase::kUnknown:
+      return ThreadState::kUnknown;
+    case ThreadPhase::kBlocked:
+      return ThreadState::kReleased;
+    case ThreadPhase::kWaiting:
+      return ThreadState::kWantsGvl;
+    case ThreadPhase::kHolding:
+      return ThreadState::kRunning;
+    case ThreadPhase::kGc:
+      return ThreadState::kGc;
+    case ThreadPhase::kExited:
+      return ThreadState::kExited;
+  }
+  return std::nullopt;
+}
+
+// The state a thread's first event implies it was in before that event (the kBeforeFirstEvent rule): the tracker's,
+// except that a thread_started's thread did not exist yet.
+ThreadState StateBeforeFirst(EventName event) {
+  if (event == EventName::kThreadStarted) return ThreadState::kNotStarted;
+  return LaneState(SpanTracker::PhaseBeforeFirst(event)).value_or(ThreadState::kUnknown);
+}
+
 }  // namespace
 
 // Builds a Model from events in time order. One instance per Build call.
+//
+// What each thread and the GVL are doing is the SpanTracker's, under its timeline rules (TrackerRules::kTimeline):
+// after each event the builder reads the tracker's state of every thread the event can have changed (its own, the
+// holder it preempted, every thread at a gap) and of the lock's holder, and where that differs from a lane's open
+// block, closes the block and opens the next one. The builder only draws: each block names the event that opened
+// it and, for a transition that was not reported, the rule that derived it; lanes also begin with the state a
+// thread's first event implies (inferred), and note repeats, native threads and the unknown windows of gaps.
 class ModelBuilder {
  public:
-  explicit ModelBuilder(Model* model) : m_(*model) {}
+  explicit ModelBuilder(Model* model) : m_(*model), tracker_([](const Span&) {}, TrackerRules::kTimeline) {}
 
   void Run();
 
  private:
-  // Per-thread work state beside the RubyThread being built.
-  struct Work {
-    size_t index = 0;  // into m_.threads_
-    ReleaseReason pending_reason = ReleaseReason::kUnknown;  // set by a probe, consumed by the next release
-    ModelRule pending_rule = ModelRule::kNone;
-    bool ready_pending = false;  // READY reported while holding the GVL (3.2 timeslice)
-    std::optional<uint32_t> run_tid;  // native tid of the current run, from its RESUMED
-    bool exited = false;
-  };
-
-  RubyThread& Lane(const Work& w) { return m_.threads_[w.index]; }
-  StateBlock& Cur(const Work& w) { return Lane(w).blocks.back(); }
-  Work& Touch(uint32_t serial, uint64_t t, EventName first_event);
-  void Transition(Work& w, uint64_t t, StateBlock next, EventRef closer);
+  RubyThread& Lane(size_t lane) { return m_.threads_[lane]; }
+  StateBlock& Cur(size_t lane) { return m_.threads_[lane].blocks.back(); }
+  // The lane of `serial`, made with its inferred first block when `first_event` at t is its first event.
+  size_t Touch(uint32_t serial, uint64_t t, EventName first_event);
+  void Transition(size_t lane, uint64_t t, StateBlock next, EventRef closer);
   void CloseOwner(uint64_t t, OwnerEnd end, EventRef closer, OwnerBlock next);
-  void TakeOwnerImplicitly(uint32_t serial, uint64_t t, size_t idx);
-  void Preempt(uint32_t victim, uint64_t t, size_t idx);
-  void ApplyGap(uint64_t gap_start, size_t idx, ModelRule cause);
-  void NoteNativeTid(Work& w, const TraceEvent& e);
+  void NoteNativeTid(size_t lane, const TraceEvent& e);
+  void Feed(const TraceEvent& e) { tracker_.OnEvent(TrackerEventOf(e, TraceThreadKey(e.ruby_thread), 0)); }
 
-  void OnWantsGvl(Work& w, uint64_t t, size_t idx);
-  void OnAcquired(Work& w, uint32_t serial, const TraceEvent& e, size_t idx);
-  void OnReleased(Work& w, uint32_t serial, const TraceEvent& e, size_t idx);
-  void OnStarted(Work& w, uint64_t t, size_t idx);
-  void OnExited(Work& w, uint32_t serial, const TraceEvent& e, size_t idx);
+  // Draws the tracker's state of the lane's thread after event `idx` (at t): a new block when it changed. `subject`:
+  // the event is about this thread; otherwise the thread is the holder another thread's gvl_acquired preempted.
+  void Follow(size_t lane, const TraceEvent& e, size_t idx, bool subject, uint64_t t);
+  // Draws the tracker's holder after a non-gap event of `subject` (`seen_before`: a GVL event or gap was seen
+  // before this event, so the owner lane is no longer the block inferred since the trace began).
+  void FollowOwner(const TraceEvent& e, size_t idx, uint32_t subject, bool seen_before);
+
+  void OnThreadEvent(const TraceEvent& e, size_t idx);
   void OnGcEnter(const TraceEvent& e, size_t idx);
   void OnGcExit(const TraceEvent& e, size_t idx);
-  void OnProbe(Work& w, uint32_t serial, const TraceEvent& e, size_t idx);
+  void OnGap(const TraceEvent& e, size_t idx, uint64_t gap_start, ModelRule cause);
 
   void Finish();
   void BuildNativeView();
   void ComputeTotals(RubyThread& thread);
 
   Model& m_;
-  std::unordered_map<uint32_t, Work> work_;
-  bool owner_seen_gvl_event_ = false;  // false while the owner lane is still the block before any GVL event
-  std::optional<size_t> open_gc_;      // index into gc_spans_
-  std::optional<uint32_t> gc_thread_;  // the thread whose lane shows the open GC
+  SpanTracker tracker_;  // thread keys: TraceThreadKey(ruby_thread); the lock of VM 0 (traces name no VM)
+  std::unordered_map<uint32_t, size_t> lanes_;  // ruby_thread -> index into m_.threads_
+  std::optional<size_t> open_gc_;               // index into gc_spans_
   std::optional<size_t> open_pause_;   // index into unknown_windows_
   std::optional<uint64_t> last_gap_end_;
   std::optional<ModelRule> last_gap_cause_;
 };
 
-ModelBuilder::Work& ModelBuilder::Touch(uint32_t serial, uint64_t t, EventName first_event) {
-  auto it = work_.find(serial);
-  if (it != work_.end()) return it->second;
-  Work w;
-  w.index = m_.threads_.size();
+size_t ModelBuilder::Touch(uint32_t serial, uint64_t t, EventName first_event) {
+  auto it = lanes_.find(serial);
+  if (it != lanes_.end()) return it->second;
+  const size_t index = m_.threads_.size();
   RubyThread thread;
   thread.ruby_thread = serial;
   thread.main = (m_.options_.main_thread && *m_.options_.main_thread == serial) ||
@@ -114,21 +128,22 @@ ModelBuilder::Work& ModelBuilder::Touch(uint32_t serial, uint64_t t, EventName f
   inferred.rule = ModelRule::kBeforeFirstEvent;
   thread.blocks.push_back(inferred);
   m_.threads_.push_back(std::move(thread));
-  return work_.emplace(serial, w).first->second;
+  lanes_.emplace(serial, index);
+  return index;
 }
 
-void ModelBuilder::Transition(Work& w, uint64_t t, StateBlock next, EventRef closer) {
-  StateBlock& cur = Cur(w);
+void ModelBuilder::Transition(size_t lane, uint64_t t, StateBlock next, EventRef closer) {
+  StateBlock& cur = Cur(lane);
   cur.end_ns = t;
   cur.closed_by = closer;
   if (closer && HoldsGvl(cur.state) && !cur.native_tid) {
     const TraceEvent& e = m_.events_[*closer];
-    if (IsOwnThreadEvent(e.event) && e.ruby_thread && *e.ruby_thread == Lane(w).ruby_thread) {
+    if (IsOwnThreadEvent(e.event) && e.ruby_thread && *e.ruby_thread == Lane(lane).ruby_thread) {
       cur.native_tid = e.native_tid;
     }
   }
   next.start_ns = t;
-  Lane(w).blocks.push_back(next);
+  Lane(lane).blocks.push_back(next);
 }
 
 void ModelBuilder::CloseOwner(uint64_t t, OwnerEnd end, EventRef closer, OwnerBlock next) {
@@ -140,274 +155,188 @@ void ModelBuilder::CloseOwner(uint64_t t, OwnerEnd end, EventRef closer, OwnerBl
   m_.owner_lane_.push_back(next);
 }
 
-void ModelBuilder::NoteNativeTid(Work& w, const TraceEvent& e) {
-  if (IsOwnThreadEvent(e.event) && e.native_tid) AddDistinct(&Lane(w).native_tids, *e.native_tid);
+void ModelBuilder::NoteNativeTid(size_t lane, const TraceEvent& e) {
+  if (IsOwnThreadEvent(e.event) && e.native_tid) AddDistinct(&Lane(lane).native_tids, *e.native_tid);
 }
 
-// Activity of a thread that has no GVL per the model: it must have been resumed without a RESUMED we saw. The owner
-// lane follows only when nobody else owns the GVL, so the lane never shows two owners.
-void ModelBuilder::TakeOwnerImplicitly(uint32_t serial, uint64_t t, size_t idx) {
-  const OwnerBlock& cur = m_.owner_lane_.back();
-  if (cur.kind == OwnerKind::kOwned) return;
-  OwnerBlock next;
-  next.kind = OwnerKind::kOwned;
-  next.owner = serial;
-  next.provenance = Provenance::kDerived;
-  next.rule = ModelRule::kImplicitResume;
-  next.opened_by = idx;
-  CloseOwner(t, OwnerEnd::kAcquired, idx, next);
-  owner_seen_gvl_event_ = true;
-}
-
-// Another thread's RESUMED while `victim` still held the GVL. On 3.2 this is how a timeslice ends: the preempted
-// thread reports READY from RUNNING and never SUSPENDED, so its lane turns to waiting at the other's RESUMED.
-void ModelBuilder::Preempt(uint32_t victim, uint64_t t, size_t idx) {
-  auto it = work_.find(victim);
-  if (it == work_.end()) return;
-  Work& v = it->second;
-  if (v.exited || !HoldsGvl(Cur(v).state)) return;
-  StateBlock next;
-  next.state = v.ready_pending ? ThreadState::kWantsGvl : ThreadState::kReleased;
-  next.reason = m_.ruby_3_2_ ? ReleaseReason::kPreempted : ReleaseReason::kUnknown;
-  next.provenance = Provenance::kDerived;
-  next.rule = m_.ruby_3_2_ ? ModelRule::kPreemptedByResume : ModelRule::kOwnerReplaced;
-  next.opened_by = idx;
-  Transition(v, t, next, idx);
-  v.ready_pending = false;
-  v.run_tid.reset();
-  v.pending_reason = ReleaseReason::kUnknown;
-  v.pending_rule = ModelRule::kNone;
-}
-
-void ModelBuilder::ApplyGap(uint64_t gap_start, size_t idx, ModelRule cause) {
-  for (auto& [serial, w] : work_) {
-    if (w.exited) continue;  // nothing follows EXITED, lost events or not
-    w.pending_reason = ReleaseReason::kUnknown;
-    w.pending_rule = ModelRule::kNone;
-    w.ready_pending = false;
-    w.run_tid.reset();
-    if (Cur(w).state == ThreadState::kUnknown) continue;
-    StateBlock unknown;
-    unknown.state = ThreadState::kUnknown;
-    unknown.provenance = Provenance::kDerived;
-    unknown.rule = cause;
-    unknown.opened_by = idx;
-    Transition(w, std::max(gap_start, Cur(w).start_ns), unknown, idx);
-  }
-  if (m_.owner_lane_.back().kind != OwnerKind::kUnknown || !owner_seen_gvl_event_) {
-    OwnerBlock unknown;
-    unknown.kind = OwnerKind::kUnknown;
-    unknown.provenance = Provenance::kDerived;
-    unknown.rule = cause;
-    unknown.opened_by = idx;
-    CloseOwner(std::max(gap_start, m_.owner_lane_.back().start_ns), OwnerEnd::kGap, idx, unknown);
-  }
-  owner_seen_gvl_event_ = true;
-  if (open_gc_) {
-    GcSpan& gc = m_.gc_spans_[*open_gc_];
-    gc.end_ns = std::max(gap_start, gc.start_ns);
-    gc.closed_by = idx;
-    open_gc_.reset();
-  }
-  gc_thread_.reset();
-  last_gap_cause_ = cause;
-}
-
-void ModelBuilder::OnWantsGvl(Work& w, uint64_t t, size_t idx) {
-  StateBlock& cur = Cur(w);
-  if (HoldsGvl(cur.state)) {
-    // 3.2 timeslice: READY straight from RUNNING. The thread keeps the GVL until another thread's RESUMED.
-    w.ready_pending = true;
-    if (!cur.ready_while_running) cur.ready_while_running = idx;
-    return;
-  }
-  if (cur.state == ThreadState::kWantsGvl) {
-    ++cur.repeats;
-    return;
-  }
-  StateBlock next;
-  next.state = ThreadState::kWantsGvl;
-  next.opened_by = idx;
-  Transition(w, t, next, idx);
-}
-
-void ModelBuilder::OnAcquired(Work& w, uint32_t serial, const TraceEvent& e, size_t idx) {
-  const uint64_t t = e.t_ns;
-  NoteNativeTid(w, e);
-  // Owner lane first, so a preempted thread's lane closes at this RESUMED.
-  OwnerBlock& owner = m_.owner_lane_.back();
-  if (owner.kind == OwnerKind::kOwned && owner.owner == serial) {
-    // Repeated RESUMED: the ownership stands.
-  } else {
-    OwnerEnd end = OwnerEnd::kAcquired;
-    if (owner.kind == OwnerKind::kOwned) {
-      Preempt(*owner.owner, t, idx);
-      end = OwnerEnd::kPreempted;
+void ModelBuilder::Follow(size_t lane, const TraceEvent& e, size_t idx, bool subject, uint64_t t) {
+  const std::optional<ThreadState> now = LaneState(tracker_.phase(TraceThreadKey(Lane(lane).ruby_thread)));
+  StateBlock& cur = Cur(lane);
+  if (!now || *now == cur.state) {
+    if (!subject) return;
+    // The event changed nothing: a repeat the block absorbs (3.2 reports two SUSPENDED for one sleep), or a 3.2
+    // READY while running, which the thread's hold keeps until another thread's RESUMED.
+    switch (e.event) {
+      case EventName::kWantsGvl:
+        if (HoldsGvl(cur.state)) {
+          if (!cur.ready_while_running) cur.ready_while_running = idx;
+        } else {
+          ++cur.repeats;
+        }
+        break;
+      case EventName::kGvlAcquired:
+        ++cur.repeats;
+        if (!cur.native_tid) cur.native_tid = e.native_tid;
+        break;
+      case EventName::kGvlReleased:
+      case EventName::kThreadStarted:
+      case EventName::kGcEnter:
+        ++cur.repeats;
+        break;
+      default:
+        break;
     }
-    OwnerBlock next;
-    next.kind = OwnerKind::kOwned;
-    next.owner = serial;
+    return;
+  }
+  StateBlock next;
+  next.state = *now;
+  next.opened_by = idx;
+  if (*now == ThreadState::kUnknown) {
     next.provenance = Provenance::kDerived;
-    next.rule = ModelRule::kOwnerFromAcquire;
-    next.opened_by = idx;
-    CloseOwner(t, end, idx, next);
-  }
-  owner_seen_gvl_event_ = true;
-
-  w.pending_reason = ReleaseReason::kUnknown;
-  w.pending_rule = ModelRule::kNone;
-  w.ready_pending = false;
-  w.run_tid = e.native_tid;
-  StateBlock& cur = Cur(w);
-  if (HoldsGvl(cur.state)) {
-    ++cur.repeats;
-    if (!cur.native_tid) cur.native_tid = e.native_tid;
-    return;
-  }
-  StateBlock next;
-  next.state = ThreadState::kRunning;
-  next.opened_by = idx;
-  next.native_tid = e.native_tid;
-  Transition(w, t, next, idx);
-}
-
-void ModelBuilder::OnReleased(Work& w, uint32_t serial, const TraceEvent& e, size_t idx) {
-  const uint64_t t = e.t_ns;
-  NoteNativeTid(w, e);
-  StateBlock& cur = Cur(w);
-  const bool held = HoldsGvl(cur.state);
-  OwnerBlock& owner = m_.owner_lane_.back();
-  if (!owner_seen_gvl_event_ && held) {
-    // The first GVL event is a release: this thread owned the GVL since the trace began.
-    owner.kind = OwnerKind::kOwned;
-    owner.owner = serial;
-    owner.provenance = Provenance::kInferred;
-    owner.rule = ModelRule::kBeforeFirstEvent;
-  }
-  if ((owner.kind == OwnerKind::kOwned && owner.owner == serial) ||
-      (owner.kind == OwnerKind::kUnknown && owner_seen_gvl_event_)) {
-    OwnerBlock idle;
-    idle.kind = OwnerKind::kIdle;
-    idle.provenance = Provenance::kDerived;
-    idle.rule = ModelRule::kOwnerFromAcquire;
-    idle.opened_by = idx;
-    CloseOwner(t, OwnerEnd::kReleased, idx, idle);
-  }
-  // Otherwise (3.2's second SUSPENDED, or a release by a thread the lane does not show as owner) the owner lane
-  // is left alone: a release cannot take the GVL from somebody else.
-  owner_seen_gvl_event_ = true;
-
-  if (cur.state == ThreadState::kReleased) {
-    ++cur.repeats;  // 3.2: thread_sched_to_waiting and native_sleep both report SUSPENDED for one sleep
+    next.rule = *last_gap_cause_;
+  } else if (!subject) {
+    // Another thread's RESUMED took the lock this one had not released: on 3.2 a timeslice, on 3.3+ a lost SUSPENDED.
+    next.reason = m_.ruby_3_2_ ? ReleaseReason::kPreempted : ReleaseReason::kUnknown;
+    next.provenance = Provenance::kDerived;
+    next.rule = m_.ruby_3_2_ ? ModelRule::kPreemptedByResume : ModelRule::kOwnerReplaced;
   } else {
-    StateBlock next;
-    next.state = ThreadState::kReleased;
-    next.opened_by = idx;
-    // A reason derived from the released stack names the blocking call itself, so it wins over a probe entry
-    // seen earlier (which only says the thread was somewhere inside Kernel#sleep / Mutex#lock).
-    const ReleaseReason from_stack = e.reason.empty() ? ReleaseReason::kUnknown : ParseReleaseReasonTraceName(e.reason);
-    if (from_stack != ReleaseReason::kUnknown) {
-      next.reason = from_stack;
-      next.provenance = Provenance::kDerived;
-      next.rule = ModelRule::kStackReason;
-    } else if (held && w.pending_reason != ReleaseReason::kUnknown) {
-      next.reason = w.pending_reason;
-      next.provenance = Provenance::kDerived;
-      next.rule = w.pending_rule;
+    switch (e.event) {
+      case EventName::kGvlAcquired:
+        next.native_tid = e.native_tid;
+        break;
+      case EventName::kGvlReleased: {
+        const ReleaseReason from_stack =
+            e.reason.empty() ? ReleaseReason::kUnknown : ParseReleaseReasonTraceName(e.reason);
+        const ReleaseReason reason = tracker_.blocked_reason(TraceThreadKey(e.ruby_thread));
+        if (from_stack != ReleaseReason::kUnknown) {
+          next.reason = from_stack;
+          next.provenance = Provenance::kDerived;
+          next.rule = ModelRule::kStackReason;
+        } else if (reason != ReleaseReason::kUnknown) {
+          // A Kernel#sleep / Mutex#lock probe entered since the thread last ran.
+          next.reason = reason;
+          next.provenance = Provenance::kDerived;
+          next.rule = reason == ReleaseReason::kSleeping ? ModelRule::kSleepProbe : ModelRule::kMutexProbe;
+        }
+        break;
+      }
+      case EventName::kThreadStarted:
+        next.reason = ReleaseReason::kStarting;
+        break;
+      case EventName::kGcEnter:
+        if (cur.state == ThreadState::kRunning) {
+          next.native_tid = cur.native_tid;
+          if (!e.ruby_thread) {
+            next.provenance = Provenance::kDerived;
+            next.rule = ModelRule::kGcOnOwner;
+          }
+        } else {
+          next.provenance = Provenance::kDerived;
+          next.rule = ModelRule::kImplicitResume;
+        }
+        break;
+      case EventName::kGcExit:
+        next.native_tid = cur.native_tid;
+        if (!e.ruby_thread) {
+          next.provenance = Provenance::kDerived;
+          next.rule = ModelRule::kGcOnOwner;
+        }
+        break;
+      case EventName::kSleepEnter:
+      case EventName::kMutexLockEnter:
+        // A probe runs Ruby code, which needs the GVL: the thread was resumed without a RESUMED we saw.
+        next.provenance = Provenance::kDerived;
+        next.rule = ModelRule::kImplicitResume;
+        break;
+      default:
+        break;
     }
-    Transition(w, t, next, idx);
   }
-  w.pending_reason = ReleaseReason::kUnknown;
-  w.pending_rule = ModelRule::kNone;
-  w.ready_pending = false;
-  w.run_tid.reset();
+  Transition(lane, t, next, idx);
 }
 
-void ModelBuilder::OnStarted(Work& w, uint64_t t, size_t idx) {
-  StateBlock& cur = Cur(w);
-  if (cur.state != ThreadState::kNotStarted && cur.state != ThreadState::kUnknown) {
-    ++cur.repeats;
+void ModelBuilder::FollowOwner(const TraceEvent& e, size_t idx, uint32_t subject, bool seen_before) {
+  if (!tracker_.holder_known()) return;  // only a gap loses the holder (OnGap)
+  const std::optional<uint32_t> holder = TraceRubyThread(tracker_.holder());
+  OwnerBlock& cur = m_.owner_lane_.back();
+  if (holder ? cur.kind == OwnerKind::kOwned && cur.owner == holder : cur.kind == OwnerKind::kIdle) return;
+  OwnerBlock next;
+  next.provenance = Provenance::kDerived;
+  next.opened_by = idx;
+  OwnerEnd end = OwnerEnd::kAcquired;
+  if (holder) {
+    next.kind = OwnerKind::kOwned;
+    next.owner = holder;
+    next.rule = e.event == EventName::kGvlAcquired ? ModelRule::kOwnerFromAcquire : ModelRule::kImplicitResume;
+    if (cur.kind == OwnerKind::kOwned) end = OwnerEnd::kPreempted;
+  } else {
+    if (!seen_before) {
+      // The first GVL event is a release or exit of a thread holding the GVL: it owned it since the trace began.
+      cur.kind = OwnerKind::kOwned;
+      cur.owner = subject;
+      cur.provenance = Provenance::kInferred;
+      cur.rule = ModelRule::kBeforeFirstEvent;
+    }
+    next.kind = OwnerKind::kIdle;
+    const bool exit = e.event == EventName::kThreadExited;
+    next.rule = exit ? ModelRule::kExitReleases : ModelRule::kOwnerFromAcquire;
+    end = exit ? OwnerEnd::kExited : OwnerEnd::kReleased;
+  }
+  CloseOwner(e.t_ns, end, idx, next);
+}
+
+void ModelBuilder::OnThreadEvent(const TraceEvent& e, size_t idx) {
+  const uint32_t serial = *e.ruby_thread;
+  const size_t lane = Touch(serial, e.t_ns, e.event);
+  if (Cur(lane).state == ThreadState::kExited) {
+    // Nothing follows EXITED (the tracker ignores it too); 3.2 reports EXITED, then SUSPENDED.
+    if (e.event == EventName::kGvlReleased || e.event == EventName::kThreadExited) {
+      ++Cur(lane).repeats;
+    } else {
+      ++m_.unattributed_events_;
+    }
     return;
   }
-  StateBlock next;
-  next.state = ThreadState::kReleased;
-  next.reason = ReleaseReason::kStarting;
-  next.opened_by = idx;
-  Transition(w, t, next, idx);
-}
-
-void ModelBuilder::OnExited(Work& w, uint32_t serial, const TraceEvent& e, size_t idx) {
-  NoteNativeTid(w, e);
-  OwnerBlock& owner = m_.owner_lane_.back();
-  if (!owner_seen_gvl_event_ && HoldsGvl(Cur(w).state)) {
-    owner.kind = OwnerKind::kOwned;
-    owner.owner = serial;
-    owner.provenance = Provenance::kInferred;
-    owner.rule = ModelRule::kBeforeFirstEvent;
+  const uint64_t holder_before = tracker_.holder();
+  const bool seen_before = tracker_.holder_seen();
+  Feed(e);
+  NoteNativeTid(lane, e);
+  FollowOwner(e, idx, serial, seen_before);
+  if (holder_before != 0 && holder_before != TraceThreadKey(serial)) {
+    // The holder a RESUMED preempted (the tracker's state of any other thread cannot have changed).
+    if (auto it = lanes_.find(*TraceRubyThread(holder_before)); it != lanes_.end()) {
+      Follow(it->second, e, idx, /*subject=*/false, e.t_ns);
+    }
   }
-  if (owner.kind == OwnerKind::kOwned && owner.owner == serial) {
-    OwnerBlock idle;
-    idle.kind = OwnerKind::kIdle;
-    idle.provenance = Provenance::kDerived;
-    idle.rule = ModelRule::kExitReleases;
-    idle.opened_by = idx;
-    CloseOwner(e.t_ns, OwnerEnd::kExited, idx, idle);
-    owner_seen_gvl_event_ = true;
-  }
-  StateBlock next;
-  next.state = ThreadState::kExited;
-  next.opened_by = idx;
-  Transition(w, e.t_ns, next, idx);
-  w.exited = true;
-  if (gc_thread_ == serial) gc_thread_.reset();
+  Follow(lane, e, idx, /*subject=*/true, e.t_ns);
 }
 
 void ModelBuilder::OnGcEnter(const TraceEvent& e, size_t idx) {
   if (open_gc_) return;  // GC does not nest; a repeated enter changes nothing
+  const bool seen_before = tracker_.holder_seen();
+  Feed(e);
+  // The GC's thread: the event's, else the GVL's holder (GC runs holding the GVL: derived).
+  const std::optional<uint32_t> thread = TraceRubyThread(tracker_.gc_thread());
   GcSpan span;
   span.start_ns = e.t_ns;
   span.opened_by = idx;
-  std::optional<uint32_t> thread = e.ruby_thread;
-  bool from_owner = false;
-  if (!thread && m_.owner_lane_.back().kind == OwnerKind::kOwned) {
-    thread = m_.owner_lane_.back().owner;  // GC runs holding the GVL
-    from_owner = true;
-  }
   span.ruby_thread = thread;
-  span.thread_provenance = from_owner ? Provenance::kDerived : Provenance::kObserved;
+  span.thread_provenance = !e.ruby_thread && thread ? Provenance::kDerived : Provenance::kObserved;
   open_gc_ = m_.gc_spans_.size();
   m_.gc_spans_.push_back(span);
   if (!thread) return;
-
-  Work& w = Touch(*thread, e.t_ns, EventName::kGcEnter);
-  if (w.exited) {
+  const size_t lane = Touch(*thread, e.t_ns, EventName::kGcEnter);
+  if (Cur(lane).state == ThreadState::kExited) {
     ++m_.unattributed_events_;
     return;
   }
-  StateBlock& cur = Cur(w);
-  if (cur.state == ThreadState::kGc) {
-    ++cur.repeats;
-  } else {
-    StateBlock next;
-    next.state = ThreadState::kGc;
-    next.opened_by = idx;
-    if (cur.state == ThreadState::kRunning) {
-      next.native_tid = cur.native_tid;
-      if (from_owner) {
-        next.provenance = Provenance::kDerived;
-        next.rule = ModelRule::kGcOnOwner;
-      }
-    } else {
-      next.provenance = Provenance::kDerived;
-      next.rule = ModelRule::kImplicitResume;
-      TakeOwnerImplicitly(*thread, e.t_ns, idx);
-    }
-    Transition(w, e.t_ns, next, idx);
-  }
-  gc_thread_ = thread;
+  FollowOwner(e, idx, *thread, seen_before);
+  Follow(lane, e, idx, /*subject=*/true, e.t_ns);
 }
 
 void ModelBuilder::OnGcExit(const TraceEvent& e, size_t idx) {
+  const std::optional<uint32_t> thread = TraceRubyThread(tracker_.GcExitThread(TraceThreadKey(e.ruby_thread)));
+  Feed(e);
   if (open_gc_) {
     GcSpan& gc = m_.gc_spans_[*open_gc_];
     gc.end_ns = e.t_ns;
@@ -415,47 +344,36 @@ void ModelBuilder::OnGcExit(const TraceEvent& e, size_t idx) {
     gc.complete = true;
     open_gc_.reset();
   }
-  std::optional<uint32_t> thread = gc_thread_ ? gc_thread_ : e.ruby_thread;
-  gc_thread_.reset();
   if (!thread) return;
-  Work& w = Touch(*thread, e.t_ns, EventName::kGcExit);
-  if (w.exited) {
+  const size_t lane = Touch(*thread, e.t_ns, EventName::kGcExit);
+  if (Cur(lane).state == ThreadState::kExited) {
     ++m_.unattributed_events_;
     return;
   }
-  StateBlock& cur = Cur(w);
-  if (cur.state != ThreadState::kGc) return;
-  StateBlock next;
-  next.state = ThreadState::kRunning;
-  next.opened_by = idx;
-  next.native_tid = cur.native_tid;
-  if (!e.ruby_thread) {
-    next.provenance = Provenance::kDerived;
-    next.rule = ModelRule::kGcOnOwner;
-  }
-  Transition(w, e.t_ns, next, idx);
+  Follow(lane, e, idx, /*subject=*/true, e.t_ns);
 }
 
-void ModelBuilder::OnProbe(Work& w, uint32_t serial, const TraceEvent& e, size_t idx) {
-  StateBlock& cur = Cur(w);
-  if (!HoldsGvl(cur.state)) {
-    // A probe runs Ruby code, which needs the GVL: the thread was resumed without a RESUMED we saw.
-    TakeOwnerImplicitly(serial, e.t_ns, idx);
-    StateBlock next;
-    next.state = ThreadState::kRunning;
-    next.provenance = Provenance::kDerived;
-    next.rule = ModelRule::kImplicitResume;
-    next.opened_by = idx;
-    Transition(w, e.t_ns, next, idx);
+void ModelBuilder::OnGap(const TraceEvent& e, size_t idx, uint64_t gap_start, ModelRule cause) {
+  const bool seen_before = tracker_.holder_seen();
+  last_gap_cause_ = cause;
+  Feed(e);
+  // Every thread's state is unknown from the gap's start (nothing follows EXITED, lost events or not).
+  for (size_t lane = 0; lane < m_.threads_.size(); ++lane) {
+    Follow(lane, e, idx, /*subject=*/true, std::max(gap_start, Cur(lane).start_ns));
   }
-  // No exit probe exists, so "inside the probe" means: after its entry and before the thread next runs (RESUMED
-  // clears it). The next release is labelled, derived.
-  if (e.event == EventName::kSleepEnter) {
-    w.pending_reason = ReleaseReason::kSleeping;
-    w.pending_rule = ModelRule::kSleepProbe;
-  } else {
-    w.pending_reason = ReleaseReason::kWaitingMutex;
-    w.pending_rule = ModelRule::kMutexProbe;
+  if (m_.owner_lane_.back().kind != OwnerKind::kUnknown || !seen_before) {
+    OwnerBlock unknown;
+    unknown.kind = OwnerKind::kUnknown;
+    unknown.provenance = Provenance::kDerived;
+    unknown.rule = cause;
+    unknown.opened_by = idx;
+    CloseOwner(std::max(gap_start, m_.owner_lane_.back().start_ns), OwnerEnd::kGap, idx, unknown);
+  }
+  if (open_gc_) {
+    GcSpan& gc = m_.gc_spans_[*open_gc_];
+    gc.end_ns = std::max(gap_start, gc.start_ns);
+    gc.closed_by = idx;
+    open_gc_.reset();
   }
 }
 
@@ -482,7 +400,7 @@ void ModelBuilder::Run() {
         // The lost events fell somewhere after the last event that made it.
         UnknownWindow window{prev_t, t, ModelRule::kEventsDropped, idx, e.count};
         m_.unknown_windows_.push_back(window);
-        ApplyGap(prev_t, idx, ModelRule::kEventsDropped);
+        OnGap(e, idx, prev_t, ModelRule::kEventsDropped);
         last_gap_end_ = t;
         break;
       }
@@ -491,7 +409,7 @@ void ModelBuilder::Run() {
         if (open_pause_) break;
         open_pause_ = m_.unknown_windows_.size();
         m_.unknown_windows_.push_back({t, t, ModelRule::kTracingPaused, idx, 0});
-        ApplyGap(t, idx, ModelRule::kTracingPaused);
+        OnGap(e, idx, t, ModelRule::kTracingPaused);
         last_gap_end_ = t;
         break;
       }
@@ -509,7 +427,7 @@ void ModelBuilder::Run() {
       case EventName::kGcExit:
         OnGcExit(e, idx);
         break;
-      default: {
+      default:
         if (e.event == EventName::kSleepEnter || e.event == EventName::kMutexLockEnter) {
           m_.markers_.push_back({t, e.event, e.ruby_thread, idx});
         }
@@ -517,25 +435,8 @@ void ModelBuilder::Run() {
           ++m_.unattributed_events_;
           break;
         }
-        const uint32_t serial = *e.ruby_thread;
-        Work& w = Touch(serial, t, e.event);
-        if (w.exited) {
-          if (e.event == EventName::kGvlReleased || e.event == EventName::kThreadExited) {
-            ++Cur(w).repeats;  // 3.2 reports EXITED, then SUSPENDED
-          } else {
-            ++m_.unattributed_events_;
-          }
-          break;
-        }
-        switch (e.event) {
-          case EventName::kThreadStarted: OnStarted(w, t, idx); break;
-          case EventName::kWantsGvl: OnWantsGvl(w, t, idx); break;
-          case EventName::kGvlAcquired: OnAcquired(w, serial, e, idx); break;
-          case EventName::kGvlReleased: OnReleased(w, serial, e, idx); break;
-          case EventName::kThreadExited: OnExited(w, serial, e, idx); break;
-          default: OnProbe(w, serial, e, idx); break;
-        }
-      }
+        OnThreadEvent(e, idx);
+        break;
     }
     prev_t = t;
   }

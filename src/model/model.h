@@ -1,9 +1,10 @@
 // The one thread-state model of rvbpfd: what every Ruby thread and the GVL were doing at each moment of a trace,
-// built from the .rvtrace events with the in-process recorder's rules. `inspect`, `stats`, the exporters and the
-// report all read this model, so they can never disagree about a state. Its lanes and spans() (the SpanTracker's)
-// state the same intervals wherever every transition was reported; docs/design.md ("GVL and GC spans") lists the
-// derived rules by which they differ where one was not (a 3.2 timeslice, lost events), and
-// tests/model/model_tracker_agreement_test.cc checks the rest.
+// with the in-process recorder's rules. `inspect`, `stats`, the exporters and the report all read this model, so they
+// can never disagree about a state. Its lanes draw the state of a SpanTracker run with TrackerRules::kTimeline; its
+// spans() are those of one run with the streaming rules, which the pprof and folded exports and the fleet agent also
+// use. Both are the same state machine and state the same intervals wherever every transition was reported; the
+// rules by which they differ where one was not (a 3.2 timeslice, lost events) are TrackerRules' and docs/design.md's
+// ("GVL and GC spans"), and tests/model/model_tracker_agreement_test.cc checks the rest.
 //
 // Every block carries how it is known (Provenance) and, when it is not simply observed, the rule that produced it
 // (ModelRule), plus the event that opened and the event that closed it, so a viewer can always answer "how do you

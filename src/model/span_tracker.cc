@@ -37,6 +37,65 @@ bool SpanTracker::waiting(uint64_t thread) const {
   return t != nullptr && t->waiting;
 }
 
+ThreadPhase SpanTracker::phase(uint64_t thread) const {
+  const Thread* t = threads_.find(thread);
+  if (t == nullptr) return ThreadPhase::kUnseen;
+  if (t->exited) return ThreadPhase::kExited;
+  if (t->holding) {
+    return gc_open_ && gc_thread_ == thread && !(timeline_ && gc_thread_left_) ? ThreadPhase::kGc
+                                                                               : ThreadPhase::kHolding;
+  }
+  if (t->waiting) return ThreadPhase::kWaiting;
+  if (t->blocked) return ThreadPhase::kBlocked;
+  return ThreadPhase::kUnknown;
+}
+
+bool SpanTracker::ready_while_holding(uint64_t thread) const {
+  const Thread* t = threads_.find(thread);
+  return t != nullptr && t->holding && t->ready;
+}
+
+ReleaseReason SpanTracker::blocked_reason(uint64_t thread) const {
+  const Thread* t = threads_.find(thread);
+  return t != nullptr && t->blocked ? t->blocked_reason : ReleaseReason::kUnknown;
+}
+
+bool SpanTracker::holder_seen(uint32_t vm) const {
+  if (gap_seen_) return true;
+  for (const Holder& h : holders_) {
+    if (h.vm == vm) return h.seen;
+  }
+  return false;
+}
+
+ThreadPhase SpanTracker::PhaseBeforeFirst(EventName first) {
+  switch (first) {
+    case EventName::kGvlReleased:
+    case EventName::kThreadExited:
+    case EventName::kGcEnter:
+    case EventName::kSleepEnter:
+    case EventName::kMutexLockEnter:
+      return ThreadPhase::kHolding;
+    case EventName::kGcExit:
+      return ThreadPhase::kGc;
+    case EventName::kGvlAcquired:
+      return ThreadPhase::kWaiting;
+    case EventName::kWantsGvl:
+      return ThreadPhase::kBlocked;
+    default:
+      return ThreadPhase::kUnseen;
+  }
+}
+
+uint64_t SpanTracker::GcExitThread(uint64_t key) const {
+  // The GC's own thread while it is alive; else the thread the gc_exit names.
+  if (gc_open_ && gc_thread_ != 0) {
+    const Thread* t = threads_.find(gc_thread_);
+    if (t != nullptr && !t->exited) return gc_thread_;
+  }
+  return key;
+}
+
 uint64_t SpanTracker::oldest_open_wait_ns(uint64_t otherwise) const {
   uint64_t oldest = otherwise;
   for (const auto& [key, t] : threads_) {
@@ -131,6 +190,9 @@ void SpanTracker::EndHold(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end,
   s.release_stack = release_stack;
   Emit(s);
   t.holding = false;
+  t.ready = false;
+  // kTimeline: a thread that gives the lock up inside a GC no longer runs it, even once it holds the lock again.
+  if (gc_open_ && gc_thread_ == key) gc_thread_left_ = true;
 }
 
 void SpanTracker::EndBlocked(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted) {
@@ -168,9 +230,14 @@ void SpanTracker::EndGc(uint64_t end_ns, SpanEnd end, bool counted) {
 
 void SpanTracker::DiscardOpen(uint64_t t) {
   // Whatever was open may have ended, and begun again, in the events that are missing; a new thread may have
-  // started at the key of an exited one.
-  ForgetExited();
+  // started at the key of an exited one (kTimeline: an exit is final).
+  if (timeline_) {
+    gap_seen_ = true;
+  } else {
+    ForgetExited();
+  }
   for (auto& [key, th] : threads_) {
+    if (th.exited) continue;
     if (th.waiting) EndWait(key, th, t, SpanEnd::kGap, false);
     if (th.holding) EndHold(key, th, t, SpanEnd::kGap, th.last_sample_stack, Provenance::kObserved, false);
     if (th.blocked) EndBlocked(key, th, t, SpanEnd::kGap, false);
@@ -178,6 +245,46 @@ void SpanTracker::DiscardOpen(uint64_t t) {
   }
   if (gc_open_) EndGc(t, SpanEnd::kGap, false);
   LoseHolders(t);
+}
+
+SpanTracker::Thread& SpanTracker::ThreadOfHolderEvent(uint64_t key, uint32_t vm) {
+  auto [t, fresh] = threads_.try_emplace(key);
+  t->idle = 0;
+  if (fresh) {  // PhaseBeforeFirst: kHolding or kGc for each event served here
+    t->vm = vm;
+    t->holding = true;
+    t->hold_start_ns = 0;
+  }
+  return *t;
+}
+
+void SpanTracker::ResumeImplicitly(uint64_t key, Thread& t, uint64_t ts) {
+  if (t.waiting) EndWait(key, t, ts, SpanEnd::kImplicit, false);
+  if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kImplicit, true);
+  t.holding = true;
+  t.hold_start_ns = ts;
+  Holder& h = HolderOf(t.vm);
+  if (!h.known || h.thread == 0) SetHolder(t.vm, key, ts, SpanEnd::kAcquired);
+  h.seen = true;
+}
+
+void SpanTracker::Preempt(uint64_t holder, uint64_t ts) {
+  Thread* v = Find(holder);
+  if (v == nullptr || v->exited || !v->holding) return;
+  const bool ready = v->ready;
+  EndHold(holder, *v, ts, SpanEnd::kPreempted, v->last_sample_stack, Provenance::kDerived, true);
+  if (ready) {
+    // It asked for the lock back before giving it up (a 3.2 timeslice): it waits from here.
+    v->waiting = true;
+    v->wait_start_ns = ts;
+    v->wait_stack = 0;
+  } else {
+    v->blocked = true;
+    v->blocked_start_ns = ts;
+    v->blocked_reason = ReleaseReason::kUnknown;
+    v->blocked_reason_provenance = Provenance::kObserved;
+  }
+  v->probe_reason = ReleaseReason::kUnknown;
 }
 
 void SpanTracker::OnSample(uint64_t thread, uint32_t stack, bool in_gc) {
@@ -197,9 +304,11 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
   const uint64_t ts = e.t_ns;
   const uint64_t key = e.thread;
   switch (e.event) {
+    case EventName::kTracingResumed:
+      if (timeline_) return;  // the pause was the gap
+      [[fallthrough]];
     case EventName::kEventsDropped:
     case EventName::kTracingPaused:
-    case EventName::kTracingResumed:
       DiscardOpen(ts);
       return;
     case EventName::kGcEnter: {
@@ -208,24 +317,36 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       gc_start_ns_ = ts;
       gc_thread_derived_ = key == 0;
       gc_thread_ = key != 0 ? key : holder(e.vm);  // GC runs on the thread holding the GVL
+      gc_thread_left_ = false;
       gc_stack_ = 0;
-      if (gc_thread_ != 0) {
-        if (const Thread* t = Find(gc_thread_)) gc_stack_ = t->last_sample_stack;
+      if (gc_thread_ == 0) return;
+      if (timeline_) {
+        // GC runs holding the lock: a thread not seen holding it was resumed unseen (or held it before its first
+        // event).
+        Thread& t = ThreadOfHolderEvent(gc_thread_, e.vm);
+        if (!t.exited && !t.holding) ResumeImplicitly(gc_thread_, t, ts);
       }
+      if (const Thread* t = Find(gc_thread_)) gc_stack_ = t->last_sample_stack;
       return;
     }
     case EventName::kGcExit:
+      if (timeline_) {
+        const uint64_t g = GcExitThread(key);
+        if (g != 0) ThreadOfHolderEvent(g, e.vm);
+      }
       if (gc_open_) EndGc(ts, SpanEnd::kGcExit, true);
       return;
     case EventName::kSleepEnter:
-    case EventName::kMutexLockEnter:
+    case EventName::kMutexLockEnter: {
       // No exit probe exists: the reason holds for the thread's next release, until it runs again.
       if (key == 0) return;
-      if (Thread* t = Find(key); t != nullptr && !t->exited) {
-        t->probe_reason =
-            e.event == EventName::kSleepEnter ? ReleaseReason::kSleeping : ReleaseReason::kWaitingMutex;
-      }
+      Thread* t = timeline_ ? &ThreadOfHolderEvent(key, e.vm) : Find(key);
+      if (t == nullptr || t->exited) return;
+      // A probe runs Ruby code, which needs the lock.
+      if (timeline_ && !t->holding) ResumeImplicitly(key, *t, ts);
+      t->probe_reason = e.event == EventName::kSleepEnter ? ReleaseReason::kSleeping : ReleaseReason::kWaitingMutex;
       return;
+    }
     case EventName::kThreadStarted:
     case EventName::kWantsGvl:
     case EventName::kGvlAcquired:
@@ -241,6 +362,18 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
   auto [found, fresh] = threads_.try_emplace(key);
   Thread& t = *found;
   t.idle = 0;
+  if (timeline_) {
+    if (t.exited) return;  // an exit is final
+    if (fresh) {
+      t.vm = e.vm;
+      // Only a thread holding the lock reports a release or an exit: it held it before its first event.
+      const ThreadPhase before = PhaseBeforeFirst(e.event);
+      if (before == ThreadPhase::kHolding || before == ThreadPhase::kGc) {
+        t.holding = true;
+        t.hold_start_ns = ts;
+      }
+    }
+  }
   if (t.exited) {
     // 3.2 reports a thread's last release after its EXITED: a dead thread's release opens nothing.
     if (e.event == EventName::kGvlReleased || e.event == EventName::kThreadExited) return;
@@ -251,6 +384,7 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
   }
   switch (e.event) {
     case EventName::kThreadStarted: {
+      if (!fresh && timeline_ && (t.waiting || t.holding || t.blocked)) return;  // a repeat
       if (!fresh) {
         // A key reused after an exit that was not seen: the old thread's open spans have no end.
         if (t.waiting) EndWait(key, t, ts, SpanEnd::kRestarted, false);
@@ -268,6 +402,7 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       return;
     }
     case EventName::kThreadExited: {
+      const bool held = t.holding;
       // CRuby 3.3+ fires no SUSPENDED at exit, so a hold still open here ends by the exit.
       if (t.holding) EndHold(key, t, ts, SpanEnd::kExited, t.last_sample_stack, Provenance::kDerived, true);
       if (t.waiting) EndWait(key, t, ts, SpanEnd::kExited, false);
@@ -278,11 +413,22 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       t.vm = e.vm;
       t.exited = true;
       ++exited_;
-      if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kExited);
+      if (holder(e.vm) == key) {
+        SetHolder(e.vm, 0, ts, SpanEnd::kExited);
+        if (timeline_) HolderOf(e.vm).seen = true;
+      } else if (timeline_ && held && !holder_known(e.vm) && !holder_seen(e.vm)) {
+        // The first GVL event: the thread held the lock since before it, and nobody holds it now.
+        SetHolder(e.vm, 0, ts, SpanEnd::kExited);
+        HolderOf(e.vm).seen = true;
+      }
       return;
     }
     case EventName::kWantsGvl: {
       t.vm = e.vm;
+      if (timeline_ && t.holding) {
+        t.ready = true;  // it keeps the lock until another thread takes it
+        return;
+      }
       if (t.holding) {
         // Wanting the lock while holding it means a release that was not seen (3.2 timeslices): the hold ends here.
         EndHold(key, t, ts, SpanEnd::kWantsGvl, t.last_sample_stack, Provenance::kDerived, true);
@@ -299,6 +445,12 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
     }
     case EventName::kGvlAcquired: {
       t.vm = e.vm;
+      if (timeline_) {
+        const uint64_t previous = holder(e.vm);
+        if (previous != 0 && previous != key) Preempt(previous, ts);  // t stays valid: nothing is inserted
+        HolderOf(e.vm).seen = true;
+        t.ready = false;
+      }
       if (t.waiting) EndWait(key, t, ts, SpanEnd::kAcquired, true);
       if (t.blocked) EndBlocked(key, t, ts, SpanEnd::kAcquired, true);
       t.release_stack = 0;  // it runs again: its last release no longer says what it waits for
@@ -312,6 +464,7 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
     }
     case EventName::kGvlReleased: {
       t.vm = e.vm;
+      const bool held = t.holding;
       t.release_stack = e.stack;
       // Releasing the lock while waiting for it cannot happen in order: the wait's acquisition was not seen.
       if (t.waiting) EndWait(key, t, ts, SpanEnd::kReleased, false);
@@ -319,14 +472,22 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
         EndHold(key, t, ts, SpanEnd::kReleased, e.stack != 0 ? e.stack : t.last_sample_stack, Provenance::kObserved,
                 true, e.stack != 0);
       }
-      if (holder(e.vm) == key) SetHolder(e.vm, 0, ts, SpanEnd::kReleased);
+      if (holder(e.vm) == key) {
+        SetHolder(e.vm, 0, ts, SpanEnd::kReleased);
+      } else if (timeline_ && !holder_known(e.vm) && (held || holder_seen(e.vm))) {
+        // After a gap a release says nobody holds the lock; before the first GVL event, one by a thread that held it
+        // since before says so too.
+        SetHolder(e.vm, 0, ts, SpanEnd::kReleased);
+      }
+      if (timeline_) HolderOf(e.vm).seen = true;
       if (!t.blocked) {
         // A repeated release (3.2 reports two for one sleep) continues the block the first one opened.
         t.blocked = true;
         t.blocked_start_ns = ts;
         // A reason derived from the released stack names the blocking call itself, so it wins over a probe entry
         // seen earlier (which only says the thread was somewhere inside Kernel#sleep / Mutex#lock).
-        t.blocked_reason = e.reason != ReleaseReason::kUnknown ? e.reason : t.probe_reason;
+        const ReleaseReason probe = held || !timeline_ ? t.probe_reason : ReleaseReason::kUnknown;
+        t.blocked_reason = e.reason != ReleaseReason::kUnknown ? e.reason : probe;
         t.blocked_reason_provenance =
             t.blocked_reason != ReleaseReason::kUnknown ? Provenance::kDerived : Provenance::kObserved;
       }

@@ -1,5 +1,6 @@
-// SpanTracker: the one streaming derivation of GVL and GC spans from scheduler events, read by the pprof and folded
-// exports, the fleet agent's per-process profiles and the thread-state model.
+// SpanTracker: the one derivation of thread states and GVL and GC spans from scheduler events, read by the pprof and
+// folded exports, the fleet agent's per-process profiles and the thread-state model (its spans, and under
+// TrackerRules::kTimeline the states its lanes draw).
 //
 // Like a kernel-trace thread-state tracker, it keeps only the open state of each thread and of each VM's GVL, and
 // emits a Span each time an interval closes; nothing is buffered, so it serves a whole trace file and a continuous
@@ -61,15 +62,53 @@ namespace rvbpfd {
 
 enum class SpanKind : uint8_t { kGvlWait, kGvlHold, kBlocked, kGc, kHolder };
 
+// How the tracker fills in a transition CRuby did not report. Both keep the same state per thread and per VM; they
+// differ only where a transition is missing.
+enum class TrackerRules : uint8_t {
+  // The rules above, for streams (the pprof and folded exports, the fleet agent, Model::spans()): nothing is assumed
+  // about a thread before its first event, a gap forgets everything open.
+  kStreaming,
+  // The in-process recorder's timeline (the model's lanes; docs/design.md, "GVL and GC spans"), which names every
+  // state of every thread from its first event on:
+  //   - a wants_gvl while holding (a 3.2 timeslice) leaves the hold open, marked ready; the next gvl_acquired of
+  //     another thread of the VM ends it (SpanEnd::kPreempted) and the thread waits. A gvl_acquired while another
+  //     thread holds the lock, not marked ready (its release was lost), ends that hold the same way, the thread then
+  //     blocked. Its pending probe reason is forgotten.
+  //   - a probe or a gc_enter about a thread that does not hold the lock: it holds from there (implicit resume), and
+  //     is the VM's holder when no thread is known to be.
+  //   - a thread whose first event is one only a holder reports (gvl_released, thread_exited, gc_enter/exit, a probe)
+  //     held the lock before it.
+  //   - once a GVL event was seen, a gvl_released or thread_exited while the holder is unknown (after a gap) leaves
+  //     nobody holding; before, so does one of a thread holding by the rule above.
+  //   - a probe reason is given only to a release by a thread holding the lock.
+  //   - thread_exited is final: later events of the key (across gaps too) change nothing; a thread_started of a
+  //     thread with an open state is a repeat.
+  //   - tracing_resumed is no gap (the tracing_paused before it was).
+  kTimeline,
+};
+
+// What a thread is doing now, as the tracker knows it.
+enum class ThreadPhase : uint8_t {
+  kUnseen,   // no event of the key yet (or its state was pruned)
+  kUnknown,  // seen, but a gap ended what it was doing and no event since said what it does
+  kBlocked,  // off the lock, not asking for it (released, or started and not yet ready)
+  kWaiting,  // asked for the lock
+  kHolding,  // holds the lock
+  kGc,       // holds the lock and runs the open GC (kTimeline: and has not given the lock up since it began)
+  kExited,   // its thread_exited was seen
+};
+
 enum class SpanEnd : uint8_t {
-  kAcquired,      // the thread's gvl_acquired (waits, blocked; holder spans: another thread's)
-  kReleased,      // the thread's gvl_released (holds; a wait: the acquisition was not seen; holder spans)
-  kWantsGvl,      // the thread's wants_gvl (blocked; a hold or holder span: a release not seen)
-  kExited,        // the thread's thread_exited
-  kRestarted,     // a thread_started for a key already live: the old thread's exit was not seen
-  kGcExit,        // gc_exit
-  kGap,           // events_dropped, tracing_paused or tracing_resumed
-  kCut,           // Cut(): the span continues from the cut in the next interval
+  kAcquired,   // the thread's gvl_acquired (waits, blocked; holder spans: another thread's)
+  kReleased,   // the thread's gvl_released (holds; a wait: the acquisition was not seen; holder spans)
+  kWantsGvl,   // the thread's wants_gvl (blocked; a hold or holder span: a release not seen)
+  kExited,     // the thread's thread_exited
+  kRestarted,  // a thread_started for a key already live: the old thread's exit was not seen
+  kGcExit,     // gc_exit
+  kGap,        // events_dropped, tracing_paused or tracing_resumed
+  kCut,        // Cut(): the span continues from the cut in the next interval
+  kPreempted,  // kTimeline: another thread's gvl_acquired (holds)
+  kImplicit,   // kTimeline: the thread was found holding the lock by a probe or GC (waits, blocked)
 };
 
 struct Span {
@@ -120,7 +159,8 @@ class SpanTracker {
  public:
   // Called for every span as it closes; it must not call back into the tracker.
   using Sink = std::function<void(const Span&)>;
-  explicit SpanTracker(Sink sink) : sink_(std::move(sink)) {}
+  explicit SpanTracker(Sink sink, TrackerRules rules = TrackerRules::kStreaming)
+      : sink_(std::move(sink)), timeline_(rules == TrackerRules::kTimeline) {}
 
   void OnEvent(const TrackerEvent& e);
   // An on-CPU sample of `thread` (0: none known) on `stack` (0: none); in_gc: taken while a GC ran.
@@ -135,6 +175,23 @@ class SpanTracker {
 
   // True while `thread` waits for the GVL (a wants_gvl now would be a repeat, whose stack is not used).
   bool waiting(uint64_t thread) const;
+  // What `thread` is doing now.
+  ThreadPhase phase(uint64_t thread) const;
+  // kTimeline: whether `thread` holds the lock marked ready (it reported wants_gvl while holding it).
+  bool ready_while_holding(uint64_t thread) const;
+  // The reason of `thread`'s open blocked span (kUnknown when none is open).
+  ReleaseReason blocked_reason(uint64_t thread) const;
+  // The thread of the open GC: its event's, else the VM's holder when it began; 0 when none is open or not known.
+  uint64_t gc_thread() const { return gc_open_ ? gc_thread_ : 0; }
+  // What a thread was doing before its first event `first`, as the event implies (kTimeline holds a thread to it):
+  // kHolding for the events only a thread holding the lock reports (gvl_released, thread_exited, gc_enter, the
+  // probes), kGc for gc_exit, kWaiting for gvl_acquired (it ends a wait), kBlocked for wants_gvl, and kUnseen for
+  // thread_started (the thread did not exist) and events about no thread.
+  static ThreadPhase PhaseBeforeFirst(EventName first);
+  // The thread a gc_exit naming `key` (0: none) ends the GC of: the open GC's thread while it lives, else `key`.
+  uint64_t GcExitThread(uint64_t key) const;
+  // kTimeline: whether a GVL event of `vm`, or a gap, was seen (before, the holder is unknown since the trace began).
+  bool holder_seen(uint32_t vm = 0) const;
   // The start of the earliest wait still open (since the last Cut, for a wait open across one), or `otherwise` when
   // no thread waits: no wait emitted later can begin before it.
   uint64_t oldest_open_wait_ns(uint64_t otherwise) const;
@@ -159,6 +216,7 @@ class SpanTracker {
     bool waiting = false;
     bool holding = false;
     bool blocked = false;
+    bool ready = false;  // kTimeline: a wants_gvl while holding, not yet followed by the end of the hold
     uint64_t wait_start_ns = 0;
     uint64_t hold_start_ns = 0;
     uint64_t blocked_start_ns = 0;
@@ -172,6 +230,7 @@ class SpanTracker {
   struct Holder {
     uint32_t vm = 0;
     bool known = false;
+    bool seen = false;  // kTimeline: a GVL event of the VM was seen (a gap counts as one)
     uint64_t thread = 0;
     uint64_t since_ns = 0;
   };
@@ -187,17 +246,27 @@ class SpanTracker {
   void EndBlocked(uint64_t key, Thread& t, uint64_t end_ns, SpanEnd end, bool counted);
   void EndGc(uint64_t end_ns, SpanEnd end, bool counted);
   void DiscardOpen(uint64_t t);
+  // kTimeline: the thread of a probe or GC event, which only a thread holding the lock reports: one not seen before
+  // held it before (its hold's start is unknown: 0).
+  Thread& ThreadOfHolderEvent(uint64_t key, uint32_t vm);
+  // kTimeline: the thread was found holding the lock at `ts` (a probe or a GC of a thread not holding it).
+  void ResumeImplicitly(uint64_t key, Thread& t, uint64_t ts);
+  // kTimeline: `holder`'s hold ends at another thread's gvl_acquired.
+  void Preempt(uint64_t holder, uint64_t ts);
   void ForgetExited();
   uint32_t WaitStack(const Thread& t) const;
   void Emit(const Span& s) { sink_(s); }
 
   Sink sink_;
+  bool timeline_;  // TrackerRules::kTimeline
   // By thread key. A flat table: consecutive events alternate between threads, so each is a lookup. A Thread& is
   // valid until the next insertion or erase (no Emit inserts: the sink must not call back).
   FlatMap64<Thread> threads_;
   size_t exited_ = 0;  // entries of threads_ with `exited` set
   std::vector<Holder> holders_;  // one per VM seen, few
+  bool gap_seen_ = false;        // kTimeline: a gap was seen (see holder_seen)
   bool gc_open_ = false;
+  bool gc_thread_left_ = false;  // the GC's thread gave the lock up since the GC began (phase: kTimeline only)
   uint64_t gc_start_ns_ = 0;
   uint64_t gc_thread_ = 0;
   bool gc_thread_derived_ = false;

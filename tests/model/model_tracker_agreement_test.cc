@@ -1,10 +1,11 @@
-// The model's lanes and its SpanTracker spans describe the same facts twice: a thread's kWantsGvl blocks are its GVL
-// waits, its kRunning and kGc blocks its holds, its kReleased blocks its blocked spans (with their reason), the owner
-// lane the holder spans and the GC spans the tracker's GC spans. The two are built by different code, so these tests
-// drive both with generated CRuby 3.3+ event streams (one GVL, every transition reported, probes and GC on the holder,
-// stacks and samples; 3.2's release after EXITED; lost events and pauses while the VM goes on) and require them to
-// agree exactly outside the gaps. Where they differ by design (docs/design.md, "GVL and GC spans": a 3.2 timeslice,
-// a lost SUSPENDED, a probe or GC of a thread not seen resuming, a release after a gap) the streams do not go.
+// The model's lanes and its spans() describe the same facts twice: a thread's kWantsGvl blocks are its GVL waits, its
+// kRunning and kGc blocks its holds, its kReleased blocks its blocked spans (with their reason), the owner lane the
+// holder spans and the GC spans the tracker's GC spans. Both come from the SpanTracker, the lanes under its timeline
+// rules and the spans under its streaming rules, so these tests drive the model with generated CRuby 3.3+ event
+// streams (one GVL, every transition reported, probes and GC on the holder, stacks and samples; 3.2's release after
+// EXITED; lost events and pauses while the VM goes on) and require the two to agree exactly outside the gaps. Where
+// the rules differ by design (TrackerRules; docs/design.md, "GVL and GC spans": a 3.2 timeslice, a lost SUSPENDED, a
+// probe or GC of a thread not seen resuming, a release after a gap) the streams do not go.
 #include <gtest/gtest.h>
 
 #include <algorithm>

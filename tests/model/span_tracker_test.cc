@@ -11,7 +11,8 @@ constexpr uint64_t kA = 11, kB = 12, kC = 13;  // thread keys
 
 class Tracker {
  public:
-  Tracker() : t_([this](const Span& s) { spans.push_back(s); }) {}
+  explicit Tracker(TrackerRules rules = TrackerRules::kStreaming)
+      : t_([this](const Span& s) { spans.push_back(s); }, rules) {}
 
   void Ev(uint64_t t, EventName event, uint64_t thread = 0, uint32_t stack = 0,
           ReleaseReason reason = ReleaseReason::kUnknown, uint32_t vm = 0) {
@@ -435,6 +436,154 @@ TEST(ReleaseReasonNames, OneTableTwoSpellings) {
   }
   EXPECT_EQ(ParseReleaseReasonTraceName(""), ReleaseReason::kUnknown);
   EXPECT_EQ(ParseReleaseReasonTraceName("sleeping"), ReleaseReason::kUnknown);  // a display name is not a trace name
+}
+
+// The timeline rules (the model's lanes): each differs from the streaming rules only where a transition was not
+// reported. Each test drives both trackers with the same events and checks where they part.
+
+TEST(SpanTrackerTimeline, ATimesliceKeepsTheLockUntilAnotherThreadTakesIt) {
+  Tracker stream, timeline(TrackerRules::kTimeline);
+  for (Tracker* k : {&stream, &timeline}) {
+    k->Ev(0, EventName::kGvlAcquired, kA);
+    k->Ev(5, EventName::kWantsGvl, kB);
+    k->Ev(10, EventName::kWantsGvl, kA);  // 3.2: READY while holding, no SUSPENDED
+  }
+  // Streaming: the hold ends at the READY, and A waits.
+  EXPECT_EQ(stream.tracker().phase(kA), ThreadPhase::kWaiting);
+  // Timeline: A keeps the lock, marked ready, until B's RESUMED preempts it.
+  EXPECT_EQ(timeline.tracker().phase(kA), ThreadPhase::kHolding);
+  EXPECT_TRUE(timeline.tracker().ready_while_holding(kA));
+  EXPECT_EQ(timeline.tracker().holder(), kA);
+  timeline.Ev(20, EventName::kGvlAcquired, kB);
+  EXPECT_EQ(timeline.tracker().phase(kA), ThreadPhase::kWaiting);
+  EXPECT_EQ(timeline.tracker().phase(kB), ThreadPhase::kHolding);
+  EXPECT_EQ(timeline.tracker().holder(), kB);
+  const auto holds = timeline.Of(SpanKind::kGvlHold, kA);
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(holds[0].end_ns, 20u);
+  EXPECT_EQ(holds[0].end, SpanEnd::kPreempted);
+  EXPECT_EQ(holds[0].provenance, Provenance::kDerived);
+  EXPECT_FALSE(timeline.tracker().ready_while_holding(kA));
+}
+
+TEST(SpanTrackerTimeline, AnAcquisitionWhileAnotherHoldsEndsThatHoldOnTheTimelineOnly) {
+  Tracker stream, timeline(TrackerRules::kTimeline);
+  for (Tracker* k : {&stream, &timeline}) {
+    k->Ev(0, EventName::kGvlAcquired, kA);
+    k->Ev(3, EventName::kSleepEnter, kA);
+    k->Ev(10, EventName::kGvlAcquired, kB);  // A's SUSPENDED was lost
+  }
+  EXPECT_EQ(stream.tracker().phase(kA), ThreadPhase::kHolding);
+  EXPECT_EQ(timeline.tracker().phase(kA), ThreadPhase::kBlocked);
+  // Its probe reason is forgotten: the release it would have named was not seen.
+  EXPECT_EQ(timeline.tracker().blocked_reason(kA), ReleaseReason::kUnknown);
+  EXPECT_EQ(timeline.tracker().holder(), kB);
+  EXPECT_EQ(stream.tracker().holder(), kB);
+}
+
+TEST(SpanTrackerTimeline, AProbeOrAGcOfAThreadOffTheLockResumesIt) {
+  Tracker stream, timeline(TrackerRules::kTimeline);
+  for (Tracker* k : {&stream, &timeline}) {
+    k->Ev(0, EventName::kGvlAcquired, kA);
+    k->Ev(5, EventName::kGvlReleased, kA);
+    k->Ev(8, EventName::kMutexLockEnter, kA);  // its RESUMED was not seen
+  }
+  EXPECT_EQ(stream.tracker().phase(kA), ThreadPhase::kBlocked);
+  EXPECT_EQ(timeline.tracker().phase(kA), ThreadPhase::kHolding);
+  EXPECT_EQ(timeline.tracker().holder(), kA);  // nobody else held it: A does
+  timeline.Ev(12, EventName::kGvlReleased, kA);
+  EXPECT_EQ(timeline.tracker().blocked_reason(kA), ReleaseReason::kWaitingMutex);
+
+  Tracker gc(TrackerRules::kTimeline);
+  gc.Ev(0, EventName::kGvlAcquired, kB);
+  gc.Ev(1, EventName::kGvlReleased, kA);
+  gc.Ev(2, EventName::kGcEnter, kA);  // A runs a GC while B is the holder: A resumed unseen; B stays the holder
+  EXPECT_EQ(gc.tracker().phase(kA), ThreadPhase::kGc);
+  EXPECT_EQ(gc.tracker().holder(), kB);
+  gc.Ev(3, EventName::kGcExit, kA);
+  EXPECT_EQ(gc.tracker().phase(kA), ThreadPhase::kHolding);
+}
+
+TEST(SpanTrackerTimeline, AFirstEventOnlyAHolderReportsSaysTheThreadHeldTheLock) {
+  Tracker stream, timeline(TrackerRules::kTimeline);
+  for (Tracker* k : {&stream, &timeline}) {
+    k->Ev(0, EventName::kSleepEnter, kA);
+    k->Ev(1, EventName::kWantsGvl, kA);  // 3.2: READY while holding
+  }
+  EXPECT_EQ(stream.tracker().phase(kA), ThreadPhase::kWaiting);
+  EXPECT_EQ(timeline.tracker().phase(kA), ThreadPhase::kHolding);
+
+  // A release as the first GVL event: its thread held the lock since before, so nobody holds it now. A release by a
+  // thread not known to hold it says nothing before the first GVL event.
+  Tracker first(TrackerRules::kTimeline);
+  first.Ev(0, EventName::kWantsGvl, kB);
+  first.Ev(1, EventName::kGvlReleased, kB);
+  EXPECT_FALSE(first.tracker().holder_known());
+  Tracker held(TrackerRules::kTimeline);
+  held.Ev(0, EventName::kGvlReleased, kA);
+  EXPECT_TRUE(held.tracker().holder_known());
+  EXPECT_EQ(held.tracker().holder(), 0u);
+  EXPECT_EQ(held.tracker().phase(kA), ThreadPhase::kBlocked);
+}
+
+TEST(SpanTrackerTimeline, AfterAGapAReleaseSaysNobodyHoldsTheLock) {
+  Tracker stream, timeline(TrackerRules::kTimeline);
+  for (Tracker* k : {&stream, &timeline}) {
+    k->Ev(0, EventName::kGvlAcquired, kA);
+    k->Ev(5, EventName::kEventsDropped);
+    k->Ev(9, EventName::kGvlReleased, kB);
+  }
+  EXPECT_FALSE(stream.tracker().holder_known());
+  EXPECT_TRUE(timeline.tracker().holder_known());
+  EXPECT_EQ(timeline.tracker().holder(), 0u);
+  EXPECT_EQ(timeline.tracker().phase(kA), ThreadPhase::kUnknown);
+  EXPECT_TRUE(timeline.tracker().holder_seen());
+}
+
+TEST(SpanTrackerTimeline, AnExitIsFinalAndAResumeIsNoGap) {
+  Tracker stream, timeline(TrackerRules::kTimeline);
+  for (Tracker* k : {&stream, &timeline}) {
+    k->Ev(0, EventName::kGvlAcquired, kA);
+    k->Ev(2, EventName::kWantsGvl, kB);
+    k->Ev(5, EventName::kThreadExited, kA);
+    k->Ev(6, EventName::kTracingPaused);
+    k->Ev(7, EventName::kGvlAcquired, kB);
+    k->Ev(8, EventName::kTracingResumed);
+    k->Ev(9, EventName::kGvlAcquired, kA);  // the exited key again
+  }
+  // Streaming: the resume is a gap that forgets B's hold; the key of an exited thread is a new thread after a gap.
+  EXPECT_EQ(stream.tracker().phase(kB), ThreadPhase::kUnknown);
+  EXPECT_EQ(stream.tracker().phase(kA), ThreadPhase::kHolding);
+  // Timeline: B holds since 7; A stays exited.
+  EXPECT_EQ(timeline.tracker().phase(kB), ThreadPhase::kHolding);
+  EXPECT_EQ(timeline.tracker().phase(kA), ThreadPhase::kExited);
+  EXPECT_EQ(timeline.tracker().holder(), kB);
+}
+
+TEST(SpanTrackerTimeline, AStartOfALiveThreadIsARepeat) {
+  Tracker stream, timeline(TrackerRules::kTimeline);
+  for (Tracker* k : {&stream, &timeline}) {
+    k->Ev(0, EventName::kGvlAcquired, kA);
+    k->Ev(5, EventName::kThreadStarted, kA);
+  }
+  EXPECT_EQ(stream.tracker().phase(kA), ThreadPhase::kBlocked);  // a new thread at the key
+  EXPECT_EQ(stream.tracker().blocked_reason(kA), ReleaseReason::kStarting);
+  EXPECT_EQ(timeline.tracker().phase(kA), ThreadPhase::kHolding);
+  EXPECT_EQ(timeline.tracker().holder(), kA);
+}
+
+TEST(SpanTrackerTimeline, AGcThreadThatGivesTheLockUpNoLongerRunsTheGc) {
+  Tracker k(TrackerRules::kTimeline);
+  k.Ev(0, EventName::kGvlAcquired, kA);
+  k.Ev(1, EventName::kGcEnter);  // names no thread: the holder's
+  EXPECT_EQ(k.tracker().gc_thread(), kA);
+  EXPECT_EQ(k.tracker().phase(kA), ThreadPhase::kGc);
+  k.Ev(2, EventName::kGvlAcquired, kB);  // A preempted inside the GC
+  k.Ev(3, EventName::kGvlAcquired, kA);
+  EXPECT_EQ(k.tracker().phase(kA), ThreadPhase::kHolding);
+  EXPECT_EQ(k.tracker().GcExitThread(kB), kA);  // the GC is still A's to end
+  k.Ev(4, EventName::kGcExit);
+  EXPECT_EQ(k.tracker().gc_thread(), 0u);
 }
 
 }  // namespace
