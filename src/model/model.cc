@@ -75,7 +75,8 @@ class ModelBuilder {
   void Feed(const TraceEvent& e) { tracker_.OnEvent(TrackerEventOf(e, TraceThreadKey(e.ruby_thread), 0)); }
 
   // Draws the tracker's state of the lane's thread after event `idx` (at t): a new block when it changed. `subject`:
-  // the event is about this thread; otherwise the thread is the holder another thread's gvl_acquired preempted.
+  // the event is about this thread (a gap is about every thread); otherwise the thread is the holder another
+  // thread's gvl_acquired preempted.
   void Follow(size_t lane, const TraceEvent& e, size_t idx, bool subject, uint64_t t);
   // Draws the tracker's holder after a non-gap event of `subject` (`seen_before`: a GVL event or gap was seen
   // before this event, so the owner lane is no longer the block inferred since the trace began).
@@ -94,7 +95,7 @@ class ModelBuilder {
   SpanTracker tracker_;  // thread keys: TraceThreadKey(ruby_thread); the lock of VM 0 (traces name no VM)
   std::unordered_map<uint32_t, size_t> lanes_;  // ruby_thread -> index into m_.threads_
   std::optional<size_t> open_gc_;               // index into gc_spans_
-  std::optional<size_t> open_pause_;   // index into unknown_windows_
+  std::optional<size_t> open_pause_;            // index into unknown_windows_
   std::optional<uint64_t> last_gap_end_;
   std::optional<ModelRule> last_gap_cause_;
 };
