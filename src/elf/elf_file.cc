@@ -130,8 +130,12 @@ Result<ElfFile> ElfFile::Open(const std::string& path) {
 Result<ElfFile> ElfFile::OpenHandle(const FileFd& handle, const std::string& path) {
   Result<FileFd> fd = ReopenRegularFile(handle, path, "ELF file");
   if (!fd) return fd.error();
-  Result<MappedFile> mapped = MappedFile::FromFd(fd->get(), path, "ELF file", kMaxBytes,
-                                                 {.writable = true, .deferred = DebugSectionRanges(fd->get())});
+  return OpenReopened(*fd, path);
+}
+
+Result<ElfFile> ElfFile::OpenReopened(const FileFd& file, const std::string& path) {
+  Result<MappedFile> mapped = MappedFile::FromFd(file.get(), path, "ELF file", kMaxBytes,
+                                                 {.writable = true, .deferred = DebugSectionRanges(file.get())});
   if (!mapped) return mapped.error();
   return FromMapped(std::move(mapped.value()), path);
 }

@@ -85,6 +85,8 @@ class ElfFile {
   // The same for the file an O_PATH descriptor (OpenPathInRoot's) refers to: the very inode, however its path changes
   // meanwhile. `path` names it in messages and is where its debug file is looked up (origin_path).
   static Result<ElfFile> OpenHandle(const FileFd& handle, const std::string& path);
+  // The same for `file`, a readable descriptor already reopened from such a handle (ReopenRegularFile's).
+  static Result<ElfFile> OpenReopened(const FileFd& file, const std::string& path);
   // A VM binary with full DWARF is tens of MB; a larger file is not a plausible libruby/ruby (bytes).
   static constexpr uint64_t kMaxBytes = 1ull << 30;
   // The symbol names a file's tables give may total at most this many times its size (a real file's names are a part
