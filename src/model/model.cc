@@ -72,12 +72,18 @@ class ModelBuilder {
   void Transition(size_t lane, uint64_t t, StateBlock next, EventRef closer);
   void CloseOwner(uint64_t t, OwnerEnd end, EventRef closer, OwnerBlock next);
   void NoteNativeTid(size_t lane, const TraceEvent& e);
-  void Feed(const TraceEvent& e) { tracker_.OnEvent(TrackerEventOf(e, TraceThreadKey(e.ruby_thread), 0)); }
+  // Feeds `e` to the tracker; returns the release reason it carried (parsed once: a gvl_released's, else kUnknown).
+  ReleaseReason Feed(const TraceEvent& e) {
+    const TrackerEvent fed = TrackerEventOf(e, TraceThreadKey(e.ruby_thread), 0);
+    tracker_.OnEvent(fed);
+    return fed.reason;
+  }
 
   // Draws the tracker's state of the lane's thread after event `idx` (at t): a new block when it changed. `subject`:
   // the event is about this thread (a gap is about every thread); otherwise the thread is the holder another
-  // thread's gvl_acquired preempted.
-  void Follow(size_t lane, const TraceEvent& e, size_t idx, bool subject, uint64_t t);
+  // thread's gvl_acquired preempted. `carried`: the reason a gvl_released carried (Feed's).
+  void Follow(size_t lane, const TraceEvent& e, size_t idx, bool subject, uint64_t t,
+              ReleaseReason carried = ReleaseReason::kUnknown);
   // Draws the tracker's holder after a non-gap event of `subject` (`seen_before`: a GVL event or gap was seen
   // before this event, so the owner lane is no longer the block inferred since the trace began).
   void FollowOwner(const TraceEvent& e, size_t idx, uint32_t subject, bool seen_before);
@@ -160,7 +166,8 @@ void ModelBuilder::NoteNativeTid(size_t lane, const TraceEvent& e) {
   if (IsOwnThreadEvent(e.event) && e.native_tid) AddDistinct(&Lane(lane).native_tids, *e.native_tid);
 }
 
-void ModelBuilder::Follow(size_t lane, const TraceEvent& e, size_t idx, bool subject, uint64_t t) {
+void ModelBuilder::Follow(size_t lane, const TraceEvent& e, size_t idx, bool subject, uint64_t t,
+                          ReleaseReason carried) {
   const std::optional<ThreadState> now = LaneState(tracker_.phase(TraceThreadKey(Lane(lane).ruby_thread)));
   StateBlock& cur = Cur(lane);
   if (!now || *now == cur.state) {
@@ -206,11 +213,10 @@ void ModelBuilder::Follow(size_t lane, const TraceEvent& e, size_t idx, bool sub
         next.native_tid = e.native_tid;
         break;
       case EventName::kGvlReleased: {
-        const ReleaseReason from_stack =
-            e.reason.empty() ? ReleaseReason::kUnknown : ParseReleaseReasonTraceName(e.reason);
         const ReleaseReason reason = tracker_.blocked_reason(TraceThreadKey(e.ruby_thread));
-        if (from_stack != ReleaseReason::kUnknown) {
-          next.reason = from_stack;
+        if (carried != ReleaseReason::kUnknown) {
+          // The recorder derived it from the released stack (the tracker's reason is this one).
+          next.reason = carried;
           next.provenance = Provenance::kDerived;
           next.rule = ModelRule::kStackReason;
         } else if (reason != ReleaseReason::kUnknown) {
@@ -300,7 +306,7 @@ void ModelBuilder::OnThreadEvent(const TraceEvent& e, size_t idx) {
   }
   const uint64_t holder_before = tracker_.holder();
   const bool seen_before = tracker_.holder_seen();
-  Feed(e);
+  const ReleaseReason carried = Feed(e);
   NoteNativeTid(lane, e);
   FollowOwner(e, idx, serial, seen_before);
   if (holder_before != 0 && holder_before != TraceThreadKey(serial)) {
@@ -309,7 +315,7 @@ void ModelBuilder::OnThreadEvent(const TraceEvent& e, size_t idx) {
       Follow(it->second, e, idx, /*subject=*/false, e.t_ns);
     }
   }
-  Follow(lane, e, idx, /*subject=*/true, e.t_ns);
+  Follow(lane, e, idx, /*subject=*/true, e.t_ns, carried);
 }
 
 void ModelBuilder::OnGcEnter(const TraceEvent& e, size_t idx) {

@@ -370,7 +370,7 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
       const ThreadPhase before = PhaseBeforeFirst(e.event);
       if (before == ThreadPhase::kHolding || before == ThreadPhase::kGc) {
         t.holding = true;
-        t.hold_start_ns = ts;
+        t.hold_start_ns = 0;  // unknown, as ThreadOfHolderEvent's
       }
     }
   }
