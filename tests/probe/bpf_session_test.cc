@@ -37,6 +37,11 @@ extern "C" __attribute__((noinline)) void RvProbeExcludedCaller(FakeThread* th) 
   g_sink = g_sink + 1;  // keeps the call from becoming a tail jump (the return address must point in here)
 }
 
+// The folding test's three scheduler sites: READY, RESUMED and SUSPENDED.
+extern "C" __attribute__((noinline)) void RvFoldReady(FakeThread* th) { g_sink = g_sink + th->serial; }
+extern "C" __attribute__((noinline)) void RvFoldResumed(FakeThread* th) { g_sink = g_sink + th->serial + 1; }
+extern "C" __attribute__((noinline)) void RvFoldSuspended(FakeThread* th) { g_sink = g_sink + th->serial + 2; }
+
 std::string SkipReason() {
   if (geteuid() != 0) return "not root: BPF and uprobes need root (or CAP_BPF+CAP_PERFMON)";
   if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) return "kernel has no BTF (/sys/kernel/btf/vmlinux)";
@@ -545,6 +550,197 @@ TEST(BpfSessionPidNamespaceTest, NamespaceTidsBecomeHostTidsOrUnknownNeverNamesp
 
 INSTANTIATE_TEST_SUITE_P(Links, BpfSessionTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Single" : "Multi"; });
+
+}  // namespace
+}  // namespace rvbpfd
+
+namespace rvbpfd {
+namespace {
+
+// rv_config.fold_ready: a READY the thread reports about itself is held back and folded into its RESUMED; any other
+// event of the process writes it first; the daemon can claim it. Every event arrives once, with its own time.
+class BpfSessionFoldTest : public BpfSessionTest {
+ protected:
+  struct Got {
+    std::vector<rv_record> records;                       // record callback, in ring order
+    std::vector<std::pair<rv_record, rv_record>> folded;  // folded callback: (READY, RESUMED)
+  };
+  // A folding session with READY, RESUMED and SUSPENDED sites on the three RvFold* functions. Cookies 0, 1, 2.
+  BpfSession* OpenFolding(Got* got, bool with_folded_callback) {
+    SessionOptions opts;
+    opts.config.fold_ready = 1;
+    std::unique_ptr<BpfSession> session = OpenOnSelf([got](const rv_record& r) { got->records.push_back(r); }, opts);
+    if (session == nullptr) return nullptr;
+    if (with_folded_callback) {
+      session->SetFoldedCallback(
+          [got](const rv_record& ready, const rv_record& resumed) { got->folded.emplace_back(ready, resumed); });
+    }
+    std::vector<SiteSpec> sites = {
+        {FileOffsetOf("RvFoldReady"), rv_site{RV_EV_THREAD_READY, RV_LOC_REG, RV_REG_RDI, kBin, 0}},
+        {FileOffsetOf("RvFoldResumed"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}},
+        {FileOffsetOf("RvFoldSuspended"), rv_site{RV_EV_THREAD_SUSPENDED, RV_LOC_REG, RV_REG_RDI, kBin, 0}},
+    };
+    auto group = session->Attach(SelfPath(), sites, getpid());
+    if (!group.ok()) {
+      ADD_FAILURE() << group.error().ToString();
+      return nullptr;
+    }
+    groups_.push_back(std::move(*group));
+    session_ = std::move(session);
+    return session_.get();
+  }
+  // READY is an event that may run on another thread: BPF reads the subject's tid through th->nt->tid. This fake
+  // thread's nt (offset 0, as OpenOnSelf's layout says) points at `tid`, whose tid (offset 0) is the caller's.
+  struct FoldThread {
+    explicit FoldThread(uint32_t serial) : th{0, serial, 0} { th.pad = reinterpret_cast<uint64_t>(&tid); }
+    FoldThread(const FoldThread&) = delete;
+    FakeThread th;
+    int32_t tid = static_cast<int32_t>(gettid());
+  };
+  static void Drain(BpfSession& s) {
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(s.Poll(20).ok());
+  }
+  std::unique_ptr<BpfSession> session_;
+  std::vector<std::unique_ptr<SiteGroup>> groups_;  // declared after session_: destroyed before it
+};
+
+TEST_P(BpfSessionFoldTest, AReadyFollowedByItsResumedIsOneRecord) {
+  Got got;
+  BpfSession* session = OpenFolding(&got, /*with_folded_callback=*/true);
+  ASSERT_NE(session, nullptr);
+  FoldThread t(31);
+  constexpr int kRounds = 50;
+  for (int i = 0; i < kRounds; ++i) {
+    RvFoldReady(&t.th);
+    RvFoldResumed(&t.th);
+    RvFoldSuspended(&t.th);
+  }
+  Drain(*session);
+  ASSERT_EQ(got.folded.size(), static_cast<size_t>(kRounds));
+  ASSERT_EQ(got.records.size(), static_cast<size_t>(kRounds));  // the SUSPENDEDs
+  const uint32_t me = static_cast<uint32_t>(gettid());
+  for (const auto& [ready, resumed] : got.folded) {
+    EXPECT_EQ(ready.kind, RV_EV_THREAD_READY);
+    EXPECT_EQ(resumed.kind, RV_EV_THREAD_RESUMED);
+    EXPECT_EQ(ready.site, 0u);
+    EXPECT_EQ(resumed.site, 1u);
+    EXPECT_LT(ready.ts_ns, resumed.ts_ns);
+    for (const rv_record* r : {&ready, &resumed}) {
+      EXPECT_EQ(r->th, reinterpret_cast<uint64_t>(&t.th));
+      EXPECT_EQ(r->serial, 31u);
+      EXPECT_EQ(r->tid, me);
+      EXPECT_EQ(r->probe_tid, me);
+      EXPECT_EQ(r->pid, static_cast<uint32_t>(getpid()));
+      EXPECT_EQ(r->flags, 0u);
+    }
+  }
+  for (const rv_record& r : got.records) EXPECT_EQ(r.kind, RV_EV_THREAD_SUSPENDED);
+  const rv_counters c = session->ReadCounters();
+  EXPECT_EQ(c.events, 2u * kRounds) << "records written: one per fold, one per SUSPENDED";
+  EXPECT_EQ(c.probe_hits, 3u * kRounds);
+  EXPECT_EQ(c.dropped, 0u);
+}
+
+TEST_P(BpfSessionFoldTest, AnyOtherEventOfTheProcessWritesTheHeldReadyFirst) {
+  Got got;
+  BpfSession* session = OpenFolding(&got, /*with_folded_callback=*/true);
+  ASSERT_NE(session, nullptr);
+  FoldThread a(1);
+  FoldThread b(2);
+  // a's READY is held; b's SUSPENDED comes between it and a's RESUMED: three records, in that order.
+  RvFoldReady(&a.th);
+  RvFoldSuspended(&b.th);
+  RvFoldResumed(&a.th);
+  // The same with the other event on another native thread of the process.
+  RvFoldReady(&a.th);
+  std::thread other([] {
+    FoldThread c(3);
+    RvFoldSuspended(&c.th);
+  });
+  other.join();
+  RvFoldResumed(&a.th);
+  Drain(*session);
+  EXPECT_TRUE(got.folded.empty());
+  ASSERT_EQ(got.records.size(), 6u);
+  const uint16_t kinds[] = {RV_EV_THREAD_READY, RV_EV_THREAD_SUSPENDED, RV_EV_THREAD_RESUMED,
+                            RV_EV_THREAD_READY, RV_EV_THREAD_SUSPENDED, RV_EV_THREAD_RESUMED};
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(got.records[i].kind, kinds[i]) << i;
+  EXPECT_EQ(got.records[0].serial, 1u);
+  EXPECT_EQ(got.records[1].serial, 2u);
+  EXPECT_EQ(got.records[4].serial, 3u);
+  EXPECT_NE(got.records[4].probe_tid, got.records[3].probe_tid);
+  // Each READY keeps its own time, before the event that wrote it.
+  EXPECT_LT(got.records[0].ts_ns, got.records[1].ts_ns);
+  EXPECT_LT(got.records[3].ts_ns, got.records[4].ts_ns);
+  // A second READY of the process writes the first: two threads wanting the lock at once are two waits.
+  RvFoldReady(&a.th);
+  RvFoldReady(&b.th);
+  RvFoldResumed(&b.th);
+  Drain(*session);
+  ASSERT_EQ(got.records.size(), 7u);
+  EXPECT_EQ(got.records[6].kind, RV_EV_THREAD_READY);
+  EXPECT_EQ(got.records[6].serial, 1u);
+  ASSERT_EQ(got.folded.size(), 1u);
+  EXPECT_EQ(got.folded[0].second.serial, 2u);
+}
+
+TEST_P(BpfSessionFoldTest, TheDaemonClaimsAHeldReadyOnce) {
+  Got got;
+  BpfSession* session = OpenFolding(&got, /*with_folded_callback=*/true);
+  ASSERT_NE(session, nullptr);
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  Result<std::optional<rv_record>> none = session->ClaimHeldReady(pid);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  FoldThread t(9);
+  RvFoldReady(&t.th);
+  Result<std::optional<rv_record>> held = session->ClaimHeldReady(pid);
+  ASSERT_TRUE(held.ok()) << held.error().ToString();
+  ASSERT_TRUE(held->has_value());
+  EXPECT_EQ((*held)->kind, RV_EV_THREAD_READY);
+  EXPECT_EQ((*held)->th, reinterpret_cast<uint64_t>(&t.th));
+  EXPECT_EQ((*held)->serial, 9u);
+  EXPECT_EQ((*held)->tid, static_cast<uint32_t>(gettid()));
+  EXPECT_EQ((*held)->pid, pid);
+  EXPECT_EQ((*held)->site, 0u);
+  EXPECT_GT((*held)->ts_ns, 0u);
+  // Claimed: the RESUMED that follows is a record of its own, and nothing is held any more.
+  RvFoldResumed(&t.th);
+  Drain(*session);
+  EXPECT_TRUE(got.folded.empty());
+  ASSERT_EQ(got.records.size(), 1u);
+  EXPECT_EQ(got.records[0].kind, RV_EV_THREAD_RESUMED);
+  Result<std::optional<rv_record>> again = session->ClaimHeldReady(pid);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value());
+  // A pid the session does not record holds nothing.
+  Result<std::optional<rv_record>> stranger = session->ClaimHeldReady(pid + 1000000);
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_FALSE(stranger->has_value());
+}
+
+TEST_P(BpfSessionFoldTest, WithoutAFoldedCallbackTheRecordCallbackGetsBothRecords) {
+  Got got;
+  BpfSession* session = OpenFolding(&got, /*with_folded_callback=*/false);
+  ASSERT_NE(session, nullptr);
+  FoldThread t(5);
+  RvFoldReady(&t.th);
+  RvFoldResumed(&t.th);
+  Drain(*session);
+  ASSERT_EQ(got.records.size(), 2u);
+  EXPECT_EQ(got.records[0].kind, RV_EV_THREAD_READY);
+  EXPECT_EQ(got.records[1].kind, RV_EV_THREAD_RESUMED);
+  EXPECT_EQ(got.records[0].site, 0u);
+  EXPECT_EQ(got.records[1].site, 1u);
+  EXPECT_LT(got.records[0].ts_ns, got.records[1].ts_ns);
+  EXPECT_EQ(got.records[1].flags, 0u) << "the fold flag is the session's business, not the consumer's";
+  EXPECT_EQ(session->ReadCounters().events, 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(LinkModes, BpfSessionFoldTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SingleLinks" : "MultiLinks";
+                         });
 
 }  // namespace
 }  // namespace rvbpfd
