@@ -128,9 +128,6 @@ class BenchBackend : public ProbeBackend {
     on_record_ = std::move(on_record);
     on_stack_ = std::move(on_stack);
   }
-  // Every record is delivered as its own (the READYs unfolded): the per-record path at its most records.
-  void SetFoldedHandler(FoldedHandler) override {}
-  Result<std::optional<rv_record>> ClaimHeldReady(uint32_t) override { return std::optional<rv_record>(); }
   Result<uint8_t> AddBinary(const rv_offsets&) override { return uint8_t{0}; }
   Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
   using ProbeBackend::AttachGroup;

@@ -79,8 +79,18 @@ struct {
   __type(value, __u64);
 } last_trap SEC(".maps");
 
-/* What the programs remember of a native thread between its events (struct rv_native_thread, abi.h), one entry per
- * native tid: a lookup, rather than an LRU update's element allocation, on most hits. */
+/* What the programs remember of a native thread between its events, one entry per native tid, read and written in
+ * place (a lookup, rather than an LRU update's element allocation, on most hits). */
+struct rv_native_thread {
+  /* The rb_thread_t * it last ran. Set at every event whose th is known and which runs on the thread itself; read at
+   * sites where DWARF says th is optimized out (those events always concern the current thread) and by samples
+   * whose EC has no other route. 0: none seen yet. */
+  __u64 th;
+  __u32 bin;  /* which VM binary that th runs (index into offsets / walk_config): samples have no site to say */
+  __u8 in_gc; /* 1 between GC_ENTER and GC_EXIT: samples there get the GC pseudo-frame */
+  __u8 pad[3];
+};
+
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, 65536);
@@ -144,17 +154,6 @@ struct {
   __type(key, __u32);
   __type(value, struct rv_proc_ec);
 } proc_ec SEC(".maps");
-
-/* Each recorded process's held READY (rv_config.fold_ready), at its rv_target.slot: 0 when none, else
- * (tid << 32 | seq) of the rv_native_thread.ready holding it. Whoever exchanges a non-zero value for 0 owns that READY
- * and writes it (or its fold); the daemon claims through the map's shared pages (BpfSession::ClaimHeldReady). */
-struct {
-  __uint(type, BPF_MAP_TYPE_ARRAY);
-  __uint(max_entries, RV_MAX_TARGETS);
-  __uint(map_flags, BPF_F_MMAPABLE);
-  __type(key, __u32);
-  __type(value, __u64);
-} held_ready SEC(".maps");
 
 /* Two 128 KiB stack-record slots per CPU (a PERCPU_ARRAY value is limited to 32 KiB, so this is a plain array; userspace
  * sets max_entries to 2 x possible CPUs): slot 2*cpu for uprobes, 2*cpu+1 for samples. The perf_event program runs
@@ -226,44 +225,6 @@ static __always_inline void rv_output_stack(void *s, __u32 size, int is_sample) 
     avail += size;
     if (avail > c->ring_high_water) c->ring_high_water = avail;
   }
-}
-
-/* Writes the held READY that `held` (a value claimed from held_ready) names, if it is this process's: a READY of a
- * process that left the slot is not this one's event. One its native thread was rewriting meanwhile (another Ruby
- * thread of an M:N native thread holding a READY of its own) is counted lost. */
-static __always_inline void rv_write_held_ready(__u64 held, __u32 tgid, struct rv_counters *c) {
-  __u32 tid = held >> 32;
-  const struct rv_native_thread *nt = bpf_map_lookup_elem(&native_threads, &tid);
-  if (!nt) return;
-  const __u32 seq = *(volatile const __u32 *)&nt->ready.seq;
-  struct rv_held_ready copy = nt->ready;
-  if (copy.tgid != tgid && seq == (__u32)held) return;
-  if (seq != (__u32)held || *(volatile const __u32 *)&nt->ready.seq != seq) {
-    rv_count_drop(c);
-    return;
-  }
-  struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
-  if (!r) {
-    rv_count_drop(c);
-    return;
-  }
-  rv_fill_record(r, copy.ts_ns, copy.th, copy.serial, tid, tid, tgid, RV_EV_THREAD_READY, copy.site, copy.flags);
-  rv_submit_record(r, c);
-}
-
-/* Claims process `slot`'s held READY, if any: the value, 0 when none. A plain read first, so the common empty case
- * costs no atomic. */
-static __always_inline __u64 rv_claim_held_ready(__u32 slot) {
-  __u64 *held = bpf_map_lookup_elem(&held_ready, &slot);
-  if (!held || *held == 0) return 0;
-  return __sync_lock_test_and_set(held, 0);
-}
-
-/* Writes process `slot`'s held READY before an event or sample of the process, so that it comes first. */
-static __always_inline void rv_flush_held_ready(__u32 slot, __u32 tgid, struct rv_counters *c) {
-  if (!rv_cfg.fold_ready) return;
-  __u64 held = rv_claim_held_ready(slot);
-  if (held) rv_write_held_ready(held, tgid, c);
 }
 
 /* Events that may run on a native thread other than the one they are about (3.3+: STARTED on the creator, READY on
@@ -442,53 +403,6 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
     if (nt) nt->in_gc = 1;
   }
 
-  /* READY folding (rv_config.fold_ready; "Folded READY" in abi.h). A READY the thread reports about itself is held
-   * back; the thread's RESUMED that finds it still held folds it in; any other hit writes it first. Only records
-   * without a stack take part (a READY or RESUMED configured to carry one is written as it is). */
-  struct rv_ready_part fold = {};
-  int folded = 0;
-  if (rv_cfg.fold_ready) {
-    const int own = th != 0 && about_tid == tid;
-    if (site->event == RV_EV_THREAD_READY && own && !(rv_cfg.stack_events & (1u << RV_EV_THREAD_READY))) {
-      struct rv_native_thread *nt = rv_native_thread_of(tid);
-      __u64 *held = bpf_map_lookup_elem(&held_ready, &target->slot);
-      if (nt && held) {
-        /* What the process held goes first (it may be this native thread's own, about to be overwritten). */
-        __u64 prev = rv_claim_held_ready(target->slot);
-        if (prev) rv_write_held_ready(prev, tgid, c);
-        __u32 seq = nt->ready.seq + 1;
-        if (seq == 0) seq = 1;
-        *(volatile __u32 *)&nt->ready.seq = 0; /* being written (struct rv_held_ready) */
-        nt->ready.ts_ns = ts;
-        nt->ready.th = th;
-        nt->ready.serial = serial;
-        nt->ready.flags = flags;
-        nt->ready.tgid = tgid;
-        nt->ready.site = (__u16)key;
-        *(volatile __u32 *)&nt->ready.seq = seq;
-        /* Another thread of the process may have published a READY since the claim above: it is written now. */
-        prev = __sync_lock_test_and_set(held, ((__u64)tid << 32) | seq);
-        if (prev) rv_write_held_ready(prev, tgid, c);
-        return 0;
-      }
-    }
-    __u64 prev = rv_claim_held_ready(target->slot);
-    if (prev) {
-      const struct rv_native_thread *nt = 0;
-      if (site->event == RV_EV_THREAD_RESUMED && own && (__u32)(prev >> 32) == tid &&
-          !(rv_cfg.stack_events & (1u << RV_EV_THREAD_RESUMED)))
-        nt = bpf_map_lookup_elem(&native_threads, &tid);
-      if (nt && nt->ready.tgid == tgid && nt->ready.seq == (__u32)prev && nt->ready.th == th) {
-        fold.ts_ns = nt->ready.ts_ns;
-        fold.flags = nt->ready.flags;
-        fold.site = nt->ready.site;
-        folded = 1;
-      } else {
-        rv_write_held_ready(prev, tgid, c);
-      }
-    }
-  }
-
   /* Events configured to carry a stack (gvl_released by default): the thread giving up the lock is the one running
    * this probe, so its VM stack is stable while we walk it. */
   if (th != 0 && about_tid == tid && (rv_cfg.stack_events & (1u << (site->event & 31)))) {
@@ -506,18 +420,6 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
     }
   }
 
-  if (folded) {
-    struct rv_folded_record *f = bpf_ringbuf_reserve(&events, sizeof(*f), 0);
-    if (!f) {
-      rv_count_drop(c); /* both events of the record are lost: counted as two */
-      rv_count_drop(c);
-      return 0;
-    }
-    rv_fill_record(&f->rec, ts, th, serial, about_tid, tid, tgid, site->event, (__u16)key, flags | RV_REC_HAS_READY);
-    f->ready = fold;
-    rv_submit_record(&f->rec, c);
-    return 0;
-  }
   struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
   if (!r) {
     rv_count_drop(c);
@@ -558,7 +460,6 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   if (!traps) return 0; /* never: userspace gives slots below RV_MAX_TARGETS */
   __u64 ts = bpf_ktime_get_ns();
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
-  rv_flush_held_ready(target->slot, tgid, c); /* a held READY of this process is older: it goes first */
   __u64 ec = 0, th = 0;
   __u32 bin = 0;
   __u32 route = RV_EC_ROUTE_NONE;
@@ -660,13 +561,7 @@ int rv_proc_exec(void *ctx) {
   (void)ctx;
   if (!rv_cfg.watch_exec) return 0;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
-  __u32 tgid = pid_tgid >> 32;
-  const struct rv_target *target = bpf_map_lookup_elem(&target_pids, &tgid);
-  if (target) { /* a watched process's held READY belongs to the image it leaves */
-    __u32 zero = 0;
-    rv_flush_held_ready(target->slot, tgid, bpf_map_lookup_elem(&counters, &zero));
-  }
-  rv_output_proc(RV_EV_PROC_EXEC, tgid, (__u32)pid_tgid);
+  rv_output_proc(RV_EV_PROC_EXEC, pid_tgid >> 32, (__u32)pid_tgid);
   return 0;
 }
 
@@ -678,11 +573,7 @@ int rv_proc_exit(void *ctx) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32;
   __u32 tid = (__u32)pid_tgid;
-  if (tgid != tid) return 0;
-  const struct rv_target *target = bpf_map_lookup_elem(&target_pids, &tgid);
-  if (!target) return 0;
-  __u32 zero = 0;
-  rv_flush_held_ready(target->slot, tgid, bpf_map_lookup_elem(&counters, &zero)); /* before its exit record */
+  if (tgid != tid || !bpf_map_lookup_elem(&target_pids, &tgid)) return 0;
   bpf_map_delete_elem(&target_pids, &tgid);
   bpf_map_delete_elem(&proc_ec, &tgid); /* a reused pid must not inherit this process's EC route */
   rv_output_proc(RV_EV_PROC_EXIT, tgid, tid);

@@ -104,9 +104,6 @@ struct rv_offsets {
 #define RV_REC_IN_GC 0x10u    /* samples: the native thread was between GC_ENTER and GC_EXIT */
 /* samples: an rv_gvl_reading follows the rv_record, before the rv_stack_header (struct rv_sample_record) */
 #define RV_REC_HAS_GVL 0x20u
-/* A RESUMED that carries the READY its thread reported just before, with nothing else of its process in between
- * (rv_config.fold_ready): an rv_ready_part follows the rv_record (struct rv_folded_record). */
-#define RV_REC_HAS_READY 0x40u
 
 /* One ring buffer record: fixed size, written by every probe. */
 struct rv_record {
@@ -119,59 +116,6 @@ struct rv_record {
   __u16 kind;        /* enum rv_event_kind */
   __u16 site;        /* the cookie (index into the sites map) */
   __u32 flags;       /* RV_REC_* */
-};
-
-/* ---- Folded READY (rv_config.fold_ready) -------------------------------------------------------------------------
- * A thread that wants the GVL and gets it at once reports READY and RESUMED microseconds apart with nothing of its
- * process between them: two records that say one thing. With fold_ready the BPF side holds a READY the thread reports
- * about itself back (in its rv_native_thread, named by its process's held_ready slot) until the next hit of that
- * process: the thread's own RESUMED writes one record with both times (struct rv_folded_record); any other event or
- * sample of the process, its exit or exec first writes the held READY as a record of its own. The daemon can claim a
- * held READY itself (an atomic exchange of the slot through its shared page, BpfSession::ClaimHeldReady) when it must
- * see every event up to a point in time: an interval cut, a pause of the probes. Every event reaches the daemon once,
- * with its own time, in the order its process made them. */
-
-/* The READY part of a folded record: the fields the READY had that its RESUMED does not repeat (the thread, tid,
- * pid and serial are the same). */
-struct rv_ready_part {
-  __u64 ts_ns;  /* the READY's time (CLOCK_MONOTONIC ns), <= the record's ts_ns */
-  __u32 flags;  /* the READY's RV_REC_* flags */
-  __u16 site;   /* the READY's site (cookie) */
-  __u16 pad;
-};
-
-struct rv_folded_record {
-  struct rv_record rec; /* the RESUMED, flags has RV_REC_HAS_READY */
-  struct rv_ready_part ready;
-};
-
-/* A READY held back (struct rv_native_thread.ready), valid while its process's held_ready slot holds
- * (tid << 32 | seq) of it. Written only on its native thread, read by whoever claims the slot, so `seq` works as a
- * sequence lock: the writer sets it to 0, writes the fields, then sets the new number; a reader that finds the number
- * it claimed before and after copying the fields has them whole. */
-struct rv_held_ready {
-  __u64 ts_ns;
-  __u64 th;
-  __u32 serial;
-  __u32 flags; /* RV_REC_* */
-  __u32 tgid;  /* tells a READY of the process now in the slot from one a process that left it held */
-  __u16 site;
-  __u16 pad;
-  __u32 seq;   /* this native thread's held READYs, numbered from 1 (0: being written) */
-  __u32 pad2;
-};
-
-/* What the programs remember of a native thread between its events (map native_threads, key: host tid), read and
- * written in place. */
-struct rv_native_thread {
-  /* The rb_thread_t * it last ran. Set at every event whose th is known and which runs on the thread itself; read at
-   * sites where DWARF says th is optimized out (those events always concern the current thread) and by samples
-   * whose EC has no other route. 0: none seen yet. */
-  __u64 th;
-  __u32 bin;  /* which VM binary that th runs (index into offsets / walk_config): samples have no site to say */
-  __u8 in_gc; /* 1 between GC_ENTER and GC_EXIT: samples there get the GC pseudo-frame */
-  __u8 pad[3];
-  struct rv_held_ready ready; /* written only by the thread's own READY hits */
 };
 
 /* ---- Stacks ----------------------------------------------------------------------------------------------------
@@ -317,9 +261,6 @@ struct rv_config {
   __u32 cold_gap_ns;
   /* 1: samples carry a reading of the GVL (holder, queue) where the binary's rv_walk_config.gvl says how */
   __u32 gvl_readings;
-  /* 1: a READY a thread reports about itself is folded into its RESUMED when nothing of its process comes between
-   * (see "Folded READY" above; the fleet agent's records, never a recording's) */
-  __u32 fold_ready;
 };
 
 /* Byte offsets of the fields of the running kernel's struct task_struct that the programs read (the sampler's thread
@@ -382,11 +323,6 @@ RV_ABI_ASSERT(sizeof(struct rv_record) == 40, "rv_record ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_record, kind) == 32, "rv_record ABI");
 RV_ABI_ASSERT(sizeof(struct rv_counters) == 8 * RV_COUNTER_COUNT, "rv_counters ABI");
 RV_ABI_ASSERT(sizeof(struct rv_stack_header) == 16, "rv_stack_header ABI");
-RV_ABI_ASSERT(sizeof(struct rv_ready_part) == 16, "rv_ready_part ABI");
-RV_ABI_ASSERT(sizeof(struct rv_folded_record) == 56, "rv_folded_record ABI");
-RV_ABI_ASSERT(sizeof(struct rv_held_ready) == 40, "rv_held_ready ABI");
-RV_ABI_ASSERT(sizeof(struct rv_native_thread) == 56, "rv_native_thread ABI");
-RV_ABI_ASSERT(__builtin_offsetof(struct rv_native_thread, ready) == 16, "rv_native_thread ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_stack_record, hdr) == 40, "rv_stack_record ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_stack_record, frames) == 56, "rv_stack_record ABI");
 RV_ABI_ASSERT(sizeof(struct rv_walk_config) == 96, "rv_walk_config ABI");
@@ -401,7 +337,7 @@ RV_ABI_ASSERT(__builtin_offsetof(struct rv_sample_record, frames) ==
 RV_ABI_ASSERT((RV_GVL_MAX_QUEUED & (RV_GVL_MAX_QUEUED - 1)) == 0, "RV_GVL_MAX_QUEUED is a power of two");
 RV_ABI_ASSERT(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
-RV_ABI_ASSERT(sizeof(struct rv_config) == 24, "rv_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_config) == 20, "rv_config ABI");
 RV_ABI_ASSERT(sizeof(struct rv_kernel_layout) == 16, "rv_kernel_layout ABI");
 RV_ABI_ASSERT(sizeof(struct rv_target) == 24, "rv_target ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_target, pidns) == 8, "rv_target ABI");

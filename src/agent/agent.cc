@@ -78,9 +78,6 @@ rv_config Agent::ProbeConfig(const AgentConfig& config) {
   cfg.gvl_readings = cfg.sampling;
   cfg.watch_exec = 1;
   cfg.cold_gap_ns = OverheadBudget::kColdGapNs;
-  // An uncontended GVL acquisition reaches the agent as one record, not two (abi.h, "Folded READY"): a third fewer
-  // records for the same events.
-  cfg.fold_ready = 1;
   return cfg;
 }
 
@@ -89,8 +86,6 @@ Status Agent::Start() {
                             [this](const rv_record& r, const rv_stack_header& h,
                                    std::span<const rv_ruby_frame> frames,
                                    const rv_gvl_reading* gvl) { OnStack(r, h, frames, gvl); });
-  env_.backend->SetFoldedHandler(
-      [this](const rv_record& ready, const rv_record& resumed) { OnFolded(ready, resumed); });
   // Exec watching starts before the scan, so a process that execs during the scan is seen by one or the other.
   if (Status st = env_.backend->WatchProcesses(); !st) return st.error().Wrap("watching process exec/exit");
   if (config_.hz > 0) {
@@ -300,32 +295,6 @@ void Agent::OnRecord(const rv_record& r) {
   Enqueue(std::move(item));
 }
 
-void Agent::OnFolded(const rv_record& ready, const rv_record& resumed) {
-  WatchedProcess* p = registry_.Find(static_cast<int>(resumed.pid));
-  if (p == nullptr) return;
-  p->gc_epoch.OnRecord(ready.kind);
-  p->gc_epoch.OnRecord(resumed.kind);
-  Pending item;
-  item.t_ns = resumed.ts_ns;
-  item.pid = p->pid;
-  item.kind = resumed.kind;
-  item.th = resumed.th;
-  item.tid = resumed.tid;
-  item.ready_ns = ready.ts_ns;
-  Enqueue(std::move(item));
-}
-
-void Agent::ClaimHeldReady(int pid) {
-  Result<std::optional<rv_record>> held = env_.backend->ClaimHeldReady(static_cast<uint32_t>(pid));
-  if (!held) {
-    // The READY is gone: the wait it opened cannot be measured, like a record lost to a full ring.
-    if (WatchedProcess* p = registry_.Find(pid)) p->profile->OnEventsLost();
-    log().Warn("held READY lost", {{"pid", pid}, {"error", held.error().message()}});
-    return;
-  }
-  if (*held) OnRecord(**held);
-}
-
 void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
                     const rv_gvl_reading* gvl) {
   WatchedProcess* p = registry_.Find(static_cast<int>(r.pid));
@@ -413,11 +382,6 @@ void Agent::Dispatch(Pending& item) {
     return;
   }
   p->exited_threads.Keep(item.th, /*sample=*/false, item.kind == RV_EV_THREAD_EXITED);
-  if (item.ready_ns != 0) {
-    p->profile->OnEvent(item.ready_ns, item.th, RV_EV_THREAD_READY, SharedStack());
-    ++p->events;
-    ++events_;
-  }
   p->profile->OnEvent(item.t_ns, item.th, item.kind, item.stack);
   ++p->events;
   ++events_;
@@ -590,7 +554,6 @@ void Agent::UpdateBudgets(uint64_t now) {
     if (action == OverheadBudget::Action::kPause && set->high_group >= 0 && !set->paused) {
       env_.backend->DetachGroup(set->high_group);
       set->paused = true;
-      for (int pid : set->pids) ClaimHeldReady(pid);  // READYs from before the pause go before its marker
       // Stamped once the detach has returned (every event of the detach tail is older) and sent through the reorder
       // window, so events still in the ring or the window reach the profile before it, as `rvbpfd record` orders
       // its tracing_paused.
@@ -659,7 +622,6 @@ Status Agent::RunOnce(int poll_ms) {
   if (rescan_pending_ && now - last_rescan_ns_ >= kMinRescanGapNs) ScanProc("rescan");
   UpdateBudgets(now);
   if (now >= next_cut_ns_) {
-    for (const auto& [pid, p] : registry_.all()) ClaimHeldReady(pid);
     DrainRing();
     now = env_.clock->MonotonicNs();
     CutAll(now);
@@ -809,7 +771,6 @@ Status Agent::Reload(const AgentConfig& loaded) {
 }
 
 bool Agent::Shutdown(std::chrono::milliseconds flush_deadline) {
-  for (const auto& [pid, p] : registry_.all()) ClaimHeldReady(pid);
   DrainRing();
   CutAll(env_.clock->MonotonicNs());
   bool ok = true;

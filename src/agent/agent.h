@@ -132,9 +132,6 @@ class Agent {
     bool in_gc = false;
     SharedStack stack;  // the stack it carried (the resolver's shared object: no per-record copies), null: none
     std::shared_ptr<GvlReading> gvl;  // a sample's GVL reading (holder_th / queued_th are th keys), null when none
-    // A RESUMED with its READY folded in (rv_config.fold_ready): the READY's time, else 0. Nothing of the process
-    // came between the two, so the item stands in for both at the RESUMED's time.
-    uint64_t ready_ns = 0;
   };
 
   // Pending kinds of the agent's own (past every rv_event_kind): the budget paused / resumed a process's sites.
@@ -142,10 +139,6 @@ class Agent {
   static constexpr uint32_t kPendingTracingResumed = 0x10001;
 
   void OnRecord(const rv_record& r);
-  void OnFolded(const rv_record& ready, const rv_record& resumed);
-  // Takes the READY process `pid` holds back in BPF (rv_config.fold_ready) into the pending items, before a point
-  // that must follow every event up to now: an interval cut, a pause of the probes.
-  void ClaimHeldReady(int pid);
   void Enqueue(Pending item);
   void EnqueueMarker(int pid, uint32_t kind, uint64_t t_ns);
   void ReleasePending(uint64_t upto_ns);

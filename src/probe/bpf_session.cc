@@ -134,27 +134,6 @@ void SiteGroup::Detach() {
   links_.clear();
 }
 
-rv_record UnfoldReady(const rv_record& resumed, const rv_ready_part& ready) {
-  rv_record r = resumed;
-  r.ts_ns = ready.ts_ns;
-  r.kind = RV_EV_THREAD_READY;
-  r.site = ready.site;
-  r.flags = ready.flags;
-  return r;
-}
-
-rv_record HeldReadyRecord(const rv_held_ready& held, uint32_t tid) {
-  return rv_record{.ts_ns = held.ts_ns,
-                   .th = held.th,
-                   .serial = held.serial,
-                   .tid = tid,
-                   .probe_tid = tid,
-                   .pid = held.tgid,
-                   .kind = RV_EV_THREAD_READY,
-                   .site = held.site,
-                   .flags = held.flags};
-}
-
 std::vector<size_t> OrderSitesByHits(std::span<const uint64_t> cookies, std::span<const uint64_t> hits,
                                      bool hottest_first) {
   std::vector<size_t> order(cookies.size());
@@ -221,14 +200,6 @@ Result<std::unique_ptr<BpfSession>> BpfSession::Open(const SessionOptions& optio
     if (t == MAP_FAILED) return BpfError("mapping the per-process trap counts (pid_traps map)", errno);
     session->traps_pages_ = static_cast<rv_pid_traps*>(t);
     session->traps_pages_bytes_ = traps_bytes;
-    if (options.config.fold_ready) {
-      // Writable: the daemon claims a held READY with an atomic exchange, as the programs do.
-      const size_t held_bytes = (sizeof(uint64_t) * RV_MAX_TARGETS + page - 1) / page * page;
-      void* h = mmap(nullptr, held_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, bpf_map__fd(maps->maps.held_ready), 0);
-      if (h == MAP_FAILED) return BpfError("mapping the held READY slots (held_ready map)", errno);
-      session->held_pages_ = static_cast<uint64_t*>(h);
-      session->held_pages_bytes_ = held_bytes;
-    }
   }
   if (options.config.sampling) {
     if (Status st = session->StartSamplerLoad(options); !st) return st.error();
@@ -319,7 +290,6 @@ BpfSession::~BpfSession() {
   if (skel_) rvbpfd_bpf__destroy(skel_);
   if (drop_page_ != nullptr) munmap(drop_page_, drop_page_bytes_);
   if (traps_pages_ != nullptr) munmap(traps_pages_, traps_pages_bytes_);
-  if (held_pages_ != nullptr) munmap(held_pages_, held_pages_bytes_);
   if (maps_skel_) rvbpfd_bpf__destroy(maps_skel_);
 }
 
@@ -328,19 +298,6 @@ int BpfSession::OnSample(void* ctx, void* data, size_t size) {
   if (size < sizeof(rv_record)) return 0;  // never produced by our program; ignore rather than misread
   rv_record rec;
   std::memcpy(&rec, data, sizeof(rec));
-  if ((rec.flags & RV_REC_HAS_READY) != 0 && size >= sizeof(rv_folded_record)) {
-    rv_ready_part part;
-    std::memcpy(&part, static_cast<const uint8_t*>(data) + sizeof(rv_record), sizeof(part));
-    rec.flags &= ~RV_REC_HAS_READY;
-    const rv_record ready = UnfoldReady(rec, part);
-    if (self->on_folded_) {
-      self->on_folded_(ready, rec);
-    } else {
-      self->on_record_(ready);
-      self->on_record_(rec);
-    }
-    return 0;
-  }
   if (rec.flags & RV_REC_HAS_STACK) {
     // A sample's GVL reading sits between the record and the stack header (struct rv_sample_record).
     const bool has_gvl = rec.kind == RV_EV_SAMPLE && (rec.flags & RV_REC_HAS_GVL) != 0;
@@ -455,7 +412,6 @@ Status BpfSession::AddPid(uint32_t pid, const rv_pidns& pidns,
   __atomic_store_n(&traps.cold, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&traps.stepped, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&traps.stack_ns, 0, __ATOMIC_RELAXED);
-  if (held_pages_ != nullptr) __atomic_store_n(&held_pages_[*slot], 0, __ATOMIC_RELAXED);  // a READY of its last owner
   const rv_target target{*slot, 0, pidns};
   if (bpf_map_update_elem(fd, &pid, &target, BPF_ANY) != 0) {
     const int err = errno;
@@ -670,34 +626,6 @@ std::optional<rv_pid_traps> BpfSession::PidTraps(uint32_t pid) const {
   const rv_pid_traps& t = traps_pages_[it->second];
   return rv_pid_traps{__atomic_load_n(&t.traps, __ATOMIC_RELAXED), __atomic_load_n(&t.cold, __ATOMIC_RELAXED),
                       __atomic_load_n(&t.stepped, __ATOMIC_RELAXED), __atomic_load_n(&t.stack_ns, __ATOMIC_RELAXED)};
-}
-
-Result<std::optional<rv_record>> BpfSession::ClaimHeldReady(uint32_t pid) {
-  if (held_pages_ == nullptr) return std::optional<rv_record>();
-  const auto it = target_slots_.assigned().find(pid);
-  if (it == target_slots_.assigned().end()) return std::optional<rv_record>();
-  uint64_t* slot = &held_pages_[it->second];
-  // The programs exchange the slot on any CPU: whoever takes the non-zero value owns that READY.
-  if (__atomic_load_n(slot, __ATOMIC_RELAXED) == 0) return std::optional<rv_record>();
-  const uint64_t held = __atomic_exchange_n(slot, 0, __ATOMIC_SEQ_CST);
-  if (held == 0) return std::optional<rv_record>();
-  uint32_t tid = static_cast<uint32_t>(held >> 32);
-  // The native thread may be writing a READY of another of its Ruby threads (M:N) while the lookup copies it: two
-  // copies that agree, with the number claimed, are whole (rv_held_ready's sequence rule).
-  rv_native_thread copies[2]{};
-  for (rv_native_thread& nt : copies) {
-    if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.native_threads), &tid, &nt) != 0) {
-      return BpfError("reading the held READY of pid " + std::to_string(pid) + " (native_threads map)", errno);
-    }
-  }
-  const rv_held_ready& ready = copies[0].ready;
-  const bool whole = ready.seq == static_cast<uint32_t>(held) &&
-                     std::memcmp(&copies[0].ready, &copies[1].ready, sizeof(rv_held_ready)) == 0;
-  if (whole && ready.tgid != pid) return std::optional<rv_record>();  // a process that left the slot: not this one's
-  if (!whole) {
-    return Error(ErrorCode::kBpf, "the held READY of pid " + std::to_string(pid) + " was overwritten by its thread");
-  }
-  return std::optional<rv_record>(HeldReadyRecord(ready, tid));
 }
 
 std::vector<uint64_t> BpfSession::ReadSiteHits() const {

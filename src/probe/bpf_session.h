@@ -58,11 +58,6 @@ struct SiteSpec {
 std::vector<size_t> OrderSitesByHits(std::span<const uint64_t> cookies, std::span<const uint64_t> hits,
                                      bool hottest_first);
 
-// The READY record a folded record carries (RV_REC_HAS_READY): `resumed` with the READY's time, flags and site.
-rv_record UnfoldReady(const rv_record& resumed, const rv_ready_part& ready);
-// The READY record of a READY that thread `tid` held back in BPF (rv_native_thread.ready), as the programs write it.
-rv_record HeldReadyRecord(const rv_held_ready& held, uint32_t tid);
-
 // A set of uprobes attached together (one multi-uprobe link, or one link per site on older kernels). Detaching and
 // reattaching a group is how --max-overhead pauses the high-rate sites.
 class SiteGroup {
@@ -98,9 +93,6 @@ class BpfSession {
   // ring buffer and is valid only during the call; `gvl` is a sample's GVL reading (RV_REC_HAS_GVL), else nullptr.
   using StackCallback = std::function<void(const rv_record&, const rv_stack_header&,
                                            std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl)>;
-  // A RESUMED with the READY folded into it (RV_REC_HAS_READY, rv_config.fold_ready): `resumed` is the RESUMED's
-  // record (flag cleared), `ready` the READY's own.
-  using FoldedCallback = std::function<void(const rv_record& ready, const rv_record& resumed)>;
 
   // Loads the BPF object. Errors: kNoPrivilege (EPERM/EACCES: needs root or CAP_BPF+CAP_PERFMON), kBpf otherwise.
   // With rv_config.sampling, the sampler is verified on a thread of its own, in parallel with the uprobe program and
@@ -118,9 +110,6 @@ class BpfSession {
   // Records with a stack go to `on_stack` instead of the record callback (without one, the stack is ignored and
   // samples are dropped).
   void SetStackCallback(StackCallback on_stack) { on_stack_ = std::move(on_stack); }
-  // Folded records (rv_config.fold_ready) go to `on_folded`; without one each is handed to the record callback as
-  // its two records, the READY first.
-  void SetFoldedCallback(FoldedCallback on_folded) { on_folded_ = std::move(on_folded); }
   // Opens a software cpu-clock perf event on every online CPU firing `hz` times per second of CPU time and attaches
   // the sampling program to each (first waiting for its load, above). The BPF side keeps only the targets' threads
   // (pid filter).
@@ -184,11 +173,6 @@ class BpfSession {
   // the ns its stacks took: what each process has paid. Read from the pid_traps map's shared pages: no syscall, no
   // allocation. nullopt for a pid not in the filter.
   std::optional<rv_pid_traps> PidTraps(uint32_t pid) const;
-  // rv_config.fold_ready: takes the READY process `pid` holds back in BPF, if any, so that the caller sees every event
-  // up to now (an interval cut, a pause of its probes). nullopt: none held (or not folding, or pid not added). An
-  // error (kBpf) when the READY was lost: its thread overwrote it, or it could not be read. One atomic exchange on the
-  // held_ready map's shared page; a map lookup only when a READY is held.
-  Result<std::optional<rv_record>> ClaimHeldReady(uint32_t pid);
   bool uses_multi_links() const { return multi_supported_; }
 
  private:
@@ -216,7 +200,6 @@ class BpfSession {
   ring_buffer* ring_ = nullptr;
   RecordCallback on_record_;
   StackCallback on_stack_;
-  FoldedCallback on_folded_;
   std::vector<bpf_link*> perf_links_;  // owned, one per CPU; each owns its cpu-clock perf event fd
   std::vector<bpf_link*> proc_links_;  // owned: the lifecycle tracepoints (WatchProcesses)
   bool watch_processes_ = false;
@@ -232,9 +215,6 @@ class BpfSession {
   // The pid_traps map's pages, mapped read-write (Open fails without them); target_slots_ says whose each slot is.
   rv_pid_traps* traps_pages_ = nullptr;
   size_t traps_pages_bytes_ = 0;
-  // The held_ready map's pages, mapped read-write with rv_config.fold_ready (Open fails without them), else null.
-  uint64_t* held_pages_ = nullptr;
-  size_t held_pages_bytes_ = 0;
   TargetSlots target_slots_{RV_MAX_TARGETS};
   rv_kernel_layout kernel_layout_{};  // zero unless sampling or watch_processes (Open)
 };

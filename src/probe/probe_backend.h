@@ -32,17 +32,10 @@ class ProbeBackend {
   using StackHandler = std::function<void(const rv_record&, const rv_stack_header&,
                                           std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl)>;
 
-  // A RESUMED and the READY folded into it (rv_config.fold_ready; BpfSession::FoldedCallback).
-  using FoldedHandler = std::function<void(const rv_record& ready, const rv_record& resumed)>;
-
   virtual ~ProbeBackend() = default;
   // Records without a stack (scheduler events, process exec/exit) and records with one (samples, released stacks).
   // Without on_stack, a record's stack is ignored (the record goes to on_record) and samples are dropped.
   virtual void SetHandlers(RecordHandler on_record, StackHandler on_stack) = 0;
-  // Folded records go to `on_folded`; without one, each reaches the record handler as its two records.
-  virtual void SetFoldedHandler(FoldedHandler on_folded) = 0;
-  // The READY process `pid` holds back in BPF (BpfSession::ClaimHeldReady), so that every event up to now is seen.
-  virtual Result<std::optional<rv_record>> ClaimHeldReady(uint32_t pid) = 0;
   virtual Result<uint8_t> AddBinary(const rv_offsets& offsets) = 0;
   virtual Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) = 0;
   // Attaches `sites` of the file at `path`, assigning their BPF cookies in attach order (across groups, from 0).
@@ -113,8 +106,6 @@ class BpfProbeBackend : public ProbeBackend {
                                                        const std::string& cache_dir);
 
   void SetHandlers(RecordHandler on_record, StackHandler on_stack) override;
-  void SetFoldedHandler(FoldedHandler on_folded) override { session_->SetFoldedCallback(std::move(on_folded)); }
-  Result<std::optional<rv_record>> ClaimHeldReady(uint32_t pid) override { return session_->ClaimHeldReady(pid); }
   Result<uint8_t> AddBinary(const rv_offsets& offsets) override { return session_->AddBinary(offsets); }
   Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) override {
     return session_->SetWalkConfig(binary, config);

@@ -508,13 +508,9 @@ TEST_F(AgentTest, TheBudgetPausesTheHighRateSitesOfABusyBinaryAndResumesThem) {
   Run(50 * kMs);
   // 40,000 hand-offs by one process: 60 ms of estimated traps (1.5 us each), more than a 1 s window's 5% (50 ms).
   for (int i = 0; i < 40000; ++i) backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000);
-  // A READY BPF holds back for another process of the binary is claimed at the pause, before its marker.
-  backend_.Held(clock_.mono + 2 * kMs, 11, 0x3000, 111);
-  ASSERT_LT(clock_.mono + Agent::kBudgetCheckNs + 50 * kMs, agent_->next_cut_ns()) << "no cut claims it first";
   Run(Agent::kBudgetCheckNs + 50 * kMs);  // the next budget check
   const ProbeSet* host = agent_->process(10)->set;
   EXPECT_TRUE(host->paused);
-  EXPECT_TRUE(backend_.held.empty());
   EXPECT_FALSE(backend_.GroupAttached(host->high_group));
   EXPECT_TRUE(backend_.GroupAttached(host->low_group));
   EXPECT_TRUE(backend_.GroupAttached(agent_->process(20)->set->high_group));  // other binaries are not paused
@@ -693,89 +689,6 @@ TEST_F(AgentTest, ABudgetPauseComesAfterTheEventsStillInTheReorderWindow) {
   Run(3 * kS);
   // The wait began before the pause, which ended it uncounted: no part of it before the interval cut is observed.
   EXPECT_TRUE(UploadsFor(10, "gvl_wait").empty()) << "the pause reached the profile before the earlier READY";
-}
-
-// rv_config.fold_ready: an uncontended acquisition (READY, then the same thread's RESUMED with nothing of its process
-// between) reaches the agent as one folded record. Process 10 gets every event as its own record, process 11 the same
-// events with those acquisitions folded: their profiles are the same bytes.
-TEST_F(AgentTest, AFoldedAcquisitionGivesTheProfilesOfItsTwoRecords) {
-  StartAgent();
-  EXPECT_EQ(Agent::ProbeConfig(config_).fold_ready, 1u);
-  const uint64_t t0 = clock_.mono;
-  for (uint32_t pid : {10u, 11u}) {
-    const bool fold = pid == 11;
-    auto acquire = [&](uint64_t ready, uint64_t resumed, uint64_t th, uint32_t tid) {
-      if (fold) {
-        backend_.Folded(ready, resumed, pid, th, tid);
-      } else {
-        backend_.Record(ready, pid, RV_EV_THREAD_READY, th, tid);
-        backend_.Record(resumed, pid, RV_EV_THREAD_RESUMED, th, tid);
-      }
-    };
-    // A holds; B waits 10 ms for it (contended: never folded); then each acquires the free lock in turn.
-    backend_.Record(t0 + 1 * kMs, pid, RV_EV_THREAD_RESUMED, 0x1000, 101);
-    backend_.Record(t0 + 2 * kMs, pid, RV_EV_THREAD_READY, 0x2000, 102);
-    backend_.Stack(t0 + 5 * kMs, pid, RV_EV_SAMPLE, 0x1000, {111}, 0, 101);
-    backend_.Stack(t0 + 12 * kMs, pid, RV_EV_THREAD_SUSPENDED, 0x1000, {111}, 0, 101);
-    backend_.Record(t0 + 12 * kMs + 20'000, pid, RV_EV_THREAD_RESUMED, 0x2000, 102);
-    backend_.Stack(t0 + 20 * kMs, pid, RV_EV_THREAD_SUSPENDED, 0x2000, {222}, 0, 102);
-    acquire(t0 + 25 * kMs, t0 + 25 * kMs + 7'000, 0x1000, 101);
-    backend_.Stack(t0 + 40 * kMs, pid, RV_EV_THREAD_SUSPENDED, 0x1000, {111}, 0, 101);
-    acquire(t0 + 45 * kMs, t0 + 45 * kMs + 5'000, 0x2000, 102);
-    backend_.Stack(t0 + 50 * kMs, pid, RV_EV_THREAD_SUSPENDED, 0x2000, {222}, 0, 102);
-  }
-  Run(3 * kS);
-  for (const char* type : {"gvl_wait", "gvl_held", "gvl_blame"}) {
-    std::vector<ProfileUpload> unfolded = UploadsFor(10, type);
-    std::vector<ProfileUpload> folded = UploadsFor(11, type);
-    ASSERT_EQ(unfolded.size(), 1u) << type;
-    ASSERT_EQ(folded.size(), 1u) << type;
-    EXPECT_EQ(Gunzip(folded[0].pprof_gz), Gunzip(unfolded[0].pprof_gz)) << type;
-  }
-  EXPECT_EQ(agent_->process(10)->events, agent_->process(11)->events) << "a folded record is two events";
-}
-
-// A READY BPF holds back at an interval cut is claimed first: the part of its wait before the cut counts in the
-// interval that ends, as it does when the READY is in the ring.
-TEST_F(AgentTest, AHeldReadyIsClaimedBeforeEachCut) {
-  StartAgent();
-  Run(50 * kMs);
-  const uint64_t cut = agent_->next_cut_ns();
-  Run(cut - 100 * kMs - clock_.mono);
-  // Process 10: A holds the lock across the cut while B waits, its READY held back; process 11: the same with the
-  // READY in the ring.
-  for (uint32_t pid : {10u, 11u}) {
-    backend_.Record(clock_.mono + 1 * kMs, pid, RV_EV_THREAD_RESUMED, 0x1000, 101);
-    if (pid == 10) {
-      backend_.Held(clock_.mono + 50 * kMs, pid, 0x2000, 102);
-    } else {
-      backend_.Record(clock_.mono + 50 * kMs, pid, RV_EV_THREAD_READY, 0x2000, 102);
-    }
-  }
-  Run(cut + 1 * kMs - clock_.mono);
-  EXPECT_TRUE(backend_.held.empty()) << "the cut claimed the held READY";
-  std::vector<ProfileUpload> claimed = UploadsFor(10, "gvl_wait");
-  std::vector<ProfileUpload> in_ring = UploadsFor(11, "gvl_wait");
-  ASSERT_EQ(claimed.size(), 1u);
-  ASSERT_EQ(in_ring.size(), 1u);
-  EXPECT_EQ(Gunzip(claimed[0].pprof_gz), Gunzip(in_ring[0].pprof_gz));
-}
-
-// A held READY whose claim fails (its native thread overwrote it) is a lost event: the process's open spans are
-// discarded, as after a full ring, and the loss is logged.
-TEST_F(AgentTest, AHeldReadyThatCannotBeClaimedIsALostEvent) {
-  StartAgent();
-  Run(50 * kMs);
-  backend_.Record(clock_.mono + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 101);
-  backend_.Record(clock_.mono + 2 * kMs, 10, RV_EV_THREAD_READY, 0x2000, 102);
-  backend_.held_lost.insert(10);
-  Run(agent_->next_cut_ns() + 1 * kMs - clock_.mono);
-  EXPECT_TRUE(backend_.held_lost.empty());
-  EXPECT_NE(log_text_.str().find("held READY lost"), std::string::npos) << log_text_.str();
-  // B's wait was open when the READY went missing: discarded with the other open spans, so the interval has no
-  // observed wait (with the claim succeeding, its ~2 s before the cut would be one).
-  EXPECT_TRUE(UploadsFor(10, "gvl_wait").empty());
-  EXPECT_TRUE(UploadsFor(10, "gvl_held").empty());
 }
 
 // Between ring reads (Agent::kDrainPeriodNs) the agent does not touch the ring unless BPF wakes it (the ring a

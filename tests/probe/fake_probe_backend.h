@@ -44,17 +44,6 @@ class FakeProbeBackend : public ProbeBackend {
     on_record_ = std::move(on_record);
     on_stack_ = std::move(on_stack);
   }
-  void SetFoldedHandler(FoldedHandler on_folded) override { on_folded_ = std::move(on_folded); }
-  // The READY a test made `pid` hold (Held), taken once; a pid in held_lost fails as a READY its thread overwrote.
-  Result<std::optional<rv_record>> ClaimHeldReady(uint32_t pid) override {
-    ++held_claims;
-    if (held_lost.erase(pid) != 0) return Error(ErrorCode::kBpf, "the held READY was overwritten");
-    auto it = held.find(pid);
-    if (it == held.end()) return std::optional<rv_record>();
-    const rv_record r = it->second;
-    held.erase(it);
-    return std::optional<rv_record>(r);
-  }
   Result<uint8_t> AddBinary(const rv_offsets&) override { return static_cast<uint8_t>(binaries++); }
   Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
   using ProbeBackend::AttachGroup;
@@ -140,14 +129,7 @@ class FakeProbeBackend : public ProbeBackend {
     std::vector<Queued> q;
     q.swap(queue_);
     for (Queued& r : q) {
-      if (r.ready) {
-        if (on_folded_) {
-          on_folded_(*r.ready, r.rec);
-        } else {
-          on_record_(*r.ready);
-          on_record_(r.rec);
-        }
-      } else if (r.has_stack && on_stack_) {
+      if (r.has_stack && on_stack_) {
         rv_stack_header h{};
         h.nframes = static_cast<uint32_t>(r.frames.size());
         h.flags = r.header_flags;
@@ -202,16 +184,6 @@ class FakeProbeBackend : public ProbeBackend {
   void Record(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th = 0, uint32_t tid = 0) {
     queue_.push_back(Queued{Counted(ts, pid, kind, th, tid), false, {}});
   }
-  // A RESUMED with the READY of the same thread folded in (rv_config.fold_ready): two traps, one record.
-  void Folded(uint64_t ready_ts, uint64_t ts, uint32_t pid, uint64_t th, uint32_t tid = 0) {
-    Queued q{Counted(ts, pid, RV_EV_THREAD_RESUMED, th, tid), false, {}};
-    q.ready = Counted(ready_ts, pid, RV_EV_THREAD_READY, th, tid);
-    queue_.push_back(std::move(q));
-  }
-  // A READY that BPF holds back for `pid` (not in the ring until claimed: ClaimHeldReady).
-  void Held(uint64_t ts, uint32_t pid, uint64_t th, uint32_t tid = 0) {
-    held[pid] = Counted(ts, pid, RV_EV_THREAD_READY, th, tid);
-  }
   // A sample (or stacked event) whose frames are the given addresses.
   // `gvl`: the GVL reading the sample carries (RV_REC_HAS_GVL), none by default.
   void Stack(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<uint64_t> addrs,
@@ -259,9 +231,6 @@ class FakeProbeBackend : public ProbeBackend {
   int polls = 0;     // Wait calls (one per Poll)
   int consumes = 0;  // Consume calls (one per Poll)
   size_t wake_at_queued = 1;  // Wait is woken with this many records queued (SIZE_MAX: never)
-  std::map<uint32_t, rv_record> held;  // READYs BPF holds back, per pid (Held), until ClaimHeldReady takes them
-  std::set<uint32_t> held_lost;        // pids whose next ClaimHeldReady fails (a READY its thread overwrote)
-  int held_claims = 0;                 // ClaimHeldReady calls
   bool watching = false;
 
  private:
@@ -271,11 +240,9 @@ class FakeProbeBackend : public ProbeBackend {
     std::vector<rv_ruby_frame> frames;
     std::optional<rv_gvl_reading> gvl;
     uint32_t header_flags = 0;  // rv_stack_header.flags
-    std::optional<rv_record> ready;  // a folded record's READY (Folded)
   };
   RecordHandler on_record_;
   StackHandler on_stack_;
-  FoldedHandler on_folded_;
   std::vector<Queued> queue_;
   uint64_t next_cookie_ = 0;
   std::mutex release_mu_;

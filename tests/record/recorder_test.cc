@@ -54,8 +54,6 @@ class BackendRef : public ProbeBackend {
   void SetHandlers(RecordHandler on_record, StackHandler on_stack) override {
     f_->SetHandlers(std::move(on_record), std::move(on_stack));
   }
-  void SetFoldedHandler(FoldedHandler on_folded) override { f_->SetFoldedHandler(std::move(on_folded)); }
-  Result<std::optional<rv_record>> ClaimHeldReady(uint32_t pid) override { return f_->ClaimHeldReady(pid); }
   Result<uint8_t> AddBinary(const rv_offsets& offsets) override { return f_->AddBinary(offsets); }
   Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) override {
     return f_->SetWalkConfig(binary, config);
