@@ -81,15 +81,14 @@ Result<ElfFile> OpenThroughDescriptor(const std::string& path, RubyTarget* targe
                                       std::span<const std::string_view> must_name = {}) {
   Result<FileFd> handle = OpenPathInRoot(path);
   if (!handle) return handle.error();
-  std::optional<FileFd> reopened;  // the pre-filter's descriptor, which the parse then reads too
+  // One readable descriptor for the pre-filter and the parse.
+  Result<FileFd> fd = ReopenRegularFile(*handle, path, "ELF file");
+  if (!fd) return fd.error();
   if (!must_name.empty()) {
-    Result<FileFd> fd = ReopenRegularFile(*handle, path, "ELF file");
-    if (!fd) return fd.error();
     Result<bool> named = StringTablesName(fd->get(), must_name);
     if (named.ok() && !*named) return Error(ErrorCode::kNotRuby, path + " names none of the VM's symbols");
-    reopened = std::move(fd.value());
   }
-  Result<ElfFile> elf = reopened ? ElfFile::OpenReopened(*reopened, path) : ElfFile::OpenHandle(*handle, path);
+  Result<ElfFile> elf = ElfFile::OpenReopened(*fd, path);
   if (!elf) return elf.error();
   target->vm_fd = std::make_shared<const FileFd>(std::move(handle.value()));
   target->vm_host_path = path;
