@@ -265,10 +265,9 @@ namespace {
 // One deflate state, initialized once and reset per stream (deflateReset keeps the allocations).
 class GzipState {
  public:
-  GzipState() {
-    // windowBits 15 + 16: a gzip header and trailer rather than a zlib one (pprof files are .pb.gz). zlib's default
-    // level: on profiles of a few KB, level 9's longer match search makes no smaller output, only a slower one.
-    ok_ = deflateInit2(&zs_, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK;
+  // windowBits 15 + 16: a gzip header and trailer rather than a zlib one (pprof files are .pb.gz).
+  explicit GzipState(int level) {
+    ok_ = deflateInit2(&zs_, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK;
   }
   ~GzipState() {
     if (ok_) deflateEnd(&zs_);
@@ -306,8 +305,12 @@ class GzipState {
 }  // namespace
 
 Result<std::string> Gzip(std::string_view data) {
-  thread_local GzipState state;
-  return state.Compress(data);
+  if (data.size() < kGzipStoreBelowBytes) {
+    thread_local GzipState stored(0);
+    return stored.Compress(data);
+  }
+  thread_local GzipState fast(Z_BEST_SPEED);
+  return fast.Compress(data);
 }
 
 Status ExportPprof(const TraceFile& trace, std::ostream& out) {

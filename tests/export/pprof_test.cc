@@ -1,6 +1,7 @@
 #include "export/pprof.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cmath>
 #include <cstdint>
@@ -286,6 +287,36 @@ TEST(PprofExport, GzipReusesItsStateWithoutCarryingAnythingOver) {
     for (const std::string& in : inputs) fresh.push_back(Gzip(in).value());
   }).join();
   EXPECT_EQ(fresh, first);
+}
+
+// One gzip stream of `in` by a fresh zlib deflate state at `level` (windowBits 15, memLevel 8, as Gzip's).
+std::string ReferenceGzip(const std::string& in, int level) {
+  z_stream zs{};
+  EXPECT_EQ(deflateInit2(&zs, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(deflateBound(&zs, static_cast<uLong>(in.size())) + 32, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  zs.avail_in = static_cast<uInt>(in.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
+  out.resize(out.size() - zs.avail_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+TEST(PprofExport, GzipStoresSmallInputsAndCompressesTheOthersFast) {
+  // Under kGzipStoreBelowBytes stored (level 0), from there on level 1; each decodes to its input.
+  std::string text;
+  for (int i = 0; text.size() < 2 * kGzipStoreBelowBytes; ++i) text += "frame " + std::to_string(i % 37) + ";";
+  const std::string small = text.substr(0, kGzipStoreBelowBytes - 1);
+  const std::string large = text.substr(0, kGzipStoreBelowBytes);
+  ASSERT_NE(ReferenceGzip(small, 0), ReferenceGzip(small, Z_BEST_SPEED));
+  EXPECT_EQ(Gzip(small).value(), ReferenceGzip(small, 0));
+  EXPECT_GT(Gzip(small)->size(), small.size());  // stored: the input plus the gzip and block headers
+  EXPECT_EQ(Gzip(large).value(), ReferenceGzip(large, Z_BEST_SPEED));
+  EXPECT_LT(Gzip(large)->size(), large.size() / 4);
+  EXPECT_EQ(Gunzip(Gzip(small).value()), small);
+  EXPECT_EQ(Gunzip(Gzip(large).value()), large);
 }
 
 TEST(PprofExport, LargeValuesAndIdsEncodeAsMultiByteVarints) {
