@@ -86,8 +86,8 @@ Status ExportPprof(const TraceFile& trace, std::ostream& out);
 // and a fresh state is ~256 KiB of zlib tables allocated, page-faulted in and cleared each time.
 // Level 1 (Z_BEST_SPEED, the level Go's runtime/pprof writes profiles at); an input under kGzipStoreBelowBytes is
 // stored (level 0, no compression). Compressing costs a fixed ~10 us per stream on this project's test VM, mostly
-// building the block's Huffman trees, which is all of a small profile's cost (most of a fleet agent's, ~20 a second):
-// stored it costs ~1 us and a few dozen bytes more than compressed.
+// building the block's Huffman trees, which is nearly all of a small profile's cost (most of a fleet agent's ~20
+// profiles a second are that small): stored, one costs ~1 us and up to a few hundred bytes more than compressed.
 Result<std::string> Gzip(std::string_view data);
 inline constexpr size_t kGzipStoreBelowBytes = 1024;
 
