@@ -6,13 +6,11 @@
 // included) with the production FrameSource (MakeResolverFrameSource: StackResolver) over a fake target memory
 // holding real iseq objects. Only the BPF ring and /proc are fakes.
 //
-// Prints ns per event (wall and this thread's CPU time: both depend on the machine) and two checksums of every profile the agent produced, of
-// the gzip bytes and of the pprof bytes inside (equal checksums = byte-identical output, for comparing builds; the
-// second alone stays equal across a change of compression). For instruction counts, which do not depend on machine
-// load, run it under callgrind and count Agent::RunOnce only:
-//   valgrind --tool=callgrind --collect-atstart=no --toggle-collect='rvbpfd::Agent::RunOnce(int)'
-//     ./agent_pipeline_bench 20
-// then divide the total Ir by the event count printed.
+// Prints ns per event (wall and this thread's CPU time: both depend on the machine) and two checksums of every profile
+// the agent produced, of the gzip bytes and of the pprof bytes inside (equal checksums = byte-identical output, for
+// comparing builds; the second alone stays equal across a change of compression). Compare builds by the CPU time per
+// event over interleaved runs. callgrind (valgrind 3.19, Debian 12) cannot give instruction counts: it does not
+// implement openat2, which target files are opened with, so no fake process is watched.
 //
 // The host-wide event rate is the same for every PROCESSES (12,000 events/s: each thread cycles every PROCESSES ms),
 // so PROCESSES 50 (agent_budget.py's count) gives the real agent's working set: 50 profiles, span trackers and
