@@ -628,9 +628,8 @@ Status Agent::RunOnce(int poll_ms) {
     next_cut_ns_ += interval_ns_;
     if (next_cut_ns_ <= now) next_cut_ns_ = now + interval_ns_;
   }
-  // The walk touches every watched process, which the targets evicted from the CPU caches since the last wakeup: only
-  // while one attached less than kEcEagerNs ago (ec_eager_until_ns_ is the last attach's end of that) or at the
-  // housekeeping.
+  // Only while a process attached less than kEcEagerNs ago (until ec_eager_until_ns_) or at the housekeeping: the
+  // walk touches every watched process's state, which the targets evict from the CPU caches between wakeups.
   if (now < ec_eager_until_ns_ || now >= next_housekeeping_ns_) {
     for (auto& [pid, p] : registry_.all()) {
       if (now - p->attached_ns < kEcEagerNs || now >= next_housekeeping_ns_) PollEc(*p);

@@ -199,6 +199,29 @@ TEST_F(AgentTest, ARefusedEcRouteIsLoggedOnceAndNotRetried) {
   EXPECT_NE(log.find("No space left on device (errno 28)"), std::string::npos) << log;
 }
 
+// A pending EC route is retried at every loop while its process attached less than kEcEagerNs ago, then only at the
+// housekeeping (once a second); loops in between poll nothing.
+TEST_F(AgentTest, APendingEcRouteIsRetriedAtEveryLoopWhileNewThenAtTheHousekeeping) {
+  backend_.ec_pending_polls = 1'000'000;
+  StartAgent();
+  ASSERT_EQ(agent_->watched_pids(), (std::vector<int>{10, 11, 20}));
+  EXPECT_EQ(backend_.ec_polls, 3);
+  Run(500 * kMs);  // ten 50 ms loops before the first housekeeping
+  EXPECT_EQ(backend_.ec_polls, 3 + 10 * 3);
+  Run(Agent::kEcEagerNs);
+  const int after_eager = backend_.ec_polls;
+  Run(3'000'000'000);
+  EXPECT_EQ(backend_.ec_polls - after_eager, 3 * 3) << "one poll per process at each of three housekeepings";
+}
+
+// A route that is pending for its first polls is installed by the retries, before any housekeeping.
+TEST_F(AgentTest, APendingEcRouteIsInstalledByTheEagerRetries) {
+  backend_.ec_pending_polls = 4 * 3;  // the start's poll and three loops' find the VM not relocated yet
+  StartAgent();
+  Run(400 * kMs);
+  EXPECT_EQ(backend_.ec_polls, 4 * 3 + 3) << "installed at the fourth loop, then never polled again";
+}
+
 TEST_F(AgentTest, StartWatchesEveryRubyProcessWithOneProbeSetPerBinary) {
   StartAgent();
   EXPECT_EQ(agent_->watched_pids(), (std::vector<int>{10, 11, 20}));

@@ -105,9 +105,11 @@ class FakeProbeBackend : public ProbeBackend {
     sampling_hz = hz;
     return Status::Ok();
   }
-  // Every installer is installed, or refused with ec_refusal when it is set (as BPF refuses a full proc_ec map).
+  // The first ec_pending_polls polls leave their installer pending (the VM not relocated yet); then every installer is
+  // installed, or refused with ec_refusal when it is set (as BPF refuses a full proc_ec map).
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override {
     ++ec_polls;
+    if (ec_polls <= ec_pending_polls) return installer.state();
     if (ec_refusal) return installer.Failed(*ec_refusal);
     return installer.Installed();
   }
@@ -227,6 +229,7 @@ class FakeProbeBackend : public ProbeBackend {
   int binaries = 0;
   int sampling_hz = 0;
   int ec_polls = 0;
+  int ec_pending_polls = 0;
   std::optional<std::string> ec_refusal;
   int polls = 0;     // Wait calls (one per Poll)
   int consumes = 0;  // Consume calls (one per Poll)
