@@ -12,6 +12,7 @@
 
 #include "common/deadline.h"
 #include "common/target_file.h"
+#include "target/target.h"
 
 namespace rvbpfd {
 namespace {
@@ -300,11 +301,7 @@ std::vector<int> ListChildren(const std::string& proc_root, int pid) {
 bool ProcessAlive(const std::string& proc_root, int pid) {
   std::string text;
   if (!ReadSmallFile(proc_root + "/" + std::to_string(pid) + "/stat", &text, 4096) || text.empty()) return false;
-  // "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos || close + 2 >= text.size()) return true;
-  const char state = text[close + 2];
-  return state != 'Z' && state != 'X';
+  return !StatSaysExiting(text);
 }
 
 }  // namespace rvbpfd

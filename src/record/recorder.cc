@@ -91,16 +91,7 @@ std::string DefaultOutput(int pid) {
 
 bool ProcessGone(int pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  FILE* f = fopen(path, "r");
-  if (!f) return true;
-  int p;
-  char state = 0;
-  char comm[256];
-  bool zombie = fscanf(f, "%d %255s %c", &p, comm, &state) == 3 && state == 'Z';
-  fclose(f);
-  return zombie;
+  return ProcessEnding(ProcFs(), pid);  // a zombie still answers kill(0), and an exiting process too
 }
 
 Error TargetExitedError(int pid) {

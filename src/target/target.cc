@@ -164,6 +164,37 @@ std::optional<int> ParseNsPid(std::string_view status_text) {
   return v > 0 ? std::optional<int>(v) : std::nullopt;
 }
 
+bool StatSaysExiting(std::string_view stat_text) {
+  const size_t close = stat_text.rfind(')');
+  if (close == std::string_view::npos) return false;
+  // After "pid (comm)": state, ppid, pgrp, session, tty_nr, tpgid, flags (fields 3 to 9), space-separated.
+  std::string_view rest = stat_text.substr(close + 1);
+  std::string_view fields[7];
+  for (std::string_view& f : fields) {
+    if (rest.empty() || rest.front() != ' ') return false;
+    rest.remove_prefix(1);
+    f = rest.substr(0, rest.find(' '));
+    rest.remove_prefix(f.size());
+    if (f.empty()) return false;
+  }
+  if (fields[0].size() != 1) return false;
+  if (fields[0][0] == 'Z' || fields[0][0] == 'X') return true;
+  uint64_t flags = 0;
+  const std::string_view digits = fields[6];
+  if (digits.size() > 10) return false;  // an unsigned int in decimal
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+    flags = flags * 10 + static_cast<uint64_t>(c - '0');
+  }
+  constexpr uint64_t kPfExiting = 0x4;  // include/linux/sched.h
+  return (flags & kPfExiting) != 0;
+}
+
+bool ProcessEnding(const ProcFs& procfs, int pid) {
+  std::string stat;
+  return ReadProcFile(procfs, procfs.PidPath(pid, "stat"), &stat) != 0 || stat.empty() || StatSaysExiting(stat);
+}
+
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   const std::string pid_str = std::to_string(pid);
   struct stat st;

@@ -92,6 +92,15 @@ std::optional<int> ParseNsPid(std::string_view status_text);
 // `pid` when the kernel reports no NSpid (or the file is unreadable).
 int ReadNsPid(const ProcFs& procfs, int pid);
 
+// Whether /proc/PID/stat text says the process has ended or is ending: state Z (zombie) or X (dead), or PF_EXITING
+// (0x4) in its flags (the ninth field), set as its exit begins: the kernel releases the process's memory (its maps
+// read empty) before it turns zombie, while the state still reads R or D. Fields are counted after the last ')'
+// since comm may hold spaces and parentheses. False for text that does not parse.
+bool StatSaysExiting(std::string_view stat_text);
+// Whether process `pid` has ended or is ending: its /proc/PID/stat cannot be read or is empty (no such process), or
+// StatSaysExiting.
+bool ProcessEnding(const ProcFs& procfs, int pid);
+
 // Errors: kNoSuchProcess, kNotRuby, kUnsupportedVersion (< 3.2), kNoPrivilege (maps/root not readable), kIo.
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs);
 

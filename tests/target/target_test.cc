@@ -71,6 +71,44 @@ TEST(ParseNsPidTest, TheLastNsPidIsThePidInTheTargetsOwnNamespace) {
   EXPECT_EQ(ParseNsPid("Name:\truby\nNSpid:\t99999999999\n"), std::nullopt);
 }
 
+TEST(StatSaysExitingTest, ZombiesDeadAndExitingProcessesAreEnding) {
+  // The flags field (the ninth) of a running process, and of one whose exit has begun (PF_EXITING, 0x4): its maps
+  // are already empty while the state still reads R.
+  EXPECT_FALSE(StatSaysExiting("4242 (ruby) S 1 4242 4242 0 -1 4194560 591 0 0 0 12 3 0 0 20 0 3 0\n"));
+  EXPECT_TRUE(StatSaysExiting("4242 (ruby) R 1 4242 4242 0 -1 4194564 591 0 0 0 12 3 0 0 20 0 1 0\n"));
+  EXPECT_TRUE(StatSaysExiting("4242 (ruby) Z 1 4242 4242 0 -1 4227340 591 0 0 0 12 3 0 0 20 0 1 0\n"));
+  EXPECT_TRUE(StatSaysExiting("4242 (ruby) X 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0\n"));
+}
+
+TEST(StatSaysExitingTest, ACommWithSpacesAndParenthesesCannotForgeTheFields) {
+  // The target names itself: fields are counted after the last ')'.
+  EXPECT_FALSE(StatSaysExiting("4242 (a) Z 1 1 1 0 -1 4 (x) S 1 4242 4242 0 -1 4194560 0\n"));
+  EXPECT_TRUE(StatSaysExiting("4242 (worker (idle) 1) Z 1 4242 4242 0 -1 4194560 0\n"));
+  EXPECT_FALSE(StatSaysExiting("4242 (S 1 1 1 0 -1 4) S 1 4242 4242 0 -1 4194560 0\n"));
+}
+
+TEST(StatSaysExitingTest, TextThatDoesNotParseSaysNothing) {
+  EXPECT_FALSE(StatSaysExiting(""));
+  EXPECT_FALSE(StatSaysExiting("4242 (ruby"));
+  EXPECT_FALSE(StatSaysExiting("4242 (ruby) "));
+  EXPECT_FALSE(StatSaysExiting("4242 (ruby) R 1 4242"));                                     // cut before the flags
+  EXPECT_FALSE(StatSaysExiting("4242 (ruby) R 1 4242 4242 0 -1 4x 0\n"));                    // flags not a number
+  EXPECT_FALSE(StatSaysExiting("4242 (ruby) R 1 4242 4242 0 -1 99999999999999999999 0\n"));  // too long
+  EXPECT_FALSE(StatSaysExiting("4242 (ruby) RR 1 4242 4242 0 -1 4 0\n"));                    // not a state
+  EXPECT_FALSE(StatSaysExiting("4242 (ruby)  R 1 4242 4242 0 -1 4 0\n"));                    // an empty field
+}
+
+TEST(ProcessEndingTest, ReadsTheStatOfTheProcRootItIsGiven) {
+  FakeProc proc;
+  EXPECT_TRUE(ProcessEnding(proc.procfs(), kPid));  // no such process
+  WriteFile(proc.PidDir() + "/stat", "4242 (ruby) S 1 4242 4242 0 -1 4194560 0\n");
+  EXPECT_FALSE(ProcessEnding(proc.procfs(), kPid));
+  WriteFile(proc.PidDir() + "/stat", "4242 (ruby) R 1 4242 4242 0 -1 4194564 0\n");
+  EXPECT_TRUE(ProcessEnding(proc.procfs(), kPid));
+  WriteFile(proc.PidDir() + "/stat", "");
+  EXPECT_TRUE(ProcessEnding(proc.procfs(), kPid));
+}
+
 TEST(ParseMapsTest, ParsesPathsWithSpacesDeletedMarkersAndAnonymousMappings) {
   std::vector<MapsEntry> maps = ParseMaps(
       "55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 42 /usr/bin/ruby\n"
