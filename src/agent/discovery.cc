@@ -298,10 +298,6 @@ std::vector<int> ListChildren(const std::string& proc_root, int pid) {
   return kids;
 }
 
-bool ProcessAlive(const std::string& proc_root, int pid) {
-  std::string text;
-  if (!ReadSmallFile(proc_root + "/" + std::to_string(pid) + "/stat", &text, 4096) || text.empty()) return false;
-  return !StatSaysExiting(text);
-}
+bool ProcessAlive(const std::string& proc_root, int pid) { return !ProcessEnding(ProcFs(proc_root), pid); }
 
 }  // namespace rvbpfd

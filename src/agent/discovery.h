@@ -137,7 +137,7 @@ class ProcessInspector {
 std::vector<int> ListChildren(const std::string& proc_root, int pid);
 // Numeric entries of proc_root, ascending.
 std::vector<int> ListPids(const std::string& proc_root);
-// True while <proc_root>/PID/stat exists and the process is neither ended nor ending (StatSaysExiting).
+// True while the process is neither ended nor ending: !ProcessEnding (target/target.h) under proc_root.
 bool ProcessAlive(const std::string& proc_root, int pid);
 
 }  // namespace rvbpfd

@@ -89,10 +89,8 @@ std::string DefaultOutput(int pid) {
   return buf;
 }
 
-bool ProcessGone(int pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  return ProcessEnding(ProcFs(), pid);  // a zombie still answers kill(0), and an exiting process too
-}
+// /proc, not kill(0): a zombie, and a process whose exit has begun, still answer kill(0).
+bool ProcessGone(int pid) { return ProcessEnding(ProcFs(), pid); }
 
 Error TargetExitedError(int pid) {
   return Error(ErrorCode::kTargetExited,
