@@ -204,9 +204,6 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   }
   RubyTarget target;
   target.pid = pid;
-  if (ReadProcFile(procfs, procfs.PidPath(pid, "comm"), &target.comm) == 0) {
-    while (!target.comm.empty() && target.comm.back() == '\n') target.comm.pop_back();
-  }
   target.ns_pid = ReadNsPid(procfs, pid);
 
   std::string maps_text;
@@ -214,6 +211,12 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
     if (err == EACCES || err == EPERM) return PrivilegeError("reading " + procfs.PidPath(pid, "maps"), err);
     if (err == ENOENT || err == ESRCH) return Error(ErrorCode::kNoSuchProcess, "no process with pid " + pid_str);
     return Error(ErrorCode::kIo, ErrnoMessage("reading " + procfs.PidPath(pid, "maps"), err));
+  }
+  // Read after the maps, not before: a process caught in exec would otherwise pair its old name with the new
+  // image's mappings. The kernel renames it before the new image runs a single instruction, so mappings that the
+  // new image's loader made (a libruby) imply the name read now is the new one.
+  if (ReadProcFile(procfs, procfs.PidPath(pid, "comm"), &target.comm) == 0) {
+    while (!target.comm.empty() && target.comm.back() == '\n') target.comm.pop_back();
   }
   if (maps_text.empty()) {
     // A zombie or a kernel thread has no mappings.

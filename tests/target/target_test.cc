@@ -309,6 +309,30 @@ TEST(DiscoverTargetTest, DeletedLibraryIsOpenedThroughMapFiles) {
   EXPECT_EQ(t->ruby_version, "3.3.8");
 }
 
+// A process caught in exec: its old image's name until the moment its maps are read, the new image's after.
+class ExecDuringMapsProcFs : public ProcFs {
+ public:
+  ExecDuringMapsProcFs(std::string root, std::string comm_path) : ProcFs(std::move(root)), comm_path_(comm_path) {}
+  int OpenFile(const std::string& path, int flags) const override {
+    if (path.ends_with("/maps")) WriteFile(comm_path_, "ruby\n");
+    return ProcFs::OpenFile(path, flags);
+  }
+
+ private:
+  std::string comm_path_;
+};
+
+TEST(DiscoverTargetTest, TheNameIsReadWithTheMappingsItIsReportedWith) {
+  FakeProc proc;
+  proc.SetComm("rvbpfd_target_t");  // the forked parent's name, before exec renames the process
+  ASSERT_TRUE(proc.AddFile("/usr/lib/libruby.so.3.3.8", VersionLib("3.3.8"), "-shared -fPIC"));
+  proc.SetMaps({"/usr/lib/libruby.so.3.3.8"});
+  ExecDuringMapsProcFs procfs(proc.dir_.path(), proc.PidDir() + "/comm");
+  Result<RubyTarget> t = DiscoverTarget(kPid, procfs);
+  ASSERT_TRUE(t.ok()) << t.error().ToString();
+  EXPECT_EQ(t->comm, "ruby");
+}
+
 TEST(DiscoverTargetTest, LibrubyWithoutVersionStringIsNotRuby) {
   FakeProc proc;
   proc.SetComm("fake");
