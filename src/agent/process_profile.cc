@@ -428,13 +428,8 @@ std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<ui
     }
     // Cannot fail: the value count matches the sample types and the ids come from Location.
     if (v > 0) {
-      std::vector<int64_t> values;
-      if (cpu) {
-        values = {SaturatingToInt64(v), SaturatingToInt64(v * sample_period_ns_)};
-      } else {
-        values = {SaturatingToInt64(v)};
-      }
-      (void)b.AddSample(std::span<const uint64_t>(locations), values);
+      const int64_t values[] = {SaturatingToInt64(v), SaturatingToInt64(v * sample_period_ns_)};
+      (void)b.AddSample(std::span<const uint64_t>(locations), std::span<const int64_t>(values, cpu ? 2 : 1));
     }
     if (guessed > 0) {
       const PprofLabel labels[] = {{.key = kProvenanceLabel, .str = ProvenanceString(Provenance::kInferred)}};

@@ -1,7 +1,6 @@
 #include "export/pprof_builder.h"
 
 #include <algorithm>
-#include <functional>
 
 #include "common/proto_buffer.h"
 
@@ -28,22 +27,29 @@ constexpr uint64_t kMappingIdVm = 1;
 
 }  // namespace
 
-size_t PprofBuilder::FrameHash::operator()(const FrameInfo& f) const { return HashFrame(f); }
-
-size_t PprofBuilder::FunctionKeyHash::operator()(const FunctionKey& k) const {
-  return static_cast<size_t>(MixHash(std::hash<std::string>()(k.label) ^ std::hash<std::string>()(k.path) * 31));
-}
-
 PprofBuilder::PprofBuilder() { String(""); }  // pprof requires string_table[0] == ""
 
-int64_t PprofBuilder::String(std::string_view s) {
-  auto it = string_index_.find(std::string(s));
-  if (it != string_index_.end()) return it->second;
-  const auto i = static_cast<int64_t>(strings_.size());
-  strings_.emplace_back(s);
-  string_index_.emplace(strings_.back(), i);
-  return i;
+uint32_t PprofBuilder::Text(std::string_view s) {
+  auto it = text_ids_.find(s);
+  if (it != text_ids_.end()) return it->second;
+  const auto id = static_cast<uint32_t>(text_.size());
+  text_.emplace_back(s);
+  text_bytes_ += s.size();
+  text_ids_.emplace(text_.back(), id);
+  table_index_.push_back(-1);
+  return id;
 }
+
+int64_t PprofBuilder::TableIndex(uint32_t text) {
+  int64_t& index = table_index_[text];
+  if (index < 0) {
+    index = static_cast<int64_t>(table_.size());
+    table_.push_back(text);
+  }
+  return index;
+}
+
+int64_t PprofBuilder::String(std::string_view s) { return TableIndex(Text(s)); }
 
 void PprofBuilder::AddSampleType(std::string_view type, std::string_view unit) {
   std::string vt;
@@ -68,15 +74,29 @@ void PprofBuilder::SetMapping(std::string_view filename, std::string_view build_
 }
 
 uint64_t PprofBuilder::Location(const FrameInfo& frame) {
-  auto it = location_ids_.find(frame);
-  if (it != location_ids_.end()) return it->second;
-  FunctionKey key{frame.label, frame.path};
-  auto [fn, inserted] = function_ids_.try_emplace(key, functions_.size() + 1);
-  if (inserted) functions_.push_back(std::move(key));
-  locations_.push_back({fn->second, std::max<int64_t>(frame.line, 0)});
-  const uint64_t id = locations_.size();
-  location_ids_.emplace(frame, id);
-  return id;
+  // Only the text joins the builder here; the string table takes the function's strings at Build, in function order.
+  const uint64_t function_key = uint64_t{Text(frame.label)} << 32 | Text(frame.path);
+  auto [function, new_function] = function_ids_.try_emplace(function_key);
+  if (new_function) {
+    functions_.push_back(function_key);
+    *function = functions_.size();
+  }
+  const uint64_t function_id = *function;
+  const uint64_t location_key = function_id << 32 | static_cast<uint32_t>(frame.line);
+  auto [latest, new_key] = location_ids_.try_emplace(location_key);
+  if (!new_key) {
+    for (uint64_t id = *latest; id != 0; id = locations_[id - 1].next) {
+      const LocationRow& row = locations_[id - 1];
+      if (row.function_id == function_id && row.frame_line == frame.line && row.kind == frame.kind) return id;
+    }
+  }
+  locations_.push_back(LocationRow{.function_id = function_id,
+                                   .line = std::max<int64_t>(frame.line, 0),
+                                   .frame_line = frame.line,
+                                   .kind = frame.kind,
+                                   .next = *latest});
+  *latest = locations_.size();
+  return *latest;
 }
 
 Status PprofBuilder::AddSample(std::span<const uint64_t> location_ids, std::span<const int64_t> values,
@@ -90,12 +110,13 @@ Status PprofBuilder::AddSample(std::span<const uint64_t> location_ids, std::span
       return Error(ErrorCode::kInternal, "pprof sample names undefined location " + std::to_string(id));
     }
   }
-  std::string msg;
+  std::string& msg = sample_scratch_;
+  msg.clear();
   ProtoBuffer m(&msg);
   m.PackedField(field::kSampleLocationId, location_ids);
   m.PackedField(field::kSampleValue, values);
   for (const PprofLabel& l : labels) {
-    std::string label;
+    std::string label;  // a label is a few bytes: within the string's own buffer
     ProtoBuffer lm(&label);
     lm.IntField(field::kLabelKey, String(l.key));
     if (l.num) {
@@ -121,6 +142,12 @@ Status PprofBuilder::AddSample(std::span<const FrameInfo> frames, std::span<cons
 
 std::string PprofBuilder::Build() {
   std::string out;
+  // Grown once: the samples, a few tags and varints per location and function, and each string the table can hold
+  // with its tag and length (the text seen so far, and what Build adds: mapping, period, comments, default type).
+  size_t strings = text_bytes_ + 6 * text_.size() + mapping_filename_.size() + mapping_build_id_.size() +
+                   period_type_.size() + period_unit_.size() + default_sample_type_.size() + 64;
+  for (const std::string& c : comments_) strings += c.size() + 16;
+  out.reserve(sample_types_.size() + samples_.size() + locations_.size() * 32 + functions_.size() * 24 + strings);
   ProtoBuffer profile(&out);
   out.append(sample_types_);
   out.append(samples_);
@@ -151,8 +178,8 @@ std::string PprofBuilder::Build() {
   for (size_t i = 0; i < functions_.size(); ++i) {
     msg.clear();
     m.IntField(field::kFunctionId, static_cast<int64_t>(i + 1));
-    m.IntField(field::kFunctionName, String(functions_[i].label));
-    m.IntField(field::kFunctionFilename, String(functions_[i].path));
+    m.IntField(field::kFunctionName, TableIndex(static_cast<uint32_t>(functions_[i] >> 32)));
+    m.IntField(field::kFunctionFilename, TableIndex(static_cast<uint32_t>(functions_[i])));
     profile.BytesField(field::kProfileFunction, msg);
   }
 
@@ -169,7 +196,7 @@ std::string PprofBuilder::Build() {
   if (!default_sample_type_.empty()) profile.IntField(field::kProfileDefaultSampleType, String(default_sample_type_));
 
   // The string table goes last: only now is every string known. Field order does not matter to decoders.
-  for (const std::string& s : strings_) profile.BytesField(field::kProfileStringTable, s);
+  for (uint32_t text : table_) profile.BytesField(field::kProfileStringTable, text_[text]);
   return out;
 }
 

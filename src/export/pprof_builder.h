@@ -14,11 +14,12 @@
 // Output is deterministic: the same calls in the same order give the same bytes.
 //
 // Not thread-safe; one builder per profile. Memory: the encoded samples plus one copy of each distinct string and
-// frame, all freed with the builder.
+// a few integers per distinct function and frame, all freed with the builder.
 #ifndef RVBPFD_SRC_EXPORT_PPROF_BUILDER_H_
 #define RVBPFD_SRC_EXPORT_PPROF_BUILDER_H_
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/flat_map64.h"
 #include "trace/stacks.h"
 
 namespace rvbpfd {
@@ -86,32 +88,38 @@ class PprofBuilder {
   std::string Build();
 
  private:
-  struct FrameHash {
-    size_t operator()(const FrameInfo& f) const;
-  };
-  struct FunctionKey {
-    std::string label;
-    std::string path;
-    friend bool operator==(const FunctionKey&, const FunctionKey&) = default;
-  };
-  struct FunctionKeyHash {
-    size_t operator()(const FunctionKey& k) const;
-  };
-  struct LocationRow {
-    uint64_t function_id;
-    int64_t line;
-  };
+  // The id of `s` in text_ (every distinct string the builder has seen, stored once), adding it if new.
+  uint32_t Text(std::string_view s);
+  // The string_table index of text id `text`, adding it to the table if it is not there yet.
+  int64_t TableIndex(uint32_t text);
 
-  std::vector<std::string> strings_;  // index -> string; [0] == ""
-  std::unordered_map<std::string, int64_t> string_index_;
+  // Every distinct string, once; a deque so the views in text_ids_ stay valid as it grows.
+  std::deque<std::string> text_;
+  std::unordered_map<std::string_view, uint32_t> text_ids_;
+  size_t text_bytes_ = 0;             // the sum of text_'s sizes
+  std::vector<int64_t> table_index_;  // text id -> string_table index, -1 = not in the table (yet)
+  std::vector<uint32_t> table_;       // string_table index -> text id; [0] is ""
   std::string sample_types_;  // encoded Profile.sample_type fields, in order
   size_t sample_type_count_ = 0;
   std::string samples_;  // encoded Profile.sample fields, in order
   size_t sample_count_ = 0;
-  std::vector<FunctionKey> functions_;  // id - 1 -> (label, path)
-  std::unordered_map<FunctionKey, uint64_t, FunctionKeyHash> function_ids_;
+  // id - 1 -> the function's (label, path) as text ids: label << 32 | path, which is also function_ids_' key.
+  std::vector<uint64_t> functions_;
+  FlatMap64<uint64_t> function_ids_;
+  struct LocationRow {
+    uint64_t function_id;
+    int64_t line;        // as written: the frame's line, 0 when below 0
+    int32_t frame_line;  // the frame's own line, part of what makes it this location
+    FrameKind kind;
+    uint64_t next = 0;  // the next location of the same location_ids_ key (0: none)
+  };
   std::vector<LocationRow> locations_;  // id - 1 -> row
-  std::unordered_map<FrameInfo, uint64_t, FrameHash> location_ids_;
+  // A frame is a location when its (label, path, line, kind) is new. Key: its function id << 32 | line (as 32 bits),
+  // whose value is the latest location of that key; the rest of the key's locations follow through `next`, each
+  // compared whole, so a key shared by frames of different kinds (or, past 2^32 functions, of different functions)
+  // still gives each frame its own location.
+  FlatMap64<uint64_t> location_ids_;
+  std::string sample_scratch_;  // AddSample's message, reused
   bool has_period_ = false;
   std::string period_type_;
   std::string period_unit_;

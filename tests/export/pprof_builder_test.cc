@@ -130,6 +130,30 @@ TEST(PprofBuilder, FramesInternIntoDenseFunctionAndLocationIds) {
   EXPECT_EQ(std::set<std::string>(p.strings.begin(), p.strings.end()).size(), p.strings.size());
 }
 
+TEST(PprofBuilder, AFrameIsItsLabelPathLineAndKind) {
+  // Frames that share a function and a line but differ in kind, or whose lines differ only below 0 (both written as
+  // 0), are distinct locations, each found again by its own value.
+  PprofBuilder b;
+  const FrameInfo ruby = Ruby("Foo#bar", "/app/foo.rb", 0);
+  const FrameInfo cfunc{"Foo#bar", "/app/foo.rb", 0, FrameKind::kCfunc};
+  const FrameInfo gc{"Foo#bar", "/app/foo.rb", 0, FrameKind::kGc};
+  const FrameInfo minus_one = Ruby("Foo#bar", "/app/foo.rb", -1);
+  const FrameInfo minus_two = Ruby("Foo#bar", "/app/foo.rb", -2);
+  const uint64_t ids[] = {b.Location(ruby), b.Location(cfunc), b.Location(gc), b.Location(minus_one),
+                          b.Location(minus_two)};
+  EXPECT_EQ(std::set<uint64_t>(std::begin(ids), std::end(ids)).size(), 5u);
+  EXPECT_EQ(b.function_count(), 1u);
+  EXPECT_EQ(b.Location(gc), ids[2]);
+  EXPECT_EQ(b.Location(cfunc), ids[1]);
+  EXPECT_EQ(b.Location(ruby), ids[0]);
+  EXPECT_EQ(b.Location(minus_two), ids[4]);
+  EXPECT_EQ(b.Location(minus_one), ids[3]);
+  EXPECT_EQ(b.location_count(), 5u);
+  const DecodedProfile p = DecodeProfile(b.Build());
+  ASSERT_TRUE(p.errors.empty()) << p.errors.front();
+  for (const auto& [id, loc] : p.locations) EXPECT_EQ(loc.second, 0) << id;
+}
+
 TEST(PprofBuilder, LabelsStringAndNumericIncludingZero) {
   PprofBuilder b;
   b.AddSampleType("wait", "nanoseconds");
