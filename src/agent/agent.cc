@@ -444,6 +444,11 @@ void Agent::CutAll(uint64_t cut_ns) {
   std::vector<ProfileUpload> uploads;
   for (auto& [pid, p] : registry_.all()) {
     std::vector<ProfileUpload> cut = CutProcess(*p, cut_ns);
+    // When full, room for as many uploads again from every process: each is moved here once, not again at every
+    // growth of the vector.
+    if (uploads.capacity() < uploads.size() + cut.size()) {
+      uploads.reserve(uploads.size() + cut.size() * (registry_.all().size() + 1));
+    }
     std::move(cut.begin(), cut.end(), std::back_inserter(uploads));
   }
   SubmitUploads(std::move(uploads));
@@ -598,7 +603,11 @@ void Agent::CheckCounters(uint64_t /*now*/) {
 int Agent::NextWaitMs(uint64_t now, int poll_ms) const {
   uint64_t due = std::min({next_drain_ns_, next_budget_check_ns_, next_cut_ns_, next_housekeeping_ns_});
   if (rescan_pending_) due = std::min(due, last_rescan_ns_ + kMinRescanGapNs);
-  if (now < ec_eager_until_ns_ || retries_.size() > 0) due = std::min(due, now + kShortWaitNs);
+  if (now < ec_eager_until_ns_) due = std::min(due, now + kShortWaitNs);
+  // An exec'd pid is inspected when its next attempt is due, and not sooner than kShortWaitNs from now: however many
+  // pids exec (a busy host execs all the time), they wake the loop at most once per kShortWaitNs, and not at all
+  // while none of them is due.
+  if (std::optional<uint64_t> retry = retries_.next_due_ns()) due = std::min(due, std::max(*retry, now + kShortWaitNs));
   if (due <= now) return 0;
   const uint64_t ms = (due - now + 999'999) / 1'000'000;  // rounded up: a wait never ends before the work is due
   return static_cast<int>(std::min<uint64_t>(ms, static_cast<uint64_t>(std::max(poll_ms, 0))));

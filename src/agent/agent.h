@@ -41,8 +41,8 @@ namespace rvbpfd {
 class Agent {
  public:
   // Longest wait (ms) of one RunOnce. It waits less when timed work is due sooner (NextWaitMs): a ring read, a
-  // budget check, a cut, the housekeeping, and every kShortWaitNs while exec'd pids await inspection or a new
-  // process's EC route is retried.
+  // budget check, a cut, the housekeeping, an exec'd pid's next inspection (at most one wakeup per kShortWaitNs for
+  // them), and every kShortWaitNs while a new process's EC route is retried.
   static constexpr int kPollMs = 1000;
   static constexpr uint64_t kShortWaitNs = 50'000'000;
   // Ring read period (ns): records wait in the ring this long at most, unless BPF wakes the agent first (it does
@@ -86,8 +86,9 @@ class Agent {
   // ring cannot be read).
   Status RunOnce(int poll_ms = kPollMs);
   // How long the next RunOnce waits at `now`, at most poll_ms: until the earliest of the next ring read, budget check,
-  // cut and housekeeping (or rescan, when one is pending), and at most kShortWaitNs while exec'd pids await
-  // inspection or a process attached less than kEcEagerNs ago has its EC route retried.
+  // cut and housekeeping (or rescan, when one is pending) and the next exec'd pid's inspection (but at least
+  // kShortWaitNs for that one), and at most kShortWaitNs while a process attached less than kEcEagerNs ago has its
+  // EC route retried.
   int NextWaitMs(uint64_t now, int poll_ms) const;
   // Applies a reloaded config (already merged over the defaults/flags and validated): see PlanReload. Processes that
   // no longer match the filter are dropped (their partial profile is submitted), new matches are picked up by a

@@ -786,7 +786,7 @@ TEST_F(AgentTest, ABudgetPauseBetweenRingReadsComesAfterTheRecordsStillInTheRing
 }
 
 // A quiet agent sleeps until its next timed work: a ring read, a budget check, a cut or the housekeeping, and wakes
-// every Agent::kShortWaitNs only while a new process's EC route or an exec'd pid is pending.
+// every Agent::kShortWaitNs only while a new process's EC route is pending (an exec'd pid: at its next inspection).
 TEST_F(AgentTest, TheLoopWaitsUntilItsNextTimedWork) {
   drain_period_ns_ = std::nullopt;
   backend_.wake_at_queued = SIZE_MAX;
@@ -832,7 +832,8 @@ TEST_F(AgentTest, TheLoopWaitsUntilItsNextTimedWork) {
   EXPECT_GE(static_cast<uint64_t>(wakeups), seconds * (kS / Agent::kBudgetCheckNs));
   EXPECT_GT(static_cast<uint64_t>(longest_ms) * kMs, Agent::kShortWaitNs);
   EXPECT_EQ(agent_->events(), 1u);
-  // An exec'd pid awaiting inspection (a Ruby whose libruby is not mapped yet): short waits again.
+  // An exec'd pid awaiting inspection (a Ruby whose libruby is not mapped yet): the loop wakes for its attempts,
+  // each when due (not before kShortWaitNs from the last wakeup), and in between only for its own timed work.
   const std::string exe = proc_.AddExe("host", "ruby");
   proc_.AddProcess(77, "ruby", "host", exe, {});
   backend_.Record(clock_.mono + 1 * kMs, 77, RV_EV_PROC_EXEC);
@@ -842,7 +843,21 @@ TEST_F(AgentTest, TheLoopWaitsUntilItsNextTimedWork) {
   clock_.mono += 50 * kMs;
   ASSERT_TRUE(agent_->RunOnce(0).ok());  // released past the reorder window: the exec is scheduled
   ASSERT_GT(agent_->retries().size(), 0u);
-  EXPECT_LE(agent_->NextWaitMs(clock_.mono, Agent::kPollMs) * kMs, Agent::kShortWaitNs);
+  int attempts_due = 0;
+  while (agent_->retries().size() > 0) {
+    const std::optional<uint64_t> retry = agent_->retries().next_due_ns();
+    ASSERT_TRUE(retry.has_value());
+    const uint64_t now = clock_.mono;
+    const uint64_t wait_ns = static_cast<uint64_t>(agent_->NextWaitMs(now, Agent::kPollMs)) * kMs;
+    const uint64_t due = std::min({agent_->next_drain_ns(), agent_->next_budget_check_ns(), agent_->next_cut_ns(),
+                                   agent_->next_housekeeping_ns(), std::max(*retry, now + Agent::kShortWaitNs)});
+    ASSERT_LE(now + wait_ns, std::max(due, now) + kMs - 1) << "slept past the pid's next attempt";
+    ASSERT_GE(now + wait_ns + kMs, due) << "woke before anything was due";
+    attempts_due += *retry <= now + wait_ns ? 1 : 0;
+    clock_.mono += std::max<uint64_t>(wait_ns, kMs);
+    ASSERT_TRUE(agent_->RunOnce(0).ok());
+  }
+  EXPECT_GE(attempts_due, static_cast<int>(ExecRetrySchedule::kDelaysNs.size()) - 1);
 }
 
 TEST_F(AgentTest, DroppedRecordsTriggerARescanThatFindsProcessesWhoseExecWasLost) {
