@@ -120,7 +120,7 @@ ProcessInspector::ProcessInspector(std::shared_ptr<const ProcFs> procfs, std::ch
 
 Inspection ProcessInspector::Inspect(int pid) {
   DeadlineResult<Inspection> r =
-      RunWithDeadline<Inspection>(timeout_, [state = state_, pid] { return state->InspectNow(pid); });
+      worker_.Run<Inspection>(timeout_, [state = state_, pid] { return state->InspectNow(pid); });
   if (r.status == DeadlineStatus::kDone) return std::move(*r.value);
   Inspection out;
   out.outcome = InspectOutcome::kSkip;

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/deadline.h"
 #include "common/error.h"
 #include "target/target.h"
 
@@ -75,10 +76,10 @@ struct Inspection {
   std::optional<Error> error;
 };
 
-// Inspections are bounded in time (RunWithDeadline): a process whose files stall every read (a FUSE mount in its own
-// namespace, a huge crafted binary) costs at most `timeout` and becomes a kSkip whose error says so, counted in
-// timed_out(). The work runs on a helper thread over shared state (the caches below, behind a mutex), so an abandoned
-// inspection that finishes late cannot touch a destroyed inspector.
+// Inspections are bounded in time (DeadlineWorker, on one helper thread kept between them): a process whose files stall
+// every read (a FUSE mount in its own namespace, a huge crafted binary) costs at most `timeout` and becomes a kSkip
+// whose error says so, counted in timed_out(). The work runs on a helper thread over shared state (the caches below,
+// behind a mutex), so an abandoned inspection that finishes late cannot touch a destroyed inspector.
 class ProcessInspector {
  public:
   // What one inspection may take at most: DiscoverTarget reads the VM binary's ELF (20-50 MB for the test Rubies, a
@@ -131,6 +132,7 @@ class ProcessInspector {
   std::shared_ptr<State> state_;
   std::chrono::milliseconds timeout_;
   uint64_t timed_out_ = 0;
+  DeadlineWorker worker_;  // one helper thread for every inspection, replaced only when one is abandoned
 };
 
 // Child processes of pid (every thread's <proc_root>/PID/task/TID/children), ascending, without duplicates.

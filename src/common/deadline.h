@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/threads.h"
@@ -38,9 +39,50 @@ struct DeadlineResult {
 std::atomic<int>& StuckDeadlineThreads();
 inline constexpr int kMaxStuck = 8;
 
-// Runs `fn` (which must own or share everything it touches: it may outlive the caller's frame) with a bound.
+// RunWithDeadline's bound on a helper thread that is kept for the next call: work done often (the agent inspects every
+// pid that execs on the host) then costs no thread creation and exit each time. Work that overruns its bound is
+// abandoned with its thread, as RunWithDeadline's is (detached, counted stuck until it ends); the next Run starts a
+// new thread. The idle thread is stopped and joined by the destructor.
+// Threading: one caller at a time (the owner's thread); the helper thread only runs the work it is handed.
+class DeadlineWorker {
+ public:
+  DeadlineWorker() = default;
+  DeadlineWorker(const DeadlineWorker&) = delete;
+  DeadlineWorker& operator=(const DeadlineWorker&) = delete;
+  DeadlineWorker(DeadlineWorker&&) = default;
+  DeadlineWorker& operator=(DeadlineWorker&&) = delete;
+  ~DeadlineWorker() { StopIdleThread(); }
+
+  // Runs `fn` (which must own or share everything it touches: it may outlive the caller's frame) with a bound.
+  template <typename T>
+  DeadlineResult<T> Run(std::chrono::milliseconds timeout, std::function<T()> fn);
+
+ private:
+  // What the owner and its thread share; the thread holds it, so it outlives an abandoned thread's owner.
+  struct Channel {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::function<void()> job;  // handed over, not yet taken
+    bool stop = false;          // exit once the job in hand (if any) is done
+  };
+
+  void StopIdleThread() {
+    if (!channel_) return;
+    {
+      std::lock_guard<std::mutex> lock(channel_->mu);
+      channel_->stop = true;
+    }
+    channel_->cv.notify_all();
+    thread_.join();
+    channel_.reset();
+  }
+
+  std::shared_ptr<Channel> channel_;  // null: no thread (none yet, or the last one was abandoned)
+  std::thread thread_;
+};
+
 template <typename T>
-DeadlineResult<T> RunWithDeadline(std::chrono::milliseconds timeout, std::function<T()> fn) {
+DeadlineResult<T> DeadlineWorker::Run(std::chrono::milliseconds timeout, std::function<T()> fn) {
   DeadlineResult<T> out;
   if (StuckDeadlineThreads().load() >= kMaxStuck) {
     out.status = DeadlineStatus::kTooManyStuck;
@@ -56,7 +98,7 @@ DeadlineResult<T> RunWithDeadline(std::chrono::milliseconds timeout, std::functi
     bool threw = false;
   };
   auto shared = std::make_shared<Shared>();
-  std::thread worker = StartHelperThread([shared, fn = std::move(fn)] {
+  std::function<void()> job = [shared, fn = std::move(fn)] {
     std::optional<T> value;
     std::string what;
     bool threw = false;
@@ -76,18 +118,43 @@ DeadlineResult<T> RunWithDeadline(std::chrono::milliseconds timeout, std::functi
     shared->done = true;
     if (shared->abandoned) StuckDeadlineThreads().fetch_sub(1);
     shared->cv.notify_all();
-  });
+  };
+  if (!channel_) {
+    channel_ = std::make_shared<Channel>();
+    thread_ = StartHelperThread([channel = channel_] {
+      std::unique_lock<std::mutex> lock(channel->mu);
+      for (;;) {
+        channel->cv.wait(lock, [&] { return channel->stop || channel->job != nullptr; });
+        if (channel->job == nullptr) return;
+        std::function<void()> next = std::move(channel->job);
+        channel->job = nullptr;
+        lock.unlock();
+        next();
+        next = nullptr;  // what the work captured is released before the thread waits again
+        lock.lock();
+      }
+    });
+  }
+  {
+    std::lock_guard<std::mutex> lock(channel_->mu);
+    channel_->job = std::move(job);
+  }
+  channel_->cv.notify_all();
   std::unique_lock<std::mutex> lock(shared->mu);
   if (!shared->cv.wait_for(lock, timeout, [&] { return shared->done; })) {
     shared->abandoned = true;
     StuckDeadlineThreads().fetch_add(1);
     lock.unlock();
-    worker.detach();
+    {
+      std::lock_guard<std::mutex> channel_lock(channel_->mu);
+      channel_->stop = true;  // the thread exits once the stuck work ends
+    }
+    thread_.detach();
+    channel_.reset();
     out.status = DeadlineStatus::kTimedOut;
     return out;
   }
   lock.unlock();
-  worker.join();
   if (shared->threw) {
     out.status = DeadlineStatus::kThrew;
     out.what = std::move(shared->what);
@@ -95,6 +162,14 @@ DeadlineResult<T> RunWithDeadline(std::chrono::milliseconds timeout, std::functi
   }
   out.value = std::move(shared->value);
   return out;
+}
+
+// Runs `fn` (which must own or share everything it touches: it may outlive the caller's frame) with a bound, on a
+// helper thread of its own.
+template <typename T>
+DeadlineResult<T> RunWithDeadline(std::chrono::milliseconds timeout, std::function<T()> fn) {
+  DeadlineWorker worker;
+  return worker.Run<T>(timeout, std::move(fn));
 }
 
 }  // namespace rvbpfd

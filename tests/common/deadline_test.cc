@@ -1,10 +1,12 @@
 // The time bound for work on one target: results come back, stuck work is abandoned and counted, exceptions caught.
 #include "common/deadline.h"
 
+#include <gtest/gtest.h>
+
 #include <future>
 #include <stdexcept>
-
-#include <gtest/gtest.h>
+#include <thread>
+#include <vector>
 
 namespace rvbpfd {
 namespace {
@@ -52,6 +54,53 @@ TEST(RunWithDeadlineTest, StuckWorkIsAbandonedCountedAndBounded) {
   EXPECT_EQ(refused.status, DeadlineStatus::kTooManyStuck);
   EXPECT_FALSE(ran);
   // Once the stuck work ends, the count goes back down.
+  release->set_value();
+  for (int i = 0; i < 1000 && StuckDeadlineThreads().load() > before; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(StuckDeadlineThreads().load(), before);
+}
+
+TEST(DeadlineWorkerTest, OneThreadRunsOneJobAfterAnother) {
+  DeadlineWorker worker;
+  std::vector<std::thread::id> ran_on;
+  for (int i = 0; i < 3; ++i) {
+    DeadlineResult<std::thread::id> r =
+        worker.Run<std::thread::id>(milliseconds(10'000), [] { return std::this_thread::get_id(); });
+    ASSERT_EQ(r.status, DeadlineStatus::kDone);
+    ran_on.push_back(*r.value);
+  }
+  EXPECT_NE(ran_on[0], std::this_thread::get_id());
+  EXPECT_EQ(ran_on[1], ran_on[0]);
+  EXPECT_EQ(ran_on[2], ran_on[0]);
+  // An exception ends the job, not the thread.
+  DeadlineResult<int> threw = worker.Run<int>(milliseconds(10'000), []() -> int { throw std::runtime_error("x"); });
+  EXPECT_EQ(threw.status, DeadlineStatus::kThrew);
+  DeadlineResult<std::thread::id> after =
+      worker.Run<std::thread::id>(milliseconds(10'000), [] { return std::this_thread::get_id(); });
+  ASSERT_EQ(after.status, DeadlineStatus::kDone);
+  EXPECT_EQ(*after.value, ran_on[0]);
+}
+
+TEST(DeadlineWorkerTest, AbandonedWorkTakesItsThreadAlongAndTheNextJobGetsANewOne) {
+  DeadlineWorker worker;
+  DeadlineResult<std::thread::id> first =
+      worker.Run<std::thread::id>(milliseconds(10'000), [] { return std::this_thread::get_id(); });
+  ASSERT_EQ(first.status, DeadlineStatus::kDone);
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> gate = release->get_future().share();
+  const int before = StuckDeadlineThreads().load();
+  DeadlineResult<int> stuck = worker.Run<int>(milliseconds(20), [gate] {
+    gate.wait();
+    return 1;
+  });
+  EXPECT_EQ(stuck.status, DeadlineStatus::kTimedOut);
+  EXPECT_EQ(StuckDeadlineThreads().load(), before + 1);
+  // The stuck thread is not waited for: the next job runs at once, elsewhere.
+  DeadlineResult<std::thread::id> next =
+      worker.Run<std::thread::id>(milliseconds(10'000), [] { return std::this_thread::get_id(); });
+  ASSERT_EQ(next.status, DeadlineStatus::kDone);
+  EXPECT_NE(*next.value, *first.value);
   release->set_value();
   for (int i = 0; i < 1000 && StuckDeadlineThreads().load() > before; ++i) {
     std::this_thread::sleep_for(milliseconds(5));
