@@ -120,8 +120,9 @@ DeadlineResult<T> DeadlineWorker::Run(std::chrono::milliseconds timeout, std::fu
     shared->cv.notify_all();
   };
   if (!channel_) {
-    channel_ = std::make_shared<Channel>();
-    thread_ = StartHelperThread([channel = channel_] {
+    // channel_ is set only once the thread runs: a failed thread creation (it throws) leaves no channel without one.
+    auto channel = std::make_shared<Channel>();
+    thread_ = StartHelperThread([channel] {
       std::unique_lock<std::mutex> lock(channel->mu);
       for (;;) {
         channel->cv.wait(lock, [&] { return channel->stop || channel->job != nullptr; });
@@ -134,6 +135,7 @@ DeadlineResult<T> DeadlineWorker::Run(std::chrono::milliseconds timeout, std::fu
         lock.lock();
       }
     });
+    channel_ = std::move(channel);
   }
   {
     std::lock_guard<std::mutex> lock(channel_->mu);
