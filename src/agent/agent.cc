@@ -444,11 +444,6 @@ void Agent::CutAll(uint64_t cut_ns) {
   std::vector<ProfileUpload> uploads;
   for (auto& [pid, p] : registry_.all()) {
     std::vector<ProfileUpload> cut = CutProcess(*p, cut_ns);
-    // When full, room for as many uploads again from every process: each is moved here once, not again at every
-    // growth of the vector.
-    if (uploads.capacity() < uploads.size() + cut.size()) {
-      uploads.reserve(uploads.size() + cut.size() * (registry_.all().size() + 1));
-    }
     std::move(cut.begin(), cut.end(), std::back_inserter(uploads));
   }
   SubmitUploads(std::move(uploads));

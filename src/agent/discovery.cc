@@ -151,14 +151,14 @@ Inspection ProcessInspector::State::InspectNow(int pid) {
     return out;
   }
   if (maps.empty()) {  // a kernel thread or a zombie
-    out.outcome = ProcessAlive(procfs->root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
+    out.outcome = !ProcessEnding(*procfs, pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
     return out;
   }
   std::optional<std::pair<uint64_t, uint64_t>> exe_key;
   if (!MapsNameLibruby(maps)) {
     struct stat st;
     if (stat(procfs->PidPath(pid, "exe").c_str(), &st) != 0) {
-      out.outcome = ProcessAlive(procfs->root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
+      out.outcome = !ProcessEnding(*procfs, pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
       return out;
     }
     exe_key = std::make_pair(static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
@@ -179,7 +179,7 @@ Inspection ProcessInspector::State::InspectNow(int pid) {
       out.outcome = InspectOutcome::kGone;
       break;
     case ErrorCode::kNotRuby:
-      out.outcome = ProcessAlive(procfs->root(), pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
+      out.outcome = !ProcessEnding(*procfs, pid) ? InspectOutcome::kNotRuby : InspectOutcome::kGone;
       if (exe_key && out.outcome == InspectOutcome::kNotRuby) {
         std::lock_guard<std::mutex> lock(mu);
         if (non_vm_exes.size() >= kMaxNonVmCache) non_vm_exes.clear();
@@ -188,7 +188,7 @@ Inspection ProcessInspector::State::InspectNow(int pid) {
       break;
     default:
       // Unsupported version, no symbols, unreadable: nothing a later look would change, unless the process is gone.
-      out.outcome = ProcessAlive(procfs->root(), pid) ? InspectOutcome::kSkip : InspectOutcome::kGone;
+      out.outcome = !ProcessEnding(*procfs, pid) ? InspectOutcome::kSkip : InspectOutcome::kGone;
       out.error = t.error();
       break;
   }

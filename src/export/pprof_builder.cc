@@ -34,7 +34,6 @@ uint32_t PprofBuilder::Text(std::string_view s) {
   if (it != text_ids_.end()) return it->second;
   const auto id = static_cast<uint32_t>(text_.size());
   text_.emplace_back(s);
-  text_bytes_ += s.size();
   text_ids_.emplace(text_.back(), id);
   table_index_.push_back(-1);
   return id;
@@ -87,14 +86,11 @@ uint64_t PprofBuilder::Location(const FrameInfo& frame) {
   if (!new_key) {
     for (uint64_t id = *latest; id != 0; id = locations_[id - 1].next) {
       const LocationRow& row = locations_[id - 1];
-      if (row.function_id == function_id && row.frame_line == frame.line && row.kind == frame.kind) return id;
+      if (row.function_id == function_id && row.line == frame.line && row.kind == frame.kind) return id;
     }
   }
-  locations_.push_back(LocationRow{.function_id = function_id,
-                                   .line = std::max<int64_t>(frame.line, 0),
-                                   .frame_line = frame.line,
-                                   .kind = frame.kind,
-                                   .next = *latest});
+  locations_.push_back(
+      LocationRow{.function_id = function_id, .line = frame.line, .kind = frame.kind, .next = *latest});
   *latest = locations_.size();
   return *latest;
 }
@@ -144,8 +140,9 @@ std::string PprofBuilder::Build() {
   std::string out;
   // Grown once: the samples, a few tags and varints per location and function, and each string the table can hold
   // with its tag and length (the text seen so far, and what Build adds: mapping, period, comments, default type).
-  size_t strings = text_bytes_ + 6 * text_.size() + mapping_filename_.size() + mapping_build_id_.size() +
-                   period_type_.size() + period_unit_.size() + default_sample_type_.size() + 64;
+  size_t strings = 6 * text_.size() + mapping_filename_.size() + mapping_build_id_.size() + period_type_.size() +
+                   period_unit_.size() + default_sample_type_.size() + 64;
+  for (const std::string& t : text_) strings += t.size();
   for (const std::string& c : comments_) strings += c.size() + 16;
   out.reserve(sample_types_.size() + samples_.size() + locations_.size() * 32 + functions_.size() * 24 + strings);
   ProtoBuffer profile(&out);
@@ -171,7 +168,7 @@ std::string PprofBuilder::Build() {
     std::string line;
     ProtoBuffer lm(&line);
     lm.IntField(field::kLineFunctionId, static_cast<int64_t>(locations_[i].function_id));
-    lm.IntField(field::kLineLine, locations_[i].line);
+    lm.IntField(field::kLineLine, std::max<int64_t>(locations_[i].line, 0));
     m.BytesField(field::kLocationLine, line);
     profile.BytesField(field::kProfileLocation, msg);
   }

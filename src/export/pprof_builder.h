@@ -96,7 +96,6 @@ class PprofBuilder {
   // Every distinct string, once; a deque so the views in text_ids_ stay valid as it grows.
   std::deque<std::string> text_;
   std::unordered_map<std::string_view, uint32_t> text_ids_;
-  size_t text_bytes_ = 0;             // the sum of text_'s sizes
   std::vector<int64_t> table_index_;  // text id -> string_table index, -1 = not in the table (yet)
   std::vector<uint32_t> table_;       // string_table index -> text id; [0] is ""
   std::string sample_types_;  // encoded Profile.sample_type fields, in order
@@ -108,8 +107,7 @@ class PprofBuilder {
   FlatMap64<uint64_t> function_ids_;
   struct LocationRow {
     uint64_t function_id;
-    int64_t line;        // as written: the frame's line, 0 when below 0
-    int32_t frame_line;  // the frame's own line, part of what makes it this location
+    int32_t line;  // the frame's own line (written as 0 when below 0)
     FrameKind kind;
     uint64_t next = 0;  // the next location of the same location_ids_ key (0: none)
   };

@@ -140,6 +140,31 @@ TEST(ProcessInspectorTest, GoneZombieAndUnsupportedVersion) {
   EXPECT_FALSE(ProcessAlive(proc.root(), 301));
 }
 
+// A /proc that shows one pid's exit as begun (PF_EXITING in its stat) while the files on disk say it runs.
+class ExitingProcFs : public ProcFs {
+ public:
+  ExitingProcFs(std::string root, int pid, std::string exiting_stat)
+      : ProcFs(std::move(root)), stat_(PidPath(pid, "stat")), exiting_stat_(std::move(exiting_stat)) {}
+  int OpenFile(const std::string& path, int flags) const override {
+    return ProcFs::OpenFile(path == stat_ ? exiting_stat_ : path, flags);
+  }
+
+ private:
+  std::string stat_;
+  std::string exiting_stat_;
+};
+
+TEST(ProcessInspectorTest, WhetherAProcessEndedIsReadThroughTheInspectorsOwnProc) {
+  FakeProc proc;
+  const std::string exe = proc.AddExe("host", "ruby");
+  proc.AddProcess(301, "ruby", "host", exe, {proc.AddLibruby("host", "3.1.2")});
+  const std::string exiting = proc.root() + "/exiting-stat";
+  testing::WriteFile(exiting, "301 (ruby) R 1 1 1 0 -1 4194564 0\n");
+  ProcessInspector insp(std::make_shared<ExitingProcFs>(proc.root(), 301, exiting), ProcessInspector::kDefaultTimeout);
+  EXPECT_EQ(insp.Inspect(301).outcome, InspectOutcome::kGone);
+  EXPECT_EQ(ProcessInspector(proc.root()).Inspect(301).outcome, InspectOutcome::kSkip);  // on disk: still running
+}
+
 // A /proc whose reads of one pid's files stall until released (a FUSE server that never answers).
 class StallingProcFs : public ProcFs {
  public:

@@ -312,7 +312,8 @@ TEST(DiscoverTargetTest, DeletedLibraryIsOpenedThroughMapFiles) {
 // A process caught in exec: its old image's name until the moment its maps are read, the new image's after.
 class ExecDuringMapsProcFs : public ProcFs {
  public:
-  ExecDuringMapsProcFs(std::string root, std::string comm_path) : ProcFs(std::move(root)), comm_path_(comm_path) {}
+  ExecDuringMapsProcFs(std::string root, std::string comm_path)
+      : ProcFs(std::move(root)), comm_path_(std::move(comm_path)) {}
   int OpenFile(const std::string& path, int flags) const override {
     if (path.ends_with("/maps")) WriteFile(comm_path_, "ruby\n");
     return ProcFs::OpenFile(path, flags);
