@@ -15,7 +15,10 @@
 #
 # The mirror is the one this machine's own apt configuration uses (tools/lib/apt-sources.sh).
 #
-# Usage: tools/make-trixie-root.sh [--print-root]
+# With --apps it also installs the real applications of the end-to-end tests (Puma, Rails, Sidekiq, redis-server; a
+# second stage with its own stamp, reused like the first).
+#
+# Usage: tools/make-trixie-root.sh [--print-root | --apps]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/lib/apt-sources.sh
@@ -23,10 +26,13 @@ source "$here/lib/apt-sources.sh"
 src_dir=$(cd "$here/.." && pwd)
 
 root=${RVBPFD_TRIXIE_ROOT:-/var/cache/rvbpfd/trixie-root}
-if [[ ${1:-} == --print-root ]]; then
-  echo "$root"
-  exit 0
-fi
+with_apps=0
+case ${1:-} in
+  --print-root) echo "$root"; exit 0 ;;
+  --apps) with_apps=1 ;;
+  "") ;;
+  *) echo "make-trixie-root: usage: $0 [--print-root | --apps]" >&2; exit 2 ;;
+esac
 log() { printf '[make-trixie-root] %s\n' "$*" >&2; }
 [[ $(id -u) == 0 ]] || { echo "make-trixie-root: run as root (debootstrap, chroot)" >&2; exit 1; }
 command -v debootstrap >/dev/null || { echo "make-trixie-root: debootstrap missing: run tools/install-deps.sh" >&2; exit 1; }
@@ -66,6 +72,29 @@ else
   echo "$stamp" > "$tmp/.complete"
   mv "$tmp" "$root"
   log "root ready at $root"
+fi
+
+# The real applications of the end-to-end tests (a Rails app on Puma, Sidekiq with redis-server), from Debian's own
+# packages, installed by the root's apt so their dependencies resolve as on a Debian host. A second stage with its own
+# stamp: a new package list reinstalls only these. No service is started inside the root (policy-rc.d).
+app_packages="puma ruby-railties ruby-actionpack ruby-activerecord ruby-sqlite3 ruby-sidekiq redis-server"
+if ((!with_apps)); then
+  :
+elif [[ -f $root/.apps-complete && $(cat "$root/.apps-complete") == "$app_packages" ]]; then
+  log "application packages cached"
+else
+  mirror=$(apt_source_uri release) || { echo "make-trixie-root: no apt source for this Debian release in /etc/apt" >&2; exit 1; }
+  echo "deb $mirror $suite main" > "$root/etc/apt/sources.list"
+  printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"
+  chmod 755 "$root/usr/sbin/policy-rc.d"
+  log "installing $app_packages into the root (a few minutes)"
+  # shellcheck disable=SC2086
+  in_root sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $app_packages" \
+    >"$(dirname "$root")/trixie-apps.log" 2>&1 ||
+    { tail -n 30 "$(dirname "$root")/trixie-apps.log" >&2; echo "make-trixie-root: installing $app_packages failed (log above)" >&2; exit 1; }
+  in_root apt-get clean
+  echo "$app_packages" > "$root/.apps-complete"
+  log "application packages installed"
 fi
 
 # The test extensions, compiled by the root's own ruby against its own headers.

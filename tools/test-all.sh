@@ -9,7 +9,7 @@ jobs=$(nproc)
 bash tools/install-deps.sh
 bash tools/install-browser-deps.sh
 bash tools/build-test-rubies.sh
-bash tools/make-trixie-root.sh  # Debian trixie's own ruby3.3 in a root for tests/e2e/test_container.py
+bash tools/make-trixie-root.sh --apps  # Debian trixie's own ruby3.3, Rails, Puma, Sidekiq in a root (tests/e2e)
 
 echo "== build (RelWithDebInfo) =="
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
