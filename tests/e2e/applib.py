@@ -161,15 +161,17 @@ class App:
 
 
 # Rule MUTEX_LOCK_WORKER: rvbpfd's mutex_lock_enter is the entry of do_mutex_lock (docs/rvtrace.md), the worker of
-# Thread::Mutex#lock and #synchronize, but also of rb_mutex_lock as C code calls it (Monitor#enter / #synchronize,
-# MonitorMixin, which Rails and Sidekiq use everywhere) and of the re-lock at the end of Thread::Mutex#sleep
-# (ConditionVariable#wait). The reference's C-call TracePoint sees only calls of Thread::Mutex#lock / #synchronize.
-# So in a real application each thread's reference mutex_lock_enter events must be found, in order, among rvbpfd's
-# (each at or after the reference's C call, on the same thread, no other probe event of the reference in between),
-# and rvbpfd's others are counted; Kernel#sleep probes must be identical.
+# Thread::Mutex#lock and #synchronize, but also of rb_mutex_lock as C code calls it: Monitor#enter / #synchronize
+# (monitor.c; MonitorMixin, which Rails and Sidekiq use everywhere). The reference's C-call TracePoint sees only calls
+# of Thread::Mutex#lock / #synchronize. Measured in the root with Debian's ruby3.3: 10 Monitor#synchronize and one
+# Mutex#synchronize give rvbpfd 11 mutex_lock_enter, the reference 1. So in a real application each thread's
+# reference probe events must be found, in order, among rvbpfd's (each at or after the reference's C call, on the
+# same thread), rvbpfd's other mutex_lock_enter are counted, and Kernel#sleep probes must be identical.
 MUTEX_LOCK_WORKER_RULE = ("MUTEX_LOCK_WORKER: rvbpfd's mutex_lock_enter (do_mutex_lock) also fires for rb_mutex_lock "
-                          "from C (Monitor) and Mutex#sleep's re-lock; the reference's TracePoint sees only "
-                          "Thread::Mutex#lock/#synchronize calls")
+                          "called from C (Monitor); the reference's TracePoint sees only Thread::Mutex#lock/#synchronize "
+                          "calls")
+
+
 # The reference's C call and rvbpfd's probe of the same call run on one thread with the GVL held, microseconds apart;
 # only the kernel preempting that thread separates them further.
 PROBE_LAG_NS = 50_000_000
