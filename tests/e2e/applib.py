@@ -225,6 +225,30 @@ def event_problems(run):
     return problems
 
 
+def begin(doc):
+    """The start of an application test: arguments, the BPF check (exit 77 where BPF is forbidden), rvbpfd, the root
+    with its application stage (a failed check that ends the test when missing), a Container with the applications
+    copied in. Returns (args, Results, rvbpfd path, Container, the applications' directory inside it)."""
+    args = rvlib.parse_args(doc)
+    rvlib.require_bpf_environment()
+    res = rvlib.Results()
+    try:
+        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
+        root = apps_root(args.source_dir)
+    except rvlib.Fatal as e:
+        res.check("setup (rvbpfd, the trixie root with its application stage)", [str(e)])
+        res.finish()
+    container = rvlib.Container(root)
+    return args, res, rvbpfd, container, copy_apps(container)
+
+
+def census_text(trace):
+    """What stack_census found, as the tests print it."""
+    used, bad, distinct = stack_census(trace)
+    return (f"{used} distinct stacks used, {bad} <unresolved frames in them ({distinct} distinct) [not checked here: "
+            f"issue 46 item 4]")
+
+
 def stack_census(trace):
     """(stacks used by events, frames of those stacks that are <unresolved ...>, distinct such frames)."""
     used = {e["stack"] for e in trace.events if "stack" in e}

@@ -175,28 +175,16 @@ def stack_problems(trace):
         p.append("no gvl_released stack names LedgerCruncher.reconcile")
     req = [len(trace.stack_frames(e)) for e in trace.named(("gvl_released",))
            if any(label.startswith("LedgerController#") for label in trace.stack_labels(e))]
-    used, bad, distinct = applib.stack_census(trace)
     print(f"  stacks: {len(cpu)} releases in LedgerCruncher.reconcile; {len(req)} releases inside actions, "
-          f"{min(req, default=0)}..{max(req, default=0)} frames deep; {used} distinct stacks used, {bad} "
-          f"<unresolved frames in them ({distinct} distinct) [not checked here: issue 46 item 4]")
+          f"{min(req, default=0)}..{max(req, default=0)} frames deep; {applib.census_text(trace)}")
     return p
 
 
 def main():
     started = time.monotonic()
-    args = rvlib.parse_args(__doc__)
-    rvlib.require_bpf_environment()
-    res = rvlib.Results()
-    try:
-        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        root = applib.apps_root(args.source_dir)
-    except rvlib.Fatal as e:
-        res.check("setup (rvbpfd, the trixie root with its application stage)", [str(e)])
-        res.finish()
-    container = rvlib.Container(root)
+    args, res, rvbpfd, container, apps = applib.begin(__doc__)
     app = None
     try:
-        apps = applib.copy_apps(container)
         port = rvlib.free_port()
         golden_out = os.path.join(container.workdir, "golden.json")
         app = applib.App(container, "rails", f"{apps}/rails_app/serve.rb",

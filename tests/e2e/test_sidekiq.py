@@ -72,28 +72,16 @@ def job_problems(trace):
         if not by_top.get(top):
             p.append(f"no release in {top} under {JOB} (releases under {JOB} by top frame: {by_top})")
     depths = [len(trace.stack_frames(e)) for e in applib.released_with(trace, JOB)]
-    used, bad, distinct = applib.stack_census(trace)
     print(f"  stacks: releases under {JOB} by top frame {by_top}, {min(depths, default=0)}..{max(depths, default=0)} "
-          f"frames deep; {used} distinct stacks used, {bad} <unresolved frames in them ({distinct} distinct) "
-          f"[not checked here: issue 46 item 4]")
+          f"frames deep; {applib.census_text(trace)}")
     return p
 
 
 def main():
     started = time.monotonic()
-    args = rvlib.parse_args(__doc__)
-    rvlib.require_bpf_environment()
-    res = rvlib.Results()
-    try:
-        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        root = applib.apps_root(args.source_dir)
-    except rvlib.Fatal as e:
-        res.check("setup (rvbpfd, the trixie root with its application stage)", [str(e)])
-        res.finish()
-    container = rvlib.Container(root)
+    args, res, rvbpfd, container, apps = applib.begin(__doc__)
     redis = app = None
     try:
-        apps = applib.copy_apps(container)
         port = rvlib.free_port()
         redis = start_redis(container, port)
         app = applib.App(container, "sidekiq", f"{apps}/sidekiq_app/serve.rb",
