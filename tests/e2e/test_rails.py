@@ -41,7 +41,9 @@ CLIENTS = 8
 REQUESTS_PER_CLIENT = 10
 MIX = ("/cpu", "/db", "/nap?ms=20", "/locked?ms=3")
 # The blocked requests of the golden capture: path, what its thread is blocked in.
-BLOCKED = (("/nap?ms=1500", "Kernel#sleep"), ("/nap?ms=1500", "Kernel#sleep"), ("/hold?ms=1500", "Kernel#sleep"),
+# Margins for a loaded machine: the holder has the lock 0.3 s before a waiter comes, the capture is ~1.7 s after the
+# first request, every blocked request ends 2.5 s after its start.
+BLOCKED = (("/nap?ms=2500", "Kernel#sleep"), ("/nap?ms=2500", "Kernel#sleep"), ("/hold?ms=2500", "Kernel#sleep"),
            ("/locked?ms=1", "Thread::Mutex#synchronize"), ("/locked?ms=1", "Thread::Mutex#synchronize"))
 DEPTH = (50, 100)
 SAVED = "/tmp/rails.rvtrace"
@@ -100,11 +102,11 @@ def golden_phase(port, errors):
     threads = []
     for path, _ in BLOCKED:
         if path.startswith("/locked"):
-            time.sleep(0.1)  # the holder first
+            time.sleep(0.3)  # the holder first
         threads.append(threading.Thread(target=one, args=(path,), daemon=True))
         threads[-1].start()
-    time.sleep(0.2)
-    one("/golden?ms=400")
+    time.sleep(0.3)
+    one("/golden?ms=800")
     for t in threads:
         t.join(60)
     errors += [f"{p}: {s} {b[:200]}" for p, s, b in results if s != 200]
