@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes a Debian 13 (trixie) root filesystem holding Debian's own ruby3.3 (its libruby is stripped, as every
 # distribution's is), ruby3.3-dev, gcc and make, for the end-to-end tests that run a distribution Ruby in new mount
-# and pid namespaces chrooted into it, like a container (tests/e2e/test_container.py). Cached under
+# and pid namespaces chrooted into it, like a container (tests/e2e/test_container.py), and for the README's demo
+# (tools/demo.sh records examples/cpu_threads.rb on that ruby3.3 the same way). Cached under
 # /var/cache/rvbpfd/trixie-root (override with RVBPFD_TRIXIE_ROOT) with a .complete stamp: debootstrap runs only when
 # the root is missing or was made with another package list.
 #

@@ -14,8 +14,8 @@ For the budgeted run, over the process's output files:
   - in each interval gvl_blame sums to gvl_wait (observed + estimated, every ns blamed);
   - the heaviest inferred gvl_blame leaf is HogKlass.spin, blamed on one holder that is not main, and its waiters
     are the IO threads (at least two, not the holder);
-  - the total GVL wait (observed + estimated) is within 30% of the complete run's (the README's 30% target for the
-    recorder, here for the agent).
+  - the total GVL wait (observed + estimated) is within 30% of the complete run's (the recorder's 30% target in
+    docs/benchmarks.md, here for the agent).
 """
 import os
 import signal
