@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <iterator>
 #include <unordered_map>
 
@@ -642,6 +643,7 @@ Status Agent::RunOnce(int poll_ms) {
   if (now >= next_housekeeping_ns_) {
     DrainRing();
     CheckLiveness();
+    probe_sets_.Expire(std::chrono::steady_clock::now());
     UpdateMetrics();
     LogDeliveryProblems(now);
     next_housekeeping_ns_ = LastTickWithin(now, kHousekeepingNs);
@@ -678,6 +680,18 @@ void Agent::UpdateMetrics() {
   m->SetGauge(kMetricProcessesWatched, "Ruby processes being profiled", {}, static_cast<double>(registry_.size()));
   m->SetGauge(kMetricBinariesProbed, "Ruby VM binaries with attached probes", {},
               static_cast<double>(probe_sets_.active_sets()));
+  const BpfSession::SlotUsage slots = env_.backend->slot_usage();
+  const char* slots_help = "BPF array slots held: binary (a VM binary's offsets), site (a probe site's cookie)";
+  m->SetGauge(kMetricBpfSlots, slots_help, {{"kind", "binary"}}, static_cast<double>(slots.binaries));
+  m->SetGauge(kMetricBpfSlots, slots_help, {{"kind", "site"}}, static_cast<double>(slots.cookies));
+  const char* limit_help = "BPF array slots there are, by kind (rvbpfd_bpf_slots_in_use)";
+  m->SetGauge(kMetricBpfSlotsLimit, limit_help, {{"kind", "binary"}}, static_cast<double>(slots.binaries_limit));
+  m->SetGauge(kMetricBpfSlotsLimit, limit_help, {{"kind", "site"}}, static_cast<double>(slots.cookies_limit));
+  m->SetCounter(kMetricProbeSetsRecycled,
+                "Probe sets of binaries with no process left whose BPF slots went back for other binaries", {},
+                static_cast<double>(probe_sets_.recycled_sets()));
+  m->SetGauge(kMetricBinariesFailed, "VM binaries remembered as unprobeable (each retried after an hour)", {},
+              static_cast<double>(probe_sets_.failed_binaries()));
   m->SetCounter(kMetricEvents, "Scheduler and GC events of watched processes handled", {},
                 static_cast<double>(events_));
   m->SetCounter(kMetricSamples, "On-CPU samples of watched processes handled", {}, static_cast<double>(samples_));

@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <utility>
 
 #include "common/deadline.h"
 #include "common/target_file.h"
@@ -80,7 +82,10 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
                  ErrnoMessage("stat " + target.vm_host_path, err));
   }
   BinaryKey key{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), target.build_id};
-  if (auto f = failed_.find(key); f != failed_.end()) return f->second;
+  if (auto f = failed_.find(key); f != failed_.end()) {
+    if (std::chrono::steady_clock::now() - f->second.at < kFailedTtl) return f->second.error;
+    failed_.erase(f);  // long enough ago: try again (a fixed analysis, a debug file installed since)
+  }
 
   if (auto it = sets_.find(key); it != sets_.end()) {
     ProbeSet& set = *it->second;
@@ -109,7 +114,7 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
       e = Error(ErrorCode::kInternal, "preparing " + target.vm_path + " failed: " + bounded.what);
     }
     // Remembered for this file: the next process of the same binary is refused at once, not made to wait again.
-    if (bounded.status != DeadlineStatus::kTooManyStuck) failed_.emplace(key, e);
+    if (bounded.status != DeadlineStatus::kTooManyStuck) RememberFailure(key, e);
     if (first_failure) *first_failure = true;
     return e;
   }
@@ -119,7 +124,7 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
     // Facts of the file (no symbols, a version without scheduler events) do not change: remember them. Anything
     // else (the process died mid-read, I/O) is retried with the next process of this binary.
     if (code == ErrorCode::kNoSymbols || code == ErrorCode::kUnsupportedVersion || code == ErrorCode::kNotRuby) {
-      failed_.emplace(key, prepared.error());
+      RememberFailure(key, prepared.error());
       if (first_failure) *first_failure = true;
     }
     return prepared.error();
@@ -134,6 +139,10 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
     std::erase_if(prepared->sites.sites, [this](const ProbeSite& s) { return !attaches_(s.event); });
   }
   set->site_count = prepared->sites.sites.size();
+  if (!MakeRoom(set->site_count)) {
+    return Error(ErrorCode::kBpf, "no BPF slots free for " + target.vm_path + " (" + std::to_string(set->site_count) +
+                                      " sites): every probed binary still has processes");
+  }
   Result<UniqueFd> fd = OpenBinary(target.vm_host_path, key);
   if (!fd) return fd.error();
   set->file = std::move(fd.value());
@@ -141,30 +150,80 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
   if (!bin) return bin.error();
   set->binary = *bin;
   if (set->stacks) {
-    if (Status s = backend_->SetWalkConfig(set->binary, WalkConfigFor(*set->stacks)); !s) return s.error();
-  }
-  SplitSiteSpecs split = SplitSites(prepared->sites, set->binary);
-  const auto start = std::chrono::steady_clock::now();
-  // Low first, then high: BpfSession assigns cookies in attach order (SplitSites' functions follow that order).
-  if (!split.low.empty()) {
-    Result<int> g = backend_->AttachGroup(set->attach_path(), split.low);
-    if (!g) return g.error().Wrap("attaching probes to " + target.vm_path);
-    set->low_group = *g;
-  }
-  if (!split.high.empty()) {
-    Result<int> g = backend_->AttachGroup(set->attach_path(), split.high);
-    if (!g) {
-      backend_->DetachGroup(set->low_group);
-      return g.error().Wrap("attaching probes to " + target.vm_path);
+    if (Status s = backend_->SetWalkConfig(set->binary, WalkConfigFor(*set->stacks)); !s) {
+      Recycle(*set);
+      return s.error();
     }
-    set->high_group = *g;
   }
-  set->attach_ms = MsSince(start);
+  if (Status s = AttachNew(*set, SplitSites(prepared->sites, set->binary), target.vm_path); !s) return s.error();
   set->budget = std::make_unique<OverheadBudget>(max_overhead_pct_, costs_, budget_window_ns_);
   set->pids.insert(pid);
   ProbeSet* raw = set.get();
   sets_.emplace(key, std::move(set));
   return Acquired{raw, true};
+}
+
+Status ProbeSetManager::AttachNew(ProbeSet& set, const SplitSiteSpecs& split, const std::string& vm_path) {
+  const auto start = std::chrono::steady_clock::now();
+  // Low first, then high (SplitSites' order).
+  for (auto [specs, group] : {std::pair{&split.low, &set.low_group}, std::pair{&split.high, &set.high_group}}) {
+    if (specs->empty()) continue;
+    Result<int> g = backend_->AttachGroup(set.attach_path(), *specs);
+    if (!g) {
+      Recycle(set);  // a failed attach gives back what it took
+      return g.error().Wrap("attaching probes to " + vm_path);
+    }
+    *group = *g;
+  }
+  set.attach_ms = MsSince(start);
+  return Status::Ok();
+}
+
+bool ProbeSetManager::MakeRoom(size_t sites) {
+  for (;;) {
+    const BpfSession::SlotUsage u = backend_->slot_usage();
+    if (u.binaries < u.binaries_limit && u.cookies + sites <= u.cookies_limit) return true;
+    auto lru = sets_.end();
+    for (auto it = sets_.begin(); it != sets_.end(); ++it) {
+      if (it->second->active()) continue;
+      if (lru == sets_.end() || it->second->dormant_since < lru->second->dormant_since) lru = it;
+    }
+    if (lru == sets_.end()) return false;
+    Recycle(*lru->second);
+    sets_.erase(lru);
+    ++recycled_sets_;
+  }
+}
+
+void ProbeSetManager::Recycle(ProbeSet& set) {
+  for (int* group : {&set.low_group, &set.high_group}) {
+    if (*group >= 0) backend_->ReleaseGroup(std::exchange(*group, -1));
+  }
+  // Nothing of it is attached any more: its walker layout can go, and its index to the next binary.
+  (void)backend_->RemoveBinary(set.binary);
+  set.file.Reset();
+}
+
+void ProbeSetManager::Expire(std::chrono::steady_clock::time_point now) {
+  for (auto it = sets_.begin(); it != sets_.end();) {
+    if (!it->second->active() && now - it->second->dormant_since >= kDormantTtl) {
+      Recycle(*it->second);
+      it = sets_.erase(it);
+      ++recycled_sets_;
+    } else {
+      ++it;
+    }
+  }
+  std::erase_if(failed_, [now](const auto& kv) { return now - kv.second.at >= kFailedTtl; });
+}
+
+void ProbeSetManager::RememberFailure(const BinaryKey& key, const Error& e) {
+  if (failed_.size() >= max_failed_ && !failed_.contains(key)) {
+    auto oldest = std::min_element(failed_.begin(), failed_.end(),
+                                   [](const auto& a, const auto& b) { return a.second.at < b.second.at; });
+    failed_.erase(oldest);
+  }
+  failed_.insert_or_assign(key, Failure{e, std::chrono::steady_clock::now()});
 }
 
 void ProbeSetManager::Release(int pid, ProbeSet* set) {
@@ -173,6 +232,7 @@ void ProbeSetManager::Release(int pid, ProbeSet* set) {
   backend_->DetachGroup(set->high_group);
   set->file.Reset();
   set->paused = false;
+  set->dormant_since = std::chrono::steady_clock::now();
 }
 
 size_t ProbeSetManager::active_sets() const {

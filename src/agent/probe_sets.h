@@ -7,7 +7,11 @@
 // holds, so they stay reattachable when the process that brought the binary exits; the BPF pid filter decides whose
 // hits are recorded. Processes are reference counted: when the last one leaves, the uprobes are detached (no trap
 // cost for processes nobody watches) and the set stays dormant with its BPF slots, to be reattached if the binary
-// comes back. A binary that cannot be probed (no symbols, ...) is remembered so it is reported once.
+// comes back. A dormant set is recycled (its groups released, its cookies and binary index returned to the backend)
+// once it has been dormant for kDormantTtl, or at once, least recently used first, when a new binary needs its
+// slots: the BPF arrays are fixed-size, and a host that deploys every day sees thousands of distinct binaries over
+// weeks. A binary that cannot be probed (no symbols, ...) is remembered so it is reported once, for kFailedTtl and
+// at most kMaxFailed binaries (oldest forgotten first).
 //
 // Each set also carries the --max-overhead budget of its uprobes (OverheadBudget): the trap cost is paid per
 // process, so the budget follows the busiest process of the set.
@@ -82,6 +86,7 @@ struct ProbeSet {
   UniqueFd file;             // O_PATH fd of the binary while attached
   std::set<int> pids;        // the watched processes using it (refcount)
   double attach_ms = 0;      // last attach time
+  std::chrono::steady_clock::time_point dormant_since{};  // when its last process left (while !active())
 
   // --max-overhead: budget over the busiest process's traps (BPF counts every uprobe hit per process, discarded
   // ones included, and the cold ones; budget_traps accumulates the new hits of the process whose new hits cost
@@ -108,6 +113,13 @@ class ProbeSetManager {
   // a binary whose reads stall or whose analysis runs away fails once (remembered, logged, counted) and the agent
   // goes on (RunWithDeadline).
   static constexpr std::chrono::milliseconds kDefaultPrepareTimeout{60'000};
+  // How long a set whose processes all left keeps its slots for the binary's return, unless they are needed sooner.
+  static constexpr std::chrono::minutes kDormantTtl{10};
+  // How long, and for how many binaries, a preparation's failure is remembered (then the binary is tried again).
+  static constexpr std::chrono::hours kFailedTtl{1};
+  static constexpr size_t kMaxFailed = 4096;
+  // How many failures are remembered at most (kMaxFailed; tests lower it).
+  void set_max_failed(size_t n) { max_failed_ = n; }
 
   // `attaches`: whether a site of this event (rv_event_kind) is attached; null: every site. A site whose records
   // nothing reads would only cost the target its traps and the agent its records.
@@ -126,16 +138,29 @@ class ProbeSetManager {
   Result<Acquired> Acquire(int pid, const RubyTarget& target, bool* first_failure = nullptr);
   // Removes `pid` from its set; the last process out detaches the set's uprobes.
   void Release(int pid, ProbeSet* set);
+  // Recycles the sets dormant for kDormantTtl at `now` and forgets failures older than kFailedTtl. Housekeeping.
+  void Expire(std::chrono::steady_clock::time_point now);
 
   size_t active_sets() const;
   size_t total_sets() const { return sets_.size(); }
   // Binaries whose preparation was abandoned at the time bound (or refused: too many still stuck) or threw.
   uint64_t prepare_timeouts() const { return prepare_timeouts_; }
+  // Dormant sets recycled so far (their slots returned), and binaries remembered as unprobeable now.
+  uint64_t recycled_sets() const { return recycled_sets_; }
+  size_t failed_binaries() const { return failed_.size(); }
   const ProbeSet* Find(const BinaryKey& key) const;
   std::vector<ProbeSet*> ActiveSets();
 
  private:
   Status AttachSet(ProbeSet& set, const std::string& via_path);
+  // The binary index, groups and cookies a new set of `sites` sites needs, freed by recycling dormant sets (least
+  // recently used first) where the backend has too few. False when even that cannot make room.
+  bool MakeRoom(size_t sites);
+  // Releases a set's groups and binary index (not attached, or being discarded after a failed attach).
+  void Recycle(ProbeSet& set);
+  // Attaches a new set's groups for its split sites; on failure everything it took is released.
+  Status AttachNew(ProbeSet& set, const SplitSiteSpecs& split, const std::string& vm_path);
+  void RememberFailure(const BinaryKey& key, const Error& e);
 
   ProbeBackend* backend_;
   BinaryPreparer preparer_;
@@ -145,8 +170,14 @@ class ProbeSetManager {
   std::chrono::milliseconds prepare_timeout_;
   std::function<bool(uint8_t event)> attaches_;
   uint64_t prepare_timeouts_ = 0;
+  uint64_t recycled_sets_ = 0;
+  size_t max_failed_ = kMaxFailed;
   std::map<BinaryKey, std::unique_ptr<ProbeSet>> sets_;
-  std::map<BinaryKey, Error> failed_;
+  struct Failure {
+    Error error;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::map<BinaryKey, Failure> failed_;
 };
 
 }  // namespace rvbpfd

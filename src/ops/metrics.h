@@ -22,6 +22,10 @@ namespace rvbpfd {
 // The metric names the agent exports (docs/deploy.md lists them with their labels).
 inline constexpr std::string_view kMetricProcessesWatched = "rvbpfd_processes_watched";      // gauge
 inline constexpr std::string_view kMetricBinariesProbed = "rvbpfd_binaries_probed";          // gauge
+inline constexpr std::string_view kMetricBpfSlots = "rvbpfd_bpf_slots_in_use";               // gauge{kind}
+inline constexpr std::string_view kMetricBpfSlotsLimit = "rvbpfd_bpf_slots_limit";           // gauge{kind}
+inline constexpr std::string_view kMetricProbeSetsRecycled = "rvbpfd_probe_sets_recycled_total";  // counter
+inline constexpr std::string_view kMetricBinariesFailed = "rvbpfd_binaries_unprobeable";     // gauge
 inline constexpr std::string_view kMetricEvents = "rvbpfd_events_total";                     // counter
 inline constexpr std::string_view kMetricSamples = "rvbpfd_samples_total";                   // counter
 inline constexpr std::string_view kMetricGvlReadings = "rvbpfd_gvl_readings_total";          // counter

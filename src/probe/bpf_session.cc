@@ -119,7 +119,10 @@ uint32_t RoundRingSize(uint32_t bytes) {
 
 }  // namespace
 
-SiteGroup::~SiteGroup() { Detach(); }
+SiteGroup::~SiteGroup() {
+  Detach();  // no program runs for these cookies any more once their links are closed
+  if (cookie_pool_) cookie_pool_->Give(std::span<const uint64_t>(cookies_));
+}
 
 void SiteGroup::Detach() {
   if (multi_link_fd_ >= 0) {
@@ -366,15 +369,34 @@ Status BpfSession::StartSampling(int hz) {
 }
 
 Result<uint8_t> BpfSession::AddBinary(const rv_offsets& offsets) {
-  if (next_binary_ >= RV_MAX_BINARIES) {
-    return Error(ErrorCode::kBpf, "too many distinct Ruby VM binaries (limit " + std::to_string(RV_MAX_BINARIES) + ")");
+  std::optional<std::vector<uint32_t>> id = binaries_.Take(1);
+  if (!id) {
+    return Error(ErrorCode::kBpf, "too many distinct Ruby VM binaries probed at once (limit " +
+                                      std::to_string(RV_MAX_BINARIES) + ")");
   }
-  uint32_t key = next_binary_;
-  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.offsets), &key, &offsets, BPF_ANY) != 0) {
-    return BpfError("writing the struct offsets map", errno);
+  uint32_t key = id->front();
+  const rv_walk_config no_stacks{};  // valid = 0: a reused index must not walk with its last binary's layout
+  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.walk_config), &key, &no_stacks, BPF_ANY) != 0 ||
+      bpf_map_update_elem(bpf_map__fd(skel_->maps.offsets), &key, &offsets, BPF_ANY) != 0) {
+    const int err = errno;
+    binaries_.GiveOne(key);
+    return BpfError("writing the struct offsets map", err);
   }
-  ++next_binary_;
   return static_cast<uint8_t>(key);
+}
+
+Status BpfSession::RemoveBinary(uint8_t binary) {
+  uint32_t key = binary;
+  const rv_walk_config no_stacks{};
+  if (bpf_map_update_elem(bpf_map__fd(skel_->maps.walk_config), &key, &no_stacks, BPF_ANY) != 0) {
+    return BpfError("clearing the stack walker offsets of a released binary", errno);
+  }
+  binaries_.GiveOne(key);
+  return Status::Ok();
+}
+
+BpfSession::SlotUsage BpfSession::slot_usage() const {
+  return SlotUsage{binaries_.in_use(), binaries_.limit(), cookies_->in_use(), cookies_->limit()};
 }
 
 Status BpfSession::AddPid(uint32_t pid, const rv_pidns& pidns,
@@ -463,21 +485,30 @@ Status BpfSession::SetProcEc(uint32_t pid, const rv_proc_ec& route) {
 Result<std::unique_ptr<SiteGroup>> BpfSession::Attach(const std::string& path, const std::vector<SiteSpec>& sites,
                                                       int pid) {
   if (sites.empty()) return Error(ErrorCode::kInternal, "no probe sites to attach in " + path);
-  if (next_cookie_ + sites.size() > RV_MAX_SITES) {
-    return Error(ErrorCode::kBpf, "too many probe sites (limit " + std::to_string(RV_MAX_SITES) + ")");
+  std::optional<std::vector<uint32_t>> cookies = cookies_->Take(sites.size());
+  if (!cookies) {
+    return Error(ErrorCode::kBpf, "too many probe sites attached at once (limit " + std::to_string(RV_MAX_SITES) +
+                                      ", " + std::to_string(cookies_->in_use()) + " in use)");
   }
   std::unique_ptr<SiteGroup> group(new SiteGroup());
+  group->cookies_.assign(cookies->begin(), cookies->end());
+  group->cookie_pool_ = cookies_;  // from here on, a failure returns them with the group
   group->path_ = path;
   group->pid_ = pid;
   const int sites_fd = bpf_map__fd(skel_->maps.sites);
-  for (const SiteSpec& spec : sites) {
-    uint32_t cookie = next_cookie_++;
-    if (bpf_map_update_elem(sites_fd, &cookie, &spec.site, BPF_ANY) != 0) {
+  const int hits_fd = bpf_map__fd(skel_->maps.site_hits);
+  const std::vector<uint64_t> no_hits(static_cast<size_t>(ncpus_), 0);  // one per possible CPU
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const uint32_t cookie = (*cookies)[i];
+    if (bpf_map_update_elem(sites_fd, &cookie, &sites[i].site, BPF_ANY) != 0) {
       return BpfError("writing the probe sites map", errno);
     }
-    group->offsets_.push_back(spec.file_offset);
-    group->cookies_.push_back(cookie);
-    group->return_probe_.push_back(spec.return_probe);
+    // A reused cookie's count starts over: the budget and the detach order read hits by cookie.
+    if (bpf_map_update_elem(hits_fd, &cookie, no_hits.data(), BPF_ANY) != 0) {
+      return BpfError("clearing the probe hits map", errno);
+    }
+    group->offsets_.push_back(sites[i].file_offset);
+    group->return_probe_.push_back(sites[i].return_probe);
   }
   Status st = AttachGroup(*group);
   if (!st) return st.error();
@@ -631,7 +662,7 @@ std::optional<rv_pid_traps> BpfSession::PidTraps(uint32_t pid) const {
 std::vector<uint64_t> BpfSession::ReadSiteHits() const {
   // The recorder reads this at every budget check (every 1-5 ms), so one batch syscall for all assigned cookies;
   // one lookup per cookie only if the kernel refuses batches.
-  const uint32_t n = next_cookie_;
+  const uint32_t n = cookies_->high_water();
   const size_t ncpu = static_cast<size_t>(ncpus_);
   std::vector<uint64_t> hits(n, 0);
   if (n == 0) return hits;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "probe/id_pool.h"
 #include "probe/target_slots.h"
 #include "rvbpfd/abi.h"
 
@@ -59,7 +60,8 @@ std::vector<size_t> OrderSitesByHits(std::span<const uint64_t> cookies, std::spa
                                      bool hottest_first);
 
 // A set of uprobes attached together (one multi-uprobe link, or one link per site on older kernels). Detaching and
-// reattaching a group is how --max-overhead pauses the high-rate sites.
+// reattaching a group is how --max-overhead pauses the high-rate sites. Destroying it detaches it and returns its
+// cookies to the session, which hands them to a later group.
 class SiteGroup {
  public:
   ~SiteGroup();
@@ -84,6 +86,7 @@ class SiteGroup {
   int multi_ret_link_fd_ = -1;  // the group's return probes, when it has any (a multi link is all entry or all return)
   std::vector<bpf_link*> links_;      // single-site links, parallel to offsets_ (when attached that way)
   std::vector<uint64_t> hits_;        // ReadSiteHits at the last Detach, by cookie (empty: keep the given order)
+  std::shared_ptr<IdPool> cookie_pool_;  // where cookies_ go back once the links are gone
 };
 
 class BpfSession {
@@ -103,8 +106,17 @@ class BpfSession {
   BpfSession(const BpfSession&) = delete;
   BpfSession& operator=(const BpfSession&) = delete;
 
-  // Registers a VM binary's struct offsets; returns its index for rv_site.binary.
+  // Registers a VM binary's struct offsets; returns its index for rv_site.binary (the lowest free one: indexes come
+  // back through RemoveBinary). Its walker layout starts invalid (no stacks) until SetWalkConfig.
   Result<uint8_t> AddBinary(const rv_offsets& offsets);
+  // Frees an index of AddBinary once no group of that binary is attached (its groups released): its walker layout
+  // is made invalid at once, so nothing walks with it until a later AddBinary reuses the index.
+  Status RemoveBinary(uint8_t binary);
+  // Indexes and cookies in use, and how many there are: what a long-running agent recycles.
+  struct SlotUsage {
+    size_t binaries = 0, binaries_limit = 0, cookies = 0, cookies_limit = 0;
+  };
+  SlotUsage slot_usage() const;
   // Per-binary walker layout (index from AddBinary). Without it no stacks are taken for that binary.
   Status SetWalkConfig(uint8_t binary, const rv_walk_config& config);
   // Records with a stack go to `on_stack` instead of the record callback (without one, the stack is ignored and
@@ -125,7 +137,8 @@ class BpfSession {
   // Removes it from the filter, with its EC route and its namespace tids.
   Status RemovePid(uint32_t pid);
 
-  // Writes the sites into the sites map (assigning cookies) and attaches uprobes at their file offsets in `path`.
+  // Writes the sites into the sites map (assigning the lowest free cookies, their hit counts from zero) and attaches
+  // uprobes at their file offsets in `path`.
   // pid > 0 restricts the uprobes to that process in the kernel as well; -1 attaches for every process mapping the
   // file (the BPF pid filter still applies).
   Result<std::unique_ptr<SiteGroup>> Attach(const std::string& path, const std::vector<SiteSpec>& sites, int pid);
@@ -205,8 +218,9 @@ class BpfSession {
   bool watch_processes_ = false;
   bool multi_supported_ = false;
   bool force_single_ = false;
-  uint32_t next_cookie_ = 0;
-  uint32_t next_binary_ = 0;
+  // Site cookies, shared with the groups that return theirs when they go (possibly after the session: hence shared).
+  std::shared_ptr<IdPool> cookies_ = std::make_shared<IdPool>(RV_MAX_SITES);
+  IdPool binaries_{RV_MAX_BINARIES};
   int ncpus_ = 1;
   int wake_fd_ = -1;  // WakePollOn
   // The drop_count map's page, mapped read-only (the BPF programs add to it); null when mmap failed.

@@ -3,7 +3,9 @@
 // counts, the overhead budget's pauses, the end of a recording) are unit-tested against a fake without BPF or root.
 //
 // Groups are identified by an id the backend assigns; a detached group keeps its id (and its BPF cookies), so a binary
-// whose last process exited and that comes back later is reattached without consuming new site slots.
+// whose last process exited and that comes back later is reattached without consuming new site slots. A released
+// group's cookies and a removed binary's index go back to the backend for later groups and binaries (the BPF arrays
+// they index are fixed-size: RV_MAX_SITES, RV_MAX_BINARIES).
 //
 // Threading: used from the daemon's main loop only (but for ReleaseGroup, below); the handlers run on that thread
 // inside Consume(). A backend may be opened on another thread and handed over.
@@ -36,9 +38,15 @@ class ProbeBackend {
   // Records without a stack (scheduler events, process exec/exit) and records with one (samples, released stacks).
   // Without on_stack, a record's stack is ignored (the record goes to on_record) and samples are dropped.
   virtual void SetHandlers(RecordHandler on_record, StackHandler on_stack) = 0;
+  // The lowest free binary index (BpfSession::AddBinary); fails when RV_MAX_BINARIES are in use.
   virtual Result<uint8_t> AddBinary(const rv_offsets& offsets) = 0;
+  // Frees an AddBinary index once every group of that binary is released.
+  virtual Status RemoveBinary(uint8_t binary) = 0;
   virtual Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) = 0;
-  // Attaches `sites` of the file at `path`, assigning their BPF cookies in attach order (across groups, from 0).
+  // Binary indexes and site cookies in use, and their limits.
+  virtual BpfSession::SlotUsage slot_usage() const = 0;
+  // Attaches `sites` of the file at `path`, assigning them the lowest free BPF cookies; fails when fewer than
+  // sites.size() of the RV_MAX_SITES cookies are free.
   // pid > 0 restricts the uprobes to that process in the kernel as well; -1 attaches for every process mapping the
   // file (the pid filter decides whose hits count).
   virtual Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites, int pid) = 0;
@@ -56,9 +64,9 @@ class ProbeBackend {
   virtual bool GroupAttached(int group) const = 0;
   // The BPF cookies of a group's sites (indexes into ReadSiteHits); empty for an unknown or released group.
   virtual std::vector<uint64_t> GroupCookies(int group) const = 0;
-  // Detaches a group for good and frees its links; its id is not reused. Closing a multi-uprobe link waits for an
-  // RCU grace period (tens of ms): two groups may be released from two threads at once, so that they wait for the
-  // same one, while nothing else uses the backend.
+  // Detaches a group for good and frees its links and its cookies; its id is not reused. Closing a multi-uprobe link
+  // waits for an RCU grace period (tens of ms): two groups may be released from two threads at once, so that they
+  // wait for the same one, while nothing else uses the backend.
   virtual void ReleaseGroup(int group) = 0;
   // pidns / threads: as BpfSession::AddPid (the process's pid namespace when it is not the host's).
   virtual Status AddPid(uint32_t pid, const rv_pidns& pidns,
@@ -107,6 +115,8 @@ class BpfProbeBackend : public ProbeBackend {
 
   void SetHandlers(RecordHandler on_record, StackHandler on_stack) override;
   Result<uint8_t> AddBinary(const rv_offsets& offsets) override { return session_->AddBinary(offsets); }
+  Status RemoveBinary(uint8_t binary) override { return session_->RemoveBinary(binary); }
+  BpfSession::SlotUsage slot_usage() const override { return session_->slot_usage(); }
   Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) override {
     return session_->SetWalkConfig(binary, config);
   }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "agent/discovery.h"
 #include "agent_fakes.h"
 
@@ -35,6 +37,14 @@ class ProbeSetsTest : public ::testing::Test {
   void AddRuby(int pid, const std::string& rootfs, const std::string& version = "3.3.8") {
     const std::string exe = proc_.AddExe(rootfs, "ruby");
     proc_.AddProcess(pid, "ruby", rootfs, exe, {proc_.AddLibruby(rootfs, version)});
+  }
+  // The same in a root of its own holding copies of one compiled ruby and libruby: another binary (inode) each,
+  // without a compiler run each.
+  void AddRubyCopy(int pid, const std::string& rootfs) {
+    const std::string exe = proc_.AddExe("template", "ruby");
+    const std::string lib = proc_.AddLibruby("template", "3.3.8");
+    std::filesystem::copy(proc_.RootFs("template"), proc_.RootFs(rootfs), std::filesystem::copy_options::recursive);
+    proc_.AddProcess(pid, "ruby", rootfs, exe, {lib});
   }
 
   FakeProc proc_;
@@ -126,6 +136,98 @@ TEST_F(ProbeSetsTest, AnUnprobeableBinaryIsPreparedAndReportedOnce) {
   EXPECT_FALSE(first);
   EXPECT_EQ(prepares_, 1);
   EXPECT_TRUE(backend_.groups.empty());
+}
+
+TEST_F(ProbeSetsTest, ALongRunningAgentProbesTheThousandthDistinctBinaryAsItDidTheFirst) {
+  // Deploys, copies, container images: each a binary of its own, started and stopped over weeks. The BPF arrays
+  // hold RV_MAX_BINARIES binaries and RV_MAX_SITES cookies at once (the fake backend keeps those limits).
+  for (int i = 0; i < 1000; ++i) {
+    const int pid = 1000 + i;
+    AddRubyCopy(pid, "deploy" + std::to_string(i));
+    Result<ProbeSetManager::Acquired> a = sets_.Acquire(pid, Target(pid));
+    ASSERT_TRUE(a.ok()) << "binary " << i << ": " << a.error().message();
+    EXPECT_TRUE(a->newly_attached);
+    sets_.Release(pid, a->set);
+    ASSERT_LE(backend_.slot_usage().binaries, static_cast<size_t>(RV_MAX_BINARIES));
+  }
+  EXPECT_EQ(backend_.binaries, 1000);
+  EXPECT_EQ(sets_.recycled_sets(), 1000u - RV_MAX_BINARIES);
+  EXPECT_EQ(sets_.total_sets(), static_cast<size_t>(RV_MAX_BINARIES));
+  // What was recycled is released, never left attached.
+  for (const auto& g : backend_.groups) EXPECT_TRUE(g.released || !g.attached);
+}
+
+TEST_F(ProbeSetsTest, ActiveBinariesKeepTheirSlotsAndTheOldestDormantOneGoesFirst) {
+  std::vector<ProbeSet*> sets;
+  for (int i = 0; i < RV_MAX_BINARIES; ++i) {
+    AddRubyCopy(100 + i, "c" + std::to_string(i));
+    Result<ProbeSetManager::Acquired> a = sets_.Acquire(100 + i, Target(100 + i));
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    sets.push_back(a->set);
+  }
+  AddRubyCopy(500, "late");
+  Result<ProbeSetManager::Acquired> refused = sets_.Acquire(500, Target(500));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message().find("no BPF slots free"), std::string::npos) << refused.error().message();
+  EXPECT_EQ(sets_.recycled_sets(), 0u);
+  // Two leave, c7 first: c7's set is the one recycled for the newcomer; c3's stays dormant for its return.
+  const BinaryKey c3 = sets[3]->key, c7 = sets[7]->key;
+  sets_.Release(107, sets[7]);
+  sets_.Release(103, sets[3]);
+  Result<ProbeSetManager::Acquired> late = sets_.Acquire(500, Target(500));
+  ASSERT_TRUE(late.ok()) << late.error().message();
+  EXPECT_EQ(sets_.recycled_sets(), 1u);
+  EXPECT_EQ(backend_.removed_binaries.size(), 1u);
+  EXPECT_EQ(sets_.Find(c7), nullptr);
+  EXPECT_EQ(sets_.Find(c3), sets[3]);
+}
+
+TEST_F(ProbeSetsTest, AFailedAttachGivesBackEverySlotItTook) {
+  backend_.refuse_attach_call = 1;  // the second group (high) of the first binary
+  AddRuby(10, "host");
+  Result<ProbeSetManager::Acquired> a = sets_.Acquire(10, Target(10));
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(backend_.slot_usage().binaries, 0u);
+  EXPECT_EQ(backend_.slot_usage().cookies, 0u);
+  EXPECT_EQ(backend_.released, (std::vector<int>{0}));  // the low group it had attached
+  EXPECT_EQ(sets_.total_sets(), 0u);
+}
+
+TEST_F(ProbeSetsTest, DormantSetsAndRememberedFailuresExpire) {
+  AddRuby(10, "host");
+  ProbeSet* set = sets_.Acquire(10, Target(10))->set;
+  sets_.Release(10, set);
+  const auto now = std::chrono::steady_clock::now();
+  sets_.Expire(now + ProbeSetManager::kDormantTtl / 2);
+  EXPECT_EQ(sets_.total_sets(), 1u);
+  EXPECT_EQ(backend_.slot_usage().binaries, 1u);
+  sets_.Expire(now + ProbeSetManager::kDormantTtl + std::chrono::seconds(1));
+  EXPECT_EQ(sets_.total_sets(), 0u);
+  EXPECT_EQ(sets_.recycled_sets(), 1u);
+  EXPECT_EQ(backend_.slot_usage().binaries, 0u);
+  EXPECT_EQ(backend_.slot_usage().cookies, 0u);
+
+  fail_ = true;
+  AddRuby(20, "broken");
+  ASSERT_FALSE(sets_.Acquire(20, Target(20)).ok());
+  EXPECT_EQ(sets_.failed_binaries(), 1u);
+  sets_.Expire(std::chrono::steady_clock::now() + ProbeSetManager::kFailedTtl / 2);
+  EXPECT_EQ(sets_.failed_binaries(), 1u);
+  sets_.Expire(std::chrono::steady_clock::now() + ProbeSetManager::kFailedTtl + std::chrono::seconds(1));
+  EXPECT_EQ(sets_.failed_binaries(), 0u);
+  fail_ = false;
+  EXPECT_TRUE(sets_.Acquire(20, Target(20)).ok()) << "a forgotten failure is tried again";
+}
+
+TEST_F(ProbeSetsTest, RememberedFailuresAreBounded) {
+  fail_ = true;
+  sets_.set_max_failed(20);
+  for (size_t i = 0; i < 30; ++i) {
+    const int pid = 10000 + static_cast<int>(i);
+    AddRubyCopy(pid, "bad" + std::to_string(i));
+    ASSERT_FALSE(sets_.Acquire(pid, Target(pid)).ok());
+  }
+  EXPECT_EQ(sets_.failed_binaries(), 20u);
 }
 
 }  // namespace

@@ -347,6 +347,42 @@ TEST_P(BpfSessionTest, SiteHitsArePerCookieAndGroupsKeepTheirCookies) {
   EXPECT_EQ(session->ReadCounters().hits_discarded, 0u);
 }
 
+TEST_P(BpfSessionTest, AReleasedGroupsCookiesAndARemovedBinarysIndexAreReusedWithFreshCounts) {
+  std::unique_ptr<BpfSession> session = OpenOnSelf([](const rv_record&) {});
+  ASSERT_NE(session, nullptr);
+  const SiteSpec spec{FileOffsetOf("RvProbeTargetReg"), rv_site{RV_EV_THREAD_RESUMED, RV_LOC_REG, RV_REG_RDI, kBin, 0}};
+  FakeThread th{0, 1, 0};
+  auto first = session->Attach(SelfPath(), {spec}, getpid());
+  ASSERT_TRUE(first.ok()) << first.error().ToString();
+  const uint64_t cookie = (*first)->cookies()[0];
+  for (int i = 0; i < 7; ++i) RvProbeTargetReg(&th);
+  EXPECT_EQ(session->ReadSiteHits().at(cookie), 7u);
+  EXPECT_EQ(session->slot_usage().cookies, 1u);
+  first->reset();  // released: its links closed, its cookie back
+  EXPECT_EQ(session->slot_usage().cookies, 0u);
+  auto second = session->Attach(SelfPath(), {spec}, getpid());
+  ASSERT_TRUE(second.ok()) << second.error().ToString();
+  EXPECT_EQ((*second)->cookies()[0], cookie);
+  EXPECT_EQ(session->ReadSiteHits().at(cookie), 0u) << "a reused cookie kept its last group's hits";
+  for (int i = 0; i < 2; ++i) RvProbeTargetReg(&th);
+  EXPECT_EQ(session->ReadSiteHits().at(cookie), 2u);
+  // More sites than there are cookies: refused before anything reaches the kernel.
+  EXPECT_FALSE(session->Attach(SelfPath(), std::vector<SiteSpec>(RV_MAX_SITES, spec), getpid()).ok());
+  EXPECT_EQ(session->slot_usage().cookies, 1u);
+
+  // Binary indexes: kBin is taken; fill the rest, then one more is refused until one is removed.
+  for (uint32_t i = 1; i < RV_MAX_BINARIES; ++i) {
+    Result<uint8_t> b = session->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+    ASSERT_TRUE(b.ok()) << b.error().ToString();
+    EXPECT_EQ(*b, i);
+  }
+  EXPECT_FALSE(session->AddBinary(rv_offsets{}).ok());
+  ASSERT_TRUE(session->RemoveBinary(5).ok());
+  Result<uint8_t> again = session->AddBinary(rv_offsets{8, 0, 0, RV_OFF_HAS_SERIAL});
+  ASSERT_TRUE(again.ok()) << again.error().ToString();
+  EXPECT_EQ(*again, 5);
+}
+
 TEST_P(BpfSessionTest, DetachOrderedByHitsAndReattachKeepEachSiteItsCookie) {
   // Detach(group, hits) destroys single-site links hottest first, and the next Reattach puts the coldest site first
   // in a multi link: the offsets are reordered, so each must still arrive with its own cookie.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "probe/bpf_session.h"
+#include "probe/id_pool.h"
 #include "probe/probe_backend.h"
 
 namespace rvbpfd::testing {
@@ -44,13 +45,30 @@ class FakeProbeBackend : public ProbeBackend {
     on_record_ = std::move(on_record);
     on_stack_ = std::move(on_stack);
   }
-  Result<uint8_t> AddBinary(const rv_offsets&) override { return static_cast<uint8_t>(binaries++); }
+  // Indexes and cookies as BpfSession hands them out: lowest free first, within the BPF arrays' limits.
+  Result<uint8_t> AddBinary(const rv_offsets&) override {
+    std::optional<std::vector<uint32_t>> id = binary_ids_.Take(1);
+    if (!id) return Error(ErrorCode::kBpf, "too many distinct Ruby VM binaries probed at once");
+    ++binaries;
+    return static_cast<uint8_t>(id->front());
+  }
+  Status RemoveBinary(uint8_t binary) override {
+    removed_binaries.push_back(binary);
+    binary_ids_.GiveOne(binary);
+    return Status::Ok();
+  }
+  BpfSession::SlotUsage slot_usage() const override {
+    return {binary_ids_.in_use(), binary_ids_.limit(), cookie_ids_.in_use(), cookie_ids_.limit()};
+  }
   Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
   using ProbeBackend::AttachGroup;
   Result<int> AttachGroup(const std::string& path, const std::vector<SiteSpec>& sites, int pid) override {
     Group g{path, sites};
     g.pid = pid;
-    for (size_t i = 0; i < sites.size(); ++i) g.cookies.push_back(next_cookie_++);
+    if (attach_calls++ == refuse_attach_call) return Error(ErrorCode::kBpf, "attach refused (test)");
+    std::optional<std::vector<uint32_t>> cookies = cookie_ids_.Take(sites.size());
+    if (!cookies) return Error(ErrorCode::kBpf, "too many probe sites attached at once");
+    g.cookies.assign(cookies->begin(), cookies->end());
     groups.push_back(std::move(g));
     return static_cast<int>(groups.size() - 1);
   }
@@ -85,8 +103,10 @@ class FakeProbeBackend : public ProbeBackend {
   void ReleaseGroup(int g) override {
     std::lock_guard<std::mutex> l(release_mu_);
     if (g < 0 || static_cast<size_t>(g) >= groups.size()) return;
-    groups[static_cast<size_t>(g)].attached = false;
-    groups[static_cast<size_t>(g)].released = true;
+    Group& grp = groups[static_cast<size_t>(g)];
+    if (!grp.released) cookie_ids_.Give(std::span<const uint64_t>(grp.cookies));
+    grp.attached = false;
+    grp.released = true;
     released.push_back(g);
   }
   Status AddPid(uint32_t pid, const rv_pidns& ns, std::span<const std::pair<uint32_t, uint32_t>> threads) override {
@@ -226,7 +246,10 @@ class FakeProbeBackend : public ProbeBackend {
   std::vector<uint64_t> site_hits;  // ReadSiteHits, by cookie
   std::function<void(int timeout_ms)> before_poll;
   bool multi_links = true;
-  int binaries = 0;
+  int binaries = 0;                       // AddBinary calls that succeeded
+  int attach_calls = 0;                   // AttachGroup calls
+  int refuse_attach_call = -1;            // the AttachGroup call (counting from 0) that fails; -1: none
+  std::vector<uint8_t> removed_binaries;  // RemoveBinary's indexes, in call order
   int sampling_hz = 0;
   int ec_polls = 0;
   int ec_pending_polls = 0;
@@ -247,7 +270,8 @@ class FakeProbeBackend : public ProbeBackend {
   RecordHandler on_record_;
   StackHandler on_stack_;
   std::vector<Queued> queue_;
-  uint64_t next_cookie_ = 0;
+  IdPool binary_ids_{RV_MAX_BINARIES};
+  IdPool cookie_ids_{RV_MAX_SITES};
   std::mutex release_mu_;
 };
 

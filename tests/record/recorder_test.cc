@@ -55,6 +55,8 @@ class BackendRef : public ProbeBackend {
     f_->SetHandlers(std::move(on_record), std::move(on_stack));
   }
   Result<uint8_t> AddBinary(const rv_offsets& offsets) override { return f_->AddBinary(offsets); }
+  Status RemoveBinary(uint8_t binary) override { return f_->RemoveBinary(binary); }
+  BpfSession::SlotUsage slot_usage() const override { return f_->slot_usage(); }
   Status SetWalkConfig(uint8_t binary, const rv_walk_config& config) override {
     return f_->SetWalkConfig(binary, config);
   }
