@@ -12,6 +12,7 @@ pkgs=(
   debootstrap  # the Debian trixie root of the container tests (tools/make-trixie-root.sh)
   libcli11-dev libgtest-dev libgmock-dev protobuf-compiler libprotobuf-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libcurl4-openssl-dev ccache
   util-linux  # setpriv: tests/e2e/test_least_privilege.py, test_errors.py
+  zstd  # the zstd CLI: tests/e2e/rvlib.py and benchmarks/overhead.py read compressed traces with it
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang 14 (tools/run-fuzzers.sh)
   golang-go python3 ruby ruby-dev  # Debian's ruby3.1: live test and coredump case (rvgolden needs its headers)
   # to build the test Rubies from Debian's source packages
