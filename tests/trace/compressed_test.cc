@@ -25,12 +25,8 @@ using ::rvbpfd::testing::ScratchDir;
 using ::rvbpfd::testing::WriteAll;
 
 TraceHeader TestHeader() {
-  TraceHeader h;
-  h.pid = 4242;
-  h.ruby_version = "3.4.5";
-  h.origin_ns = 1'000'000'000;
-  h.started_at = "2026-01-31T12:00:00.000000Z";
-  return h;
+  return TraceHeader{
+      .pid = 4242, .ruby_version = "3.4.5", .origin_ns = 1'000'000'000, .started_at = "2026-01-31T12:00:00.000000Z"};
 }
 
 // Event i of a two-thread GVL hand-off: readies, acquisitions and releases with a stack, and samples.
