@@ -12,7 +12,8 @@
 FROM debian:bookworm AS build
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends \
       build-essential cmake pkg-config clang llvm bpftool libbpf-dev libelf-dev libdw-dev libcapstone-dev \
-      libcli11-dev libgtest-dev libgmock-dev zlib1g-dev nlohmann-json3-dev libcurl4-openssl-dev libdebuginfod-dev \
+      libcli11-dev libgtest-dev libgmock-dev zlib1g-dev libzstd-dev nlohmann-json3-dev libcurl4-openssl-dev \
+      libdebuginfod-dev \
       python3 ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -24,6 +25,7 @@ FROM debian:bookworm-slim
 # libcurl4 and ca-certificates: the agent pushes profiles over HTTP(S) (--push-url); libdebuginfod1: debug files of
 # stripped Rubies by build-id (DEBUGINFOD_URLS). Both are opened only when used (src/common/shared_library.h).
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends libbpf1 libelf1 libdw1 libcapstone4 zlib1g \
+      libzstd1 \
       libcurl4 libdebuginfod1 ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/rvbpfd /usr/sbin/rvbpfd

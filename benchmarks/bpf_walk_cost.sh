@@ -86,7 +86,9 @@ read_stats() {
 # reading taken while rvbpfd was still running).
 run_one() {
   local name=$1 stacks=$2 depth=$3 last="" s
-  DEEP_DEPTH=$depth DEEP_SECONDS=$SECONDS_PER_RUN "$RVBPFD" -o "$WORK/$name.trace" --stacks="$stacks" --hz 0 \
+  # Plain JSON Lines (--trace-format=jsonl): the analysis below reads them directly.
+  DEEP_DEPTH=$depth DEEP_SECONDS=$SECONDS_PER_RUN "$RVBPFD" -o "$WORK/$name.trace" --trace-format=jsonl \
+    --stacks="$stacks" --hz 0 \
     -- "$RUBY" --disable-gems "$WORKLOAD" >"$WORK/$name.log" 2>&1 &
   RVBPFD_PID=$!
   # Every 200 ms; the workload idles 1.5 s after its last release, so the last reading holds every walk.

@@ -110,12 +110,20 @@ def run_once(ruby, workload, rvbpfd=None, extra=(), tmp="/tmp", pin_cpu=None):
         tracer.stderr.read()
         if tracer.wait() != 0:
             raise SystemExit("rvbpfd failed with status %d" % tracer.returncode)
-        with open(trace) as f:
-            for line in f:
-                if line.startswith('{"summary"'):
-                    summary = json.loads(line)["summary"]
+        for line in trace_lines(trace):
+            if line.startswith('{"summary"'):
+                summary = json.loads(line)["summary"]
         os.unlink(trace)
     return elapsed, cpu, summary, attach_ms
+
+
+def trace_lines(path):
+    """The JSON Lines of a trace, plain or zstd-compressed (rvbpfd's default; docs/rvtrace.md "Compression")."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:4] == b"\x28\xb5\x2f\xfd":
+        raw = subprocess.run(["zstd", "-d", "-c", "-q"], input=raw, capture_output=True, check=True).stdout
+    return raw.decode("utf-8", "replace").splitlines()
 
 
 def probe_events(summary):

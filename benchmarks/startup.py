@@ -94,8 +94,11 @@ def bench_attach(args, tmp):
         for i in range(args.runs + 1):
             out = os.path.join(tmp, f"attach{i}.rvtrace")
             start = time.monotonic()
+            # Plain lines, so the growing file can be polled for its first event; the format changes only how a
+            # flush's bytes are encoded, not when the flush happens.
             rv = subprocess.Popen([args.rvbpfd, "--pid", str(target.pid), "--cache-dir", args.cache_dir,
-                                   "-o", out] + args.rvbpfd_arg, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                   "--trace-format=jsonl", "-o", out] + args.rvbpfd_arg, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)
             first = first_event_ms(out, start)
             rv.send_signal(2)
             _, err = rv.communicate(timeout=30)

@@ -15,12 +15,13 @@ esac
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(
   build-essential cmake pkg-config clang bpftool libbpf-dev libelf-dev libdw-dev libcapstone-dev libdebuginfod-dev
-  libcli11-dev libgtest-dev libgmock-dev zlib1g-dev nlohmann-json3-dev libcurl4-openssl-dev python3
+  libcli11-dev libgtest-dev libgmock-dev zlib1g-dev libzstd-dev nlohmann-json3-dev libcurl4-openssl-dev python3
   debootstrap  # the Debian trixie root of the demo and the container tests (tools/make-trixie-root.sh)
 )
 if ((!build_only)); then
   pkgs+=(
-    llvm elfutils protobuf-compiler libprotobuf-dev libzstd-dev ccache
+    llvm elfutils protobuf-compiler libprotobuf-dev ccache
+    zstd  # the zstd CLI: tests/e2e/rvlib.py and benchmarks/overhead.py read compressed traces with it
     debuginfod  # the server serves debug files to the e2e tests on loopback
     util-linux  # setpriv: tests/e2e/test_least_privilege.py, test_errors.py
     libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang 14 (tools/run-fuzzers.sh)

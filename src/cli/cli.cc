@@ -118,6 +118,11 @@ int RunCliUnguarded(int argc, char** argv) {
   RecordOptions rec;
   app.add_option("-p,--pid", rec.pid, "Attach to this running CRuby process")->check(CLI::PositiveNumber);
   app.add_option("-o,--output", rec.output, "Trace file to write (default rvbpfd-<pid>-<time>.rvtrace)");
+  std::string trace_format = "zstd";
+  app.add_option("--trace-format", trace_format,
+                 "How the trace's JSON Lines are stored: zstd (default: compressed, read by every rvbpfd command, "
+                 "zstdcat prints the lines) or jsonl (plain text, to grep while recording)")
+      ->check(CLI::IsMember({"zstd", "jsonl"}));
   app.add_option("-d,--duration", rec.duration_s, "Stop after this many seconds (default: until the target exits)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-overhead", rec.max_overhead_pct,
@@ -458,6 +463,7 @@ int RunCliUnguarded(int argc, char** argv) {
   }
   rec.command = command;
   rec.status_line = !no_status && !rec.quiet && isatty(STDERR_FILENO);
+  rec.trace_format = trace_format == "jsonl" ? TraceFormat::kJsonl : TraceFormat::kZstd;
   Result<int> r = Record(rec);
   if (!r) return Fail(r.error());
   return *r;

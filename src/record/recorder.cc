@@ -528,7 +528,7 @@ Status Recording::Open() {
     }
   }
   output_ = o_.output.empty() ? DefaultOutput(target_.pid) : o_.output;
-  Result<TraceWriter> writer = TraceWriter::Create(output_, header);
+  Result<TraceWriter> writer = TraceWriter::Create(output_, header, o_.trace_format);
   if (!writer) return writer.error();
   writer_.emplace(std::move(writer.value()));
   return Status::Ok();

@@ -1,6 +1,7 @@
 // The recording pipeline: target -> probe sites -> BPF session -> reorder window -> .rvtrace writer.
 //
-// Threading: everything runs on the calling thread. The main loop polls the BPF ring buffer every 20 ms (5 ms with
+// Threading: everything runs on the calling thread (but for the zstd worker that compresses the trace, which takes
+// no signals: trace/compressed.h). The main loop polls the BPF ring buffer every 20 ms (5 ms with
 // --max-overhead), so the ring is drained continuously and the drop counter, the target's liveness, signals, the
 // duration and the overhead budget are checked at that period.
 #ifndef RVBPFD_SRC_RECORD_RECORDER_H_
@@ -12,6 +13,7 @@
 
 #include "common/error.h"
 #include "session/overhead_budget.h"
+#include "trace/compressed.h"
 
 namespace rvbpfd {
 
@@ -22,6 +24,7 @@ struct RecordOptions {
   // identity (record/launch DecideLaunchIdentity).
   std::string user;
   std::string output;                 // empty: rvbpfd-<pid>-<time>.rvtrace in the current directory
+  TraceFormat trace_format = TraceFormat::kZstd;  // --trace-format: zstd-compressed or plain JSON Lines
   double duration_s = 0;              // 0: until the target exits or a signal
   uint32_t ring_buffer_kb = 4096;     // BPF ring buffer size (KiB)
   double max_overhead_pct = 0;        // 0: never pause probes (recordings are complete by default)

@@ -7,6 +7,15 @@
 namespace rvbpfd {
 namespace {
 
+// Why a trace read shorter than what was recorded: the end of the file was cut while being written.
+void PrintCutNotes(const TraceFile& trace, std::ostream& out) {
+  if (trace.truncated_frame) {
+    out << "note: the compressed file ends inside a zstd frame (cut while being written); its incomplete end was "
+           "skipped\n";
+  }
+  if (trace.truncated_last_line) out << "note: the last line was cut while being written and was skipped\n";
+}
+
 // The CRuby column: the hook constant, or for the two Ruby-level probes the method they sit on (no CRuby event
 // exists for those; the JSON field stays null).
 std::string_view CrubyLabel(EventName event) {
@@ -110,7 +119,7 @@ void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& 
         << " id=" << t.ruby_thread << " native=" << (natives.empty() ? "-" : natives)
         << " running=" << FormatMs(t.running_ms) << '\n';
   }
-  if (trace.truncated_last_line) out << "note: the last line was cut while being written and was skipped\n";
+  PrintCutNotes(trace, out);
 }
 
 void PrintStats(const TraceFile& trace, std::ostream& out) {
@@ -170,7 +179,7 @@ void PrintStats(const TraceFile& trace, std::ostream& out) {
   }
   out << "out-of-order events in the file: " << trace.out_of_order_events << '\n';
   if (trace.unknown_event_lines > 0) out << "events of unknown type (skipped): " << trace.unknown_event_lines << '\n';
-  if (trace.truncated_last_line) out << "note: the last line was cut while being written and was skipped\n";
+  PrintCutNotes(trace, out);
 }
 
 }  // namespace rvbpfd

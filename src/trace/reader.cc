@@ -8,6 +8,7 @@
 
 #include "common/json_read.h"
 #include "common/target_file.h"
+#include "trace/compressed.h"
 
 namespace rvbpfd {
 namespace {
@@ -391,7 +392,16 @@ Result<TraceFile> TraceReader::ReadFile(const std::string& path) {
     return Error(ErrorCode::kBadTrace, "reading trace: " + content.error().message() +
                                            " (the most a trace may have; its events are held in memory)");
   }
-  return Parse(std::string_view(reinterpret_cast<const char*>(content->data()), content->size()), path);
+  return ParseBytes(std::string_view(reinterpret_cast<const char*>(content->data()), content->size()), path);
+}
+
+Result<TraceFile> TraceReader::ParseBytes(std::string_view bytes, const std::string& name, uint64_t max_text_bytes) {
+  if (!LooksZstd(bytes)) return Parse(bytes, name);
+  Result<DecompressedText> text = DecompressZstd(bytes, name, max_text_bytes);
+  if (!text) return text.error();
+  Result<TraceFile> file = Parse(text->text, name);
+  if (file) file->truncated_frame = text->cut;
+  return file;
 }
 
 }  // namespace rvbpfd

@@ -1,5 +1,6 @@
 // Reads an .rvtrace file, written by rvbpfd or by the in-process recorder ("recorder":"in-process"), finished or cut
-// short by a crash (docs/rvtrace.md, "Crash safety").
+// short by a crash (docs/rvtrace.md, "Crash safety"), plain JSON Lines or zstd-compressed (told by the zstd magic
+// number, trace/compressed.h).
 #ifndef RVBPFD_SRC_TRACE_READER_H_
 #define RVBPFD_SRC_TRACE_READER_H_
 
@@ -36,6 +37,9 @@ struct TraceFile {
   bool summary_has_threads = false;     // the summary carried a per-thread list of the documented shape
   // A last line without its '\n' was cut while being written: it is not parsed, only reported.
   bool truncated_last_line = false;
+  // A compressed trace ended inside a zstd frame (the writer was killed between two flushes): the text its complete
+  // blocks decode to was read, the rest is lost.
+  bool truncated_frame = false;
   size_t lines = 0;                   // complete lines read
   size_t unknown_event_lines = 0;     // events with a name this version does not know (skipped)
   size_t unknown_lines = 0;           // complete JSON objects of no known line type (skipped, for forward compat)
@@ -60,10 +64,14 @@ class TraceReader {
   // header or an unsupported version; kIo when the file cannot be read.
   // Only a regular file of at most kMaxTraceBytes is read (a FIFO, device or directory is kBadTrace, at once).
   static Result<TraceFile> ReadFile(const std::string& path);
-  // The largest trace read (bytes): a trace is parsed whole into memory, and about as much again is held as events.
+  // The largest trace read (bytes, of the file and of its text once decompressed): a trace is parsed whole into
+  // memory, and about as much again is held as events.
   static constexpr uint64_t kMaxTraceBytes = 4ull << 30;
-  // `name` is used in error messages only.
+  // `name` is used in error messages only. `text` is JSON Lines.
   static Result<TraceFile> Parse(std::string_view text, const std::string& name);
+  // A file's content, plain or zstd-compressed (decompressed first, to at most `max_text_bytes`), parsed as Parse.
+  static Result<TraceFile> ParseBytes(std::string_view bytes, const std::string& name,
+                                      uint64_t max_text_bytes = kMaxTraceBytes);
 };
 
 }  // namespace rvbpfd

@@ -64,6 +64,8 @@ TraceWriter::TraceWriter(TraceWriter&& other) noexcept
       file_(std::move(other.file_)),
       finished_(other.finished_),
       buffer_(std::move(other.buffer_)),
+      zstd_(std::move(other.zstd_)),
+      compressed_(std::move(other.compressed_)),
       last_timed_flush_(other.last_timed_flush_),
       first_events_flushed_(other.first_events_flushed_),
       accounting_(std::move(other.accounting_)),
@@ -83,6 +85,8 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
     file_ = std::move(other.file_);
     finished_ = other.finished_;
     buffer_ = std::move(other.buffer_);
+    zstd_ = std::move(other.zstd_);
+    compressed_ = std::move(other.compressed_);
     last_timed_flush_ = other.last_timed_flush_;
     first_events_flushed_ = other.first_events_flushed_;
     accounting_ = std::move(other.accounting_);
@@ -101,15 +105,21 @@ TraceWriter::~TraceWriter() { Close(); }
 
 void TraceWriter::Close() {
   if (file_.fd() < 0) return;
-  if (!buffer_.empty()) {
-    // Best effort: a destructor cannot report, and what reaches the file is whole lines either way.
+  if (!buffer_.empty() || (zstd_ && zstd_->frame_open())) {
+    // Best effort: a destructor cannot report, and what reaches the file is whole lines (whole frames) either way.
     (void)Flush();
   }
   // The file is at its name since Create: committing only closes it, keeping what was written (a cut trace).
   (void)file_.Commit();
 }
 
-Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHeader& header) {
+Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHeader& header, TraceFormat format) {
+  std::unique_ptr<ZstdCompressor> zstd;
+  if (format == TraceFormat::kZstd) {
+    Result<std::unique_ptr<ZstdCompressor>> c = ZstdCompressor::Create();
+    if (!c) return c.error();
+    zstd = std::move(c).value();
+  }
   OutputFileOptions options;
   options.owner = SudoInvokerOfProcess();
   options.publish_at_create = true;
@@ -117,6 +127,7 @@ Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHead
   Result<OutputFile> file = OutputFile::Create(path, options);
   if (!file) return file.error();
   TraceWriter writer(path, std::move(file).value(), header);
+  writer.zstd_ = std::move(zstd);
   writer.AppendHeader(header);
   TraceEvent started;
   started.event = EventName::kTracingStarted;
@@ -124,14 +135,13 @@ Result<TraceWriter> TraceWriter::Create(const std::string& path, const TraceHead
   started.provenance = Provenance::kObserved;
   started.t_ns = 0;
   writer.AppendEvent(started);
-  const int err = WriteAll(writer.file_.fd(), writer.buffer_.data(), writer.buffer_.size());
+  // A whole frame in the zstd format: the file reads at once.
+  const int err = writer.WriteBuffer(/*end_frame=*/true);
   if (err != 0) {
-    writer.buffer_.clear();
     writer.Abandon();
     return Error(ErrorCode::kOutputUnwritable,
                  ErrnoMessage("cannot write output file " + path, err) + "; choose another path with -o");
   }
-  writer.buffer_.clear();
   return writer;
 }
 
@@ -269,7 +279,12 @@ Status TraceWriter::Write(const TraceEvent& event) {
                                            std::to_string(*event.stack) + " was never interned");
   }
   AppendEvent(event);
-  if (buffer_.size() >= kFlushBytes) return Flush();
+  if (buffer_.size() < kFlushBytes) return Status::Ok();
+  // Compressed, the frame stays open: zstd writes out the blocks it has finished and keeps the rest.
+  if (const int err = WriteBuffer(/*end_frame=*/false); err != 0) {
+    return Error(ErrorCode::kIo, ErrnoMessage("writing trace file " + path_, err) +
+                                     "; free space there or choose another path with -o");
+  }
   return Status::Ok();
 }
 
@@ -321,10 +336,22 @@ Status TraceWriter::MaybeFlush(std::chrono::steady_clock::time_point now) {
   return Flush();
 }
 
-Status TraceWriter::Flush() {
-  if (buffer_.empty() || file_.fd() < 0) return Status::Ok();
-  const int err = WriteAll(file_.fd(), buffer_.data(), buffer_.size());
+int TraceWriter::WriteBuffer(bool end_frame) {
+  if (!zstd_) {
+    const int err = WriteAll(file_.fd(), buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return err;
+  }
+  compressed_.clear();
+  const Status s = zstd_->Compress(buffer_, end_frame, &compressed_);
   buffer_.clear();
+  if (!s.ok()) return ENOMEM;  // zstd fails only when out of memory; what reached the file stays readable
+  return WriteAll(file_.fd(), compressed_.data(), compressed_.size());
+}
+
+Status TraceWriter::Flush() {
+  if ((buffer_.empty() && !(zstd_ && zstd_->frame_open())) || file_.fd() < 0) return Status::Ok();
+  const int err = WriteBuffer(/*end_frame=*/true);
   if (err != 0) {
     return Error(ErrorCode::kIo, ErrnoMessage("writing trace file " + path_, err) +
                                      "; free space there or choose another path with -o");
@@ -446,6 +473,7 @@ Status TraceWriter::Finish(const FinishInfo& info) {
 
 void TraceWriter::Abandon() {
   buffer_.clear();
+  zstd_.reset();
   finished_ = true;
   // Removes the file while it is still the one Create made; a FIFO or device output is only closed.
   file_.Abandon();

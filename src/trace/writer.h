@@ -3,12 +3,15 @@
 //
 // Crash safety: lines are built in a memory buffer and only whole lines are handed to write(2), so a daemon that
 // dies leaves a file whose every complete line is valid (at worst the last line is cut inside a write, which the
-// reader ignores and reports).
+// reader ignores and reports). In the zstd format (trace/compressed.h) every timed flush ends a zstd frame, so a file
+// cut after it decompresses to whole lines; what follows is at most one incomplete frame, which the reader also
+// ignores and reports.
 #ifndef RVBPFD_SRC_TRACE_WRITER_H_
 #define RVBPFD_SRC_TRACE_WRITER_H_
 
 #include <array>
 #include <chrono>
+#include <memory>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -17,6 +20,7 @@
 
 #include "common/error.h"
 #include "common/safe_file.h"
+#include "trace/compressed.h"
 #include "trace/event.h"
 #include "trace/stacks.h"
 #include "trace/summary.h"
@@ -69,15 +73,18 @@ std::string FormatIso8601Utc(std::chrono::system_clock::time_point time);
 
 class TraceWriter {
  public:
-  // Flush thresholds: a buffer past kFlushBytes is written at once; MaybeFlush writes anything older than
-  // kFlushInterval so a reader following the file (tail -f, a crash) lags by at most that much.
+  // Flush thresholds: a buffer past kFlushBytes is written at once (compressed: handed to zstd, which writes out
+  // what it has ready); MaybeFlush writes anything older than kFlushInterval (compressed: and ends the zstd frame) so
+  // a reader following the file (tail -f, a crash) lags by at most that much.
   static constexpr size_t kFlushBytes = 64 * 1024;
   static constexpr std::chrono::milliseconds kFlushInterval{100};
 
   // Creates `path` as a new file (common/safe_file: mode 0600, owned by the sudo invoker, never through a symlink;
   // an existing regular file there is replaced), writes the header and the tracing_started line, and flushes them.
-  // Fails with kOutputUnwritable naming the path and errno; nothing is left behind on failure.
-  static Result<TraceWriter> Create(const std::string& path, const TraceHeader& header);
+  // Fails with kOutputUnwritable naming the path and errno; nothing is left behind on failure. `format`: plain JSON
+  // Lines, or the same lines in zstd frames (the recorder's default, --trace-format).
+  static Result<TraceWriter> Create(const std::string& path, const TraceHeader& header,
+                                    TraceFormat format = TraceFormat::kJsonl);
 
   TraceWriter(TraceWriter&& other) noexcept;
   TraceWriter& operator=(TraceWriter&& other) noexcept;
@@ -117,6 +124,9 @@ class TraceWriter {
 
  private:
   TraceWriter(std::string path, OutputFile file, const TraceHeader& header);
+  // Hands buffer_ to the file (compressed when zstd_ is set; `end_frame` then ends the zstd frame) and clears it.
+  // Returns 0 or the errno of write(2); a zstd failure (it can only run out of memory) is reported as ENOMEM.
+  int WriteBuffer(bool end_frame);
   void AppendHeader(const TraceHeader& header);
   void AppendEvent(const TraceEvent& event);
   void AppendSummary(const TraceSummary& summary);
@@ -128,6 +138,8 @@ class TraceWriter {
   OutputFile file_;  // fd() is -1 once closed
   bool finished_ = false;
   std::string buffer_;  // whole lines not yet written
+  std::unique_ptr<ZstdCompressor> zstd_;  // set in the zstd format
+  std::string compressed_;                // zstd's output of one flush, reused
   std::chrono::steady_clock::time_point last_timed_flush_;  // last flush done by MaybeFlush (or Create)
   bool first_events_flushed_ = false;  // MaybeFlush has written events beyond tracing_started
   ThreadAccounting accounting_;

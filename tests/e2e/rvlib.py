@@ -266,6 +266,35 @@ def workload_path(name):
 # Traces
 # ----------------------------------------------------------------------------------------------------------------
 
+ZSTD_MAGIC = 0xFD2FB528
+ZSTD_SKIPPABLE_MAGIC = 0x184D2A50  # ..0x184D2A5F
+
+
+def is_zstd(raw):
+    """Whether bytes start like a zstd stream (docs/rvtrace.md "Compression"): by magic number, never by file name."""
+    if len(raw) < 4:
+        return False
+    magic = int.from_bytes(raw[:4], "little")
+    return magic == ZSTD_MAGIC or (magic & 0xFFFFFFF0) == ZSTD_SKIPPABLE_MAGIC
+
+
+def trace_bytes(path):
+    """The JSON Lines of an .rvtrace file, plain or zstd-compressed, as bytes, and a problem (None when there is none).
+    A compressed file is decoded by the zstd CLI (tools/install-deps.sh installs it); one cut inside a zstd frame, as
+    a killed recorder leaves it, gives what its complete blocks decode to and a problem saying it was cut."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if not is_zstd(raw):
+        return raw, None
+    if shutil.which("zstd") is None:
+        raise SystemExit(f"{path} is zstd-compressed and the zstd command is missing: apt-get install zstd "
+                         "(tools/install-deps.sh)")
+    p = subprocess.run(["zstd", "-d", "-c", "-q"], input=raw, capture_output=True, timeout=600)
+    if p.returncode != 0:
+        return p.stdout, f"zstd stream cut or corrupt: {p.stderr.decode('utf-8', 'replace').strip()[-300:]}"
+    return p.stdout, None
+
+
 class Trace:
     """One .rvtrace file: header, thread lines, events (dicts, file order, each with 'abs' added), summary."""
 
@@ -280,8 +309,9 @@ class Trace:
         self.summary = None
         self.problems = []      # format problems found while reading
         self.lines = 0
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw, problem = trace_bytes(path)
+        if problem:
+            self.problems.append(problem)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -1,6 +1,7 @@
 // Writes the generated seed corpora of the fuzz harnesses (tools/run-fuzzers.sh runs it after the build):
 //   <out>/trace/*.rvtrace    traces written by TraceWriter itself (two Ruby layouts, stacks and samples, lost events,
-//                            a pause, a finished one, one cut by a crash and one cut inside a line);
+//                            a pause, a finished one, one cut by a crash and one cut inside a line), plain and
+//                            zstd-compressed (finished, cut after a flush, cut inside a frame);
 //   <out>/site_cache/*.json  the site cache form of FindSites over each ELF seed given with --elf;
 //   <out>/stacks/*           for each coredump case given with --core (its .json; the .core.gz beside it), a few
 //                            threads' memory as the stacks harness reads it: exactly the bytes a walk, symbolization
@@ -45,7 +46,7 @@ bool Check(const Status& s, const std::string& what) {
 
 // Two threads handing the GVL back and forth on 3.3+, with stacks at releases, samples, GC, both probes, lost events
 // and a pause. `finish`: write tracing_stopped and the summary.
-bool WriteThreads34(const std::string& path, bool finish) {
+bool WriteThreads34(const std::string& path, bool finish, TraceFormat format = TraceFormat::kJsonl) {
   TraceHeader h;
   h.pid = 4001;
   h.ruby_version = "3.4.5";
@@ -55,7 +56,7 @@ bool WriteThreads34(const std::string& path, bool finish) {
   h.build_id = "5f0c2a";
   h.sample_hz = 99;
   h.stacks = "release";
-  Result<TraceWriter> w = TraceWriter::Create(path, h);
+  Result<TraceWriter> w = TraceWriter::Create(path, h, format);
   if (!w.ok()) return Check(w.error(), path);
   const uint32_t f_main = w->InternFrame({"<main>", "/app/main.rb", 1, FrameKind::kRuby});
   const uint32_t f_times = w->InternFrame({"Integer#times", "<internal:numeric>", 238, FrameKind::kRuby});
@@ -170,6 +171,8 @@ bool WriteTimeslice32(const std::string& path) {
   return Check(w->Finish(info), path);
 }
 
+// The file `from` without its last 17 bytes: inside the last line of a plain trace, inside the last zstd frame of a
+// compressed one.
 bool CutInsideLastLine(const std::string& from, const std::string& to) {
   std::ifstream in(from, std::ios::binary);
   std::stringstream s;
@@ -293,6 +296,10 @@ int main(int argc, char** argv) {
             WriteThreads34(trace + "/threads-3.4-cut.rvtrace", false) &&
             WriteTimeslice32(trace + "/timeslice-3.2.rvtrace") &&
             CutInsideLastLine(trace + "/threads-3.4-finished.rvtrace", trace + "/threads-3.4-cut-in-line.rvtrace") &&
+            WriteThreads34(trace + "/threads-3.4-finished-zstd.rvtrace", true, TraceFormat::kZstd) &&
+            WriteThreads34(trace + "/threads-3.4-cut-zstd.rvtrace", false, TraceFormat::kZstd) &&
+            CutInsideLastLine(trace + "/threads-3.4-finished-zstd.rvtrace",
+                              trace + "/threads-3.4-cut-in-frame-zstd.rvtrace") &&
             WriteSiteCaches(cache, elfs) && WriteStacksSeeds(stacks, cores);
   return ok ? 0 : 1;
 }
