@@ -3,30 +3,29 @@
 # thread), one reads a pipe nobody writes, one pops an empty Queue, and the main thread sleeps. Each thread names
 # itself and, on the line where it blocks, first records CRuby's own frames with tests/golden's RvGolden.capture
 # (every thread's rb_profile_thread_frames, to $RVGOLDEN_OUT/<name>.json): the dump must give the same frames below
-# the leaf (the capture's own frames there, the blocking call in the dump; the CPU thread's loop block and
-# Kernel#loop in the dump).
+# the leaf (RvGolden.capture there, the blocking call in the dump; the CPU thread's leaf is its own method, whose
+# line is the loop's, 0 under YJIT).
 # Needs RVGOLDEN_DIR (the built extension) and RVGOLDEN_OUT (a directory). Prints "ready" once every thread has
 # recorded its frames, then the main thread sleeps.
 $LOAD_PATH.unshift(ENV.fetch("RVGOLDEN_DIR"))
 require "rvgolden"
 
 OUT = ENV.fetch("RVGOLDEN_OUT")
-def capture(name) = RvGolden.capture(File.join(OUT, "#{name}.json"), false)
 
 class Worker
   def self.crunch(name)
-    capture(name); count = 0; loop { count += 1 }
+    RvGolden.capture("#{OUT}/#{name}.json", false); count = 0; count += 1 while true
   end
 
   def self.lock_both(name, first, second, mine, theirs)
     first.lock
     mine << :locked
     theirs.pop
-    capture(name); second.lock
+    RvGolden.capture("#{OUT}/#{name}.json", false); second.lock
   end
 
-  def self.pull(name, r) = (capture(name); r.read(1))
-  def self.take(name, q) = (capture(name); q.pop)
+  def self.pull(name, r) = (RvGolden.capture("#{OUT}/#{name}.json", false); r.read(1))
+  def self.take(name, q) = (RvGolden.capture("#{OUT}/#{name}.json", false); q.pop)
 end
 
 m1 = Thread::Mutex.new
@@ -45,5 +44,5 @@ threads = [
 ]
 names = %w[lock_a lock_b cpu pipe queue]
 Thread.pass until names.all? { |n| File.exist?(File.join(OUT, "#{n}.json")) }
-capture("main"); $stdout.write("ready\n"); $stdout.flush; sleep
+RvGolden.capture("#{OUT}/main.json", false); $stdout.write("ready\n"); $stdout.flush; sleep
 threads.each(&:join)
