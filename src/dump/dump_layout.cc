@@ -45,15 +45,8 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets) {
 
 namespace {
 
-// Overrides `*field` with the DWARF value when there is one, noting a disagreement with the table.
 void Apply(std::optional<uint32_t> dwarf, uint32_t* field, const char* name, DumpLayout* l) {
-  if (!dwarf) return;
-  l->dwarf_fields.push_back(name);
-  if (*field != DumpLayout::kNoField && *field != *dwarf) {
-    l->mismatches.push_back(std::string(name) + ": table " + std::to_string(*field) + ", dwarf " +
-                            std::to_string(*dwarf));
-  }
-  *field = *dwarf;
+  ApplyDwarfOffset(dwarf, field, name, &l->report);
 }
 
 // The first defined function of `names` (a CU that uses the structs asked about); 0 when none is.

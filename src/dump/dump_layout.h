@@ -60,8 +60,7 @@ struct DumpLayout {
   rv_gvl_offsets gvl{};
 
   // Where the values came from: DWARF field names, and "field: table X, dwarf Y" where the two disagree.
-  std::vector<std::string> dwarf_fields;
-  std::vector<std::string> mismatches;
+  OffsetsReport report;
 };
 
 // rb_thread_status (vm_core.h), the same in 3.2 - 4.0.

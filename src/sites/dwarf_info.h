@@ -55,6 +55,8 @@ class DwarfInfo {
  private:
   DwarfInfo() = default;
   bool CuDieFor(uint64_t pc, Dwarf_Die* cudie);
+  // The DIE of `member` of `struct struct_name` (a definition) in the CU that covers cu_pc.
+  bool FindMember(uint64_t cu_pc, const char* struct_name, const char* member, Dwarf_Die* out);
 
   Dwarf* dwarf_ = nullptr;
   Dwarf_CFI* eh_cfi_ = nullptr;  // owned (dwarf_getcfi_elf); .debug_frame CFI is owned by dwarf_
