@@ -22,6 +22,9 @@ TEST(FindWaitCyclesTest, TwoThreadsWaitingForEachOtherAreOneCycle) {
 TEST(FindWaitCyclesTest, ThreadsLeadingIntoACycleAreNotPartOfIt) {
   // 0 -> 3 -> 4 -> 5 -> 3, and 1 -> 0: one cycle {3, 4, 5}, in wait order.
   EXPECT_EQ(FindWaitCycles(Waits{3, 0, std::nullopt, 4, 5, 3}), (std::vector<std::vector<size_t>>{{3, 4, 5}}));
+  // Entered at its higher node (0 -> 5 -> 4 -> 5): still listed from its lowest, in wait order.
+  EXPECT_EQ(FindWaitCycles(Waits{5, std::nullopt, std::nullopt, std::nullopt, 5, 4}),
+            (std::vector<std::vector<size_t>>{{4, 5}}));
 }
 
 TEST(FindWaitCyclesTest, EachCycleOnceStartingAtItsLowestIndexAndSorted) {

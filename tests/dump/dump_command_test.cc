@@ -40,6 +40,7 @@ TEST(TaskStateLetterTest, TheLetterAfterTheLastParenthesis) {
   EXPECT_EQ(TaskStateLetter("1234 (a) R) (b) R 1 2"), 'R');
   EXPECT_EQ(TaskStateLetter("1234 (ruby)"), 0);
   EXPECT_EQ(TaskStateLetter(""), 0);
+  EXPECT_EQ(TaskStateLetter("1234 (ruby) 5 1"), 0);  // no state letter there
 }
 
 }  // namespace
