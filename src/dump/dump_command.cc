@@ -16,7 +16,9 @@
 #include "dump/dump_output.h"
 #include "ops/file_read.h"
 #include "session/vm_binary.h"
+#include "sites/disasm.h"
 #include "sites/sites.h"
+#include "sites/stripped.h"
 #include "stacks/symbolizer.h"
 #include "stacks/walker.h"
 #include "target/pid_namespace.h"
@@ -129,12 +131,22 @@ Status RunDump(const DumpOptions& options, std::ostream& out, const ProcFs& proc
   if (!setup) return setup.error().Wrap("the VM binary's stack layout");
   Result<DumpLayout> layout = DumpLayoutForBinary(vm, target->major, target->minor, setup->offsets);
   if (!layout) return layout.error();
-  if (setup->current_vm_ptr_vaddr == 0) {
-    return Error(ErrorCode::kNoSymbols, target->vm_host_path + " exports no ruby_current_vm_ptr: cannot find the VM");
-  }
   const uint64_t bias = LoadBiasFromLowestMapping(setup->lowest_load_vaddr, target->vm_load_start);
-  const uint64_t vm_ptr = setup->current_vm_ptr_vaddr + bias;
-  if (const int err = ProcessReadErrno(options.pid, vm_ptr); err != 0) {
+  const uint64_t vm_ptr = setup->current_vm_ptr_vaddr != 0 ? setup->current_vm_ptr_vaddr + bias : 0;
+  VmRoots roots{vm_ptr, 0};
+  if (vm_ptr == 0) {
+    // A build that does not export ruby_current_vm_ptr (Debian's libruby): the main ractor from rb_thread_main.
+    Result<Disassembler> dis = Disassembler::Create();
+    std::optional<MainThreadRoute> route;
+    if (dis) route = FindMainThreadRoute(vm, *dis);
+    if (!route) {
+      return Error(ErrorCode::kNoSymbols, target->vm_host_path + " exports no ruby_current_vm_ptr and its "
+                                          "rb_thread_main does not name the main ractor: cannot find the VM");
+    }
+    roots.main_ractor_ptr_addr = route->main_ractor_vaddr + bias;
+  }
+  const uint64_t root = vm_ptr != 0 ? vm_ptr : roots.main_ractor_ptr_addr;
+  if (const int err = ProcessReadErrno(options.pid, root); err != 0) {
     const ErrorCode code = err == EPERM || err == EACCES ? ErrorCode::kNoPrivilege
                            : err == ESRCH                ? ErrorCode::kNoSuchProcess
                                                          : ErrorCode::kIo;
@@ -157,7 +169,7 @@ Status RunDump(const DumpOptions& options, std::ostream& out, const ProcFs& proc
     return s;
   };
   hooks.string = [&](uint64_t value) { return strings.ReadString(value); };
-  Result<DumpSnapshot> snap = ReadRubyThreads(mem, *layout, vm_ptr, hooks);
+  Result<DumpSnapshot> snap = ReadRubyThreads(mem, *layout, roots, hooks);
   if (!snap) {
     if (ProcessEnding(procfs, options.pid)) {
       return Error(ErrorCode::kNoSuchProcess, "process " + std::to_string(options.pid) + " exited during the dump");

@@ -41,14 +41,22 @@ bool ListNodes(MemoryReader& mem, uint64_t head, size_t limit, std::vector<uint6
 }
 
 // The ractors of the VM: its ractor list when the layout has it, else the main ractor alone.
-Result<std::vector<uint64_t>> ReadRactors(MemoryReader& mem, const DumpLayout& l, uint64_t vm) {
-  uint64_t main_ractor = 0;
-  if (!mem.ReadValue(vm + l.vm_main_ractor, &main_ractor) || main_ractor == 0) {
-    return Error(ErrorCode::kNoSymbols, "reading the VM's main ractor (vm->ractor.main_ractor) failed: the VM is "
-                                        "not set up yet, or its layout is not the one this binary was analysed for");
+Result<std::vector<uint64_t>> ReadRactors(MemoryReader& mem, const DumpLayout& l, const VmRoots& roots) {
+  uint64_t vm = 0, main_ractor = 0;
+  if (roots.vm_ptr_addr != 0) {
+    if (!mem.ReadValue(roots.vm_ptr_addr, &vm) || vm == 0) {
+      return Error(ErrorCode::kNoSymbols, "reading ruby_current_vm_ptr failed (or it is NULL: the VM is not set up)");
+    }
+    if (!mem.ReadValue(vm + l.vm_main_ractor, &main_ractor) || main_ractor == 0) {
+      return Error(ErrorCode::kNoSymbols, "reading the VM's main ractor (vm->ractor.main_ractor) failed: the VM is "
+                                          "not set up yet, or its layout is not the one this binary was analysed for");
+    }
+  } else if (!mem.ReadValue(roots.main_ractor_ptr_addr, &main_ractor) || main_ractor == 0) {
+    return Error(ErrorCode::kNoSymbols, "reading ruby_single_main_ractor failed (or it is NULL: the VM is not set "
+                                        "up, or the process runs several ractors, which needs ruby_current_vm_ptr)");
   }
   std::vector<uint64_t> ractors;
-  if (Known(l.vm_ractor_set) && Known(l.ractor_vmlr_node)) {
+  if (vm != 0 && Known(l.vm_ractor_set) && Known(l.ractor_vmlr_node)) {
     std::vector<uint64_t> nodes;
     if (ListNodes(mem, vm + l.vm_ractor_set, kMaxDumpRactors, &nodes)) {
       for (uint64_t n : nodes) ractors.push_back(n - l.ractor_vmlr_node);
@@ -64,8 +72,8 @@ Result<std::vector<uint64_t>> ReadRactors(MemoryReader& mem, const DumpLayout& l
 }
 
 // Every thread of every ractor, checked: a node's thread points back at its ractor (when the layout knows where).
-Result<std::vector<ListedThread>> ReadThreadList(MemoryReader& mem, const DumpLayout& l, uint64_t vm) {
-  Result<std::vector<uint64_t>> ractors = ReadRactors(mem, l, vm);
+Result<std::vector<ListedThread>> ReadThreadList(MemoryReader& mem, const DumpLayout& l, const VmRoots& roots) {
+  Result<std::vector<uint64_t>> ractors = ReadRactors(mem, l, roots);
   if (!ractors) return ractors.error();
   std::vector<ListedThread> out;
   for (uint64_t r : *ractors) {
@@ -235,15 +243,11 @@ std::optional<uint64_t> ReadMutexOwnerFiber(MemoryReader& mem, const DumpLayout&
   return fiber;
 }
 
-Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, uint64_t vm_ptr_addr,
+Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, const VmRoots& roots,
                                      const DumpReadHooks& hooks) {
-  uint64_t vm = 0;
-  if (!mem.ReadValue(vm_ptr_addr, &vm) || vm == 0) {
-    return Error(ErrorCode::kNoSymbols, "reading ruby_current_vm_ptr failed (or it is NULL: the VM is not set up)");
-  }
   DumpSnapshot snap;
   for (int attempt = 1; attempt <= kMaxDumpAttempts; attempt++) {
-    Result<std::vector<ListedThread>> before = ReadThreadList(mem, l, vm);
+    Result<std::vector<ListedThread>> before = ReadThreadList(mem, l, roots);
     if (!before) return before.error();
     snap = DumpSnapshot{};
     snap.attempts = attempt;
@@ -252,8 +256,8 @@ Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, uin
       t.ruby_thread = static_cast<int>(i + 1);
       snap.threads.push_back(std::move(t));
     }
-    ReadGvl(mem, l, vm_ptr_addr, *before, &snap);
-    Result<std::vector<ListedThread>> after = ReadThreadList(mem, l, vm);
+    ReadGvl(mem, l, roots.vm_ptr_addr, *before, &snap);
+    Result<std::vector<ListedThread>> after = ReadThreadList(mem, l, roots);
     snap.torn = !after || *after != *before;
     if (!snap.torn) break;
   }

@@ -88,10 +88,18 @@ inline constexpr int kMaxThreadRereads = 3;
 // Joiners listed per thread (a longer join list is cut there).
 inline constexpr size_t kMaxJoinersPerThread = 1024;
 
-// Reads every thread of the VM whose ruby_current_vm_ptr is at `vm_ptr_addr` (runtime address). Errors: kNoSymbols
-// when the VM pointer, the main ractor or a thread list does not hold what the layout says (one line naming the
-// step); native tids, task states and io facts are left for the caller (ns_tid is filled, native_tid = ns_tid).
-Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& layout, uint64_t vm_ptr_addr,
+// Where the reader starts (runtime addresses): ruby_current_vm_ptr (exported by most builds), else
+// ruby_single_main_ractor (found in rb_thread_main's code for a binary that does not export the VM pointer; it names
+// the main ractor only while the process has no other).
+struct VmRoots {
+  uint64_t vm_ptr_addr = 0;
+  uint64_t main_ractor_ptr_addr = 0;
+};
+
+// Reads every thread of the VM. Errors: kNoSymbols when the VM pointer, the main ractor or a thread list does not
+// hold what the layout says (one line naming the step); native tids, task states and io facts are left for the
+// caller (ns_tid is filled, native_tid = ns_tid).
+Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& layout, const VmRoots& roots,
                                      const DumpReadHooks& hooks);
 
 // The owning fiber of the Thread::Mutex object `obj`, checked: a heap T_DATA object of the typed-data kind whose type

@@ -126,7 +126,7 @@ class DumpReaderTest : public ::testing::Test {
 };
 
 TEST_F(DumpReaderTest, ReadsEveryThreadItsFieldsTheMutexOwnerAndTheGvl) {
-  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), kVmPtr, hooks_);
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), VmRoots{kVmPtr, 0}, hooks_);
   ASSERT_TRUE(s.ok()) << s.error().ToString();
   ASSERT_EQ(s->threads.size(), 3u);
   EXPECT_EQ(s->attempts, 1);
@@ -156,7 +156,7 @@ TEST_F(DumpReaderTest, ReadsEveryThreadItsFieldsTheMutexOwnerAndTheGvl) {
 
 TEST_F(DumpReaderTest, AnObjectThatIsNoMutexIsNotReportedAsOne) {
   mem_.Put(kMutexName, "queue\0\0", 8);
-  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), kVmPtr, hooks_);
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), VmRoots{kVmPtr, 0}, hooks_);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->threads[1].locking_mutex, 0u);
   EXPECT_EQ(ReadMutexOwnerFiber(mem_, Layout(), kMutex), std::nullopt);
@@ -173,7 +173,7 @@ TEST_F(DumpReaderTest, AThreadListChangedDuringTheReadingIsReadAgain) {
     if (++calls == 2) Link({kThreads[0], kThreads[1]});
     return StackReading{{FrameInfo{"x", "/x.rb", 1, FrameKind::kRuby}}, true};
   };
-  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), kVmPtr, hooks_);
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), VmRoots{kVmPtr, 0}, hooks_);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->attempts, 2);
   EXPECT_FALSE(s->torn);
@@ -187,7 +187,7 @@ TEST_F(DumpReaderTest, AThreadThatKeepsMovingIsMarkedChanged) {
     if (ec == Ec(0)) mem_.Put64(Ec(0) + Layout().ec_cfp, ++cfp);
     return StackReading{};
   };
-  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), kVmPtr, hooks_);
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), VmRoots{kVmPtr, 0}, hooks_);
   ASSERT_TRUE(s.ok());
   EXPECT_TRUE(s->threads[0].changed);
   EXPECT_FALSE(s->threads[1].changed);
@@ -196,19 +196,30 @@ TEST_F(DumpReaderTest, AThreadThatKeepsMovingIsMarkedChanged) {
 
 TEST_F(DumpReaderTest, AListLongerThanItsCountOrOfAnotherRactorIsRefused) {
   mem_.Put32(kRactor + Layout().ractor_threads_cnt, 1);  // 3 nodes, count 1: a walk bounded at 2 cannot end
-  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), kVmPtr, hooks_);
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), VmRoots{kVmPtr, 0}, hooks_);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().code(), ErrorCode::kNoSymbols);
   Link({kThreads[0], kThreads[1], kThreads[2]});
   mem_.Put64(kThreads[1] + Layout().th_ractor, 0x123000);
-  s = ReadRubyThreads(mem_, Layout(), kVmPtr, hooks_);
+  s = ReadRubyThreads(mem_, Layout(), VmRoots{kVmPtr, 0}, hooks_);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message().find("point back at its ractor"), std::string::npos);
 }
 
+TEST_F(DumpReaderTest, WithoutTheVmPointerTheMainRactorPointerServes) {
+  mem_.Map(0x3000, 8);
+  mem_.Put64(0x3000, kRactor);  // ruby_single_main_ractor
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), VmRoots{0, 0x3000}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  EXPECT_EQ(s->threads.size(), 3u);
+  EXPECT_EQ(s->gvl_holder, 0u);
+  mem_.Put64(0x3000, 0);  // several ractors: the single-ractor pointer is NULL
+  EXPECT_FALSE(ReadRubyThreads(mem_, Layout(), VmRoots{0, 0x3000}, hooks_).ok());
+}
+
 TEST_F(DumpReaderTest, ANullVmIsAnError) {
   mem_.Put64(kVmPtr, 0);
-  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), kVmPtr, hooks_);
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, Layout(), VmRoots{kVmPtr, 0}, hooks_);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().code(), ErrorCode::kNoSymbols);
 }
