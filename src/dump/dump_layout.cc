@@ -25,7 +25,10 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets) {
   }
   const int v = major * 100 + minor;
   if (v == 303 || v == 304) {
-    // gdb ptype /o and DWARF of the 3.3.8 and 3.4.5 test builds (x86_64); tests/dump checks each against DWARF.
+    // From the 3.3/3.4 sources (vm_core.h, ractor_core.h, thread_sync.c, rtypeddata.h; x86_64): the ractor's
+    // threads block ends where threads.sched (288, the GVL table's) begins. tests/dump checks each against the test
+    // Rubies' DWARF. Not in the table yet (DWARF only): th->status, name, locking_mutex, join_list and the ractor
+    // list's vmlr_node, whose offsets depend on structs before them (rb_thread_sched_item, the native lock).
     l.vm_ractor_set = 8;
     l.vm_ractor_cnt = 24;
     l.ractor_threads_set = 256;

@@ -261,6 +261,14 @@ Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, con
     snap.torn = !after || *after != *before;
     if (!snap.torn) break;
   }
+  for (const auto& [field, what] : {std::pair{l.th_status_bit, "thread statuses (every thread neither holding nor "
+                                                                "queued for the GVL counts as blocked)"},
+                                     std::pair{l.th_name, "thread names"},
+                                     std::pair{l.th_locking_mutex, "the Mutex a thread waits for"},
+                                     std::pair{l.th_join_list, "Thread#join targets"},
+                                     std::pair{l.ractor_vmlr_node, "ractors other than the main one"}}) {
+    if (!Known(field)) snap.notes.push_back(std::string("not read (no DWARF for it): ") + what);
+  }
   if (snap.torn) {
     snap.notes.push_back("the thread list changed during each of " + std::to_string(kMaxDumpAttempts) +
                          " readings: the last one is shown");

@@ -1,6 +1,6 @@
 // The dump's built-in layout table (DumpLayoutTable) is what a VM binary without DWARF is dumped with, so each field
-// must equal the DWARF layout of every test Ruby of its release line; and with DWARF every field a dump reads is
-// known. A failure names the field.
+// it has must equal the DWARF layout of every test Ruby of its release line; and with DWARF every field a dump reads
+// is known. A failure names the field.
 #include "dump/dump_layout.h"
 
 #include <gtest/gtest.h>
@@ -53,7 +53,8 @@ TEST_P(DumpLayoutTableTest, TableEqualsDwarfAndDwarfGivesEveryField) {
   };
   for (const auto& [name, field] : fields) {
     EXPECT_NE((*l).*field, DumpLayout::kNoField) << c.ruby << ": DWARF gives no " << name;
-    EXPECT_EQ(table.*field, (*l).*field) << c.ruby << ": table field " << name;
+    // The table is partial (dump_layout.cc): what it has must be right.
+    if (table.*field != DumpLayout::kNoField) EXPECT_EQ(table.*field, (*l).*field) << c.ruby << ": table field " << name;
   }
 }
 
