@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/safe_file.h"
 #include "common/text_escape.h"
+#include "dump/dump_command.h"
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "export/folded.h"
@@ -52,10 +53,13 @@ constexpr const char* kDescription =
     "  rvbpfd export --perfetto|--speedscope FILE -o OUT  Chrome trace JSON (ui.perfetto.dev) or speedscope\n"
     "  rvbpfd export --pprof|--folded FILE -o OUT        pprof (CPU, GVL wait, GVL blame, wall) or folded\n"
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
+    "  rvbpfd dump --pid PID [--json]                    every Ruby thread now: state, stack, GVL, who waits\n"
+    "                                                    for whom, deadlocks (reads memory; no BPF, never stops it)\n"
     "  rvbpfd agent (--output-dir DIR | --push-url URL)  fleet mode: profile every Ruby process on the host\n"
     "                                                    continuously (cpu, GVL wait/held, GC pprof per --interval)\n"
     "\n"
-    "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). Exit status: 0 ok, 2 usage, 3 no such process,\n"
+    "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE; dump needs only ptrace access: CAP_SYS_PTRACE for\n"
+    "another user's process). Exit status: 0 ok, 2 usage, 3 no such process,\n"
     "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
     "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error.";
 
@@ -82,6 +86,21 @@ Status WriteOutput(const std::string& path, const std::function<Status(std::ostr
 }
 
 int RunCliUnguarded(int argc, char** argv);
+
+// `rvbpfd dump`: the subcommand and its flags (src/dump/dump_command.h runs it).
+CLI::App* AddDumpCommand(CLI::App& app, DumpOptions* options) {
+  CLI::App* dump = app.add_subcommand(
+      "dump", "Print every Ruby thread of a live process now: its state (running, holding or waiting for the GVL, "
+              "blocked and why), its stack as rb_profile_frames names it, the GVL holder and queue, what each blocked "
+              "thread waits for and whom (a Mutex's owner, a joined thread), and deadlocks. Reads the process's "
+              "memory with process_vm_readv without stopping it; needs no BPF, only ptrace access to the target "
+              "(root, or CAP_SYS_PTRACE for another user's process). docs/dump.md describes the output.");
+  dump->add_option("-p,--pid", options->pid, "The CRuby process")->required()->check(CLI::PositiveNumber);
+  dump->add_flag("--json", options->json, "One JSON object (docs/dump.md) instead of text");
+  dump->add_option("--cache-dir", options->cache_dir, "Where the VM binary's stack layout is cached")
+      ->capture_default_str();
+  return dump;
+}
 
 }  // namespace
 
@@ -296,6 +315,9 @@ int RunCliUnguarded(int argc, char** argv) {
                                          "BPF ring buffer size in KiB (default 8192)"));
   agent_opts.push_back(agent->add_option("--cache-dir", agent_flags.cache_dir,
                                          "Where probe sites are cached by build-id (default /var/cache/rvbpfd/sites)"));
+  DumpOptions dump_options;
+  dump_options.cache_dir = rec.cache_dir;
+  CLI::App* dump = AddDumpCommand(app, &dump_options);
   app.require_subcommand(0, 1);
 
   try {
@@ -312,6 +334,10 @@ int RunCliUnguarded(int argc, char** argv) {
   }
 
   ConfigureDebugLookup(debug_lookup);
+  if (dump->parsed()) {
+    Status st = RunDump(dump_options, std::cout);
+    return st ? 0 : Fail(st.error());
+  }
   if (agent->parsed()) {
     // Defaults, then the config file, then the flags given on the command line. SIGHUP runs the same again.
     auto build_config = [&]() -> Result<AgentConfig> {

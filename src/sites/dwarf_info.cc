@@ -187,32 +187,53 @@ DwarfInfo::VarResult DwarfInfo::LocateVariable(uint64_t pc, const char* name) {
   return result;
 }
 
-std::optional<uint32_t> DwarfInfo::MemberOffset(uint64_t cu_pc, const char* struct_name, const char* member) {
+bool DwarfInfo::FindMember(uint64_t cu_pc, const char* struct_name, const char* member, Dwarf_Die* out) {
   Dwarf_Die cudie;
-  if (!CuDieFor(cu_pc, &cudie)) return std::nullopt;
+  if (!CuDieFor(cu_pc, &cudie)) return false;
   Dwarf_Die child;
-  if (dwarf_child(&cudie, &child) != 0) return std::nullopt;
+  if (dwarf_child(&cudie, &child) != 0) return false;
   do {
     if (dwarf_tag(&child) != DW_TAG_structure_type || dwarf_hasattr(&child, DW_AT_declaration)) continue;
     const char* n = dwarf_diename(&child);
     if (n == nullptr || std::strcmp(n, struct_name) != 0) continue;
-    Dwarf_Die m;
-    if (dwarf_child(&child, &m) != 0) return std::nullopt;
+    if (dwarf_child(&child, out) != 0) return false;
     do {
-      if (dwarf_tag(&m) != DW_TAG_member) continue;
-      const char* mn = dwarf_diename(&m);
-      if (mn == nullptr || std::strcmp(mn, member) != 0) continue;
-      Dwarf_Attribute attr;
-      Dwarf_Word off = 0;
-      if (dwarf_attr(&m, DW_AT_data_member_location, &attr) == nullptr || dwarf_formudata(&attr, &off) != 0 ||
-          off > UINT32_MAX) {
-        return std::nullopt;
-      }
-      return static_cast<uint32_t>(off);
-    } while (dwarf_siblingof(&m, &m) == 0);
-    return std::nullopt;
+      if (dwarf_tag(out) != DW_TAG_member) continue;
+      const char* mn = dwarf_diename(out);
+      if (mn != nullptr && std::strcmp(mn, member) == 0) return true;
+    } while (dwarf_siblingof(out, out) == 0);
+    return false;
   } while (dwarf_siblingof(&child, &child) == 0);
-  return std::nullopt;
+  return false;
+}
+
+std::optional<uint32_t> DwarfInfo::MemberOffset(uint64_t cu_pc, const char* struct_name, const char* member) {
+  Dwarf_Die m;
+  if (!FindMember(cu_pc, struct_name, member, &m)) return std::nullopt;
+  Dwarf_Attribute attr;
+  Dwarf_Word off = 0;
+  if (dwarf_attr(&m, DW_AT_data_member_location, &attr) == nullptr || dwarf_formudata(&attr, &off) != 0 ||
+      off > UINT32_MAX) {
+    return std::nullopt;
+  }
+  return static_cast<uint32_t>(off);
+}
+
+std::optional<uint32_t> DwarfInfo::MemberBitOffset(uint64_t cu_pc, const char* struct_name, const char* member) {
+  Dwarf_Die m;
+  if (!FindMember(cu_pc, struct_name, member, &m)) return std::nullopt;
+  Dwarf_Attribute attr;
+  Dwarf_Word off = 0;
+  if (dwarf_attr(&m, DW_AT_data_bit_offset, &attr) != nullptr) {
+    if (dwarf_formudata(&attr, &off) != 0 || off > UINT32_MAX) return std::nullopt;
+    return static_cast<uint32_t>(off);
+  }
+  if (dwarf_hasattr(&m, DW_AT_bit_offset)) return std::nullopt;
+  if (dwarf_attr(&m, DW_AT_data_member_location, &attr) == nullptr || dwarf_formudata(&attr, &off) != 0 ||
+      off > UINT32_MAX / 8) {
+    return std::nullopt;
+  }
+  return static_cast<uint32_t>(off * 8);
 }
 
 std::optional<uint32_t> DwarfInfo::MemberPathOffset(uint64_t cu_pc, const char* struct_name,

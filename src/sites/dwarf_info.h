@@ -45,6 +45,9 @@ class DwarfInfo {
   // {"ractor", "main_ractor"} in rb_vm_struct, whose `ractor` is an anonymous struct. Offsets add up.
   std::optional<uint32_t> MemberPathOffset(uint64_t cu_pc, const char* struct_name,
                                            std::initializer_list<const char*> path);
+  // Bit offset of `member` (a bit-field, or any member: then 8 x its byte offset) from the start of the struct, from
+  // DW_AT_data_bit_offset (DWARF 4+). nullopt for the old big-endian-relative DW_AT_bit_offset form.
+  std::optional<uint32_t> MemberBitOffset(uint64_t cu_pc, const char* struct_name, const char* member);
 
   // CFA at pc as "reg + offset" from .eh_frame (then .debug_frame); false if there is no rule or an unsupported one.
   bool CfaAt(uint64_t pc, int* reg, int64_t* offset);
@@ -52,6 +55,8 @@ class DwarfInfo {
  private:
   DwarfInfo() = default;
   bool CuDieFor(uint64_t pc, Dwarf_Die* cudie);
+  // The DIE of `member` of `struct struct_name` (a definition) in the CU that covers cu_pc.
+  bool FindMember(uint64_t cu_pc, const char* struct_name, const char* member, Dwarf_Die* out);
 
   Dwarf* dwarf_ = nullptr;
   Dwarf_CFI* eh_cfi_ = nullptr;  // owned (dwarf_getcfi_elf); .debug_frame CFI is owned by dwarf_

@@ -106,8 +106,18 @@ Result<RubyOffsets> RubyOffsets::ForVersion(int major, int minor) {
 
 namespace {
 
-// Overrides `*field` with the DWARF value when there is one, noting a disagreement with the table.
+std::optional<uint32_t> Add(std::optional<uint32_t> a, uint32_t b) {
+  if (!a) return std::nullopt;
+  return *a + b;
+}
+
 void Apply(std::optional<uint32_t> dwarf, uint32_t* field, const char* name, OffsetsReport* report) {
+  ApplyDwarfOffset(dwarf, field, name, report);
+}
+
+}  // namespace
+
+void ApplyDwarfOffset(std::optional<uint32_t> dwarf, uint32_t* field, const char* name, OffsetsReport* report) {
   if (!dwarf) return;
   report->from_dwarf++;
   report->dwarf_fields.push_back(name);
@@ -118,13 +128,6 @@ void Apply(std::optional<uint32_t> dwarf, uint32_t* field, const char* name, Off
   }
   *field = *dwarf;
 }
-
-std::optional<uint32_t> Add(std::optional<uint32_t> a, uint32_t b) {
-  if (!a) return std::nullopt;
-  return *a + b;
-}
-
-}  // namespace
 
 Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, OffsetsReport* report) {
   OffsetsReport scratch;

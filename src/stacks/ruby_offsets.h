@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,10 @@ struct OffsetsReport {
   std::vector<std::string> dwarf_fields;  // their names ("ec.cfp", "ractor.threads.sched.running", ...)
   std::vector<std::string> mismatches;  // "ec.cfp: table 16, dwarf 24" for each field where table and DWARF differ
 };
+
+// Overrides `*field` with the DWARF value when there is one, counting it in `report` and noting a disagreement
+// with the table value; a field the table does not have (0xffffffff, RV_GVL_NO_FIELD) is learnt, not contradicted.
+void ApplyDwarfOffset(std::optional<uint32_t> dwarf, uint32_t* field, const char* name, OffsetsReport* report);
 
 // Table values for the binary's version, overridden by what its DWARF says. Without DWARF the table is returned
 // unchanged (report->from_dwarf == 0).

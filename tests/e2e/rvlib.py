@@ -255,6 +255,25 @@ def begin(description, extra=None):
     return args, res, rvbpfd, rubies
 
 
+def build_golden(build_dir, source_dir, ruby):
+    """Builds tests/golden (RvGolden.capture: CRuby's own rb_profile_frames of every thread) with this Ruby's mkmf
+    into BUILD/golden-e2e-<ruby>; returns the directory."""
+    d = os.path.join(build_dir, f"golden-e2e-{ruby.name}")
+    os.makedirs(d, exist_ok=True)
+    log = os.path.join(d, "build.log")
+    # Several test files may build the same directory at once under `ctest -j`.
+    with open(os.path.join(d, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open(log, "w") as f:
+            r = subprocess.run([ruby.bin, os.path.join(source_dir, "tests", "golden", "extconf.rb")], cwd=d, stdout=f,
+                               stderr=subprocess.STDOUT)
+            if r.returncode == 0:
+                r = subprocess.run(["make"], cwd=d, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        raise RunError(f"building tests/golden for {ruby.name} failed, see {log}")
+    return d
+
+
 def workload_path(name):
     p = os.path.join(WORKLOAD_DIR, f"{name}.rb")
     if not os.path.isfile(p):

@@ -319,7 +319,7 @@ def main():
             ext = os.path.join(container.workdir, "ext")
             os.makedirs(ext)
             shutil.copy(os.path.join(ruby.rvref_dir, "rvref.so"), ext)
-            gdir = test_stacks.build_golden(args.build_dir, args.source_dir, ruby)
+            gdir = rvlib.build_golden(args.build_dir, args.source_dir, ruby)
             shutil.copy(os.path.join(gdir, "rvgolden.so"), ext)
             copy = ContainerRuby(f"test-{ruby.name}-stripped", ruby.version, ruby.prefix + "/bin/ruby",
                                  container.inside(ext), container.inside(ext))

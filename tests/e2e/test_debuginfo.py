@@ -119,7 +119,7 @@ def record_checks(res, rvbpfd, sr, args, outdir, work, tag, rv_args, rv_env, wan
         return
     name = f"debuginfo {sr.name} {tag}: stacks at release equal rb_profile_frames"
     try:
-        gdir = test_stacks.build_golden(args.build_dir, args.source_dir, sr)
+        gdir = rvlib.build_golden(args.build_dir, args.source_dir, sr)
         gout = os.path.join(outdir, f"{sr.name}-{tag.split()[0]}-golden.json")
         cache = tempfile.mkdtemp(dir=work, prefix="cache-")
         run = rvlib.run_workload(sr, "stacks_golden", "attach", outdir, ref=False, rvbpfd=rvbpfd,

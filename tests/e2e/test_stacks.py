@@ -275,21 +275,6 @@ def check_off(t, ruby):
     return p
 
 
-def build_golden(build_dir, source_dir, ruby):
-    """Builds tests/golden with this Ruby's mkmf into BUILD/golden-e2e-<ruby>; returns the directory."""
-    d = os.path.join(build_dir, f"golden-e2e-{ruby.name}")
-    os.makedirs(d, exist_ok=True)
-    log = os.path.join(d, "build.log")
-    with open(log, "w") as f:
-        r = subprocess.run([ruby.bin, os.path.join(source_dir, "tests", "golden", "extconf.rb")], cwd=d, stdout=f,
-                           stderr=subprocess.STDOUT)
-        if r.returncode == 0:
-            r = subprocess.run(["make"], cwd=d, stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
-        raise rvlib.RunError(f"building tests/golden for {ruby.name} failed, see {log}")
-    return d
-
-
 def check_golden(t, golden_path, jit=False):
     """jit: the target ran with YJIT compiling every method at its first call, so the spinner's top frame runs JIT
     code and rb_profile_frames reports its line as 0 (JIT_TOP_LINE_ZERO); otherwise a line of its loop."""
@@ -366,7 +351,7 @@ def main():
             continue
         name = f"stacks {ruby.name} stacks_golden (stacks at release = rb_profile_frames)"
         try:
-            gdir = build_golden(args.build_dir, args.source_dir, ruby)
+            gdir = rvlib.build_golden(args.build_dir, args.source_dir, ruby)
             gout = os.path.join(outdir, f"{ruby.name}-golden.json")
             run = rvlib.run_workload(ruby, "stacks_golden", "attach", outdir, ref=False, rvbpfd=rvbpfd,
                                      env_extra={"RVGOLDEN_DIR": gdir, "RVGOLDEN_OUT": gout})

@@ -126,7 +126,7 @@ def main():
                 continue
             name = f"stripped {ruby.name} stacks_golden attach: stacks at release equal rb_profile_frames"
             try:
-                gdir = test_stacks.build_golden(args.build_dir, args.source_dir, orig)
+                gdir = rvlib.build_golden(args.build_dir, args.source_dir, orig)
                 gout = os.path.join(outdir, f"{ruby.name}-golden.json")
                 run = rvlib.run_workload(ruby, "stacks_golden", "attach", outdir, ref=False, rvbpfd=rvbpfd,
                                          env_extra={"RVGOLDEN_DIR": gdir, "RVGOLDEN_OUT": gout, **env},

@@ -1,0 +1,118 @@
+#include "dump/dump_layout.h"
+
+#include <elf.h>
+
+#include <memory>
+#include <optional>
+
+#include "sites/dwarf_info.h"
+#include "sites/sites.h"
+
+namespace rvbpfd {
+
+DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets) {
+  DumpLayout l;
+  l.vm_main_ractor = offsets.vm_main_ractor;
+  l.th_ec = offsets.thread_ec;
+  l.ec_cfp = offsets.walk.ec_cfp;
+  l.ec_thread_ptr = offsets.ec_thread_ptr;
+  l.gvl = offsets.gvl;
+  rv_offsets th{};
+  uint32_t main_serial = 0;
+  if (TableOffsets(major, minor, &th, &main_serial)) {
+    l.th_nt = th.th_nt;
+    l.nt_tid = th.nt_tid;
+  }
+  const int v = major * 100 + minor;
+  if (v == 303 || v == 304) {
+    // From the 3.3/3.4 sources (vm_core.h, ractor_core.h, thread_sync.c, rtypeddata.h; x86_64): the ractor's
+    // threads block ends where threads.sched (288, the GVL table's) begins. tests/dump checks each against the test
+    // Rubies' DWARF. Not in the table yet (DWARF only): th->status, name, locking_mutex, join_list and the ractor
+    // list's vmlr_node, whose offsets depend on structs before them (rb_thread_sched_item, the native lock).
+    l.vm_ractor_set = 8;
+    l.vm_ractor_cnt = 24;
+    l.ractor_threads_set = 256;
+    l.ractor_threads_cnt = 272;
+    l.th_lt_node = 0;
+    l.th_ractor = 24;
+    l.ec_fiber_ptr = 40;
+    l.mutex_fiber = 0;
+    l.typed_type = 16;
+    l.typed_flag = 24;
+    l.typed_data = 32;
+    l.waiting_next = 0;
+    l.waiting_thread = 8;
+  }
+  return l;
+}
+
+namespace {
+
+void Apply(std::optional<uint32_t> dwarf, uint32_t* field, const char* name, DumpLayout* l) {
+  ApplyDwarfOffset(dwarf, field, name, &l->report);
+}
+
+// The first defined function of `names` (a CU that uses the structs asked about); 0 when none is.
+uint64_t AnchorPc(const ElfFile& elf, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    std::optional<ElfSymbol> fn = elf.FindSymbol(n);
+    if (fn && fn->shndx != SHN_UNDEF && fn->value != 0) return fn->value;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor, const RubyOffsets& offsets) {
+  DumpLayout l = DumpLayoutTable(major, minor, offsets);
+  std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(elf);
+  if (dwarf) {
+    // vm_core.h / ractor_core.h structs: vm.c's CU (as the EC route reads them); thread_sync.c is included by
+    // thread.c, whose CU has the Mutex, the native thread and RTypedData.
+    const uint64_t vm = AnchorPc(elf, {"rb_current_ec_noinline", "rb_vm_main_ractor_ec", "rb_profile_frames"});
+    const uint64_t thread = AnchorPc(elf, {"rb_mutex_lock", "rb_thread_create", "rb_mutex_new"});
+    if (vm != 0) {
+      auto m = [&](const char* s, std::initializer_list<const char*> path) {
+        return dwarf->MemberPathOffset(vm, s, path);
+      };
+      Apply(m("rb_vm_struct", {"ractor", "main_ractor"}), &l.vm_main_ractor, "vm.ractor.main_ractor", &l);
+      Apply(m("rb_vm_struct", {"ractor", "set"}), &l.vm_ractor_set, "vm.ractor.set", &l);
+      Apply(m("rb_vm_struct", {"ractor", "cnt"}), &l.vm_ractor_cnt, "vm.ractor.cnt", &l);
+      Apply(m("rb_ractor_struct", {"vmlr_node"}), &l.ractor_vmlr_node, "ractor.vmlr_node", &l);
+      Apply(m("rb_ractor_struct", {"threads", "set"}), &l.ractor_threads_set, "ractor.threads.set", &l);
+      Apply(m("rb_ractor_struct", {"threads", "cnt"}), &l.ractor_threads_cnt, "ractor.threads.cnt", &l);
+      Apply(m("rb_thread_struct", {"lt_node"}), &l.th_lt_node, "thread.lt_node", &l);
+      Apply(m("rb_thread_struct", {"ractor"}), &l.th_ractor, "thread.ractor", &l);
+      Apply(m("rb_thread_struct", {"nt"}), &l.th_nt, "thread.nt", &l);
+      Apply(m("rb_thread_struct", {"ec"}), &l.th_ec, "thread.ec", &l);
+      Apply(dwarf->MemberBitOffset(vm, "rb_thread_struct", "status"), &l.th_status_bit, "thread.status (bits)", &l);
+      Apply(m("rb_thread_struct", {"locking_mutex"}), &l.th_locking_mutex, "thread.locking_mutex", &l);
+      Apply(m("rb_thread_struct", {"join_list"}), &l.th_join_list, "thread.join_list", &l);
+      Apply(m("rb_thread_struct", {"name"}), &l.th_name, "thread.name", &l);
+      Apply(m("rb_execution_context_struct", {"cfp"}), &l.ec_cfp, "ec.cfp", &l);
+      Apply(m("rb_execution_context_struct", {"fiber_ptr"}), &l.ec_fiber_ptr, "ec.fiber_ptr", &l);
+      Apply(m("rb_execution_context_struct", {"thread_ptr"}), &l.ec_thread_ptr, "ec.thread_ptr", &l);
+    }
+    if (thread != 0) {
+      auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(thread, s, f); };
+      Apply(m("rb_native_thread", "tid"), &l.nt_tid, "native_thread.tid", &l);
+      Apply(m("rb_mutex_struct", "fiber"), &l.mutex_fiber, "mutex.fiber", &l);
+      Apply(m("RTypedData", "type"), &l.typed_type, "RTypedData.type", &l);
+      Apply(m("RTypedData", "typed_flag"), &l.typed_flag, "RTypedData.typed_flag", &l);
+      Apply(m("RTypedData", "data"), &l.typed_data, "RTypedData.data", &l);
+      Apply(m("rb_waiting_list", "next"), &l.waiting_next, "waiting_list.next", &l);
+      Apply(m("rb_waiting_list", "thread"), &l.waiting_thread, "waiting_list.thread", &l);
+    }
+  }
+  if (l.ractor_threads_set == DumpLayout::kNoField || l.th_lt_node == DumpLayout::kNoField ||
+      l.th_nt == DumpLayout::kNoField || l.nt_tid == DumpLayout::kNoField || l.th_ec == DumpLayout::kNoField ||
+      l.vm_main_ractor == DumpLayout::kNoField) {
+    return Error(ErrorCode::kUnsupportedVersion,
+                 "no thread-list offsets for CRuby " + std::to_string(major) + "." + std::to_string(minor) +
+                     " (built in for 3.3 and 3.4; other versions need the VM binary's DWARF: install its debug "
+                     "symbols)");
+  }
+  return l;
+}
+
+}  // namespace rvbpfd

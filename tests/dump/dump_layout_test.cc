@@ -1,0 +1,82 @@
+// The dump's built-in layout table (DumpLayoutTable) is what a VM binary without DWARF is dumped with, so each field
+// it has must equal the DWARF layout of every test Ruby of its release line; and with DWARF every field a dump reads
+// is known. A failure names the field.
+#include "dump/dump_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "elf/elf_fixtures.h"
+#include "sites/sites.h"
+
+namespace rvbpfd {
+namespace {
+
+struct LayoutCase {
+  const char* ruby;
+  const char* elf;
+  const char* version;
+};
+
+class DumpLayoutTableTest : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(DumpLayoutTableTest, TableEqualsDwarfAndDwarfGivesEveryField) {
+  const LayoutCase& c = GetParam();
+  const std::string dir = testing::TestRuby(c.ruby);
+  if (dir.empty()) GTEST_SKIP() << "test Ruby " << c.ruby << " not built (tools/build-test-rubies.sh)";
+  Result<ElfFile> elf = ElfFile::Open(dir + "/" + c.elf);
+  ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+  int major = 0, minor = 0, teeny = 0;
+  ASSERT_TRUE(ParseRubyVersion(c.version, &major, &minor, &teeny));
+  Result<RubyOffsets> off = OffsetsForBinary(*elf, major, minor, nullptr);
+  ASSERT_TRUE(off.ok()) << off.error().ToString();
+  Result<DumpLayout> l = DumpLayoutForBinary(*elf, major, minor, *off);
+  ASSERT_TRUE(l.ok()) << l.error().ToString();
+  for (const std::string& m : l->report.mismatches) ADD_FAILURE() << c.ruby << " dump table field " << m;
+  EXPECT_GE(l->report.dwarf_fields.size(), 28u) << c.ruby << ": too little DWARF for the table check";
+  const DumpLayout table = DumpLayoutTable(major, minor, *off);
+  const std::pair<const char*, uint32_t DumpLayout::*> fields[] = {
+      {"vm_main_ractor", &DumpLayout::vm_main_ractor},     {"vm_ractor_set", &DumpLayout::vm_ractor_set},
+      {"vm_ractor_cnt", &DumpLayout::vm_ractor_cnt},       {"ractor_vmlr_node", &DumpLayout::ractor_vmlr_node},
+      {"ractor_threads_set", &DumpLayout::ractor_threads_set},
+      {"ractor_threads_cnt", &DumpLayout::ractor_threads_cnt},
+      {"th_lt_node", &DumpLayout::th_lt_node},             {"th_ractor", &DumpLayout::th_ractor},
+      {"th_nt", &DumpLayout::th_nt},                       {"th_ec", &DumpLayout::th_ec},
+      {"th_status_bit", &DumpLayout::th_status_bit},       {"th_locking_mutex", &DumpLayout::th_locking_mutex},
+      {"th_join_list", &DumpLayout::th_join_list},         {"th_name", &DumpLayout::th_name},
+      {"nt_tid", &DumpLayout::nt_tid},                     {"ec_cfp", &DumpLayout::ec_cfp},
+      {"ec_fiber_ptr", &DumpLayout::ec_fiber_ptr},         {"ec_thread_ptr", &DumpLayout::ec_thread_ptr},
+      {"mutex_fiber", &DumpLayout::mutex_fiber},           {"typed_type", &DumpLayout::typed_type},
+      {"typed_flag", &DumpLayout::typed_flag},             {"typed_data", &DumpLayout::typed_data},
+      {"waiting_next", &DumpLayout::waiting_next},         {"waiting_thread", &DumpLayout::waiting_thread},
+  };
+  for (const auto& [name, field] : fields) {
+    EXPECT_NE((*l).*field, DumpLayout::kNoField) << c.ruby << ": DWARF gives no " << name;
+    // The table is partial (dump_layout.cc): what it has must be right.
+    if (table.*field != DumpLayout::kNoField) EXPECT_EQ(table.*field, (*l).*field) << c.ruby << ": table field " << name;
+  }
+}
+
+TEST(DumpLayoutTest, OtherVersionsHaveNoThreadListWithoutDwarf) {
+  Result<RubyOffsets> off = RubyOffsets::ForVersion(3, 2);
+  ASSERT_TRUE(off.ok());
+  const DumpLayout l = DumpLayoutTable(3, 2, *off);
+  EXPECT_EQ(l.ractor_threads_set, DumpLayout::kNoField);
+  Result<RubyOffsets> off34 = RubyOffsets::ForVersion(3, 4);
+  ASSERT_TRUE(off34.ok());
+  EXPECT_NE(DumpLayoutTable(3, 4, *off34).ractor_threads_set, DumpLayout::kNoField);
+}
+
+INSTANTIATE_TEST_SUITE_P(TestRubies, DumpLayoutTableTest,
+                         ::testing::Values(LayoutCase{"3.3.8-shared", "lib/libruby.so.3.3.8", "3.3.8"},
+                                           LayoutCase{"3.4.5-static", "bin/ruby", "3.4.5"},
+                                           LayoutCase{"3.4.5-shared-yjit", "lib/libruby.so.3.4.5", "3.4.5"}),
+                         [](const ::testing::TestParamInfo<LayoutCase>& info) {
+                           std::string n = info.param.ruby;
+                           std::erase_if(n, [](char ch) { return ch == '.' || ch == '-'; });
+                           return "Ruby" + n;
+                         });
+
+}  // namespace
+}  // namespace rvbpfd

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""`rvbpfd dump --pid PID [--json]` (docs/dump.md) on a stuck process, per test Ruby.
+
+workloads/dump_stuck.rb: two threads (lock_a, lock_b) lock two Mutexes in opposite order, "cpu" counts in
+Worker.crunch forever, "pipe" reads a pipe nobody writes, "queue" pops an empty Queue, the main thread sleeps. Each
+names itself and records CRuby's own frames (tests/golden's RvGolden.capture) on the line where it blocks. Then:
+  - `dump --json` (taken again, up to DUMP_SETTLE_S, until every thread shows the state it is stuck in) lists the six
+    threads by name, each with its frames equal to the golden ones below the leaf (label, path, line: the golden
+    capture's leaf is RvGolden.capture, the dump's the blocking call; the cpu thread's leaf is Worker.crunch in both,
+    at the loop's line, 0 under YJIT) and the expected leaf,
+    state, reason and waiting_for kind; each lock thread waits for a Mutex owned by the other (owner_native_tid);
+    `deadlocks` is exactly one cycle, the two lock threads; the cpu thread holds the GVL; native tids are the
+    threads' (Thread#native_thread_id, from the golden capture); the pipe thread's io names a pipe;
+  - the target keeps running: the cpu thread's CPU time grows after the dump and the process is not stopped;
+  - the text output names the deadlock (both lock threads on DEADLOCK lines) and Worker.crunch;
+  - exit statuses: 3 for a pid that does not exist, 4 for a process that is not Ruby.
+Needs root or ptrace access to a child (no BPF).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rvlib  # noqa: E402
+
+DUMP_SETTLE_S = 30.0
+# name -> (leaf label, state, reason, waiting_for kind)
+EXPECTED = {
+    "main": ("Kernel#sleep", "blocked", "sleep", "sleep"),
+    "lock_a": ("Thread::Mutex#lock", "blocked", "mutex", "mutex"),
+    "lock_b": ("Thread::Mutex#lock", "blocked", "mutex", "mutex"),
+    "cpu": ("Worker.crunch", "running", None, None),
+    "pipe": ("IO#read", "blocked", "io", "io"),
+    "queue": ("Thread::Queue#pop", "blocked", "queue", "queue"),
+}
+
+
+def run_dump(rvbpfd, pid, json_out=True):
+    cmd = [rvbpfd, "dump", "--pid", str(pid)] + (["--json"] if json_out else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def settled(d):
+    """Whether every thread shows the state and leaf it is stuck in (a thread may be between its capture and its
+    blocking call when the dump reads it)."""
+    by_name = {t.get("name"): t for t in d.get("threads", [])}
+    for name, (leaf, state, _, _) in EXPECTED.items():
+        t = by_name.get(name)
+        if t is None or t["state"] != state or not t["frames"] or t["frames"][0]["label"] != leaf:
+            return False
+    return len(d.get("deadlocks", [])) == 1
+
+
+def golden_frames(gout, name):
+    """The capturing thread's own frames from its capture file (by Thread#name), below the capture's frames."""
+    with open(os.path.join(gout, f"{name}.json")) as f:
+        g = json.load(f)
+    for t in g["threads"]:
+        if t["name"] == name:
+            frames = [{"label": fr["label"], "path": fr["path"], "line": fr["line"]} for fr in t["frames"]]
+            if not frames or frames[0]["label"] != "RvGolden.capture":
+                raise rvlib.RunError(f"{name}.json: the capturing thread's leaf is not RvGolden.capture: {frames[:1]}")
+            frames.pop(0)
+            return frames, t["native_tid"]
+    raise rvlib.RunError(f"{name}.json has no thread named {name}")
+
+
+def cpu_ticks(pid, tid):
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def process_state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def check_json(d, gout, pid, ruby):
+    p = []
+    if d.get("pid") != pid or d.get("ruby_version") != ruby.version:
+        p.append(f"pid/ruby_version {d.get('pid')}/{d.get('ruby_version')}, expected {pid}/{ruby.version}")
+    by_name = {t.get("name"): t for t in d["threads"]}
+    if sorted(n for n in by_name if n) != sorted(EXPECTED):
+        p.append(f"thread names {sorted(str(n) for n in by_name)}, expected {sorted(EXPECTED)}")
+        return p
+    tids = {}
+    for name, (leaf, state, reason, kind) in EXPECTED.items():
+        t = by_name[name]
+        want, tid = golden_frames(gout, name)
+        tids[name] = tid
+        got = t["frames"]
+        where = f"thread {name}"
+        if t["native_tid"] != tid:
+            p.append(f"{where}: native_tid {t['native_tid']}, Thread#native_thread_id {tid}")
+        if name == "cpu":
+            # Its leaf is its own method, captured at the loop's line (JIT code: 0, as rb_profile_frames says).
+            leaf_ok = got and want and got[0]["path"] == want[0]["path"] and (
+                got[0]["line"] == want[0]["line"] or (ruby.yjit and got[0]["line"] == 0))
+            if not leaf_ok or got[1:] != want[1:]:
+                p.append(f"{where}: frames differ from rb_profile_frames:\n  dump   {got}\n  golden {want}")
+        elif got[1:] != want:
+            p.append(f"{where}: frames below the leaf differ from rb_profile_frames:\n  dump   {got}\n  golden {want}")
+        if not got or got[0]["label"] != leaf:
+            p.append(f"{where}: leaf {got[:1]}, expected {leaf}")
+        if (t["state"], t["reason"]) != (state, reason):
+            p.append(f"{where}: state/reason {t['state']}/{t['reason']}, expected {state}/{reason}")
+        w = t["waiting_for"]
+        if (w or {}).get("kind") != kind:
+            p.append(f"{where}: waiting_for {w}, expected kind {kind}")
+        if t["holds_gvl"] != (name == "cpu"):
+            p.append(f"{where}: holds_gvl {t['holds_gvl']}")
+    for a, b in (("lock_a", "lock_b"), ("lock_b", "lock_a")):
+        owner = (by_name[a]["waiting_for"] or {}).get("owner_native_tid")
+        if owner != tids[b]:
+            p.append(f"{a} waits for a Mutex owned by tid {owner}, expected {b}'s {tids[b]}")
+    want_cycle = sorted([tids["lock_a"], tids["lock_b"]])
+    if [sorted(c) for c in d["deadlocks"]] != [want_cycle]:
+        p.append(f"deadlocks {d['deadlocks']}, expected exactly one: {want_cycle}")
+    pipe = by_name["pipe"]["waiting_for"] or {}
+    if not str(pipe.get("fd_target", "")).startswith("pipe:"):
+        p.append(f"the pipe thread's io names no pipe: {pipe}")
+    if d["gvl"]["holder_native_tid"] != tids["cpu"]:
+        p.append(f"GVL holder {d['gvl']['holder_native_tid']}, expected the cpu thread {tids['cpu']}")
+    return p
+
+
+def check_ruby(rvbpfd, ruby, args, outdir):
+    p = []
+    gdir = rvlib.build_golden(args.build_dir, args.source_dir, ruby)
+    gout = os.path.join(outdir, ruby.name)
+    os.makedirs(gout, exist_ok=True)
+    env = dict(os.environ)
+    for k in ("RUBYOPT", "RUBY_YJIT_ENABLE", "RUBY_MN_THREADS"):
+        env.pop(k, None)
+    env.update(ruby.env)
+    env.update({"RVGOLDEN_DIR": gdir, "RVGOLDEN_OUT": gout})
+    err = open(os.path.join(outdir, f"{ruby.name}.stderr"), "w+b")
+    target = subprocess.Popen([ruby.bin, rvlib.workload_path("dump_stuck")], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=err, env=env)
+    try:
+        out = rvlib.LineReader(target.stdout)
+        if out.wait_for(lambda l: l == "ready", 60.0) is None:
+            err.seek(0)
+            return [f"the workload never printed 'ready': {err.read()[-2000:]!r}"]
+        pid = target.pid
+        deadline = time.monotonic() + DUMP_SETTLE_S
+        d, attempts, rc, stderr = None, 0, 0, ""
+        while time.monotonic() < deadline:
+            attempts += 1
+            rc, stdout, stderr = run_dump(rvbpfd, pid)
+            if rc != 0:
+                break
+            d = json.loads(stdout)
+            if settled(d):
+                break
+            time.sleep(0.5)
+        if rc != 0:
+            return [f"rvbpfd dump --json exited {rc}: {stderr.strip()}"]
+        print(f"  {ruby.name}: {attempts} dump(s) until settled; reading attempts {d.get('attempts')}, "
+              f"notes {d.get('notes')}")
+        p += check_json(d, gout, pid, ruby)
+        cpu_tid = next((t["native_tid"] for t in d["threads"] if t.get("name") == "cpu"), None)
+        if cpu_tid:
+            before = cpu_ticks(pid, cpu_tid)
+            rc2, text, stderr2 = run_dump(rvbpfd, pid, json_out=False)
+            time.sleep(1.0)
+            after = cpu_ticks(pid, cpu_tid)
+            if after <= before:
+                p.append(f"the cpu thread stopped counting: {before} -> {after} ticks across a dump")
+            if process_state(pid) in ("T", "t"):
+                p.append("the target is stopped after the dump")
+            if rc2 != 0:
+                p.append(f"rvbpfd dump (text) exited {rc2}: {stderr2.strip()}")
+            dead = [l for l in text.splitlines() if l.startswith("  thread ")]
+            if "DEADLOCK among 2 threads:" not in text or not any('"lock_a"' in l for l in dead) or \
+                    not any('"lock_b"' in l for l in dead):
+                p.append(f"the text output does not name the deadlock of lock_a and lock_b:\n{text[:3000]}")
+            if "Worker.crunch" not in text:
+                p.append(f"the text output does not name the cpu thread's method Worker.crunch:\n{text[:3000]}")
+        if target.poll() is not None:
+            p.append(f"the target exited ({target.returncode}) during the test")
+    finally:
+        target.kill()
+        target.wait()
+        err.close()
+    return p
+
+
+def check_errors(rvbpfd):
+    p = []
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        rc, _, stderr = run_dump(rvbpfd, sleeper.pid)
+        if rc != 4:
+            p.append(f"dump of a process that is not Ruby exited {rc} ({stderr.strip()}), expected 4 (not-ruby)")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    rc, _, stderr = run_dump(rvbpfd, 2 ** 22 + 12345)
+    if rc != 3:
+        p.append(f"dump of a pid that does not exist exited {rc} ({stderr.strip()}), expected 3")
+    if len(stderr.strip().splitlines()) != 1:
+        p.append(f"the error is not one line: {stderr!r}")
+    return p
+
+
+def main():
+    args = rvlib.parse_args(__doc__)
+    res = rvlib.Results()
+    try:
+        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
+        rubies = []
+        for name in (args.ruby or rvlib.RUBIES):
+            ruby = rvlib.Ruby(name, rvlib.find_ruby(args.source_dir, name), None)
+            rvlib.check_jit(ruby)
+            rubies.append(ruby)
+    except rvlib.Fatal as e:
+        res.check("setup (rvbpfd binary, test Rubies)", [str(e)])
+        res.finish()
+    outdir = tempfile.mkdtemp(prefix="rvbpfd-e2e-dump-")
+    res.check("dump errors: exit 3 no such process, 4 not Ruby", check_errors(rvbpfd))
+    for ruby in rubies:
+        try:
+            problems = check_ruby(rvbpfd, ruby, args, outdir)
+        except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            problems = [f"{type(e).__name__}: {e}"]
+        res.check(f"dump {ruby.name}: stuck workload (deadlock, cpu, pipe, queue, sleep)", problems)
+    res.finish(outdir, args.keep)
+
+
+if __name__ == "__main__":
+    main()
