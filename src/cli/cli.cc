@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "agent/agent_main.h"
+#include "common/cache_file.h"
 #include "common/error.h"
 #include "common/safe_file.h"
 #include "common/text_escape.h"
@@ -161,8 +162,15 @@ int RunCliUnguarded(int argc, char** argv) {
                  "On-CPU sampling frequency of the target's threads, samples per second of CPU time (default 99; "
                  "0: no sampling)")
       ->check(CLI::Range(0, 1000));
-  app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached (by the binary's content hash)")
-      ->capture_default_str();
+  CLI::Option* cache_dir_opt =
+      app.add_option("--cache-dir", rec.cache_dir,
+                     "Where probe sites are cached (by the binary's content hash); it and the directories above it "
+                     "must be owned by root and not writable by others (exit 13 otherwise)")
+          ->capture_default_str();
+  // An explicit --cache-dir others could write is refused; the default one is then only not used (with a warning).
+  auto check_cache_dir = [&]() -> Status {
+    return cache_dir_opt->count() > 0 ? CheckCacheDir(rec.cache_dir) : Status::Ok();
+  };
   // Debug info by build-id for a stripped VM binary (src/elf/debug_lookup.h); also for `sites`.
   DebugLookupConfig debug_lookup = DebugLookupSettings();
   auto add_debug_options = [&debug_lookup](CLI::App* a) {
@@ -415,6 +423,7 @@ int RunCliUnguarded(int argc, char** argv) {
     return 0;
   }
   if (sites->parsed()) {
+    if (Status st = check_cache_dir(); !st) return Fail(st.error());
     // One parse of the VM binary serves the sites and the stack facts.
     std::string path = sites_binary, version;
     std::shared_ptr<ElfFile> vm;
@@ -456,6 +465,7 @@ int RunCliUnguarded(int argc, char** argv) {
     fprintf(stderr, "%s\n", app.help().c_str());
     return Fail(Error(ErrorCode::kUsage, "nothing to record: give --pid PID or -- COMMAND [ARGS...]"));
   }
+  if (Status st = check_cache_dir(); !st) return Fail(st.error());
   rec.command = command;
   rec.status_line = !no_status && !rec.quiet && isatty(STDERR_FILENO);
   Result<int> r = Record(rec);
