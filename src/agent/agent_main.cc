@@ -117,6 +117,7 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
   }
   env.metrics = &metrics;
   env.log = &log;
+  env.stop_requested = &g_stop;
 
   Result<std::unique_ptr<Agent>> agent_or = Agent::Create(config, env);
   if (!agent_or) return agent_or.error();

@@ -127,6 +127,10 @@ class ProbeSetManager {
   // Removes `pid` from its set; the last process out detaches the set's uprobes.
   void Release(int pid, ProbeSet* set);
 
+  // A flag (the agent's stop signal) that ends a wait for a preparation at once (the binary is then not remembered
+  // as failed: the next run tries again).
+  void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
+
   size_t active_sets() const;
   size_t total_sets() const { return sets_.size(); }
   // Binaries whose preparation was abandoned at the time bound (or refused: too many still stuck) or threw.
@@ -145,6 +149,7 @@ class ProbeSetManager {
   std::chrono::milliseconds prepare_timeout_;
   std::function<bool(uint8_t event)> attaches_;
   uint64_t prepare_timeouts_ = 0;
+  const std::atomic<bool>* cancel_ = nullptr;
   std::map<BinaryKey, std::unique_ptr<ProbeSet>> sets_;
   std::map<BinaryKey, Error> failed_;
 };

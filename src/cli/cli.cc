@@ -14,6 +14,7 @@
 
 #include "agent/agent_main.h"
 #include "common/cache_file.h"
+#include "common/deadline.h"
 #include "common/error.h"
 #include "common/safe_file.h"
 #include "common/text_escape.h"
@@ -428,7 +429,8 @@ int RunCliUnguarded(int argc, char** argv) {
     std::string path = sites_binary, version;
     std::shared_ptr<ElfFile> vm;
     if (sites_pid > 0) {
-      Result<RubyTarget> t = DiscoverTarget(sites_pid, ProcFs());
+      // Bounded: the target's files may lie on a mount that never answers (Ctrl-C ends a wait for it as well).
+      Result<RubyTarget> t = DiscoverTargetBounded(sites_pid, nullptr);
       if (!t) return Fail(t.error());
       path = t->vm_host_path;
       version = t->ruby_version;
@@ -443,7 +445,11 @@ int RunCliUnguarded(int argc, char** argv) {
     } else {
       return Fail(Error(ErrorCode::kUsage, "sites needs --pid PID or --binary PATH"));
     }
-    Result<SiteSet> set = LoadOrFindSites(*vm, version, rec.cache_dir);
+    const std::string cache_dir = rec.cache_dir;
+    Result<SiteSet> set = RunBounded<SiteSet>("finding the probe sites of " + path, kAnalysisTimeout, nullptr,
+                                              [vm, version, cache_dir] {
+                                                return LoadOrFindSites(*vm, version, cache_dir);
+                                              });
     if (!set) return Fail(set.error());
     PrintEscaped([&](std::ostream& out) {
       out << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
