@@ -70,8 +70,8 @@ std::string DisplayName(const std::string& dir) {
 // The one-line error for `problem` of directory `name` (the cache directory `cache` itself, or one above it).
 Error Untrusted(const std::string& name, const std::string& cache, const std::string& problem) {
   if (name == cache) {
-    return Error(ErrorCode::kUntrustedPath,
-                 "cache directory " + cache + " " + problem + "; use a directory only root writes (chown root, chmod go-w)");
+    return Error(ErrorCode::kUntrustedPath, "cache directory " + cache + " " + problem +
+                                                "; use a directory only root writes (chown root, chmod go-w)");
   }
   return Error(ErrorCode::kUntrustedPath, "directory " + name + " above cache directory " + cache + " " + problem +
                                               "; use a --cache-dir whose parents only root writes");

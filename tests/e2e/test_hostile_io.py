@@ -12,8 +12,9 @@
   fuse-stall     a 3.3.8-shared target (before the test Rubies are built: a `ruby` on PATH linked against a
                  libruby) whose libruby has, in its own mount namespace, a FUSE mount over it that never answers
                  (a hung FUSE/NFS server; a FIFO there is refused by fstat, see test_hostile_targets.py):
-                 `rvbpfd sites --pid` ends with one error line within a few seconds, and SIGINT ends a
-                 `rvbpfd --pid` stuck on it within a second.
+                 `rvbpfd sites --pid` ends with one error line within a few seconds, SIGINT ends a
+                 `rvbpfd --pid` stuck on it within a second, and SIGTERM stops the agent within a second while
+                 its start-up scan waits on it.
 """
 import json
 import os
@@ -209,6 +210,7 @@ def check_fuse_stall(res, rvbpfd, ruby, libruby, work):
         p = []
         if rv.poll() is not None:
             p.append(f"rvbpfd --pid was not stuck: it ended with {rv.returncode}: {rv.stderr.read()[-300:]!r}")
+            res.check("fuse-stall: SIGINT ends a stuck `rvbpfd --pid`", p)
         else:
             start = time.monotonic()
             rv.send_signal(signal.SIGINT)
@@ -225,10 +227,33 @@ def check_fuse_stall(res, rvbpfd, ruby, libruby, work):
                 if took > SIGINT_BOUND:
                     p.append(f"it took {took:.2f} s after SIGINT, more than {SIGINT_BOUND} s")
             res.check(f"fuse-stall: SIGINT ends a stuck `rvbpfd --pid` (rc {rc}, {took:.2f} s)", p)
-            return
-        res.check("fuse-stall: SIGINT ends a stuck `rvbpfd --pid`", p)
+        check_agent_stop(res, rvbpfd, work)
     finally:
         target.stop()
+
+
+def check_agent_stop(res, rvbpfd, work):
+    """The agent's start-up scan waits on the stalled target's inspection (bound 5 s): SIGTERM 3 s in ends it."""
+    agent = subprocess.Popen([rvbpfd, "agent", "--output-dir", os.path.join(work, "agent-out"), "--interval", "2",
+                              "--log-format", "text", "--metrics-listen", "off", "--cache-dir",
+                              os.path.join(work, "agent-cache")],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    start = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    p = []
+    try:
+        rc = agent.wait(STALL_BOUND)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        rc = agent.wait()
+        p.append(f"SIGTERM did not stop the agent within {STALL_BOUND} s")
+    took = time.monotonic() - start
+    if rc != 0 and not p:
+        p.append(f"the agent exited {rc}: {agent.stderr.read()[-300:]!r}")
+    if took > SIGINT_BOUND:
+        p.append(f"it took {took:.2f} s after SIGTERM, more than {SIGINT_BOUND} s")
+    res.check(f"fuse-stall: SIGTERM stops the agent during its scan (rc {rc}, {took:.2f} s)", p)
 
 
 def shared_vm(source_dir):

@@ -96,7 +96,7 @@ TEST(ElfFileOpenTest, NonElfFileIsRejectedBeforeItIsCopied) {
   EXPECT_LT(faults, static_cast<long>(kBytes / 4096 / 8)) << "pages faulted in while refusing a non-ELF file";
 }
 
-TEST(ElfFileOpenTest, AnElfHeaderWhoseTablesLieOutsideTheFileIsRejected) {
+TEST(ElfFileOpenTest, AnElfHeaderWhoseProgramHeadersLieOutsideTheFileIsRejected) {
   TempDir dir;
   Elf64_Ehdr eh{};
   std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
@@ -106,9 +106,9 @@ TEST(ElfFileOpenTest, AnElfHeaderWhoseTablesLieOutsideTheFileIsRejected) {
   eh.e_type = ET_DYN;
   eh.e_machine = EM_X86_64;
   eh.e_version = EV_CURRENT;
-  eh.e_shoff = 1u << 30;  // far past the end of this 4 KiB file
-  eh.e_shnum = 40;
-  eh.e_shentsize = sizeof(Elf64_Shdr);
+  eh.e_phoff = 1u << 30;  // far past the end of this 4 KiB file
+  eh.e_phnum = 12;
+  eh.e_phentsize = sizeof(Elf64_Phdr);
   std::string bytes(reinterpret_cast<const char*>(&eh), sizeof(eh));
   bytes.resize(4096, 'x');
   testing::WriteFile(dir.Join("crafted.so"), bytes);
