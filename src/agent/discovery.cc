@@ -143,8 +143,7 @@ Inspection ProcessInspector::Inspect(int pid) {
                                             " earlier inspections are still stuck in reads");
       break;
     case DeadlineStatus::kCancelled:
-      out.error = Error(ErrorCode::kIo, "inspecting " + p + ": stopped by a signal");
-      break;
+      break;  // the agent is stopping: a skip without an error, nothing to log for each pid left in a scan
     default:
       out.error = Error(ErrorCode::kInternal, "inspecting " + p + " failed: " + r.what);
       break;

@@ -96,7 +96,7 @@ class ProcessInspector {
   ProcessInspector(std::shared_ptr<const ProcFs> procfs, std::chrono::milliseconds timeout);
   Inspection Inspect(int pid);
   // A flag (set by the agent's stop signal) that ends a wait for an inspection at once; the inspection is then
-  // abandoned like one at the bound (a kSkip, not counted in timed_out()).
+  // abandoned like one at the bound (a kSkip without an error, not counted in timed_out()).
   void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
   const std::string& proc_root() const { return state_->procfs->root(); }
   // Full DiscoverTarget runs (the cheap pre-filter and the VM cache avoided the rest), for tests.
