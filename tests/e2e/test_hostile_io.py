@@ -195,6 +195,24 @@ echo changed
                     pass
 
 
+def signal_and_wait(proc, sig):
+    """Sends `sig` and waits: (exit code, seconds until it ended, stderr, problems: killed, or slower than
+    SIGINT_BOUND)."""
+    start = time.monotonic()
+    proc.send_signal(sig)
+    p = []
+    try:
+        rc = proc.wait(STALL_BOUND)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+        p.append(f"{signal.Signals(sig).name} did not end it within {STALL_BOUND} s (SIGKILL did)")
+    took = time.monotonic() - start
+    if took > SIGINT_BOUND and not p:
+        p.append(f"it took {took:.2f} s after {signal.Signals(sig).name}, more than {SIGINT_BOUND} s")
+    return rc, took, proc.stderr.read(), p
+
+
 def check_fuse_stall(res, rvbpfd, ruby, libruby, work):
     target = StalledTarget(work, ruby, libruby)
     try:
@@ -212,20 +230,9 @@ def check_fuse_stall(res, rvbpfd, ruby, libruby, work):
             p.append(f"rvbpfd --pid was not stuck: it ended with {rv.returncode}: {rv.stderr.read()[-300:]!r}")
             res.check("fuse-stall: SIGINT ends a stuck `rvbpfd --pid`", p)
         else:
-            start = time.monotonic()
-            rv.send_signal(signal.SIGINT)
-            try:
-                rc = rv.wait(STALL_BOUND)
-            except subprocess.TimeoutExpired:
-                rv.kill()
-                rc = rv.wait()
-                p.append(f"SIGINT did not end it within {STALL_BOUND} s (SIGKILL did)")
-            took = time.monotonic() - start
-            err = rv.stderr.read()
+            rc, took, err, p = signal_and_wait(rv, signal.SIGINT)
             if not p:
                 p += one_error_line(err, 12, rc, r"stopped by a signal")
-                if took > SIGINT_BOUND:
-                    p.append(f"it took {took:.2f} s after SIGINT, more than {SIGINT_BOUND} s")
             res.check(f"fuse-stall: SIGINT ends a stuck `rvbpfd --pid` (rc {rc}, {took:.2f} s)", p)
         check_agent_stop(res, rvbpfd, work)
     finally:
@@ -239,20 +246,9 @@ def check_agent_stop(res, rvbpfd, work):
                               os.path.join(work, "agent-cache")],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
-    start = time.monotonic()
-    agent.send_signal(signal.SIGTERM)
-    p = []
-    try:
-        rc = agent.wait(STALL_BOUND)
-    except subprocess.TimeoutExpired:
-        agent.kill()
-        rc = agent.wait()
-        p.append(f"SIGTERM did not stop the agent within {STALL_BOUND} s")
-    took = time.monotonic() - start
+    rc, took, err, p = signal_and_wait(agent, signal.SIGTERM)
     if rc != 0 and not p:
-        p.append(f"the agent exited {rc}: {agent.stderr.read()[-300:]!r}")
-    if took > SIGINT_BOUND:
-        p.append(f"it took {took:.2f} s after SIGTERM, more than {SIGINT_BOUND} s")
+        p.append(f"the agent exited {rc}: {err[-300:]!r}")
     res.check(f"fuse-stall: SIGTERM stops the agent during its scan (rc {rc}, {took:.2f} s)", p)
 
 
