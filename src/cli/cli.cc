@@ -298,8 +298,10 @@ int RunCliUnguarded(int argc, char** argv) {
   agent_opts.push_back(agent->add_option("--host", agent_flags.host, "The host label (default: the hostname)"));
   agent_opts.push_back(agent->add_option("--ring-buffer-kb", agent_flags.ring_buffer_kb,
                                          "BPF ring buffer size in KiB (default 8192)"));
-  agent_opts.push_back(agent->add_option("--cache-dir", agent_flags.cache_dir,
-                                         "Where probe sites are cached by build-id (default /var/cache/rvbpfd/sites)"));
+  agent_opts.push_back(agent->add_option(
+      "--cache-dir", agent_flags.cache_dir,
+      "Where probe sites are cached by content hash (default /var/cache/rvbpfd/sites); it and the directories above "
+      "it must be root's and not writable by others (exit 13)"));
   app.require_subcommand(0, 1);
 
   try {
