@@ -44,7 +44,10 @@ Agent::Agent(AgentConfig config, AgentEnv env)
                    TrapCosts(kProbeCostUs, kSteppedProbeCostUs, kColdProbeExtraUs, kCycleTargetUs), kBudgetWindowNs,
                    ProbeSetManager::kDefaultPrepareTimeout,
                    [](uint8_t event) { return ProcessProfile::ReadsEvent(event); }),
-      drain_period_ns_(env_.drain_period_ns.value_or(kDrainPeriodNs)) {}
+      drain_period_ns_(env_.drain_period_ns.value_or(kDrainPeriodNs)) {
+  inspector_.set_cancel(env_.stop_requested);
+  probe_sets_.set_cancel(env_.stop_requested);
+}
 
 Agent::~Agent() = default;
 
@@ -155,7 +158,8 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   }
   if (insp.outcome != InspectOutcome::kRuby) return insp.outcome;
 
-  Result<ProcessLabels> labels = ReadProcessLabels(config_.proc_root, pid);
+  Result<ProcessLabels> labels = insp.labels ? std::move(*insp.labels)
+                                             : Result<ProcessLabels>(ReadProcessLabels(config_.proc_root, pid));
   if (!labels) {
     if (labels.error().code() == ErrorCode::kNoSuchProcess) return InspectOutcome::kGone;
     log().Warn("cannot read process labels", {{"pid", pid}, {"error", labels.error().message()}});

@@ -4,6 +4,7 @@
 #ifndef RVBPFD_SRC_AGENT_AGENT_ENV_H_
 #define RVBPFD_SRC_AGENT_AGENT_ENV_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -88,6 +89,9 @@ struct AgentEnv {
   size_t max_exit_fds = 512;
   // How often the ring is read when BPF does not wake the agent (null: Agent::kDrainPeriodNs; 0: at every RunOnce).
   std::optional<uint64_t> drain_period_ns;
+  // Set by the agent's stop signal (may be null): a wait for an inspection or a preparation of a process whose files
+  // stall ends at once when it is set, so SIGTERM stops the agent within its poll period, not that wait's bound.
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 }  // namespace rvbpfd

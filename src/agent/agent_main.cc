@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "agent/agent.h"
+#include "common/cache_file.h"
 #include "common/capabilities.h"
 #include "common/url_redact.h"
 #include "ops/log.h"
@@ -53,6 +54,15 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
     return Error(ErrorCode::kNoPrivilege,
                  "agent: reading other users' processes (/proc/PID/maps, process_vm_readv): " +
                      PrivilegeHint({kCapSysPtrace}, caps));
+  }
+  // The cache says where probes go into every user's process: a cache-dir others can write is refused when the
+  // operator named it, and unused (with a warning: profiling goes on, uncached) when it is the default.
+  SetCacheWarningSink([&log](const std::string& line) { log.Warn("cache not used", {{"reason", line}}); });
+  if (Status st = CheckCacheDir(config.cache_dir); !st) {
+    if (config.cache_dir != AgentConfig().cache_dir || st.error().code() != ErrorCode::kUntrustedPath) {
+      return st.error().Wrap("agent: --cache-dir");
+    }
+    log.Warn("cache not used", {{"reason", st.error().message()}});
   }
   MetricsRegistry metrics;
   std::unique_ptr<MetricsServer> server;
@@ -107,6 +117,7 @@ Result<int> RunAgent(const AgentConfig& config, std::function<Result<AgentConfig
   }
   env.metrics = &metrics;
   env.log = &log;
+  env.stop_requested = &g_stop;
 
   Result<std::unique_ptr<Agent>> agent_or = Agent::Create(config, env);
   if (!agent_or) return agent_or.error();

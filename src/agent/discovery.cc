@@ -119,8 +119,14 @@ ProcessInspector::ProcessInspector(std::shared_ptr<const ProcFs> procfs, std::ch
 }
 
 Inspection ProcessInspector::Inspect(int pid) {
-  DeadlineResult<Inspection> r =
-      worker_.Run<Inspection>(timeout_, [state = state_, pid] { return state->InspectNow(pid); });
+  DeadlineResult<Inspection> r = worker_.Run<Inspection>(
+      timeout_,
+      [state = state_, pid] {
+        Inspection i = state->InspectNow(pid);
+        if (i.outcome == InspectOutcome::kRuby) i.labels = ReadProcessLabels(state->procfs->root(), pid);
+        return i;
+      },
+      cancel_);
   if (r.status == DeadlineStatus::kDone) return std::move(*r.value);
   Inspection out;
   out.outcome = InspectOutcome::kSkip;
@@ -136,6 +142,8 @@ Inspection ProcessInspector::Inspect(int pid) {
       out.error = Error(ErrorCode::kIo, "not inspecting " + p + ": " + std::to_string(kMaxStuck) +
                                             " earlier inspections are still stuck in reads");
       break;
+    case DeadlineStatus::kCancelled:
+      break;  // the agent is stopping: a skip without an error, nothing to log for each pid left in a scan
     default:
       out.error = Error(ErrorCode::kInternal, "inspecting " + p + " failed: " + r.what);
       break;

@@ -24,6 +24,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "ops/process_labels.h"
 #include "target/target.h"
 
 namespace rvbpfd {
@@ -74,6 +75,9 @@ struct Inspection {
   InspectOutcome outcome = InspectOutcome::kNotRuby;
   RubyTarget target;
   std::optional<Error> error;
+  // For kRuby: ReadProcessLabels of the process, read within the same bound (its environ is the process's memory,
+  // which may lie on a file that stalls reads).
+  std::optional<Result<ProcessLabels>> labels;
 };
 
 // Inspections are bounded in time (DeadlineWorker, on one helper thread kept between them): a process whose files stall
@@ -91,6 +95,9 @@ class ProcessInspector {
   // With an injected /proc (tests: one whose reads stall).
   ProcessInspector(std::shared_ptr<const ProcFs> procfs, std::chrono::milliseconds timeout);
   Inspection Inspect(int pid);
+  // A flag (set by the agent's stop signal) that ends a wait for an inspection at once; the inspection is then
+  // abandoned like one at the bound (a kSkip without an error, not counted in timed_out()).
+  void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
   const std::string& proc_root() const { return state_->procfs->root(); }
   // Full DiscoverTarget runs (the cheap pre-filter and the VM cache avoided the rest), for tests.
   uint64_t full_inspections() const { return state_->full_inspections.load(); }
@@ -132,6 +139,7 @@ class ProcessInspector {
   std::shared_ptr<State> state_;
   std::chrono::milliseconds timeout_;
   uint64_t timed_out_ = 0;
+  const std::atomic<bool>* cancel_ = nullptr;
   DeadlineWorker worker_;  // one helper thread for every inspection, replaced only when one is abandoned
 };
 

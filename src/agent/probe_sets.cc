@@ -76,8 +76,25 @@ Status ProbeSetManager::AttachSet(ProbeSet& set, const std::string& via_path) {
 
 Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTarget& target, bool* first_failure) {
   if (first_failure) *first_failure = false;
-  struct stat st;
-  if (const int err = StatInRoot(target.vm_host_path, &st); err != 0) {
+  // The binary's file may lie on a mount that stopped answering since discovery: its stat is bounded too.
+  struct StatAnswer {
+    int err = 0;
+    struct stat st {};
+  };
+  DeadlineResult<StatAnswer> stat_r = RunWithDeadline<StatAnswer>(
+      kDiscoverTimeout,
+      [path = target.vm_host_path] {
+        StatAnswer a;
+        a.err = StatInRoot(path, &a.st);
+        return a;
+      },
+      cancel_);
+  if (stat_r.status != DeadlineStatus::kDone) {
+    return Error(ErrorCode::kIo, "stat " + target.vm_host_path + " did not answer within " +
+                                     std::to_string(kDiscoverTimeout.count()) + " ms or was stopped; not probing it");
+  }
+  const struct stat& st = stat_r.value->st;
+  if (const int err = stat_r.value->err; err != 0) {
     return Error(err == ENOENT || err == ESRCH ? ErrorCode::kNoSuchProcess : ErrorCode::kIo,
                  ErrnoMessage("stat " + target.vm_host_path, err));
   }
@@ -101,7 +118,11 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
   DeadlineResult<Result<PreparedBinary>> bounded = RunWithDeadline<Result<PreparedBinary>>(
       prepare_timeout_,
       [prep = preparer_, path = target.vm_host_path, version = target.ruby_version, parsed = target.vm_elf,
-       handle = target.vm_fd] { return prep(path, version, parsed, handle); });
+       handle = target.vm_fd] { return prep(path, version, parsed, handle); },
+      cancel_);
+  if (bounded.status == DeadlineStatus::kCancelled) {
+    return Error(ErrorCode::kIo, "preparing " + target.vm_path + ": stopped by a signal");
+  }
   if (bounded.status != DeadlineStatus::kDone) {
     ++prepare_timeouts_;
     Error e(ErrorCode::kIo, "preparing " + target.vm_path + " took more than " +

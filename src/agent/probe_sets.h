@@ -141,6 +141,10 @@ class ProbeSetManager {
   // Recycles the sets dormant for kDormantTtl at `now` and forgets failures older than kFailedTtl. Housekeeping.
   void Expire(std::chrono::steady_clock::time_point now);
 
+  // A flag (the agent's stop signal) that ends a wait for a preparation at once (the binary is then not remembered
+  // as failed: the next run tries again).
+  void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
+
   size_t active_sets() const;
   size_t total_sets() const { return sets_.size(); }
   // Binaries whose preparation was abandoned at the time bound (or refused: too many still stuck) or threw.
@@ -172,6 +176,7 @@ class ProbeSetManager {
   uint64_t prepare_timeouts_ = 0;
   uint64_t recycled_sets_ = 0;
   size_t max_failed_ = kMaxFailed;
+  const std::atomic<bool>* cancel_ = nullptr;
   std::map<BinaryKey, std::unique_ptr<ProbeSet>> sets_;
   struct Failure {
     Error error;

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "agent/agent_main.h"
+#include "common/cache_file.h"
+#include "common/deadline.h"
 #include "common/error.h"
 #include "common/safe_file.h"
 #include "common/text_escape.h"
@@ -185,8 +187,15 @@ int RunCliUnguarded(int argc, char** argv) {
                  "On-CPU sampling frequency of the target's threads, samples per second of CPU time (default 99; "
                  "0: no sampling)")
       ->check(CLI::Range(0, 1000));
-  app.add_option("--cache-dir", rec.cache_dir, "Where probe sites are cached (by the binary's content hash)")
-      ->capture_default_str();
+  CLI::Option* cache_dir_opt =
+      app.add_option("--cache-dir", rec.cache_dir,
+                     "Where probe sites are cached (by the binary's content hash); it and the directories above it "
+                     "must be owned by root and not writable by others (exit 13 otherwise)")
+          ->capture_default_str();
+  // An explicit --cache-dir others could write is refused; the default one is then only not used (with a warning).
+  auto check_cache_dir = [&]() -> Status {
+    return cache_dir_opt->count() > 0 ? CheckCacheDir(rec.cache_dir) : Status::Ok();
+  };
   // Debug info by build-id for a stripped VM binary (src/elf/debug_lookup.h); also for `sites`.
   DebugLookupConfig debug_lookup = DebugLookupSettings();
   auto add_debug_options = [&debug_lookup](CLI::App* a) {
@@ -313,10 +322,11 @@ int RunCliUnguarded(int argc, char** argv) {
   agent_opts.push_back(agent->add_option("--host", agent_flags.host, "The host label (default: the hostname)"));
   agent_opts.push_back(agent->add_option("--ring-buffer-kb", agent_flags.ring_buffer_kb,
                                          "BPF ring buffer size in KiB (default 8192)"));
-  agent_opts.push_back(agent->add_option("--cache-dir", agent_flags.cache_dir,
-                                         "Where probe sites are cached by build-id (default /var/cache/rvbpfd/sites)"));
+  agent_opts.push_back(agent->add_option(
+      "--cache-dir", agent_flags.cache_dir,
+      "Where probe sites are cached by content hash (default /var/cache/rvbpfd/sites); it and the directories above "
+      "it must be root's and not writable by others (exit 13)"));
   DumpOptions dump_options;
-  dump_options.cache_dir = rec.cache_dir;
   CLI::App* dump = AddDumpCommand(app, &dump_options);
   app.require_subcommand(0, 1);
 
@@ -335,6 +345,8 @@ int RunCliUnguarded(int argc, char** argv) {
 
   ConfigureDebugLookup(debug_lookup);
   if (dump->parsed()) {
+    if (Status st = check_cache_dir(); !st) return Fail(st.error());
+    dump_options.cache_dir = rec.cache_dir;  // the global --cache-dir, as parsed
     Status st = RunDump(dump_options, std::cout);
     return st ? 0 : Fail(st.error());
   }
@@ -446,11 +458,13 @@ int RunCliUnguarded(int argc, char** argv) {
     return 0;
   }
   if (sites->parsed()) {
+    if (Status st = check_cache_dir(); !st) return Fail(st.error());
     // One parse of the VM binary serves the sites and the stack facts.
     std::string path = sites_binary, version;
     std::shared_ptr<ElfFile> vm;
     if (sites_pid > 0) {
-      Result<RubyTarget> t = DiscoverTarget(sites_pid, ProcFs());
+      // Bounded: the target's files may lie on a mount that never answers (Ctrl-C ends a wait for it as well).
+      Result<RubyTarget> t = DiscoverTargetBounded(sites_pid, nullptr);
       if (!t) return Fail(t.error());
       path = t->vm_host_path;
       version = t->ruby_version;
@@ -465,7 +479,11 @@ int RunCliUnguarded(int argc, char** argv) {
     } else {
       return Fail(Error(ErrorCode::kUsage, "sites needs --pid PID or --binary PATH"));
     }
-    Result<SiteSet> set = LoadOrFindSites(*vm, version, rec.cache_dir);
+    const std::string cache_dir = rec.cache_dir;
+    Result<SiteSet> set = RunBounded<SiteSet>("finding the probe sites of " + path, kAnalysisTimeout, nullptr,
+                                              [vm, version, cache_dir] {
+                                                return LoadOrFindSites(*vm, version, cache_dir);
+                                              });
     if (!set) return Fail(set.error());
     PrintEscaped([&](std::ostream& out) {
       out << "# " << path << " ruby " << set->ruby_version << " build-id " << set->build_id << "\n"
@@ -487,6 +505,7 @@ int RunCliUnguarded(int argc, char** argv) {
     fprintf(stderr, "%s\n", app.help().c_str());
     return Fail(Error(ErrorCode::kUsage, "nothing to record: give --pid PID or -- COMMAND [ARGS...]"));
   }
+  if (Status st = check_cache_dir(); !st) return Fail(st.error());
   rec.command = command;
   rec.status_line = !no_status && !rec.quiet && isatty(STDERR_FILENO);
   rec.trace_format = trace_format == "jsonl" ? TraceFormat::kJsonl : TraceFormat::kZstd;

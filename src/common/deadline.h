@@ -6,10 +6,13 @@
 // never answers cannot be cancelled from user space), its result is discarded, and it counts as stuck until it ends.
 // At most kMaxStuck threads may be stuck at once; beyond that new work is refused at once (kTooManyStuck), so a host
 // full of hostile processes costs a bounded number of threads and the memory they hold. Exceptions thrown by the work
-// are caught on its thread and reported as kThrew.
+// are caught on its thread and reported as kThrew. A caller may also pass a cancel flag (set by a SIGINT/SIGTERM
+// handler): the wait then ends within kCancelPollMs of it being set, and the work is abandoned as at the deadline
+// (kCancelled), so Ctrl-C ends a command whose helper is stuck in a read that only SIGKILL would end.
 #ifndef RVBPFD_SRC_COMMON_DEADLINE_H_
 #define RVBPFD_SRC_COMMON_DEADLINE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,11 +25,15 @@
 #include <thread>
 #include <utility>
 
+#include "common/error.h"
 #include "common/threads.h"
 
 namespace rvbpfd {
 
-enum class DeadlineStatus { kDone, kTimedOut, kTooManyStuck, kThrew };
+enum class DeadlineStatus { kDone, kTimedOut, kTooManyStuck, kThrew, kCancelled };
+
+// How often a wait looks at its cancel flag (a signal handler cannot notify a condition variable).
+inline constexpr int kCancelPollMs = 20;
 
 template <typename T>
 struct DeadlineResult {
@@ -53,9 +60,11 @@ class DeadlineWorker {
   DeadlineWorker& operator=(DeadlineWorker&&) = delete;
   ~DeadlineWorker() { StopIdleThread(); }
 
-  // Runs `fn` (which must own or share everything it touches: it may outlive the caller's frame) with a bound.
+  // Runs `fn` (which must own or share everything it touches: it may outlive the caller's frame) with a bound; when
+  // `cancel` is given, its being set ends the wait as the bound does (kCancelled).
   template <typename T>
-  DeadlineResult<T> Run(std::chrono::milliseconds timeout, std::function<T()> fn);
+  DeadlineResult<T> Run(std::chrono::milliseconds timeout, std::function<T()> fn,
+                        const std::atomic<bool>* cancel = nullptr);
 
  private:
   // What the owner and its thread share; the thread holds it, so it outlives an abandoned thread's owner.
@@ -82,8 +91,13 @@ class DeadlineWorker {
 };
 
 template <typename T>
-DeadlineResult<T> DeadlineWorker::Run(std::chrono::milliseconds timeout, std::function<T()> fn) {
+DeadlineResult<T> DeadlineWorker::Run(std::chrono::milliseconds timeout, std::function<T()> fn,
+                                      const std::atomic<bool>* cancel) {
   DeadlineResult<T> out;
+  if (cancel != nullptr && cancel->load()) {
+    out.status = DeadlineStatus::kCancelled;
+    return out;
+  }
   if (StuckDeadlineThreads().load() >= kMaxStuck) {
     out.status = DeadlineStatus::kTooManyStuck;
     return out;
@@ -143,7 +157,20 @@ DeadlineResult<T> DeadlineWorker::Run(std::chrono::milliseconds timeout, std::fu
   }
   channel_->cv.notify_all();
   std::unique_lock<std::mutex> lock(shared->mu);
-  if (!shared->cv.wait_for(lock, timeout, [&] { return shared->done; })) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool cancelled = false;
+  bool done = false;
+  if (cancel == nullptr) {
+    done = shared->cv.wait_until(lock, deadline, [&] { return shared->done; });
+  } else {
+    for (;;) {
+      const auto step = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(kCancelPollMs));
+      done = shared->cv.wait_until(lock, step, [&] { return shared->done; });
+      cancelled = !done && cancel->load();
+      if (done || cancelled || std::chrono::steady_clock::now() >= deadline) break;
+    }
+  }
+  if (!done) {
     shared->abandoned = true;
     StuckDeadlineThreads().fetch_add(1);
     lock.unlock();
@@ -153,7 +180,7 @@ DeadlineResult<T> DeadlineWorker::Run(std::chrono::milliseconds timeout, std::fu
     }
     thread_.detach();
     channel_.reset();
-    out.status = DeadlineStatus::kTimedOut;
+    out.status = cancelled ? DeadlineStatus::kCancelled : DeadlineStatus::kTimedOut;
     return out;
   }
   lock.unlock();
@@ -169,9 +196,32 @@ DeadlineResult<T> DeadlineWorker::Run(std::chrono::milliseconds timeout, std::fu
 // Runs `fn` (which must own or share everything it touches: it may outlive the caller's frame) with a bound, on a
 // helper thread of its own.
 template <typename T>
-DeadlineResult<T> RunWithDeadline(std::chrono::milliseconds timeout, std::function<T()> fn) {
+DeadlineResult<T> RunWithDeadline(std::chrono::milliseconds timeout, std::function<T()> fn,
+                                  const std::atomic<bool>* cancel = nullptr) {
   DeadlineWorker worker;
-  return worker.Run<T>(timeout, std::move(fn));
+  return worker.Run<T>(timeout, std::move(fn), cancel);
+}
+
+// RunWithDeadline for work that returns a Result (reading a target's files from a command): every way the bound can
+// end becomes one error naming `step` ("reading the files of pid 42"). A timeout is kIo ("took more than N ms: a
+// file it reads stalls (a FUSE or NFS mount that does not answer?)"), a cancel is kIo ("stopped by a signal"), an
+// exception kInternal.
+template <typename T>
+Result<T> RunBounded(const std::string& step, std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
+                     std::function<Result<T>()> fn) {
+  DeadlineResult<Result<T>> r = RunWithDeadline<Result<T>>(timeout, std::move(fn), cancel);
+  switch (r.status) {
+    case DeadlineStatus::kDone: return std::move(*r.value);
+    case DeadlineStatus::kTimedOut:
+      return Error(ErrorCode::kIo, step + " took more than " + std::to_string(timeout.count()) +
+                                       " ms: a file it reads stalls (a FUSE or NFS mount that does not answer?); gave "
+                                       "up");
+    case DeadlineStatus::kCancelled: return Error(ErrorCode::kIo, step + ": stopped by a signal");
+    case DeadlineStatus::kTooManyStuck:
+      return Error(ErrorCode::kIo, step + ": " + std::to_string(kMaxStuck) + " earlier reads are still stuck");
+    case DeadlineStatus::kThrew: break;
+  }
+  return Error(ErrorCode::kInternal, step + " failed: " + r.what);
 }
 
 }  // namespace rvbpfd

@@ -27,6 +27,7 @@ enum class ErrorCode : uint8_t {
   kBpf = 10,                // loading or attaching BPF failed for another reason
   kBadTrace = 11,           // an .rvtrace file that cannot be read
   kIo = 12,                 // other I/O failures
+  kUntrustedPath = 13,      // --cache-dir (or a directory above it) is owned by another user or writable by others
   kInternal = 70,           // a bug in rvbpfd (EX_SOFTWARE)
 };
 

@@ -22,6 +22,45 @@ bool IsDebugSectionName(std::string_view name) {
   return name.starts_with(".debug_") || name.starts_with(".zdebug_");
 }
 
+// Reads exactly `len` bytes at `off` of fd; false on an error or a short file.
+bool PreadAll(int fd, void* buf, uint64_t len, uint64_t off) {
+  uint64_t got = 0;
+  while (got < len) {
+    const ssize_t n = pread(fd, static_cast<char*>(buf) + got, len - got, static_cast<off_t>(off + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    got += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+// The ELF header of the regular file open at fd, read (64 bytes) and judged before anything else of the file is:
+// a file a target maps under a VM's name may be anything of any size, and only a 64-bit little-endian x86-64 ELF
+// file whose program headers lie inside it is worth copying. Errors (kIo) name `path` and say what it is not, in the
+// words ElfFile::Parse uses.
+Status CheckElfHeader(int fd, const std::string& path) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Error(ErrorCode::kIo, ErrnoMessage("fstat of ELF file " + path, errno));
+  const uint64_t size = st.st_size > 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  Elf64_Ehdr eh;
+  if (size < sizeof(eh)) {
+    return Error(ErrorCode::kIo, path + " is not an ELF file (" + std::to_string(size) + " bytes)");
+  }
+  if (!PreadAll(fd, &eh, sizeof(eh), 0)) {
+    return Error(ErrorCode::kIo, ErrnoMessage("reading the ELF header of " + path, errno));
+  }
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return Error(ErrorCode::kIo, path + " is not an ELF file");
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64) return Error(ErrorCode::kIo, path + " is not a 64-bit ELF file");
+  if (eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_machine != EM_X86_64) {
+    return Error(ErrorCode::kIo, path + " is not an x86-64 little-endian ELF file");
+  }
+  // The program headers (what a loaded file needs; a cut-off section header table is judged, bounded, by Parse).
+  if (eh.e_phoff > size || uint64_t{eh.e_phnum} * eh.e_phentsize > size - eh.e_phoff) {
+    return Error(ErrorCode::kIo, path + ": bad ELF header: its program headers lie outside the file");
+  }
+  return Status::Ok();
+}
+
 // File ranges of the non-allocated debug sections of the ELF file open at fd, from its section headers read with
 // pread (bounded by the file's size); empty when the headers are not a 64-bit little-endian ELF's or lie outside the
 // file: nothing is deferred then, and Parse judges the whole copy. A debug section whose bytes any other section or a
@@ -31,16 +70,7 @@ std::vector<std::pair<uint64_t, uint64_t>> DebugSectionRanges(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size <= 0) return out;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  auto read_at = [fd](void* buf, uint64_t len, uint64_t off) {
-    uint64_t got = 0;
-    while (got < len) {
-      const ssize_t n = pread(fd, static_cast<char*>(buf) + got, len - got, static_cast<off_t>(off + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      got += static_cast<uint64_t>(n);
-    }
-    return true;
-  };
+  auto read_at = [fd](void* buf, uint64_t len, uint64_t off) { return PreadAll(fd, buf, len, off); };
   Elf64_Ehdr eh;
   if (!read_at(&eh, sizeof(eh), 0) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
       eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB ||
@@ -121,6 +151,7 @@ bool MatchesWithCloneSuffix(std::string_view name, std::string_view base) {
 Result<ElfFile> ElfFile::Open(const std::string& path) {
   Result<FileFd> fd = OpenRegularFile(path, "ELF file");
   if (!fd) return fd.error();
+  if (Status st = CheckElfHeader(fd->get(), path); !st) return st.error();
   Result<MappedFile> mapped = MappedFile::FromFd(fd->get(), path, "ELF file", kMaxBytes,
                                                  {.writable = true, .deferred = DebugSectionRanges(fd->get())});
   if (!mapped) return mapped.error();
@@ -134,6 +165,7 @@ Result<ElfFile> ElfFile::OpenHandle(const FileFd& handle, const std::string& pat
 }
 
 Result<ElfFile> ElfFile::OpenReopened(const FileFd& file, const std::string& path) {
+  if (Status st = CheckElfHeader(file.get(), path); !st) return st.error();
   Result<MappedFile> mapped = MappedFile::FromFd(file.get(), path, "ELF file", kMaxBytes,
                                                  {.writable = true, .deferred = DebugSectionRanges(file.get())});
   if (!mapped) return mapped.error();

@@ -21,6 +21,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/deadline.h"
 #include "common/release_in_child.h"
 #include "common/target_file.h"
 #include "common/text_escape.h"
@@ -340,7 +341,8 @@ Status Recording::FindLaunchTarget() {
 }
 
 Status Recording::FindAttachTarget() {
-  Result<RubyTarget> t = DiscoverTarget(o_.pid, ProcFs());
+  // Bounded and given up on a stop signal: the target's files may lie on a mount that never answers.
+  Result<RubyTarget> t = DiscoverTargetBounded(o_.pid, env_.stop_requested);
   if (!t) {
     // A target that dies while we read its maps or ELF shows up as a vanished file: say what happened.
     if (t.error().code() != ErrorCode::kNoSuchProcess && ProcessGone(o_.pid)) return TargetExitedError(o_.pid);
@@ -360,20 +362,31 @@ Status Recording::FindAttachTarget() {
 }
 
 // The live process must match what the analysis assumed (version, hook list, thread layout) before a probe goes
-// in. A process caught while its VM is still starting is checked again every ms (LiveLayoutGate).
+// in. A process caught while its VM is still starting is checked again every ms (LiveLayoutGate). The checks read
+// the target's memory and stat its VM file, which may stall: they run bounded, on a helper that owns copies of what
+// it uses.
 Status Recording::CheckAttachedLayout() {
-  if (!LowestMappingOf(target_.pid, target_.vm_path)) {
-    return ExitedOr(
-        Error(ErrorCode::kNotRuby, target_.vm_path + " is not mapped in process " + std::to_string(target_.pid)));
-  }
-  LiveLayoutGate gate(target_.pid, target_.ns_pid, prepared_->live_layout);
-  ProcessMemoryReader mem(target_.pid);
-  auto lowest = [&] { return LowestMappingOf(target_.pid, target_.vm_path); };
-  while (gate.Poll(MonotonicNs(), lowest, mem) == LiveLayoutGate::State::kPending) {
-    if (ProcessGone(target_.pid)) return TargetExitedError(target_.pid);
-    usleep(static_cast<useconds_t>(LiveLayoutGate::kRetryNs / 1000));
-  }
-  if (gate.state() == LiveLayoutGate::State::kFailed) return ExitedOr(gate.error());
+  const int pid = target_.pid, ns_pid = target_.ns_pid;
+  const std::string vm_path = target_.vm_path;
+  const LiveLayout layout = prepared_->live_layout;
+  const std::function<uint64_t()> clock = env_.monotonic_ns;
+  Result<bool> checked = RunBounded<bool>(
+      "checking the memory of pid " + std::to_string(pid), kAnalysisTimeout, env_.stop_requested,
+      [pid, ns_pid, vm_path, layout, clock]() -> Result<bool> {
+        if (!LowestMappingOf(pid, vm_path)) {
+          return Error(ErrorCode::kNotRuby, vm_path + " is not mapped in process " + std::to_string(pid));
+        }
+        LiveLayoutGate gate(pid, ns_pid, layout);
+        ProcessMemoryReader mem(pid);
+        auto lowest = [&] { return LowestMappingOf(pid, vm_path); };
+        while (gate.Poll(clock(), lowest, mem) == LiveLayoutGate::State::kPending) {
+          if (ProcessGone(pid)) return TargetExitedError(pid);
+          usleep(static_cast<useconds_t>(LiveLayoutGate::kRetryNs / 1000));
+        }
+        if (gate.state() == LiveLayoutGate::State::kFailed) return gate.error();
+        return true;
+      });
+  if (!checked) return ExitedOr(checked.error());
   return Status::Ok();
 }
 
@@ -412,8 +425,8 @@ Status Recording::Prepare() {
   StartBackendLoad();
   if (Status st = launch_ ? FindLaunchTarget() : FindAttachTarget(); !st) return st;
   // Stacks: per-binary walker layout for BPF, symbolizer offsets for the daemon.
-  Result<PreparedBinary> prepared =
-      PrepareVmBinary(*target_.vm_elf, target_.ruby_version, o_.cache_dir, stacks_on_ || sampling_);
+  Result<PreparedBinary> prepared = PrepareVmBinaryBounded(target_.vm_elf, target_.ruby_version, o_.cache_dir,
+                                                            stacks_on_ || sampling_, env_.stop_requested);
   if (!prepared) return ExitedOr(prepared.error());
   prepared_ = std::move(prepared.value());
   if (o_.gc_probes == "fallback") {

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/deadline.h"
 #include "common/target_file.h"
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
@@ -38,6 +39,15 @@ Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::st
   Result<ElfFile> vm = ElfFile::Open(vm_path);
   if (!vm) return vm.error();
   return PrepareVmBinary(*vm, ruby_version, cache_dir, want_stacks);
+}
+
+Result<PreparedBinary> PrepareVmBinaryBounded(std::shared_ptr<ElfFile> vm, const std::string& ruby_version,
+                                              const std::string& cache_dir, bool want_stacks,
+                                              const std::atomic<bool>* cancel) {
+  const std::string step = "analysing " + vm->path();
+  return RunBounded<PreparedBinary>(step, kAnalysisTimeout, cancel, [vm, ruby_version, cache_dir, want_stacks] {
+    return PrepareVmBinary(*vm, ruby_version, cache_dir, want_stacks);
+  });
 }
 
 Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_version,

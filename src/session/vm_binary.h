@@ -6,6 +6,8 @@
 #ifndef RVBPFD_SRC_SESSION_VM_BINARY_H_
 #define RVBPFD_SRC_SESSION_VM_BINARY_H_
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -71,6 +73,13 @@ struct PreparedBinary {
 // stacks empty (stacks_error says why).
 Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_version,
                                        const std::string& cache_dir, bool want_stacks);
+// PrepareVmBinary of the shared `vm` on a helper thread bounded by kAnalysisTimeout, given up at once when `cancel`
+// (a stop signal's flag; may be null) is set: the analysis reads the binary's debug sections from a file the target
+// controls. The helper owns what it uses, so an abandoned analysis never touches the caller's frame.
+inline constexpr std::chrono::milliseconds kAnalysisTimeout{60'000};
+Result<PreparedBinary> PrepareVmBinaryBounded(std::shared_ptr<ElfFile> vm, const std::string& ruby_version,
+                                              const std::string& cache_dir, bool want_stacks,
+                                              const std::atomic<bool>* cancel);
 // The same for the file at vm_path (opened and parsed once here).
 Result<PreparedBinary> PrepareVmBinary(const std::string& vm_path, const std::string& ruby_version,
                                        const std::string& cache_dir, bool want_stacks);

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "common/capabilities.h"
+#include "common/deadline.h"
 #include "common/target_file.h"
 #include "elf/elf_file.h"
 #include "elf/symbol_names.h"
@@ -322,6 +323,11 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   }
   target.vm_elf = std::make_shared<ElfFile>(std::move(*vm));
   return target;
+}
+
+Result<RubyTarget> DiscoverTargetBounded(int pid, const std::atomic<bool>* cancel) {
+  return RunBounded<RubyTarget>("reading the files of pid " + std::to_string(pid), kDiscoverTimeout, cancel,
+                                [pid] { return DiscoverTarget(pid, ProcFs()); });
 }
 
 std::optional<std::string> ReadRubyVersion(const ElfFile& vm) {

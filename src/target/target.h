@@ -5,6 +5,8 @@
 #ifndef RVBPFD_SRC_TARGET_TARGET_H_
 #define RVBPFD_SRC_TARGET_TARGET_H_
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -102,7 +104,16 @@ bool StatSaysExiting(std::string_view stat_text);
 bool ProcessEnding(const ProcFs& procfs, int pid);
 
 // Errors: kNoSuchProcess, kNotRuby, kUnsupportedVersion (< 3.2), kNoPrivilege (maps/root not readable), kIo.
+// Reads files the target controls (its VM binary through /proc/PID/root, which may lie on a FUSE or NFS mount that
+// never answers): commands run it bounded (DiscoverTargetBounded), the agent in its inspector (agent/discovery.h).
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs);
+
+// What discovery of one process may take: it reads the VM binary's headers and allocated sections (a few MB, a
+// fraction of a second); more means a file that stalls reads.
+inline constexpr std::chrono::milliseconds kDiscoverTimeout{5000};
+// DiscoverTarget(pid, /proc) on a helper thread bounded by kDiscoverTimeout, given up at once when `cancel` (a stop
+// signal's flag; may be null) is set: then or at the bound, a kIo error naming the pid.
+Result<RubyTarget> DiscoverTargetBounded(int pid, const std::atomic<bool>* cancel);
 
 }  // namespace rvbpfd
 

@@ -208,6 +208,41 @@ TEST(ProcessInspectorTest, AStallingProcessCostsAtMostTheBoundAndIsACountedSkip)
   EXPECT_EQ(insp.timed_out(), 1u);
 }
 
+// The agent's stop signal arrives while an inspection is stuck: the wait ends on the flag, not at the bound, and the
+// process is a skip without an error (nothing to log while the agent stops) and not a timeout.
+TEST(ProcessInspectorTest, AStopFlagEndsTheWaitForAStalledInspection) {
+  FakeProc proc;
+  proc.AddProcess(100, "ruby", "host", proc.AddExe("host", "ruby"), {proc.AddLibruby("host", "3.3.8")});
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  std::promise<void> release;
+  // The stalled read sets the flag (as SIGTERM would while it waits) and then waits for the test.
+  class StoppingProcFs : public StallingProcFs {
+   public:
+    StoppingProcFs(std::string root, std::shared_future<void> gate, std::shared_ptr<std::atomic<bool>> stop)
+        : StallingProcFs(std::move(root), 100, std::move(gate)), stop_(std::move(stop)) {}
+    int OpenFile(const std::string& path, int flags) const override {
+      stop_->store(true);
+      return StallingProcFs::OpenFile(path, flags);
+    }
+
+   private:
+    std::shared_ptr<std::atomic<bool>> stop_;
+  };
+  auto procfs = std::make_shared<StoppingProcFs>(proc.root(), release.get_future().share(), stop);
+  ProcessInspector insp(procfs, std::chrono::milliseconds(60'000));
+  insp.set_cancel(stop.get());
+  const int stuck_before = StuckDeadlineThreads().load();
+  Inspection stopped = insp.Inspect(100);
+  EXPECT_EQ(stopped.outcome, InspectOutcome::kSkip);
+  EXPECT_FALSE(stopped.error.has_value()) << stopped.error->message();
+  EXPECT_EQ(insp.timed_out(), 0u);
+  release.set_value();
+  for (int i = 0; i < 1000 && StuckDeadlineThreads().load() > stuck_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(StuckDeadlineThreads().load(), stuck_before);
+}
+
 TEST(ProcessInspectorTest, FifoInPlaceOfTheVmBinaryIsASkipWithoutBlocking) {
   FakeProc proc;
   const std::string exe = proc.AddExe("host", "ruby");

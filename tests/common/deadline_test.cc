@@ -61,6 +61,89 @@ TEST(RunWithDeadlineTest, StuckWorkIsAbandonedCountedAndBounded) {
   EXPECT_EQ(StuckDeadlineThreads().load(), before);
 }
 
+TEST(RunWithDeadlineTest, ACancelFlagEndsTheWaitForStuckWork) {
+  // The work sets the flag (as a SIGINT handler would while it is stuck) and then blocks until released: the wait
+  // must end on the flag, long before the bound.
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> gate = release->get_future().share();
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  const int before = StuckDeadlineThreads().load();
+  DeadlineResult<int> r = RunWithDeadline<int>(
+      std::chrono::hours(1),
+      [gate, cancel] {
+        cancel->store(true);
+        gate.wait();
+        return 1;
+      },
+      cancel.get());
+  EXPECT_EQ(r.status, DeadlineStatus::kCancelled);
+  EXPECT_FALSE(r.value.has_value());
+  EXPECT_EQ(StuckDeadlineThreads().load(), before + 1);
+  release->set_value();
+  for (int i = 0; i < 1000 && StuckDeadlineThreads().load() > before; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(StuckDeadlineThreads().load(), before);
+}
+
+TEST(RunWithDeadlineTest, ASetCancelFlagRunsNothing) {
+  std::atomic<bool> cancel{true};
+  auto ran = std::make_shared<std::atomic<bool>>(false);
+  DeadlineResult<int> r = RunWithDeadline<int>(
+      milliseconds(10'000),
+      [ran] {
+        ran->store(true);
+        return 1;
+      },
+      &cancel);
+  EXPECT_EQ(r.status, DeadlineStatus::kCancelled);
+  EXPECT_FALSE(ran->load());
+  // Unset, the same call runs the work.
+  cancel.store(false);
+  r = RunWithDeadline<int>(milliseconds(10'000), [] { return 7; }, &cancel);
+  EXPECT_EQ(r.status, DeadlineStatus::kDone);
+  EXPECT_EQ(r.value, 7);
+}
+
+TEST(RunBoundedTest, EachEndBecomesOneErrorNamingTheStep) {
+  Result<int> ok = RunBounded<int>("step", milliseconds(10'000), nullptr, []() -> Result<int> { return 3; });
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, 3);
+  Result<int> failed = RunBounded<int>("step", milliseconds(10'000), nullptr,
+                                       []() -> Result<int> { return Error(ErrorCode::kNotRuby, "no VM"); });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.error().code(), ErrorCode::kNotRuby);
+  std::atomic<bool> cancel{true};
+  Result<int> cancelled = RunBounded<int>("reading pid 7", milliseconds(10'000), &cancel,
+                                          []() -> Result<int> { return 1; });
+  ASSERT_FALSE(cancelled.ok());
+  EXPECT_EQ(cancelled.error().code(), ErrorCode::kIo);
+  EXPECT_EQ(cancelled.error().message(), "reading pid 7: stopped by a signal");
+  Result<int> threw = RunBounded<int>("step", milliseconds(10'000), nullptr,
+                                      []() -> Result<int> { throw std::runtime_error("bad"); });
+  ASSERT_FALSE(threw.ok());
+  EXPECT_EQ(threw.error().code(), ErrorCode::kInternal);
+}
+
+TEST(RunBoundedTest, StuckWorkIsATimeoutErrorNamingTheStep) {
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> gate = release->get_future().share();
+  const int before = StuckDeadlineThreads().load();
+  Result<int> r = RunBounded<int>("reading the files of pid 9", milliseconds(20), nullptr, [gate]() -> Result<int> {
+    gate.wait();
+    return 1;
+  });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), ErrorCode::kIo);
+  EXPECT_NE(r.error().message().find("reading the files of pid 9 took more than 20 ms"), std::string::npos)
+      << r.error().message();
+  release->set_value();
+  for (int i = 0; i < 1000 && StuckDeadlineThreads().load() > before; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(StuckDeadlineThreads().load(), before);
+}
+
 TEST(DeadlineWorkerTest, OneThreadRunsOneJobAfterAnother) {
   DeadlineWorker worker;
   std::vector<std::thread::id> ran_on;
