@@ -57,7 +57,8 @@ constexpr const char* kDescription =
     "\n"
     "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). Exit status: 0 ok, 2 usage, 3 no such process,\n"
     "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
-    "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error.";
+    "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error, 13 export or report output past\n"
+    "--max-output-bytes.";
 
 // Prints a multi-line report whose text quotes what target processes controlled (thread names, frame labels, paths,
 // reasons) with their control bytes escaped, so a trace cannot drive the terminal that inspects it.
@@ -74,10 +75,12 @@ int Fail(const Error& e) {
 
 // Exports are written through a temporary file renamed into place (common/safe_file), so a failed export never
 // leaves a partial file behind and a planted symlink is never followed; under sudo the invoking user owns them.
-Status WriteOutput(const std::string& path, const std::function<Status(std::ostream&)>& write) {
+// A file past `max_bytes` is removed too (exit 13, kOutputTooLarge).
+Status WriteOutput(const std::string& path, uint64_t max_bytes, const std::function<Status(std::ostream&)>& write) {
   OutputFileOptions options;
   options.owner = SudoInvokerOfProcess();
   options.allow_fifo_or_device = true;
+  options.max_bytes = max_bytes;
   return WriteOutputFile(path, options, write);
 }
 
@@ -215,12 +218,22 @@ int RunCliUnguarded(int argc, char** argv) {
   CLI::App* report = app.add_subcommand("report", "Write a self-contained HTML timeline of a trace");
   report->add_option("file", report_file, "The .rvtrace file")->required();
   report->add_option("-o,--output", report_out, "HTML file to write (default: the trace's name with .html)");
+  uint64_t max_output_bytes = kDefaultMaxOutputBytes;
+  const std::string max_output_help =
+      "Stop with exit 13 and remove the output once it passes this size (bytes, or with a K/M/G suffix; 0 = no "
+      "cap): what a trace holds can make an export far larger than the trace";
+  report->add_option("--max-output-bytes", max_output_bytes, max_output_help)
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   std::string export_file, export_out;
   bool export_perfetto = false, export_speedscope = false, export_pprof = false, export_folded = false;
   std::string folded_weight = "cpu";
   CLI::App* exp = app.add_subcommand("export", "Convert a trace for other viewers");
   exp->add_option("file", export_file, "The .rvtrace file")->required();
   exp->add_option("-o,--output", export_out, "Output file")->required();
+  exp->add_option("--max-output-bytes", max_output_bytes, max_output_help)
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   auto* perfetto_flag = exp->add_flag("--perfetto", export_perfetto,
                                       "Chrome trace event JSON for ui.perfetto.dev and chrome://tracing");
   auto* speedscope_flag =
@@ -375,7 +388,7 @@ int RunCliUnguarded(int argc, char** argv) {
       report_out = (dot != std::string::npos && dot + 8 == report_file.size() ? report_file.substr(0, dot)
                                                                                 : report_file) + ".html";
     }
-    Status st = WriteReport(report_file, report_out);
+    Status st = WriteReport(report_file, report_out, max_output_bytes);
     if (!st) return Fail(st.error());
     fprintf(stderr, "rvbpfd: wrote %s\n", EscapeControlBytes(report_out).c_str());
     return 0;
@@ -392,12 +405,12 @@ int RunCliUnguarded(int argc, char** argv) {
                                   : folded_weight == "gvl_blame" ? FoldedWeight::kGvlBlameNs
                                   : folded_weight == "wall"      ? FoldedWeight::kWallNs
                                                                  : FoldedWeight::kCpuSamples;
-      Status st = WriteOutput(export_out, [&](std::ostream& out) {
+      Status st = WriteOutput(export_out, max_output_bytes, [&](std::ostream& out) {
         return export_pprof ? ExportPprof(*trace, out) : ExportFolded(*trace, out, weight);
       });
       return st ? 0 : Fail(st.error());
     }
-    Status st = WriteOutput(export_out, [&](std::ostream& out) {
+    Status st = WriteOutput(export_out, max_output_bytes, [&](std::ostream& out) {
       return export_perfetto ? ExportPerfetto(export_file, out) : ExportSpeedscope(export_file, out);
     });
     return st ? 0 : Fail(st.error());

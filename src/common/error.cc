@@ -19,6 +19,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kBpf: return "bpf";
     case ErrorCode::kBadTrace: return "bad-trace";
     case ErrorCode::kIo: return "io";
+    case ErrorCode::kOutputTooLarge: return "output-too-large";
     case ErrorCode::kInternal: return "internal";
   }
   return "internal";

@@ -27,6 +27,7 @@ enum class ErrorCode : uint8_t {
   kBpf = 10,                // loading or attaching BPF failed for another reason
   kBadTrace = 11,           // an .rvtrace file that cannot be read
   kIo = 12,                 // other I/O failures
+  kOutputTooLarge = 13,     // an export or report passed its --max-output-bytes cap (nothing left at -o)
   kInternal = 70,           // a bug in rvbpfd (EX_SOFTWARE)
 };
 
