@@ -280,8 +280,11 @@ int RunCliUnguarded(int argc, char** argv) {
   agent_opts.push_back(agent->add_option("--output-dir", agent_flags.output_dir,
                                          "Write profiles as <dir>/<service>/<type>-<pid>-<from>-<until>.pb.gz"));
   agent_opts.push_back(agent->add_option("--output-max-mb", agent_flags.output_max_mb,
-                                         "Cap of --output-dir's total size in MiB; the oldest files go first "
-                                         "(default 1024)"));
+                                         "Cap of --output-dir's total size in MiB; past it the service holding the "
+                                         "most bytes loses its oldest file (default 1024)"));
+  agent_opts.push_back(agent->add_option("--output-service-max-mb", agent_flags.output_service_max_mb,
+                                         "Cap of one service's files in --output-dir, MiB; its oldest go first "
+                                         "(default 0: only --output-max-mb)"));
   agent_opts.push_back(agent->add_option("--push-url", agent_flags.push_url,
                                          "Pyroscope base URL to push profiles to (its push API, many a request; "
                                          "/ingest, one a request, if it has none), e.g. http://pyroscope:4040"));
@@ -297,6 +300,13 @@ int RunCliUnguarded(int argc, char** argv) {
   agent_opts.push_back(agent->add_option("--exclude", agent_flags.exclude,
                                          "Never processes matching RULE (same syntax, repeatable; wins over "
                                          "--include)"));
+  agent_opts.push_back(agent->add_option("--service-pin", agent_flags.service_pins,
+                                         "CGROUP_PREFIX=SERVICE: processes whose cgroup path starts with the prefix "
+                                         "are that service, whatever their environment says (repeatable; the "
+                                         "longest prefix wins)"));
+  agent_opts.push_back(agent->add_flag("--ignore-env-service", agent_flags.ignore_env_service,
+                                       "Do not take service names from a process's RVBPF_SERVICE or "
+                                       "OTEL_SERVICE_NAME (its own claim): use --service-pin or the command name"));
   agent_opts.push_back(agent->add_option("--log-format", agent_flags.log_format,
                                          "Structured logs on stderr: json (default) or text"));
   agent_opts.push_back(agent->add_option("--host", agent_flags.host, "The host label (default: the hostname)"));
@@ -339,11 +349,14 @@ int RunCliUnguarded(int argc, char** argv) {
         else if (name == "--max-overhead") config.max_overhead_pct = flags_only.max_overhead_pct;
         else if (name == "--output-dir") config.output_dir = flags_only.output_dir;
         else if (name == "--output-max-mb") config.output_max_mb = flags_only.output_max_mb;
+        else if (name == "--output-service-max-mb") config.output_service_max_mb = flags_only.output_service_max_mb;
         else if (name == "--push-url") config.push_url = flags_only.push_url;
         else if (name == "--push-queue") config.push_queue = flags_only.push_queue;
         else if (name == "--metrics-listen") config.metrics_listen = flags_only.metrics_listen;
         else if (name == "--include") config.include = flags_only.include;
         else if (name == "--exclude") config.exclude = flags_only.exclude;
+        else if (name == "--service-pin") config.service_pins = flags_only.service_pins;
+        else if (name == "--ignore-env-service") config.ignore_env_service = flags_only.ignore_env_service;
         else if (name == "--log-format") config.log_format = flags_only.log_format;
         else if (name == "--host") config.host = flags_only.host;
         else if (name == "--ring-buffer-kb") config.ring_buffer_kb = flags_only.ring_buffer_kb;
