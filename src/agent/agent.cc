@@ -57,6 +57,8 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config, AgentEnv
   }
   Result<ProcessFilter> filter = ProcessFilter::Create(config.include, config.exclude);
   if (!filter) return filter.error();
+  Result<ServiceNamePolicy> policy = ServiceNamePolicy::Create(config.service_pins, config.ignore_env_service);
+  if (!policy) return policy.error();
   Result<AgentSinks> sinks = env.make_sinks(config);
   if (!sinks) return sinks.error();
   if (!sinks->dir && !sinks->push) {
@@ -65,6 +67,7 @@ Result<std::unique_ptr<Agent>> Agent::Create(const AgentConfig& config, AgentEnv
   }
   std::unique_ptr<Agent> a(new Agent(config, std::move(env)));
   a->filter_ = std::move(filter.value());
+  a->service_policy_ = std::move(policy.value());
   a->sinks_ = std::move(sinks.value());
   a->host_ = config.host.empty() ? DefaultHost() : config.host;
   return a;
@@ -165,6 +168,7 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
     log().Warn("cannot read process labels", {{"pid", pid}, {"error", labels.error().message()}});
     return InspectOutcome::kSkip;
   }
+  ApplyServiceNamePolicy(service_policy_, &*labels);
   if (!filter_.Matches(*labels)) {
     log().Debug("process excluded by filter", {{"pid", pid}, {"comm", labels->comm}});
     return InspectOutcome::kSkip;
@@ -744,7 +748,10 @@ Status Agent::Reload(const AgentConfig& loaded) {
   const AgentConfig& next = plan.next;
   Result<ProcessFilter> filter = ProcessFilter::Create(next.include, next.exclude);
   if (!filter) return filter.error();
+  Result<ServiceNamePolicy> policy = ServiceNamePolicy::Create(next.service_pins, next.ignore_env_service);
+  if (!policy) return policy.error();
   const bool sinks_changed = next.output_dir != config_.output_dir || next.output_max_mb != config_.output_max_mb ||
+                             next.output_service_max_mb != config_.output_service_max_mb ||
                              next.push_url != config_.push_url || next.push_queue != config_.push_queue;
   if (sinks_changed) {
     Result<AgentSinks> sinks = env_.make_sinks(next);
@@ -781,6 +788,7 @@ Status Agent::Reload(const AgentConfig& loaded) {
   }
   const bool filter_changed = next.include != config_.include || next.exclude != config_.exclude;
   filter_ = std::move(filter.value());
+  service_policy_ = std::move(policy.value());  // names processes found from now on
   config_ = next;
   if (filter_changed) {
     for (int pid : registry_.pids()) {

@@ -187,6 +187,7 @@ class Agent {
   AgentEnv env_;
   std::string host_;
   ProcessFilter filter_;
+  ServiceNamePolicy service_policy_;  // --service-pin, --ignore-env-service
   AgentSinks sinks_;
   SinkStats retired_push_stats_;   // stats of push sinks replaced by reloads (metrics stay monotonic)
   uint64_t retired_dir_dropped_ = 0;

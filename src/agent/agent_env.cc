@@ -77,7 +77,8 @@ std::unique_ptr<FrameSource> MakeProcessFrameSource(int pid, const RubyTarget& t
 Result<AgentSinks> MakeAgentSinks(const AgentConfig& config) {
   AgentSinks sinks;
   if (!config.output_dir.empty()) {
-    Result<std::unique_ptr<DirSink>> d = DirSink::Create(config.output_dir, config.output_max_mb << 20);
+    Result<std::unique_ptr<DirSink>> d = DirSink::Create(config.output_dir, config.output_max_mb << 20,
+                                                         /*max_queue=*/256, config.output_service_max_mb << 20);
     if (!d) return d.error();
     sinks.dir = std::move(d.value());
   }

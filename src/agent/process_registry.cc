@@ -10,6 +10,8 @@ std::map<std::string, std::string> UploadLabels(const std::string& host, const W
   l["ruby_version"] = p.target.ruby_version;
   if (!p.labels.container_id.empty()) l["container_id"] = p.labels.container_id;
   l["service_name"] = p.labels.service_name;
+  // Whether the name is the process's own claim (environment), its command, or the operator's pin (cgroup).
+  if (!p.labels.service_name_source.empty()) l["service_name_source"] = p.labels.service_name_source;
   return l;
 }
 

@@ -48,7 +48,8 @@ struct WatchedProcess {
   rv_pid_traps traps_seen{};       // the process's uprobe hits (ProbeBackend::PidTraps) at the last budget check
 };
 
-// Upload labels of a process: host, pid, command, ruby_version, container_id (only when non-empty), service_name.
+// Upload labels of a process: host, pid, command, ruby_version, container_id (only when non-empty), service_name,
+// service_name_source (ProcessLabels: environment, comm or cgroup).
 std::map<std::string, std::string> UploadLabels(const std::string& host, const WatchedProcess& p);
 
 // One ProfileUpload per built profile; from/until in Unix seconds, each rounded to the nearest second (until > from).

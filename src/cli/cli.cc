@@ -63,7 +63,8 @@ constexpr const char* kDescription =
     "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE; dump needs only ptrace access: CAP_SYS_PTRACE for\n"
     "another user's process). Exit status: 0 ok, 2 usage, 3 no such process,\n"
     "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
-    "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error.";
+    "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error, 13 export or report output past\n"
+    "--max-output-bytes.";
 
 // Prints a multi-line report whose text quotes what target processes controlled (thread names, frame labels, paths,
 // reasons) with their control bytes escaped, so a trace cannot drive the terminal that inspects it.
@@ -80,10 +81,12 @@ int Fail(const Error& e) {
 
 // Exports are written through a temporary file renamed into place (common/safe_file), so a failed export never
 // leaves a partial file behind and a planted symlink is never followed; under sudo the invoking user owns them.
-Status WriteOutput(const std::string& path, const std::function<Status(std::ostream&)>& write) {
+// A file past `max_bytes` is removed too (exit 14, kOutputTooLarge).
+Status WriteOutput(const std::string& path, uint64_t max_bytes, const std::function<Status(std::ostream&)>& write) {
   OutputFileOptions options;
   options.owner = SudoInvokerOfProcess();
   options.allow_fifo_or_device = true;
+  options.max_bytes = max_bytes;
   return WriteOutputFile(path, options, write);
 }
 
@@ -248,12 +251,22 @@ int RunCliUnguarded(int argc, char** argv) {
   CLI::App* report = app.add_subcommand("report", "Write a self-contained HTML timeline of a trace");
   report->add_option("file", report_file, "The .rvtrace file")->required();
   report->add_option("-o,--output", report_out, "HTML file to write (default: the trace's name with .html)");
+  uint64_t max_output_bytes = kDefaultMaxOutputBytes;
+  const std::string max_output_help =
+      "Stop with exit 14 and remove the output once it passes this size (bytes, or with a K/M/G suffix; 0 = no "
+      "cap): what a trace holds can make an export far larger than the trace";
+  report->add_option("--max-output-bytes", max_output_bytes, max_output_help)
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   std::string export_file, export_out;
   bool export_perfetto = false, export_speedscope = false, export_pprof = false, export_folded = false;
   std::string folded_weight = "cpu";
   CLI::App* exp = app.add_subcommand("export", "Convert a trace for other viewers");
   exp->add_option("file", export_file, "The .rvtrace file")->required();
   exp->add_option("-o,--output", export_out, "Output file")->required();
+  exp->add_option("--max-output-bytes", max_output_bytes, max_output_help)
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   auto* perfetto_flag = exp->add_flag("--perfetto", export_perfetto,
                                       "Chrome trace event JSON for ui.perfetto.dev and chrome://tracing");
   auto* speedscope_flag =
@@ -300,8 +313,11 @@ int RunCliUnguarded(int argc, char** argv) {
   agent_opts.push_back(agent->add_option("--output-dir", agent_flags.output_dir,
                                          "Write profiles as <dir>/<service>/<type>-<pid>-<from>-<until>.pb.gz"));
   agent_opts.push_back(agent->add_option("--output-max-mb", agent_flags.output_max_mb,
-                                         "Cap of --output-dir's total size in MiB; the oldest files go first "
-                                         "(default 1024)"));
+                                         "Cap of --output-dir's total size in MiB; past it the service holding the "
+                                         "most bytes loses its oldest file (default 1024)"));
+  agent_opts.push_back(agent->add_option("--output-service-max-mb", agent_flags.output_service_max_mb,
+                                         "Cap of one service's files in --output-dir, MiB; its oldest go first "
+                                         "(default 0: only --output-max-mb)"));
   agent_opts.push_back(agent->add_option("--push-url", agent_flags.push_url,
                                          "Pyroscope base URL to push profiles to (its push API, many a request; "
                                          "/ingest, one a request, if it has none), e.g. http://pyroscope:4040"));
@@ -317,6 +333,13 @@ int RunCliUnguarded(int argc, char** argv) {
   agent_opts.push_back(agent->add_option("--exclude", agent_flags.exclude,
                                          "Never processes matching RULE (same syntax, repeatable; wins over "
                                          "--include)"));
+  agent_opts.push_back(agent->add_option("--service-pin", agent_flags.service_pins,
+                                         "CGROUP_PREFIX=SERVICE: processes whose cgroup path starts with the prefix "
+                                         "are that service, whatever their environment says (repeatable; the "
+                                         "longest prefix wins)"));
+  agent_opts.push_back(agent->add_flag("--ignore-env-service", agent_flags.ignore_env_service,
+                                       "Do not take service names from a process's RVBPF_SERVICE or "
+                                       "OTEL_SERVICE_NAME (its own claim): use --service-pin or the command name"));
   agent_opts.push_back(agent->add_option("--log-format", agent_flags.log_format,
                                          "Structured logs on stderr: json (default) or text"));
   agent_opts.push_back(agent->add_option("--host", agent_flags.host, "The host label (default: the hostname)"));
@@ -369,11 +392,14 @@ int RunCliUnguarded(int argc, char** argv) {
         else if (name == "--max-overhead") config.max_overhead_pct = flags_only.max_overhead_pct;
         else if (name == "--output-dir") config.output_dir = flags_only.output_dir;
         else if (name == "--output-max-mb") config.output_max_mb = flags_only.output_max_mb;
+        else if (name == "--output-service-max-mb") config.output_service_max_mb = flags_only.output_service_max_mb;
         else if (name == "--push-url") config.push_url = flags_only.push_url;
         else if (name == "--push-queue") config.push_queue = flags_only.push_queue;
         else if (name == "--metrics-listen") config.metrics_listen = flags_only.metrics_listen;
         else if (name == "--include") config.include = flags_only.include;
         else if (name == "--exclude") config.exclude = flags_only.exclude;
+        else if (name == "--service-pin") config.service_pins = flags_only.service_pins;
+        else if (name == "--ignore-env-service") config.ignore_env_service = flags_only.ignore_env_service;
         else if (name == "--log-format") config.log_format = flags_only.log_format;
         else if (name == "--host") config.host = flags_only.host;
         else if (name == "--ring-buffer-kb") config.ring_buffer_kb = flags_only.ring_buffer_kb;
@@ -418,7 +444,7 @@ int RunCliUnguarded(int argc, char** argv) {
       report_out = (dot != std::string::npos && dot + 8 == report_file.size() ? report_file.substr(0, dot)
                                                                                 : report_file) + ".html";
     }
-    Status st = WriteReport(report_file, report_out);
+    Status st = WriteReport(report_file, report_out, max_output_bytes);
     if (!st) return Fail(st.error());
     fprintf(stderr, "rvbpfd: wrote %s\n", EscapeControlBytes(report_out).c_str());
     return 0;
@@ -435,12 +461,12 @@ int RunCliUnguarded(int argc, char** argv) {
                                   : folded_weight == "gvl_blame" ? FoldedWeight::kGvlBlameNs
                                   : folded_weight == "wall"      ? FoldedWeight::kWallNs
                                                                  : FoldedWeight::kCpuSamples;
-      Status st = WriteOutput(export_out, [&](std::ostream& out) {
+      Status st = WriteOutput(export_out, max_output_bytes, [&](std::ostream& out) {
         return export_pprof ? ExportPprof(*trace, out) : ExportFolded(*trace, out, weight);
       });
       return st ? 0 : Fail(st.error());
     }
-    Status st = WriteOutput(export_out, [&](std::ostream& out) {
+    Status st = WriteOutput(export_out, max_output_bytes, [&](std::ostream& out) {
       return export_perfetto ? ExportPerfetto(export_file, out) : ExportSpeedscope(export_file, out);
     });
     return st ? 0 : Fail(st.error());

@@ -20,6 +20,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kBadTrace: return "bad-trace";
     case ErrorCode::kIo: return "io";
     case ErrorCode::kUntrustedPath: return "untrusted-path";
+    case ErrorCode::kOutputTooLarge: return "output-too-large";
     case ErrorCode::kInternal: return "internal";
   }
   return "internal";

@@ -28,6 +28,7 @@ enum class ErrorCode : uint8_t {
   kBadTrace = 11,           // an .rvtrace file that cannot be read
   kIo = 12,                 // other I/O failures
   kUntrustedPath = 13,      // --cache-dir (or a directory above it) is owned by another user or writable by others
+  kOutputTooLarge = 14,     // an export or report passed its --max-output-bytes cap (nothing left at -o)
   kInternal = 70,           // a bug in rvbpfd (EX_SOFTWARE)
 };
 

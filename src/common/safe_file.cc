@@ -249,11 +249,18 @@ void OutputFile::Abandon() {
   CloseAll();
 }
 
-OutputFileStream::Buf::Buf(int fd) : fd_(fd) { setp(data_, data_ + sizeof(data_)); }
+OutputFileStream::Buf::Buf(int fd, uint64_t max_bytes) : fd_(fd), max_bytes_(max_bytes) {
+  setp(data_, data_ + sizeof(data_));
+}
 
 bool OutputFileStream::Buf::Drain() {
   const char* p = pbase();
   size_t left = static_cast<size_t>(pptr() - pbase());
+  if (err_ == 0 && max_bytes_ != 0 && left > max_bytes_ - written_) {
+    exceeded_ = true;
+    err_ = EFBIG;
+  }
+  if (err_ == 0) written_ += left;
   while (left > 0 && err_ == 0) {
     const ssize_t n = ::write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
@@ -279,16 +286,22 @@ OutputFileStream::Buf::int_type OutputFileStream::Buf::overflow(int_type c) {
 
 int OutputFileStream::Buf::sync() { return Drain() ? 0 : -1; }
 
-OutputFileStream::OutputFileStream(int fd) : std::ostream(nullptr), buf_(fd) { rdbuf(&buf_); }
+OutputFileStream::OutputFileStream(int fd, uint64_t max_bytes) : std::ostream(nullptr), buf_(fd, max_bytes) {
+  rdbuf(&buf_);
+}
 
 Status WriteOutputFile(const std::string& path, const OutputFileOptions& options,
                        const std::function<Status(std::ostream&)>& write) {
   Result<OutputFile> file = OutputFile::Create(path, options);
   if (!file) return file.error();
-  OutputFileStream out(file->fd());
+  OutputFileStream out(file->fd(), options.max_bytes);
   Status st = write(out);
   out.flush();
-  if (st && (!out || out.error() != 0)) {
+  if (out.exceeded()) {
+    st = Error(ErrorCode::kOutputTooLarge, "writing " + path + ": the output passed " + options.max_bytes_flag + " (" +
+                                               std::to_string(options.max_bytes) + " bytes) and was removed; raise " +
+                                               options.max_bytes_flag + " or export a smaller view");
+  } else if (st && (!out || out.error() != 0)) {
     st = Error(ErrorCode::kIo, ErrnoMessage("writing " + path, out.error() != 0 ? out.error() : EIO) +
                                    "; free space there or choose another path with -o");
   }

@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <ostream>
@@ -23,6 +24,11 @@
 #include "common/invoking_user.h"
 
 namespace rvbpfd {
+
+// The default cap of an export's or report's size (--max-output-bytes): as large as the largest trace read
+// (TraceReader::kMaxTraceBytes), far above what real traces give (a million events export to tens of MB), and well
+// below what one hostile trace can ask for (a deep stack of long labels repeated per event: tens of GiB).
+inline constexpr uint64_t kDefaultMaxOutputBytes = 4ull << 30;
 
 struct OutputFileOptions {
   mode_t mode = 0600;
@@ -35,6 +41,10 @@ struct OutputFileOptions {
   // false: refused (where nobody asked for one, e.g. the agent's profile files, a planted FIFO could stall writes).
   bool allow_fifo_or_device = false;
   std::string fix_hint = "choose another path with -o";  // ends creation errors: the flag that fixes them
+  // WriteOutputFile: the most bytes the file may get (0 = no cap). A write past it fails the stream, and the file is
+  // removed with a kOutputTooLarge error naming `max_bytes_flag`, so what a trace holds cannot fill a disk.
+  uint64_t max_bytes = 0;
+  std::string max_bytes_flag = "--max-output-bytes";
 };
 
 class OutputFile {
@@ -81,16 +91,20 @@ class OutputFile {
 // badbit; error() then holds its errno.
 class OutputFileStream : public std::ostream {
  public:
-  explicit OutputFileStream(int fd);
+  // max_bytes: at most this many bytes reach the file (0 = no cap); the write that would pass it fails with EFBIG
+  // and nothing of it is written.
+  explicit OutputFileStream(int fd, uint64_t max_bytes = 0);
   OutputFileStream(const OutputFileStream&) = delete;
   OutputFileStream& operator=(const OutputFileStream&) = delete;
   int error() const { return buf_.error(); }
+  bool exceeded() const { return buf_.exceeded(); }
 
  private:
   class Buf : public std::streambuf {
    public:
-    explicit Buf(int fd);
+    Buf(int fd, uint64_t max_bytes);
     int error() const { return err_; }
+    bool exceeded() const { return exceeded_; }
 
    protected:
     int_type overflow(int_type c) override;
@@ -100,6 +114,9 @@ class OutputFileStream : public std::ostream {
     bool Drain();
     int fd_;
     int err_ = 0;
+    uint64_t max_bytes_;
+    uint64_t written_ = 0;
+    bool exceeded_ = false;
     char data_[64 * 1024];
   };
   Buf buf_;

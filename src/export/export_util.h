@@ -1,5 +1,8 @@
 // Shared by the exporters: a buffered writer (exports of a million-event trace are tens of MB, so lines are built
 // in a string and handed to the stream in large pieces) and the number formats both file formats need.
+// Memory: an export never holds more of its output than one buffer (kFlushBytes plus one frame's text): what a
+// trace can make large (labels, deep stacks repeated per event) is written as it is produced, and MaybeFlush runs
+// inside every loop over a stack's frames.
 #ifndef RVBPFD_SRC_EXPORT_EXPORT_UTIL_H_
 #define RVBPFD_SRC_EXPORT_EXPORT_UTIL_H_
 
@@ -26,10 +29,13 @@ class ExportSink {
   void MaybeFlush() {
     if (buffer_.size() >= kFlushBytes) Flush();
   }
+  // Once the stream failed (disk full, a closed pipe, the output cap of common/safe_file.h) nothing more is written
+  // and the buffer is dropped, so an export of a hostile trace stops growing; writers poll failed() to stop early.
   void Flush() {
-    out_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+    if (out_) out_.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
     buffer_.clear();
   }
+  bool failed() const { return !out_; }
   // Flushes and reports a stream failure (disk full, closed pipe) as kIo naming `what`.
   Status Finish(std::string_view what) {
     Flush();

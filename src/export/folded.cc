@@ -1,12 +1,78 @@
 #include "export/folded.h"
 
+#include <algorithm>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
+#include <vector>
 
+#include "export/export_util.h"
 #include "export/pprof.h"
 
 namespace rvbpfd {
+namespace {
+
+// One folded line, "<frames root first, ';'-joined>[;<leaf>]" or "<stand_in>[;<leaf>]", as a sequence of pieces
+// (frame names and separators) that is compared and written without being put together.
+struct FoldedLine {
+  using Names = std::function<std::string_view(uint32_t)>;
+  const std::vector<uint32_t>* frames = nullptr;  // leaf first, non-empty; nullptr: the stand-in
+  std::string_view leaf;
+  std::string_view stand_in;
+  uint64_t weight = 0;
+
+  size_t Pieces() const {
+    const size_t body = frames != nullptr ? 2 * frames->size() - 1 : 1;
+    return leaf.empty() ? body : body + 2;
+  }
+  std::string_view Piece(size_t i, const Names& names) const {
+    const size_t body = frames != nullptr ? 2 * frames->size() - 1 : 1;
+    if (i >= body) return i == body ? std::string_view(";") : leaf;
+    if (frames == nullptr) return stand_in;
+    if (i % 2 == 1) return ";";
+    return names((*frames)[frames->size() - 1 - i / 2]);  // stored leaf first; folded is root first
+  }
+  // The frame id piece `i` names; nullopt for separators, the stand-in and the leaf.
+  std::optional<uint32_t> FrameAt(size_t i) const {
+    if (frames == nullptr || i >= 2 * frames->size() - 1 || i % 2 == 1) return std::nullopt;
+    return (*frames)[frames->size() - 1 - i / 2];
+  }
+  // The byte order of the joined strings (std::string's operator<: unsigned bytes, a prefix first). Where both are
+  // at the start of the same frame, its name is skipped rather than compared (deep recursion repeats one frame).
+  int Compare(const FoldedLine& other, const Names& names) const {
+    size_t ia = 0, ib = 0;
+    std::string_view a, b;
+    const size_t na = Pieces(), nb = other.Pieces();
+    while (true) {
+      if (a.empty() && b.empty() && ia < na && ib < nb) {
+        const std::optional<uint32_t> fa = FrameAt(ia);
+        if (fa && fa == other.FrameAt(ib)) {
+          ++ia;
+          ++ib;
+          continue;
+        }
+      }
+      while (a.empty() && ia < na) a = Piece(ia++, names);
+      while (b.empty() && ib < nb) b = other.Piece(ib++, names);
+      if (a.empty() || b.empty()) return a.empty() ? (b.empty() ? 0 : -1) : 1;
+      const size_t n = std::min(a.size(), b.size());
+      if (const int c = a.substr(0, n).compare(b.substr(0, n)); c != 0) return c;
+      a.remove_prefix(n);
+      b.remove_prefix(n);
+    }
+  }
+  void Write(ExportSink& sink, const Names& names) const {
+    for (size_t i = 0, n = Pieces(); i < n && !sink.failed(); ++i) {
+      sink.Append(Piece(i, names));
+      sink.MaybeFlush();
+    }
+  }
+};
+
+}  // namespace
 
 std::string FoldedFrameName(const std::string& label) {
   std::string out = label;
@@ -52,27 +118,41 @@ Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weig
       }
       break;
   }
-  std::map<std::string, uint64_t> lines;  // rendered stacks can coincide (same labels, other lines): merge them
+  // Rendered stacks can coincide (same labels, other lines): they are merged, and lines come out sorted. A line is
+  // never built whole (a deep stack of long labels is gigabytes): FoldedLine compares and writes them piece by piece.
+  std::unordered_map<uint32_t, std::string> names;  // frame id -> FoldedFrameName, one copy per frame
+  std::vector<FoldedLine> lines;
+  lines.reserve(per_stack.size());
   for (const auto& [k, v] : per_stack) {
     const auto& [stack_id, leaf, stand_in] = k;
-    std::string line;
+    FoldedLine line{.leaf = leaf, .stand_in = stand_in, .weight = v};
     const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr;
-    if (frames == nullptr || frames->empty()) {
-      line = std::string(stand_in);
-    } else {
-      for (auto it = frames->rbegin(); it != frames->rend(); ++it) {  // stored leaf first; folded is root first
-        if (!line.empty()) line.push_back(';');
-        const FrameInfo* f = trace.Frame(*it);
-        line += FoldedFrameName(f != nullptr ? f->label : "<unresolved frame " + std::to_string(*it) + ">");
+    if (frames != nullptr && !frames->empty()) {
+      line.frames = frames;
+      for (uint32_t id : *frames) {
+        if (names.contains(id)) continue;
+        const FrameInfo* f = trace.Frame(id);
+        names.emplace(id, FoldedFrameName(f != nullptr ? f->label : "<unresolved frame " + std::to_string(id) + ">"));
       }
     }
-    if (!leaf.empty()) line += ";" + leaf;
-    lines[line] += v;
+    lines.push_back(line);
   }
-  for (const auto& [line, v] : lines) out << line << ' ' << v << '\n';
-  out.flush();
-  if (!out) return Error(ErrorCode::kIo, "writing the folded export failed");
-  return Status::Ok();
+  const FoldedLine::Names name_of = [&names](uint32_t id) -> std::string_view { return names.find(id)->second; };
+  std::stable_sort(lines.begin(), lines.end(),
+                   [&](const FoldedLine& a, const FoldedLine& b) { return a.Compare(b, name_of) < 0; });
+  ExportSink sink(out);
+  for (size_t i = 0; i < lines.size() && !sink.failed();) {
+    uint64_t v = 0;
+    size_t j = i;
+    for (; j < lines.size() && lines[j].Compare(lines[i], name_of) == 0; ++j) v += lines[j].weight;
+    lines[i].Write(sink, name_of);
+    sink.Append(" ");
+    AppendUint(sink.buffer(), v);
+    sink.Append("\n");
+    sink.MaybeFlush();
+    i = j;
+  }
+  return sink.Finish("folded");
 }
 
 }  // namespace rvbpfd

@@ -132,6 +132,9 @@ class PerfettoWriter {
       if (!first) out_.push_back(',');
       first = false;
       AppendJsonString(&out_, text);
+      // A deep stack of long labels is megabytes per event: written as it goes, and given up once the stream failed.
+      sink_.MaybeFlush();
+      if (sink_.failed()) return;
     }
     out_.push_back(']');
   }
@@ -156,6 +159,7 @@ class PerfettoWriter {
 
   void WriteOwnerLane() {
     for (const OwnerBlock& b : model_.owner_lane()) {
+      if (sink_.failed()) return;
       const std::string name = b.kind == OwnerKind::kOwned ? model_.ThreadLabel(*b.owner)
                                : b.kind == OwnerKind::kIdle ? std::string("idle")
                                                             : std::string("unknown");
@@ -176,6 +180,7 @@ class PerfettoWriter {
 
   void WriteGc() {
     for (const GcSpan& gc : model_.gc_spans()) {
+      if (sink_.failed()) return;
       Slice("GC", Provenance::kObserved, kPerfettoRubyPid, kPerfettoGcTid, gc.start_ns, gc.end_ns);
       CommonArgs(Provenance::kObserved, ModelRule::kNone);
       if (gc.ruby_thread) {
@@ -211,6 +216,7 @@ class PerfettoWriter {
       }
     };
     for (const StateBlock& b : thread.blocks) {
+      if (sink_.failed()) return;
       flush_markers(b.start_ns);
       Slice(StateBlockLabel(b), b.provenance, kPerfettoRubyPid, tid, b.start_ns, b.end_ns);
       CommonArgs(b.provenance, b.rule);
@@ -240,6 +246,7 @@ class PerfettoWriter {
   void WriteNative() {
     for (const NativeThread& n : model_.native_threads()) {
       for (const NativeSpan& s : n.spans) {
+        if (sink_.failed()) return;
         Slice(model_.ThreadLabel(s.ruby_thread), s.provenance, kPerfettoNativePid, n.native_tid, s.start_ns,
               s.end_ns);
         CommonArgs(s.provenance, ModelRule::kNone);
@@ -253,6 +260,7 @@ class PerfettoWriter {
 
   void WriteGlobalMarkers() {
     for (const ModelMarker& mk : model_.markers()) {
+      if (sink_.failed()) return;
       if (mk.event == EventName::kSleepEnter || mk.event == EventName::kMutexLockEnter) continue;
       const TraceEvent& e = model_.events()[mk.event_index];
       BeginEvent('i', EventNameString(mk.event), kPerfettoRubyPid, kPerfettoMarkerTid, mk.t_ns);

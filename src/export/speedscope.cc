@@ -1,7 +1,9 @@
 #include "export/speedscope.h"
 
 #include <string>
+#include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "export/export_util.h"
@@ -45,17 +47,20 @@ class Frames {
     }
     return it->second;
   }
-  // Appends the frames of a stack, root first; `stand_in` when it has none.
-  void AppendStack(const TraceFile& trace, uint32_t stack, std::string_view stand_in, std::vector<size_t>* out) {
+  // Calls `each` with the frame indices of a stack, root first (interning them on first use); `stand_in` when it
+  // has none. A stack is walked again for every sample that names it, never copied per sample.
+  template <typename F>
+  void ForStack(const TraceFile& trace, uint32_t stack, std::string_view stand_in, F&& each) {
     const std::vector<uint32_t>* frames = stack != 0 ? trace.Stack(stack) : nullptr;
     if (frames == nullptr || frames->empty()) {
-      out->push_back(Named(std::string(stand_in)));
+      each(Named(std::string(stand_in)));
       return;
     }
-    for (auto it = frames->rbegin(); it != frames->rend(); ++it) out->push_back(OfTrace(trace, *it));
+    for (auto it = frames->rbegin(); it != frames->rend(); ++it) each(OfTrace(trace, *it));
   }
-  void Write(std::string* s) const {
-    for (size_t i = 0; i < list_.size(); ++i) {
+  void Write(ExportSink& sink) const {
+    std::string* s = sink.buffer();
+    for (size_t i = 0; i < list_.size() && !sink.failed(); ++i) {
       s->append(i == 0 ? "{\"name\":" : ",{\"name\":");
       AppendJsonString(s, list_[i].name);
       if (!list_[i].file.empty()) {
@@ -67,6 +72,7 @@ class Frames {
         }
       }
       s->push_back('}');
+      sink.MaybeFlush();
     }
   }
 
@@ -81,12 +87,33 @@ class Frames {
   std::unordered_map<uint32_t, size_t> by_id_;
 };
 
-// One sampled profile: stacks (frame indices, root first) and their weights in ns.
+// One sample of a sampled profile, root first: `root`, then the trace stack `stack` (or `stand_in`) unless
+// `stack_part` is false, then `leaf` if any. Kept as these few words rather than the frame list, since many samples
+// name the same deep stack.
+struct SampleSpec {
+  size_t root = 0;
+  bool stack_part = true;
+  uint32_t stack = 0;
+  std::string_view stand_in;
+  std::optional<size_t> leaf;
+};
+
+// One sampled profile: its samples and their weights in ns.
 struct SampledProfile {
   std::string name;
-  std::vector<std::vector<size_t>> samples;
+  std::vector<SampleSpec> samples;
   std::vector<uint64_t> weights;
 };
+
+// Interns the frames of a sample's stack (once per stack: a stack's frames are interned at its first sample).
+void InternStack(const TraceFile& trace, Frames& frames, const SampleSpec& spec, std::unordered_set<uint32_t>* seen) {
+  if (!spec.stack_part) return;
+  if (spec.stack != 0 && trace.Stack(spec.stack) != nullptr && !trace.Stack(spec.stack)->empty() &&
+      !seen->insert(spec.stack).second) {
+    return;
+  }
+  frames.ForStack(trace, spec.stack, spec.stand_in, [](size_t) {});
+}
 
 std::vector<SampledProfile> BuildSampled(const TraceFile& trace, Frames& frames) {
   const StackProfile agg = AggregateStacks(trace);
@@ -94,28 +121,34 @@ std::vector<SampledProfile> BuildSampled(const TraceFile& trace, Frames& frames)
     std::optional<uint32_t> serial = TraceRubyThread(key);
     return serial ? RubyThreadLabel(trace, *serial) : std::string("-");
   };
+  std::unordered_set<uint32_t> seen;
   std::vector<SampledProfile> out(2);
   out[0].name = "GVL blame (holder's stack, by the ns others waited)";
   for (const auto& [key, ns] : agg.attribution.blame_ns) {
     if (ns == 0) continue;
     // Blame estimated from GVL readings while tracing was paused says so at its root.
-    std::vector<size_t> stack{frames.Named("holder: " + (key.holder != 0 ? thread_name(key.holder) : "-") +
-                                           (key.provenance == Provenance::kInferred ? " (inferred)" : ""))};
-    frames.AppendStack(trace, key.stack, BlameStandInFrame(key.source), &stack);
-    if (key.gc) stack.push_back(frames.Named(std::string(kGcFrame)));
-    out[0].samples.push_back(std::move(stack));
+    SampleSpec spec{.root = frames.Named("holder: " + (key.holder != 0 ? thread_name(key.holder) : "-") +
+                                         (key.provenance == Provenance::kInferred ? " (inferred)" : "")),
+                    .stack = key.stack,
+                    .stand_in = BlameStandInFrame(key.source)};
+    InternStack(trace, frames, spec, &seen);
+    if (key.gc) spec.leaf = frames.Named(std::string(kGcFrame));
+    out[0].samples.push_back(spec);
     out[0].weights.push_back(ns);
   }
   out[1].name = "wall clock (every thread's lifetime by stack and state)";
   for (const auto& [key, ns] : agg.attribution.wall_ns) {
     if (ns == 0) continue;
-    std::vector<size_t> stack{frames.Named(thread_name(key.thread))};
-    if (key.stack != 0) frames.AppendStack(trace, key.stack, kNoStackFrame, &stack);
+    SampleSpec spec{.root = frames.Named(thread_name(key.thread)),
+                    .stack_part = key.stack != 0,
+                    .stack = key.stack,
+                    .stand_in = kNoStackFrame};
+    InternStack(trace, frames, spec, &seen);
     std::string state = "[" + std::string(WallStateName(key.state));
     if (key.state == WallState::kBlocked) state += ": " + std::string(ReleaseReasonName(key.reason));
     if (key.provenance == Provenance::kInferred) state += " (inferred)";
-    stack.push_back(frames.Named(state + "]"));
-    out[1].samples.push_back(std::move(stack));
+    spec.leaf = frames.Named(state + "]");
+    out[1].samples.push_back(spec);
     out[1].weights.push_back(ns);
   }
   return out;
@@ -129,7 +162,8 @@ Status Write(const Model& model, const TraceFile* trace, std::ostream& out) {
       if (Exported(b)) frames.Named(StateBlockLabel(b));
     }
   }
-  const std::vector<SampledProfile> sampled = trace != nullptr ? BuildSampled(*trace, frames) : std::vector<SampledProfile>{};
+  const std::vector<SampledProfile> sampled =
+      trace != nullptr ? BuildSampled(*trace, frames) : std::vector<SampledProfile>{};
 
   ExportSink sink(out);
   std::string& s = *sink.buffer();
@@ -138,7 +172,7 @@ Status Write(const Model& model, const TraceFile* trace, std::ostream& out) {
   s.append(",\"name\":");
   AppendJsonString(&s, "rvbpfd trace of pid " + std::to_string(model.options().pid) + " (thread states)");
   s.append(",\"exporter\":\"rvbpfd\",\"activeProfileIndex\":0,\"shared\":{\"frames\":[");
-  frames.Write(&s);
+  frames.Write(sink);
   s.append("]},\"profiles\":[");
   bool first_profile = true;
   for (const RubyThread& thread : model.threads()) {
@@ -153,6 +187,7 @@ Status Write(const Model& model, const TraceFile* trace, std::ostream& out) {
     s.append(",\"events\":[");
     bool first_event = true;
     for (const StateBlock& b : thread.blocks) {
+      if (sink.failed()) break;
       if (!Exported(b)) continue;
       const size_t frame = frames.Named(StateBlockLabel(b));
       AppendEvent(&s, 'O', b.start_ns, frame, &first_event);
@@ -171,12 +206,17 @@ Status Write(const Model& model, const TraceFile* trace, std::ostream& out) {
     s.append(",\"unit\":\"nanoseconds\",\"startValue\":0,\"endValue\":");
     AppendUint(&s, total);
     s.append(",\"samples\":[");
-    for (size_t i = 0; i < p.samples.size(); ++i) {
+    for (size_t i = 0; i < p.samples.size() && !sink.failed(); ++i) {
+      const SampleSpec& spec = p.samples[i];
       s.append(i == 0 ? "[" : ",[");
-      for (size_t j = 0; j < p.samples[i].size(); ++j) {
-        if (j > 0) s.push_back(',');
-        AppendUint(&s, p.samples[i][j]);
-      }
+      AppendUint(&s, spec.root);
+      auto frame = [&](size_t index) {
+        s.push_back(',');
+        AppendUint(&s, index);
+        sink.MaybeFlush();
+      };
+      if (spec.stack_part) frames.ForStack(*trace, spec.stack, spec.stand_in, frame);
+      if (spec.leaf) frame(*spec.leaf);
       s.push_back(']');
       sink.MaybeFlush();
     }

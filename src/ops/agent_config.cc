@@ -42,6 +42,12 @@ std::string Parse(const json& j, T* out) {
          std::to_string(std::numeric_limits<T>::max());
 }
 
+std::string Parse(const json& j, bool* out) {
+  if (!j.is_boolean()) return "true or false";
+  *out = j.get<bool>();
+  return "";
+}
+
 std::string Parse(const json& j, std::string* out) {
   if (!j.is_string()) return "a string";
   *out = j.get<std::string>();
@@ -91,11 +97,14 @@ const std::vector<KeySpec>& Specs() {
       Spec("max-overhead", "--max-overhead", false, &AgentConfig::max_overhead_pct),
       Spec("output-dir", "--output-dir", true, &AgentConfig::output_dir),
       Spec("output-max-mb", "--output-max-mb", true, &AgentConfig::output_max_mb),
+      Spec("output-service-max-mb", "--output-service-max-mb", true, &AgentConfig::output_service_max_mb),
       Spec("push-url", "--push-url", true, &AgentConfig::push_url),
       Spec("push-queue", "--push-queue", true, &AgentConfig::push_queue),
       Spec("metrics-listen", "--metrics-listen", false, &AgentConfig::metrics_listen),
       Spec("include", "--include", true, &AgentConfig::include),
       Spec("exclude", "--exclude", true, &AgentConfig::exclude),
+      Spec("service-pin", "--service-pin", true, &AgentConfig::service_pins),
+      Spec("ignore-env-service", "--ignore-env-service", true, &AgentConfig::ignore_env_service),
       Spec("log-format", "--log-format", true, &AgentConfig::log_format),
       Spec("host", "--host", false, &AgentConfig::host),
       Spec("ring-buffer-kb", "--ring-buffer-kb", false, &AgentConfig::ring_buffer_kb),
@@ -264,6 +273,11 @@ Status ValidateAgentConfig(const AgentConfig& c) {
                "must be between 1 and " + std::to_string(kMaxOutputMb) + " MiB, not " +
                    std::to_string(c.output_max_mb));
   }
+  if (c.output_service_max_mb > kMaxOutputMb) {
+    return bad("output-service-max-mb", "--output-service-max-mb",
+               "must be between 0 (no cap of its own) and " + std::to_string(kMaxOutputMb) + " MiB, not " +
+                   std::to_string(c.output_service_max_mb));
+  }
   if (!c.push_url.empty()) {
     std::string why = CheckPushUrl(c.push_url);
     if (!why.empty()) return bad("push-url", "--push-url", "\"" + RedactUrl(c.push_url) + "\" " + why);
@@ -279,6 +293,8 @@ Status ValidateAgentConfig(const AgentConfig& c) {
   }
   Result<ProcessFilter> filter = ProcessFilter::Create(c.include, c.exclude);
   if (!filter.ok()) return Status(Error(ErrorCode::kUsage, "config: " + filter.error().message()));
+  Result<ServiceNamePolicy> policy = ServiceNamePolicy::Create(c.service_pins, c.ignore_env_service);
+  if (!policy.ok()) return Status(Error(ErrorCode::kUsage, "config: " + policy.error().message()));
   if (c.log_format != "json" && c.log_format != "text") {
     return bad("log-format", "--log-format", "must be json or text, not \"" + c.log_format + "\"");
   }

@@ -24,11 +24,14 @@ struct AgentConfig {
   double max_overhead_pct = 5;       // --max-overhead (fleet default 5%); 0 = never pause tracing
   std::string output_dir;            // --output-dir ("" = off)
   uint64_t output_max_mb = 1024;     // --output-max-mb: cap of the rotated files' total size (MiB)
+  uint64_t output_service_max_mb = 0;  // --output-service-max-mb: cap of one service's files (MiB; 0 = none)
   std::string push_url;              // --push-url ("" = off), Pyroscope base URL e.g. http://127.0.0.1:4040
   size_t push_queue = 256;           // --push-queue: uploads kept while the backend is down
   std::string metrics_listen = "127.0.0.1:9464";  // --metrics-listen ("" or "off" = no endpoint)
   std::vector<std::string> include;  // --include RULE (repeatable): comm:NAME | cgroup:PREFIX | label:KEY=VALUE
   std::vector<std::string> exclude;  // --exclude RULE (repeatable), same syntax; exclude wins
+  std::vector<std::string> service_pins;  // --service-pin CGROUP_PREFIX=SERVICE (repeatable): the operator's names
+  bool ignore_env_service = false;        // --ignore-env-service: RVBPF_SERVICE/OTEL_SERVICE_NAME are not used
   std::string log_format = "json";   // --log-format json|text
   std::string host;                  // --host: host label ("" = gethostname)
   uint32_t ring_buffer_kb = 8192;    // --ring-buffer-kb
@@ -67,8 +70,9 @@ Result<AgentConfig> ApplyConfigFile(const AgentConfig& base, const std::string& 
 std::string AgentConfigToJson(const AgentConfig& config);
 
 // Checks ranges and syntax: interval 1..3600 s, hz 1..1000, max-overhead 0..100, stacks, log-format, push-url
-// (http:// or https:// with a host), push-queue 1..65536, output-max-mb 1..2^20, ring-buffer-kb 4..2^20, the
-// include/exclude rules (ProcessFilter syntax) and metrics-listen (ParseListenAddress). Errors are kUsage and name the
+// (http:// or https:// with a host), push-queue 1..65536, output-max-mb 1..2^20, output-service-max-mb 0..2^20,
+// ring-buffer-kb 4..2^20, the include/exclude rules (ProcessFilter syntax), the service pins (ServiceNamePolicy)
+// and metrics-listen (ParseListenAddress). Errors are kUsage and name the
 // key and its flag.
 Status ValidateAgentConfig(const AgentConfig& config);
 
@@ -77,8 +81,9 @@ bool MetricsDisabled(const std::string& metrics_listen);
 
 // What a SIGHUP reload does with a freshly loaded (and validated) config.
 //
-// Reloadable without restart: include, exclude, push-url, push-queue, output-dir, output-max-mb, interval,
-// log-format. Everything else needs a restart: hz, stacks, ring-buffer-kb (BPF programs and maps are sized at start),
+// Reloadable without restart: include, exclude, push-url, push-queue, output-dir, output-max-mb,
+// output-service-max-mb, interval, log-format, service-pin and ignore-env-service (these two name the processes
+// found after the reload). Everything else needs a restart: hz, stacks, ring-buffer-kb (BPF programs and maps are sized at start),
 // metrics-listen (the socket is bound at start), cache-dir, max-overhead (the overhead budget is set when the
 // probes are attached) and host (the host label is resolved once at start). For those the reload keeps the running
 // value and the agent logs a warning naming each key in needs_restart.

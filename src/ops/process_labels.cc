@@ -166,8 +166,48 @@ Result<ProcessLabels> ReadProcessLabels(const std::string& proc_root, int pid) {
     if (env_file.truncated) env = env.substr(0, env.rfind('\0') == std::string_view::npos ? 0 : env.rfind('\0'));
     labels.service_name = ServiceNameFromEnviron(env);
   }
-  if (labels.service_name.empty()) labels.service_name = labels.comm;
+  labels.service_name_source = kServiceFromEnvironment;
+  if (labels.service_name.empty()) {
+    labels.service_name = labels.comm;
+    labels.service_name_source = kServiceFromComm;
+  }
   return labels;
+}
+
+Result<ServiceNamePolicy> ServiceNamePolicy::Create(const std::vector<std::string>& pins, bool ignore_environment) {
+  ServiceNamePolicy policy;
+  policy.ignore_environment = ignore_environment;
+  for (const std::string& rule : pins) {
+    const size_t eq = rule.rfind('=');
+    Pin pin;
+    if (eq != std::string::npos) pin = Pin{rule.substr(0, eq), rule.substr(eq + 1)};
+    if (eq == std::string::npos || pin.cgroup_prefix.empty() || pin.cgroup_prefix[0] != '/' ||
+        !UsableServiceName(pin.service)) {
+      return Error(ErrorCode::kUsage, "--service-pin rule \"" + rule +
+                                          "\": expected CGROUP_PREFIX=SERVICE, the prefix starting with '/' and the "
+                                          "service 1.." + std::to_string(kMaxServiceNameBytes) +
+                                          " bytes of printable UTF-8");
+    }
+    policy.pins.push_back(std::move(pin));
+  }
+  return policy;
+}
+
+void ApplyServiceNamePolicy(const ServiceNamePolicy& policy, ProcessLabels* labels) {
+  const ServiceNamePolicy::Pin* best = nullptr;
+  for (const ServiceNamePolicy::Pin& pin : policy.pins) {
+    if (labels->cgroup.starts_with(pin.cgroup_prefix) &&
+        (best == nullptr || pin.cgroup_prefix.size() > best->cgroup_prefix.size())) {
+      best = &pin;
+    }
+  }
+  if (best != nullptr) {
+    labels->service_name = best->service;
+    labels->service_name_source = kServiceFromCgroup;
+  } else if (policy.ignore_environment && labels->service_name_source == kServiceFromEnvironment) {
+    labels->service_name = labels->comm;
+    labels->service_name_source = kServiceFromComm;
+  }
 }
 
 }  // namespace rvbpfd

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/error.h"
 
@@ -21,9 +22,34 @@ struct ProcessLabels {
   std::string cgroup;          // the unified (v2) cgroup path from /proc/PID/cgroup, or the first v1 path
   std::string container_id;    // 64-hex (docker/containerd/cri-o/podman) id found in the cgroup path, or ""
   std::string service_name;    // RVBPF_SERVICE, else OTEL_SERVICE_NAME from /proc/PID/environ, else comm
+  // Who named the service (the upload label service_name_source): kServiceFromEnvironment (the process's own claim,
+  // which any process can make for any name), kServiceFromComm, or kServiceFromCgroup (the operator's pin).
+  std::string service_name_source;
 
   bool operator==(const ProcessLabels&) const = default;
 };
+
+inline constexpr std::string_view kServiceFromEnvironment = "environment";
+inline constexpr std::string_view kServiceFromComm = "comm";
+inline constexpr std::string_view kServiceFromCgroup = "cgroup";
+
+// The operator's say over service names (docs/deploy.md): pins of cgroup path prefixes to service names
+// (--service-pin PREFIX=SERVICE) and whether the environment's names are ignored (--ignore-env-service).
+struct ServiceNamePolicy {
+  struct Pin {
+    std::string cgroup_prefix;  // starts with '/'; a plain string prefix, as the filters' cgroup:PREFIX
+    std::string service;
+  };
+  std::vector<Pin> pins;
+  bool ignore_environment = false;
+  // Parses the --service-pin rules; kUsage naming the flag and the rule when one is not PREFIX=SERVICE with a
+  // prefix starting with '/' and a service name that is usable (as for RVBPF_SERVICE).
+  static Result<ServiceNamePolicy> Create(const std::vector<std::string>& pins, bool ignore_environment);
+};
+
+// Applies `policy` to labels read by ReadProcessLabels: the longest pinned prefix of the cgroup path names the
+// service (source kServiceFromCgroup); else, when the environment is ignored, a name from it becomes comm.
+void ApplyServiceNamePolicy(const ServiceNamePolicy& policy, ProcessLabels* labels);
 
 // Caps on what is read from /proc/PID (bytes).
 inline constexpr size_t kMaxEnvironBytes = 1 << 20;    // a larger environment is searched in its first 1 MiB only

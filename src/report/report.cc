@@ -66,7 +66,7 @@ Status WriteReportHtml(const Model& model, const ReportOptions& options, std::os
   return Status::Ok();
 }
 
-Status WriteReport(const std::string& trace_path, const std::string& out_path) {
+Status WriteReport(const std::string& trace_path, const std::string& out_path, uint64_t max_output_bytes) {
   Result<TraceFile> trace = TraceReader::ReadFile(trace_path);
   if (!trace.ok()) return trace.error();
   // The model keeps the events (with their stack ids); the dictionaries they index stay here for the page.
@@ -83,6 +83,7 @@ Status WriteReport(const std::string& trace_path, const std::string& out_path) {
   OutputFileOptions file_options;
   file_options.owner = SudoInvokerOfProcess();
   file_options.allow_fifo_or_device = true;
+  file_options.max_bytes = max_output_bytes;
   return WriteOutputFile(out_path, file_options, [&](std::ostream& out) -> Status {
     const Status status = WriteReportHtml(*model, options, out);
     if (!status.ok()) return status.error().Wrap(out_path);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/safe_file.h"
 #include "model/model.h"
 #include "trace/stacks.h"
 
@@ -42,8 +43,10 @@ Status WriteReportHtml(const Model& model, const ReportOptions& options, std::os
 
 // Reads and models `trace_path` (errors are Model::FromFile's), with its frames, stacks and samples, and writes
 // the report to `out_path`. Fails with kOutputUnwritable when `out_path` cannot be created and kIo when writing it
-// fails; a partly written file is removed so a failed run never leaves a report that looks complete.
-Status WriteReport(const std::string& trace_path, const std::string& out_path);
+// fails; a partly written file is removed so a failed run never leaves a report that looks complete. A page past
+// `max_output_bytes` is removed too, with kOutputTooLarge (common/safe_file.h).
+Status WriteReport(const std::string& trace_path, const std::string& out_path,
+                   uint64_t max_output_bytes = kDefaultMaxOutputBytes);
 
 }  // namespace rvbpfd
 

@@ -107,7 +107,7 @@ std::string SanitizeFileComponent(std::string_view text, bool keep_dash) {
 }
 
 Result<std::unique_ptr<DirSink>> DirSink::Create(const std::string& dir, uint64_t max_total_bytes,
-                                                 size_t max_queue) {
+                                                 size_t max_queue, uint64_t max_service_bytes) {
   if (dir.empty()) return Error(ErrorCode::kUsage, "--output-dir is empty");
   if (max_total_bytes == 0) return Error(ErrorCode::kUsage, "--output-max-mb must be at least 1");
   std::string clean = dir;
@@ -126,7 +126,7 @@ Result<std::unique_ptr<DirSink>> DirSink::Create(const std::string& dir, uint64_
   }
   ::unlink(probe.c_str());
 
-  std::unique_ptr<DirSink> sink(new DirSink(clean, max_total_bytes));
+  std::unique_ptr<DirSink> sink(new DirSink(clean, max_total_bytes, max_service_bytes));
   if (Status scanned = sink->ScanExisting(); !scanned) return scanned.error();
   const uint64_t rotated = sink->Rotate();
 
@@ -174,21 +174,36 @@ Status DirSink::ScanExisting() {
       }
       int64_t from = 0;
       if (!ParseProfileName(name, &from)) continue;
-      IndexFile(FileEntry{from, MtimeNs(fst), dir_ + "/" + app_name + "/" + name, static_cast<uint64_t>(fst.st_size)});
+      IndexFile(FileEntry{from, MtimeNs(fst), dir_ + "/" + app_name + "/" + name, static_cast<uint64_t>(fst.st_size),
+                          app_name});
     }
   }
   return Status::Ok();
 }
 
 void DirSink::IndexFile(FileEntry entry) {
-  if (auto old = by_path_.find(entry.path); old != by_path_.end()) {  // rewritten in place by rename
-    total_bytes_ -= old->second.size;
-    files_.erase(old->second);
-    by_path_.erase(old);
-  }
+  Unindex(entry.path);  // rewritten in place by rename
   total_bytes_ += entry.size;
-  files_.insert(entry);
-  by_path_.emplace(entry.path, entry);
+  ServiceFiles& service = services_[entry.app];
+  service.bytes += entry.size;
+  service.files.insert(entry);
+  by_path_.emplace(entry.path, std::move(entry));
+}
+
+void DirSink::Unindex(const std::string& path) {
+  const auto old = by_path_.find(path);
+  if (old == by_path_.end()) return;
+  total_bytes_ -= old->second.size;
+  const auto service = services_.find(old->second.app);
+  service->second.bytes -= old->second.size;
+  service->second.files.erase(old->second);
+  if (service->second.files.empty()) services_.erase(service);
+  by_path_.erase(old);
+}
+
+uint64_t DirSink::service_bytes_for_test(const std::string& app) const {
+  const auto it = services_.find(app);
+  return it == services_.end() ? 0 : it->second.bytes;
 }
 
 Result<int> DirSink::OpenAppDir(const std::string& app, bool create) const {
@@ -223,15 +238,29 @@ void DirSink::RemoveProfile(const std::string& path) const {
   ::unlinkat(fd.get(), rel.substr(slash + 1).c_str(), 0);
 }
 
+void DirSink::RemoveOldest(const std::string& app) {
+  const std::string path = services_.at(app).files.begin()->path;
+  RemoveProfile(path);  // ENOENT: someone else removed it; either way it no longer counts
+  Unindex(path);
+}
+
 uint64_t DirSink::Rotate() {
   uint64_t deleted = 0;
-  while (total_bytes_ > max_total_bytes_ && !files_.empty()) {
-    const FileEntry oldest = *files_.begin();
-    RemoveProfile(oldest.path);  // ENOENT: someone else removed it; either way it no longer counts
-    files_.erase(files_.begin());
-    by_path_.erase(oldest.path);
-    total_bytes_ -= oldest.size;
-    ++deleted;
+  if (max_service_bytes_ != 0) {
+    std::vector<std::string> over;
+    for (const auto& [app, service] : services_) {
+      if (service.bytes > max_service_bytes_) over.push_back(app);
+    }
+    for (const std::string& app : over) {
+      for (; services_.contains(app) && services_.at(app).bytes > max_service_bytes_; ++deleted) RemoveOldest(app);
+    }
+  }
+  for (; total_bytes_ > max_total_bytes_ && !services_.empty(); ++deleted) {
+    auto largest = services_.begin();
+    for (auto it = services_.begin(); it != services_.end(); ++it) {
+      if (it->second.bytes > largest->second.bytes) largest = it;
+    }
+    RemoveOldest(largest->first);
   }
   return deleted;
 }
@@ -269,7 +298,13 @@ DeliveryOutcome DirSink::Deliver(const ProfileUpload& upload) {
                                    " bytes, more than the whole --output-max-mb cap (" +
                                    std::to_string(max_total_bytes_) + " bytes)");
   }
-  Result<int> app_fd = OpenAppDir(path.substr(dir_.size() + 1, slash - dir_.size() - 1), /*create=*/true);
+  if (max_service_bytes_ != 0 && upload.pprof_gz.size() > max_service_bytes_) {
+    return DeliveryOutcome::Failed("not written: " + path + " would be " + std::to_string(upload.pprof_gz.size()) +
+                                   " bytes, more than the --output-service-max-mb cap (" +
+                                   std::to_string(max_service_bytes_) + " bytes)");
+  }
+  const std::string app_name = path.substr(dir_.size() + 1, slash - dir_.size() - 1);
+  Result<int> app_fd = OpenAppDir(app_name, /*create=*/true);
   if (!app_fd) return DeliveryOutcome::Failed(app_fd.error().message());
   Fd app(*app_fd);
   OutputFileOptions options;
@@ -290,7 +325,7 @@ DeliveryOutcome DirSink::Deliver(const ProfileUpload& upload) {
   if (::fstat(file->fd(), &st) != 0) return DeliveryOutcome::Failed(ErrnoMessage("checking " + path, errno));
   if (Status committed = file->Commit(); !committed) return DeliveryOutcome::Failed(committed.error().message());
 
-  IndexFile(FileEntry{std::max<int64_t>(upload.from_unix_s, 0), MtimeNs(st), path, upload.pprof_gz.size()});
+  IndexFile(FileEntry{std::max<int64_t>(upload.from_unix_s, 0), MtimeNs(st), path, upload.pprof_gz.size(), app_name});
   if (const uint64_t deleted = Rotate(); deleted > 0) worker_->CountRotated(deleted);
   return DeliveryOutcome::Delivered();
 }

@@ -7,10 +7,14 @@
 // temporary file left by a crash is deleted by the next Create. A reader therefore sees either no file or a
 // complete one.
 //
-// Rotation: after each write, while the total size of the sink's files (the *.pb.gz files matching the pattern
-// above in <dir>'s immediate subdirectories, found at Create and written since) exceeds max_total_bytes, the oldest
-// is deleted: smallest <from>, then oldest mtime, then path. A profile larger than the whole cap is not written
-// (delivery_failures). Other files in <dir> are never touched.
+// Rotation, per service (<app>): after each write, the sink's files (the *.pb.gz files matching the pattern above in
+// <dir>'s immediate subdirectories, found at Create and written since) are deleted oldest first (smallest <from>,
+// then oldest mtime, then path) within a service, as long as
+//   - that service's files exceed max_service_bytes (--output-service-max-mb; 0 = no cap of its own), or
+//   - all files exceed max_total_bytes (--output-max-mb): then from the service holding the most bytes (ties: the
+//     first by name), so a noisy service rotates away its own files and never a quieter service's while it holds
+//     more than that service does.
+// A profile larger than either cap is not written (delivery_failures). Other files in <dir> are never touched.
 //
 // File names are sanitized: in <app>, <profile_type> and <pid> every byte other than [A-Za-z0-9._] becomes '_'
 // ('-' too in <profile_type> and <pid>, which the name's fields are split on; <app> keeps '-'), a leading '.' becomes
@@ -24,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -42,9 +47,9 @@ class DirSink : public ProfileSink {
   // Creates `dir` (and parents) if needed, checks that a file can be written in it, deletes leftover temporary
   // files, and indexes the existing profile files (deleting the oldest if they already exceed the cap).
   // kOutputUnwritable naming --output-dir and the errno if the directory cannot be created or written; kUsage if
-  // max_total_bytes is 0.
+  // max_total_bytes is 0. max_service_bytes: each service's own cap (0 = none).
   static Result<std::unique_ptr<DirSink>> Create(const std::string& dir, uint64_t max_total_bytes,
-                                                 size_t max_queue = 256);
+                                                 size_t max_queue = 256, uint64_t max_service_bytes = 0);
   ~DirSink() override;
 
   void Submit(ProfileUpload upload) override;
@@ -57,6 +62,8 @@ class DirSink : public ProfileSink {
   // Bytes in the indexed files now. Read from the worker thread's index: call only while no write is in progress
   // (e.g. after Flush), as tests do.
   uint64_t total_bytes_for_test() const { return total_bytes_; }
+  // Bytes of one service's (<app> directory's) files, under the same condition.
+  uint64_t service_bytes_for_test(const std::string& app) const;
 
  private:
   struct FileEntry {
@@ -64,10 +71,16 @@ class DirSink : public ProfileSink {
     int64_t mtime_ns = 0;
     std::string path;
     uint64_t size = 0;
+    std::string app;  // the <app> directory: the service whose budget the file counts against
     bool operator<(const FileEntry& o) const { return std::tie(from, mtime_ns, path) < std::tie(o.from, o.mtime_ns, o.path); }
   };
+  struct ServiceFiles {
+    std::set<FileEntry> files;  // oldest first
+    uint64_t bytes = 0;
+  };
 
-  DirSink(std::string dir, uint64_t max_total_bytes) : dir_(std::move(dir)), max_total_bytes_(max_total_bytes) {}
+  DirSink(std::string dir, uint64_t max_total_bytes, uint64_t max_service_bytes)
+      : dir_(std::move(dir)), max_total_bytes_(max_total_bytes), max_service_bytes_(max_service_bytes) {}
   // The directory <dir_>/<app> (made first when `create`), opened without following a symlink there. Returns the
   // owned descriptor.
   Result<int> OpenAppDir(const std::string& app, bool create) const;
@@ -75,13 +88,16 @@ class DirSink : public ProfileSink {
   void RemoveProfile(const std::string& path) const;
   Status ScanExisting();
   void IndexFile(FileEntry entry);
+  void Unindex(const std::string& path);
+  void RemoveOldest(const std::string& app);  // deletes and unindexes the oldest file of a service
   uint64_t Rotate();  // returns the number of files deleted
   DeliveryOutcome Deliver(const ProfileUpload& upload);
 
   const std::string dir_;
   const uint64_t max_total_bytes_;
+  const uint64_t max_service_bytes_;  // 0: none
   // The index of the sink's files: touched at Create and then only on the worker thread.
-  std::set<FileEntry> files_;                           // oldest first
+  std::map<std::string, ServiceFiles> services_;        // by <app>; a service without files is erased
   std::unordered_map<std::string, FileEntry> by_path_;  // the same entries, by path
   uint64_t total_bytes_ = 0;
   std::unique_ptr<DeliveryWorker> worker_;  // stopped first, in ~DirSink

@@ -7,6 +7,8 @@
 #include <span>
 #include <vector>
 
+#include "common/label_bound.h"
+
 namespace rvbpfd {
 
 namespace {
@@ -524,6 +526,14 @@ SymbolizedFrame Symbolizer::Unresolved(const rv_ruby_frame& frame, const std::st
 }
 
 SymbolizedFrame Symbolizer::Symbolize(const rv_ruby_frame& frame) {
+  SymbolizedFrame s = SymbolizeUnbounded(frame);
+  for (std::optional<std::string>* text : {&s.full_label, &s.path, &s.absolute_path}) {
+    if (*text) s.truncated |= BoundLabel(&**text);
+  }
+  return s;
+}
+
+SymbolizedFrame Symbolizer::SymbolizeUnbounded(const rv_ruby_frame& frame) {
   SymbolizedFrame s;
   switch (frame.kind) {
     case RV_RB_FRAME_CME_CFUNC: {

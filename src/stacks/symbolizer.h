@@ -29,11 +29,13 @@ struct SymbolizedFrame {
   std::optional<int> first_lineno;           // rb_profile_frame_first_lineno
   int line = 0;                              // the line rb_profile_frames reports
   bool resolved = true;                      // false: full_label is "<unresolved ...>" and the rest is empty
+  bool truncated = false;                    // a label or path was cut to kMaxLabelBytes (common/label_bound.h)
 };
 
 class Symbolizer {
  public:
-  // Longest string read from the target (labels, paths, class names), in bytes. Longer ones are unresolved.
+  // Longest string read from the target (labels, paths, class names), in bytes. Longer ones are unresolved; what is
+  // kept of a label or path is cut further, to kMaxLabelBytes.
   static constexpr size_t kMaxStringBytes = 64 * 1024;
 
   // `global_symbols` is the runtime address of ruby_global_symbols (0: C function names are unresolved);
@@ -42,6 +44,8 @@ class Symbolizer {
   Symbolizer(MemoryReader* mem, const RubyOffsets& offsets, uint64_t global_symbols, uint64_t current_vm_ptr = 0)
       : mem_(mem), off_(offsets), global_symbols_(global_symbols), current_vm_ptr_(current_vm_ptr) {}
 
+  // Labels and paths come back cut to kMaxLabelBytes and marked (common/label_bound.h): this is the one place
+  // where they are made, so the recorder, its traces and the agent all hold the same bounded strings.
   SymbolizedFrame Symbolize(const rv_ruby_frame& frame);
 
   // Pieces, public for tests. Each returns nullopt when the target memory does not hold what it should.
@@ -117,6 +121,7 @@ class Symbolizer {
   std::optional<uint64_t> MethodIseq(uint64_t cme);                   // def->body.iseq.iseqptr
   bool ReadFirstLineno(uint64_t body, int32_t* out);  // location.first_lineno (an int, or 3.1's Fixnum VALUE)
   SymbolizedFrame Unresolved(const rv_ruby_frame& frame, const std::string& why);
+  SymbolizedFrame SymbolizeUnbounded(const rv_ruby_frame& frame);  // Symbolize before the labels are bounded
 
   MemoryReader* mem_;
   RubyOffsets off_;

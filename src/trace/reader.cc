@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_read.h"
+#include "common/label_bound.h"
 #include "common/target_file.h"
 #include "trace/compressed.h"
 
@@ -231,6 +232,10 @@ FrameInfo ParseFrame(const json& obj, uint32_t* id) {
   FrameInfo f;
   f.label = GetString(obj, "label", "");
   f.path = GetString(obj, "path", "");
+  // Labels and paths past kMaxLabelBytes (another recorder's, an older rvbpfd's, a crafted trace) are cut and marked
+  // as rvbpfd's symbolizer cuts them, so no export multiplies them.
+  BoundLabel(&f.label);
+  BoundLabel(&f.path);
   if (auto l = obj.find("line"); l != obj.end() && !l->is_null()) {
     std::optional<int32_t> line = JsonInteger<int32_t>(*l);
     if (!line) throw LineError{"frame \"line\" must be a 32-bit integer"};

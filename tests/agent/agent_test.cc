@@ -257,6 +257,27 @@ TEST_F(AgentTest, AProcessInItsOwnPidNamespaceIsAddedWithItAndItsThreadsNamespac
   EXPECT_TRUE(backend_.ns_threads[10].empty());
 }
 
+TEST_F(AgentTest, PinnedCgroupsAndIgnoredEnvironmentsNameTheServices) {
+  // pid 20 claims "billing" from its container; the operator pins that container's cgroup to "storefront" and
+  // ignores environment names elsewhere.
+  config_.service_pins = {"/system.slice/docker-=storefront"};
+  config_.ignore_env_service = true;
+  AddRuby(30, "host", "ruby", std::string("RVBPF_SERVICE=billing\0", 22));
+  StartAgent();
+  const uint64_t t0 = clock_.mono;
+  for (int pid : {20, 30}) backend_.Stack(t0 + 10 * kMs, pid, RV_EV_SAMPLE, 0x1000, {111});
+  Run(2 * kS);
+  std::vector<ProfileUpload> pinned = UploadsFor(20);
+  ASSERT_EQ(pinned.size(), 1u);
+  EXPECT_EQ(pinned[0].app_name, "storefront");
+  EXPECT_EQ(pinned[0].labels.at("service_name"), "storefront");
+  EXPECT_EQ(pinned[0].labels.at("service_name_source"), "cgroup");
+  std::vector<ProfileUpload> ignored = UploadsFor(30);
+  ASSERT_EQ(ignored.size(), 1u);
+  EXPECT_EQ(ignored[0].app_name, "ruby");
+  EXPECT_EQ(ignored[0].labels.at("service_name_source"), "comm");
+}
+
 TEST_F(AgentTest, EachIntervalCutsLabelledProfilesOfEveryProcess) {
   StartAgent();
   const uint64_t t0 = clock_.mono;
@@ -273,7 +294,8 @@ TEST_F(AgentTest, EachIntervalCutsLabelledProfilesOfEveryProcess) {
                                                              {"pid", "10"},
                                                              {"command", "ruby"},
                                                              {"ruby_version", "3.3.8"},
-                                                             {"service_name", "ruby"}}));
+                                                             {"service_name", "ruby"},
+                                                             {"service_name_source", "comm"}}));
   EXPECT_EQ(a[0].app_name, "ruby");
   const int64_t start_unix_s = clock_.RealtimeNs() / static_cast<int64_t>(kS) - 2;
   EXPECT_EQ(a[0].from_unix_s, start_unix_s);
@@ -287,6 +309,7 @@ TEST_F(AgentTest, EachIntervalCutsLabelledProfilesOfEveryProcess) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].labels.at("container_id"), kContainerId);
   EXPECT_EQ(c[0].labels.at("service_name"), "billing");
+  EXPECT_EQ(c[0].labels.at("service_name_source"), "environment");  // RVBPF_SERVICE: the process's own claim
   EXPECT_EQ(c[0].app_name, "billing");
   EXPECT_TRUE(UploadsFor(11).empty());  // no samples, no events: nothing to upload
   EXPECT_EQ(agent_->samples(), 20u);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -177,6 +178,38 @@ TEST_F(SafeFileTest, FailedWriteLeavesNothing) {
     return Status(Error(ErrorCode::kBadTrace, "trace is cut"));
   });
   EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(Entries().empty());
+}
+
+TEST_F(SafeFileTest, OutputPastItsCapIsRemovedWithOutputTooLarge) {
+  const std::string path = dir_ + "/export.json";
+  OutputFileOptions options;
+  options.max_bytes = 100 * 1024;
+  // Exactly the cap: written.
+  auto write = [](size_t n) {
+    return [n](std::ostream& out) {
+      const std::string chunk(1000, 'x');
+      for (size_t left = n; left > 0 && out; left -= std::min(left, chunk.size())) {
+        out.write(chunk.data(), static_cast<std::streamsize>(std::min(left, chunk.size())));
+      }
+      return Status::Ok();
+    };
+  };
+  ASSERT_TRUE(WriteOutputFile(path, options, write(100 * 1024)).ok());
+  EXPECT_EQ(fs::file_size(path), 100u * 1024);
+  fs::remove(path);
+  // One byte more: the stream fails once the cap would be passed, the file is removed, and the error is its own.
+  const Status st = WriteOutputFile(path, options, write(100 * 1024 + 1));
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code(), ErrorCode::kOutputTooLarge);
+  EXPECT_NE(st.error().message().find("--max-output-bytes (102400 bytes)"), std::string::npos) << st.error().message();
+  EXPECT_TRUE(Entries().empty());
+  // The writer's own error does not hide the cap's (an exporter reports a failed stream as kIo).
+  const Status io = WriteOutputFile(path, options, [&](std::ostream& out) {
+    (void)write(200 * 1024)(out);
+    return Status(Error(ErrorCode::kIo, "writing the export failed"));
+  });
+  EXPECT_EQ(io.error().code(), ErrorCode::kOutputTooLarge);
   EXPECT_TRUE(Entries().empty());
 }
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "pprof_test_util.h"
 
@@ -53,6 +55,39 @@ TEST(FoldedExport, SeparatorsInLabelsCannotSplitFrames) {
   const uint32_t s = t.Stack({"<main>", "weird;name"});
   t.Event(10, EventName::kSample, 1, s);
   EXPECT_EQ(Folded(t.Finish(20)), "<main>;weird:name 1\n");
+}
+
+TEST(FoldedExport, LinesSortAsWholeStringsAndMergeWhenTheyRenderAlike) {
+  // Lines are compared frame by frame without being built: the order must still be that of the joined strings
+  // (';' sorts after '2', a prefix first, bytes unsigned), and stacks of different frames that render alike merge.
+  SyntheticTrace t(99);
+  const uint32_t a_b = t.Stack({"A", "B"});
+  const uint32_t a2 = t.Stack({"A2"});
+  const uint32_t a = t.Stack({"A"});
+  const uint32_t a_e = t.Stack({"A", "\xc3\xa9"});
+  const uint32_t semi = t.Stack({"x;y"});
+  const uint32_t colon = t.Stack({"x:y"});
+  uint64_t now = 0;
+  for (uint32_t s : {a_b, a2, a, a_e, semi, colon, colon, a_b}) t.Event(now += 10, EventName::kSample, 1, s);
+  EXPECT_EQ(Folded(t.Finish(now + 10)),
+            "A 1\n"
+            "A2 1\n"
+            "A;B 2\n"
+            "A;\xc3\xa9 1\n"
+            "x:y 3\n");
+}
+
+TEST(FoldedExport, ADeepStackOfLongLabelsIsWrittenWhole) {
+  // 2,000 frames of a 1,000-byte label: one line of 2 MB, written piece by piece, equal to the joined string.
+  SyntheticTrace t(99);
+  const std::string label(1000, 'r');
+  std::vector<std::string> deep(2000, label);
+  deep.push_back("leaf");
+  const uint32_t s = t.Stack(deep);
+  t.Event(10, EventName::kSample, 1, s);
+  std::string want;
+  for (const std::string& f : deep) want += (want.empty() ? "" : ";") + f;
+  EXPECT_EQ(Folded(t.Finish(20)), want + " 1\n");
 }
 
 }  // namespace

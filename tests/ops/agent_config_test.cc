@@ -31,9 +31,10 @@ TEST(AgentConfigTest, AppliesEveryKeyOverTheBase) {
   base.include = {"comm:old"};
   Result<AgentConfig> c = ApplyConfigJson(base, R"({
     "interval": 10, "hz": 49, "stacks": "release,ready", "max-overhead": 2.5,
-    "output-dir": "/var/lib/rvbpfd/profiles", "output-max-mb": 512,
+    "output-dir": "/var/lib/rvbpfd/profiles", "output-max-mb": 512, "output-service-max-mb": 64,
     "push-url": "https://pyroscope.example:4040", "push-queue": 64,
     "metrics-listen": "127.0.0.1:9500", "include": ["comm:ruby", "comm:puma*"], "exclude": ["label:service=batch"],
+    "service-pin": ["/system.slice/shop.service=shop", "/kubepods/pod1=billing"], "ignore-env-service": true,
     "log-format": "text", "host": "node-7", "ring-buffer-kb": 4096, "cache-dir": "/tmp/sites"
   })", "/etc/rvbpfd/agent.json");
   ASSERT_TRUE(c.ok()) << c.error().message();
@@ -43,6 +44,9 @@ TEST(AgentConfigTest, AppliesEveryKeyOverTheBase) {
   EXPECT_EQ(c->max_overhead_pct, 2.5);
   EXPECT_EQ(c->output_dir, "/var/lib/rvbpfd/profiles");
   EXPECT_EQ(c->output_max_mb, 512u);
+  EXPECT_EQ(c->output_service_max_mb, 64u);
+  EXPECT_THAT(c->service_pins, ElementsAre("/system.slice/shop.service=shop", "/kubepods/pod1=billing"));
+  EXPECT_TRUE(c->ignore_env_service);
   EXPECT_EQ(c->push_url, "https://pyroscope.example:4040");
   EXPECT_EQ(c->push_queue, 64u);
   EXPECT_EQ(c->metrics_listen, "127.0.0.1:9500");
@@ -53,7 +57,7 @@ TEST(AgentConfigTest, AppliesEveryKeyOverTheBase) {
   EXPECT_EQ(c->ring_buffer_kb, 4096u);
   EXPECT_EQ(c->cache_dir, "/tmp/sites");
   EXPECT_TRUE(ValidateAgentConfig(*c).ok());
-  EXPECT_EQ(AgentConfigKeys().size(), 15u);
+  EXPECT_EQ(AgentConfigKeys().size(), 18u);
 }
 
 TEST(AgentConfigTest, AbsentKeysKeepTheBase) {
@@ -253,6 +257,11 @@ TEST(AgentConfigTest, ValidateChecksRanges) {
       {[](AgentConfig* c) { c->include = {"comm:ruby"}; c->exclude = {"cgroup:/system.slice"}; }, ""},
       {[](AgentConfig* c) { c->include = {"ruby"}; }, "--include rule \"ruby\""},
       {[](AgentConfig* c) { c->exclude = {"label:pod=x"}; }, "--exclude rule \"label:pod=x\""},
+      {[](AgentConfig* c) { c->service_pins = {"/system.slice/shop=shop"}; }, ""},
+      {[](AgentConfig* c) { c->service_pins = {"system.slice=shop"}; }, "--service-pin rule \"system.slice=shop\""},
+      {[](AgentConfig* c) { c->service_pins = {"/a"}; }, "--service-pin rule \"/a\""},
+      {[](AgentConfig* c) { c->service_pins = {"/a="}; }, "--service-pin rule \"/a=\""},
+      {[](AgentConfig* c) { c->output_service_max_mb = kMaxOutputMb + 1; }, "output-service-max-mb"},
       {[](AgentConfig* c) { c->host = "a\nb"; }, "host (--host)"},
       {[](AgentConfig* c) { c->cache_dir = ""; }, "cache-dir (--cache-dir)"},
   };
@@ -309,8 +318,9 @@ TEST(AgentConfigTest, ReloadableKeysAreExactlyTheDocumentedOnes) {
   for (std::string_view k : AgentConfigKeys()) {
     if (IsReloadableKey(k)) reloadable.emplace_back(k);
   }
-  EXPECT_THAT(reloadable, ElementsAre("interval", "output-dir", "output-max-mb", "push-url", "push-queue", "include",
-                                      "exclude", "log-format"));
+  EXPECT_THAT(reloadable, ElementsAre("interval", "output-dir", "output-max-mb", "output-service-max-mb", "push-url",
+                                      "push-queue", "include", "exclude", "service-pin", "ignore-env-service",
+                                      "log-format"));
   EXPECT_FALSE(IsReloadableKey("no-such-key"));
 }
 
@@ -320,6 +330,7 @@ TEST(AgentConfigTest, EachKeyIsComparedByPlanReload) {
   Result<AgentConfig> b = ApplyConfigJson(a, R"({
     "interval": 16, "hz": 20, "stacks": "off", "max-overhead": 6, "output-dir": "/o", "output-max-mb": 2,
     "push-url": "http://x:1", "push-queue": 3, "metrics-listen": "off", "include": ["comm:a"], "exclude": ["comm:b"],
+    "output-service-max-mb": 1, "service-pin": ["/a=b"], "ignore-env-service": true,
     "log-format": "text", "host": "h", "ring-buffer-kb": 16, "cache-dir": "/c"})");
   ASSERT_TRUE(b.ok());
   ReloadPlan plan = PlanReload(a, *b);

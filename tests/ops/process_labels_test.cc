@@ -107,6 +107,61 @@ TEST(ReadProcessLabelsTest, ReadsAllLabelsOfAContainerProcess) {
   EXPECT_EQ(l->cgroup, "/system.slice/docker-" + kId + ".scope");
   EXPECT_EQ(l->container_id, kId);
   EXPECT_EQ(l->service_name, "storefront");
+  EXPECT_EQ(l->service_name_source, kServiceFromEnvironment);  // the process's own claim, said so
+}
+
+ProcessLabels Labels(std::string cgroup, std::string service, std::string_view source) {
+  ProcessLabels l;
+  l.comm = "ruby";
+  l.cgroup = std::move(cgroup);
+  l.service_name = std::move(service);
+  l.service_name_source = std::string(source);
+  return l;
+}
+
+TEST(ServiceNamePolicyTest, APinnedCgroupNamesTheServiceWhateverTheEnvironmentClaims) {
+  Result<ServiceNamePolicy> policy = ServiceNamePolicy::Create(
+      {"/system.slice/shop.service=shop", "/kubepods/burstable=k8s", "/kubepods/burstable/pod7=billing"}, false);
+  ASSERT_TRUE(policy.ok()) << policy.error().message();
+  // A process in the shop's cgroup claiming to be billing is the shop.
+  ProcessLabels l = Labels("/system.slice/shop.service", "billing", kServiceFromEnvironment);
+  ApplyServiceNamePolicy(*policy, &l);
+  EXPECT_EQ(l.service_name, "shop");
+  EXPECT_EQ(l.service_name_source, kServiceFromCgroup);
+  // The longest matching prefix wins, whatever the order of the rules.
+  l = Labels("/kubepods/burstable/pod7/c1", "ruby", kServiceFromComm);
+  ApplyServiceNamePolicy(*policy, &l);
+  EXPECT_EQ(l.service_name, "billing");
+  l = Labels("/kubepods/burstable/pod8/c1", "x", kServiceFromEnvironment);
+  ApplyServiceNamePolicy(*policy, &l);
+  EXPECT_EQ(l.service_name, "k8s");
+  // Outside every pin, the environment's claim stands (marked as such) when it is not ignored.
+  l = Labels("/user.slice/session-1.scope", "billing", kServiceFromEnvironment);
+  ApplyServiceNamePolicy(*policy, &l);
+  EXPECT_EQ(l.service_name, "billing");
+  EXPECT_EQ(l.service_name_source, kServiceFromEnvironment);
+}
+
+TEST(ServiceNamePolicyTest, IgnoringTheEnvironmentFallsBackToComm) {
+  Result<ServiceNamePolicy> policy = ServiceNamePolicy::Create({"/system.slice/shop.service=shop"}, true);
+  ASSERT_TRUE(policy.ok());
+  ProcessLabels l = Labels("/user.slice/session-1.scope", "billing", kServiceFromEnvironment);
+  ApplyServiceNamePolicy(*policy, &l);
+  EXPECT_EQ(l.service_name, "ruby");
+  EXPECT_EQ(l.service_name_source, kServiceFromComm);
+  // A pin still names its cgroup's processes.
+  l = Labels("/system.slice/shop.service", "billing", kServiceFromEnvironment);
+  ApplyServiceNamePolicy(*policy, &l);
+  EXPECT_EQ(l.service_name, "shop");
+}
+
+TEST(ServiceNamePolicyTest, BadPinsAreUsageErrorsNamingTheRule) {
+  for (const char* bad : {"shop", "system.slice=shop", "/a=", "=shop", "/a=b\x01"}) {
+    Result<ServiceNamePolicy> policy = ServiceNamePolicy::Create({bad}, false);
+    ASSERT_FALSE(policy.ok()) << bad;
+    EXPECT_EQ(policy.error().code(), ErrorCode::kUsage);
+    EXPECT_THAT(policy.error().message(), HasSubstr(std::string("--service-pin rule \"") + bad));
+  }
 }
 
 TEST(ReadProcessLabelsTest, FallsBackToCommWithoutServiceVariables) {
@@ -118,6 +173,7 @@ TEST(ReadProcessLabelsTest, FallsBackToCommWithoutServiceVariables) {
   Result<ProcessLabels> l = ReadProcessLabels(proc.root(), 7);
   ASSERT_TRUE(l.ok()) << l.error().message();
   EXPECT_EQ(l->service_name, "ruby");
+  EXPECT_EQ(l->service_name_source, kServiceFromComm);
   EXPECT_EQ(l->container_id, "");
   EXPECT_EQ(l->cgroup, "/system.slice/app.service");
 }

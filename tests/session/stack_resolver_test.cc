@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/label_bound.h"
 #include "stacks/fake_memory.h"
 #include "stacks/synthetic_objects.h"
 
@@ -435,15 +436,15 @@ namespace rvbpfd {
 namespace {
 
 TEST_F(StackResolverTest, CacheIsBoundedByBytesNotOnlyEntries) {
-  // A target's labels are up to Symbolizer::kMaxStringBytes each: frames with 60 KB labels must not fill the cache
-  // with tens of GB before the entry bound is reached. Many iseqs share one 60 KB label string in the target; each
-  // cached frame holds its own copy.
+  // A target's labels are up to kMaxLabelBytes each once symbolized: frames with such labels must not fill the
+  // cache with GBs before the entry bound is reached. Many iseqs share one label string in the target; each cached
+  // frame holds its own copy.
   constexpr uint64_t kBig = 0x4000000;
-  const size_t frames = 2 * StackResolver::kMaxCacheBytes / 60000;  // twice what fits
+  const size_t frames = 2 * StackResolver::kMaxCacheBytes / kMaxLabelBytes;  // twice what fits
   ASSERT_LT(frames, StackResolver::kMaxCacheEntries);
   mem_->Map(kBig, 0x20000 + frames * 1024);
   next_ = kBig;
-  const uint64_t label = String(std::string(60000, 'L'));
+  const uint64_t label = String(std::string(kMaxLabelBytes, 'L'));
   const uint64_t path = String("/app/big.rb");
   size_t resolved = 0;
   for (size_t i = 0; i < frames; ++i) {

@@ -129,6 +129,45 @@ TEST(DirSinkTest, RotationDeletesTheOldestByIntervalStart) {
   EXPECT_EQ((*sink)->stats().rotated_files, 2u);
 }
 
+TEST(DirSinkTest, ANoisyServiceRotatesAwayOnlyItsOwnFiles) {
+  TempDir tmp;
+  auto sink = DirSink::Create(tmp.path(), 500);
+  ASSERT_TRUE(sink.ok());
+  const std::string hundred(100, 'p');
+  // Two quiet services write one old profile each, then a noisy one writes ten newer ones: past 500 bytes the
+  // service holding the most bytes loses its oldest file, so the quiet services' old files stay.
+  (*sink)->Submit(MakeUpload(hundred, 10, "cpu", "1", "quiet-a"));
+  (*sink)->Submit(MakeUpload(hundred, 11, "cpu", "2", "quiet-b"));
+  for (int i = 0; i < 10; ++i) (*sink)->Submit(MakeUpload(hundred, 100 + i, "cpu", "3", "noisy"));
+  ASSERT_TRUE((*sink)->Flush(60s));
+  EXPECT_EQ(ListFiles(tmp.path()),
+            (std::set<std::string>{"quiet-a/cpu-1-10-25.pb.gz", "quiet-b/cpu-2-11-26.pb.gz",
+                                   "noisy/cpu-3-107-122.pb.gz", "noisy/cpu-3-108-123.pb.gz",
+                                   "noisy/cpu-3-109-124.pb.gz"}));
+  EXPECT_EQ((*sink)->stats().rotated_files, 7u);
+  EXPECT_EQ((*sink)->total_bytes_for_test(), 500u);
+  EXPECT_EQ((*sink)->service_bytes_for_test("noisy"), 300u);
+}
+
+TEST(DirSinkTest, EachServiceHasItsOwnCap) {
+  TempDir tmp;
+  auto sink = DirSink::Create(tmp.path(), 10000, 256, /*max_service_bytes=*/200);
+  ASSERT_TRUE(sink.ok());
+  const std::string hundred(100, 'p');
+  for (int i = 0; i < 4; ++i) (*sink)->Submit(MakeUpload(hundred, 10 + i, "cpu", "1", "a"));
+  (*sink)->Submit(MakeUpload(hundred, 5, "cpu", "2", "b"));
+  ASSERT_TRUE((*sink)->Flush(60s));
+  // Far under the total cap, "a" keeps its two newest files; "b", with the oldest file of all, keeps it.
+  EXPECT_EQ(ListFiles(tmp.path()), (std::set<std::string>{"a/cpu-1-12-27.pb.gz", "a/cpu-1-13-28.pb.gz",
+                                                           "b/cpu-2-5-20.pb.gz"}));
+  EXPECT_EQ((*sink)->stats().rotated_files, 2u);
+  // A profile larger than one service's cap is not written.
+  (*sink)->Submit(MakeUpload(std::string(201, 'x'), 20, "cpu", "2", "b"));
+  (void)(*sink)->Flush(60s);
+  EXPECT_EQ((*sink)->stats().delivery_failures, 1u);
+  EXPECT_NE((*sink)->stats().last_error.find("--output-service-max-mb"), std::string::npos);
+}
+
 TEST(DirSinkTest, RewritingTheSamePathIsCountedOnce) {
   TempDir tmp;
   auto sink = DirSink::Create(tmp.path(), 150);

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "common/label_bound.h"
 #include "fake_memory.h"
+#include "synthetic_objects.h"
 
 namespace rvbpfd {
 namespace {
@@ -207,6 +209,34 @@ TEST_F(SymbolizerTest, WrongObjectsBecomeVisibleUnresolvedFrames) {
   }
   // Unmapped addresses as well.
   EXPECT_FALSE(sym.Symbolize({0xdead0000, 0, 0, RV_RB_FRAME_CME_ISEQ, 0}).resolved);
+}
+
+TEST_F(SymbolizerTest, LabelsAndPathsAreCutToTheLabelBoundAndMarked) {
+  // A target names a method and its file with 60 KB each (within kMaxStringBytes, so they are read): what comes
+  // back is at most kMaxLabelBytes, the start of the text and the mark; a short name is left as it is.
+  const std::string long_label = "Deep#" + std::string(60000, 'r');
+  const std::string long_path = "/app/" + std::string(60000, 'p') + ".rb";
+  const uint64_t label = String(long_label, false), path = String(long_path, false);
+  const uint64_t short_label = String("<main>", true), short_path = String("/app/a.rb", true);
+  testing::SyntheticObjects objects(&mem_, next_);
+  const rv_ruby_frame f = objects.TopIseqFrame(off_, label, path);
+  const rv_ruby_frame short_frame = objects.TopIseqFrame(off_, short_label, short_path);
+  next_ = objects.next();
+  Symbolizer sym(&mem_, off_, 0);
+  const SymbolizedFrame s = sym.Symbolize(f);
+  ASSERT_TRUE(s.resolved) << s.full_label.value_or("");
+  EXPECT_TRUE(s.truncated);
+  for (const std::optional<std::string>* text : {&s.full_label, &s.path, &s.absolute_path}) {
+    ASSERT_TRUE(text->has_value());
+    EXPECT_EQ((*text)->size(), kMaxLabelBytes);
+    EXPECT_TRUE((*text)->ends_with(kTruncatedMark)) << **text;
+  }
+  EXPECT_EQ(*s.full_label, long_label.substr(0, kMaxLabelBytes - kTruncatedMark.size()) + std::string(kTruncatedMark));
+  EXPECT_EQ(*s.path, long_path.substr(0, kMaxLabelBytes - kTruncatedMark.size()) + std::string(kTruncatedMark));
+  const SymbolizedFrame short_s = sym.Symbolize(short_frame);
+  EXPECT_FALSE(short_s.truncated);
+  EXPECT_EQ(short_s.full_label, "<main>");
+  EXPECT_EQ(short_s.path, "/app/a.rb");
 }
 
 TEST(RubyPointerString, MatchesRbSprintfPercentP) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/label_bound.h"
 #include "trace/writer.h"
 #include "trace_test_util.h"
 
@@ -185,6 +186,29 @@ TEST(TraceReader, ReadsAnInProcessRecorderTrace) {
   EXPECT_FALSE(r->summary.has_value());
   EXPECT_TRUE(r->IsMain(1));
   EXPECT_FALSE(r->IsMain(2));
+}
+
+TEST(TraceReader, LabelsAndPathsPastTheBoundAreCutAndMarked) {
+  // A crafted trace (or another recorder's) with a 64 KiB label and path: read as rvbpfd's symbolizer would have
+  // cut them, so no export repeats 64 KiB per frame; a frame within the bound is read as written.
+  const std::string big_label = "Deep#" + std::string(65536, 'r');
+  const std::string big_path = "/app/" + std::string(65536, 'p') + ".rb";
+  const std::string text =
+      R"({"rvtrace":1,"recorder":"rvbpfd","recorder_version":"0.1.0","pid":1,"ruby_version":"3.4.5","clock":"monotonic","origin_ns":0,"started_at":"2025-01-01T00:00:00Z","channels":[]})" "\n"
+      R"({"frame":{"id":1,"label":")" + big_label + R"(","path":")" + big_path + R"(","line":3,"kind":"ruby"}})" "\n"
+      R"({"frame":{"id":2,"label":"Foo#bar","path":"/app/foo.rb","line":4,"kind":"ruby"}})" "\n"
+      R"({"stack":{"id":1,"frames":[2,1,1]}})" "\n";
+  Result<TraceFile> r = TraceReader::Parse(text, "big");
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  const FrameInfo* big = r->Frame(1);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(big->label, big_label.substr(0, kMaxLabelBytes - kTruncatedMark.size()) + std::string(kTruncatedMark));
+  EXPECT_EQ(big->path, big_path.substr(0, kMaxLabelBytes - kTruncatedMark.size()) + std::string(kTruncatedMark));
+  EXPECT_EQ(big->line, 3);
+  const FrameInfo* small = r->Frame(2);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(small->label, "Foo#bar");
+  EXPECT_EQ(small->path, "/app/foo.rb");
 }
 
 TEST(TraceReader, ForeignSummaryKeysAreToleratedAndNegativeTimesClamp) {
