@@ -232,8 +232,9 @@ int RunCliUnguarded(int argc, char** argv) {
   bool inspect_events = false;
   EventFilter event_filter;
   CLI::App* inspect = app.add_subcommand(
-      "inspect", "Summarize a trace on one screen: wall clock by thread and state, GVL contention, who blocked whom "
-                 "doing what, the top blocked stacks, lost events (--events: the event table)");
+      "inspect", "Summarize a trace on one screen: wall clock by thread and state, GVL contention, the top blockers "
+                 "(the holders' Ruby method across threads, the C function beneath it), the top blocked stacks by "
+                 "release reason (idle pool threads apart), lost events (--events: the event table)");
   inspect->add_option("file", inspect_file, "The .rvtrace file")->required();
   auto* events_flag = inspect->add_flag("--events", inspect_events,
                                         "Print the event table, per-thread running time and state table instead of the summary");

@@ -36,19 +36,7 @@
 
 namespace rvbpfd {
 
-// The label of the frame standing in for a weight whose thread had no known stack.
-inline constexpr std::string_view kNoStackFrame = "[no stack]";
-// Frames standing in for blame that no holder's stack carries, and the leaf frame of a holder's GC.
-inline constexpr std::string_view kGvlFreeFrame = "[GVL not held]";
-inline constexpr std::string_view kHolderUnknownFrame = "[holder unknown]";
-inline constexpr std::string_view kGcFrame = "[GC]";
-// The frame that stands in for a blame key's stack when it has none: kGvlFreeFrame, kHolderUnknownFrame or
-// kNoStackFrame by its source.
-inline std::string_view BlameStandInFrame(BlameSource source) {
-  return source == BlameSource::kGvlFree         ? kGvlFreeFrame
-         : source == BlameSource::kHolderUnknown ? kHolderUnknownFrame
-                                                 : kNoStackFrame;
-}
+// kNoStackFrame, kGcFrame, BlameStandInFrame: model/attribution.h.
 
 struct StackWeights {
   uint64_t samples = 0;      // CPU samples

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/blockers.h"
 #include "trace/inspect.h"
 
 namespace rvbpfd {
@@ -33,45 +34,16 @@ std::string FrameLabel(const TraceFile& trace, uint32_t stack, size_t depth) {
   return f != nullptr ? f->label : "<unresolved frame " + std::to_string((*frames)[depth]) + ">";
 }
 
-// What a blamed holder ran, as the summary names it: the leaf frame of the blamed stack, "[GC]" for a GC, else the
-// stand-in frame of the blame's source.
-std::string BlameMethod(const TraceFile& trace, const BlameKey& key) {
-  if (key.gc) return std::string(kGcFrame);
-  std::string leaf = FrameLabel(trace, key.stack, 0);
-  return leaf.empty() ? std::string(BlameStandInFrame(key.source)) : leaf;
-}
-
 std::string ThreadName(const TraceFile& trace, uint64_t key) {
   if (key == 0) return "-";
   std::optional<uint32_t> serial = TraceRubyThread(key);
   return serial ? RubyThreadLabel(trace, *serial) : std::string("-");
 }
 
-// Blame summed by (holder, method), with the ns of each source, heaviest first. Blame estimated while tracing was
-// paused counts under "inferred", whatever told its stack.
-struct BlameGroup {
-  uint64_t holder = 0;
-  std::string method;
-  uint64_t ns = 0;
-  std::map<std::string_view, uint64_t> by_source;
-};
-
-std::vector<BlameGroup> GroupBlame(const TraceFile& trace, const AttributionResult& a) {
-  std::map<std::pair<uint64_t, std::string>, BlameGroup> groups;
-  for (const auto& [key, ns] : a.blame_ns) {
-    if (ns == 0) continue;
-    std::string method = BlameMethod(trace, key);
-    BlameGroup& g = groups[{key.holder, method}];
-    g.holder = key.holder;
-    g.method = std::move(method);
-    g.ns += ns;
-    g.by_source[key.provenance == Provenance::kInferred ? ProvenanceString(Provenance::kInferred)
-                                                        : BlameSourceName(key.source)] += ns;
-  }
-  std::vector<BlameGroup> out;
-  for (auto& [k, g] : groups) out.push_back(std::move(g));
-  std::stable_sort(out.begin(), out.end(), [](const BlameGroup& a, const BlameGroup& b) { return a.ns > b.ns; });
-  return out;
+// Who held the lock while a blocker ran: the thread's name when one did, else how many.
+std::string Holders(const TraceFile& trace, const Blocker& b) {
+  if (b.holders.size() == 1) return ThreadName(trace, b.holders[0].key);
+  return std::to_string(b.holders.size()) + " threads";
 }
 
 // "sampled 95%, release_stack 5%": how the blamed stacks were known, largest share first.
@@ -152,14 +124,22 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
   }
   out << '\n';
 
-  const std::vector<BlameGroup> blame = GroupBlame(trace, a);
-  if (!blame.empty()) {
-    out << "top blockers (holder of the GVL while others waited, what it ran, share of all waiting):\n";
-    for (size_t i = 0; i < blame.size() && i < kSummaryBlockers; ++i) {
-      const BlameGroup& g = blame[i];
-      out << "  " << Pad(ThreadName(trace, g.holder), kThreadWidth) << Pad(g.method, 36)
-          << PadLeft(Pct(g.ns, all_wait_ns), 7) << PadLeft(Ms(g.ns), kNumWidth) << " ms  ("
-          << SourceShares(g.by_source, g.ns) << ")\n";
+  const std::vector<Blocker> blockers = GroupBlockers(a, trace.frames, trace.stacks);
+  if (!blockers.empty()) {
+    out << "top blockers (the holders' innermost Ruby method while others waited, across threads; beneath it the C "
+           "function it was in):\n";
+    for (size_t i = 0; i < blockers.size() && i < kSummaryBlockers; ++i) {
+      const Blocker& b = blockers[i];
+      out << "  " << Pad(b.method, 36) << " " << Pad(Holders(trace, b), kThreadWidth)
+          << PadLeft(Pct(b.ns, all_wait_ns), 7) << PadLeft(Ms(b.ns), kNumWidth) << " ms  ("
+          << SourceShares(b.by_source, b.ns) << ")\n";
+      // The heaviest C function, one line, so the summary keeps its length.
+      if (!b.calls.empty()) {
+        out << "      in " << Pad(b.calls[0].label, 30) << PadLeft(Pct(b.calls[0].ns, all_wait_ns), 7)
+            << PadLeft(Ms(b.calls[0].ns), kNumWidth) << " ms";
+        if (b.calls.size() > 1) out << "  (+" << b.calls.size() - 1 << " more)";
+        out << '\n';
+      }
     }
   }
 
@@ -169,8 +149,14 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
     std::set<uint64_t> threads;
   };
   std::map<std::pair<ReleaseReason, uint32_t>, Blocked> blocked;
+  Blocked idle;  // waiting for work is no blocking: summed apart
   for (const auto& [key, ns] : a.wall_ns) {
     if (key.state != WallState::kBlocked || ns == 0) continue;
+    if (key.reason == ReleaseReason::kIdle) {
+      idle.ns += ns;
+      idle.threads.insert(key.thread);
+      continue;
+    }
     Blocked& b = blocked[{key.reason, key.stack}];
     b.ns += ns;
     b.threads.insert(key.thread);
@@ -188,6 +174,11 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
           << PadLeft(std::to_string(b.threads.size()), 3) << (b.threads.size() == 1 ? " thread   " : " threads  ")
           << where << '\n';
     }
+  }
+
+  if (idle.ns > 0) {
+    out << "idle (waiting for work, not contention): " << Ms(idle.ns) << " ms in " << idle.threads.size()
+        << (idle.threads.size() == 1 ? " thread" : " threads") << ", not among the blocked stacks\n";
   }
 
   uint64_t dropped = 0, paused_ns = 0;
@@ -217,10 +208,12 @@ void PrintBlameTotals(const TraceFile& trace, const StackProfile& agg, std::ostr
     std::map<std::string, uint64_t> methods;
   };
   std::map<uint64_t, Holder> holders;
-  for (const BlameGroup& g : GroupBlame(trace, a)) {
-    Holder& h = holders[g.holder];
-    h.ns += g.ns;
-    h.methods[g.method] += g.ns;
+  for (const Blocker& b : GroupBlockers(a, trace.frames, trace.stacks)) {
+    for (const BlockerHolder& bh : b.holders) {
+      Holder& h = holders[bh.key];
+      h.ns += bh.ns;
+      h.methods[b.method] += bh.ns;
+    }
   }
   std::vector<std::pair<uint64_t, Holder>> v(holders.begin(), holders.end());
   std::stable_sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ns > y.second.ns; });

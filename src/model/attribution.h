@@ -93,6 +93,21 @@ enum class BlameSource : uint8_t {
 // "sampled", "release_stack", "last_sample", "no_stack", "gvl_free", "holder_unknown".
 std::string_view BlameSourceName(BlameSource source);
 
+// The label of the frame standing in for a weight whose thread had no known stack.
+inline constexpr std::string_view kNoStackFrame = "[no stack]";
+// Frames standing in for blame that no holder's stack carries, and the leaf frame of a holder's GC (the pprof export
+// and the top blockers name them so).
+inline constexpr std::string_view kGvlFreeFrame = "[GVL not held]";
+inline constexpr std::string_view kHolderUnknownFrame = "[holder unknown]";
+inline constexpr std::string_view kGcFrame = "[GC]";
+// The frame that stands in for a blame key's stack when it has none: kGvlFreeFrame, kHolderUnknownFrame or
+// kNoStackFrame by its source.
+inline std::string_view BlameStandInFrame(BlameSource source) {
+  return source == BlameSource::kGvlFree         ? kGvlFreeFrame
+         : source == BlameSource::kHolderUnknown ? kHolderUnknownFrame
+                                                 : kNoStackFrame;
+}
+
 enum class WallState : uint8_t { kRunning, kGc, kGvlWait, kBlocked, kUnknown, kCount };
 // "running", "gc", "gvl_wait", "blocked", "unknown".
 std::string_view WallStateName(WallState state);

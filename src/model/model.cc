@@ -220,7 +220,8 @@ void ModelBuilder::Follow(size_t lane, const TraceEvent& e, size_t idx, bool sub
           next.provenance = Provenance::kDerived;
           next.rule = ModelRule::kStackReason;
         } else if (reason != ReleaseReason::kUnknown) {
-          // A Kernel#sleep / Mutex#lock probe entered since the thread last ran.
+          // The release carried no reason (no stack was taken): the tracker took a Kernel#sleep / Mutex#lock probe
+          // entered since the thread last ran. A carried "unknown" leaves the tracker's reason unknown too.
           next.reason = reason;
           next.provenance = Provenance::kDerived;
           next.rule = reason == ReleaseReason::kSleeping ? ModelRule::kSleepProbe : ModelRule::kMutexProbe;

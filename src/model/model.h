@@ -47,8 +47,8 @@ inline constexpr size_t kThreadStateCount = static_cast<size_t>(ThreadState::kCo
 enum class ModelRule : uint8_t {
   kNone,                // observed: the thread's own event reported this transition
   kBeforeFirstEvent,    // inferred: the state a thread's first event implies it was in since the trace began
-  kSleepProbe,          // derived: release after a Kernel#sleep entry, before the thread ran again
-  kMutexProbe,          // derived: release after a Thread::Mutex#lock entry, before the thread ran again
+  kSleepProbe,          // derived: a release carrying no reason after a Kernel#sleep entry, before the thread ran again
+  kMutexProbe,          // derived: as kSleepProbe, after a Thread::Mutex#lock entry
   kPreemptedByResume,   // derived: another thread's RESUMED closed this thread's ownership (3.2 timeslice)
   kOwnerReplaced,       // derived: as above on 3.3+, where it only happens when a SUSPENDED was lost
   kImplicitResume,      // derived: activity (a probe, a GC) of a thread whose last transition was SUSPENDED

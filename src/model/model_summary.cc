@@ -62,7 +62,8 @@ void PrintModelSummary(const Model& model, std::ostream& out) {
     if (b.kind == OwnerKind::kUnknown) unknown_owner_ns += b.duration_ns();
   }
   out << "wants_gvl = GVL contention: time waiting for the lock; longest = longest single wait.\n";
-  out << "* derived from a Kernel#sleep / Mutex#lock probe or a 3.2 timeslice, not reported by the VM.\n";
+  out << "* derived (from the released stack, a Kernel#sleep / Mutex#lock probe when no stack was taken, or a 3.2 "
+         "timeslice), not reported by the VM.\n";
   out << "gvl: idle " << Ms(idle_ns) << " ms, owner unknown " << Ms(unknown_owner_ns) << " ms\n";
   uint64_t dropped = 0, paused_ns = 0;
   size_t drop_windows = 0, pauses = 0;

@@ -12,7 +12,10 @@ TrackerEvent TrackerEventOf(const TraceEvent& e, uint64_t key, uint32_t stack) {
   out.event = e.event;
   out.thread = key;
   out.stack = stack;
-  if (e.event == EventName::kGvlReleased) out.reason = ParseReleaseReasonTraceName(e.reason);
+  if (e.event == EventName::kGvlReleased) {
+    out.reason = ParseReleaseReasonTraceName(e.reason);
+    out.reason_carried = !e.reason.empty();
+  }
   return out;
 }
 
@@ -484,10 +487,12 @@ void SpanTracker::OnEvent(const TrackerEvent& e) {
         // A repeated release (3.2 reports two for one sleep) continues the block the first one opened.
         t.blocked = true;
         t.blocked_start_ns = ts;
-        // A reason derived from the released stack names the blocking call itself, so it wins over a probe entry
-        // seen earlier (which only says the thread was somewhere inside Kernel#sleep / Mutex#lock).
+        // The reason the release carried is the one derivation (the recorder's, from the released stack): taken as
+        // it is, "unknown" included. A probe entry seen earlier only says the thread entered Kernel#sleep /
+        // Mutex#lock at some point (no exit is probed: nio4r locks a mutex, returns, then blocks in select), so it
+        // stands in only for a release that carried no reason (no stack was taken).
         const ReleaseReason probe = held || !timeline_ ? t.probe_reason : ReleaseReason::kUnknown;
-        t.blocked_reason = e.reason != ReleaseReason::kUnknown ? e.reason : probe;
+        t.blocked_reason = e.reason_carried ? e.reason : probe;
         t.blocked_reason_provenance =
             t.blocked_reason != ReleaseReason::kUnknown ? Provenance::kDerived : Provenance::kObserved;
       }

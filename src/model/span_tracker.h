@@ -10,8 +10,10 @@
 //     while holding (a release not seen, as in 3.2's timeslices) also ends it. A repeated gvl_acquired does not
 //     restart it.
 //   - kBlocked: from gvl_released to the thread's next wants_gvl / gvl_acquired / thread_exited, with the release
-//     reason (the one the gvl_released carried, derived by the recorder from the stack; else a Kernel#sleep or
-//     Mutex#lock probe entered since the thread last ran; else unknown).
+//     reason: the one the gvl_released carried (derived once, by the recorder, from the released stack), as it is,
+//     "unknown" included; only a release that carried none (no stack was taken: --stacks=off, another recorder)
+//     takes a Kernel#sleep or Mutex#lock probe entered since the thread last ran; else unknown. A probe never
+//     overrides a carried reason: it has no exit, so it does not say the thread was still inside the call.
 //   - kGc: from gc_enter to gc_exit, one at a time per process, on the thread that ran it: the event's thread, else
 //     the thread holding the GVL of the default VM (GC runs on the lock owner: derived).
 //   - kHolder: who held a VM's GVL (`thread`, or 0 = nobody) over an interval: the thread of the last gvl_acquired not
@@ -139,6 +141,7 @@ struct TrackerEvent {
   uint32_t vm = 0;
   uint32_t stack = 0;   // the stack the event carried, 0 = none
   ReleaseReason reason = ReleaseReason::kUnknown;  // gvl_released: the reason it carried
+  bool reason_carried = false;  // gvl_released: it carried a reason (`reason`, "unknown" included); probes then stay out
 };
 
 // The tracker key of a trace's Ruby thread: ruby_thread + 1 (serial 0 is 3.2's main thread), 0 for none.

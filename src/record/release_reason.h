@@ -23,8 +23,10 @@ ReleaseSite ClassifyReleaseSite(std::string_view function);
 
 // The rule; the recorder writes its result with ReleaseReasonTraceName. `frames` is the released thread's stack,
 // leaf first. Only the frames above the innermost frame of program code are looked at (C frames and <internal:...>
-// builtins: the library call the program is blocked in); the first of those that names a known blocking method
-// decides. Never kStarting or kPreempted, which no stack gives.
+// builtins and monitor.rb's wrappers: the library call the program is blocked in); the first of those that names a
+// known blocking method decides, and a wait (mutex, condition variable, queue) is then refined by the innermost
+// program frame (a pool waiting for work: kIdle; ActiveRecord's connection pool: kDbPool). Never kStarting or
+// kPreempted, which no stack gives.
 ReleaseReason DeriveReleaseReason(std::span<const FrameInfo> frames, ReleaseSite site);
 
 }  // namespace rvbpfd

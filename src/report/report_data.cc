@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/attribution.h"
+#include "model/blockers.h"
 
 #include "trace/event.h"
 #include "trace/stacks.h"
@@ -18,6 +19,10 @@
 
 namespace rvbpfd {
 namespace {
+
+// The top blockers embedded (the table shows the first few), and the C functions listed under each.
+constexpr size_t kReportBlockers = 20;
+constexpr size_t kReportBlockerCalls = 5;
 
 // The last enumerators, so the name tables cover every value the columns can hold.
 constexpr auto kLastRule = static_cast<ModelRule>(static_cast<int>(ModelRule::kCount) - 1);
@@ -512,7 +517,46 @@ class DataWriter {
     Column("src", flame, [](const FlameRow& x) { return Idx(std::get<3>(x.first)); });
     Column("inf", flame, [](const FlameRow& x) { return std::get<4>(x.first) ? 1 : 0; });
     Column("ns", flame, [](const FlameRow& x) { return x.second; });
-    out_.append("}}");
+    out_.append("}");
+    WriteBlockers();
+    out_.append("}");
+  }
+
+  // "blockers": the top blockers (model/blockers.h), as `inspect` prints them.
+  void WriteBlockers() {
+    static const std::unordered_map<uint32_t, FrameInfo> kNoFrames;
+    static const std::unordered_map<uint32_t, std::vector<uint32_t>> kNoStacks;
+    const std::vector<Blocker> rows = GroupBlockers(blame_, options_.frames ? *options_.frames : kNoFrames,
+                                                    options_.stacks ? *options_.stacks : kNoStacks);
+    out_.append(",\"blockers\":[");
+    for (size_t i = 0; i < rows.size() && i < kReportBlockers; ++i) {
+      const Blocker& b = rows[i];
+      if (i > 0) out_.push_back(',');
+      out_.append("{\"m\":");
+      Str(b.method);
+      out_.append(",\"ns\":");
+      AppendUint(&out_, b.ns);
+      out_.append(",\"h\":[");
+      for (size_t k = 0; k < b.holders.size(); ++k) {
+        if (k > 0) out_.push_back(',');
+        out_.push_back('[');
+        AppendUint(&out_, b.holders[k].key);
+        out_.push_back(',');
+        AppendUint(&out_, b.holders[k].ns);
+        out_.push_back(']');
+      }
+      out_.append("],\"c\":[");
+      for (size_t k = 0; k < b.calls.size() && k < kReportBlockerCalls; ++k) {
+        if (k > 0) out_.push_back(',');
+        out_.push_back('[');
+        Str(b.calls[k].label);
+        out_.push_back(',');
+        AppendUint(&out_, b.calls[k].ns);
+        out_.push_back(']');
+      }
+      out_.append("]}");
+    }
+    out_.push_back(']');
   }
 
   // "reasons":[release reason strings],"paths":[..],"frames":{"l":[labels],"p":[path index],"ln":[lines],

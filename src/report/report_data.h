@@ -7,7 +7,7 @@
 //    "threads":[{"id","label","main","tids":[..],"totals":{..},"blocks":{columns}}],
 //    "owner":{columns},"gc":{columns},"unknown":{columns},"native":[{"tid","threads","spans":{columns}}],
 //    "markers":{columns},"events":{columns},"extra":[[event index,{"count","reason","overhead_pct"}]],
-//    "blame":{"total_ns","waits":{columns},"segs":{columns},"parts":{columns},"flame":{columns}},
+//    "blame":{"total_ns","waits":{columns},"segs":{columns},"parts":{columns},"flame":{columns},"blockers":[..]},
 //    "reasons":[release reasons],"paths":[frame paths],"frames":{columns},"stacks":{"n":[..],"f":[..]}}
 // A column is an array with one value per row. Columns of times and event references are delta-encoded (each
 // value is the difference to the previous row's; the first is absolute) because consecutive values are close and
@@ -32,7 +32,10 @@
 // number of parts; "parts", the segments' parts in order: "sk" the stack blamed (index + 1, 0 = none), "src" the
 // names.blame_source index, "gc" 1 while the holder ran a GC, "ns" the ns, "n" the holder's samples behind it (for
 // "sampled"). The parts of a wait sum to its "d". "flame": ns by ("h", "sk", "gc", "src", "inf") over all waiters,
-// for the blame flame graph, "inf" 1 for estimated blame; its "ns" sum to total_ns + estimated_ns.
+// for the blame flame graph, "inf" 1 for estimated blame; its "ns" sum to total_ns + estimated_ns. "blockers": the
+// top blockers of model/blockers.h (the first 20), heaviest first, each {"m": the holders' innermost Ruby method (or
+// stand-in frame), "ns", "h": [[holder (Ruby thread + 1, 0 = nobody / not known), ns], ...] heaviest first, "c":
+// [[C function it was in, ns], ...] (the first 5, heaviest first)}.
 #ifndef RVBPFD_SRC_REPORT_REPORT_DATA_H_
 #define RVBPFD_SRC_REPORT_REPORT_DATA_H_
 

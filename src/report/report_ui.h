@@ -16,9 +16,11 @@
 //     stack shown, data-event / data-which), #flame (data-thread, data-zoom, data-total; hidden without samples;
 //     it and #blame-flame are copies of one #flame-template, made by the script), #flame-tip, #card's blame (data-blame-waits, data-blame-ns, data-blame-holder, data-blame-frame; .blame-wait,
 //     .blame-holder with data-holder / data-ns, .blame-part with data-source / data-frame / data-ns), #blame-flame
-//     (as #flame; data-thread is the holder), #blame-top rows (data-holder, data-frame, data-ns), and
+//     (as #flame; data-thread is the holder), #blame-top rows (data-frame: the holders' innermost Ruby method, data-holder: the holders' labels,
+//     comma-separated, data-threads: how many, data-ns; .blame-call sub-lines with data-call / data-ns: the C
+//     function it was in), and
 //     window.rvReport (view, lane geometry, drawn rects; .flame and .blameFlame: the flame graphs' drawn frames,
-//     state, selfByLabel(); .blameFlame.top(): the top blockers; .blameOf(thread, s, e): the blamed waits).
+//     state, selfByLabel(); .blameFlame.top(): the top blockers ({frame, holder, ns, holders: [{holder, ns}], calls: [{label, ns}]}); .blameOf(thread, s, e): the blamed waits).
 #ifndef RVBPFD_SRC_REPORT_REPORT_UI_H_
 #define RVBPFD_SRC_REPORT_REPORT_UI_H_
 

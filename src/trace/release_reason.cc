@@ -26,6 +26,8 @@ constexpr std::array<ReasonNames, kReleaseReasonCount> kNames = {{
     {ReleaseReason::kProcessWait, "process_wait", "process_wait"},
     {ReleaseReason::kTimeslice, "timeslice", "timeslice"},
     {ReleaseReason::kExit, "exit", "exit"},
+    {ReleaseReason::kIdle, "idle", "idle"},
+    {ReleaseReason::kDbPool, "db_pool", "db_pool"},
 }};
 
 constexpr bool InEnumOrder() {

@@ -18,8 +18,8 @@ namespace rvbpfd {
 enum class ReleaseReason : uint8_t {
   kUnknown,       // IO, Thread.pass, a queue, a timeslice on 3.3+...: the scheduler does not say
   kStarting,      // STARTED seen, READY not yet: the new thread never held the GVL (never written to a trace)
-  kSleeping,      // Kernel#sleep: from the released stack, or the release fell inside a Kernel#sleep probe
-  kWaitingMutex,  // Thread::Mutex#lock: from the released stack, or the release fell inside a Mutex#lock probe
+  kSleeping,      // Kernel#sleep: from the released stack, or (no stack) the release fell inside a Kernel#sleep probe
+  kWaitingMutex,  // Thread::Mutex#lock: from the released stack, or (no stack) inside a Mutex#lock probe
   kPreempted,     // 3.2 timeslice: another thread's RESUMED while this one had not released (never written)
   kIo,
   kQueue,
@@ -29,6 +29,8 @@ enum class ReleaseReason : uint8_t {
   kProcessWait,
   kTimeslice,
   kExit,
+  kIdle,    // waiting for work in a pool that has none (Puma's thread pool): not contention
+  kDbPool,  // waiting in ActiveRecord's connection pool for a connection (or for the pool's lock)
   kCount,
 };
 inline constexpr size_t kReleaseReasonCount = static_cast<size_t>(ReleaseReason::kCount);

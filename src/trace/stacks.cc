@@ -21,6 +21,10 @@ std::optional<FrameKind> ParseFrameKind(std::string_view name) {
   return std::nullopt;
 }
 
+bool IsVmLibraryFrame(const FrameInfo& f) {
+  return f.kind == FrameKind::kCfunc || (f.kind == FrameKind::kRuby && f.path.starts_with("<internal:"));
+}
+
 size_t HashFrame(const FrameInfo& f) {
   uint64_t h = std::hash<std::string>()(f.label);
   h = MixHash(h ^ std::hash<std::string>()(f.path));

@@ -50,6 +50,11 @@ struct FrameInfo {
   friend bool operator==(const FrameInfo&, const FrameInfo&) = default;
 };
 
+// A frame of CRuby's own library: a C function, or a Ruby-level builtin CRuby ships in <internal:...> (Kernel#loop,
+// Integer#times, Thread::Queue#pop on 3.3+). Every other Ruby frame is the program's (its gems included). The release
+// reasons look at the library frames above the program's innermost frame; the top blockers name that frame.
+bool IsVmLibraryFrame(const FrameInfo& f);
+
 // The hashes every frame and stack table uses (the trace's StackTable, the pprof builder, the agent's tables).
 size_t HashFrame(const FrameInfo& f);
 // A stack as its frame ids, leaf first.

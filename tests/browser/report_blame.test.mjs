@@ -87,14 +87,25 @@ test("the blame flame graph is beside the CPU one and its heaviest frame is the 
   // The top blockers table: the hog's thread running HogKlass.spin first.
   const first = await page.$eval("#blame-top tbody tr", (tr) => ({ ...tr.dataset }));
   assert.equal(first.holder, hogLabel);
+  assert.equal(first.threads, "1");
   assert.equal(first.frame, HOG);
+  // One row per Ruby method across threads: no method twice, and a C function only beneath its Ruby method.
+  const rows = await page.$$eval("#blame-top tbody tr", (trs) => trs.map((tr) => ({
+    frame: tr.dataset.frame, calls: [...tr.querySelectorAll(".blame-call")].map((c) => c.dataset.call) })));
+  assert.equal(new Set(rows.map((r) => r.frame)).size, rows.length, JSON.stringify(rows));
+  const top = await page.evaluate(() => window.rvReport.blameFlame.top());
+  for (const x of top) {
+    assert.equal(x.holders.reduce((a, h) => a + h.ns, 0), x.ns, JSON.stringify(x));
+    assert.ok(!top.some((y) => y.calls.some((c) => c.label === x.frame)), `${x.frame} is a row and a call`);
+  }
 });
 
 test("the holder selector shows one holder's part of the blame", async () => {
   await page.selectOption("#blame-holder", String(hogThread));
   const st = await page.evaluate(() => window.rvReport.blameFlame.state());
   const top = await page.evaluate(() => window.rvReport.blameFlame.top());
-  const hogNs = top.filter((x) => x.holder === hogLabel).reduce((a, x) => a + x.ns, 0);
+  // A row is a method across threads: the hog's part of each row is its holder share.
+  const hogNs = top.flatMap((x) => x.holders).filter((h) => h.holder === hogLabel).reduce((a, h) => a + h.ns, 0);
   assert.equal(st.total, hogNs);
   const self = await page.evaluate(() => window.rvReport.blameFlame.selfByLabel());
   assert.equal(self[0].label, HOG);

@@ -263,7 +263,24 @@ class SyntheticTrace {
     }
     return writer_->InternStack(ids);
   }
+  // Interns a stack of the given frames, root first.
+  uint32_t StackOf(std::vector<FrameInfo> root_first) {
+    std::vector<uint32_t> ids;
+    for (auto it = root_first.rbegin(); it != root_first.rend(); ++it) ids.push_back(writer_->InternFrame(*it));
+    return writer_->InternStack(ids);
+  }
+  // A gvl_released of `thread` carrying the recorder's derived `reason` (a trace name: "io", "idle", ...).
+  void Released(uint64_t t_ns, uint32_t thread, uint32_t stack, std::string_view reason) {
+    TraceEvent e = MakeEvent(t_ns, EventName::kGvlReleased, thread, stack);
+    e.reason = std::string(reason);
+    e.reason_provenance = Provenance::kDerived;
+    EXPECT_TRUE(writer_->Write(e).ok());
+  }
   void Event(uint64_t t_ns, EventName name, std::optional<uint32_t> thread, std::optional<uint32_t> stack = {}) {
+    EXPECT_TRUE(writer_->Write(MakeEvent(t_ns, name, thread, stack)).ok());
+  }
+  static TraceEvent MakeEvent(uint64_t t_ns, EventName name, std::optional<uint32_t> thread,
+                              std::optional<uint32_t> stack) {
     TraceEvent e;
     e.t_ns = t_ns;
     e.event = name;
@@ -271,7 +288,7 @@ class SyntheticTrace {
     e.stack = stack;
     e.count = name == EventName::kEventsDropped ? 3 : 0;
     e.source = name == EventName::kSample ? kSourcePerfEvent : kSourceThreadHookSite;
-    EXPECT_TRUE(writer_->Write(e).ok());
+    return e;
   }
   // A sample of `thread` on `stack` that read the GVL: held by `holder` (nullopt: nobody), `queued` waiting.
   void Reading(uint64_t t_ns, uint32_t thread, uint32_t stack, std::optional<uint32_t> holder,

@@ -106,6 +106,48 @@ TEST(RunSummary, NamesTheHolderAndItsMethodAsTopBlockerWithItsShare) {
   EXPECT_NE(blame[2].find("Thread #3"), std::string::npos) << o.blame;
 }
 
+// Issue 47: three threads run Ledger.reconcile (in and out of Process.clock_gettime) while thread 5 waits: one row
+// for the method, "3 threads", the C function beneath it, not a row of its own. Thread 6 idles in Puma's pool.
+TEST(RunSummary, TopBlockersAreRubyMethodsAcrossThreadsWithTheCFunctionBeneath) {
+  SyntheticTrace t(1000);
+  const FrameInfo reconcile{"Ledger.reconcile", "/app/ledger.rb", 12, FrameKind::kRuby};
+  const FrameInfo main_frame{"<main>", "/app/main.rb", 1, FrameKind::kRuby};
+  const uint32_t ruby = t.StackOf({main_frame, reconcile});
+  const uint32_t clock = t.StackOf({main_frame, reconcile, {"Process.clock_gettime", "<cfunc>", 0, FrameKind::kCfunc}});
+  const uint32_t pool = t.StackOf({{"Puma::ThreadPool#spawn_thread", "/gems/puma/thread_pool.rb", 237,
+                                    FrameKind::kRuby},
+                                   {"Thread::ConditionVariable#wait", "<cfunc>", 0, FrameKind::kCfunc},
+                                   {"Thread::Mutex#sleep", "<cfunc>", 0, FrameKind::kCfunc}});
+  t.Released(0, 6, pool, "idle");
+  t.Event(1 * kMs, EventName::kWantsGvl, 5);
+  for (uint32_t holder = 2; holder <= 4; ++holder) {
+    const uint64_t at = (holder - 1) * 2 * kMs;  // each holds 2 ms: 1 ms sampled in Ruby code, then 1 ms in the clock
+    t.Event(at, EventName::kGvlAcquired, holder);
+    t.Event(at + kMs / 2, EventName::kSample, holder, ruby);
+    t.Event(at + kMs + kMs / 2, EventName::kSample, holder, clock);
+    t.Event(at + 2 * kMs, EventName::kGvlReleased, holder, clock);
+  }
+  t.Event(8 * kMs, EventName::kGvlAcquired, 5);
+  const TraceFile trace = t.Finish(10 * kMs);
+  const Outputs o = Render(trace);
+  const std::vector<std::string> lines = Lines(o.summary);
+  const std::string top = LineAfter(lines, "top blockers");
+  EXPECT_NE(top.find("Ledger.reconcile"), std::string::npos) << o.summary;
+  EXPECT_NE(top.find("3 threads"), std::string::npos) << o.summary;
+  const std::string beneath = LineAfter(lines, "top blockers", 2);
+  EXPECT_NE(beneath.find("in Process.clock_gettime"), std::string::npos) << o.summary;
+  // No top blocker row of its own for the C function: it is only beneath its Ruby method.
+  for (size_t i = 3; i <= 4; ++i) {
+    EXPECT_EQ(LineAfter(lines, "top blockers", i).find("Process.clock_gettime"), std::string::npos) << o.summary;
+  }
+  // The idle pool thread is no blocked stack; it has its own line.
+  for (size_t i = 1; i <= kSummaryBlockedStacks; ++i) {
+    EXPECT_EQ(LineAfter(lines, "top blocked stacks", i).find("spawn_thread"), std::string::npos) << o.summary;
+  }
+  EXPECT_NE(o.summary.find("idle (waiting for work, not contention): 10.0 ms in 1 thread"), std::string::npos)
+      << o.summary;
+}
+
 TEST(RunSummary, WaitsEstimatedWhilePausedAreNamedAsSuchAndCountInTheShares) {
   SyntheticTrace t(100);  // 10 ms a sample
   const uint32_t hog = t.Stack({"<main>", "Hog.spin"});

@@ -28,7 +28,7 @@ class Feed {
     attribution_.OnThreadEvent(t, thread, event);
     if (event == EventName::kTracingPaused) attribution_.OnPause(t);
     if (event == EventName::kTracingResumed) attribution_.OnResume(t);
-    tracker_.OnEvent(TrackerEvent{t, event, thread, vm, stack, reason});
+    tracker_.OnEvent(TrackerEvent{t, event, thread, vm, stack, reason, reason != ReleaseReason::kUnknown});
   }
   void Sample(uint64_t t, uint64_t thread, uint32_t stack) {
     end_ = std::max(end_, t);

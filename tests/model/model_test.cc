@@ -142,9 +142,39 @@ TEST(ModelStackReasons, ReasonFromTheReleasedStackLabelsTheBlockAndBeatsAProbe) 
   EXPECT_EQ(unknown->provenance, Provenance::kObserved);
 }
 
+// Puma's reactor (issue 47): nio4r took an uncontended Mutex#lock 20 us before blocking in select. The trace's
+// gvl_released carried its own reason; inspect's block must say that reason, never the probe's waiting_mutex.
+TEST(ModelStackReasons, ACarriedUnknownReasonIsNotReplacedByAnEarlierProbe) {
+  EventSeq s;
+  s.Add(0, EventName::kGvlAcquired, kT2, 11);
+  s.Add(1 * kMs, EventName::kMutexLockEnter, kT2, 11);
+  const size_t rel = s.ReleasedWithReason(1 * kMs + 20 * kUs, kT2, 11, "unknown");
+  s.Add(3 * kMs, EventName::kWantsGvl, kT2, 11);
+  s.Add(3 * kMs + 5 * kUs, EventName::kGvlAcquired, kT2, 11);
+  s.Add(4 * kMs, EventName::kSleepEnter, kT2, 11);
+  s.ReleasedWithReason(4 * kMs + 20 * kUs, kT2, 11, "idle");
+  s.Add(6 * kMs, EventName::kTracingStopped);
+  const Model model = s.Build("3.3.8", 1);
+  const StateBlock* b = BlockAt(model, kT2, 2 * kMs);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->state, ThreadState::kReleased);
+  EXPECT_EQ(b->reason, ReleaseReason::kUnknown);
+  EXPECT_EQ(b->rule, ModelRule::kNone);
+  EXPECT_EQ(b->opened_by, rel);
+  const StateBlock* idle = BlockAt(model, kT2, 5 * kMs);
+  EXPECT_EQ(idle->reason, ReleaseReason::kIdle);
+  EXPECT_EQ(idle->rule, ModelRule::kStackReason);
+  // The spans every export reads say the same.
+  for (const Span& sp : model.spans()) {
+    if (sp.kind == SpanKind::kBlocked && sp.start_ns == 1 * kMs + 20 * kUs) {
+      EXPECT_EQ(sp.reason, ReleaseReason::kUnknown);
+    }
+  }
+}
+
 TEST(ModelStackReasons, EveryTraceReasonNameParses) {
   for (const char* name : {"sleep", "io", "mutex", "queue", "condition_variable", "join", "pass", "process_wait",
-                           "timeslice", "exit"}) {
+                           "timeslice", "exit", "idle", "db_pool"}) {
     const ReleaseReason r = ParseReleaseReasonTraceName(name);
     EXPECT_NE(r, ReleaseReason::kUnknown) << name;
     EXPECT_FALSE(ReleaseReasonName(r).empty());

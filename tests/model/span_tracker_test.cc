@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 namespace rvbpfd {
@@ -14,9 +15,10 @@ class Tracker {
   explicit Tracker(TrackerRules rules = TrackerRules::kStreaming)
       : t_([this](const Span& s) { spans.push_back(s); }, rules) {}
 
+  // `reason`: the reason a gvl_released carried (nullopt: it carried none, as without a stack).
   void Ev(uint64_t t, EventName event, uint64_t thread = 0, uint32_t stack = 0,
-          ReleaseReason reason = ReleaseReason::kUnknown, uint32_t vm = 0) {
-    t_.OnEvent(TrackerEvent{t, event, thread, vm, stack, reason});
+          std::optional<ReleaseReason> reason = std::nullopt, uint32_t vm = 0) {
+    t_.OnEvent(TrackerEvent{t, event, thread, vm, stack, reason.value_or(ReleaseReason::kUnknown), reason.has_value()});
   }
   void Sample(uint64_t thread, uint32_t stack, bool in_gc = false) { t_.OnSample(thread, stack, in_gc); }
   SpanTracker& tracker() { return t_; }
@@ -373,6 +375,42 @@ TEST(SpanTracker, BlockedSpansCarryTheReleaseReason) {
   EXPECT_EQ(b[1].end, SpanEnd::kAcquired);
   EXPECT_EQ(b[2].reason, ReleaseReason::kUnknown);
   EXPECT_EQ(b[2].reason_provenance, Provenance::kObserved);
+}
+
+// Puma's reactor: nio4r's Selector#select takes its (uncontended) Mutex#lock, returns from it and blocks in epoll.
+// The release's own stack said what it could ("unknown" here, io with the nio4r rule); the probe says nothing more.
+TEST(SpanTracker, AProbeNeverOverridesTheReasonTheReleaseCarried) {
+  for (const TrackerRules rules : {TrackerRules::kStreaming, TrackerRules::kTimeline}) {
+    Tracker k(rules);
+    k.Ev(0, EventName::kGvlAcquired, kA);
+    k.Ev(10, EventName::kMutexLockEnter, kA);
+    k.Ev(30, EventName::kGvlReleased, kA, 3, ReleaseReason::kUnknown);
+    k.Ev(40, EventName::kGvlAcquired, kA);
+    k.Ev(50, EventName::kSleepEnter, kA);
+    k.Ev(60, EventName::kGvlReleased, kA, 4, ReleaseReason::kIo);
+    k.Ev(70, EventName::kGvlAcquired, kA);
+    k.Ev(80, EventName::kMutexLockEnter, kA);
+    k.Ev(90, EventName::kGvlReleased, kA);  // no reason carried (no stack taken): the probe stands in
+    k.Ev(100, EventName::kGvlAcquired, kA);
+    const auto b = k.Of(SpanKind::kBlocked, kA);
+    ASSERT_EQ(b.size(), 3u);
+    EXPECT_EQ(b[0].reason, ReleaseReason::kUnknown);
+    EXPECT_EQ(b[0].reason_provenance, Provenance::kObserved);
+    EXPECT_EQ(b[1].reason, ReleaseReason::kIo);
+    EXPECT_EQ(b[2].reason, ReleaseReason::kWaitingMutex);
+    EXPECT_EQ(b[2].reason_provenance, Provenance::kDerived);
+  }
+}
+
+TEST(SpanTracker, ATraceReleaseCarriesItsReasonEvenWhenUnknown) {
+  TraceEvent e;
+  e.event = EventName::kGvlReleased;
+  e.reason = "unknown";
+  EXPECT_TRUE(TrackerEventOf(e, 1, 0).reason_carried);
+  e.reason = "";
+  EXPECT_FALSE(TrackerEventOf(e, 1, 0).reason_carried);
+  e.reason = "idle";
+  EXPECT_EQ(TrackerEventOf(e, 1, 0).reason, ReleaseReason::kIdle);
 }
 
 TEST(SpanTracker, CutSplitsOpenSpansAndPruneForgetsIdleThreads) {

@@ -700,6 +700,23 @@ TEST_F(ReportBlame, FlameWeightsAreBlameByHolderStackAndSumToEveryCountedWait) {
   EXPECT_EQ(data["blame"]["total_ns"], waited);
 }
 
+// The top blockers table's rows come from model/blockers.h: the holders' Ruby method (Worker#run for IO#read, which
+// is beneath it), the threads that held, and the C function it was in.
+TEST_F(ReportBlame, BlockersAreTheHoldersRubyMethodsWithTheCFunctionBeneath) {
+  const json data = EmbeddedData(RenderWithStacks(BuildBlame(), dicts_));
+  const json& rows = data["blame"]["blockers"];
+  ASSERT_EQ(rows.size(), 3u) << rows.dump();
+  EXPECT_EQ(rows[0]["m"], "Worker#hot");
+  EXPECT_EQ(rows[0]["ns"], 40 * kUs);
+  EXPECT_EQ(rows[0]["h"], json::parse("[[2, 40000]]"));
+  EXPECT_EQ(rows[0]["c"], json::array());
+  EXPECT_EQ(rows[1]["m"], "Worker#run");
+  EXPECT_EQ(rows[1]["h"], json::parse("[[3, 10000]]"));
+  EXPECT_EQ(rows[1]["c"], json::parse(R"([["IO#read", 10000]])"));
+  EXPECT_EQ(rows[2]["m"], "[GVL not held]");
+  EXPECT_EQ(rows[2]["h"], json::parse("[[0, 5000]]"));
+}
+
 TEST(Report, BlameOnEveryRuleSequenceSumsToItsWaitsAndLeavesOutThoseAcrossGaps) {
   const Model model = EveryRuleSequence().Build("3.2.5", 0);
   const json data = EmbeddedData(RenderHtml(model));

@@ -124,7 +124,8 @@
                         not_started: null, exited: null, unknown: "#c9c9c9" };
   const REASON_COLOR = { sleeping: "#5b86c5", waiting_mutex: "#d35454", starting: "#cfd8e3", preempted: "#e07b2a",
                          io: "#7aa6a1", queue: "#b08fc7", condition_variable: "#c79fb8", join: "#9aa36b",
-                         pass: "#c4b16a", process_wait: "#8f9bb3", timeslice: "#d99a5b", exit: "#b5b5b5" };
+                         pass: "#c4b16a", process_wait: "#8f9bb3", timeslice: "#d99a5b", exit: "#b5b5b5",
+                         idle: "#dde3ea", db_pool: "#c7797a" };
   function blockColor(t, i) {
     const st = N.state[t.st[i]];
     if ((st === "released" || st === "wants_gvl") && REASON_COLOR[N.reason[t.rs[i]]]) return REASON_COLOR[N.reason[t.rs[i]]];
@@ -166,6 +167,7 @@
   legend.append(sw(STATE_COLOR.running, "", "running (holds the GVL)"), sw(STATE_COLOR.wants_gvl, "", "wants GVL"),
       sw(REASON_COLOR.preempted, "derived", "preempted (3.2)"), sw(STATE_COLOR.released, "", "released"),
       sw(REASON_COLOR.sleeping, "derived", "sleeping"), sw(REASON_COLOR.waiting_mutex, "derived", "waiting mutex"),
+      sw(REASON_COLOR.idle, "derived", "idle (waiting for work)"),
       sw(STATE_COLOR.gc, "", "GC"), sw("#eef0f3", "", "GVL idle"), sw("#c9c9c9", "derived", "unknown (lost / paused)"),
       sw("#999", "derived", "derived: hatched, dashed"), sw("#999", "inferred", "inferred: faded"));
   const labels = $("labels");
@@ -495,8 +497,10 @@
 
   const RULE_TEXT = {
     before_first_event: "Inferred: no event reports a thread's state before its first event; this is the state that event implies.",
-    sleep_probe: "Derived: the release fell after a Kernel#sleep entry probe of this thread and before it ran again.",
-    mutex_probe: "Derived: the release fell after a Thread::Mutex#lock entry probe of this thread and before it ran again.",
+    sleep_probe: "Derived: the release carried no reason (no stack was taken) and fell after a Kernel#sleep entry " +
+      "probe of this thread, before it ran again.",
+    mutex_probe: "Derived: the release carried no reason (no stack was taken) and fell after a Thread::Mutex#lock " +
+      "entry probe of this thread, before it ran again.",
     stack_reason: "Derived: the recorder matched the stack it took at this release against the release-reason rule (docs/design.md).",
     preempted_by_resume: "Derived: another thread's RESUMED arrived while this thread had not released (Ruby 3.2 timeslice).",
     owner_replaced: "Derived: another thread's RESUMED replaced this owner; on 3.3+ that means a SUSPENDED was lost.",
@@ -1211,22 +1215,26 @@
       info: (total, what) => `${dur(total)} other threads waited for the GVL while ${what} held it` +
         (what === "all holders" ? estimatedNote : ""),
     });
-    // The top blockers: holder and the leaf of what it ran, by the ns others waited (the summary `inspect` prints).
-    const top = new Map();
-    for (let i = 0; i < f.ns.length; i++) {
-      const h = f.h[i] - 1, p = { stack: f.sk[i] - 1, source: BLAME_SOURCES[f.src[i]], gc: f.gc[i] === 1 };
-      const key = h + "\u0000" + blameLeaf(p);
-      const cur = top.get(key) || { holder: h, frame: blameLeaf(p), ns: 0 };
-      cur.ns += f.ns[i];
-      top.set(key, cur);
-    }
-    const list = [...top.values()].sort((a, b) => b.ns - a.ns);
-    const rows = list.slice(0, 5).map((x) => el("tr", { "data-holder": holderLabel(x.holder), "data-frame": x.frame, "data-ns": String(x.ns) },
-        el("td", null, holderLabel(x.holder)), el("td", { class: "mono" }, x.frame), el("td", null, dur(x.ns)),
-        el("td", null, (100 * x.ns / Math.max(1, blame.total + blame.estimated)).toFixed(1) + "%")));
-    $("blame-top").replaceChildren(el("thead", null, el("tr", null, el("th", null, "holder"), el("th", null, "running"),
-        el("th", null, "others waited"), el("th", null, "share"))), el("tbody", null, ...rows));
-    fl.top = () => list.map((x) => ({ holder: holderLabel(x.holder), frame: x.frame, ns: x.ns }));
+    // The top blockers, as `inspect` prints them (model/blockers.h groups them; the page only shows them): the
+    // holders' innermost Ruby method across threads, with the C functions it was in beneath it.
+    const list = (BL.blockers || []).map((b) => ({
+      frame: b.m, ns: b.ns,
+      holders: b.h.map(([h, ns]) => ({ holder: holderLabel(h - 1), ns })),
+      calls: b.c.map(([label, ns]) => ({ label, ns })),
+    }));
+    const share = (ns) => (100 * ns / Math.max(1, blame.total + blame.estimated)).toFixed(1) + "%";
+    const whoHeld = (x) => (x.holders.length === 1 ? x.holders[0].holder : `${x.holders.length} threads`);
+    const rows = list.slice(0, 5).map((x) => el("tr", { "data-holder": x.holders.map((h) => h.holder).join(", "),
+                                                        "data-threads": String(x.holders.length),
+                                                        "data-frame": x.frame, "data-ns": String(x.ns),
+                                                        title: x.holders.map((h) => `${h.holder}: ${dur(h.ns)}`).join("\n") },
+        el("td", { class: "mono" }, el("div", null, x.frame),
+           ...x.calls.slice(0, 2).map((c) => el("div", { class: "blame-call", "data-call": c.label, "data-ns": String(c.ns) },
+                                                 `in ${c.label} · ${dur(c.ns)}`))),
+        el("td", null, whoHeld(x)), el("td", null, dur(x.ns)), el("td", null, share(x.ns))));
+    $("blame-top").replaceChildren(el("thead", null, el("tr", null, el("th", null, "holders' Ruby method"),
+        el("th", null, "held by"), el("th", null, "others waited"), el("th", null, "share"))), el("tbody", null, ...rows));
+    fl.top = () => list.map((x) => ({ holder: whoHeld(x), frame: x.frame, ns: x.ns, holders: x.holders, calls: x.calls }));
     return fl;
   })();
   window.addEventListener("resize", () => { if (flame) flame.draw(); if (blameFlame) blameFlame.draw(); });
