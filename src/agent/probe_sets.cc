@@ -11,6 +11,7 @@
 
 #include "common/deadline.h"
 #include "common/target_file.h"
+#include "elf/debug_lookup.h"
 
 namespace rvbpfd {
 namespace {
@@ -98,7 +99,8 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
     return Error(err == ENOENT || err == ESRCH ? ErrorCode::kNoSuchProcess : ErrorCode::kIo,
                  ErrnoMessage("stat " + target.vm_host_path, err));
   }
-  BinaryKey key{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), target.build_id};
+  BinaryKey key{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), target.build_id,
+                DebugFileIdentity(target.vm_host_path, target.build_id)};
   if (auto f = failed_.find(key); f != failed_.end()) {
     if (std::chrono::steady_clock::now() - f->second.at < kFailedTtl) return f->second.error;
     failed_.erase(f);  // long enough ago: try again (a fixed analysis, a debug file installed since)
@@ -142,6 +144,8 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
   Result<PreparedBinary> prepared = std::move(*bounded.value);
   if (!prepared) {
     const ErrorCode code = prepared.error().code();
+    // The site finder's own time cap (FindSites): counted with the preparations abandoned at the agent's bound.
+    if (IsSiteAnalysisTimeout(prepared.error())) ++prepare_timeouts_;
     // Facts of the file (no symbols, a version without scheduler events) do not change: remember them. Anything
     // else (the process died mid-read, I/O) is retried with the next process of this binary.
     if (code == ErrorCode::kNoSymbols || code == ErrorCode::kUnsupportedVersion || code == ErrorCode::kNotRuby) {

@@ -2,7 +2,7 @@
 //
 // A binary is identified by (st_dev, st_ino) of the file as the process sees it (opened through /proc/PID/root, so
 // two containers with their own copies are two binaries and two processes sharing one libruby are one) plus its
-// build-id. Its sites come from the site cache (PrepareVmBinary, shared with the recorder). The uprobes are
+// build-id and the identity of the debug file its analysis would read (BinaryKey::debug). Its sites come from the site cache (PrepareVmBinary, shared with the recorder). The uprobes are
 // attached for every process mapping the file (pid -1) through /proc/self/fd/N of an O_PATH descriptor the set
 // holds, so they stay reattachable when the process that brought the binary exits; the BPF pid filter decides whose
 // hits are recorded. Processes are reference counted: when the last one leaves, the uprobes are detached (no trap
@@ -43,8 +43,11 @@ struct BinaryKey {
   uint64_t dev = 0;
   uint64_t ino = 0;
   std::string build_id;
+  // The debug file the analysis of a process of this binary would read (DebugFileIdentity): processes share a set
+  // only when they also share it, so a debug file planted in one tenant's root never places another tenant's probes.
+  std::string debug = "none";
   bool operator<(const BinaryKey& o) const {
-    return std::tie(dev, ino, build_id) < std::tie(o.dev, o.ino, o.build_id);
+    return std::tie(dev, ino, build_id, debug) < std::tie(o.dev, o.ino, o.build_id, o.debug);
   }
   bool operator==(const BinaryKey&) const = default;
 };
@@ -147,7 +150,8 @@ class ProbeSetManager {
 
   size_t active_sets() const;
   size_t total_sets() const { return sets_.size(); }
-  // Binaries whose preparation was abandoned at the time bound (or refused: too many still stuck) or threw.
+  // Binaries whose preparation was abandoned at the time bound (or refused: too many still stuck) or threw, or whose
+  // site analysis passed its own time cap (kSiteAnalysisTimeout).
   uint64_t prepare_timeouts() const { return prepare_timeouts_; }
   // Dormant sets recycled so far (their slots returned), and binaries remembered as unprobeable now.
   uint64_t recycled_sets() const { return recycled_sets_; }

@@ -1,6 +1,7 @@
 #include "elf/debug_lookup.h"
 
 #include <elfutils/debuginfod.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +12,7 @@
 #include <mutex>
 
 #include "common/shared_library.h"
+#include "common/target_file.h"
 
 namespace rvbpfd {
 namespace {
@@ -207,6 +209,26 @@ DebugLookupResult AttachDebugInfo(ElfFile* elf, const DebugLookupConfig& config,
 }
 
 DebugLookupResult AttachDebugInfo(ElfFile* elf) { return AttachDebugInfo(elf, DebugLookupSettings()); }
+
+std::string DebugFileIdentity(const std::string& path, const std::string& build_id, const DebugLookupConfig& config) {
+  const std::string target_root = FileSystemRootOf(path);
+  for (const std::string& root : {target_root, std::string()}) {
+    if (!target_root.empty() || root.empty()) {
+      const std::string candidate = BuildIdDebugPath(root, config.debug_dir, build_id);
+      if (candidate.empty()) return "none";
+      struct stat st;
+      if (StatInRoot(candidate, &st) != 0) {
+        if (root.empty()) break;
+        continue;
+      }
+      return std::string(root.empty() ? "host:" : "target:") + std::to_string(st.st_dev) + ":" +
+             std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" +
+             std::to_string(st.st_mtim.tv_sec * 1'000'000'000LL + st.st_mtim.tv_nsec) + ":" +
+             std::to_string(st.st_ctim.tv_sec * 1'000'000'000LL + st.st_ctim.tv_nsec);
+    }
+  }
+  return "none";
+}
 
 Result<ElfFile> OpenWithDebugInfo(const std::string& path, DebugLookupResult* lookup) {
   Result<ElfFile> elf = ElfFile::Open(path);

@@ -67,6 +67,15 @@ DebugLookupResult AttachDebugInfo(ElfFile* elf, const DebugLookupConfig& config,
 // The same with DebugLookupSettings().
 DebugLookupResult AttachDebugInfo(ElfFile* elf);
 
+// Which debug file AttachDebugInfo would find for the binary at `path` (as the daemon reaches it) with `build_id`,
+// without reading it: "target:" or "host:" and "<dev>:<ino>:<size>:<mtime_ns>:<ctime_ns>" of the first build-id
+// candidate that exists (the binary's own root first, then the host's), "none" when neither does (debuginfod, when
+// configured, serves every process alike). For in-memory memos of analyses (the agent's probe sets): two processes
+// of one binary share an analysis only when they would read the same debug file, so a debug file a tenant planted in
+// its own root serves that tenant's processes only.
+std::string DebugFileIdentity(const std::string& path, const std::string& build_id,
+                              const DebugLookupConfig& config = DebugLookupSettings());
+
 // ElfFile::Open, then AttachDebugInfo.
 Result<ElfFile> OpenWithDebugInfo(const std::string& path, DebugLookupResult* lookup = nullptr);
 

@@ -170,9 +170,13 @@ Result<std::vector<CodeRange>> FunctionRangesFromEhFrame(const ElfFile& elf) {
     }
     pos = next;
   }
+  // One range per start (the longest), each cut at the next one's start: a real binary's FDEs do not overlap, and a
+  // crafted file's overlapping ones would make every walk over the ranges quadratic in the code.
   std::sort(out.begin(), out.end(),
-            [](const CodeRange& a, const CodeRange& b) { return a.start != b.start ? a.start < b.start : a.end < b.end; });
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+            [](const CodeRange& a, const CodeRange& b) { return a.start != b.start ? a.start < b.start : a.end > b.end; });
+  out.erase(std::unique(out.begin(), out.end(), [](const CodeRange& a, const CodeRange& b) { return a.start == b.start; }),
+            out.end());
+  for (size_t i = 0; i + 1 < out.size(); ++i) out[i].end = std::min(out[i].end, out[i + 1].start);
   if (out.empty()) return Error(ErrorCode::kNoSymbols, elf.path() + ": .eh_frame describes no code");
   return out;
 }

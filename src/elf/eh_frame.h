@@ -23,7 +23,8 @@ struct CodeRange {
 };
 
 // The code ranges of every FDE in .eh_frame whose range lies inside an executable PT_LOAD segment's file part,
-// sorted by start, duplicates removed. Bounded by the section size; kNoSymbols when the file has no .eh_frame, or
+// sorted by start, one per start, none overlapping the next (a crafted file's overlapping FDEs are cut at the next
+// one's start, so walks over them stay linear in the code). Bounded by the section size; kNoSymbols when the file has no .eh_frame, or
 // an entry cannot be parsed (an unknown pointer encoding, a length running past the section): a partial list would
 // hide code from the site finder, so none is returned.
 Result<std::vector<CodeRange>> FunctionRangesFromEhFrame(const ElfFile& elf);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "common/capabilities.h"
@@ -394,11 +395,11 @@ std::optional<ElfSymbol> ElfFile::FindSymbol(std::string_view name) const {
 
 std::vector<ElfSymbol> ElfFile::FindSymbolsWithPrefix(std::string_view base) const {
   std::vector<ElfSymbol> out;
+  // A set, not a scan of `out`: a crafted file may hold thousands of clones of one name (linear, not quadratic).
+  std::set<std::pair<std::string_view, uint64_t>> seen;
   for (const ElfSymbol& s : symbols_) {
     if (s.shndx == SHN_UNDEF || !MatchesWithCloneSuffix(s.name, base)) continue;
-    bool dup = std::any_of(out.begin(), out.end(),
-                           [&](const ElfSymbol& o) { return o.name == s.name && o.value == s.value; });
-    if (!dup) out.push_back(s);
+    if (seen.emplace(s.name, s.value).second) out.push_back(s);
   }
   return out;
 }
@@ -471,7 +472,9 @@ Status ElfFile::AttachDebugFile(ElfFile debug, std::string source) {
   // Its section indices (shndx) are the debug file's; callers only compare them with SHN_UNDEF.
   std::vector<ElfSymbol> merged;
   for (const ElfSymbol& s : debug.symbols_) {
-    if (s.from_symtab) merged.push_back(s);
+    if (!s.from_symtab) continue;
+    merged.push_back(s);
+    merged.back().from_debug_file = true;
   }
   for (ElfSymbol& s : symbols_) merged.push_back(std::move(s));
   symbols_ = std::move(merged);

@@ -33,6 +33,7 @@ struct ElfSymbol {
   uint8_t binding = 0;  // STB_*
   uint16_t shndx = 0;   // section index; SHN_UNDEF for imports
   bool from_symtab = false;  // true: .symtab, false: .dynsym
+  bool from_debug_file = false;  // from an attached debug file's .symtab (AttachDebugFile), not the binary's own
 };
 
 struct ElfSection {
@@ -122,6 +123,8 @@ class ElfFile {
   // The file whose DWARF (.debug_info, .debug_frame) describes this binary: the attached debug file if it has
   // .debug_info, else this one.
   const ElfFile& dwarf_file() const;
+  // The attached debug file (AttachDebugFile), if any: its content keys the analyses made with it.
+  const ElfFile* debug_file() const { return debug_.get(); }
   // Where .symtab/DWARF came from: "binary" (this file), else the `source` of the attached debug file.
   const std::string& symbols_source() const { return symbols_source_; }
 

@@ -58,7 +58,8 @@ Result<PreparedBinary> PrepareVmBinary(ElfFile& vm, const std::string& ruby_vers
   p.sites = std::move(sites.value());
   p.live_layout = LiveLayoutOf(vm, p.sites);
   if (want_stacks) {
-    Result<StackSetup> ss = PrepareStacks(vm, ruby_version, p.sites.content_sha256, cache_dir);
+    // Keyed as the sites are: the binary and the debug file the layout was read from (LoadOrFindSites attached it).
+    Result<StackSetup> ss = PrepareStacks(vm, ruby_version, p.sites.AnalysisKey(), cache_dir);
     if (ss) {
       p.stacks = std::move(ss.value());
     } else {

@@ -39,9 +39,10 @@ struct StackSetup {
 };
 
 // Walker/symbolizer layout of the VM binary `vm` (DWARF over the version table; debug info by build-id is attached
-// to `vm` when it has none of its own). The DWARF part is cached in cache_dir by the binary's content hash
-// (CachedOffsetsForBinary, src/stacks/offsets_cache.h; "" for either: no cache).
-Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version, const std::string& content_sha256,
+// to `vm` when it has none of its own). The DWARF part is cached in cache_dir under `analysis_key`
+// (SiteSet::AnalysisKey: the binary's and its debug file's content hashes; CachedOffsetsForBinary,
+// src/stacks/offsets_cache.h; "" for either: no cache).
+Result<StackSetup> PrepareStacks(ElfFile& vm, const std::string& ruby_version, const std::string& analysis_key,
                                  const std::string& cache_dir);
 
 // What CheckLiveLayout compares a live process with: the facts of its VM binary's analysis that the probes rely on,

@@ -39,7 +39,18 @@ Result<Disassembler> Disassembler::Create() {
 }
 
 Disassembler::Disassembler(Disassembler&& other) noexcept
-    : handle_(std::exchange(other.handle_, 0)), insn_(std::exchange(other.insn_, nullptr)) {}
+    : handle_(std::exchange(other.handle_, 0)),
+      insn_(std::exchange(other.insn_, nullptr)),
+      deadline_(other.deadline_),
+      expired_(other.expired_) {}
+
+bool Disassembler::expired() {
+  if (!expired_ && ++since_check_ >= kCheckEvery) {
+    since_check_ = 0;
+    expired_ = std::chrono::steady_clock::now() >= deadline_;
+  }
+  return expired_;
+}
 
 Disassembler::~Disassembler() {
   if (insn_ != nullptr) cs_free(insn_, 1);
@@ -47,6 +58,7 @@ Disassembler::~Disassembler() {
 }
 
 const cs_insn* Disassembler::DecodeAt(const ElfFile& elf, uint64_t vaddr) {
+  if (expired()) return nullptr;
   // x86 instructions are at most 15 bytes; near the end of a segment fewer bytes are available.
   for (uint64_t len = 15; len > 0; --len) {
     std::span<const uint8_t> bytes = elf.BytesAt(vaddr, len);
@@ -65,7 +77,7 @@ void Disassembler::DecodeRange(std::span<const uint8_t> code, uint64_t vaddr,
   const uint8_t* p = code.data();
   size_t size = code.size();
   uint64_t address = vaddr;
-  while (size > 0 && cs_disasm_iter(handle_, &p, &size, &address, insn_)) {
+  while (size > 0 && !expired() && cs_disasm_iter(handle_, &p, &size, &address, insn_)) {
     if (!fn(*insn_)) return;
   }
 }

@@ -1,4 +1,4 @@
-// The per-binary JSON cache of FindSites results, keyed by the SHA-256 of the binary's content. The cache lives on the
+// The per-binary JSON cache of FindSites results, keyed by the SHA-256 of the binary's content and of its debug file. The cache lives on the
 // host and may outlive binaries, be edited or be truncated by a crash; so nothing in it is trusted: every field is
 // range-checked, and anything odd means "recompute and rewrite".
 #include <algorithm>
@@ -12,6 +12,8 @@
 #include "common/json_read.h"
 #include "common/sha256.h"
 #include "elf/debug_lookup.h"
+#include "sites/code_check.h"
+#include "sites/disasm.h"
 #include "sites/sites.h"
 
 namespace rvbpfd {
@@ -25,7 +27,9 @@ namespace {
 // 7: GC sites at calls of rb_gc_event_hook (3.4+ builds that do not inline its flag test). 8: STARTED and RESUMED
 // sites must locate th (a 3.2 binary without DWARF is refused, no longer cached as all "current"). 9: a 3.2 binary
 // without DWARF is analysed (th at STARTED/RESUMED from the code, its GC checks, thread_start_func_1/2 named).
-constexpr int kCacheFormat = 9;
+// 10: keyed by the binary's and the debug file's SHA-256 (debug_sha256; entries of 9 could hold a result computed with
+// a debug file a tenant planted, under the binary's hash alone).
+constexpr int kCacheFormat = 10;
 // A cache value that is not what its field holds (thrown by Int, reported as a corrupt cache).
 struct BadValue {
   std::string what;
@@ -63,6 +67,7 @@ std::string SiteSetToJson(const SiteSet& set) {
       {"format", kCacheFormat},
       {"build_id", set.build_id},
       {"content_sha256", set.content_sha256},
+      {"debug_sha256", set.debug_sha256},
       {"ruby_version", set.ruby_version},
       {"main_thread_serial", set.main_thread_serial},
       {"offsets_source", set.offsets_source},
@@ -90,6 +95,7 @@ Result<SiteSet> SiteSetFromJson(const std::string& text) {
     SiteSet set;
     set.build_id = doc.at("build_id").get<std::string>();
     set.content_sha256 = doc.at("content_sha256").get<std::string>();
+    set.debug_sha256 = doc.at("debug_sha256").get<std::string>();
     set.ruby_version = doc.at("ruby_version").get<std::string>();
     set.main_thread_serial = Int<uint32_t>(doc.at("main_thread_serial"));
     set.offsets_source = doc.at("offsets_source").get<std::string>();
@@ -201,6 +207,8 @@ Result<SiteSet> LoadOrFindSites(const std::string& elf_path, const std::string& 
 }
 
 Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, const std::string& cache_dir) {
+  // The debug file first: what the analysis reads is the binary and that file (symbols, DWARF), so both key it.
+  DebugLookupResult lookup = AttachDebugInfo(&elf);
   // The key is what the analysis reads: the whole file (its zero blocks cost nothing: a sparse file is cheap). A
   // binary claiming another's build-id, or a modified copy keeping it, only ever finds or writes its own entry.
   const std::string content_sha256 = ContentSha256Of(elf, cache_dir);
@@ -208,32 +216,41 @@ Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, c
     Status st = elf.LoadDeferredSections();
     return Error(ErrorCode::kIo, "hashing " + elf.path() + ": " + (st.ok() ? "unreadable" : st.error().message()));
   }
+  // A debug file a tenant planted in its own root keys its own entry: no other process of the binary (analysed with
+  // another debug file, or none) is ever served what it made the analysis find.
+  std::string debug_sha256 = "none";
+  if (const ElfFile* debug = elf.debug_file()) {
+    debug_sha256 = ContentSha256Of(*debug, cache_dir);
+    if (debug_sha256.empty()) {
+      Status st = debug->LoadDeferredSections();
+      return Error(ErrorCode::kIo,
+                   "hashing " + debug->path() + ": " + (st.ok() ? "unreadable" : st.error().message()));
+    }
+  }
+  SiteSet keyed;
+  keyed.content_sha256 = content_sha256;
+  keyed.debug_sha256 = debug_sha256;
   const bool cacheable = !cache_dir.empty();
-  const std::string cache_path = cache_dir + "/" + content_sha256 + ".json";
+  const std::string cache_path = cache_dir + "/" + keyed.AnalysisKey() + ".json";
   if (cacheable) {
     // RV_MAX_SITES sites of a few hundred bytes each; anything larger is not ours.
     constexpr uint64_t kMaxCacheBytes = 16u << 20;
     if (std::optional<std::string> text = ReadCacheFile(cache_path, kMaxCacheBytes)) {
       Result<SiteSet> cached = SiteSetFromJson(*text);
-      if (cached.ok() && cached->content_sha256 == content_sha256 && cached->build_id == elf.build_id() &&
-          cached->ruby_version == ruby_version) {
+      if (cached.ok() && cached->content_sha256 == content_sha256 && cached->debug_sha256 == debug_sha256 &&
+          cached->build_id == elf.build_id() && cached->ruby_version == ruby_version) {
         bool in_file = true;
         for (const ProbeSite& s : cached->sites) {
           std::optional<uint64_t> off = elf.VaddrToFileOffset(s.vaddr);
           in_file &= off.has_value() && *off == s.file_offset;
         }
-        // A result computed without symbols stays sound, but a debug file found since (a -dbgsym package installed,
-        // a debuginfod server added) gives the richer analysis: look once more before reusing it.
-        if (in_file && !cached->analysed_with_symtab) {
-          AttachDebugInfo(&elf);
-          if (elf.has_symtab()) in_file = false;
-        }
-        if (in_file) return cached;
+        // Nothing in the cache places a probe the code does not allow (an edited entry is recomputed).
+        Result<Disassembler> dis = Disassembler::Create();
+        if (in_file && dis.ok() && CheckSitesAgainstCode(elf, *dis, cached->sites).ok()) return cached;
       }
     }
   }
   // Not cached: the analysis uses .symtab/DWARF when the binary or its debug file by build-id has them.
-  DebugLookupResult lookup = AttachDebugInfo(&elf);
   Result<SiteSet> found = FindSites(elf, ruby_version);
   if (!found.ok() && found.error().code() == ErrorCode::kNoSymbols && !lookup.tried.empty()) {
     return Error(ErrorCode::kNoSymbols, found.error().message() + " (debug info by build-id: " + lookup.Summary() +
@@ -241,6 +258,7 @@ Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, c
   }
   if (!found.ok()) return found;
   found->content_sha256 = content_sha256;
+  found->debug_sha256 = debug_sha256;
   if (!cacheable) return found;
   // Best effort: a cache we cannot write only costs the next run the analysis time.
   try {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common/hex.h"
+#include "sites/code_check.h"
 #include "sites/disasm.h"
 #include "sites/dwarf_info.h"
 #include "sites/gc_hook_calls.h"
@@ -67,6 +68,38 @@ bool MayReference(std::span<const uint8_t> code, uint64_t vaddr, uint64_t target
     if (rest == 0 || rest == 1 || rest == 2 || rest == 4) return true;
   }
   return false;
+}
+
+// The defined, sized .symtab functions as pieces of code that do not overlap, in address order: one per distinct start
+// (the first symbol there names it), each ending at its own end or at the next function's start, whichever comes
+// first. Sorted once, so every scan over them is O(text + symbols): a crafted binary whose symbols each span the rest
+// of .text would otherwise have that extent scanned again for each of them. A real binary's functions do not
+// overlap, so its pieces are its functions.
+struct FunctionUnit {
+  uint64_t start = 0, end = 0;
+  const ElfSymbol* sym = nullptr;
+};
+std::vector<FunctionUnit> FunctionUnits(const ElfFile& vm) {
+  std::vector<FunctionUnit> units;
+  for (const ElfSymbol& sym : vm.symbols()) {
+    if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0) continue;
+    const uint64_t end = sym.value + sym.size < sym.value ? UINT64_MAX : sym.value + sym.size;
+    units.push_back({sym.value, end, &sym});
+  }
+  std::stable_sort(units.begin(), units.end(),
+                   [](const FunctionUnit& a, const FunctionUnit& b) { return a.start < b.start; });
+  units.erase(std::unique(units.begin(), units.end(),
+                          [](const FunctionUnit& a, const FunctionUnit& b) { return a.start == b.start; }),
+              units.end());
+  for (size_t i = 0; i + 1 < units.size(); ++i) units[i].end = std::min(units[i].end, units[i + 1].start);
+  return units;
+}
+
+std::vector<CodeRange> UnitRanges(const std::vector<FunctionUnit>& units) {
+  std::vector<CodeRange> out;
+  out.reserve(units.size());
+  for (const FunctionUnit& u : units) out.push_back({u.start, u.end});
+  return out;
 }
 
 struct HookAnalysis {
@@ -436,7 +469,23 @@ Status CheckSiteSet(const SiteSet& set) {
   return {};
 }
 
-Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
+std::string SiteSet::AnalysisKey() const {
+  return debug_sha256.empty() || debug_sha256 == "none" ? content_sha256 : content_sha256 + ".debug-" + debug_sha256;
+}
+
+namespace {
+constexpr const char* kTimeoutPhrase = "site analysis time cap";
+}  // namespace
+
+std::string SiteAnalysisTimeoutMessage(const ElfFile& vm) {
+  return "analysing " + vm.path() + " took longer than the " + kTimeoutPhrase + " (" +
+         std::to_string(kSiteAnalysisTimeout.count() / 1000) + " s for a binary; real CRuby binaries take a few): " +
+         "not probing it (a crafted binary, or one far larger than any CRuby)";
+}
+
+bool IsSiteAnalysisTimeout(const Error& e) { return e.message().find(kTimeoutPhrase) != std::string::npos; }
+
+Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version, std::chrono::milliseconds timeout) {
   int major = 0, minor = 0, teeny = 0;
   if (!ParseRubyVersion(ruby_version, &major, &minor, &teeny)) {
     return Error(ErrorCode::kUnsupportedVersion, "cannot parse Ruby version \"" + ruby_version + "\" of " + vm.path());
@@ -448,6 +497,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   }
   Result<Disassembler> dis = Disassembler::Create();
   if (!dis.ok()) return dis.error();
+  dis->set_deadline(std::chrono::steady_clock::now() + timeout);
+  const Error timed_out(ErrorCode::kUnsupportedVersion, SiteAnalysisTimeoutMessage(vm));
   SiteSet set;
   set.build_id = vm.build_id();
   set.ruby_version = ruby_version;
@@ -481,6 +532,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   std::optional<StrippedCode> stripped;
   if (!use_symtab) {
     Result<StrippedCode> code = AnalyzeStrippedCode(vm, *dis, gc_flags_target);
+    if (dis->deadline_passed()) return timed_out;
     if (!code.ok()) {
       return Error(code.error().code(),
                    vm.path() + " (build-id " + (vm.build_id().empty() ? "none" : vm.build_id()) +
@@ -519,7 +571,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   }
 
   // Decode function by function (extents from .symtab or .eh_frame) so data in .text never desynchronises the
-  // decoder.
+  // decoder. The .symtab functions are sorted once (FunctionUnits); every scan below walks them in one pass.
+  const std::vector<FunctionUnit> units = stripped ? std::vector<FunctionUnit>{} : FunctionUnits(vm);
   std::vector<std::pair<uint64_t, std::string>> hook_refs;          // (vaddr, function)
   std::vector<std::pair<uint64_t, uint8_t>> gc_global_refs;        // (vaddr, event)
   if (stripped) {
@@ -539,12 +592,11 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   } else {
     static const std::set<std::string> kExcluded = {"rb_internal_thread_add_event_hook",
                                                     "rb_internal_thread_remove_event_hook", "rb_thread_execute_hooks"};
-    std::set<uint64_t> seen_functions;
-    for (const ElfSymbol& sym : vm.symbols()) {
-      if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0) continue;
-      if (!seen_functions.insert(sym.value).second) continue;
-      std::span<const uint8_t> code = vm.BytesAt(sym.value, sym.size);
+    for (const FunctionUnit& unit : units) {
+      const ElfSymbol& sym = *unit.sym;
+      std::span<const uint8_t> code = vm.BytesAt(unit.start, unit.end - unit.start);
       if (code.empty()) continue;
+      if (hook_refs.size() > RV_MAX_SITES || dis->expired()) break;
       bool want_hooks = MayReference(code, sym.value, hooks_addr);
       bool want_gc = gc_flags_target != 0 && MayReference(code, sym.value, gc_flags_target);
       if (!want_hooks && !want_gc) continue;
@@ -567,6 +619,12 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     }
   }
 
+  if (dis->deadline_passed()) return timed_out;
+  if (hook_refs.size() > RV_MAX_SITES) {
+    return Error(ErrorCode::kUnsupportedVersion, vm.path() + " tests the hook list at more than " +
+                                                     std::to_string(RV_MAX_SITES) + " places, more probe sites than "
+                                                     "the BPF side holds");
+  }
   if (stripped && hook_refs.empty()) {
     return Error(ErrorCode::kNoSymbols, vm.path() + ": no instruction outside the hook registry tests the hook list " +
                                             Hex(hooks_addr) + " (an unknown build shape); install the matching debug "
@@ -587,6 +645,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
   int ruby32_shapes = 0;  // 3.2 sites whose th was read off the statement before the hook
   for (const auto& [vaddr, function] : hook_refs) {
     HookAnalysis a = finder.AnalyzeHookSite(vaddr);
+    if (a.event == RV_EV_NONE && dis->deadline_passed()) return timed_out;
     if (a.event == RV_EV_NONE) {
       return Error(ErrorCode::kUnsupportedVersion, "hook site " + Hex(vaddr) + " in " + function + " of " + vm.path() +
                                                        ": cannot tell its event (" + a.why +
@@ -711,13 +770,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     if (stripped) {
       gc_calls = FindGcHookCalls(vm, *dis, stripped->functions, stripped->branch_targets);
     } else {
-      std::vector<CodeRange> units;
-      std::set<uint64_t> seen;
-      for (const ElfSymbol& sym : vm.symbols()) {
-        if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0) continue;
-        if (seen.insert(sym.value).second) units.push_back({sym.value, sym.value + sym.size});
-      }
-      gc_calls = FindGcHookCalls(vm, *dis, units, {});
+      gc_calls = FindGcHookCalls(vm, *dis, UnitRanges(units), {});
       // GCC's .cold parts jump back into their parent's body: check the functions holding calls again with the
       // branch targets of their .cold parts (decoded only for those functions, so the cost stays small).
       std::vector<uint64_t> cold_targets;
@@ -766,18 +819,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
       // disp8(%reg)` of the hook byte; the during_gc pairing below is what makes a match a GC hook. Not only the GC
       // functions by name: 3.2 inlines gc_continue's checks into newobj_alloc.
       std::vector<CodeRange> candidates;
-      if (stripped) {
-        candidates = stripped->functions;
-      } else {
-        std::set<uint64_t> done;
-        for (const ElfSymbol& sym : vm.symbols()) {
-          if (!sym.from_symtab || sym.type != STT_FUNC || sym.shndx == SHN_UNDEF || sym.size == 0 ||
-              !done.insert(sym.value).second) {
-            continue;
-          }
-          candidates.push_back({sym.value, sym.value + sym.size});
-        }
-      }
+      candidates = stripped ? stripped->functions : UnitRanges(units);
       std::vector<CodeRange> gc_units;
       for (const CodeRange& fn : candidates) {
         std::span<const uint8_t> b = vm.BytesAt(fn.start, fn.end - fn.start);
@@ -851,6 +893,7 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
     }
   }
 
+  if (dis->deadline_passed()) return timed_out;
   // Without both GC hook checks (another compiler's shape, a build whose objspace layout we cannot read), GC
   // enter/exit come from the GC functions themselves.
   const bool has_gc_enter = std::any_of(set.sites.begin(), set.sites.end(),
@@ -999,6 +1042,8 @@ Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version) {
                                                          " entries)"});
   }
   if (Status st = CheckSiteSet(set); !st) return Error(st.error().code(), vm.path() + ": " + st.error().message());
+  if (Status st = CheckSitesAgainstCode(vm, *dis, set.sites); !st) return st.error();
+  if (dis->deadline_passed()) return timed_out;
   return set;
 }
 
@@ -1063,6 +1108,7 @@ Status UseGcFunctionProbes(const ElfFile& vm, SiteSet* set) {
   for (ProbeSite& s : gc) set->sites.push_back(std::move(s));
   if (Status st = AssignFileOffsetsAndSort(vm, &set->sites); !st) return st;
   if (Status st = CheckSiteSet(*set); !st) return Error(st.error().code(), vm.path() + ": " + st.error().message());
+  if (Status st = CheckSitesAgainstCode(vm, *dis, set->sites); !st) return st;
   return {};
 }
 

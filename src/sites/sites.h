@@ -8,6 +8,7 @@
 #ifndef RVBPFD_SRC_SITES_SITES_H_
 #define RVBPFD_SRC_SITES_SITES_H_
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -57,9 +58,15 @@ struct ProbeSite {
 
 struct SiteSet {
   std::string build_id;
-  // SHA-256 (hex, SparseContentSha256Hex) of the whole binary the sites were computed from: the site cache's key. Empty
-  // when the set did not come through the cache.
+  // SHA-256 (hex, SparseContentSha256Hex) of the whole binary the sites were computed from. Empty when the set did
+  // not come through the cache.
   std::string content_sha256;
+  // SHA-256 of the whole debug file attached when the sites were computed (found by build-id in the target's root,
+  // on the host, or through debuginfod), "none" without one. With content_sha256 it keys the caches: a result is
+  // only ever reused for the same binary analysed with the same debug file (or none).
+  std::string debug_sha256 = "none";
+  // The caches' key of this analysis: content_sha256, or content_sha256 + ".debug-" + debug_sha256.
+  std::string AnalysisKey() const;
   std::string ruby_version;
   std::vector<ProbeSite> sites;  // sorted by file_offset
   rv_offsets offsets{};          // th->serial, th->nt, nt->tid in bytes
@@ -87,9 +94,21 @@ bool ParseRubyVersion(const std::string& version, int* major, int* minor, int* t
 // Version-table struct offsets (§6 of the reference) for major.minor; false for versions we have no table for.
 bool TableOffsets(int major, int minor, rv_offsets* offsets, uint32_t* main_thread_serial);
 
-// Computes all probe sites of `vm`. Errors: kUnsupportedVersion for Ruby < 3.2 (or unparseable), kNoSymbols when the
-// binary has no .symtab or no `rb_internal_thread_event_hooks`, or when a STARTED/READY site's `th` cannot be located.
-Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version);
+// The hard time cap of one binary's analysis (FindSites). A real VM binary takes well under a few seconds; a crafted
+// one may not take the agent's probing hostage.
+inline constexpr std::chrono::milliseconds kSiteAnalysisTimeout{20'000};
+
+// Computes all probe sites of `vm`, in time linear in its code and symbols. Every site is checked against the code
+// (CheckSitesAgainstCode, sites/code_check.h: an instruction boundary of its function, decoded from the function's
+// start as the binary's own .eh_frame or .symtab gives it) before it is returned. Errors: kUnsupportedVersion for
+// Ruby < 3.2 (or unparseable), or when the analysis passes `timeout` (SiteAnalysisTimeoutMessage); kNoSymbols when
+// the binary has no .symtab or no `rb_internal_thread_event_hooks`, when a STARTED/READY site's `th` cannot be
+// located, or when a site fails the code check.
+Result<SiteSet> FindSites(const ElfFile& vm, const std::string& ruby_version,
+                          std::chrono::milliseconds timeout = kSiteAnalysisTimeout);
+// The error message of an analysis past its time cap, and whether an error is one (the agent counts them).
+std::string SiteAnalysisTimeoutMessage(const ElfFile& vm);
+bool IsSiteAnalysisTimeout(const Error& e);
 
 // SparseContentSha256Hex of the binary, which keys the caches. Hashing reads the whole file (~70 ms for a 46 MB
 // static ruby with debug info), so the hash is kept in `<cache_dir>/file-<dev>-<ino>.json` (FileHashEntryPath) with
@@ -104,11 +123,13 @@ inline constexpr int64_t kFileSettleNs = 3'000'000'000;
 std::string ContentSha256Of(const ElfFile& elf, const std::string& cache_dir, int64_t settle_ns = kFileSettleNs);
 std::string FileHashEntryPath(const std::string& cache_dir, const FileIdentity& id);
 
-// FindSites with a JSON cache `<cache_dir>/<sha256>.json`, keyed by the SHA-256 of the whole binary (what the sites
-// were computed from), never by the build-id a binary claims: a crafted binary carrying another's build-id only ever
-// finds or writes its own entry. A cache file that is corrupt, of another format version, for other content or another
-// version, or whose values are out of range is ignored and rewritten (atomically: an O_EXCL temporary file renamed
-// into place, removed on any failure). Names are written with invalid UTF-8 replaced, so no symbol name can make the
+// FindSites with a JSON cache `<cache_dir>/<key>.json`, keyed by everything the sites were computed from
+// (SiteSet::AnalysisKey): the SHA-256 of the whole binary and of the debug file attached to it (or none), never by
+// the build-id a binary claims: a crafted binary carrying another's build-id, or a binary analysed with a debug file
+// a tenant planted in its own root, only ever finds or writes its own entry. The debug file is looked up
+// (AttachDebugInfo) before the cache. A cache file that is corrupt, of another format version, for other content or
+// another version, whose values are out of range, or whose sites fail the code check (CheckSitesAgainstCode) is
+// ignored and rewritten (atomically: an O_EXCL temporary file renamed into place, removed on any failure). Names are written with invalid UTF-8 replaced, so no symbol name can make the
 // write throw. A cache directory that cannot be written only costs the cache, never the result.
 Result<SiteSet> LoadOrFindSites(ElfFile& elf, const std::string& ruby_version, const std::string& cache_dir);
 // The same for the file at elf_path (opened and parsed here).

@@ -13,7 +13,9 @@ namespace rvbpfd {
 namespace {
 
 // Bump when the meaning of a field changes, so old entries are recomputed rather than misread.
-constexpr int kOffsetsCacheFormat = 1;
+// 2: keyed by the binary's and its debug file's content hashes (SiteSet::AnalysisKey); entries of 1 were keyed by
+// the binary alone, whatever debug file gave the DWARF.
+constexpr int kOffsetsCacheFormat = 2;
 // An entry holds ~60 small numbers (~2 KiB); anything much larger is not ours.
 constexpr uint64_t kMaxEntryBytes = 64u << 10;
 

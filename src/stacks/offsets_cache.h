@@ -3,7 +3,8 @@
 // Reading the layout from DWARF opens the binary's debug sections, which libdw inflates whole when they are
 // compressed (as Debian and most distributions build them): ~200 ms for a 3.3 libruby, paid by every run before its
 // first event. Only a layout DWARF gave is cached (the version table alone costs nothing), under
-// `<cache_dir>/<sha256>.stacks.json`, keyed like the sites by the SHA-256 of the binary's whole content, and it is
+// `<cache_dir>/<key>.stacks.json`, keyed like the sites (SiteSet::AnalysisKey) by the SHA-256 of the binary's whole
+// content and of the debug file whose DWARF was read (a debug file a tenant planted keys its own entry), and it is
 // looked up only while the binary (or its debug file by build-id) has DWARF, so a hit gives what recomputing would.
 // Nothing in the file is trusted: a format, a key or a version that differs, a missing field, or an offset out of
 // range means "recompute and rewrite".
@@ -20,9 +21,9 @@
 
 namespace rvbpfd {
 
-// OffsetsForBinary(elf, major, minor), from the cache when it holds the entry of `content_sha256` (the binary's
-// SparseContentSha256Hex, as SiteSet::content_sha256 has it), else computed and, when DWARF gave any field, written
-// there. cache_dir "" or content_sha256 "": no cache.
+// OffsetsForBinary(elf, major, minor), from the cache when it holds the entry of `content_sha256` (the analysis key:
+// SiteSet::AnalysisKey of the binary with the debug file attached to `elf`), else computed and, when DWARF gave any
+// field, written there. cache_dir "" or content_sha256 "": no cache.
 Result<RubyOffsets> CachedOffsetsForBinary(const ElfFile& elf, int major, int minor, const std::string& content_sha256,
                                            const std::string& cache_dir);
 

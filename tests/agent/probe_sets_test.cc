@@ -6,6 +6,8 @@
 
 #include "agent/discovery.h"
 #include "agent_fakes.h"
+#include "elf/debug_lookup.h"
+#include "elf/elf_fixtures.h"
 
 namespace rvbpfd {
 namespace {
@@ -78,6 +80,35 @@ TEST_F(ProbeSetsTest, ProcessesSharingALibrubyShareOneSetOfUprobes) {
   EXPECT_EQ(backend_.groups[0].path.rfind("/proc/self/fd/", 0), 0u);
   EXPECT_EQ(a->set->pids, (std::set<int>{10, 11}));
   EXPECT_EQ(sets_.active_sets(), 1u);
+}
+
+// Issue 45: a debug file by build-id decides where the analysis puts probes, so processes of one binary share a set
+// only when their analysis would read the same debug file. One appearing (planted) for the binary's build-id makes the
+// next process's binary another set, prepared on its own.
+TEST_F(ProbeSetsTest, ProcessesWhoseAnalysisWouldReadAnotherDebugFileGetTheirOwnSet) {
+  const DebugLookupConfig saved = DebugLookupSettings();
+  testing::TempDir debug_dir;
+  ConfigureDebugLookup(DebugLookupConfig{debug_dir.path(), 0});
+  AddRuby(10, "host");
+  AddRuby(11, "host");
+  AddRuby(12, "host");
+  const RubyTarget t10 = Target(10);
+  ASSERT_FALSE(t10.build_id.empty());
+  Result<ProbeSetManager::Acquired> a = sets_.Acquire(10, t10);
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  const std::string planted = BuildIdDebugPath("", debug_dir.path(), t10.build_id);
+  testing::WriteFile(planted, "any symbols a tenant likes");
+  Result<ProbeSetManager::Acquired> b = sets_.Acquire(11, Target(11));
+  ASSERT_TRUE(b.ok()) << b.error().message();
+  EXPECT_NE(a->set, b->set);
+  EXPECT_EQ(prepares_, 2);
+  EXPECT_NE(a->set->key.debug, b->set->key.debug);
+  // A third process reading that same file shares the second's set.
+  Result<ProbeSetManager::Acquired> c = sets_.Acquire(12, Target(12));
+  ASSERT_TRUE(c.ok()) << c.error().message();
+  EXPECT_EQ(b->set, c->set);
+  EXPECT_EQ(prepares_, 2);
+  ConfigureDebugLookup(saved);
 }
 
 TEST_F(ProbeSetsTest, ABinaryIsPreparedFromDiscoverysOwnParseOfIt) {

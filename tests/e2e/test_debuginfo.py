@@ -7,6 +7,11 @@ binary is split with `objcopy --only-keep-debug` and a stripped copy made (3.3.8
 which must not matter). Then:
   - no debug file reachable: `rvbpfd sites --binary COPY` either refuses with exit 6 and a message saying where it
     looked, or (once stripped binaries are analysed without debug info) does not claim a debug file;
+  - a planted debug file (issue 45: a tenant's own root may hold one for a binary other tenants run too) whose
+    symbols move rb_f_sleep one byte into its first instruction: `rvbpfd sites` refuses the binary (exit 6, naming
+    rb_f_sleep), caches nothing, and the same binary with its genuine debug file, with the same --cache-dir, gets the
+    unstripped binary's sites; one that names another function's entry for rb_f_sleep (the code allows it) is cached
+    under its own key, and the genuine debug file's analysis with the same --cache-dir is not served that entry;
   - the debug file under a temporary build-id tree (--debug-dir D: D/.build-id/xx/rest.debug) and, separately, served
     by Debian's debuginfod on loopback (DEBUGINFOD_URLS, DEBUGINFOD_CACHE_PATH in a temporary directory; --debug-dir
     pointing at an empty tree): for each
@@ -20,6 +25,7 @@ which must not matter). Then:
 """
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -89,6 +95,82 @@ def check_sites(rvbpfd, sr, work, tag, extra_args, env, want_symbols):
     if body != want_body or not body:
         p.append(f"sites of the stripped copy ({len(body)} lines) differ from the unstripped binary's "
                  f"({len(want_body)} lines):\n" + "\n".join(l for l in (set(body) ^ set(want_body)))[:3000])
+    return p
+
+
+def patch_symbol_value(path, name, value):
+    """Sets st_value of the .symtab symbol `name` in the ELF64 file at `path`; returns its old value (None: none)."""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3a)
+        for i in range(shnum):
+            sh = shoff + i * shentsize
+            sh_type, = struct.unpack_from("<I", data, sh + 4)
+            if sh_type != 2:  # SHT_SYMTAB
+                continue
+            offset, size, link = struct.unpack_from("<QQI", data, sh + 0x18)
+            str_off, = struct.unpack_from("<Q", data, shoff + link * shentsize + 0x18)
+            for sym in range(offset, offset + size, 24):
+                st_name, = struct.unpack_from("<I", data, sym)
+                end = data.index(0, str_off + st_name)
+                if data[str_off + st_name:end].decode(errors="replace") != name:
+                    continue
+                old, = struct.unpack_from("<Q", data, sym + 8)
+                struct.pack_into("<Q", data, sym + 8, value)
+                f.seek(0)
+                f.write(data)
+                return old
+    return None
+
+
+def symbol_value(path, name):
+    out = subprocess.run(["nm", path], capture_output=True, text=True, timeout=120).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == name:
+            return int(parts[0], 16)
+    return None
+
+
+def check_planted(rvbpfd, sr, work, genuine_dir):
+    """Issue 45: a planted debug file decides nothing for others: refused when it moves a probe into an instruction,
+    keyed by its own content when the code allows what it names."""
+    p = []
+    rc0, want, err0 = sites_lines(rvbpfd, sr.original, tempfile.mkdtemp(dir=work, prefix="cache-"))
+    sleep_want = [l for l in want if " SLEEP " in l]
+    if rc0 != 0 or not sleep_want:
+        return [f"sites of the unstripped {sr.original} failed ({rc0}) or has no SLEEP site: {err0}"]
+    sleep = symbol_value(sr.debug, "rb_f_sleep")
+    neighbour = symbol_value(sr.debug, "rb_f_exit") or symbol_value(sr.debug, "rb_f_abort")
+    if sleep is None or neighbour is None:
+        return [f"{sr.debug} has no rb_f_sleep or rb_f_exit/rb_f_abort symbol"]
+    genuine = ("--debug-dir", genuine_dir, "--debuginfod-timeout", "0")
+    for tag, value in (("one byte into rb_f_sleep", sleep + 1), ("another function's entry", neighbour)):
+        planted_dir = tempfile.mkdtemp(dir=work, prefix="planted-")
+        planted = rvlib.install_build_id_debug(sr.debug, planted_dir, sr.build_id)
+        if patch_symbol_value(planted, "rb_f_sleep", value) is None:
+            return [f"no rb_f_sleep in {planted}'s .symtab"]
+        cache = tempfile.mkdtemp(dir=work, prefix="cache-")
+        rc, out, err = sites_lines(rvbpfd, sr.vm, cache, ("--debug-dir", planted_dir, "--debuginfod-timeout", "0"))
+        if value == sleep + 1:
+            if rc != 6 or "rb_f_sleep" not in err or "refused" not in err:
+                p.append(f"planted debug file moving rb_f_sleep {tag}: exit {rc} (want 6 naming rb_f_sleep): "
+                         f"{err[-500:]} {[l for l in out if ' SLEEP ' in l]}")
+            if any(n.endswith(".json") and not n.startswith("file-") for n in os.listdir(cache)):
+                p.append(f"planted debug file moving rb_f_sleep {tag}: a site cache entry was written: "
+                         f"{os.listdir(cache)}")
+        elif rc != 0:
+            p.append(f"planted debug file naming {tag} for rb_f_sleep: exit {rc}: {err[-500:]}")
+        else:
+            print(f"  planted ({tag}): {[l for l in out if ' SLEEP ' in l]}")
+        # The same binary with its genuine debug file, the same cache: the unstripped binary's sites.
+        rc, got, err = sites_lines(rvbpfd, sr.vm, cache, genuine)
+        body = [l for l in got if not l.startswith("#")]
+        want_body = [l for l in want if not l.startswith("#")]
+        if rc != 0 or body != want_body:
+            p.append(f"after the planted debug file ({tag}), the genuine one with the same --cache-dir: exit {rc}, "
+                     f"SLEEP {[l for l in got if ' SLEEP ' in l]} (want {sleep_want}): {err[-300:]}")
     return p
 
 
@@ -175,6 +257,8 @@ def main():
             want = f"build-id directory {installed}"
             res.check(f"debuginfo {ruby.name} --debug-dir: sites equal the unstripped binary's",
                       check_sites(rvbpfd, sr, work, "in --debug-dir", dir_args, None, want))
+            res.check(f"debuginfo {ruby.name}: a planted debug file places no probe and poisons no cache",
+                      check_planted(rvbpfd, sr, work, debug_dir))
             record_checks(res, rvbpfd, sr, args, outdir, work, "--debug-dir", dir_args, None, want)
 
             # (2) Debian's debuginfod on loopback.

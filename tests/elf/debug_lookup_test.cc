@@ -50,6 +50,24 @@ class DebugLookupTest : public ::testing::Test {
   DebugLookupConfig config_;
 };
 
+// The identity the agent keys its probe sets with: the debug file the lookup would read (the target's root first),
+// by inode and timestamps, without reading it; "none" without one. Another file in its place is another identity.
+TEST_F(DebugLookupTest, DebugFileIdentityNamesTheFileTheLookupWouldRead) {
+  const std::string via_target_root = "/proc/" + std::to_string(getpid()) + "/root" + stripped_;
+  EXPECT_EQ(DebugFileIdentity(stripped_, kBuildId, config_), "none");
+  EXPECT_EQ(DebugFileIdentity(via_target_root, kBuildId, config_), "none");
+  Install(debug_, kBuildId);
+  const std::string host = DebugFileIdentity(stripped_, kBuildId, config_);
+  const std::string target = DebugFileIdentity(via_target_root, kBuildId, config_);
+  EXPECT_EQ(host.rfind("host:", 0), 0u) << host;
+  EXPECT_EQ(target.rfind("target:", 0), 0u) << target;
+  EXPECT_EQ(DebugFileIdentity(stripped_, kOtherBuildId, config_), "none");
+  // Replaced by another file (a new inode, as a tenant's planted file is): another identity.
+  const std::string dest = BuildIdDebugPath("", config_.debug_dir, kBuildId);
+  ASSERT_TRUE(RunCommand("cp '" + full_ + "' '" + dest + ".new' && mv '" + dest + ".new' '" + dest + "'"));
+  EXPECT_NE(DebugFileIdentity(stripped_, kBuildId, config_), host);
+}
+
 TEST(BuildIdDebugPathTest, DistributionLayout) {
   EXPECT_EQ(BuildIdDebugPath("", "/usr/lib/debug", "abcdef01"), "/usr/lib/debug/.build-id/ab/cdef01.debug");
   EXPECT_EQ(BuildIdDebugPath("/proc/7/root", "/usr/lib/debug", "abcdef01"),
