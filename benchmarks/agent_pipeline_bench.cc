@@ -127,6 +127,8 @@ class BenchBackend : public ProbeBackend {
     on_stack_ = std::move(on_stack);
   }
   Result<uint8_t> AddBinary(const rv_offsets&) override { return uint8_t{0}; }
+  Status RemoveBinary(uint8_t) override { return Status::Ok(); }
+  BpfSession::SlotUsage slot_usage() const override { return {0, RV_MAX_BINARIES, 0, RV_MAX_SITES}; }
   Status SetWalkConfig(uint8_t, const rv_walk_config&) override { return Status::Ok(); }
   using ProbeBackend::AttachGroup;
   Result<int> AttachGroup(const std::string&, const std::vector<SiteSpec>&, int) override { return groups_++; }
