@@ -68,7 +68,8 @@ Status CheckSitesAgainstCode(const ElfFile& vm, Disassembler& dis, const std::ve
     w.addrs.emplace_back(s.check(), &s);
     w.addrs.emplace_back(s.vaddr, &s);
   }
-  for (auto& [start, w] : by_function) {
+  for (auto& entry : by_function) {
+    Wanted& w = entry.second;  // a plain reference: clang 14 cannot capture a structured binding in a lambda
     std::sort(w.addrs.begin(), w.addrs.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
     size_t next = 0;
