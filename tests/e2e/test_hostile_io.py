@@ -83,7 +83,8 @@ def check_planted_cache(res, rvbpfd, vm, work):
         res.check("planted-cache: a fresh `sites --binary` as root", [f"exit {rc}: {err[-500:]!r}"])
         return
     evil = os.path.join(work, "nobody-cache")
-    subprocess.run(as_nobody(["mkdir", "-m", "0755", evil]), check=True)
+    os.mkdir(evil, 0o755)
+    os.chown(evil, NOBODY, NOBODY)  # the tenant's own directory, as under its home or a shared volume
     rc, _, err = sites_run(rvbpfd, evil, vm, as_user=True)
     moved = moved_entries(evil) if rc == 0 else 0
     for name in os.listdir(evil):
@@ -283,6 +284,7 @@ def main():
         res.check("setup (rvbpfd binary, the 3.3.8-shared test Ruby)", [str(e)])
         res.finish()
     work = tempfile.mkdtemp(prefix="rvbpfd-hostile-io-")
+    os.chmod(work, 0o755)  # the unprivileged tenant makes its own cache directory in it
     os.chmod(work, 0o755)
     try:
         if is_test_ruby:
