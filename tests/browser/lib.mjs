@@ -66,12 +66,13 @@ export function testRuby() {
 }
 
 // Records tests/e2e/workloads/<workload>.rb launched by rvbpfd (`rvbpfd -o OUT [args] -- ruby workload`); the
-// workloads wait for a line on stdin. Needs root (BPF uprobes) and the test Ruby.
+// workloads wait for a line on stdin. Needs root (BPF uprobes) and the test Ruby. The trace is written as plain JSON
+// Lines (--trace-format=jsonl) because these tests read it themselves, line by line, beside the report.
 export function recordWorkload(rvbpfd, workload, out, args = [], env = {}) {
   const ruby = testRuby();
   if (!existsSync(ruby)) throw new Error(`no test Ruby at ${ruby}: build it with tools/build-test-rubies.sh`);
   if (process.getuid && process.getuid() !== 0) throw new Error("recording needs root (BPF uprobes)");
-  run(rvbpfd, ["-o", out, ...args, "--", ruby, path.join(SOURCE_DIR, "tests/e2e/workloads", workload + ".rb")],
+  run(rvbpfd, ["-o", out, "--trace-format=jsonl", ...args, "--", ruby, path.join(SOURCE_DIR, "tests/e2e/workloads", workload + ".rb")],
       { input: "go\n", timeout: 180_000, env: { ...process.env, ...env } });
   return out;
 }
