@@ -63,8 +63,8 @@ constexpr const char* kDescription =
     "Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE; dump needs only ptrace access: CAP_SYS_PTRACE for\n"
     "another user's process). Exit status: 0 ok, 2 usage, 3 no such process,\n"
     "4 not Ruby, 5 unsupported Ruby version, 6 no symbols, 7 no privileges, 8 output unwritable, 9 target exited\n"
-    "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error, 13 export or report output past\n"
-    "--max-output-bytes.";
+    "during attach, 10 BPF failure, 11 bad trace file, 12 other I/O error, 13 a --cache-dir others could write,\n"
+    "14 export or report output past --max-output-bytes.";
 
 // Prints a multi-line report whose text quotes what target processes controlled (thread names, frame labels, paths,
 // reasons) with their control bytes escaped, so a trace cannot drive the terminal that inspects it.
