@@ -55,7 +55,7 @@ constexpr const char* kDescription =
     "  rvbpfd export --perfetto|--speedscope FILE -o OUT  Chrome trace JSON (ui.perfetto.dev) or speedscope\n"
     "  rvbpfd export --pprof|--folded FILE -o OUT        pprof (CPU, GVL wait, GVL blame, wall) or folded\n"
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
-    "  rvbpfd dump --pid PID [--json]                    every Ruby thread now: state, stack, GVL, who waits\n"
+    "  rvbpfd dump --pid PID | --core FILE [--json]      every Ruby thread now: state, stack, GVL, who waits\n"
     "                                                    for whom, deadlocks (reads memory; no BPF, never stops it)\n"
     "  rvbpfd agent (--output-dir DIR | --push-url URL)  fleet mode: profile every Ruby process on the host\n"
     "                                                    continuously (cpu, GVL wait/held, GC pprof per --interval)\n"
@@ -95,15 +95,29 @@ int RunCliUnguarded(int argc, char** argv);
 // `rvbpfd dump`: the subcommand and its flags (src/dump/dump_command.h runs it).
 CLI::App* AddDumpCommand(CLI::App& app, DumpOptions* options) {
   CLI::App* dump = app.add_subcommand(
-      "dump", "Print every Ruby thread of a live process now: its state (running, holding or waiting for the GVL, "
-              "blocked and why), its stack as rb_profile_frames names it, the GVL holder and queue, what each blocked "
-              "thread waits for and whom (a Mutex's owner, a joined thread), and deadlocks. Reads the process's "
-              "memory with process_vm_readv without stopping it; needs no BPF, only ptrace access to the target "
-              "(root, or CAP_SYS_PTRACE for another user's process). docs/dump.md describes the output.");
-  dump->add_option("-p,--pid", options->pid, "The CRuby process")->required()->check(CLI::PositiveNumber);
+      "dump", "Print every Ruby thread of a live process (--pid) or of a core file (--core) now: its state (running, "
+              "holding or waiting for the GVL, blocked and why), its stack as rb_profile_frames names it, the GVL "
+              "holder and queue, what each blocked thread waits for and whom (a Mutex's owner, a joined thread), and "
+              "deadlocks. Reads the process's memory with process_vm_readv without stopping it; needs no BPF, only "
+              "ptrace access to the target (root, or CAP_SYS_PTRACE for another user's process). A core (gcore's or "
+              "the kernel's, plain or gzip) needs the VM binary it ran: the libruby or executable its NT_FILE note "
+              "names, read from this host and checked by build-id, or the files given with --libruby / --exe. "
+              "docs/dump.md describes the output.");
+  CLI::Option* pid = dump->add_option("-p,--pid", options->pid, "The CRuby process")->check(CLI::PositiveNumber);
+  CLI::Option* core = dump->add_option("--core", options->core, "Dump this core file of a CRuby process instead");
+  pid->excludes(core);
+  dump->add_option("--exe", options->exe,
+                   "With --core: the core's executable as a file on this host (default: the path the core names)")
+      ->needs(core);
+  dump->add_option("--libruby", options->libruby,
+                   "With --core: the core's libruby as a file on this host (default: the path the core names)")
+      ->needs(core);
   dump->add_flag("--json", options->json, "One JSON object (docs/dump.md) instead of text");
   dump->add_option("--cache-dir", options->cache_dir, "Where the VM binary's stack layout is cached")
       ->capture_default_str();
+  dump->callback([options] {
+    if (options->pid == 0 && options->core.empty()) throw CLI::RequiredError("--pid or --core");
+  });
   return dump;
 }
 

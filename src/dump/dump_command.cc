@@ -12,9 +12,11 @@
 #include "common/json_dump.h"
 #include "common/text_escape.h"
 #include "dump/dump_analysis.h"
+#include "dump/dump_core.h"
 #include "dump/dump_layout.h"
 #include "dump/dump_output.h"
 #include "ops/file_read.h"
+#include "session/stack_resolver.h"
 #include "session/vm_binary.h"
 #include "sites/disasm.h"
 #include "sites/sites.h"
@@ -105,14 +107,19 @@ std::optional<int> BlockedFd(std::string_view text, MemoryReader& mem) {
     words.push_back(v);
   }
   if (words.size() < 2) return std::nullopt;
-  const uint64_t nr = words[0], arg0 = words[1];
+  const uint64_t args[2] = {words[1], words.size() > 2 ? words[2] : 0};
+  return BlockedFdOfCall(words[0], args, words.size() > 2, mem);
+}
+
+std::optional<int> BlockedFdOfCall(uint64_t nr, const uint64_t args[2], bool has_second, MemoryReader& mem) {
+  const uint64_t arg0 = args[0];
   // x86-64 system call numbers.
   switch (nr) {
     case 0: case 1: case 17: case 18: case 19: case 20: case 42: case 43: case 44: case 45: case 46: case 47:
     case 232: case 281: case 288:
       return arg0 <= INT32_MAX ? std::optional<int>(static_cast<int>(arg0)) : std::nullopt;
     case 7: case 271: {  // poll, ppoll: struct pollfd {int fd; short events, revents;} *fds, nfds
-      if (words.size() < 3 || words[2] == 0) return std::nullopt;
+      if (!has_second || args[1] == 0) return std::nullopt;
       int32_t fd = -1;
       if (!mem.ReadValue(arg0, &fd) || fd < 0) return std::nullopt;
       return fd;
@@ -122,30 +129,66 @@ std::optional<int> BlockedFd(std::string_view text, MemoryReader& mem) {
   }
 }
 
-Status RunDump(const DumpOptions& options, std::ostream& out, const ProcFs& procfs) {
-  Result<RubyTarget> target = DiscoverTarget(options.pid, procfs);
-  if (!target) return target.error();
-  ElfFile& vm = *target->vm_elf;
-  const std::string sha = options.cache_dir.empty() ? "" : ContentSha256Of(vm, options.cache_dir);
-  Result<StackSetup> setup = PrepareStacks(vm, target->ruby_version, sha, options.cache_dir);
+Result<DumpVm> PrepareDumpVm(ElfFile& vm, const DumpVmIdentity& id, const std::string& cache_dir) {
+  const std::string sha = cache_dir.empty() ? "" : ContentSha256Of(vm, cache_dir);
+  Result<StackSetup> setup = PrepareStacks(vm, id.ruby_version, sha, cache_dir);
   if (!setup) return setup.error().Wrap("the VM binary's stack layout");
-  Result<DumpLayout> layout = DumpLayoutForBinary(vm, target->major, target->minor, setup->offsets);
+  Result<DumpLayout> layout = DumpLayoutForBinary(vm, id.major, id.minor, setup->offsets);
   if (!layout) return layout.error();
-  const uint64_t bias = LoadBiasFromLowestMapping(setup->lowest_load_vaddr, target->vm_load_start);
-  const uint64_t vm_ptr = setup->current_vm_ptr_vaddr != 0 ? setup->current_vm_ptr_vaddr + bias : 0;
-  VmRoots roots{vm_ptr, 0};
-  if (vm_ptr == 0) {
+  DumpVm out{std::move(setup.value()), std::move(layout.value())};
+  const uint64_t bias = LoadBiasFromLowestMapping(out.setup.lowest_load_vaddr, id.load_start);
+  out.roots.vm_ptr_addr = out.setup.current_vm_ptr_vaddr != 0 ? out.setup.current_vm_ptr_vaddr + bias : 0;
+  if (out.roots.vm_ptr_addr == 0) {
     // A build that does not export ruby_current_vm_ptr (Debian's libruby): the main ractor from rb_thread_main.
     Result<Disassembler> dis = Disassembler::Create();
     std::optional<MainThreadRoute> route;
     if (dis) route = FindMainThreadRoute(vm, *dis);
     if (!route) {
-      return Error(ErrorCode::kNoSymbols, target->vm_host_path + " exports no ruby_current_vm_ptr and its "
-                                          "rb_thread_main does not name the main ractor: cannot find the VM");
+      return Error(ErrorCode::kNoSymbols, id.path + " exports no ruby_current_vm_ptr and its rb_thread_main does "
+                                          "not name the main ractor: cannot find the VM");
     }
-    roots.main_ractor_ptr_addr = route->main_ractor_vaddr + bias;
+    out.roots.main_ractor_ptr_addr = route->main_ractor_vaddr + bias;
   }
-  const uint64_t root = vm_ptr != 0 ? vm_ptr : roots.main_ractor_ptr_addr;
+  out.global_symbols = out.setup.global_symbols_vaddr != 0 ? out.setup.global_symbols_vaddr + bias : 0;
+  return out;
+}
+
+Result<DumpSnapshot> ReadDumpThreads(const DumpVm& vm, MemoryReader& mem) {
+  StackResolver resolver(std::make_unique<BorrowedMemoryReader>(mem), vm.setup.offsets, vm.global_symbols,
+                         vm.roots.vm_ptr_addr);
+  Symbolizer strings(&mem, vm.setup.offsets, vm.global_symbols);
+  const rv_ruby_walk_offsets walk = vm.setup.offsets.walk;
+  DumpReadHooks hooks;
+  hooks.stack = [&](uint64_t ec) {
+    WalkResult w = WalkRubyStack(mem, walk, ec, WalkLimits{kMaxDumpFrames, 1 << 20});
+    StackReading s;
+    resolver.Resolve(w.frames, &s.frames);
+    s.complete = w.complete;
+    return s;
+  };
+  hooks.string = [&](uint64_t value) { return strings.ReadString(value); };
+  return ReadRubyThreads(mem, vm.layout, vm.roots, hooks);
+}
+
+void WriteDump(const DumpSnapshot& snap, bool json, std::ostream& out) {
+  if (json) {
+    out << DumpJson(DumpToJson(snap)) << "\n";
+    return;
+  }
+  std::ostringstream text;
+  PrintDumpText(snap, text);
+  out << EscapeControlBytes(text.str(), /*keep_newlines=*/true);
+}
+
+Status RunDump(const DumpOptions& options, std::ostream& out, const ProcFs& procfs) {
+  if (!options.core.empty()) return RunDumpCore(options, out);
+  Result<RubyTarget> target = DiscoverTarget(options.pid, procfs);
+  if (!target) return target.error();
+  const DumpVmIdentity id{target->vm_host_path, target->ruby_version, target->major, target->minor,
+                          target->vm_load_start};
+  Result<DumpVm> vm = PrepareDumpVm(*target->vm_elf, id, options.cache_dir);
+  if (!vm) return vm.error();
+  const uint64_t root = vm->roots.vm_ptr_addr != 0 ? vm->roots.vm_ptr_addr : vm->roots.main_ractor_ptr_addr;
   if (const int err = ProcessReadErrno(options.pid, root); err != 0) {
     const ErrorCode code = err == EPERM || err == EACCES ? ErrorCode::kNoPrivilege
                            : err == ESRCH                ? ErrorCode::kNoSuchProcess
@@ -156,20 +199,7 @@ Status RunDump(const DumpOptions& options, std::ostream& out, const ProcFs& proc
                                     err));
   }
   ProcessMemoryReader mem(options.pid);
-  const uint64_t gsym = setup->global_symbols_vaddr != 0 ? setup->global_symbols_vaddr + bias : 0;
-  StackResolver resolver(std::make_unique<ProcessMemoryReader>(options.pid), setup->offsets, gsym, vm_ptr);
-  Symbolizer strings(&mem, setup->offsets, gsym);
-  const rv_ruby_walk_offsets walk = setup->offsets.walk;
-  DumpReadHooks hooks;
-  hooks.stack = [&](uint64_t ec) {
-    WalkResult w = WalkRubyStack(mem, walk, ec, WalkLimits{kMaxDumpFrames, 1 << 20});
-    StackReading s;
-    resolver.Resolve(w.frames, &s.frames);
-    s.complete = w.complete;
-    return s;
-  };
-  hooks.string = [&](uint64_t value) { return strings.ReadString(value); };
-  Result<DumpSnapshot> snap = ReadRubyThreads(mem, *layout, roots, hooks);
+  Result<DumpSnapshot> snap = ReadDumpThreads(*vm, mem);
   if (!snap) {
     if (ProcessEnding(procfs, options.pid)) {
       return Error(ErrorCode::kNoSuchProcess, "process " + std::to_string(options.pid) + " exited during the dump");
@@ -180,13 +210,7 @@ Status RunDump(const DumpOptions& options, std::ostream& out, const ProcFs& proc
   snap->pid = options.pid;
   snap->ruby_version = target->ruby_version;
   AddProcFacts(options.pid, procfs, mem, &snap.value());
-  if (options.json) {
-    out << DumpJson(DumpToJson(*snap)) << "\n";
-  } else {
-    std::ostringstream text;
-    PrintDumpText(*snap, text);
-    out << EscapeControlBytes(text.str(), /*keep_newlines=*/true);
-  }
+  WriteDump(*snap, options.json, out);
   return Status::Ok();
 }
 

@@ -59,12 +59,6 @@ std::string_view Basename(std::string_view path) {
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
-// libruby.so, libruby.so.3.3, libruby.so.3.3.8, libruby-3.1.so.3.1, libruby-static? (no: static links into ruby).
-bool IsLibrubyName(std::string_view base) {
-  if (base.rfind("libruby.so", 0) == 0) return true;
-  return base.rfind("libruby-", 0) == 0 && base.find(".so") != std::string_view::npos;
-}
-
 Error PrivilegeError(const std::string& what, int err) {
   // Another user's /proc/PID/{maps,root,mem} need ptrace read access.
   return Error(ErrorCode::kNoPrivilege, ErrnoMessage(what, err) + "; " + PrivilegeHint({kCapSysPtrace}));
@@ -97,6 +91,12 @@ Result<ElfFile> OpenThroughDescriptor(const std::string& path, RubyTarget* targe
 }
 
 }  // namespace
+
+// libruby.so, libruby.so.3.3, libruby.so.3.3.8, libruby-3.1.so.3.1, libruby-static? (no: static links into ruby).
+bool IsLibrubyName(std::string_view base) {
+  if (base.rfind("libruby.so", 0) == 0) return true;
+  return base.rfind("libruby-", 0) == 0 && base.find(".so") != std::string_view::npos;
+}
 
 std::string ProcFs::PidPath(int pid, std::string_view rel) const {
   std::string out = root_ + "/" + std::to_string(pid);

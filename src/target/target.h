@@ -82,6 +82,9 @@ struct RubyTarget {
   std::string vm_fd_path() const { return vm_fd ? "/proc/self/fd/" + std::to_string(vm_fd->get()) : vm_host_path; }
 };
 
+// Whether a file's base name is a libruby's: libruby.so, libruby.so.3.3, libruby.so.3.3.8, libruby-3.1.so.3.1.
+bool IsLibrubyName(std::string_view base);
+
 // The VM's version string ("3.3.8") from the exported `ruby_version` array of a VM binary (the executable of a
 // static ruby or libruby.so); nullopt when the binary defines none or it is not a short NUL-terminated string.
 // The one place rvbpfd reads it: discovery, launch mode and `rvbpfd sites --binary` all call this.

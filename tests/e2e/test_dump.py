@@ -13,11 +13,17 @@ names itself and records CRuby's own frames (tests/golden's RvGolden.capture) on
     threads' (Thread#native_thread_id, from the golden capture); the pipe thread's io names a pipe;
   - the target keeps running: the cpu thread's CPU time grows after the dump and the process is not stopped;
   - the text output names the deadlock (both lock threads on DEADLOCK lines) and Worker.crunch;
-  - exit statuses: 3 for a pid that does not exist, 4 for a process that is not Ruby.
-Needs root or ptrace access to a child (no BPF).
+  - exit statuses: 3 for a pid that does not exist, 4 for a process that is not Ruby;
+  - `dump --core` of a `gcore` core of the same process (gdb's gcore) gives what the live dump gave: the same
+    threads (names, native tids), frames (the cpu thread's leaf may stand on another line), states, reasons,
+    waiting_for kinds, Mutex owners, io descriptors, GVL holder, and exactly the one deadlock; the text names the
+    deadlock; its notes say it comes from a core; with --libruby/--exe naming a file of another build-id it fails
+    with exit 6 naming both build-ids.
+Needs root or ptrace access to a child (no BPF), and gcore (Debian's gdb) for the core part.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,6 +135,72 @@ def check_json(d, gout, pid, ruby):
     return p
 
 
+def compare_core(live, core, pid):
+    """Problems where `dump --core --json` of a gcore core differs from the live dump of the same stuck process."""
+    p = []
+    if core.get("pid") != pid or core.get("ruby_version") != live.get("ruby_version"):
+        p.append(f"core: pid/ruby_version {core.get('pid')}/{core.get('ruby_version')}, expected {pid}/"
+                 f"{live.get('ruby_version')}")
+    lt = {t.get("name"): t for t in live["threads"]}
+    ct = {t.get("name"): t for t in core["threads"]}
+    if sorted(str(n) for n in ct) != sorted(str(n) for n in lt):
+        return p + [f"core: thread names {sorted(str(n) for n in ct)}, live {sorted(str(n) for n in lt)}"]
+    for name in EXPECTED:
+        a, b = lt[name], ct[name]
+        where = f"core: thread {name}"
+        for k in ("native_tid", "state", "reason", "holds_gvl"):
+            if a[k] != b[k]:
+                p.append(f"{where}: {k} {b[k]}, live {a[k]}")
+        fa, fb = a["frames"], b["frames"]
+        leaf_a = [(f["label"], f["path"]) for f in fa[:1]]
+        leaf_b = [(f["label"], f["path"]) for f in fb[:1]]
+        if fa[1:] != fb[1:] or leaf_a != leaf_b or (name != "cpu" and fa[:1] != fb[:1]):
+            p.append(f"{where}: frames differ from the live dump's:\n  core {fb}\n  live {fa}")
+        wa, wb = a["waiting_for"] or {}, b["waiting_for"] or {}
+        for k in ("kind", "owner_native_tid", "mutex", "fd"):
+            if wa.get(k) != wb.get(k):
+                p.append(f"{where}: waiting_for.{k} {wb.get(k)}, live {wa.get(k)}")
+    if sorted(sorted(c) for c in core["deadlocks"]) != sorted(sorted(c) for c in live["deadlocks"]) or \
+            len(core["deadlocks"]) != 1:
+        p.append(f"core: deadlocks {core['deadlocks']}, live {live['deadlocks']} (exactly one expected)")
+    if core["gvl"]["holder_native_tid"] != live["gvl"]["holder_native_tid"]:
+        p.append(f"core: GVL holder {core['gvl']['holder_native_tid']}, live {live['gvl']['holder_native_tid']}")
+    if not any("core file" in n for n in core.get("notes", [])):
+        p.append(f"core: the notes do not say what a core cannot tell: {core.get('notes')}")
+    return p
+
+
+def check_core(rvbpfd, ruby, live, pid, outdir):
+    """gcore the stuck process, dump the core and compare it with the live dump."""
+    prefix = os.path.join(outdir, f"{ruby.name}.core")
+    r = subprocess.run(["gcore", "-o", prefix, str(pid)], capture_output=True, text=True, timeout=300)
+    core = f"{prefix}.{pid}"
+    try:
+        if r.returncode != 0 or not os.path.exists(core):
+            return [f"gcore failed ({r.returncode}): {r.stderr[-1000:]}"]
+        cmd = [rvbpfd, "dump", "--core", core]
+        j = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=120)
+        if j.returncode != 0:
+            return [f"rvbpfd dump --core --json exited {j.returncode}: {j.stderr.strip()}"]
+        d = json.loads(j.stdout)
+        print(f"  {ruby.name}: core dump notes {d.get('notes')}")
+        p = compare_core(live, d, pid)
+        t = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if t.returncode != 0 or "DEADLOCK among 2 threads:" not in t.stdout or "Worker.crunch" not in t.stdout:
+            p.append(f"rvbpfd dump --core (text) exited {t.returncode} without the deadlock and Worker.crunch: "
+                     f"{t.stderr.strip()}\n{t.stdout[:3000]}")
+        # A file of another build-id given as the VM binary: refused, naming both build-ids.
+        flag = "--libruby" if ruby.shared else "--exe"
+        w = subprocess.run(cmd + [flag, "/bin/true"], capture_output=True, text=True, timeout=120)
+        if w.returncode != 6 or w.stderr.count("build-id") < 2:
+            p.append(f"dump --core {flag} /bin/true exited {w.returncode} ({w.stderr.strip()}), expected 6 naming "
+                     f"both build-ids")
+        return p
+    finally:
+        if os.path.exists(core):
+            os.unlink(core)
+
+
 def check_ruby(rvbpfd, ruby, args, outdir):
     p = []
     gdir = rvlib.build_golden(args.build_dir, args.source_dir, ruby)
@@ -184,6 +256,10 @@ def check_ruby(rvbpfd, ruby, args, outdir):
                 p.append(f"the text output does not name the cpu thread's method Worker.crunch:\n{text[:3000]}")
         if target.poll() is not None:
             p.append(f"the target exited ({target.returncode}) during the test")
+        elif shutil.which("gcore") is None:
+            p.append("gcore (Debian's gdb) is not installed: tools/install-deps.sh installs it")
+        else:
+            p += check_core(rvbpfd, ruby, d, pid, outdir)
     finally:
         target.kill()
         target.wait()

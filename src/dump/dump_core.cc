@@ -1,0 +1,224 @@
+#include "dump/dump_core.h"
+
+#include <elf.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "common/deadline.h"
+#include "dump/dump_analysis.h"
+#include "elf/elf_file.h"
+#include "target/target.h"
+
+namespace rvbpfd {
+namespace {
+
+std::string_view Basename(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+uint64_t LowestStartOf(const CoreNotes& notes, const std::string& path) {
+  uint64_t lowest = UINT64_MAX;
+  for (const CoreFileMapping& m : notes.files) {
+    if (m.path == path) lowest = std::min(lowest, m.start);
+  }
+  return lowest;
+}
+
+// Program headers and note bytes read from a core to find a build-id: a real ELF header page holds a few dozen
+// headers and a note segment of a few hundred bytes.
+constexpr uint16_t kMaxPhdrs = 256;
+constexpr uint64_t kMaxNoteSegment = 64 << 10;
+
+std::optional<std::string> BuildIdInNotes(const std::vector<uint8_t>& seg) {
+  size_t pos = 0;
+  while (pos + 12 <= seg.size()) {
+    uint32_t hdr[3];
+    std::memcpy(hdr, seg.data() + pos, 12);
+    const uint64_t name_len = (uint64_t{hdr[0]} + 3) & ~uint64_t{3};
+    const uint64_t desc_len = (uint64_t{hdr[1]} + 3) & ~uint64_t{3};
+    const uint64_t desc = pos + 12 + name_len;
+    if (desc > seg.size() || hdr[1] > seg.size() - desc) return std::nullopt;
+    if (hdr[0] == 4 && hdr[2] == NT_GNU_BUILD_ID && std::memcmp(seg.data() + pos + 12, "GNU", 4) == 0 &&
+        hdr[1] > 0 && hdr[1] <= 64) {
+      std::string hex;
+      char b[3];
+      for (uint32_t i = 0; i < hdr[1]; i++) {
+        std::snprintf(b, sizeof(b), "%02x", seg[desc + i]);
+        hex += b;
+      }
+      return hex;
+    }
+    if (desc_len > seg.size() - desc) return std::nullopt;
+    pos = desc + desc_len;
+  }
+  return std::nullopt;
+}
+
+Result<std::shared_ptr<ElfFile>> OpenVmFile(const std::string& path) {
+  // The file may lie on a mount that never answers: bounded as target discovery is.
+  return RunBounded<std::shared_ptr<ElfFile>>("reading " + path, kDiscoverTimeout, nullptr,
+                                              [path]() -> Result<std::shared_ptr<ElfFile>> {
+                                                Result<ElfFile> elf = ElfFile::Open(path);
+                                                if (!elf) return elf.error();
+                                                return std::make_shared<ElfFile>(std::move(elf.value()));
+                                              });
+}
+
+bool DefinesVm(const ElfFile& elf) {
+  std::optional<ElfSymbol> sym = elf.FindSymbol("ruby_version");
+  return sym && sym->shndx != SHN_UNDEF;
+}
+
+}  // namespace
+
+Result<CoreVmFile> ChooseCoreVmFile(const CoreNotes& notes, const std::string& exe, const std::string& libruby) {
+  CoreVmFile out;
+  for (const CoreFileMapping& m : notes.files) {
+    if (!m.path.empty() && m.path[0] == '/' && IsLibrubyName(Basename(m.path))) {
+      out.recorded_path = m.path;
+      out.libruby = true;
+      break;
+    }
+  }
+  if (out.libruby) {
+    out.host_path = libruby.empty() ? out.recorded_path : libruby;
+  } else {
+    if (!libruby.empty()) {
+      return Error(ErrorCode::kUsage, "--libruby " + libruby + ": the core maps no libruby (a static ruby: give its "
+                                      "executable with --exe)");
+    }
+    const CoreFileMapping* first = nullptr;
+    for (const CoreFileMapping& m : notes.files) {
+      if (m.path.empty() || m.path[0] != '/') continue;
+      if (notes.entry != 0 && notes.entry >= m.start && notes.entry < m.end) {
+        first = &m;
+        break;
+      }
+      if (first == nullptr || m.start < first->start) first = &m;
+    }
+    if (first == nullptr) return Error(ErrorCode::kNotRuby, "the core's NT_FILE note names no mapped file");
+    out.recorded_path = first->path;
+    out.host_path = exe.empty() ? out.recorded_path : exe;
+  }
+  out.load_start = LowestStartOf(notes, out.recorded_path);
+  return out;
+}
+
+std::optional<std::string> CoreBuildIdAt(CoreFileReader& core, uint64_t start) {
+  Elf64_Ehdr eh;
+  if (!core.ReadCarried(start, &eh, sizeof(eh))) return std::nullopt;
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phnum > kMaxPhdrs) {
+    return std::nullopt;
+  }
+  std::vector<Elf64_Phdr> ph(eh.e_phnum);
+  if (start + eh.e_phoff < start || !core.ReadCarried(start + eh.e_phoff, ph.data(), ph.size() * sizeof(Elf64_Phdr))) {
+    return std::nullopt;
+  }
+  // The mapping's first page is the lowest PT_LOAD's (page-aligned) vaddr.
+  uint64_t lowest = UINT64_MAX;
+  for (const Elf64_Phdr& p : ph) {
+    if (p.p_type == PT_LOAD) lowest = std::min(lowest, p.p_vaddr & ~uint64_t{0xfff});
+  }
+  if (lowest == UINT64_MAX) return std::nullopt;
+  for (const Elf64_Phdr& p : ph) {
+    if (p.p_type != PT_NOTE || p.p_filesz == 0 || p.p_filesz > kMaxNoteSegment || p.p_vaddr < lowest) continue;
+    std::vector<uint8_t> seg(p.p_filesz);
+    const uint64_t addr = start + (p.p_vaddr - lowest);
+    if (addr < start || !core.ReadCarried(addr, seg.data(), seg.size())) continue;
+    if (std::optional<std::string> id = BuildIdInNotes(seg)) return id;
+  }
+  return std::nullopt;
+}
+
+void AddCoreFacts(const CoreNotes& notes, MemoryReader& mem, DumpSnapshot* snap) {
+  std::map<int, const CoreThread*> by_tid;
+  for (const CoreThread& t : notes.threads) by_tid.emplace(t.tid, &t);
+  std::vector<int> missing;
+  for (DumpedThread& t : snap->threads) {
+    t.native_tid = t.ns_tid;
+    auto it = by_tid.find(t.ns_tid);
+    if (it == by_tid.end()) {
+      if (t.ns_tid != 0) missing.push_back(t.ns_tid);
+      continue;
+    }
+    t.task_state = it->second->in_syscall() ? 'S' : 'R';
+  }
+  DeriveStates(snap);
+  for (DumpedThread& t : snap->threads) {
+    if (!t.waiting_for || t.waiting_for->kind != "io") continue;
+    auto it = by_tid.find(t.ns_tid);
+    if (it == by_tid.end() || !it->second->in_syscall()) continue;
+    if (std::optional<int> fd = BlockedFdOfCall(it->second->orig_rax, it->second->args, true, mem)) {
+      t.waiting_for->fd = *fd;
+    }
+  }
+  snap->notes.push_back("from a core file: a thread's running or holding_gvl is read from its registers (inside a "
+                        "system call: off the CPU), not /proc; io descriptors are not resolved to what they name");
+  if (!missing.empty()) {
+    std::string tids;
+    for (int tid : missing) tids += (tids.empty() ? "" : ", ") + std::to_string(tid);
+    snap->notes.push_back("threads with no NT_PRSTATUS note in the core (another pid namespace's tids?): " + tids);
+  }
+}
+
+Status RunDumpCore(const DumpOptions& options, std::ostream& out) {
+  CoreFileReader::Options copts;
+  Result<std::unique_ptr<CoreFileReader>> core = CoreFileReader::Open(options.core, copts);
+  if (!core) return core.error();
+  const CoreNotes& notes = (*core)->notes();
+  Result<CoreVmFile> file = ChooseCoreVmFile(notes, options.exe, options.libruby);
+  if (!file) return file.error().Wrap(options.core);
+  const std::string flag = file->libruby ? "--libruby" : "--exe";
+  Result<std::shared_ptr<ElfFile>> vm = OpenVmFile(file->host_path);
+  if (!vm) {
+    return Error(vm.error().code(), vm.error().message() + " (the core's " + file->recorded_path +
+                                        "; give the file with " + flag + " PATH)");
+  }
+  ElfFile& elf = **vm;
+  std::vector<std::string> notes_out;
+  if (std::optional<std::string> id = CoreBuildIdAt(**core, file->load_start)) {
+    if (*id != elf.build_id()) {
+      return Error(ErrorCode::kNoSymbols,
+                   options.core + " mapped " + file->recorded_path + " with build-id " + *id + ", but " +
+                       file->host_path + " has build-id " + (elf.build_id().empty() ? "(none)" : elf.build_id()) +
+                       ": not the same file; give the one the process ran with " + flag + " PATH");
+    }
+  } else {
+    notes_out.push_back("the core does not carry the first page of " + file->recorded_path + ": " + file->host_path +
+                        " is used without a build-id check");
+  }
+  if (!DefinesVm(elf)) {
+    return Error(ErrorCode::kNotRuby, options.core + ": " + file->host_path + " defines no ruby_version: the core " +
+                                          "maps no CRuby VM we know (a libruby under another name: " + flag + ")");
+  }
+  std::optional<std::string> version = ReadRubyVersion(elf);
+  int major = 0, minor = 0, teeny = 0;
+  if (!version || std::sscanf(version->c_str(), "%d.%d.%d", &major, &minor, &teeny) != 3) {
+    return Error(ErrorCode::kNotRuby, file->host_path + " has no readable ruby_version string");
+  }
+  if (major < 3 || (major == 3 && minor < 2)) {
+    return Error(ErrorCode::kUnsupportedVersion, "CRuby " + *version + " is not supported (use Ruby >= 3.2)");
+  }
+  // Bytes the core lacks of the VM file come from the file just checked.
+  (*core)->SetOriginalFile(file->recorded_path, file->host_path);
+  const DumpVmIdentity id{file->host_path, *version, major, minor, file->load_start};
+  Result<DumpVm> dvm = PrepareDumpVm(elf, id, options.cache_dir);
+  if (!dvm) return dvm.error();
+  Result<DumpSnapshot> snap = ReadDumpThreads(*dvm, **core);
+  if (!snap) return snap.error().Wrap(options.core + " (" + file->host_path + ", CRuby " + *version + ")");
+  snap->ruby_version = *version;
+  snap->pid = notes.pid != 0 ? notes.pid : (snap->threads.empty() ? 0 : snap->threads.front().ns_tid);
+  AddCoreFacts(notes, **core, &snap.value());
+  snap->notes.insert(snap->notes.end(), notes_out.begin(), notes_out.end());
+  WriteDump(*snap, options.json, out);
+  return Status::Ok();
+}
+
+}  // namespace rvbpfd
