@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "stacks/core_builder.h"
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,51 +21,22 @@
 namespace rvbpfd {
 namespace {
 
-struct Seg {
-  uint64_t vaddr, memsz;
-  std::vector<uint8_t> data;  // filesz = data.size()
-};
+using testing::BuildCoreFile;
+using testing::CoreFileEntry;
+using testing::CoreNoteSpec;
+using testing::CoreSeg;
+using testing::NoteBytes;
+using testing::NtFileDesc;
+using testing::PrpsinfoDesc;
+using testing::PrstatusDesc;
+using testing::PutWords;
+using Seg = CoreSeg;
 
+// One NT_FILE note naming one mapping (page size 4096), then the segments.
 std::vector<uint8_t> BuildCore(const std::vector<Seg>& segs, uint64_t file_start, uint64_t file_end,
                                uint64_t file_pgoff, const std::string& file_path) {
-  std::vector<uint8_t> desc(16 + 24);
-  uint64_t words[5] = {1, 4096, file_start, file_end, file_pgoff};
-  std::memcpy(desc.data(), words, sizeof(words));
-  for (char c : file_path) desc.push_back(static_cast<uint8_t>(c));
-  desc.push_back(0);
-  while (desc.size() % 4) desc.push_back(0);
-  std::vector<uint8_t> note(20, 0);  // header (12) + "CORE\0" padded to 8
-  uint32_t nh[3] = {5, static_cast<uint32_t>(desc.size()), NT_FILE};
-  std::memcpy(note.data(), nh, 12);
-  std::memcpy(note.data() + 12, "CORE", 4);
-  note.insert(note.end(), desc.begin(), desc.end());
-
-  const size_t phnum = 1 + segs.size();
-  uint64_t off = sizeof(Elf64_Ehdr) + phnum * sizeof(Elf64_Phdr);
-  std::vector<Elf64_Phdr> ph(phnum);
-  ph[0] = {PT_NOTE, 0, off, 0, 0, note.size(), 0, 4};
-  off += note.size();
-  for (size_t i = 0; i < segs.size(); i++) {
-    ph[i + 1] = {PT_LOAD, PF_R, off, segs[i].vaddr, 0, segs[i].data.size(), segs[i].memsz, 4096};
-    off += segs[i].data.size();
-  }
-  Elf64_Ehdr eh{};
-  std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
-  eh.e_ident[EI_CLASS] = ELFCLASS64;
-  eh.e_ident[EI_DATA] = ELFDATA2LSB;
-  eh.e_ident[EI_VERSION] = EV_CURRENT;
-  eh.e_type = ET_CORE;
-  eh.e_machine = EM_X86_64;
-  eh.e_phoff = sizeof(Elf64_Ehdr);
-  eh.e_ehsize = sizeof(Elf64_Ehdr);
-  eh.e_phentsize = sizeof(Elf64_Phdr);
-  eh.e_phnum = static_cast<uint16_t>(phnum);
-  std::vector<uint8_t> out(sizeof(eh) + phnum * sizeof(Elf64_Phdr));
-  std::memcpy(out.data(), &eh, sizeof(eh));
-  std::memcpy(out.data() + sizeof(eh), ph.data(), phnum * sizeof(Elf64_Phdr));
-  out.insert(out.end(), note.begin(), note.end());
-  for (const Seg& s : segs) out.insert(out.end(), s.data.begin(), s.data.end());
-  return out;
+  return BuildCoreFile(segs, NoteBytes({{"CORE", NT_FILE,
+                                         NtFileDesc(4096, {{file_start, file_end, file_pgoff, file_path}})}}));
 }
 
 class CoreReaderTest : public ::testing::Test {
@@ -138,6 +111,123 @@ TEST_F(CoreReaderTest, RejectsMalformedFiles) {
   std::memcpy(bad.data() + sizeof(Elf64_Ehdr) + sizeof(Elf64_Phdr), &ph, sizeof(ph));
   EXPECT_FALSE(CoreFileReader::Open(Write("huge", bad, false), {}).ok());
   EXPECT_FALSE(CoreFileReader::Open(dir_ + "/missing", {}).ok());
+}
+
+// gdb writes no PT_LOAD at all for a read-only file mapping it leaves out; NT_FILE alone names it.
+TEST_F(CoreReaderTest, MappingWithoutSegmentIsReadFromItsFile) {
+  std::vector<uint8_t> core = BuildCore({{0x10000, 0x1000, std::vector<uint8_t>(4096, 0xab)}}, 0x30000, 0x32000, 0,
+                                        dir_ + "/lib.so");
+  auto r = CoreFileReader::Open(Write("gdb", core, false), {});
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  uint8_t buf[16];
+  ASSERT_TRUE((*r)->Read(0x31008, buf, 16));
+  EXPECT_EQ(std::memcmp(buf, original_.data() + 4096 + 8, 16), 0);
+  EXPECT_FALSE((*r)->Read(0x31ff8, buf, 16));  // past the mapping's end
+  EXPECT_FALSE((*r)->ReadCarried(0x31008, buf, 16));  // not in the core itself
+  // The host file given for the recorded path is read instead (--libruby / --exe).
+  std::vector<uint8_t> other(8192, 0x5a);
+  std::ofstream(dir_ + "/other.so", std::ios::binary).write(reinterpret_cast<char*>(other.data()), 8192);
+  (*r)->SetOriginalFile(dir_ + "/lib.so", dir_ + "/other.so");
+  ASSERT_TRUE((*r)->Read(0x31008, buf, 16));
+  EXPECT_EQ(buf[0], 0x5a);
+  CoreFileReader::Options o;
+  o.use_original_files = false;
+  auto self = CoreFileReader::Open(Write("gdb2", core, false), o);
+  ASSERT_TRUE(self.ok());
+  EXPECT_FALSE((*self)->Read(0x31008, buf, 16));
+}
+
+TEST_F(CoreReaderTest, ReadCarriedReadsOnlyTheCoresOwnBytes) {
+  auto r = CoreFileReader::Open(Write("c", core_, false), {});
+  ASSERT_TRUE(r.ok());
+  uint8_t buf[16];
+  ASSERT_TRUE((*r)->ReadCarried(0x10ff0, buf, 16));
+  EXPECT_EQ(buf[15], 0xab);
+  EXPECT_FALSE((*r)->ReadCarried(0x10ff8, buf, 16));  // runs into declared zero pages
+  EXPECT_FALSE((*r)->ReadCarried(0x20010, buf, 16));  // file-backed, not carried
+  ASSERT_TRUE((*r)->Read(0x20010, buf, 16));
+}
+
+std::vector<uint8_t> CoreWithNotes(const std::vector<CoreNoteSpec>& notes) {
+  return BuildCoreFile({{0x10000, 0x1000, std::vector<uint8_t>(4096, 1)}}, NoteBytes(notes));
+}
+
+TEST(CoreNotes, ThreadsPidEntryAndFilesAreRead) {
+  std::vector<uint8_t> auxv;
+  PutWords(&auxv, 0, {AT_PHDR, 0x400040, AT_ENTRY, 0x401000, AT_NULL, 0});
+  auto r = CoreFileReader::FromBytes(
+      CoreWithNotes({{"CORE", NT_PRPSINFO, PrpsinfoDesc(100, "ruby")},
+                     {"CORE", NT_PRSTATUS, PrstatusDesc(100, -1)},
+                     {"CORE", NT_PRSTATUS, PrstatusDesc(101, 0, 5, 0x7f00, 11)},
+                     {"LINUX", NT_PRSTATUS, PrstatusDesc(102, -1)},  // another owner's type 1: not a thread
+                     {"CORE", NT_AUXV, auxv},
+                     {"CORE", NT_FILE, NtFileDesc(1, {{0x400000, 0x402000, 0, "/usr/bin/ruby"},
+                                                      {0x7f0000, 0x7f1000, 0x2000, "/lib/libruby.so.3.3"}})}}),
+      {});
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  const CoreNotes& n = (*r)->notes();
+  EXPECT_EQ(n.pid, 100);
+  EXPECT_EQ(n.fname, "ruby");
+  EXPECT_EQ(n.entry, 0x401000u);
+  ASSERT_EQ(n.threads.size(), 2u);
+  EXPECT_EQ(n.threads[0].tid, 100);
+  EXPECT_FALSE(n.threads[0].in_syscall());
+  EXPECT_EQ(n.threads[1].tid, 101);
+  EXPECT_TRUE(n.threads[1].in_syscall());
+  EXPECT_EQ(n.threads[1].orig_rax, 0u);
+  EXPECT_EQ(n.threads[1].args[0], 5u);
+  EXPECT_EQ(n.threads[1].args[1], 0x7f00u);
+  EXPECT_EQ(n.threads[1].signal, 11);
+  ASSERT_EQ(n.files.size(), 2u);
+  EXPECT_EQ(n.files[1].path, "/lib/libruby.so.3.3");
+  EXPECT_EQ(n.files[1].offset, 0x2000u);  // gdb's page size 1: offsets in bytes
+}
+
+// A core is untrusted input: each malformed note is an error naming it, never a crash or a huge allocation.
+TEST(CoreNotes, HostileNotesAreRefused) {
+  auto refused = [](const std::vector<uint8_t>& core, const std::string& why) {
+    auto r = CoreFileReader::FromBytes(core, {});
+    if (r.ok()) return ::testing::AssertionFailure() << "accepted (" << why << ")";
+    if (r.error().message().find(why) == std::string::npos) {
+      return ::testing::AssertionFailure() << r.error().message() << " does not say " << why;
+    }
+    return ::testing::AssertionSuccess();
+  };
+  std::vector<uint8_t> short_prstatus = PrstatusDesc(7, -1);
+  short_prstatus.resize(200);
+  EXPECT_TRUE(refused(CoreWithNotes({{"CORE", NT_PRSTATUS, short_prstatus}}), "NT_PRSTATUS"));
+  EXPECT_TRUE(refused(CoreWithNotes({{"CORE", NT_PRSTATUS, PrstatusDesc(0, -1)}}), "tid 0"));
+  EXPECT_TRUE(refused(CoreWithNotes({{"CORE", NT_PRPSINFO, std::vector<uint8_t>(40, 0)}}), "NT_PRPSINFO"));
+  std::vector<uint8_t> huge = NtFileDesc(4096, {{0x1000, 0x2000, 0, "/x"}});
+  PutWords(&huge, 0, {uint64_t{1} << 60});  // count
+  EXPECT_TRUE(refused(CoreWithNotes({{"CORE", NT_FILE, huge}}), "count larger than the note"));
+  std::vector<uint8_t> unterminated = NtFileDesc(4096, {{0x1000, 0x2000, 0, "/x"}});
+  unterminated.back() = 'y';  // the last name's NUL
+  EXPECT_TRUE(refused(CoreWithNotes({{"CORE", NT_FILE, unterminated}}), "names truncated"));
+  std::vector<uint8_t> backwards = NtFileDesc(4096, {{0x2000, 0x1000, 0, "/x"}});
+  EXPECT_TRUE(refused(CoreWithNotes({{"CORE", NT_FILE, backwards}}), "NT_FILE entry"));
+  EXPECT_TRUE(refused(CoreWithNotes({{"CORE", NT_FILE, std::vector<uint8_t>(8, 0)}}), "shorter than its header"));
+  // A note whose descsz runs past its segment.
+  std::vector<uint8_t> note = NoteBytes({{"CORE", NT_PRSTATUS, PrstatusDesc(7, -1)}});
+  const uint32_t big = 0x7fffffff;
+  std::memcpy(note.data() + 4, &big, 4);
+  EXPECT_TRUE(refused(BuildCoreFile({{0x10000, 0x1000, std::vector<uint8_t>(4096, 1)}}, note), "truncated note"));
+  // Truncated in the middle of the notes.
+  std::vector<uint8_t> cut = NoteBytes({{"CORE", NT_PRSTATUS, PrstatusDesc(7, -1)}});
+  cut.resize(100);
+  EXPECT_TRUE(refused(BuildCoreFile({{0x10000, 0x1000, std::vector<uint8_t>(4096, 1)}}, cut), "truncated note"));
+}
+
+TEST(CoreNotes, CountsAreBounded) {
+  CoreNotes n;
+  n.threads.resize(kMaxCoreThreads);
+  std::vector<uint8_t> one = PrstatusDesc(7, -1);
+  EXPECT_FALSE(ParseCoreNote("CORE", NT_PRSTATUS, one, &n).ok());
+  EXPECT_EQ(n.threads.size(), kMaxCoreThreads);
+  n.files.resize(kMaxCoreFileMappings);
+  std::vector<uint8_t> file = NtFileDesc(4096, {{0x1000, 0x2000, 0, "/x"}});
+  EXPECT_FALSE(ParseCoreNote("CORE", NT_FILE, file, &n).ok());
+  EXPECT_EQ(n.files.size(), kMaxCoreFileMappings);
 }
 
 TEST(ProcessMemoryReader, ReadsItsOwnMemoryAndFailsOnUnmapped) {
