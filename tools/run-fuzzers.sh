@@ -14,7 +14,7 @@
 #   RVBPFD_FUZZ_JOBS     parallel fuzzing processes per harness, exploration only (default 1)
 #   arguments            harness names to run (default: all but elf_real): trace_reader trace_export elf
 #                        site_cache stacks kernel_layout sites (crafted VM look-alikes of up to 30,000 symbols,
-#                        each input bounded by -timeout), and elf_real: fuzz_elf on mutations of real VM binaries (the test
+#                        each input bounded by -timeout) core (ELF core files: notes, reads, build-ids), and elf_real: fuzz_elf on mutations of real VM binaries (the test
 #                        Rubies' libruby / static ruby when built, Debian's libruby-3.1 when installed; slow, since
 #                        each execution analyses a whole binary)
 # Inputs that found new coverage accumulate in build-fuzz/fuzz-corpus/<harness>/ and are reused by the next run;
@@ -25,14 +25,14 @@ seconds=${RVBPFD_FUZZ_SECONDS:-}
 jobs=${RVBPFD_FUZZ_JOBS:-1}
 # Executions per harness in the default mode: about 60 s each under ASan+UBSan on a 2-core VM.
 declare -A runs=([trace_reader]=150000 [trace_export]=80000 [elf]=40000 [site_cache]=150000 [stacks]=100000
-                 [kernel_layout]=150000 [sites]=3000 [elf_real]=200)
+                 [kernel_layout]=150000 [sites]=3000 [core]=200000 [elf_real]=200)
 build=build-fuzz
-all=(trace_reader trace_export elf site_cache stacks kernel_layout sites)
+all=(trace_reader trace_export elf site_cache stacks kernel_layout sites core)
 harnesses=("$@")
 ((${#harnesses[@]})) || harnesses=("${all[@]}")
 # Generated seed directory and dictionary of each harness.
 declare -A seeds=([trace_reader]=trace [trace_export]=trace [elf]=elf [site_cache]=site_cache [stacks]=stacks
-                  [kernel_layout]=kernel_layout [sites]=sites [elf_real]=elf_real)
+                  [kernel_layout]=kernel_layout [sites]=sites [core]=core [elf_real]=elf_real)
 declare -A dicts=([trace_reader]=tests/fuzz/rvtrace.dict [trace_export]=tests/fuzz/rvtrace.dict)
 
 for h in "${harnesses[@]}"; do

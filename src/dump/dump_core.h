@@ -36,11 +36,6 @@ struct CoreVmFile {
 // file whose mapping holds the AT_ENTRY address, else the lowest mapping's file; host file `exe` when given).
 Result<CoreVmFile> ChooseCoreVmFile(const CoreNotes& notes, const std::string& exe, const std::string& libruby);
 
-// The GNU build-id (hex) of the ELF file mapped at `start`, read from the bytes the core carries of it (its ELF
-// header, program headers and PT_NOTE segments, bounded); nullopt when the core does not carry them or they do not
-// parse.
-std::optional<std::string> CoreBuildIdAt(CoreFileReader& core, uint64_t start);
-
 // Native tids, states and io descriptors from the core's threads (what /proc gives a live dump): a thread whose
 // NT_PRSTATUS says it was inside a system call is off-CPU ('S'), one in user space on it ('R'); a thread waiting for
 // IO gets the descriptor of its system call from its argument registers. Then DeriveStates, and `notes` say what a

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/target_file.h"
@@ -389,6 +390,67 @@ bool CoreFileReader::ReadCarried(uint64_t addr, void* dst, size_t len) {
     len -= n;
   }
   return true;
+}
+
+namespace {
+
+// Program headers and note bytes read from a core to find a build-id: a real ELF header page holds a few dozen
+// headers and a note segment of a few hundred bytes.
+constexpr uint16_t kMaxPhdrs = 256;
+constexpr uint64_t kMaxNoteSegment = 64 << 10;
+
+std::optional<std::string> BuildIdInNotes(const std::vector<uint8_t>& seg) {
+  size_t pos = 0;
+  while (pos + 12 <= seg.size()) {
+    uint32_t hdr[3];
+    std::memcpy(hdr, seg.data() + pos, 12);
+    const uint64_t name_len = (uint64_t{hdr[0]} + 3) & ~uint64_t{3};
+    const uint64_t desc_len = (uint64_t{hdr[1]} + 3) & ~uint64_t{3};
+    const uint64_t desc = pos + 12 + name_len;
+    if (desc > seg.size() || hdr[1] > seg.size() - desc) return std::nullopt;
+    if (hdr[0] == 4 && hdr[2] == NT_GNU_BUILD_ID && std::memcmp(seg.data() + pos + 12, "GNU", 4) == 0 &&
+        hdr[1] > 0 && hdr[1] <= 64) {
+      std::string hex;
+      char b[3];
+      for (uint32_t i = 0; i < hdr[1]; i++) {
+        std::snprintf(b, sizeof(b), "%02x", seg[desc + i]);
+        hex += b;
+      }
+      return hex;
+    }
+    if (desc_len > seg.size() - desc) return std::nullopt;
+    pos = desc + desc_len;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> CoreBuildIdAt(CoreFileReader& core, uint64_t start) {
+  Elf64_Ehdr eh;
+  if (!core.ReadCarried(start, &eh, sizeof(eh))) return std::nullopt;
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phnum > kMaxPhdrs) {
+    return std::nullopt;
+  }
+  std::vector<Elf64_Phdr> ph(eh.e_phnum);
+  if (start + eh.e_phoff < start || !core.ReadCarried(start + eh.e_phoff, ph.data(), ph.size() * sizeof(Elf64_Phdr))) {
+    return std::nullopt;
+  }
+  // The mapping's first page is the lowest PT_LOAD's (page-aligned) vaddr.
+  uint64_t lowest = UINT64_MAX;
+  for (const Elf64_Phdr& p : ph) {
+    if (p.p_type == PT_LOAD) lowest = std::min(lowest, p.p_vaddr & ~uint64_t{0xfff});
+  }
+  if (lowest == UINT64_MAX) return std::nullopt;
+  for (const Elf64_Phdr& p : ph) {
+    if (p.p_type != PT_NOTE || p.p_filesz == 0 || p.p_filesz > kMaxNoteSegment || p.p_vaddr < lowest) continue;
+    std::vector<uint8_t> seg(p.p_filesz);
+    const uint64_t addr = start + (p.p_vaddr - lowest);
+    if (addr < start || !core.ReadCarried(addr, seg.data(), seg.size())) continue;
+    if (std::optional<std::string> id = BuildIdInNotes(seg)) return id;
+  }
+  return std::nullopt;
 }
 
 }  // namespace rvbpfd

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -177,6 +178,11 @@ class CoreFileReader : public MemoryReader {
   std::map<std::string, int> fds_;  // original files opened on demand
   uint64_t original_file_reads_ = 0;
 };
+
+// The GNU build-id (hex) of the ELF file mapped at `start`, read from the bytes the core carries of it (its ELF
+// header, program headers and PT_NOTE segments, bounded); nullopt when the core does not carry them or they do not
+// parse.
+std::optional<std::string> CoreBuildIdAt(CoreFileReader& core, uint64_t start);
 
 // Reads a whole file, inflating it when it is gzip-compressed. Bounded by max_bytes.
 Result<std::vector<uint8_t>> ReadMaybeGzipFile(const std::string& path, size_t max_bytes);

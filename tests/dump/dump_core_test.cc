@@ -1,28 +1,17 @@
-// `dump --core`'s own pieces on crafted cores: which mapped file is the VM, the build-id of a mapping as the core
-// carries it, and the thread facts taken from NT_PRSTATUS instead of /proc.
+// `dump --core`'s own pieces: which mapped file of a core is the VM, and the thread facts taken from NT_PRSTATUS
+// instead of /proc. (The core's own parsing and build-id reading: tests/stacks/memory_reader_test.cc.)
 #include "dump/dump_core.h"
 
-#include <elf.h>
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "stacks/core_builder.h"
 #include "stacks/fake_memory.h"
 
 namespace rvbpfd {
 namespace {
-
-using testing::BuildCoreFile;
-using testing::CoreSeg;
-using testing::NoteBytes;
-using testing::PrstatusDesc;
 
 CoreNotes Mapped(std::vector<CoreFileMapping> files, uint64_t entry = 0) {
   CoreNotes n;
@@ -65,82 +54,6 @@ TEST(ChooseCoreVmFileTest, WithoutLibrubyTheExecutableHoldingTheEntryPoint) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code(), ErrorCode::kUsage);
   EXPECT_EQ(ChooseCoreVmFile(CoreNotes{}, "", "").error().code(), ErrorCode::kNotRuby);
-}
-
-// A core carrying the first page of an ELF mapped at 0x400000: header, a PT_LOAD and a PT_NOTE with a GNU build-id.
-std::vector<uint8_t> ElfFirstPage(const std::vector<uint8_t>& id, uint16_t phnum = 2) {
-  std::vector<uint8_t> page(4096, 0);
-  Elf64_Ehdr eh{};
-  std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
-  eh.e_ident[EI_CLASS] = ELFCLASS64;
-  eh.e_ident[EI_DATA] = ELFDATA2LSB;
-  eh.e_type = ET_DYN;
-  eh.e_phoff = sizeof(Elf64_Ehdr);
-  eh.e_phentsize = sizeof(Elf64_Phdr);
-  eh.e_phnum = phnum;
-  std::memcpy(page.data(), &eh, sizeof(eh));
-  std::vector<uint8_t> note = NoteBytes({{"GNU", NT_GNU_BUILD_ID, id}});
-  const uint64_t note_at = 0x200;
-  Elf64_Phdr ph[2] = {{PT_LOAD, PF_R, 0, 0, 0, 0x1000, 0x1000, 0x1000},
-                      {PT_NOTE, PF_R, note_at, note_at, note_at, note.size(), note.size(), 4}};
-  std::memcpy(page.data() + sizeof(eh), ph, sizeof(ph));
-  std::memcpy(page.data() + note_at, note.data(), note.size());
-  return page;
-}
-
-std::unique_ptr<CoreFileReader> CoreOf(std::vector<CoreSeg> segs) {
-  auto r = CoreFileReader::FromBytes(BuildCoreFile(segs, {}), {});
-  EXPECT_TRUE(r.ok()) << r.error().ToString();
-  return r.ok() ? std::move(r.value()) : nullptr;
-}
-
-TEST(CoreBuildIdAtTest, ReadsTheBuildIdFromTheCarriedFirstPage) {
-  auto core = CoreOf({{0x400000, 0x1000, ElfFirstPage({0xde, 0xad, 0xbe, 0xef, 0x01})}});
-  ASSERT_NE(core, nullptr);
-  EXPECT_EQ(CoreBuildIdAt(*core, 0x400000), "deadbeef01");
-  EXPECT_EQ(CoreBuildIdAt(*core, 0x500000), std::nullopt);  // nothing there
-}
-
-TEST(CoreBuildIdAtTest, PagesNotCarriedOrMalformedGiveNone) {
-  // Declared but not carried (p_filesz 0): a build-id must never be taken from zeros or another file.
-  auto absent = CoreOf({{0x400000, 0x1000, {}}});
-  ASSERT_NE(absent, nullptr);
-  EXPECT_EQ(CoreBuildIdAt(*absent, 0x400000), std::nullopt);
-  // Absurd program header count.
-  auto many = CoreOf({{0x400000, 0x1000, ElfFirstPage({1, 2}, 0xffff)}});
-  ASSERT_NE(many, nullptr);
-  EXPECT_EQ(CoreBuildIdAt(*many, 0x400000), std::nullopt);
-  // The note segment's descsz runs past it.
-  std::vector<uint8_t> page = ElfFirstPage({1, 2});
-  const uint32_t big = 4000;
-  std::memcpy(page.data() + 0x200 + 4, &big, 4);
-  auto cut = CoreOf({{0x400000, 0x1000, page}});
-  ASSERT_NE(cut, nullptr);
-  EXPECT_EQ(CoreBuildIdAt(*cut, 0x400000), std::nullopt);
-  // A build-id that would end just past its note segment (still a plausible length).
-  page = ElfFirstPage({1, 2, 3, 4, 5});
-  const uint32_t past = 12;
-  std::memcpy(page.data() + 0x200 + 4, &past, 4);
-  auto past_end = CoreOf({{0x400000, 0x1000, page}});
-  ASSERT_NE(past_end, nullptr);
-  EXPECT_EQ(CoreBuildIdAt(*past_end, 0x400000), std::nullopt);
-}
-
-// The check compares the host file with what the process had: bytes the core lacks must never come from the host
-// file being checked (it would always agree with itself).
-TEST(CoreBuildIdAtTest, NeverReadsTheMappedFileItself) {
-  const std::string path = ::testing::TempDir() + "dump_core_elf_" + std::to_string(getpid());
-  const std::vector<uint8_t> page = ElfFirstPage({0xaa, 0xbb});
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(page.data()), page.size());
-  auto r = CoreFileReader::FromBytes(
-      BuildCoreFile({{0x10000, 0x1000, std::vector<uint8_t>(4096, 1)}},
-                    NoteBytes({{"CORE", NT_FILE, testing::NtFileDesc(4096, {{0x400000, 0x401000, 0, path}})}})),
-      {});
-  ASSERT_TRUE(r.ok()) << r.error().ToString();
-  uint8_t magic[4];
-  ASSERT_TRUE((*r)->Read(0x400000, magic, 4));  // the reader does reach the file
-  EXPECT_EQ(CoreBuildIdAt(**r, 0x400000), std::nullopt);
-  std::remove(path.c_str());
 }
 
 FrameInfo C(const char* label) { return FrameInfo{label, "<cfunc>", 0, FrameKind::kCfunc}; }
