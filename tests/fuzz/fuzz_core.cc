@@ -3,7 +3,8 @@
 // a mapping read from the core's bytes. An input that starts with 'W' is a whole core after that byte; any other input
 // is a little-endian 16-bit length, that many bytes of a note segment, and a page of memory (its first 4 bytes made
 // the ELF magic), wrapped in a well-formed core with the memory at 0x400000: so the fuzzer reaches the note parsers
-// and CoreBuildIdAt's ELF header parse without first having to find a valid core layout. Whatever the bytes say, parsing and reading must stay bounded and never crash.
+// and CoreBuildIdAt's ELF header parse without first having to find a valid core layout. Whatever the bytes say,
+// parsing and reading must stay bounded and never crash.
 #include <elf.h>
 
 #include <algorithm>
@@ -12,33 +13,8 @@
 #include <cstring>
 #include <vector>
 
+#include "stacks/core_builder.h"
 #include "stacks/memory_reader.h"
-
-namespace {
-
-// notes: the note segment; page: the memory at 0x400000 (its first bytes made the ELF magic).
-std::vector<uint8_t> WrapNotes(const uint8_t* notes, size_t notes_size, const uint8_t* page, size_t page_size) {
-  const uint64_t off = sizeof(Elf64_Ehdr) + 2 * sizeof(Elf64_Phdr);
-  Elf64_Ehdr eh{};
-  std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
-  eh.e_ident[EI_CLASS] = ELFCLASS64;
-  eh.e_ident[EI_DATA] = ELFDATA2LSB;
-  eh.e_type = ET_CORE;
-  eh.e_phoff = sizeof(Elf64_Ehdr);
-  eh.e_phentsize = sizeof(Elf64_Phdr);
-  eh.e_phnum = 2;
-  const Elf64_Phdr ph[2] = {{PT_NOTE, 0, off, 0, 0, notes_size, 0, 4},
-                            {PT_LOAD, PF_R, off + notes_size, 0x400000, 0, page_size, 0x2000, 4096}};
-  std::vector<uint8_t> out(off);
-  std::memcpy(out.data(), &eh, sizeof(eh));
-  std::memcpy(out.data() + sizeof(eh), ph, sizeof(ph));
-  out.insert(out.end(), notes, notes + notes_size);
-  out.insert(out.end(), page, page + page_size);
-  std::memcpy(out.data() + off + notes_size, ELFMAG, page_size < SELFMAG ? page_size : SELFMAG);
-  return out;
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace rvbpfd;
@@ -50,7 +26,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Two bytes: the note segment's length; the rest (at most a page) is the memory.
     const size_t notes = std::min<size_t>(size - 2, size_t{data[0]} | size_t{data[1]} << 8);
     const size_t page = std::min<size_t>(size - 2 - notes, 4096);
-    bytes = WrapNotes(data + 2, notes, data + 2 + notes, page);
+    std::vector<uint8_t> memory(data + 2 + notes, data + 2 + notes + page);
+    if (page > 0) std::memcpy(memory.data(), ELFMAG, std::min<size_t>(page, SELFMAG));
+    bytes = rvbpfd::testing::BuildCoreFile({{0x400000, 0x2000, std::move(memory)}},
+                                           std::vector<uint8_t>(data + 2, data + 2 + notes));
   }
   CoreFileReader::Options options;
   options.use_original_files = false;  // never open the host files a fuzzed NT_FILE names

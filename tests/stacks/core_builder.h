@@ -26,6 +26,22 @@ struct CoreFileEntry {
   std::string path;
 };
 
+// An x86-64 little-endian ELF header of `type` whose `phnum` program headers follow it.
+inline Elf64_Ehdr ElfHeader(uint16_t type, uint16_t phnum) {
+  Elf64_Ehdr eh{};
+  std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
+  eh.e_ident[EI_CLASS] = ELFCLASS64;
+  eh.e_ident[EI_DATA] = ELFDATA2LSB;
+  eh.e_ident[EI_VERSION] = EV_CURRENT;
+  eh.e_type = type;
+  eh.e_machine = EM_X86_64;
+  eh.e_phoff = sizeof(Elf64_Ehdr);
+  eh.e_ehsize = sizeof(Elf64_Ehdr);
+  eh.e_phentsize = sizeof(Elf64_Phdr);
+  eh.e_phnum = phnum;
+  return eh;
+}
+
 inline void PutWords(std::vector<uint8_t>* out, size_t off, std::initializer_list<uint64_t> words) {
   if (out->size() < off + 8 * words.size()) out->resize(off + 8 * words.size());
   for (uint64_t w : words) {
@@ -95,17 +111,7 @@ inline std::vector<uint8_t> BuildCoreFile(const std::vector<CoreSeg>& segs, cons
     ph[i + 1] = {PT_LOAD, PF_R, off, segs[i].vaddr, 0, segs[i].data.size(), segs[i].memsz, 4096};
     off += segs[i].data.size();
   }
-  Elf64_Ehdr eh{};
-  std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
-  eh.e_ident[EI_CLASS] = ELFCLASS64;
-  eh.e_ident[EI_DATA] = ELFDATA2LSB;
-  eh.e_ident[EI_VERSION] = EV_CURRENT;
-  eh.e_type = ET_CORE;
-  eh.e_machine = EM_X86_64;
-  eh.e_phoff = sizeof(Elf64_Ehdr);
-  eh.e_ehsize = sizeof(Elf64_Ehdr);
-  eh.e_phentsize = sizeof(Elf64_Phdr);
-  eh.e_phnum = static_cast<uint16_t>(phnum);
+  const Elf64_Ehdr eh = ElfHeader(ET_CORE, static_cast<uint16_t>(phnum));
   std::vector<uint8_t> out(sizeof(eh) + phnum * sizeof(Elf64_Phdr));
   std::memcpy(out.data(), &eh, sizeof(eh));
   std::memcpy(out.data() + sizeof(eh), ph.data(), phnum * sizeof(Elf64_Phdr));

@@ -235,14 +235,7 @@ TEST(CoreNotes, CountsAreBounded) {
 // A core carrying the first page of an ELF mapped at 0x400000: header, a PT_LOAD and a PT_NOTE with a GNU build-id.
 std::vector<uint8_t> ElfFirstPage(const std::vector<uint8_t>& id, uint16_t phnum = 2) {
   std::vector<uint8_t> page(4096, 0);
-  Elf64_Ehdr eh{};
-  std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
-  eh.e_ident[EI_CLASS] = ELFCLASS64;
-  eh.e_ident[EI_DATA] = ELFDATA2LSB;
-  eh.e_type = ET_DYN;
-  eh.e_phoff = sizeof(Elf64_Ehdr);
-  eh.e_phentsize = sizeof(Elf64_Phdr);
-  eh.e_phnum = phnum;
+  const Elf64_Ehdr eh = testing::ElfHeader(ET_DYN, phnum);
   std::memcpy(page.data(), &eh, sizeof(eh));
   std::vector<uint8_t> note = NoteBytes({{"GNU", NT_GNU_BUILD_ID, id}});
   const uint64_t note_at = 0x200;
