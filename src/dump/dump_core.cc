@@ -22,12 +22,25 @@ std::string_view Basename(std::string_view path) {
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
-uint64_t LowestStartOf(const CoreNotes& notes, const std::string& path) {
-  uint64_t lowest = UINT64_MAX;
+// Where the loader mapped `path`: the lowest mapping of it at file offset 0 that the next one continues (at its end,
+// at the file offset that follows). A process may also hold the same file mapped whole elsewhere, e.g. CRuby's crash
+// report maps its own binary to read DWARF for the [BUG] backtrace; the lowest mapping of the file alone would be
+// that one. Without such a run (a one-segment file), the lowest mapping at offset 0, else the lowest.
+uint64_t ImageStartOf(const CoreNotes& notes, const std::string& path) {
+  uint64_t lowest = UINT64_MAX, lowest_at_zero = UINT64_MAX, image = UINT64_MAX;
   for (const CoreFileMapping& m : notes.files) {
-    if (m.path == path) lowest = std::min(lowest, m.start);
+    if (m.path != path) continue;
+    lowest = std::min(lowest, m.start);
+    if (m.offset != 0) continue;
+    lowest_at_zero = std::min(lowest_at_zero, m.start);
+    for (const CoreFileMapping& next : notes.files) {
+      if (next.path == path && next.start == m.end && next.offset == m.end - m.start) {
+        image = std::min(image, m.start);
+        break;
+      }
+    }
   }
-  return lowest;
+  return image != UINT64_MAX ? image : lowest_at_zero != UINT64_MAX ? lowest_at_zero : lowest;
 }
 
 Result<std::shared_ptr<ElfFile>> OpenVmFile(const std::string& path) {
@@ -76,7 +89,7 @@ Result<CoreVmFile> ChooseCoreVmFile(const CoreNotes& notes, const std::string& e
     out.recorded_path = first->path;
     out.host_path = exe.empty() ? out.recorded_path : exe;
   }
-  out.load_start = LowestStartOf(notes, out.recorded_path);
+  out.load_start = ImageStartOf(notes, out.recorded_path);
   return out;
 }
 

@@ -25,7 +25,8 @@ namespace rvbpfd {
 Status RunDumpCore(const DumpOptions& options, std::ostream& out);
 
 // The file of a core that holds the VM: the path the core recorded, the host file to read (an override or the same
-// path), and the lowest address it was mapped at.
+// path), and the address the loader mapped it at (see ImageStartOf in dump_core.cc: not a whole-file mapping of it
+// made later).
 struct CoreVmFile {
   std::string recorded_path;
   std::string host_path;

@@ -37,6 +37,19 @@ TEST(ChooseCoreVmFileTest, TheMappedLibrubyAtItsLowestAddress) {
   EXPECT_EQ(f->host_path, "/copy/libruby.so");
 }
 
+// A crashed CRuby maps its own binary whole to read DWARF for the [BUG] report: a mapping at offset 0 below the
+// loaded image must not be taken for it.
+TEST(ChooseCoreVmFileTest, TheLoadedImageNotAWholeFileMappingOfIt) {
+  const std::string lib = "/usr/lib/libruby.so.3.3";
+  const CoreNotes n = Mapped({{0x7e0000000, 0x7e1200000, 0, lib},  // addr2line's mmap of the whole file
+                              {0x7f0000000, 0x7f004a000, 0, lib},
+                              {0x7f004a000, 0x7f0400000, 0x4a000, lib},
+                              {0x7f0400000, 0x7f0410000, 0x5c4000, lib}});
+  Result<CoreVmFile> f = ChooseCoreVmFile(n, "", "");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->load_start, 0x7f0000000u);
+}
+
 TEST(ChooseCoreVmFileTest, WithoutLibrubyTheExecutableHoldingTheEntryPoint) {
   // A static ruby: the executable is the mapping holding AT_ENTRY, not the lowest one.
   const CoreNotes n = Mapped({{0x10000, 0x11000, 0, "/opt/loader.so"},

@@ -18,11 +18,15 @@ names itself and records CRuby's own frames (tests/golden's RvGolden.capture) on
     threads (names, native tids), frames (the cpu thread's leaf may stand on another line), states, reasons,
     waiting_for kinds, Mutex owners, io descriptors, GVL holder, and exactly the one deadlock; the text names the
     deadlock; its notes say it comes from a core; with --libruby/--exe naming a file of another build-id it fails
-    with exit 6 naming both build-ids.
+    with exit 6 naming both build-ids;
+  - `dump --core` of the kernel's core of a Ruby process that crashed (Process.kill(:SEGV, $$): CRuby's [BUG] report,
+    then abort; RLIMIT_CORE unlimited, kernel.core_pattern pointed at the test's directory and restored after): the
+    sleeping thread blocked in Kernel#sleep by name, the main thread's stack with Process.kill under <main>.
 Needs root or ptrace access to a child (no BPF), and gcore (Debian's gdb) for the core part.
 """
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -201,6 +205,55 @@ def check_core(rvbpfd, ruby, live, pid, outdir):
             os.unlink(core)
 
 
+CRASH_RB = """
+t = Thread.new { Thread.current.name = "sleeper"; sleep }
+Thread.pass until t.status == "sleep"
+Process.kill(:SEGV, $$)
+"""
+CORE_PATTERN = "/proc/sys/kernel/core_pattern"
+
+
+def check_crash_core(rvbpfd, ruby, outdir):
+    """A kernel core of a crashed Ruby process, dumped."""
+    d = tempfile.mkdtemp(prefix="crash-", dir=outdir)
+    with open(CORE_PATTERN) as f:
+        saved = f.read().strip()
+    env = dict(os.environ)
+    for k in ("RUBYOPT", "RUBY_YJIT_ENABLE", "RUBY_MN_THREADS"):
+        env.pop(k, None)
+    env.update(ruby.env)
+    try:
+        with open(CORE_PATTERN, "w") as f:
+            f.write(os.path.join(d, "core.%p"))
+        r = subprocess.run([ruby.bin, "-e", CRASH_RB], capture_output=True, text=True, timeout=60, cwd=d, env=env,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY,) * 2))
+    finally:
+        with open(CORE_PATTERN, "w") as f:
+            f.write(saved)
+    cores = [os.path.join(d, n) for n in os.listdir(d) if n.startswith("core.")]
+    try:
+        if not cores:
+            return [f"the crash left no core in {d} (exit {r.returncode}): {r.stderr[-500:]}"]
+        j = subprocess.run([rvbpfd, "dump", "--core", cores[0], "--json"], capture_output=True, text=True, timeout=120)
+        if j.returncode != 0:
+            return [f"rvbpfd dump --core of a crash core exited {j.returncode}: {j.stderr.strip()}"]
+        dump = json.loads(j.stdout)
+        by_name = {t.get("name"): t for t in dump["threads"]}
+        p = []
+        s = by_name.get("sleeper")
+        if not s or (s["state"], s["reason"]) != ("blocked", "sleep") or not s["frames"] or \
+                s["frames"][0]["label"] != "Kernel#sleep":
+            p.append(f"crash core: the sleeper thread is not blocked in Kernel#sleep: {s}")
+        main = dump["threads"][0] if dump["threads"] else {}
+        labels = [f["label"] for f in main.get("frames", [])]
+        if labels[-2:] != ["Process.kill", "<main>"]:
+            p.append(f"crash core: the main thread's frames end {labels}, expected Process.kill under <main>")
+        return p
+    finally:
+        for c in cores:
+            os.unlink(c)
+
+
 def check_ruby(rvbpfd, ruby, args, outdir):
     p = []
     gdir = rvlib.build_golden(args.build_dir, args.source_dir, ruby)
@@ -306,6 +359,11 @@ def main():
         except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
             problems = [f"{type(e).__name__}: {e}"]
         res.check(f"dump {ruby.name}: stuck workload (deadlock, cpu, pipe, queue, sleep)", problems)
+        try:
+            problems = check_crash_core(rvbpfd, ruby, outdir)
+        except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            problems = [f"{type(e).__name__}: {e}"]
+        res.check(f"dump --core {ruby.name}: the kernel's core of a crashed process", problems)
     res.finish(outdir, args.keep)
 
 
