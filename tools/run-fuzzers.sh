@@ -25,7 +25,7 @@ seconds=${RVBPFD_FUZZ_SECONDS:-}
 jobs=${RVBPFD_FUZZ_JOBS:-1}
 # Executions per harness in the default mode: about 60 s each under ASan+UBSan on a 2-core VM.
 declare -A runs=([trace_reader]=150000 [trace_export]=80000 [elf]=40000 [site_cache]=150000 [stacks]=100000
-                 [kernel_layout]=150000 [sites]=3000 [core]=200000 [elf_real]=200)
+                 [kernel_layout]=150000 [sites]=3000 [core]=800000 [elf_real]=200)
 build=build-fuzz
 all=(trace_reader trace_export elf site_cache stacks kernel_layout sites core)
 harnesses=("$@")
