@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""`rvbpfd top --pid PID` (docs/top.md): the live view, fed by the recorder's pipeline, per test Ruby.
+
+workloads/top_busy.rb: "cpu" burns CPU in TopBusy.burn (it holds the GVL nearly all the time), "waiter1" and
+"waiter2" do pipe round trips (each ends waiting for the GVL the burner holds), "sleeper" naps in Kernel#sleep. It
+prints each thread's native tid. Then:
+  (a) without a terminal: `top --json --iterations 3` prints three JSON objects, one per interval; in the last one
+      the cpu thread holds the GVL (gvl_holder, holds_gvl) and ran for most of the interval, each waiter waited for
+      the GVL most of it, the sleeper was blocked in sleep part of it, the rows come most waiting first, the top
+      blocker is TopBusy.burn held by the cpu thread; `top --iterations 2` (text) prints two snapshots naming the
+      holder and TopBusy.burn; nothing is written to the working directory; rvbpfd exits 0 and the target runs on
+      (the cpu thread keeps counting, the process is not stopped);
+  (b) in a terminal (a detached tmux session, capture-pane): the screen shows the cpu thread marked as GVL holder,
+      running most of the interval, and both waiters in gvl_wait; send-keys q ends rvbpfd with status 0 and the
+      target runs on.
+Needs root (BPF) and tmux (tools/install-deps.sh).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rvlib  # noqa: E402
+
+SCREEN_SETTLE_S = 20.0
+
+
+def cpu_ticks(pid, tid):
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def process_state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def target_runs_on(pid, cpu_tid, target):
+    """Problems if the target exited, is stopped, or its cpu thread stopped counting."""
+    if target.poll() is not None:
+        return [f"the target exited ({target.returncode})"]
+    p = []
+    before = cpu_ticks(pid, cpu_tid)
+    time.sleep(0.5)
+    if cpu_ticks(pid, cpu_tid) <= before:
+        p.append("the cpu thread stopped counting after rvbpfd top ended")
+    if process_state(pid) in ("T", "t"):
+        p.append("the target is stopped after rvbpfd top ended")
+    return p
+
+
+def check_snapshot(d, tids):
+    """The last interval's object: the cpu thread holds the GVL, the waiters wait, rows most waiting first."""
+    p = []
+    interval = d["end_ns"] - d["start_ns"]
+    rows = {t["native_tid"]: t for t in d["threads"]}
+    missing = [n for n in ("cpu", "waiter1", "waiter2", "sleeper") if tids[n] not in rows]
+    if missing or interval <= 0:
+        return [f"threads {missing} missing or empty interval in {json.dumps(d)[:3000]}"]
+    cpu = rows[tids["cpu"]]
+    if d["gvl_holder"] != cpu["ruby_thread"] or not cpu["holds_gvl"]:
+        p.append(f"the GVL holder is {d['gvl_holder']}, not the cpu thread {cpu['ruby_thread']}")
+    if cpu["running_ns"] < 0.7 * interval:
+        p.append(f"the cpu thread ran {cpu['running_ns'] / interval:.0%} of the interval (expected >= 70%)")
+    for name in ("waiter1", "waiter2"):
+        w = rows[tids[name]]
+        if w["gvl_wait_ns"] < 0.5 * interval:
+            p.append(f"{name} waited for the GVL {w['gvl_wait_ns'] / interval:.0%} of the interval (expected >= 50%)")
+    if rows[tids["sleeper"]]["blocked_ns"].get("sleep", 0) <= 0:
+        p.append(f"the sleeper shows no time blocked in sleep: {rows[tids['sleeper']]}")
+    waits = [t["gvl_wait_ns"] for t in d["threads"]]
+    if waits != sorted(waits, reverse=True):
+        p.append(f"rows are not most GVL wait first: {waits}")
+    if not d["blockers"] or d["blockers"][0]["method"] != "TopBusy.burn" or \
+            d["blockers"][0]["holders"][:1] != [cpu["ruby_thread"]]:
+        p.append(f"the top blocker is not TopBusy.burn held by the cpu thread: {d['blockers'][:3]}")
+    return p
+
+
+def start_target(ruby):
+    env = dict(os.environ)
+    for k in ("RUBYOPT", "RUBY_YJIT_ENABLE", "RUBY_MN_THREADS"):
+        env.pop(k, None)
+    env.update(ruby.env)
+    target = subprocess.Popen([ruby.bin, rvlib.workload_path("top_busy")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    line = rvlib.LineReader(target.stdout).wait_for(lambda l: l.startswith("{"), 60.0)
+    if line is None:
+        target.kill()
+        target.wait()
+        raise rvlib.RunError("the workload never printed its thread ids")
+    return target, json.loads(line)
+
+
+def check_plain(rvbpfd, ruby):
+    p = []
+    target, tids = start_target(ruby)
+    cwd = tempfile.mkdtemp(prefix="rvbpfd-e2e-top-cwd-")
+    try:
+        r = subprocess.run([rvbpfd, "top", "--pid", str(target.pid), "--json", "--iterations", "3"], cwd=cwd,
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            return [f"rvbpfd top --json exited {r.returncode}: {r.stderr.strip()[-2000:]}"]
+        objs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+        if [o["interval"] for o in objs] != [1, 2, 3]:
+            p.append(f"expected intervals 1, 2, 3, got {[o.get('interval') for o in objs]}")
+        else:
+            p += check_snapshot(objs[-1], tids)
+        t = subprocess.run([rvbpfd, "top", "--pid", str(target.pid), "--iterations", "2"], cwd=cwd,
+                           capture_output=True, text=True, timeout=120)
+        if t.returncode != 0:
+            p.append(f"rvbpfd top (text) exited {t.returncode}: {t.stderr.strip()[-2000:]}")
+        heads = [l for l in t.stdout.splitlines() if l.startswith("rvbpfd top  pid ")]
+        if len(heads) != 2 or f"(tid {tids['cpu']})" not in heads[-1] or "TopBusy.burn" not in t.stdout:
+            p.append(f"the text snapshots do not name the cpu thread as holder and TopBusy.burn:\n{t.stdout[:3000]}")
+        if os.listdir(cwd):
+            p.append(f"rvbpfd top wrote files without -o: {os.listdir(cwd)}")
+        p += target_runs_on(target.pid, tids["cpu"], target)
+    finally:
+        target.kill()
+        target.wait()
+        shutil.rmtree(cwd, ignore_errors=True)
+    return p
+
+
+def screen_rows(screen):
+    """{native tid: (holder mark, state, run%, wait%)} of the thread rows on a captured screen."""
+    rows = {}
+    for line in screen.splitlines():
+        f = line.split()
+        mark = bool(f) and f[0] == "*"
+        if mark:
+            f = f[1:]
+        if len(f) >= 8 and f[0].isdigit() and f[1].isdigit() and f[3].isdigit():
+            rows[int(f[1])] = (mark, f[2], int(f[3]), int(f[5]))
+    return rows
+
+
+def screen_problems(rows, tids):
+    p = []
+    cpu = rows.get(tids["cpu"])
+    if cpu is None or not cpu[0] or cpu[2] < 70:
+        p.append(f"the cpu thread is not shown holding the GVL most of the interval: {cpu}")
+    for name in ("waiter1", "waiter2"):
+        w = rows.get(tids[name])
+        if w is None or w[1] != "gvl_wait" or w[3] < 50:
+            p.append(f"{name} is not shown waiting for the GVL: {w}")
+    return p
+
+
+def check_tmux(rvbpfd, ruby, outdir):
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        return ["tmux is not installed (tools/install-deps.sh installs it)"]
+    target, tids = start_target(ruby)
+    sock = f"rvbpfd-e2e-top-{os.getpid()}"
+    rc_file = os.path.join(outdir, f"{ruby.name}.rc")
+    tm = [tmux, "-L", sock]
+    try:
+        subprocess.run(tm + ["new-session", "-d", "-s", "top", "-x", "200", "-y", "50",
+                             f"{rvbpfd} top --pid {target.pid}; echo $? > {rc_file}"], check=True, timeout=30)
+        deadline = time.monotonic() + SCREEN_SETTLE_S
+        screen, p = "", ["no screen captured"]
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            cap = subprocess.run(tm + ["capture-pane", "-p", "-t", "top"], capture_output=True, text=True, timeout=30)
+            screen = cap.stdout
+            if "GVL holder:" not in screen:
+                continue
+            p = screen_problems(screen_rows(screen), tids)
+            if not p:
+                break
+        if p:
+            return p + [f"screen:\n{screen}"]
+        subprocess.run(tm + ["send-keys", "-t", "top", "q"], check=True, timeout=30)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not os.path.exists(rc_file):
+            time.sleep(0.2)
+        time.sleep(0.2)
+        if not os.path.exists(rc_file):
+            return ["rvbpfd top did not exit after q"]
+        with open(rc_file) as f:
+            rc = f.read().strip()
+        if rc != "0":
+            p.append(f"rvbpfd top exited {rc} after q")
+        p += target_runs_on(target.pid, tids["cpu"], target)
+        return p
+    finally:
+        subprocess.run(tm + ["kill-server"], capture_output=True, timeout=30)
+        target.kill()
+        target.wait()
+
+
+def main():
+    args = rvlib.parse_args(__doc__)
+    rvlib.require_bpf_environment()
+    res = rvlib.Results()
+    try:
+        rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
+        rubies = []
+        for name in (args.ruby or rvlib.RUBIES):
+            ruby = rvlib.Ruby(name, rvlib.find_ruby(args.source_dir, name), None)
+            rvlib.check_jit(ruby)
+            rubies.append(ruby)
+    except rvlib.Fatal as e:
+        res.check("setup (rvbpfd binary, test Rubies)", [str(e)])
+        res.finish()
+    outdir = tempfile.mkdtemp(prefix="rvbpfd-e2e-top-")
+    for ruby in rubies:
+        for label, run in (("without a terminal: snapshots, --json", lambda: check_plain(rvbpfd, ruby)),
+                           ("in tmux: the screen, q quits", lambda: check_tmux(rvbpfd, ruby, outdir))):
+            try:
+                problems = run()
+            except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+                problems = [f"{type(e).__name__}: {e}"]
+            res.check(f"top {ruby.name}: {label}", problems)
+    res.finish(outdir, args.keep)
+
+
+if __name__ == "__main__":
+    main()
