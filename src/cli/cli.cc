@@ -95,6 +95,16 @@ Status WriteOutput(const std::string& path, uint64_t max_bytes, const std::funct
 
 int RunCliUnguarded(int argc, char** argv);
 
+// --stacks, for recording and top.
+CLI::Validator StacksValidator() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (v == "release" || v == "release,ready" || v == "ready,release" || v == "off") return "";
+        return "--stacks must be release, release,ready or off";
+      },
+      "MODE");
+}
+
 // `rvbpfd dump`: the subcommand and its flags (src/dump/dump_command.h runs it).
 CLI::App* AddDumpCommand(CLI::App& app, DumpOptions* options) {
   CLI::App* dump = app.add_subcommand(
@@ -130,7 +140,7 @@ CLI::App* AddTopCommand(CLI::App& app, TopOptions* options) {
   top->add_flag("--json", options->json, "One JSON object per interval on stdout (docs/top.md), never full-screen");
   top->add_option("-o,--output", rec.output, "Also write the .rvtrace file (default: nothing is written)");
   top->add_option("--stacks", rec.stacks, "Which events carry stacks: release (default), release,ready, off")
-      ->check(CLI::IsMember({"release", "release,ready", "ready,release", "off"}));
+      ->check(StacksValidator());
   top->add_option("--hz", rec.hz, "On-CPU samples per second of CPU time (default 99; 0: none)")
       ->check(CLI::Range(0, 1000));
   top->add_option("--ring-buffer-kb", rec.ring_buffer_kb, "BPF ring buffer size in KiB (default 4096)")
@@ -214,12 +224,7 @@ int RunCliUnguarded(int argc, char** argv) {
   app.add_option("--stacks", rec.stacks,
                  "Which events carry the Ruby stack of their thread: release (gvl_released, default), "
                  "release,ready (also wants_gvl), off")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            if (v == "release" || v == "release,ready" || v == "ready,release" || v == "off") return "";
-            return "--stacks must be release, release,ready or off";
-          },
-          "MODE"));
+      ->check(StacksValidator());
   app.add_option("--hz", rec.hz,
                  "On-CPU sampling frequency of the target's threads, samples per second of CPU time (default 99; "
                  "0: no sampling)")
