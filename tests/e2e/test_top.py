@@ -11,8 +11,9 @@ prints each thread's native tid. Then:
       holder and TopBusy.burn; nothing is written to the working directory; rvbpfd exits 0 and the target runs on
       (the cpu thread keeps counting, the process is not stopped);
   (b) in a terminal (a detached tmux session, capture-pane): the screen shows the cpu thread marked as GVL holder,
-      running most of the interval, and both waiters in gvl_wait; send-keys q ends rvbpfd with status 0 and the
-      target runs on.
+      running most of the interval, and both waiters in gvl_wait; send-keys q ends rvbpfd with status 0, and so
+      does Ctrl-C (SIGINT) in a second session; after each the terminal is back in canonical mode with echo (stty
+      -a) and the target runs on.
 Needs root (BPF) and tmux (tools/install-deps.sh).
 """
 import json
@@ -29,27 +30,16 @@ import rvlib  # noqa: E402
 SCREEN_SETTLE_S = 20.0
 
 
-def cpu_ticks(pid, tid):
-    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
-def process_state(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
 def target_runs_on(pid, cpu_tid, target):
     """Problems if the target exited, is stopped, or its cpu thread stopped counting."""
     if target.poll() is not None:
         return [f"the target exited ({target.returncode})"]
     p = []
-    before = cpu_ticks(pid, cpu_tid)
+    before = rvlib.thread_cpu_ticks(pid, cpu_tid)
     time.sleep(0.5)
-    if cpu_ticks(pid, cpu_tid) <= before:
+    if rvlib.thread_cpu_ticks(pid, cpu_tid) <= before:
         p.append("the cpu thread stopped counting after rvbpfd top ended")
-    if process_state(pid) in ("T", "t"):
+    if rvlib.process_state(pid) in ("T", "t"):
         p.append("the target is stopped after rvbpfd top ended")
     return p
 
@@ -153,42 +143,77 @@ def screen_problems(rows, tids):
     return p
 
 
+def stty_problems(path, how):
+    """The terminal's mode after rvbpfd top ended (`stty -a` written right after it): canonical input and echo."""
+    if not os.path.exists(path):
+        return [f"no stty output after rvbpfd top ended by {how}"]
+    with open(path) as f:
+        flags = f.read().split()
+    return [f"the terminal is left without {flag} after rvbpfd top ended by {how}"
+            for flag in ("icanon", "echo") if flag not in flags]
+
+
+def tmux_session(tm, name, rvbpfd, pid, outdir):
+    """Starts `rvbpfd top --pid PID` in a detached session; its exit status and the terminal's mode after it land in
+    files. Returns (rc file, stty file)."""
+    rc_file = os.path.join(outdir, f"{name}.rc")
+    stty_file = os.path.join(outdir, f"{name}.stty")
+    subprocess.run(tm + ["new-session", "-d", "-s", name, "-x", "200", "-y", "50",
+                         f"{rvbpfd} top --pid {pid}; echo $? > {rc_file}; stty -a > {stty_file}; sleep 2"],
+                   check=True, timeout=30)
+    return rc_file, stty_file
+
+
+def wait_screen(tm, name, tids):
+    """Captures the pane until it shows the cpu thread holding the GVL and the waiters waiting; returns problems."""
+    deadline = time.monotonic() + SCREEN_SETTLE_S
+    screen, p = "", ["no screen captured"]
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        screen = subprocess.run(tm + ["capture-pane", "-p", "-t", name], capture_output=True, text=True,
+                                timeout=30).stdout
+        if "GVL holder:" not in screen:
+            continue
+        p = screen_problems(screen_rows(screen), tids)
+        if not p:
+            return []
+    return p + [f"screen:\n{screen}"]
+
+
+def ended_with(tm, name, key, rc_file, stty_file):
+    """Sends `key` and checks rvbpfd exited 0 and restored the terminal."""
+    subprocess.run(tm + ["send-keys", "-t", name, key], check=True, timeout=30)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not os.path.exists(stty_file):
+        time.sleep(0.2)
+    time.sleep(0.2)
+    if not os.path.exists(rc_file):
+        return [f"rvbpfd top did not exit after {key}"]
+    with open(rc_file) as f:
+        rc = f.read().strip()
+    p = [f"rvbpfd top exited {rc} after {key}"] if rc != "0" else []
+    return p + stty_problems(stty_file, key)
+
+
 def check_tmux(rvbpfd, ruby, outdir):
     tmux = shutil.which("tmux")
     if tmux is None:
         return ["tmux is not installed (tools/install-deps.sh installs it)"]
     target, tids = start_target(ruby)
-    sock = f"rvbpfd-e2e-top-{os.getpid()}"
-    rc_file = os.path.join(outdir, f"{ruby.name}.rc")
-    tm = [tmux, "-L", sock]
+    tm = [tmux, "-L", f"rvbpfd-e2e-top-{os.getpid()}"]
     try:
-        subprocess.run(tm + ["new-session", "-d", "-s", "top", "-x", "200", "-y", "50",
-                             f"{rvbpfd} top --pid {target.pid}; echo $? > {rc_file}"], check=True, timeout=30)
-        deadline = time.monotonic() + SCREEN_SETTLE_S
-        screen, p = "", ["no screen captured"]
-        while time.monotonic() < deadline:
-            time.sleep(1.0)
-            cap = subprocess.run(tm + ["capture-pane", "-p", "-t", "top"], capture_output=True, text=True, timeout=30)
-            screen = cap.stdout
-            if "GVL holder:" not in screen:
-                continue
-            p = screen_problems(screen_rows(screen), tids)
-            if not p:
+        p = []
+        # q, then Ctrl-C (SIGINT): each ends rvbpfd with 0, the terminal restored, the target running on.
+        for key in ("q", "C-c"):
+            name = f"{ruby.name}-{key}".replace(".", "_")
+            rc_file, stty_file = tmux_session(tm, name, rvbpfd, target.pid, outdir)
+            problems = wait_screen(tm, name, tids)
+            if not problems:
+                problems = ended_with(tm, name, key, rc_file, stty_file)
+            p += [f"[{key}] {x}" for x in problems]
+            p += target_runs_on(target.pid, tids["cpu"], target)
+            if p:
                 break
-        if p:
-            return p + [f"screen:\n{screen}"]
-        subprocess.run(tm + ["send-keys", "-t", "top", "q"], check=True, timeout=30)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not os.path.exists(rc_file):
-            time.sleep(0.2)
-        time.sleep(0.2)
-        if not os.path.exists(rc_file):
-            return ["rvbpfd top did not exit after q"]
-        with open(rc_file) as f:
-            rc = f.read().strip()
-        if rc != "0":
-            p.append(f"rvbpfd top exited {rc} after q")
-        p += target_runs_on(target.pid, tids["cpu"], target)
         return p
     finally:
         subprocess.run(tm + ["kill-server"], capture_output=True, timeout=30)
@@ -202,18 +227,14 @@ def main():
     res = rvlib.Results()
     try:
         rvbpfd = rvlib.require_rvbpfd(args.rvbpfd)
-        rubies = []
-        for name in (args.ruby or rvlib.RUBIES):
-            ruby = rvlib.Ruby(name, rvlib.find_ruby(args.source_dir, name), None)
-            rvlib.check_jit(ruby)
-            rubies.append(ruby)
+        rubies = rvlib.setup_rubies(args, rvref=False)
     except rvlib.Fatal as e:
         res.check("setup (rvbpfd binary, test Rubies)", [str(e)])
         res.finish()
     outdir = tempfile.mkdtemp(prefix="rvbpfd-e2e-top-")
     for ruby in rubies:
         for label, run in (("without a terminal: snapshots, --json", lambda: check_plain(rvbpfd, ruby)),
-                           ("in tmux: the screen, q quits", lambda: check_tmux(rvbpfd, ruby, outdir))):
+                           ("in tmux: the screen; q and Ctrl-C end it, terminal restored", lambda: check_tmux(rvbpfd, ruby, outdir))):
             try:
                 problems = run()
             except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
