@@ -1014,8 +1014,8 @@ RecorderEnv SystemRecorderEnv(const std::atomic<bool>* stop_requested) {
 }
 
 Result<int> RecordAnalysedTarget(const RecordOptions& options, const RecorderEnv& env, RecordTarget target,
-                                 PreparedBinary prepared) {
-  Recording recording(options, env);
+                                 PreparedBinary prepared, RecordSinkFactory make_sink) {
+  Recording recording(options, env, std::move(make_sink));
   recording.Adopt(std::move(target), std::move(prepared));
   return OpenToFinish(recording);
 }
