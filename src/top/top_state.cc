@@ -1,6 +1,7 @@
 #include "top/top_state.h"
 
 #include <algorithm>
+#include <limits>
 #include <unordered_map>
 #include <vector>
 
@@ -219,7 +220,10 @@ TopSnapshot TopState::Cut(uint64_t cut_ns) {
   snap.blockers = Blockers(blame);
   snap.blocked_stacks = BlockedStacks();
 
+  // Memory stays that of the live threads: exited ones are forgotten here and in the tracker (which would keep their
+  // markers otherwise); no live thread's state is dropped however long it stays blocked.
   std::erase_if(threads_, [](const auto& kv) { return kv.second.exited; });
+  tracker_.PruneIdle(std::numeric_limits<uint32_t>::max());
   sums_.clear();
   where_.clear();
   events_ = dropped_ = 0;

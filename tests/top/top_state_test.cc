@@ -119,6 +119,16 @@ TEST_F(TopStateTest, StatesContinueIntoTheNextInterval) {
   EXPECT_EQ(s.events, 0u);
 }
 
+TEST_F(TopStateTest, ALongBlockedThreadKeepsItsStateIntervalAfterInterval) {
+  Feed();
+  for (uint64_t i = 1; i <= 8; ++i) state_.Cut(i * 1000 * kMs);
+  const TopSnapshot s = state_.Cut(9000 * kMs);
+  ASSERT_NE(Row(s, 4), nullptr);
+  EXPECT_EQ(Row(s, 4)->blocked_total_ns(), 1000 * kMs);
+  EXPECT_EQ(Row(s, 4)->reason, "sleep");
+  EXPECT_EQ(Row(s, 3)->gvl_wait_ns, 1000 * kMs);
+}
+
 TEST_F(TopStateTest, ExitedThreadShownOnceThenGone) {
   Feed();
   const TopSnapshot first = state_.Cut(1000 * kMs);
