@@ -233,8 +233,10 @@ def main():
         res.finish()
     outdir = tempfile.mkdtemp(prefix="rvbpfd-e2e-top-")
     for ruby in rubies:
-        for label, run in (("without a terminal: snapshots, --json", lambda: check_plain(rvbpfd, ruby)),
-                           ("in tmux: the screen; q and Ctrl-C end it, terminal restored", lambda: check_tmux(rvbpfd, ruby, outdir))):
+        checks = (("without a terminal: snapshots, --json", lambda: check_plain(rvbpfd, ruby)),
+                  ("in tmux: the screen; q and Ctrl-C end it, terminal restored",
+                   lambda: check_tmux(rvbpfd, ruby, outdir)))
+        for label, run in checks:
             try:
                 problems = run()
             except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:

@@ -152,7 +152,8 @@ TEST(TopRenderTest, TablesShrinkToKeepBothInTheHeight) {
   const std::vector<std::string> lines = RenderTop(s, TopLayout{.height = 14});
   ASSERT_LE(lines.size(), 14u);
   auto has = [&](const std::string& text) {
-    return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(text) != std::string::npos; });
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.find(text) != std::string::npos; });
   };
   EXPECT_TRUE(has("TOP BLOCKED STACKS"));
   EXPECT_TRUE(has("  950.0  gvl_wait"));
