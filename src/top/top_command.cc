@@ -26,8 +26,11 @@ void OnStopSignal(int) { RequestStop(); }
 // The recorder's events into TopState, a snapshot shown every interval; with -o, the trace written as well.
 class TopSink : public RecordSink {
  public:
-  TopSink(const TopOptions& o, const TraceHeader& header, std::optional<TraceWriter> writer, TopTerminal* terminal)
+  // stop_reason: set to the recording's at its end.
+  TopSink(const TopOptions& o, const TraceHeader& header, std::optional<TraceWriter> writer, TopTerminal* terminal,
+          std::string* stop_reason)
       : o_(o),
+        stop_reason_(stop_reason),
         writer_(std::move(writer)),
         state_(static_cast<int>(header.pid), header.ruby_version, writer_ ? &writer_->stack_table() : &stacks_),
         terminal_(terminal),
@@ -44,7 +47,10 @@ class TopSink : public RecordSink {
     return writer_ ? writer_->Write(event) : Status::Ok();
   }
   Status Tick(std::chrono::steady_clock::time_point now, uint64_t now_t_ns) override;
-  Status Finish(const FinishInfo& info) override { return writer_ ? writer_->Finish(info) : Status::Ok(); }
+  Status Finish(const FinishInfo& info) override {
+    *stop_reason_ = info.stop_reason;
+    return writer_ ? writer_->Finish(info) : Status::Ok();
+  }
   void Abandon() override {
     if (writer_) writer_->Abandon();
   }
@@ -56,6 +62,7 @@ class TopSink : public RecordSink {
 
   static inline const std::string kNone;
   const TopOptions& o_;
+  std::string* stop_reason_;
   std::optional<TraceWriter> writer_;
   StackTable stacks_;  // without -o
   TopState state_;
@@ -117,17 +124,24 @@ Result<int> RunTop(TopOptions o) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGHUP, &sa, nullptr);
   sigaction(SIGQUIT, &sa, nullptr);
-  RecordSinkFactory make_sink = [&o, &terminal](const TraceHeader& header) -> Result<std::unique_ptr<RecordSink>> {
+  std::string stop_reason;
+  RecordSinkFactory make_sink = [&o, &terminal,
+                                 &stop_reason](const TraceHeader& header) -> Result<std::unique_ptr<RecordSink>> {
     std::optional<TraceWriter> writer;
     if (!o.record.output.empty()) {
       Result<TraceWriter> w = TraceWriter::Create(o.record.output, header, o.record.trace_format);
       if (!w) return w.error();
       writer.emplace(std::move(w.value()));
     }
-    return std::unique_ptr<RecordSink>(new TopSink(o, header, std::move(writer), terminal.get()));
+    return std::unique_ptr<RecordSink>(new TopSink(o, header, std::move(writer), terminal.get(), &stop_reason));
   };
   Result<int> r = Record(o.record, make_sink);
+  const bool full_screen = terminal != nullptr;
   terminal.reset();  // the screen restored before any error is printed
+  // The screen vanished with the target: say why (without a terminal the recorder's own last line says it).
+  if (r && full_screen && stop_reason == "target_exited") {
+    fprintf(stderr, "rvbpfd: pid %d exited\n", o.record.pid);
+  }
   return r;
 }
 
