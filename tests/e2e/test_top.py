@@ -5,10 +5,11 @@ workloads/top_busy.rb: "cpu" burns CPU in TopBusy.burn (it holds the GVL nearly 
 "waiter2" do pipe round trips (each ends waiting for the GVL the burner holds), "sleeper" naps in Kernel#sleep. It
 prints each thread's native tid. Then:
   (a) without a terminal: `top --json --iterations 3` prints three JSON objects, one per interval; in the last one
-      the cpu thread holds the GVL (gvl_holder, holds_gvl) and ran for most of the interval, each waiter waited for
-      the GVL most of it, the sleeper was blocked in sleep part of it, the rows come most waiting first, the top
-      blocker is TopBusy.burn held by the cpu thread; `top --iterations 2` (text) prints two snapshots naming the
-      holder and TopBusy.burn; nothing is written to the working directory; rvbpfd exits 0 and the target runs on
+      the cpu thread held the GVL for most of the interval, each waiter waited for the GVL most of it, the sleeper
+      was blocked in sleep part of it, the rows come most waiting first, the top blocker is TopBusy.burn held by the
+      cpu thread, and at the end of one of the three intervals the cpu thread is the holder (gvl_holder, holds_gvl;
+      an end may catch a hand-off); `top --iterations 3` (text) prints three snapshots, one naming the cpu thread as
+      holder, and TopBusy.burn; nothing is written to the working directory; rvbpfd exits 0 and the target runs on
       (the cpu thread keeps counting, the process is not stopped);
   (b) in a terminal (a detached tmux session, capture-pane): the screen shows the cpu thread marked as GVL holder,
       running most of the interval, and both waiters in gvl_wait; send-keys q ends rvbpfd with status 0, and so
@@ -53,8 +54,6 @@ def check_snapshot(d, tids):
     if missing or interval <= 0:
         return [f"threads {missing} missing or empty interval in {json.dumps(d)[:3000]}"]
     cpu = rows[tids["cpu"]]
-    if d["gvl_holder"] != cpu["ruby_thread"] or not cpu["holds_gvl"]:
-        p.append(f"the GVL holder is {d['gvl_holder']}, not the cpu thread {cpu['ruby_thread']}")
     if cpu["running_ns"] < 0.7 * interval:
         p.append(f"the cpu thread ran {cpu['running_ns'] / interval:.0%} of the interval (expected >= 70%)")
     for name in ("waiter1", "waiter2"):
@@ -101,12 +100,19 @@ def check_plain(rvbpfd, ruby):
             p.append(f"expected intervals 1, 2, 3, got {[o.get('interval') for o in objs]}")
         else:
             p += check_snapshot(objs[-1], tids)
-        t = subprocess.run([rvbpfd, "top", "--pid", str(target.pid), "--iterations", "2"], cwd=cwd,
+            # The holder at an interval's end: the cpu thread but for a hand-off caught at that instant (a waiter's
+            # short turn), which a loaded machine makes likelier; three ends in a row are not all one.
+            holders = [(o["gvl_holder"], [t["holds_gvl"] for t in o["threads"] if t["native_tid"] == tids["cpu"]])
+                       for o in objs]
+            cpu_key = next((t["ruby_thread"] for t in objs[-1]["threads"] if t["native_tid"] == tids["cpu"]), None)
+            if not any(h == cpu_key and marks == [True] for h, marks in holders):
+                p.append(f"no interval ends with the cpu thread ({cpu_key}) as GVL holder: {holders}")
+        t = subprocess.run([rvbpfd, "top", "--pid", str(target.pid), "--iterations", "3"], cwd=cwd,
                            capture_output=True, text=True, timeout=120)
         if t.returncode != 0:
             p.append(f"rvbpfd top (text) exited {t.returncode}: {t.stderr.strip()[-2000:]}")
         heads = [l for l in t.stdout.splitlines() if l.startswith("rvbpfd top  pid ")]
-        if len(heads) != 2 or f"(tid {tids['cpu']})" not in heads[-1] or "TopBusy.burn" not in t.stdout:
+        if len(heads) != 3 or not any(f"(tid {tids['cpu']})" in h for h in heads) or "TopBusy.burn" not in t.stdout:
             p.append(f"the text snapshots do not name the cpu thread as holder and TopBusy.burn:\n{t.stdout[:3000]}")
         if os.listdir(cwd):
             p.append(f"rvbpfd top wrote files without -o: {os.listdir(cwd)}")
