@@ -25,6 +25,7 @@ if ((!build_only)); then
     debuginfod  # the server serves debug files to the e2e tests on loopback
     util-linux  # setpriv: tests/e2e/test_least_privilege.py, test_errors.py
     gdb  # gcore: tests/e2e/test_dump.py dumps a core of a live process
+    tmux  # tests/e2e/test_top.py drives `rvbpfd top` on a terminal (send-keys, capture-pane)
     libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes for clang 14 (tools/run-fuzzers.sh)
     golang-go ruby ruby-dev  # Debian's ruby3.1: live test and coredump case (rvgolden needs its headers)
     # to build the test Rubies from Debian's source packages

@@ -12,8 +12,13 @@ bash tools/build-test-rubies.sh
 bash tools/make-trixie-root.sh --apps  # Debian trixie's own ruby3.3, Rails, Puma, Sidekiq in a root (tests/e2e)
 
 echo "== build (RelWithDebInfo) =="
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=OFF >/dev/null  # after a demo: its unity build
 cmake --build build -j"$jobs"
+
+echo "== build (the demo's configuration: Release, unity; tools/demo.sh) =="
+cmake -S . -B build-demo -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON >/dev/null
+cmake --build build-demo -j"$jobs" --target rvbpfd
+build-demo/rvbpfd --version
 
 echo "== tests: unit + end-to-end =="
 (cd build && ctest --output-on-failure --timeout 1500)

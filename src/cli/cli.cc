@@ -35,6 +35,7 @@
 #include "session/vm_binary.h"
 #include "sites/sites.h"
 #include "target/target.h"
+#include "top/top_command.h"
 #include "trace/inspect.h"
 #include "trace/reader.h"
 
@@ -57,6 +58,8 @@ constexpr const char* kDescription =
     "  rvbpfd sites (--pid PID | --binary PATH)          the probe sites found in a Ruby VM binary\n"
     "  rvbpfd dump --pid PID | --core FILE [--json]      every Ruby thread now: state, stack, GVL, who waits\n"
     "                                                    for whom, deadlocks (reads memory; no BPF, never stops it)\n"
+    "  rvbpfd top --pid PID [--interval S] [--json]      live view from the probes: each thread's share running,\n"
+    "                                                    waiting for the GVL, blocked; top blockers (q quits)\n"
     "  rvbpfd agent (--output-dir DIR | --push-url URL)  fleet mode: profile every Ruby process on the host\n"
     "                                                    continuously (cpu, GVL wait/held, GC pprof per --interval)\n"
     "\n"
@@ -92,6 +95,16 @@ Status WriteOutput(const std::string& path, uint64_t max_bytes, const std::funct
 
 int RunCliUnguarded(int argc, char** argv);
 
+// --stacks, for recording and top.
+CLI::Validator StacksValidator() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (v == "release" || v == "release,ready" || v == "ready,release" || v == "off") return "";
+        return "--stacks must be release, release,ready or off";
+      },
+      "MODE");
+}
+
 // `rvbpfd dump`: the subcommand and its flags (src/dump/dump_command.h runs it).
 CLI::App* AddDumpCommand(CLI::App& app, DumpOptions* options) {
   CLI::App* dump = app.add_subcommand(
@@ -119,6 +132,37 @@ CLI::App* AddDumpCommand(CLI::App& app, DumpOptions* options) {
     if (options->pid == 0 && options->core.empty()) throw CLI::RequiredError("--pid or --core");
   });
   return dump;
+}
+
+// `rvbpfd top`: the subcommand and its flags (src/top/top_command.h runs it).
+CLI::App* AddTopCommand(CLI::App& app, TopOptions* options) {
+  CLI::App* top = app.add_subcommand(
+      "top", "Live view of a CRuby process from the probes, refreshed every --interval: per thread the share of "
+             "the last interval running (holding the GVL), in GC, waiting for the GVL, blocked (by reason: sleep, "
+             "io, mutex, queue, ...) and unknown/idle, most waiting first, the GVL holder (*), the top blockers "
+             "(the holders' Ruby methods others waited for) and the top blocked stacks. On a terminal the screen "
+             "is redrawn in place and q quits; otherwise one plain-text snapshot per interval is printed (--json: "
+             "one JSON object per line). Nothing is written to disk unless -o is given. Needs what recording needs "
+             "(root, or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE). docs/top.md describes the view.");
+  RecordOptions& rec = options->record;
+  top->add_option("-p,--pid", rec.pid, "The CRuby process")->required()->check(CLI::PositiveNumber);
+  top->add_option("--interval", options->interval_s, "Seconds per refresh (default 1)")
+      ->check(CLI::Range(0.1, 3600.0));
+  top->add_option("--iterations", options->iterations, "Stop after this many snapshots (default: until q, Ctrl-C "
+                                                       "or the target's exit)")
+      ->check(CLI::PositiveNumber);
+  top->add_flag("--json", options->json, "One JSON object per interval on stdout (docs/top.md), never full-screen");
+  top->add_option("-o,--output", rec.output, "Also write the .rvtrace file (default: nothing is written)");
+  top->add_option("--stacks", rec.stacks, "Which events carry stacks: release (default), release,ready, off")
+      ->check(StacksValidator());
+  top->add_option("--hz", rec.hz, "On-CPU samples per second of CPU time (default 99; 0: none)")
+      ->check(CLI::Range(0, 1000));
+  top->add_option("--ring-buffer-kb", rec.ring_buffer_kb, "BPF ring buffer size in KiB (default 4096)")
+      ->check(CLI::Range(4u, 1u << 20));
+  top->add_option("--max-overhead", rec.max_overhead_pct,
+                  "Bound the probes' estimated cost as the recorder does (default: off)")
+      ->check(CLI::Range(0.1, 100.0));
+  return top;
 }
 
 }  // namespace
@@ -194,12 +238,7 @@ int RunCliUnguarded(int argc, char** argv) {
   app.add_option("--stacks", rec.stacks,
                  "Which events carry the Ruby stack of their thread: release (gvl_released, default), "
                  "release,ready (also wants_gvl), off")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            if (v == "release" || v == "release,ready" || v == "ready,release" || v == "off") return "";
-            return "--stacks must be release, release,ready or off";
-          },
-          "MODE"));
+      ->check(StacksValidator());
   app.add_option("--hz", rec.hz,
                  "On-CPU sampling frequency of the target's threads, samples per second of CPU time (default 99; "
                  "0: no sampling)")
@@ -366,6 +405,8 @@ int RunCliUnguarded(int argc, char** argv) {
       "it must be root's and not writable by others (exit 13)"));
   DumpOptions dump_options;
   CLI::App* dump = AddDumpCommand(app, &dump_options);
+  TopOptions top_options;
+  CLI::App* top = AddTopCommand(app, &top_options);
   app.require_subcommand(0, 1);
 
   try {
@@ -387,6 +428,13 @@ int RunCliUnguarded(int argc, char** argv) {
     dump_options.cache_dir = rec.cache_dir;  // the global --cache-dir, as parsed
     Status st = RunDump(dump_options, std::cout);
     return st ? 0 : Fail(st.error());
+  }
+  if (top->parsed()) {
+    if (Status st = check_cache_dir(); !st) return Fail(st.error());
+    top_options.record.cache_dir = rec.cache_dir;  // the global --cache-dir, as parsed
+    top_options.record.trace_format = TraceFormat::kZstd;
+    Result<int> r = RunTop(top_options);
+    return r ? *r : Fail(r.error());
   }
   if (agent->parsed()) {
     // Defaults, then the config file, then the flags given on the command line. SIGHUP runs the same again.

@@ -28,7 +28,7 @@ bool ValidMetricName(std::string_view n) { return ValidName(n, /*colon=*/true); 
 bool ValidLabelName(std::string_view n) { return ValidName(n, /*colon=*/false) && n.substr(0, 2) != "__"; }
 
 // Exposition format 0.0.4: HELP text escapes \ and newline; label values (`quote`) also escape the double quote.
-std::string Escape(std::string_view s, bool quote) {
+std::string ExpositionEscape(std::string_view s, bool quote) {
   std::string out;
   for (char c : s) {
     if (c == '\\') {
@@ -143,7 +143,7 @@ std::string MetricsRegistry::RenderPrometheus() {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   for (const auto& [name, family] : families_) {
-    out += "# HELP " + name + " " + Escape(family.help, /*quote=*/false) + "\n";
+    out += "# HELP " + name + " " + ExpositionEscape(family.help, /*quote=*/false) + "\n";
     out += "# TYPE " + name + (family.type == Type::kCounter ? " counter\n" : " gauge\n");
     for (const auto& [labels, value] : family.series) {
       out += name;
@@ -153,7 +153,7 @@ std::string MetricsRegistry::RenderPrometheus() {
         for (const auto& [k, v] : labels) {
           if (!first) out += ',';
           first = false;
-          out += k + "=\"" + Escape(v, /*quote=*/true) + "\"";
+          out += k + "=\"" + ExpositionEscape(v, /*quote=*/true) + "\"";
         }
         out += '}';
       }

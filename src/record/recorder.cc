@@ -32,6 +32,7 @@
 #include "probe/ec_install.h"
 #include "probe/probe_backend.h"
 #include "record/launch.h"
+#include "record/record_sink.h"
 #include "record/recording.h"
 #include "record/release_reason.h"
 #include "session/ingest.h"
@@ -170,9 +171,10 @@ std::string StacksModeName(const std::string& option) {
 // abandoned so nothing partial is left behind. The BPF callbacks point at this object: it never moves.
 class Recording {
  public:
-  Recording(const RecordOptions& o, const RecorderEnv& env)
+  Recording(const RecordOptions& o, const RecorderEnv& env, RecordSinkFactory make_sink = nullptr)
       : o_(o),
         env_(env),
+        make_sink_(std::move(make_sink)),
         launch_(!o.command.empty()),
         stacks_on_(o.stacks != "off"),
         sampling_(o.hz > 0),
@@ -197,7 +199,7 @@ class Recording {
 
   // Removes the trace file (a failure from Attach on).
   Error Abandon(Error e) {
-    if (writer_) writer_->Abandon();
+    if (sink_) sink_->Abandon();
     return e;
   }
 
@@ -228,6 +230,8 @@ class Recording {
   // Writes what the reorder window let out (ready_), keeping only events of live threads.
   Status WriteReady();
   uint64_t NowT() const { return MonotonicNs() - origin_ns_; }
+  // What the sink writes to, for messages.
+  std::string OutputName() const { return sink_->output_path().empty() ? "the live view" : sink_->output_path(); }
   uint64_t MonotonicNs() const { return env_.monotonic_ns(); }
   uint64_t ThreadCpuNs() const { return env_.thread_cpu_ns(); }
   // A failure while the attached process may have died: that is the error to report.
@@ -238,6 +242,7 @@ class Recording {
 
   const RecordOptions& o_;
   const RecorderEnv env_;
+  const RecordSinkFactory make_sink_;  // null: the .rvtrace file of o_.output
   const bool launch_;
   const bool stacks_on_;
   const bool sampling_;
@@ -258,8 +263,7 @@ class Recording {
   std::optional<HeldChild> child_;
   std::optional<StackSetup> stack_setup_;
   uint64_t origin_ns_ = 0;  // monotonic ns of the trace's t = 0
-  std::string output_;
-  std::optional<TraceWriter> writer_;
+  std::unique_ptr<RecordSink> sink_;
 
   // Ingest: everything the ring delivers goes through the reorder window first. 20 ms of event time is far more than
   // the skew between CPUs (microseconds) and small enough that the file trails the program by a fraction of a second.
@@ -482,8 +486,8 @@ void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std:
   }
   AppendStackEndMarker(h, &frame_infos_);
   frame_ids_.clear();
-  for (const FrameInfo& f : frame_infos_) frame_ids_.push_back(writer_->InternFrame(f));
-  e.stack = writer_->InternStack(frame_ids_);
+  for (const FrameInfo& f : frame_infos_) frame_ids_.push_back(sink_->InternFrame(f));
+  e.stack = sink_->InternStack(frame_ids_);
   if (e.event == EventName::kGvlReleased) {
     const std::string& fn = r.site < site_functions_.size() ? site_functions_[r.site] : std::string();
     e.reason = std::string(ReleaseReasonTraceName(DeriveReleaseReason(frame_infos_, ClassifyReleaseSite(fn))));
@@ -540,10 +544,16 @@ Status Recording::Open() {
       header.channels.push_back(std::string(kSourcePerfEvent));
     }
   }
-  output_ = o_.output.empty() ? DefaultOutput(target_.pid) : o_.output;
-  Result<TraceWriter> writer = TraceWriter::Create(output_, header, o_.trace_format);
-  if (!writer) return writer.error();
-  writer_.emplace(std::move(writer.value()));
+  if (make_sink_) {
+    Result<std::unique_ptr<RecordSink>> sink = make_sink_(header);
+    if (!sink) return sink.error();
+    sink_ = std::move(sink.value());
+    return Status::Ok();
+  }
+  Result<std::unique_ptr<TraceFileSink>> sink =
+      TraceFileSink::Create(o_.output.empty() ? DefaultOutput(target_.pid) : o_.output, header, o_.trace_format);
+  if (!sink) return sink.error();
+  sink_ = std::move(sink.value());
   return Status::Ok();
 }
 
@@ -636,10 +646,12 @@ Status Recording::Attach() {
   const double attach_ms = static_cast<double>(attached_ns_ - attach_start) / 1e6;
   if (!launch_ && watch_->Exited()) return TargetExitedError(target_.pid);
   if (!o_.quiet) {
-    fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s (symbols: %s), in %.0f ms; writing %s\n",
+    const std::string writing =
+        sink_->output_path().empty() ? "" : "; writing " + EscapeControlBytes(sink_->output_path());
+    fprintf(stderr, "rvbpfd: attached %zu probes (%s) to pid %d, ruby %s, %s (symbols: %s), in %.0f ms%s\n",
             sites.sites.size(), backend_->uses_multi_links() ? "multi-uprobe links" : "one link per site",
             target_.pid, EscapeControlBytes(target_.ruby_version).c_str(), EscapeControlBytes(target_.vm_path).c_str(),
-            EscapeControlBytes(sites.symbols_source).c_str(), attach_ms, EscapeControlBytes(output_).c_str());
+            EscapeControlBytes(sites.symbols_source).c_str(), attach_ms, writing.c_str());
   }
   if (child_) {
     if (!o_.quiet) {
@@ -764,7 +776,7 @@ Status Recording::WriteReady() {
   for (TraceEvent& e : ready_) {
     if (!exited_threads_.Keep(e.th, e.event == EventName::kSample, e.event == EventName::kThreadExited)) continue;
     thread_ids_->Assign(&e);
-    if (st) st = writer_->Write(e);
+    if (st) st = sink_->Write(e);
   }
   ready_.clear();
   return st;
@@ -807,12 +819,20 @@ Status Recording::Run() {
       PollLaunchGate();
       if (launch_gate_->state() == LiveLayoutGate::State::kFailed) return LaunchGateError("");
     }
-    if (LayoutChecked()) reorder_.PopReady(&ready_);
+    if (LayoutChecked()) {
+      reorder_.PopReady(&ready_);
+      // A live sink gets what the window holds by the clock too: a quiet process's last events do not wait for a
+      // newer one (records still in the ring are at most a poll period old).
+      const uint64_t now_t = NowT();
+      if (sink_->live() && now_t > reorder_.window_ns()) {
+        reorder_.PopThrough(now_t - reorder_.window_ns(), [this](TraceEvent&& e) { ready_.push_back(std::move(e)); });
+      }
+    }
     Status wst = WriteReady();
-    if (wst) wst = writer_->MaybeFlush(std::chrono::steady_clock::now());
+    if (wst) wst = sink_->Tick(std::chrono::steady_clock::now(), NowT());
     if (!wst) {
       // Disk full or similar: stop rather than keep recording into a file that silently lacks events.
-      fprintf(stderr, "%s\n", wst.error().Wrap("writing " + output_).ToString().c_str());
+      fprintf(stderr, "%s\n", wst.error().Wrap("writing " + OutputName()).ToString().c_str());
       stop_reason_ = "write error";
       break;
     }
@@ -886,7 +906,7 @@ Result<int> Recording::Finish() {
                                                                  : "was still starting when the recording ended"));
   }
   reorder_.Drain(&ready_);
-  if (Status st = WriteReady(); !st) return st.error().Wrap("writing " + output_);
+  if (Status st = WriteReady(); !st) return st.error().Wrap("writing " + OutputName());
   FinishInfo fin;
   fin.end_t_ns = NowT();
   fin.ring_high_water_bytes = seen_.ring_high_water;
@@ -910,7 +930,7 @@ Result<int> Recording::Finish() {
     fin.sample_ec_routes = routes;
   }
   if (o_.status_line) fprintf(stderr, "\r\033[K");
-  if (Status st = writer_->Finish(fin); !st) return st.error();
+  if (Status st = sink_->Finish(fin); !st) return st.error();
   if (!o_.quiet) {
     // The counters that have a label (include/rvbpfd/counters.h): events and traps on the first line, samples and
     // their EC routes on the second.
@@ -923,8 +943,9 @@ Result<int> Recording::Finish() {
   }
     RV_EVENT_COUNTERS(RV_COUNT_TEXT)
     RV_TRAP_COUNTERS(RV_COUNT_TEXT)
-    fprintf(stderr, "rvbpfd: %s; %s; wrote %s\n", stop_reason_.c_str(), counts.c_str(),
-            EscapeControlBytes(output_).c_str());
+    const std::string wrote =
+        sink_->output_path().empty() ? "" : "; wrote " + EscapeControlBytes(sink_->output_path());
+    fprintf(stderr, "rvbpfd: %s; %s%s\n", stop_reason_.c_str(), counts.c_str(), wrote.c_str());
     if (sampled) {
       counts.clear();
       sep = "";
@@ -993,13 +1014,13 @@ RecorderEnv SystemRecorderEnv(const std::atomic<bool>* stop_requested) {
 }
 
 Result<int> RecordAnalysedTarget(const RecordOptions& options, const RecorderEnv& env, RecordTarget target,
-                                 PreparedBinary prepared) {
-  Recording recording(options, env);
+                                 PreparedBinary prepared, RecordSinkFactory make_sink) {
+  Recording recording(options, env, std::move(make_sink));
   recording.Adopt(std::move(target), std::move(prepared));
   return OpenToFinish(recording);
 }
 
-Result<int> Record(const RecordOptions& o) {
+Result<int> Record(const RecordOptions& o, RecordSinkFactory make_sink) {
   g_stop.store(false);
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
@@ -1009,7 +1030,7 @@ Result<int> Record(const RecordOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  Recording recording(o, SystemRecorderEnv(&g_stop));
+  Recording recording(o, SystemRecorderEnv(&g_stop), std::move(make_sink));
   if (Status st = recording.Prepare(); !st) return st.error();
   return OpenToFinish(recording);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "record/record_sink.h"
 #include "session/overhead_budget.h"
 #include "trace/compressed.h"
 
@@ -48,7 +49,9 @@ struct RecordOptions {
 };
 
 // Runs one recording to completion. Returns the process exit status (0 on a complete recording); errors were printed.
-Result<int> Record(const RecordOptions& options);
+// make_sink: where the events go (record_sink.h); null: the .rvtrace file of options.output (its default name when
+// empty). options.output and trace_format are the factory's to read otherwise.
+Result<int> Record(const RecordOptions& options, RecordSinkFactory make_sink = nullptr);
 
 // Signals that end a recording cleanly (set from the signal handler installed by Record).
 void RequestStop();

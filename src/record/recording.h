@@ -16,6 +16,7 @@
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "probe/probe_backend.h"
+#include "record/record_sink.h"
 #include "record/recorder.h"
 #include "session/vm_binary.h"
 
@@ -65,8 +66,9 @@ struct RecordTarget {
 // loaded (starting at once, on a helper thread), the trace created, the probes attached, the main loop run to the
 // end, the trace finished. The launch mode's command runs as rvbpfd's own user. Returns the process exit status;
 // errors were printed or are returned.
+// make_sink: as Record's.
 Result<int> RecordAnalysedTarget(const RecordOptions& options, const RecorderEnv& env, RecordTarget target,
-                                 PreparedBinary prepared);
+                                 PreparedBinary prepared, RecordSinkFactory make_sink = nullptr);
 
 }  // namespace rvbpfd
 

@@ -229,11 +229,14 @@ def check_jit(ruby):
                     f"(tools/build-test-rubies.sh builds it with Debian's rustc)")
 
 
-def setup_rubies(args):
+def setup_rubies(args, rvref=True):
+    """The test Rubies --ruby names (default all), checked for YJIT; with their in-process reference recorders
+    built unless rvref=False."""
     rubies = []
     for name in (args.ruby or RUBIES):
         prefix = find_ruby(args.source_dir, name)
-        ruby = Ruby(name, prefix, build_rvref(args.source_dir, args.build_dir, name, os.path.join(prefix, "bin", "ruby")))
+        ruby = Ruby(name, prefix, build_rvref(args.source_dir, args.build_dir, name, os.path.join(prefix, "bin", "ruby"))
+                    if rvref else None)
         check_jit(ruby)
         rubies.append(ruby)
     return rubies
@@ -868,6 +871,19 @@ class LineReader:
 
 class RunError(Exception):
     pass
+
+
+def thread_cpu_ticks(pid, tid):
+    """utime + stime of one thread of a process, in clock ticks."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def process_state(pid):
+    """The state letter of /proc/PID/stat (T or t: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 class Run:

@@ -79,17 +79,6 @@ def golden_frames(gout, name):
     raise rvlib.RunError(f"{name}.json has no thread named {name}")
 
 
-def cpu_ticks(pid, tid):
-    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
-def process_state(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
 def check_json(d, gout, pid, ruby):
     p = []
     if d.get("pid") != pid or d.get("ruby_version") != ruby.version:
@@ -291,13 +280,13 @@ def check_ruby(rvbpfd, ruby, args, outdir):
         p += check_json(d, gout, pid, ruby)
         cpu_tid = next((t["native_tid"] for t in d["threads"] if t.get("name") == "cpu"), None)
         if cpu_tid:
-            before = cpu_ticks(pid, cpu_tid)
+            before = rvlib.thread_cpu_ticks(pid, cpu_tid)
             rc2, text, stderr2 = run_dump(rvbpfd, pid, json_out=False)
             time.sleep(1.0)
-            after = cpu_ticks(pid, cpu_tid)
+            after = rvlib.thread_cpu_ticks(pid, cpu_tid)
             if after <= before:
                 p.append(f"the cpu thread stopped counting: {before} -> {after} ticks across a dump")
-            if process_state(pid) in ("T", "t"):
+            if rvlib.process_state(pid) in ("T", "t"):
                 p.append("the target is stopped after the dump")
             if rc2 != 0:
                 p.append(f"rvbpfd dump (text) exited {rc2}: {stderr2.strip()}")

@@ -431,6 +431,103 @@ TEST_F(RecorderTest, RecordsComeOutInTimeOrder) {
   EXPECT_EQ(trace_.summary->late_events, 0u);
 }
 
+// What a sink of the recorder's stream (record/record_sink.h) was given, and when.
+struct Collected {
+  std::vector<TraceEvent> events;
+  int ticks = 0;
+  bool finished = false;
+  std::string stop_reason;
+};
+
+// A sink as rvbpfd top uses one, collecting into *out (the recording owns the sink).
+class CollectingSink : public RecordSink {
+ public:
+  CollectingSink(Collected* out, bool live) : out_(out), live_(live) {}
+  uint32_t InternFrame(const FrameInfo& f) override { return table_.InternFrame(f).id; }
+  uint32_t InternStack(std::span<const uint32_t> ids) override { return table_.InternStack(ids).id; }
+  Status Write(const TraceEvent& e) override {
+    out_->events.push_back(e);
+    return Status::Ok();
+  }
+  Status Tick(std::chrono::steady_clock::time_point, uint64_t) override {
+    ++out_->ticks;
+    return Status::Ok();
+  }
+  Status Finish(const FinishInfo& info) override {
+    out_->finished = true;
+    out_->stop_reason = info.stop_reason;
+    return Status::Ok();
+  }
+  void Abandon() override {}
+  const std::string& output_path() const override { return none_; }
+  bool live() const override { return live_; }
+
+ private:
+  Collected* out_;
+  bool live_;
+  StackTable table_;
+  const std::string none_;
+};
+
+class RecorderSinkTest : public RecorderTest {
+ protected:
+  // One thread's two records (at 10 and 12 ms, delivered out of order at 20 ms), then nothing until the target exits
+  // at 300 ms. seen_while_quiet_: how many events the sink had at 200 ms.
+  Collected RunWithSink(bool live) {
+    Collected got;
+    bool injected = false, looked = false;
+    script_ = [&](uint64_t t) {
+      if (t >= 20 * kMs && !injected) {
+        injected = true;
+        Inject(12 * kMs, RV_EV_THREAD_RESUMED, 0x1000);
+        Inject(10 * kMs, RV_EV_THREAD_STARTED, 0x1000);
+      }
+      if (t >= 200 * kMs && !looked) {
+        looked = true;
+        seen_while_quiet_ = got.events.size();
+      }
+      if (t >= 300 * kMs) TargetExits();
+    };
+    Result<int> r = RecordAnalysedTarget(options_, env_, target_, prepared_,
+                                         [&](const TraceHeader& header) -> Result<std::unique_ptr<RecordSink>> {
+                                           EXPECT_EQ(header.pid, target_.pid);
+                                           return std::unique_ptr<RecordSink>(new CollectingSink(&got, live));
+                                         });
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().ToString());
+    return got;
+  }
+  static std::vector<std::pair<uint64_t, EventName>> TargetEvents(const Collected& c) {
+    std::vector<std::pair<uint64_t, EventName>> out;
+    for (const TraceEvent& e : c.events) {
+      if (e.source != kSourceDaemon) out.emplace_back(e.t_ns, e.event);
+    }
+    return out;
+  }
+  size_t seen_while_quiet_ = 0;
+};
+
+TEST_F(RecorderSinkTest, ASinkGetsTheOrderedNumberedStreamAndNoFileIsWritten) {
+  const Collected got = RunWithSink(/*live=*/false);
+  const std::vector<std::pair<uint64_t, EventName>> want = {{10 * kMs, EventName::kThreadStarted},
+                                                            {12 * kMs, EventName::kGvlAcquired}};
+  EXPECT_EQ(TargetEvents(got), want);
+  for (const TraceEvent& e : got.events) {
+    if (e.source != kSourceDaemon) EXPECT_EQ(e.ruby_thread, std::optional<uint32_t>(2));  // main is 1
+  }
+  EXPECT_GT(got.ticks, 0);
+  EXPECT_TRUE(got.finished);
+  EXPECT_EQ(got.stop_reason, "target_exited");
+  EXPECT_FALSE(std::filesystem::exists(options_.output));
+  // Not live: the last records wait in the reorder window for a newer one (or the end).
+  EXPECT_EQ(seen_while_quiet_, 0u);
+}
+
+TEST_F(RecorderSinkTest, ALiveSinkGetsAQuietProcesssLastEventsByTheClock) {
+  const Collected got = RunWithSink(/*live=*/true);
+  EXPECT_EQ(seen_while_quiet_, 2u);
+  EXPECT_EQ(TargetEvents(got).size(), 2u);
+}
+
 TEST_F(RecorderTest, DroppedEventsBecomeEventsDroppedRecords) {
   script_ = [&](uint64_t t) {
     if (t >= 40 * kMs && fake_.counters.dropped == 0) fake_.counters.dropped = 7;
