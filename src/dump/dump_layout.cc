@@ -14,6 +14,7 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets) {
   DumpLayout l;
   l.vm_main_ractor = offsets.vm_main_ractor;
   l.th_ec = offsets.thread_ec;
+  if (offsets.thread_name != RubyOffsets::kNoThreadName) l.th_name = offsets.thread_name;
   l.ec_cfp = offsets.walk.ec_cfp;
   l.ec_thread_ptr = offsets.ec_thread_ptr;
   l.gvl = offsets.gvl;
@@ -88,7 +89,6 @@ Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor,
       Apply(dwarf->MemberBitOffset(vm, "rb_thread_struct", "status"), &l.th_status_bit, "thread.status (bits)", &l);
       Apply(m("rb_thread_struct", {"locking_mutex"}), &l.th_locking_mutex, "thread.locking_mutex", &l);
       Apply(m("rb_thread_struct", {"join_list"}), &l.th_join_list, "thread.join_list", &l);
-      Apply(m("rb_thread_struct", {"name"}), &l.th_name, "thread.name", &l);
       Apply(m("rb_execution_context_struct", {"cfp"}), &l.ec_cfp, "ec.cfp", &l);
       Apply(m("rb_execution_context_struct", {"fiber_ptr"}), &l.ec_fiber_ptr, "ec.fiber_ptr", &l);
       Apply(m("rb_execution_context_struct", {"thread_ptr"}), &l.ec_thread_ptr, "ec.thread_ptr", &l);
