@@ -89,6 +89,7 @@ Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor,
       Apply(dwarf->MemberBitOffset(vm, "rb_thread_struct", "status"), &l.th_status_bit, "thread.status (bits)", &l);
       Apply(m("rb_thread_struct", {"locking_mutex"}), &l.th_locking_mutex, "thread.locking_mutex", &l);
       Apply(m("rb_thread_struct", {"join_list"}), &l.th_join_list, "thread.join_list", &l);
+      Apply(m("rb_thread_struct", {"name"}), &l.th_name, "thread.name", &l);
       Apply(m("rb_execution_context_struct", {"cfp"}), &l.ec_cfp, "ec.cfp", &l);
       Apply(m("rb_execution_context_struct", {"fiber_ptr"}), &l.ec_fiber_ptr, "ec.fiber_ptr", &l);
       Apply(m("rb_execution_context_struct", {"thread_ptr"}), &l.ec_thread_ptr, "ec.thread_ptr", &l);
