@@ -18,22 +18,28 @@ constexpr std::chrono::milliseconds kProcReadTimeout{200};
 
 std::optional<ThreadInfo> ThreadInfoTracker::Observe(const TraceEvent& e) {
   if (!e.ruby_thread) return std::nullopt;
-  if (e.event == EventName::kThreadExited) {
-    last_.erase(*e.ruby_thread);
+  // Only events the thread runs itself say which native thread it is on now (STARTED and READY run elsewhere).
+  const bool own = e.native_tid && e.probe_tid == e.native_tid;
+  return ObserveThread(*e.ruby_thread, e.t_ns, e.event == EventName::kThreadExited, own ? *e.native_tid : 0, e.th);
+}
+
+std::optional<ThreadInfo> ThreadInfoTracker::ObserveThread(uint64_t key, uint64_t t_ns, bool exited, uint32_t own_tid,
+                                                           uint64_t th) {
+  if (exited) {
+    last_.erase(key);
     return std::nullopt;
   }
-  // Only events the thread runs itself say which native thread it is on now (STARTED and READY run elsewhere).
-  if (!e.native_tid || *e.native_tid == 0 || e.probe_tid != e.native_tid) return std::nullopt;
-  auto [it, first] = last_.try_emplace(*e.ruby_thread);
+  if (own_tid == 0) return std::nullopt;
+  auto [it, first] = last_.try_emplace(key);
   State& st = it->second;
-  if (!first && e.t_ns < st.read_at_ns + kRefreshNs) return std::nullopt;
-  st.read_at_ns = e.t_ns;
+  if (!first && t_ns < st.read_at_ns + kRefreshNs) return std::nullopt;
+  st.read_at_ns = t_ns;
   ThreadInfo info;
-  if (sources_.ruby_name && e.th != 0) info.name = sources_.ruby_name(e.th);
-  if (sources_.native_name) info.native_name = sources_.native_name(*e.native_tid);
-  if (sources_.ns_tid && st.ns_tid_of != *e.native_tid) {
-    info.ns_tid = sources_.ns_tid(*e.native_tid);
-    if (info.ns_tid) st.ns_tid_of = *e.native_tid;
+  if (sources_.ruby_name && th != 0) info.name = sources_.ruby_name(th);
+  if (sources_.native_name) info.native_name = sources_.native_name(own_tid);
+  if (sources_.ns_tid && st.ns_tid_of != own_tid) {
+    info.ns_tid = sources_.ns_tid(own_tid);
+    if (info.ns_tid) st.ns_tid_of = own_tid;
   }
   return info;
 }

@@ -38,6 +38,9 @@ class ThreadInfoTracker {
   // The thread's info, read now, when `e` is due for a reading (see above); nullopt otherwise. Parts that could not
   // be read are unset (the writer then keeps what it had).
   std::optional<ThreadInfo> Observe(const TraceEvent& e);
+  // The same for callers that key threads otherwise (the agent: by rb_thread_t *): `own_tid` is the host tid of the
+  // native thread the thread runs on, when the event says so (0: it does not), `exited` its thread_exited.
+  std::optional<ThreadInfo> ObserveThread(uint64_t key, uint64_t t_ns, bool exited, uint32_t own_tid, uint64_t th);
   size_t tracked() const { return last_.size(); }
 
  private:
@@ -46,7 +49,7 @@ class ThreadInfoTracker {
     uint32_t ns_tid_of = 0;  // the host tid whose namespace tid was read (0: none yet)
   };
   Sources sources_;
-  std::unordered_map<uint32_t, State> last_;  // ruby_thread -> its last reading; erased at its thread_exited
+  std::unordered_map<uint64_t, State> last_;  // thread key -> its last reading; erased at its thread_exited
 };
 
 // Thread#name of the rb_thread_t at `th`: the String at th + offsets.thread_name, read as the symbolizer reads strings
