@@ -14,19 +14,9 @@
 namespace rvbpfd {
 namespace {
 
+using ::rvbpfd::testing::Ev;
 using ::rvbpfd::testing::ReadAll;
 using ::rvbpfd::testing::ScratchDir;
-
-TraceEvent Ev(uint64_t t_ns, EventName name, uint32_t thread, uint32_t tid) {
-  TraceEvent e;
-  e.t_ns = t_ns;
-  e.event = name;
-  e.ruby_thread = thread;
-  e.native_tid = tid;
-  e.probe_tid = tid;
-  e.source = kSourceThreadHookSite;
-  return e;
-}
 
 ThreadInfo Info(std::optional<std::string> name, std::optional<std::string> native, std::optional<uint32_t> ns) {
   ThreadInfo i;
