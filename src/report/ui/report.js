@@ -184,7 +184,9 @@
         el("th", null, "waits"), el("th", null, "longest wait"), el("th", null, "top release reason"));
     const rows = threads.map((t) => {
       const tot = t.totals, top = tot.reasons[0];
-      return el("tr", null, el("td", null, t.label), XX, "wants_gvl", "released", "gc", "unknown"].map((s) => el("td", null, dur(tot.state_ns[stateIdx(s)]))),
+      return el("tr", null, el("td", null, t.label),
+          el("td", null, t.tids.join(", ") + (t.nsTid !== undefined ? ` (ns ${t.nsTid})` : "")),
+          ...["running", "wants_gvl", "released", "gc", "unknown"].map((s) => el("td", null, dur(tot.state_ns[stateIdx(s)]))),
           el("td", null, String(tot.waits)), el("td", null, dur(tot.wait_longest_ns)),
           el("td", null, top ? `${N.reason[top[0]]} (${dur(top[1])}, ${top[2]}x)` : "-"));
     });
