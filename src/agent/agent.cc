@@ -247,7 +247,8 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   p->target.vm_elf.reset();
   p->set = set;
   p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
-  ThreadInfoTracker::Sources names = ProcThreadInfoSources(pid, ProcFs(config_.proc_root), pidns->own_namespace());
+  ThreadInfoTracker::Sources names = ProcThreadInfoSources(pid, ProcFs(config_.proc_root), pidns->own_namespace(),
+                                                                name_reader_);
   if (set->stacks && set->stacks->offsets.thread_name != RubyOffsets::kNoThreadName) {
     std::shared_ptr<MemoryReader> mem =
         env_.memory ? env_.memory(pid) : std::make_unique<ProcessMemoryReader>(pid);

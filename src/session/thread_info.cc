@@ -55,8 +55,9 @@ std::optional<std::string> ReadRubyThreadName(MemoryReader& mem, const RubyOffse
   return name;
 }
 
-ThreadInfoTracker::Sources ProcThreadInfoSources(int pid, ProcFs procfs, bool own_namespace) {
-  auto worker = std::make_shared<DeadlineWorker>();
+ThreadInfoTracker::Sources ProcThreadInfoSources(int pid, ProcFs procfs, bool own_namespace,
+                                                 std::shared_ptr<DeadlineWorker> worker) {
+  if (!worker) worker = std::make_shared<DeadlineWorker>();
   ThreadInfoTracker::Sources s;
   s.native_name = [worker, pid, procfs](uint32_t tid) -> std::optional<std::string> {
     DeadlineResult<std::optional<std::string>> r = worker->Run<std::optional<std::string>>(

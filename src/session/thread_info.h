@@ -12,10 +12,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
+#include "common/deadline.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
 #include "target/target.h"
@@ -59,8 +61,11 @@ std::optional<std::string> ReadRubyThreadName(MemoryReader& mem, const RubyOffse
 
 // Sources reading the native name and the namespace tid of process `pid` through `procfs`, each read bounded in time
 // (a helper thread, common/deadline.h; a read that overruns gives nullopt). `own_namespace`: the target is in a pid
-// namespace of its own (else no namespace tid is read: it is the host tid).
-ThreadInfoTracker::Sources ProcThreadInfoSources(int pid, ProcFs procfs, bool own_namespace);
+// namespace of its own (else no namespace tid is read: it is the host tid). `worker`: the helper thread to read on,
+// shared by the sources of several processes (the agent's: one thread for all, its loop being their one caller);
+// null: one of their own.
+ThreadInfoTracker::Sources ProcThreadInfoSources(int pid, ProcFs procfs, bool own_namespace,
+                                                 std::shared_ptr<DeadlineWorker> worker = nullptr);
 
 }  // namespace rvbpfd
 
