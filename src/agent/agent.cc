@@ -12,6 +12,7 @@
 
 #include "ops/process_labels.h"
 #include "session/ingest.h"
+#include "session/thread_info.h"
 #include "session/vm_binary.h"
 #include "target/pid_namespace.h"
 
@@ -246,6 +247,16 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   p->target.vm_elf.reset();
   p->set = set;
   p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
+  ThreadInfoTracker::Sources names = ProcThreadInfoSources(pid, ProcFs(config_.proc_root), pidns->own_namespace(),
+                                                                name_reader_);
+  if (set->stacks && set->stacks->offsets.thread_name != RubyOffsets::kNoThreadName) {
+    std::shared_ptr<MemoryReader> mem =
+        env_.memory ? env_.memory(pid) : std::make_unique<ProcessMemoryReader>(pid);
+    names.ruby_name = [mem, offsets = set->stacks->offsets](uint64_t th) {
+      return ReadRubyThreadName(*mem, offsets, th);
+    };
+  }
+  p->thread_info.emplace(std::move(names));
   p->interval_start_ns = now;
   p->attached_ns = now;
   ec_eager_until_ns_ = std::max(ec_eager_until_ns_, now + kEcEagerNs);  // its EC route is retried meanwhile
@@ -383,6 +394,14 @@ void Agent::Dispatch(Pending& item) {
   }
   // The thread on the process's initial native thread is main (CRuby runs no other Ruby thread there).
   if (item.th != 0 && item.tid == static_cast<uint32_t>(pid)) p->profile->SetMainThread(item.th);
+  if (item.th != 0 && p->thread_info) {
+    // STARTED and READY run on other threads: the others say which native thread the Ruby thread runs on.
+    const bool own = item.kind != RV_EV_THREAD_STARTED && item.kind != RV_EV_THREAD_READY;
+    if (std::optional<ThreadInfo> info = p->thread_info->ObserveThread(
+            item.th, item.t_ns, item.kind == RV_EV_THREAD_EXITED, own ? item.tid : 0, item.th)) {
+      p->profile->SetThreadInfo(item.th, *info);
+    }
+  }
   if (item.kind == RV_EV_SAMPLE) {
     if (!p->exited_threads.Keep(item.th, /*sample=*/true, /*exited=*/false)) return;
     p->profile->OnSample(item.t_ns, item.th, item.in_gc, item.stack, item.gvl.get());

@@ -30,6 +30,7 @@
 #include "agent/discovery.h"
 #include "agent/probe_sets.h"
 #include "agent/process_registry.h"
+#include "common/deadline.h"
 #include "common/error.h"
 #include "ops/agent_config.h"
 #include "ops/process_filter.h"
@@ -194,6 +195,8 @@ class Agent {
   ProcessInspector inspector_;
   ExecRetrySchedule retries_;
   ProbeSetManager probe_sets_;
+  // The one helper thread the watched processes' thread-name reads run on (session/thread_info.h).
+  std::shared_ptr<DeadlineWorker> name_reader_ = std::make_shared<DeadlineWorker>();
   ProcessRegistry registry_;
   // CheckLiveness's scratch space: the exit descriptors polled and their pids, in the same order.
   std::vector<pollfd> exit_polls_;

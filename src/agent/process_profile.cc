@@ -8,6 +8,8 @@
 #include "export/pprof.h"
 #include "export/pprof_builder.h"
 #include "rvbpfd/abi.h"
+#include "target/pid_namespace.h"
+#include "trace/reader.h"
 
 namespace rvbpfd {
 namespace {
@@ -357,6 +359,7 @@ void ProcessProfile::Event(uint64_t ts_ns, uint64_t th, uint32_t kind, const Sta
       e.event = EventName::kThreadStarted;
       // A thread at a reused thread pointer is a new thread: it gets a number of its own.
       thread_numbers_.erase(th);
+      thread_infos_.erase(th);
       std::erase(exited_threads_, th);
       break;
     case RV_EV_THREAD_READY: e.event = EventName::kWantsGvl; break;
@@ -440,13 +443,27 @@ std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<ui
   return b.Build();
 }
 
+void ProcessProfile::SetThreadInfo(uint64_t th, const ThreadInfo& info) {
+  if (th == 0) return;
+  if (thread_infos_.size() >= kMaxThreadNames && !thread_infos_.contains(th)) thread_infos_.clear();
+  ThreadInfo& t = thread_infos_[th];
+  if (info.name) t.name = info.name;
+  if (info.native_name) t.native_name = info.native_name;
+  if (info.ns_tid) t.ns_tid = info.ns_tid;
+}
+
 std::string ProcessProfile::ThreadName(uint64_t th) {
   if (th == 0) return "-";
-  if (th == main_th_) return "main";
+  std::string name;
+  if (auto info = thread_infos_.find(th); info != thread_infos_.end()) {
+    auto main = thread_infos_.find(main_th_);
+    name = info->second.DisplayName(main != thread_infos_.end() ? main->second.native_name : std::nullopt);
+  }
+  if (th == main_th_) return ThreadLabelWithName(1, true, name);
   if (thread_numbers_.size() >= kMaxThreadNames && !thread_numbers_.contains(th)) thread_numbers_.clear();
   auto [it, fresh] = thread_numbers_.try_emplace(th, next_thread_number_);
   if (fresh) ++next_thread_number_;
-  return "Thread #" + std::to_string(it->second);
+  return ThreadLabelWithName(it->second, false, name);
 }
 
 std::string ProcessProfile::BuildBlame(int64_t interval_start_unix_ns, int64_t duration_ns,
@@ -589,7 +606,10 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
   interval_blame_ = AttributionResult{};
   blame_drain_at_ = std::max(kBlameDrainMin, 2 * blame_.kept());
   for (uint64_t th : exited_threads_) {
-    if (th != main_th_) thread_numbers_.erase(th);
+    if (th != main_th_) {
+      thread_numbers_.erase(th);
+      thread_infos_.erase(th);
+    }
   }
   exited_threads_.clear();
   stats_.threads_pruned += tracker_.PruneIdle(limits_.idle_cuts_before_prune);
@@ -606,6 +626,8 @@ size_t ProcessProfile::approx_memory_bytes() const {
          tracker_.approx_memory_bytes() + blame_.approx_memory_bytes() +
          weights_.approx_memory_bytes() +
          HashSetHeap(thread_numbers_, sizeof(std::pair<const uint64_t, uint32_t>), false) +
+         HashSetHeap(thread_infos_, sizeof(std::pair<const uint64_t, ThreadInfo>), false) +
+         thread_infos_.size() * 2 * kMaxTaskCommBytes +
          VectorHeap(exited_threads_) +
          interval_blame_.blame_ns.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const BlameKey, uint64_t>));
 }

@@ -231,6 +231,9 @@ class ProcessProfile {
   void OnEventsLost();  // events were dropped: spans open now are not counted (their ends are unknown)
   // `th` runs on the process's initial native thread (tid == pid): the main thread, so named in gvl_blame.
   void SetMainThread(uint64_t th) { main_th_ = th; }
+  // What is now known of thread `th` (session/thread_info.h): its labels become "Thread #N (NAME)" (ThreadLabelWithName,
+  // trace/reader.h). Parts not set are kept.
+  void SetThreadInfo(uint64_t th, const ThreadInfo& info);
   // Budget pauses: spans open at either point are not counted; the waits in between are estimated (above).
   void OnTracingPaused(uint64_t ts_ns);
   void OnTracingResumed(uint64_t ts_ns);
@@ -302,6 +305,7 @@ class ProcessProfile {
   AttributionResult interval_blame_;  // this interval's blame so far
   size_t blame_drain_at_ = kBlameDrainMin;
   uint64_t main_th_ = 0;
+  std::unordered_map<uint64_t, ThreadInfo> thread_infos_;  // th -> its names; forgotten with its number
   std::unordered_map<uint64_t, uint32_t> thread_numbers_;  // th -> N of "Thread #N"
   uint32_t next_thread_number_ = 2;                         // 1 is main's, as `rvbpfd record` numbers threads
   std::vector<uint64_t> exited_threads_;                    // this interval's thread_exited: numbers retired at the cut

@@ -20,6 +20,7 @@
 #include "ops/process_labels.h"
 #include "probe/ec_install.h"
 #include "session/ingest.h"
+#include "session/thread_info.h"
 #include "sink/profile_upload.h"
 #include "target/target.h"
 
@@ -41,6 +42,8 @@ struct WatchedProcess {
   // A native thread keeps its last th in BPF's current_th after that Ruby thread exited (until it runs another), so
   // a sample can name a dead thread; such samples are dropped (bounded: erased when the pointer is reused).
   ExitedThreads exited_threads;
+  // Reads its threads' names (and namespace tids) for the profile's thread labels; set when it is watched.
+  std::optional<ThreadInfoTracker> thread_info;
   GcEpoch gc_epoch;
   uint64_t interval_start_ns = 0;  // monotonic
   uint64_t events = 0;             // scheduler events handled (whole life)

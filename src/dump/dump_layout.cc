@@ -14,6 +14,7 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets) {
   DumpLayout l;
   l.vm_main_ractor = offsets.vm_main_ractor;
   l.th_ec = offsets.thread_ec;
+  if (offsets.thread_name != RubyOffsets::kNoThreadName) l.th_name = offsets.thread_name;
   l.ec_cfp = offsets.walk.ec_cfp;
   l.ec_thread_ptr = offsets.ec_thread_ptr;
   l.gvl = offsets.gvl;

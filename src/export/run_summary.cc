@@ -87,7 +87,14 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
   uint64_t lifetimes = 0;
   for (const auto& [thread, life] : a.lifetime_ns) lifetimes += life;
   constexpr size_t kThreadWidth = 12, kNativeWidth = 10, kNumWidth = 10;
-  out << "\nwall clock by thread (ms; the states sum to the lifetime):\n  " << Pad("thread", kThreadWidth)
+  // Named threads ("Thread #2 (puma srv tp 001)") widen the first column to their longest label.
+  size_t thread_width = kThreadWidth;
+  size_t counted = 0;
+  for (const auto& [thread, r] : rows) {
+    if (counted++ == kSummaryThreads) break;
+    thread_width = std::max(thread_width, ThreadName(trace, thread).size() + 2);
+  }
+  out << "\nwall clock by thread (ms; the states sum to the lifetime):\n  " << Pad("thread", thread_width)
       << Pad("native", kNativeWidth) << PadLeft("lifetime", kNumWidth);
   for (size_t s = 0; s < static_cast<size_t>(WallState::kCount); ++s) {
     out << PadLeft(WallStateName(static_cast<WallState>(s)), kNumWidth);
@@ -103,7 +110,7 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
       }
     }
     auto life = a.lifetime_ns.find(thread);
-    out << "  " << Pad(ThreadName(trace, thread), kThreadWidth) << Pad(natives.empty() ? "-" : natives, kNativeWidth)
+    out << "  " << Pad(ThreadName(trace, thread), thread_width) << Pad(natives.empty() ? "-" : natives, kNativeWidth)
         << PadLeft(Ms(life != a.lifetime_ns.end() ? life->second : 0), kNumWidth);
     for (uint64_t ns : r.state_ns) out << PadLeft(Ms(ns), kNumWidth);
     const auto top = std::max_element(r.blocked_by_reason.begin(), r.blocked_by_reason.end(),

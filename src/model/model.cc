@@ -589,6 +589,7 @@ Result<Model> Model::FromTrace(TraceFile trace) {
   options.pid = trace.header.pid;
   for (const ThreadLine& line : trace.threads) {
     if (line.main) options.extra_main.push_back(line.ruby_thread);
+    if (!line.info.empty()) options.thread_infos[line.ruby_thread] = line.info;
   }
   return Build(std::move(trace.events), options);
 }
@@ -609,7 +610,24 @@ std::string Model::ThreadLabel(uint32_t ruby_thread) const {
   const RubyThread* thread = FindThread(ruby_thread);
   const bool main = thread ? thread->main
                            : (options_.main_thread && *options_.main_thread == ruby_thread);
-  return main ? "main" : "Thread #" + std::to_string(ruby_thread);
+  return ThreadLabelWithName(ruby_thread, main, ThreadName(ruby_thread));
+}
+
+const ThreadInfo* Model::FindThreadInfo(uint32_t ruby_thread) const {
+  auto it = options_.thread_infos.find(ruby_thread);
+  return it == options_.thread_infos.end() ? nullptr : &it->second;
+}
+
+std::string Model::ThreadName(uint32_t ruby_thread) const {
+  const ThreadInfo* info = FindThreadInfo(ruby_thread);
+  if (info == nullptr) return "";
+  std::optional<std::string> process_comm;
+  for (const RubyThread& t : threads_) {
+    if (!t.main) continue;
+    if (const ThreadInfo* m = FindThreadInfo(t.ruby_thread)) process_comm = m->native_name;
+    break;
+  }
+  return info->DisplayName(process_comm);
 }
 
 std::string_view ThreadStateName(ThreadState state) {

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/error.h"
@@ -178,6 +179,8 @@ struct ModelOptions {
   std::optional<uint32_t> main_thread;    // serial of the main thread (0 on 3.2, 1 on 3.3+)
   std::vector<uint32_t> extra_main;       // thread lines marked main that the header does not name
   int64_t pid = 0;                        // target pid, for labels
+  // Names and namespace tids of the thread lines (the latest of each), by ruby_thread; threads without are absent.
+  std::unordered_map<uint32_t, ThreadInfo> thread_infos;
 };
 
 struct ModelMarker {
@@ -216,8 +219,14 @@ class Model {
   // Thread events that named no Ruby thread, or arrived after the thread's EXITED: counted, not modelled.
   uint64_t unattributed_events() const { return unattributed_events_; }
 
-  // "main" or "Thread #N", as `inspect` labels threads.
+  // "main" or "Thread #N", as `inspect` labels threads, followed by the thread's name in parentheses when it has one
+  // (ThreadName): "Thread #2 (puma srv tp 001)".
   std::string ThreadLabel(uint32_t ruby_thread) const;
+  // ThreadInfo::DisplayName of the thread: Thread#name, else a native name other than the main thread's (which
+  // unnamed threads inherit); "" when none is known.
+  std::string ThreadName(uint32_t ruby_thread) const;
+  // The thread's names and namespace tid; nullptr when the trace has none.
+  const ThreadInfo* FindThreadInfo(uint32_t ruby_thread) const;
 
  private:
   friend class ModelBuilder;

@@ -35,14 +35,18 @@ bool IsDerivedReason(ReleaseReason reason) {
 }  // namespace
 
 void PrintModelSummary(const Model& model, std::ostream& out) {
-  constexpr size_t kThreadWidth = 13, kNumWidth = 12, kWaitsWidth = 7;
+  constexpr size_t kNumWidth = 12, kWaitsWidth = 7;
+  size_t thread_width = 13;  // widened to the longest label of a named thread
+  for (const RubyThread& thread : model.threads()) {
+    thread_width = std::max(thread_width, model.ThreadLabel(thread.ruby_thread).size() + 2);
+  }
   out << "thread states (ms):\n";
-  out << Pad("thread", kThreadWidth) << PadLeft("running", kNumWidth) << PadLeft("wants_gvl", kNumWidth)
+  out << Pad("thread", thread_width) << PadLeft("running", kNumWidth) << PadLeft("wants_gvl", kNumWidth)
       << PadLeft("released", kNumWidth) << PadLeft("gc", kNumWidth) << PadLeft("unknown", kNumWidth)
       << PadLeft("waits", kWaitsWidth) << PadLeft("longest", kNumWidth) << "  top release reasons\n";
   for (const RubyThread& thread : model.threads()) {
     const ThreadTotals& t = thread.totals;
-    out << Pad(model.ThreadLabel(thread.ruby_thread), kThreadWidth) << PadLeft(Ms(t.ns(ThreadState::kRunning)), kNumWidth)
+    out << Pad(model.ThreadLabel(thread.ruby_thread), thread_width) << PadLeft(Ms(t.ns(ThreadState::kRunning)), kNumWidth)
         << PadLeft(Ms(t.wait_total_ns), kNumWidth) << PadLeft(Ms(t.ns(ThreadState::kReleased)), kNumWidth)
         << PadLeft(Ms(t.ns(ThreadState::kGc)), kNumWidth) << PadLeft(Ms(t.ns(ThreadState::kUnknown)), kNumWidth)
         << PadLeft(std::to_string(t.waits), kWaitsWidth) << PadLeft(Ms(t.wait_longest_ns), kNumWidth) << "  ";

@@ -32,6 +32,8 @@ class RecordSink {
   virtual uint32_t InternStack(std::span<const uint32_t> frame_ids) = 0;
   // One event, in time order, its thread numbered; fails only on an output error (the recording then stops).
   virtual Status Write(const TraceEvent& event) = 0;
+  // A thread's names or namespace tid, new or changed at t_ns (session/thread_info.h), before its next event.
+  virtual void SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info, uint64_t t_ns) = 0;
   // Called from the main loop at least every 20 ms: now_t_ns is "now" in the events' time (ns since the origin).
   virtual Status Tick(std::chrono::steady_clock::time_point now, uint64_t now_t_ns) = 0;
   // The end of the recording (every event was written).
@@ -57,6 +59,9 @@ class TraceFileSink : public RecordSink {
   uint32_t InternFrame(const FrameInfo& frame) override { return writer_.InternFrame(frame); }
   uint32_t InternStack(std::span<const uint32_t> frame_ids) override { return writer_.InternStack(frame_ids); }
   Status Write(const TraceEvent& event) override { return writer_.Write(event); }
+  void SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info, uint64_t t_ns) override {
+    writer_.SetThreadInfo(ruby_thread, info, t_ns);
+  }
   Status Tick(std::chrono::steady_clock::time_point now, uint64_t) override { return writer_.MaybeFlush(now); }
   Status Finish(const FinishInfo& info) override { return writer_.Finish(info); }
   void Abandon() override { writer_.Abandon(); }

@@ -39,6 +39,7 @@
 #include "session/overhead_budget.h"
 #include "session/reorder.h"
 #include "session/stack_resolver.h"
+#include "session/thread_info.h"
 #include "session/vm_binary.h"
 #include "sites/sites.h"
 #include "stacks/memory_reader.h"
@@ -271,6 +272,10 @@ class Recording {
   GcEpoch gc_epoch_;  // the stack resolver's cache generation
   ExitedThreads exited_threads_;
   std::optional<ThreadIds> thread_ids_;
+  // Thread names and namespace tids (session/thread_info.h), set up by Run; name_mem_ reads Thread#name.
+  bool target_own_pidns_ = false;
+  std::unique_ptr<ProcessMemoryReader> name_mem_;
+  std::optional<ThreadInfoTracker> thread_info_;
   std::vector<TraceEvent> ready_;
   rv_counters seen_{};  // the BPF counters at the last check
   uint64_t ring_records_ = 0;
@@ -613,6 +618,7 @@ Status Recording::Attach() {
   Result<TargetPidNamespace> pidns = ReadPidNamespace(target_.pid, ProcFs());
   if (!pidns) return ExitedOr(pidns.error().Wrap("reading the target's pid namespace"));
   if (Status st = backend_->AddPid(static_cast<uint32_t>(target_.pid), pidns->ns, pidns->threads); !st) return st;
+  target_own_pidns_ = pidns->own_namespace();
   if (stack_setup_ && sampling_) {
     ec_installer_.emplace(target_.pid, target_.open_path, stack_setup_->ec_route, bin_);
     PollEcRoute();
@@ -776,6 +782,7 @@ Status Recording::WriteReady() {
   for (TraceEvent& e : ready_) {
     if (!exited_threads_.Keep(e.th, e.event == EventName::kSample, e.event == EventName::kThreadExited)) continue;
     thread_ids_->Assign(&e);
+    if (std::optional<ThreadInfo> info = thread_info_->Observe(e)) sink_->SetThreadInfo(*e.ruby_thread, *info, e.t_ns);
     if (st) st = sink_->Write(e);
   }
   ready_.clear();
@@ -784,6 +791,12 @@ Status Recording::WriteReady() {
 
 Status Recording::Run() {
   thread_ids_.emplace(static_cast<uint32_t>(target_.pid));
+  ThreadInfoTracker::Sources sources = ProcThreadInfoSources(target_.pid, ProcFs(), target_own_pidns_);
+  if (stack_setup_ && stack_setup_->offsets.thread_name != RubyOffsets::kNoThreadName) {
+    name_mem_ = std::make_unique<ProcessMemoryReader>(target_.pid);
+    sources.ruby_name = [this](uint64_t th) { return ReadRubyThreadName(*name_mem_, stack_setup_->offsets, th); };
+  }
+  thread_info_.emplace(std::move(sources));
   // The first window starts when the probes went live, with no trap counted yet (the BPF counters start at 0): the
   // main loop's first check can come 100+ ms later (stack setup), and those traps belong to the budget too.
   budget_.Update(attached_ns_, TrapCounts{});

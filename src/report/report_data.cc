@@ -291,6 +291,10 @@ class DataWriter {
       out_.append(",\"label\":");
       Str(model_.ThreadLabel(t.ruby_thread));
       out_.append(t.main ? ",\"main\":true" : ",\"main\":false");
+      if (const ThreadInfo* info = model_.FindThreadInfo(t.ruby_thread); info != nullptr && info->ns_tid) {
+        out_.append(",\"ns_tid\":");
+        AppendUint(&out_, *info->ns_tid);
+      }
       out_.append(",\"tids\":[");
       for (size_t i = 0; i < t.native_tids.size(); ++i) {
         if (i > 0) out_.push_back(',');

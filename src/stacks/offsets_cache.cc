@@ -15,7 +15,8 @@ namespace {
 // Bump when the meaning of a field changes, so old entries are recomputed rather than misread.
 // 2: keyed by the binary's and its debug file's content hashes (SiteSet::AnalysisKey); entries of 1 were keyed by
 // the binary alone, whatever debug file gave the DWARF.
-constexpr int kOffsetsCacheFormat = 2;
+// 3: thread_name (rb_thread_t.name) added.
+constexpr int kOffsetsCacheFormat = 3;
 // An entry holds ~60 small numbers (~2 KiB); anything much larger is not ours.
 constexpr uint64_t kMaxEntryBytes = 64u << 10;
 
@@ -38,6 +39,7 @@ void ForEachField(Offsets& o, F&& f) {
   f("walk.flags", o.walk.flags);
   f("walk.reserved", o.walk.reserved);
   f("thread_ec", o.thread_ec);
+  f("thread_name", o.thread_name);
   f("ec_thread_ptr", o.ec_thread_ptr);
   f("vm_main_ractor", o.vm_main_ractor);
   f("ractor_running_ec", o.ractor_running_ec);
@@ -146,7 +148,8 @@ Result<RubyOffsets> ParseOffsetsCacheEntry(const std::string& text, const std::s
     } else {
       std::optional<T> n = JsonInteger<T>(*it);
       const bool in_range = n && (IsUnboundedField(name) || *n < kMaxCachedOffset ||
-                                  (std::string_view(name).starts_with("gvl.") && *n == RV_GVL_NO_FIELD));
+                                  ((std::string_view(name).starts_with("gvl.") || std::string_view(name) == "thread_name") &&
+                                   *n == RV_GVL_NO_FIELD));
       if (!in_range) {
         missing = name;
         return;

@@ -162,6 +162,7 @@ Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, O
     Apply(m("rb_method_definition_struct", "body"), &o.def_iseqptr, "def.body", report);
     Apply(m("vm_svar", "cref_or_me"), &w.svar_cref_or_me, "svar.cref_or_me", report);
     Apply(m("rb_thread_struct", "ec"), &o.thread_ec, "thread.ec", report);
+    Apply(m("rb_thread_struct", "name"), &o.thread_name, "thread.name", report);
     Apply(m("rb_iseq_struct", "body"), &o.iseq_body, "iseq.body", report);
     Apply(m("rb_iseq_constant_body", "type"), &o.body_type, "body.type", report);
     Apply(m("rb_iseq_constant_body", "iseq_size"), &o.body_iseq_size, "body.iseq_size", report);

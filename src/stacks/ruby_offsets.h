@@ -33,6 +33,10 @@ struct RubyOffsets {
   rv_ruby_walk_offsets walk{};  // what the walker (BPF and host) needs
 
   uint32_t thread_ec = 48;  // rb_thread_t.ec
+  // rb_thread_t.name (VALUE: Thread#name, a String or nil). From DWARF only (its offset depends on structs before it
+  // that vary with the build); kNoThreadName without DWARF, and Thread#name is then not read.
+  static constexpr uint32_t kNoThreadName = 0xffffffff;
+  uint32_t thread_name = kNoThreadName;
 
   // How a sample finds its EC (bpf/ruby_ec.h, src/stacks/ec_route.h).
   uint32_t ec_thread_ptr = 48;        // rb_execution_context_t.thread_ptr

@@ -99,4 +99,29 @@ Result<TargetPidNamespace> ReadPidNamespace(int pid, const ProcFs& procfs) {
   return out;
 }
 
+std::optional<uint32_t> ReadTaskNsTid(const ProcFs& procfs, int pid, int tid) {
+  std::string status;
+  if (pid <= 0 || tid <= 0) return std::nullopt;
+  const std::string path = procfs.PidPath(pid, "task/" + std::to_string(tid) + "/status");
+  if (!ReadBounded(procfs, path, kMaxStatusBytes, &status)) return std::nullopt;
+  std::optional<int> inner = ParseNsPid(status);
+  if (!inner) return std::nullopt;
+  return static_cast<uint32_t>(*inner);
+}
+
+std::optional<std::string> ParseTaskComm(std::string_view text) {
+  text = text.substr(0, text.find('\n'));
+  if (text.size() > kMaxTaskCommBytes) text = text.substr(0, kMaxTaskCommBytes);
+  if (text.empty()) return std::nullopt;
+  return std::string(text);
+}
+
+std::optional<std::string> ReadTaskComm(const ProcFs& procfs, int pid, int tid) {
+  std::string comm;
+  if (pid <= 0 || tid <= 0) return std::nullopt;
+  const std::string path = procfs.PidPath(pid, "task/" + std::to_string(tid) + "/comm");
+  if (!ReadBounded(procfs, path, kMaxTaskCommBytes + 1, &comm)) return std::nullopt;
+  return ParseTaskComm(comm);
+}
+
 }  // namespace rvbpfd

@@ -6,6 +6,9 @@
 #define RVBPFD_SRC_TARGET_PID_NAMESPACE_H_
 
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -31,6 +34,19 @@ inline constexpr size_t kMaxNamespaceThreads = 16384;
 // <proc>/PID/task/*/status NSpid lines (ParseNsPid). Errors: kNoSuchProcess (the process is gone), kNoPrivilege (EACCES/EPERM),
 // kIo; a thread that exits while the list is read is left out.
 Result<TargetPidNamespace> ReadPidNamespace(int pid, const ProcFs& procfs);
+
+// One thread's tid in its process's innermost pid namespace: ParseNsPid of <proc>/PID/task/TID/status (read up to
+// 16 KiB, the line anywhere in that part). nullopt when the thread is gone, the file holds no parsable NSpid line, or
+// it is not readable. `tid` is the host tid.
+std::optional<uint32_t> ReadTaskNsTid(const ProcFs& procfs, int pid, int tid);
+
+// The most bytes of a native thread name rvbpfd keeps (the kernel's are 15: TASK_COMM_LEN - 1).
+inline constexpr size_t kMaxTaskCommBytes = 64;
+// A native thread's name from the text of <proc>/PID/task/TID/comm: the text up to its first newline, cut to
+// kMaxTaskCommBytes; nullopt when empty.
+std::optional<std::string> ParseTaskComm(std::string_view text);
+// ParseTaskComm of <proc>/PID/task/TID/comm (read up to kMaxTaskCommBytes + 1 bytes); nullopt when unreadable.
+std::optional<std::string> ReadTaskComm(const ProcFs& procfs, int pid, int tid);
 
 }  // namespace rvbpfd
 

@@ -147,4 +147,10 @@ std::shared_ptr<GvlReading> GvlReadingFromRecord(const rv_gvl_reading& reading) 
   return g;
 }
 
+std::string ThreadInfo::DisplayName(const std::optional<std::string>& process_comm) const {
+  if (name && !name->empty()) return *name;
+  if (native_name && !native_name->empty() && native_name != process_comm) return *native_name;
+  return "";
+}
+
 }  // namespace rvbpfd

@@ -57,6 +57,20 @@ inline constexpr std::string_view kSourcePerfEvent = "perf_event";  // timer-dri
 // A sample's reading of its VM's GVL (docs/rvtrace.md, "GVL readings"): who held the lock and who was queued for it
 // when the sample was taken, read by the sampler from the VM's scheduler state in memory, without any probe. A
 // snapshot, not a transition: consumers that turn readings into waiting time mark the result inferred.
+// What is known of a Ruby thread beside its events (docs/rvtrace.md, "Thread line"): each part is optional, and a
+// recording learns and updates them as it goes (a thread is named after it starts, and may be renamed).
+struct ThreadInfo {
+  // Names are the target's choice: cut to kMaxLabelBytes (common/label_bound.h) where they are read and made.
+  std::optional<std::string> name;         // Thread#name, read from the VM (rb_thread_t.name)
+  std::optional<std::string> native_name;  // the native thread's name (/proc/PID/task/TID/comm)
+  std::optional<uint32_t> ns_tid;          // the native thread's tid in the target's own pid namespace
+  bool operator==(const ThreadInfo&) const = default;
+  bool empty() const { return !name && !native_name && !ns_tid; }
+  // What a thread is called: Thread#name when set, else the native name when it is not `process_comm` (the name
+  // every unnamed thread inherits from the process); empty when neither.
+  std::string DisplayName(const std::optional<std::string>& process_comm) const;
+};
+
 struct GvlReading {
   bool held = false;               // somebody held the GVL
   std::optional<uint32_t> holder;  // the holder's ruby_thread, when held by a thread the trace names

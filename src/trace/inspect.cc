@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <string_view>
 
+#include "trace/json_format.h"
+
 namespace rvbpfd {
 namespace {
 
@@ -59,10 +61,16 @@ std::string PadLeft(std::string_view s, size_t width) {
   return out;
 }
 
+// A name as a JSON string ("..." with escapes): it is the target's choice.
+static std::string Quoted(std::string_view s) {
+  std::string out;
+  AppendJsonString(&out, s);
+  return out;
+}
+
 std::string RubyThreadLabel(const TraceFile& trace, std::optional<uint32_t> ruby_thread) {
   if (!ruby_thread) return "-";
-  if (trace.IsMain(ruby_thread)) return "main";
-  return "Thread #" + std::to_string(*ruby_thread);
+  return ThreadLabelWithName(*ruby_thread, trace.IsMain(ruby_thread), trace.ThreadName(*ruby_thread));
 }
 
 std::vector<ThreadSummary> ThreadSummaries(const TraceFile& trace) {
@@ -115,9 +123,14 @@ void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& 
       if (!natives.empty()) natives += ',';
       natives += std::to_string(tid);
     }
-    out << "  " << (t.main ? std::string("main") : "Thread #" + std::to_string(t.ruby_thread))
-        << " id=" << t.ruby_thread << " native=" << (natives.empty() ? "-" : natives)
-        << " running=" << FormatMs(t.running_ms) << '\n';
+    out << "  " << ThreadLabelWithName(t.ruby_thread, t.main, trace.ThreadName(t.ruby_thread))
+        << " id=" << t.ruby_thread << " native=" << (natives.empty() ? "-" : natives);
+    if (const ThreadInfo* info = trace.FindThreadInfo(t.ruby_thread); info != nullptr) {
+      if (info->ns_tid) out << " ns_tid=" << *info->ns_tid;
+      if (info->name) out << " name=" << Quoted(*info->name);
+      if (info->native_name) out << " native_name=" << Quoted(*info->native_name);
+    }
+    out << " running=" << FormatMs(t.running_ms) << '\n';
   }
   PrintCutNotes(trace, out);
 }

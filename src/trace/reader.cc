@@ -44,6 +44,23 @@ std::string GetString(const json& obj, const char* key, const std::string& fallb
   return it->get<std::string>();
 }
 
+// The optional names and namespace tid of a thread or thread_info line (values of another type are ignored, as
+// readers ignore what they do not know); names are bounded as frame labels are.
+void UpdateThreadInfo(const json& obj, ThreadLine* line) {
+  ThreadInfo& info = line->info;
+  for (auto [key, field] : {std::pair{"name", &info.name}, std::pair{"native_name", &info.native_name}}) {
+    auto it = obj.find(key);
+    if (it == obj.end() || !it->is_string()) continue;
+    std::string v = it->get<std::string>();
+    BoundLabel(&v);
+    if (*field && *field != v) ++line->renames;
+    *field = std::move(v);
+  }
+  if (auto it = obj.find("ns_tid"); it != obj.end()) {
+    if (std::optional<uint32_t> v = JsonInteger<uint32_t>(*it)) info.ns_tid = v;
+  }
+}
+
 double GetDouble(const json& obj, const char* key, double fallback) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return fallback;
@@ -301,6 +318,33 @@ bool TraceFile::IsMain(std::optional<uint32_t> ruby_thread) const {
   return false;
 }
 
+const ThreadInfo* TraceFile::FindThreadInfo(uint32_t ruby_thread) const {
+  for (auto it = threads.rbegin(); it != threads.rend(); ++it) {
+    if (it->ruby_thread == ruby_thread) return &it->info;
+  }
+  return nullptr;
+}
+
+std::string TraceFile::ThreadName(uint32_t ruby_thread) const {
+  const ThreadInfo* info = FindThreadInfo(ruby_thread);
+  if (info == nullptr) return "";
+  std::optional<std::string> process_comm;
+  for (const ThreadLine& t : threads) {
+    if (IsMain(t.ruby_thread)) process_comm = t.info.native_name;
+  }
+  return info->DisplayName(process_comm);
+}
+
+std::string ThreadLabelWithName(uint32_t ruby_thread, bool main, std::string_view name) {
+  std::string label = main ? "main" : "Thread #" + std::to_string(ruby_thread);
+  if (!name.empty() && !(main && name == "main")) {
+    label += " (";
+    label += name;
+    label += ')';
+  }
+  return label;
+}
+
 Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& name) {
   TraceFile file;
   bool have_header = false;
@@ -350,7 +394,17 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
         ThreadLine tl;
         tl.ruby_thread = static_cast<uint32_t>(GetUint64(*th, "ruby_thread"));
         if (auto m = th->find("main"); m != th->end() && m->is_boolean()) tl.main = m->get<bool>();
+        UpdateThreadInfo(*th, &tl);
         file.threads.push_back(tl);
+      } else if (auto ti = obj.find("thread_info"); ti != obj.end()) {
+        if (!ti->is_object()) return bad("\"thread_info\" must be an object");
+        const uint32_t id = static_cast<uint32_t>(GetUint64(*ti, "ruby_thread"));
+        // The latest thread line of that id (a thread_info line before any is another recorder's: ignored).
+        for (auto it = file.threads.rbegin(); it != file.threads.rend(); ++it) {
+          if (it->ruby_thread != id) continue;
+          UpdateThreadInfo(*ti, &*it);
+          break;
+        }
       } else if (auto fr = obj.find("frame"); fr != obj.end()) {
         uint32_t id = 0;
         FrameInfo f = ParseFrame(*fr, &id);

@@ -23,7 +23,14 @@ namespace rvbpfd {
 struct ThreadLine {
   uint32_t ruby_thread = 0;
   bool main = false;
+  // Names and namespace tid: the thread line's, updated by the thread_info lines that follow it (the latest name).
+  ThreadInfo info;
+  uint32_t renames = 0;  // thread_info lines that changed a name the thread already had
 };
+
+// How tools label a Ruby thread: "main" or "Thread #N", then " (NAME)" when the thread has a name (ThreadName; not
+// repeated for a main thread named "main").
+std::string ThreadLabelWithName(uint32_t ruby_thread, bool main, std::string_view name);
 
 struct TraceFile {
   TraceHeader header;                 // started_at is kept as written; missing optional keys keep their defaults
@@ -46,6 +53,10 @@ struct TraceFile {
   size_t out_of_order_events = 0;     // events whose t_ns is below the previous event's
 
   bool IsMain(std::optional<uint32_t> ruby_thread) const;
+  // The latest names and namespace tid of a thread's line (nullptr: no line for it).
+  const ThreadInfo* FindThreadInfo(uint32_t ruby_thread) const;
+  // ThreadInfo::DisplayName of the thread, against the main thread's native name; "" when none is known.
+  std::string ThreadName(uint32_t ruby_thread) const;
   // The frames of stack `id`, leaf first; nullptr when the id is not defined.
   const std::vector<uint32_t>* Stack(uint32_t id) const;
   const FrameInfo* Frame(uint32_t id) const;

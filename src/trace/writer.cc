@@ -194,12 +194,50 @@ void TraceWriter::AppendHeader(const TraceHeader& header) {
   b.append("}\n");
 }
 
+void TraceWriter::AppendThreadInfoKeys(const ThreadInfo& info) {
+  std::string& b = buffer_;
+  if (info.name) {
+    b.append(",\"name\":");
+    AppendJsonString(&b, *info.name);
+  }
+  if (info.native_name) {
+    b.append(",\"native_name\":");
+    AppendJsonString(&b, *info.native_name);
+  }
+  if (info.ns_tid) {
+    b.append(",\"ns_tid\":");
+    AppendUint(&b, *info.ns_tid);
+  }
+}
+
+void TraceWriter::SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info, uint64_t t_ns) {
+  if (finished_) return;
+  ThreadInfoState& st = thread_infos_[ruby_thread];
+  ThreadInfo changed;
+  if (info.name && info.name != st.info.name) changed.name = st.info.name = info.name;
+  if (info.native_name && info.native_name != st.info.native_name) {
+    changed.native_name = st.info.native_name = info.native_name;
+  }
+  if (info.ns_tid && info.ns_tid != st.info.ns_tid) changed.ns_tid = st.info.ns_tid = info.ns_tid;
+  if (!st.written || changed.empty()) return;
+  buffer_.append("{\"thread_info\":{\"ruby_thread\":");
+  AppendUint(&buffer_, ruby_thread);
+  buffer_.append(",\"t_ns\":");
+  AppendUint(&buffer_, t_ns);
+  AppendThreadInfoKeys(changed);
+  buffer_.append("}}\n");
+}
+
 void TraceWriter::AppendEvent(const TraceEvent& event) {
   std::string& b = buffer_;
   if (accounting_.Observe(event)) {
     b.append("{\"thread\":{\"ruby_thread\":");
     AppendUint(&b, *event.ruby_thread);
-    b.append(accounting_.IsMain(*event.ruby_thread) ? ",\"main\":true}}\n" : ",\"main\":false}}\n");
+    b.append(accounting_.IsMain(*event.ruby_thread) ? ",\"main\":true" : ",\"main\":false");
+    ThreadInfoState& ti = thread_infos_[*event.ruby_thread];
+    AppendThreadInfoKeys(ti.info);
+    ti.written = true;
+    b.append("}}\n");
   }
   b.append("{\"t_ns\":");
   AppendUint(&b, event.t_ns);

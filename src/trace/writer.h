@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/error.h"
@@ -101,6 +102,11 @@ class TraceWriter {
   // Returns the id of `frame`, appending its {"frame":...} dictionary line the first time it is seen. The line goes
   // into the same buffer as events, so it reaches the file before any stack or event that uses the id.
   uint32_t InternFrame(const FrameInfo& frame);
+  // What is now known of `ruby_thread` beside its events (names, namespace tid), read at t_ns. Before the thread's
+  // line is written it is kept for that line; afterwards, a part that differs from what the file already says (a
+  // rename, a name learnt later) is written at once as a {"thread_info":...} line. Parts not set in `info` are left
+  // as they were.
+  void SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info, uint64_t t_ns);
   // Returns the id of the stack made of `frame_ids` (leaf first, ids from InternFrame), appending its
   // {"stack":...} dictionary line the first time it is seen. Set TraceEvent::stack to the id.
   uint32_t InternStack(std::span<const uint32_t> frame_ids);
@@ -143,6 +149,13 @@ class TraceWriter {
   std::chrono::steady_clock::time_point last_timed_flush_;  // last flush done by MaybeFlush (or Create)
   bool first_events_flushed_ = false;  // MaybeFlush has written events beyond tracing_started
   ThreadAccounting accounting_;
+  // Per Ruby thread: what its thread line and thread_info lines said (written) or will say (not yet written).
+  struct ThreadInfoState {
+    ThreadInfo info;
+    bool written = false;
+  };
+  std::unordered_map<uint32_t, ThreadInfoState> thread_infos_;
+  void AppendThreadInfoKeys(const ThreadInfo& info);
   StackTable stacks_;
   std::array<uint64_t, kEventNameCount> counts_{};
   uint64_t events_written_ = 0;

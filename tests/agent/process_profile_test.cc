@@ -402,6 +402,38 @@ TEST(ProcessProfile, GvlBlameOfAWaitAcrossCutsSumsToTheWholeWait) {
                                                                             {{"Thread #4", "Thread #3"}, 3000}}));
 }
 
+TEST(ProcessProfile, BlameLabelsNameThreadsByTheirNames) {
+  ProcessProfile pp(kPeriod);
+  const auto hog = Stack({"Hog.spin", "<main>"});
+  ThreadInfo main_info, worker, unnamed;
+  main_info.native_name = "ruby";
+  worker.name = "puma srv tp 001";
+  worker.native_name = "puma srv tp 001";
+  unnamed.native_name = "ruby";  // inherited from the process: no name of its own
+  pp.SetMainThread(1);
+  pp.SetThreadInfo(1, main_info);
+  pp.SetThreadInfo(2, worker);
+  pp.SetThreadInfo(3, unnamed);
+  // Thread 1 (main) holds the lock while 2 and 3 wait; then 2 holds it while 3 waits.
+  pp.OnEvent(0, 1, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(10, 2, RV_EV_THREAD_SUSPENDED, kNone);
+  pp.OnEvent(20, 3, RV_EV_THREAD_SUSPENDED, kNone);
+  pp.OnEvent(1000, 2, RV_EV_THREAD_READY, kNone);
+  pp.OnEvent(1000, 3, RV_EV_THREAD_READY, kNone);
+  pp.OnEvent(3000, 1, RV_EV_THREAD_SUSPENDED, hog);
+  pp.OnEvent(3000, 2, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(5000, 2, RV_EV_THREAD_SUSPENDED, hog);
+  pp.OnEvent(5000, 3, RV_EV_THREAD_RESUMED, kNone);
+  std::map<std::pair<std::string, std::string>, int64_t> pairs;
+  auto p = Get(pp.Cut(6000, 0, 6000), "gvl_blame");
+  ASSERT_TRUE(p);
+  for (const DecodedSample& s : p->samples) pairs[{s.str_labels.at("holder"), s.str_labels.at("waiter")}] += s.values.at(0);
+  EXPECT_EQ(pairs, (std::map<std::pair<std::string, std::string>, int64_t>{
+                       {{"main", "Thread #2 (puma srv tp 001)"}, 2000},
+                       {{"main", "Thread #3"}, 2000},
+                       {{"Thread #2 (puma srv tp 001)", "Thread #3"}, 2000}}));
+}
+
 // A GVL reading as the agent hands it over: `holder` holds it, `queued` wait for it (th keys).
 GvlReading Reading(uint64_t holder, std::vector<uint64_t> queued) {
   GvlReading g;

@@ -325,6 +325,7 @@ class Trace:
         self.header = None
         self.threads = {}       # ruby_thread -> thread object
         self.thread_line_index = {}  # ruby_thread -> index in file of its thread line
+        self.thread_infos = []  # thread_info lines, in file order (their values are merged into self.threads)
         self.events = []
         self.frames = {}        # frame id -> frame object (dictionary lines, docs/rvtrace.md "Frames and stacks")
         self.stacks = {}        # stack id -> [frame id, ...], leaf first
@@ -369,6 +370,16 @@ class Trace:
                 self.threads[t.get("ruby_thread")] = t
                 self.thread_line_index.setdefault(t.get("ruby_thread"), i)
                 continue
+            if "thread_info" in obj and isinstance(obj["thread_info"], dict):
+                # A name or namespace tid learnt or changed after the thread line (docs/rvtrace.md).
+                ti = obj["thread_info"]
+                t = self.threads.get(ti.get("ruby_thread"))
+                if t is None:
+                    self.problems.append(f"line {i + 1}: thread_info before its thread's line")
+                    continue
+                self.thread_infos.append(ti)
+                t.update({k: ti[k] for k in ("name", "native_name", "ns_tid") if k in ti})
+                continue
             if "event" in obj:
                 obj["_line"] = i
                 if "stack" in obj and obj["stack"] not in self.stacks:
@@ -399,6 +410,21 @@ class Trace:
         for e in self.events:
             t = e.get("t_ns")
             e["abs"] = self.origin + t if isinstance(t, int) else None
+
+    def thread_label(self, tid):
+        """How rvbpfd's tools label a Ruby thread (trace/reader.h ThreadLabelWithName): "main" or "Thread #N", then
+        " (NAME)" with NAME its Thread#name, else its native name unless that is the main thread's."""
+        t = self.threads.get(tid, {})
+        main = bool(t.get("main")) or self.header.get("main_thread") == tid
+        label = "main" if main else f"Thread #{tid}"
+        mains = [x for x in self.threads.values() if x.get("main") or x.get("ruby_thread") == self.header.get("main_thread")]
+        process_comm = mains[-1].get("native_name") if mains else None
+        name = t.get("name") or ""
+        if not name and t.get("native_name") and t.get("native_name") != process_comm:
+            name = t["native_name"]
+        if name and not (main and name == "main"):
+            label += f" ({name})"
+        return label
 
     def stack_frames(self, e):
         """The frame objects of event e's stack, leaf first ([] when it has none)."""

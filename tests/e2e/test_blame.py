@@ -62,7 +62,7 @@ def hog_thread(trace):
 
 
 def thread_label(trace, tid):
-    return "main" if trace.threads.get(tid, {}).get("main") else f"Thread #{tid}"
+    return trace.thread_label(tid)
 
 
 def pprof_top(pb_path, index):

@@ -141,7 +141,7 @@ def check_summary(trace, out):
     elif len(rows) != len(life):
         p.append(f"{len(rows)} thread rows, the trace has {len(life)} threads")
     for tid, ms in life.items():
-        label = "main" if trace.threads.get(tid, {}).get("main") else f"Thread #{tid}"
+        label = trace.thread_label(tid)
         row = [r for r in rows if r.strip().startswith(label + " ")]
         if not row:
             if len(life) <= 12:

@@ -449,6 +449,7 @@ class CollectingSink : public RecordSink {
     out_->events.push_back(e);
     return Status::Ok();
   }
+  void SetThreadInfo(uint32_t, const ThreadInfo&, uint64_t) override {}
   Status Tick(std::chrono::steady_clock::time_point, uint64_t) override {
     ++out_->ticks;
     return Status::Ok();

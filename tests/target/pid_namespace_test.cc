@@ -80,3 +80,54 @@ TEST(PidNamespaceRealTest, ThisProcessSharesItsOwnNamespace) {
 
 }  // namespace
 }  // namespace rvbpfd
+
+namespace rvbpfd {
+namespace {
+
+// One task's files under an injected /proc.
+class TaskFilesTest : public ::testing::Test {
+ protected:
+  void AddTaskFile(int tid, const std::string& name, const std::string& text) {
+    const std::string task = dir_.Join(std::to_string(kPid) + "/task/" + std::to_string(tid));
+    std::filesystem::create_directories(task);
+    testing::WriteFile(task + "/" + name, text);
+  }
+  testing::TempDir dir_;
+  ProcFs procfs_{dir_.path()};
+};
+
+TEST_F(TaskFilesTest, NsTidIsTheLastNSpidFieldOfTheTasksStatus) {
+  AddTaskFile(4250, "status", "Name:\tpuma srv tp 001\nTgid:\t4242\nPid:\t4250\nNSpid:\t4250\t31\t9\nNSpgid:\t1\n");
+  EXPECT_EQ(ReadTaskNsTid(procfs_, kPid, 4250), std::optional<uint32_t>(9));
+  AddTaskFile(4251, "status", "Name:\truby\nPid:\t4251\n");  // a kernel without NSpid
+  EXPECT_EQ(ReadTaskNsTid(procfs_, kPid, 4251), std::nullopt);
+  EXPECT_EQ(ReadTaskNsTid(procfs_, kPid, 4299), std::nullopt);  // the thread is gone
+}
+
+TEST_F(TaskFilesTest, HostileStatusTextGivesNoNsTid) {
+  AddTaskFile(1, "status", "Name:\tx\nNSpid:\t4250\t99999999999999999999\n");  // too large
+  AddTaskFile(2, "status", "Name:\tx\nNSpid:\t4250\t-3\n");
+  AddTaskFile(3, "status", "Name:\tx\nNSpid:\t\n");
+  AddTaskFile(4, "status", "Name:\tx\nNSpid:\t0\n");
+  // The line past the 16 KiB read: not found rather than read without bound.
+  AddTaskFile(5, "status", "Name:\t" + std::string(20000, 'a') + "\nNSpid:\t4250\t7\n");
+  // A name that spells an NSpid line is on the Name line, not a line of its own.
+  AddTaskFile(6, "status", "Name:\tNSpid:\t5\nPid:\t6\n");
+  for (int tid = 1; tid <= 6; ++tid) EXPECT_EQ(ReadTaskNsTid(procfs_, kPid, tid), std::nullopt) << tid;
+}
+
+TEST_F(TaskFilesTest, CommIsTheFirstLineCutToItsBound) {
+  AddTaskFile(4250, "comm", "puma srv tp 001\n");
+  EXPECT_EQ(ReadTaskComm(procfs_, kPid, 4250), std::optional<std::string>("puma srv tp 001"));
+  AddTaskFile(4251, "comm", std::string(100000, 'n') + "\nsecond line");
+  std::optional<std::string> big = ReadTaskComm(procfs_, kPid, 4251);
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(*big, std::string(kMaxTaskCommBytes, 'n'));
+  AddTaskFile(4252, "comm", "\n");
+  EXPECT_EQ(ReadTaskComm(procfs_, kPid, 4252), std::nullopt);
+  EXPECT_EQ(ReadTaskComm(procfs_, kPid, 4299), std::nullopt);
+  EXPECT_EQ(ParseTaskComm("a\nb"), std::optional<std::string>("a"));
+}
+
+}  // namespace
+}  // namespace rvbpfd

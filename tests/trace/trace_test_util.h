@@ -65,6 +65,18 @@ inline Status StatsFile(const std::string& path, std::ostream& out) {
   return Status::Ok();
 }
 
+// An event of `thread` on native thread `tid` (which also ran its probe).
+inline TraceEvent Ev(uint64_t t_ns, EventName name, std::optional<uint32_t> thread, std::optional<uint32_t> tid) {
+  TraceEvent e;
+  e.t_ns = t_ns;
+  e.event = name;
+  e.ruby_thread = thread;
+  e.native_tid = tid;
+  e.probe_tid = tid;
+  e.source = name == EventName::kGcEnter || name == EventName::kGcExit ? kSourceGcHookSite : kSourceThreadHookSite;
+  return e;
+}
+
 }  // namespace rvbpfd::testing
 
 #endif  // RVBPFD_TESTS_TRACE_TRACE_TEST_UTIL_H_

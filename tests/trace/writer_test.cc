@@ -19,6 +19,7 @@
 namespace rvbpfd {
 namespace {
 
+using ::rvbpfd::testing::Ev;
 using ::rvbpfd::testing::ReadAll;
 using ::rvbpfd::testing::ScratchDir;
 
@@ -30,17 +31,6 @@ TraceHeader TestHeader() {
   h.started_at = "2025-01-31T12:00:00.000000Z";
   h.main_thread = 1;
   return h;
-}
-
-TraceEvent Ev(uint64_t t_ns, EventName name, std::optional<uint32_t> thread, std::optional<uint32_t> tid) {
-  TraceEvent e;
-  e.t_ns = t_ns;
-  e.event = name;
-  e.ruby_thread = thread;
-  e.native_tid = tid;
-  e.probe_tid = tid;
-  e.source = name == EventName::kGcEnter || name == EventName::kGcExit ? kSourceGcHookSite : kSourceThreadHookSite;
-  return e;
 }
 
 std::vector<std::string> Lines(const std::string& content) {

@@ -78,7 +78,7 @@
   const leafLabel = (s) => (stackOff[s + 1] > stackOff[s] ? FR.l[stackFrames[stackOff[s]]] : "(empty stack)");
   const threads = D.threads.map((t) => {
     const b = t.blocks, sp = spans(b);
-    return Object.assign(sp, { id: t.id, label: t.label, main: t.main, tids: t.tids, totals: t.totals,
+    return Object.assign(sp, { id: t.id, label: t.label, main: t.main, tids: t.tids, nsTid: t.ns_tid, totals: t.totals,
       st: Uint8Array.from(b.st), rs: Uint8Array.from(b.rs), pv: Uint8Array.from(b.pv), ru: Uint8Array.from(b.ru),
       o: refs(b.o), c: refs(b.c), nt: minusOne(b.nt), rp: ints(b.rp), rw: minusOne(b.rw), markers: [] });
   });
@@ -146,7 +146,8 @@
   addLane({ id: "markers", kind: "markers", label: "lost / paused", h: 14 });
   addLane({ id: "section-threads", kind: "section", label: "Ruby threads", h: 18 });
   for (const t of threads) {
-    addLane({ id: "thread-" + t.id, kind: "thread", label: t.label, sub: "id " + t.id, h: 24, thread: t });
+    addLane({ id: "thread-" + t.id, kind: "thread", label: t.label,
+             sub: "id " + t.id + (t.nsTid !== undefined ? " · ns tid " + t.nsTid : ""), h: 24, thread: t });
   }
   addLane({ id: "section-native", kind: "section", label: "Native threads", sub: "Ruby threads run", h: 18 });
   for (const n of natives) {
@@ -183,7 +184,8 @@
         el("th", null, "waits"), el("th", null, "longest wait"), el("th", null, "top release reason"));
     const rows = threads.map((t) => {
       const tot = t.totals, top = tot.reasons[0];
-      return el("tr", null, el("td", null, t.label), el("td", null, t.tids.join(", ")),
+      return el("tr", null, el("td", null, t.label),
+          el("td", null, t.tids.join(", ") + (t.nsTid !== undefined ? ` (ns ${t.nsTid})` : "")),
           ...["running", "wants_gvl", "released", "gc", "unknown"].map((s) => el("td", null, dur(tot.state_ns[stateIdx(s)]))),
           el("td", null, String(tot.waits)), el("td", null, dur(tot.wait_longest_ns)),
           el("td", null, top ? `${N.reason[top[0]]} (${dur(top[1])}, ${top[2]}x)` : "-"));
