@@ -355,7 +355,7 @@ int RunCliUnguarded(int argc, char** argv) {
       "--memory-budget", memory_budget_flag,
       "Bytes the per-process caches (frame names, stack tables) may hold together, with a K/M/G suffix (default 192M, "
       "under the shipped units' 256M limit); each process gets a fair share, and the caches of the process holding "
-      "the most are evicted first (frames are named again later); docs/deploy.md \"Memory budget\""));
+      "the most are evicted first (frames are named again later); docs/deploy.md \"Budgets\""));
   DumpOptions dump_options;
   CLI::App* dump = AddDumpCommand(app, &dump_options);
   app.require_subcommand(0, 1);

@@ -214,10 +214,11 @@ class BpfSession {
   ring_buffer* ring_ = nullptr;
   // libbpf's consume reads for as long as BPF refills the ring: on a loaded host (or with records slow to handle, deep
   // stacks of new frames) one call could last for good, and its caller's timed work (cuts, metrics, signals) with
-  // it. Consume stops after kMaxConsumeNs (checked every kConsumeCheckEvery records); the rest stays in the ring for
+  // it. Consume stops after kMaxConsumeNs (checked after every record: one deep stack of new frames can take long to
+  // name); the rest stays in the ring for
   // the next call.
   static constexpr uint64_t kMaxConsumeNs = 100'000'000;
-  static constexpr uint32_t kConsumeCheckEvery = 16;
+  static constexpr uint32_t kConsumeCheckEvery = 1;
   uint64_t consume_deadline_ns_ = 0;
   uint32_t consume_records_ = 0;
   bool ConsumeTimeUp();
