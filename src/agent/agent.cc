@@ -45,6 +45,7 @@ Agent::Agent(AgentConfig config, AgentEnv env)
                    TrapCosts(kProbeCostUs, kSteppedProbeCostUs, kColdProbeExtraUs, kCycleTargetUs), kBudgetWindowNs,
                    ProbeSetManager::kDefaultPrepareTimeout,
                    [](uint8_t event) { return ProcessProfile::ReadsEvent(event); }),
+      budget_(std::make_unique<MemoryBudget>(config_.memory_budget)),
       drain_period_ns_(env_.drain_period_ns.value_or(kDrainPeriodNs)) {
   inspector_.set_cancel(env_.stop_requested);
   probe_sets_.set_cancel(env_.stop_requested);
@@ -223,6 +224,22 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
       return InspectOutcome::kSkip;
     }
   }
+  // Its share of the memory budget: the profile's fixed part is reserved now (the other processes' caches make room,
+  // the largest first); with no room even so, it is not profiled.
+  std::unique_ptr<MemoryBudget::Account> memory = budget_->Open();
+  const size_t table_bytes = ProfileTableBytes(budget_->share());
+  if (!memory->Charge(ProcessReservation(table_bytes))) {
+    probe_sets_.Release(pid, set);
+    ++skipped_memory_;
+    if (FirstTimeLogged("memory budget full")) {
+      log().Warn("not profiling a Ruby process: the memory budget has no room for another process",
+                 {{"pid", pid},
+                  {"comm", labels->comm},
+                  {"memory_budget", static_cast<uint64_t>(budget_->budget())},
+                  {"processes", static_cast<uint64_t>(registry_.size())}});
+    }
+    return InspectOutcome::kSkip;
+  }
   // A process in a pid namespace of its own (a container) names threads by that namespace's tids.
   Result<TargetPidNamespace> pidns = ReadPidNamespace(pid, ProcFs(config_.proc_root));
   if (!pidns) {
@@ -246,7 +263,18 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   // process's life.
   p->target.vm_elf.reset();
   p->set = set;
-  p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)));
+  ProcessProfileLimits limits;
+  limits.max_table_bytes = table_bytes;
+  limits.reset_above_bytes = std::min(limits.reset_above_bytes, table_bytes / 2);
+  p->profile = std::make_unique<ProcessProfile>(1'000'000'000ull / static_cast<uint64_t>(std::max(config_.hz, 1)),
+                                                limits);
+  // Evicted under pressure: the frame cache (its frames are named again at their next use) and the shared frames
+  // the profile still refers to. The profile's own stack table stays (its cap is reserved).
+  p->memory = std::move(memory);
+  p->memory->set_evictor([w = p.get()] {
+    if (w->frames) w->frames->ClearCache();
+    w->profile->ForgetSharedFrames();
+  });
   ThreadInfoTracker::Sources names = ProcThreadInfoSources(pid, ProcFs(config_.proc_root), pidns->own_namespace(),
                                                                 name_reader_);
   if (set->stacks && set->stacks->offsets.thread_name != RubyOffsets::kNoThreadName) {
@@ -321,7 +349,10 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
   if (p == nullptr) return;
   if (r.kind != RV_EV_SAMPLE && r.kind >= RV_EV_KIND_COUNT) return;
   // Frames are named now, while the objects they point to are as fresh as they will ever be.
-  if (!p->frames && env_.frame_source) p->frames = env_.frame_source(p->pid, p->target, *p->set);
+  if (!p->frames && env_.frame_source) {
+    p->frames = env_.frame_source(p->pid, p->target, *p->set);
+    if (p->frames) p->frames->SetMemoryAccount(p->memory.get());
+  }
   Pending item;
   item.t_ns = r.ts_ns;
   item.pid = p->pid;
@@ -346,7 +377,7 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
     if (gvl != nullptr) item.gvl = GvlReadingFromRecord(*gvl);
   }
   p->gc_epoch.OnRecord(r.kind);
-  Enqueue(std::move(item));
+  Enqueue(std::move(item), /*may_release=*/true);
 }
 
 void Agent::EnqueueMarker(int pid, uint32_t kind, uint64_t t_ns) {
@@ -357,10 +388,36 @@ void Agent::EnqueueMarker(int pid, uint32_t kind, uint64_t t_ns) {
   Enqueue(std::move(item));
 }
 
-void Agent::Enqueue(Pending item) { pending_.Push(std::move(item)); }
+size_t Agent::PendingBytes(const Pending& item) {
+  if (item.stack == nullptr) return sizeof(Pending);
+  // Each frame as if it were the stack's alone (an evicted frame is freed only with its last holder).
+  size_t bytes = sizeof(Pending) + 64 + item.stack->capacity() * sizeof(SharedFrame);
+  for (const SharedFrame& f : *item.stack) {
+    bytes += StackResolver::kEntryOverheadBytes + f->label.capacity() + f->path.capacity();
+  }
+  return bytes;
+}
+
+void Agent::Enqueue(Pending item, bool may_release) {
+  item.bytes = PendingBytes(item);
+  pending_bytes_ += item.bytes;
+  const uint64_t t_ns = item.t_ns;
+  pending_.Push(std::move(item));
+  // One Consume reads for as long as BPF refills the ring, so a slow loop or a flood of deep stacks would keep a
+  // whole drain's records (and the frames they hold) until it ends: past kMaxPendingBytes, what is a reorder window
+  // older than this record goes now. Only where the caller holds nothing a dispatch may change (an exit record
+  // finishes its process; OnStack's record is its last use of its process).
+  if (may_release && pending_bytes_ > kMaxPendingBytes && t_ns > kReorderWindowNs) {
+    ++early_releases_;
+    ReleasePending(t_ns - kReorderWindowNs - 1);
+  }
+}
 
 void Agent::ReleasePending(uint64_t upto_ns) {
-  pending_.PopThrough(upto_ns, [this](Pending&& item) { Dispatch(item); });
+  pending_.PopThrough(upto_ns, [this](Pending&& item) {
+    pending_bytes_ -= std::min(pending_bytes_, item.bytes);
+    Dispatch(item);
+  });
 }
 
 void Agent::Dispatch(Pending& item) {
@@ -419,7 +476,13 @@ void Agent::DrainRing() {
   const uint64_t now = env_.clock->MonotonicNs();
   // Records up to now are in the ring or already handled; a bounded number of rounds so a flood cannot pin us here.
   rvbpfd::DrainRing([this] {
+    // Each round reads the ring whole, so the records stamped a reorder window before the round began are all read:
+    // they are handed over now rather than after the last round. Pending records hold their named stacks (and the
+    // frames in them, which an eviction of their process's cache does not free), so a drain that a slow host or a
+    // flood stretches over many rounds keeps at most about two rounds of them, not all.
+    const uint64_t round_ns = env_.clock->MonotonicNs();
     Result<int> n = env_.backend->Consume();  // what the ring holds, without a poll syscall
+    if (round_ns > kReorderWindowNs) ReleasePending(round_ns - kReorderWindowNs);
     return n ? *n : -1;
   });
   NoteDrained(now);
@@ -755,7 +818,25 @@ void Agent::UpdateMetrics() {
   m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "exception"}},
                 static_cast<double>(skipped_exception_));
   m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "layout"}}, static_cast<double>(skipped_layout_));
+  m->SetCounter(kMetricProcessesSkipped, skipped_help, {{"reason", "memory"}}, static_cast<double>(skipped_memory_));
+  m->SetGauge(kMetricMemoryBudget, "Bytes the per-process caches may hold together (--memory-budget)", {},
+              static_cast<double>(budget_->budget()));
+  m->SetGauge(kMetricMemoryHeld, "Bytes the per-process caches hold now (frame caches, stack tables' reservations)",
+              {}, static_cast<double>(budget_->held()));
+  m->SetCounter(kMetricMemoryEvictions, "Per-process frame caches evicted to stay within --memory-budget", {},
+                static_cast<double>(budget_->evictions()));
+  m->SetCounter(kMetricMemoryEvictedBytes, "Bytes freed by those evictions", {},
+                static_cast<double>(budget_->evicted_bytes()));
+  m->SetCounter(kMetricMemoryRefused,
+                "Charges the memory budget refused (a frame named but not cached, a process not profiled)", {},
+                static_cast<double>(budget_->refused()));
 }
+
+size_t Agent::ProfileTableBytes(size_t share) {
+  return std::clamp(share / 8, kMinProfileTableBytes, ProcessProfileLimits{}.max_table_bytes);
+}
+
+size_t Agent::ProcessReservation(size_t table_bytes) { return kProcessBaseBytes + 2 * table_bytes; }
 
 Status Agent::Reload(const AgentConfig& loaded) {
   const ReloadPlan plan = PlanReload(config_, loaded);

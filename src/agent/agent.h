@@ -32,6 +32,7 @@
 #include "agent/process_registry.h"
 #include "common/deadline.h"
 #include "common/error.h"
+#include "common/memory_budget.h"
 #include "ops/agent_config.h"
 #include "ops/process_filter.h"
 #include "session/reorder.h"
@@ -74,6 +75,21 @@ class Agent {
   // of the previous), so a quiet loop wakes once per tick rather than once per kind of work.
   static constexpr uint64_t kBudgetCheckNs = 200'000'000;
 
+  // Memory budget (--memory-budget, common/memory_budget.h): every watched process has an account whose fair share is
+  // budget / processes. Reserved when it is watched: kProcessBaseBytes (its resolver's and profile's fixed
+  // structures: front index, stack memos, thread state) plus twice its stack table's cap, ProfileTableBytes(share)
+  // (the table, its frame memo and container growth). Charged as it grows: its frame cache's entries (strings by
+  // capacity + StackResolver::kEntryOverheadBytes) and line tables.
+  static constexpr size_t kProcessBaseBytes = 512u << 10;
+  // Records waiting in the reorder window hold at most about this many bytes (PendingBytes): past it, records older
+  // than a window behind the newest are handed over at once, within a drain. Outside the budget, a fixed part of
+  // the agent's base.
+  static constexpr size_t kMaxPendingBytes = 16u << 20;
+  static constexpr size_t kMinProfileTableBytes = 64u << 10;
+  // share / 8, between kMinProfileTableBytes and ProcessProfileLimits' default (2 MiB).
+  static size_t ProfileTableBytes(size_t share);
+  static size_t ProcessReservation(size_t table_bytes);
+
   // The BPF programs' switches for `config`: stacks at release (and wants), sampling at hz, every exec watched. Fixed
   // when the programs load (SessionOptions::config), so the backend is opened with them.
   static rv_config ProbeConfig(const AgentConfig& config);
@@ -111,11 +127,14 @@ class Agent {
   // Records that reached the reorder window after a later one was handed to the profiles (out of order): 0 unless
   // a CPU's records lagged by more than kReorderWindowNs.
   uint64_t late_records() const { return pending_.late(); }
+  size_t pending_bytes() const { return pending_bytes_; }
+  uint64_t early_releases() const { return early_releases_; }
   uint64_t profiles_built() const { return profiles_built_; }
   uint64_t events() const { return events_; }
   uint64_t samples() const { return samples_; }
   uint64_t unsymbolized() const { return unsymbolized_; }
   const std::string& host() const { return host_; }
+  const MemoryBudget& memory_budget() const { return *budget_; }
   ProfileSink* dir_sink() { return sinks_.dir.get(); }
   ProfileSink* push_sink() { return sinks_.push.get(); }
   // Refreshes the metrics registry now (also done every second by RunOnce).
@@ -134,14 +153,18 @@ class Agent {
     bool in_gc = false;
     SharedStack stack;  // the stack it carried (the resolver's shared object: no per-record copies), null: none
     std::shared_ptr<GvlReading> gvl;  // a sample's GVL reading (holder_th / queued_th are th keys), null when none
+    size_t bytes = 0;                 // PendingBytes, charged to pending_bytes_ while it waits
   };
+  // What a pending record holds: itself, its stack's vector and its frames (each counted whole, shared or not).
+  static size_t PendingBytes(const Pending& item);
 
   // Pending kinds of the agent's own (past every rv_event_kind): the budget paused / resumed a process's sites.
   static constexpr uint32_t kPendingTracingPaused = 0x10000;
   static constexpr uint32_t kPendingTracingResumed = 0x10001;
 
   void OnRecord(const rv_record& r);
-  void Enqueue(Pending item);
+  // `may_release`: past kMaxPendingBytes, the records a window older than this one are dispatched now.
+  void Enqueue(Pending item, bool may_release = false);
   void EnqueueMarker(int pid, uint32_t kind, uint64_t t_ns);
   void ReleasePending(uint64_t upto_ns);
   void Dispatch(Pending& item);
@@ -197,6 +220,7 @@ class Agent {
   ProbeSetManager probe_sets_;
   // The one helper thread the watched processes' thread-name reads run on (session/thread_info.h).
   std::shared_ptr<DeadlineWorker> name_reader_ = std::make_shared<DeadlineWorker>();
+  std::unique_ptr<MemoryBudget> budget_;  // before registry_: the processes' accounts are closed first
   ProcessRegistry registry_;
   // CheckLiveness's scratch space: the exit descriptors polled and their pids, in the same order.
   std::vector<pollfd> exit_polls_;
@@ -205,7 +229,8 @@ class Agent {
   std::unordered_set<uint64_t> logged_problems_;  // hashes of skip reasons already logged (once per problem)
   uint64_t skipped_timeout_ = 0;    // processes skipped because inspecting or preparing them hit the time bound
   uint64_t skipped_exception_ = 0;  // processes skipped because their handling threw
-  uint64_t skipped_layout_ = 0;     // processes skipped because their memory does not match their binary's analysis
+  uint64_t skipped_layout_ = 0;
+  uint64_t skipped_memory_ = 0;     // processes skipped because the memory budget had no room for them     // processes skipped because their memory does not match their binary's analysis
   int64_t mono_to_unix_ns_ = 0;
   uint64_t interval_ns_ = 0;
   uint64_t next_cut_ns_ = 0;
@@ -230,6 +255,8 @@ class Agent {
   static constexpr int kMaxChildDepth = 4;
   int child_depth_ = 0;             // recursion of TryWatch through children
   Reorderer<Pending> pending_{kReorderWindowNs};  // released by the clock (ReleasePending), not by newer records
+  size_t pending_bytes_ = 0;      // PendingBytes of the records in pending_
+  uint64_t early_releases_ = 0;   // releases because pending_bytes_ passed kMaxPendingBytes
 };
 
 }  // namespace rvbpfd

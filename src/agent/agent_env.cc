@@ -24,6 +24,9 @@ class ResolverFrameSource : public FrameSource {
     resolver_->set_epoch(gc_epoch);
     return resolver_->ResolveStack(frames, end);
   }
+  void SetMemoryAccount(MemoryBudget::Account* account) override { resolver_->set_memory_account(account); }
+  void ClearCache() override { resolver_->ClearCache(); }
+  size_t cache_bytes() const override { return resolver_->cache_bytes(); }
 
  private:
   std::unique_ptr<StackResolver> resolver_;

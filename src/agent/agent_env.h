@@ -15,6 +15,7 @@
 
 #include "agent/probe_sets.h"
 #include "common/error.h"
+#include "common/memory_budget.h"
 #include "ops/agent_config.h"
 #include "ops/log.h"
 #include "ops/metrics.h"
@@ -51,6 +52,11 @@ class FrameSource {
   // the agent's per-record path uses (no string copies, and one object for a repeated stack, when the source caches).
   // Never null. The default wraps Resolve's result.
   virtual SharedStack ResolveStack(std::span<const rv_ruby_frame> frames, uint64_t gc_epoch, StackEnd end);
+  // The agent's memory budget: the source charges the bytes it caches to `account` (set before the first Resolve,
+  // outlives the source) and ClearCache frees them. Sources that cache nothing ignore both.
+  virtual void SetMemoryAccount(MemoryBudget::Account* account) { (void)account; }
+  virtual void ClearCache() {}
+  virtual size_t cache_bytes() const { return 0; }  // what it holds now (what it charged)
 };
 
 // The FrameSource over a StackResolver (MakeProcessFrameSource's, with any memory reader).

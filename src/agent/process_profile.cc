@@ -79,7 +79,8 @@ size_t ProfileStackTable::approx_memory_bytes() const {
 uint32_t ProfileStackTable::FrameId(const FrameInfo& f, bool may_add) {
   auto it = frame_index_.find(f);
   if (it != frame_index_.end()) return *it;
-  if (!may_add) return 0;
+  // Also checked per frame: one stack of thousands of new frames with long labels would pass the cap by megabytes.
+  if (!may_add || approx_memory_bytes() >= max_bytes_) return 0;
   frames_.push_back(f);
   frame_string_bytes_ += StringHeap(frames_.back().label) + StringHeap(frames_.back().path);
   const auto id = static_cast<uint32_t>(frames_.size());
@@ -100,7 +101,8 @@ uint32_t ProfileStackTable::InternIds(std::span<const uint32_t> ids) {
 }
 
 uint32_t ProfileStackTable::Intern(std::span<const FrameInfo> frames, const FrameInfo* top) {
-  // Fullness is decided once per stack: a stack begun is finished, so the cap is passed by at most one stack.
+  // Fullness is decided once per stack, and FrameId checks the byte cap again per new frame: a stack cut short goes
+  // to "[stack table full]" (its frames stay), so the cap is passed by at most one frame.
   const bool may_add = !full();
   scratch_.clear();
   if (top != nullptr) {
@@ -119,6 +121,8 @@ uint32_t ProfileStackTable::Intern(std::span<const FrameInfo> frames, const Fram
   }
   return InternIds(scratch_);
 }
+
+void ProfileStackTable::ForgetSharedFrames() { ClearMemo(); }
 
 void ProfileStackTable::ClearMemo() {
   memo_.clear();

@@ -93,8 +93,10 @@ inline constexpr std::string_view kStackTableFullFrame = "[stack table full]";
 struct ProcessProfileLimits {
   // Distinct stacks interned per process before new ones go to "[stack table full]".
   size_t max_stacks = 65536;
-  // Estimated bytes of the stack table (frames, their strings, stacks, hash indexes) before the same happens. The
-  // agent's budget is 100 MB for 50 processes; one interval of a busy Rails process needs about 1-2 MB.
+  // Estimated bytes of the stack table (frames, their strings, stacks, hash indexes) before the same happens
+  // (checked per stack and per new frame, so it is passed by at most one frame and a container's growth). One
+  // interval of a busy Rails process needs about 1-2 MB. The agent lowers it to its memory budget's share
+  // (Agent::ProfileTableBytes).
   size_t max_table_bytes = 2u << 20;
   // At a Cut, a table above this many estimated bytes is rebuilt with only the stacks still referred to.
   size_t reset_above_bytes = 256u << 10;
@@ -142,6 +144,9 @@ class ProfileStackTable {
   // the frame-address memo (memo_memory_bytes), so the cap decisions do not depend on which API interned a stack.
   size_t approx_memory_bytes() const;
   size_t memo_memory_bytes() const;
+  // Drops the frame-address memo and its references to shared frames (the resolver's cache evicted them: they are
+  // freed now rather than at the memo's next clear). Ids and stacks stay.
+  void ForgetSharedFrames();
 
  private:
   struct FrameIdHash {
@@ -243,6 +248,8 @@ class ProcessProfile {
   // a new interval.
   std::vector<BuiltProfile> Cut(uint64_t cut_ns, int64_t interval_start_unix_ns, int64_t duration_ns);
   size_t approx_memory_bytes() const;  // for the agent's memory bound
+  // The shared frames this profile refers to besides its own copies (see ProfileStackTable::ForgetSharedFrames).
+  void ForgetSharedFrames() { table_->ForgetSharedFrames(); }
 
   const ProcessProfileStats& stats() const { return stats_; }
   size_t thread_count() const { return tracker_.thread_count(); }

@@ -16,6 +16,7 @@
 #include "agent/probe_sets.h"
 #include "agent/process_profile.h"
 #include "common/flat_map64.h"
+#include "common/memory_budget.h"
 #include "common/target_file.h"
 #include "ops/process_labels.h"
 #include "probe/ec_install.h"
@@ -27,6 +28,9 @@
 namespace rvbpfd {
 
 struct WatchedProcess {
+  // Its share of the agent's memory budget: the profile's reservation (Agent::ProcessReservation) and the frame
+  // cache's bytes. Declared first, so it is closed after the caches it accounts for are gone.
+  std::unique_ptr<MemoryBudget::Account> memory;
   int pid = 0;
   ProcessLabels labels;
   RubyTarget target;

@@ -403,6 +403,12 @@ int RunCliUnguarded(int argc, char** argv) {
       "--cache-dir", agent_flags.cache_dir,
       "Where probe sites are cached by content hash (default /var/cache/rvbpfd/sites); it and the directories above "
       "it must be root's and not writable by others (exit 13)"));
+  std::string memory_budget_flag;
+  agent_opts.push_back(agent->add_option(
+      "--memory-budget", memory_budget_flag,
+      "Bytes the per-process caches (frame names, stack tables) may hold together, with a K/M/G suffix (default 192M, "
+      "under the shipped units' 256M limit); each process gets a fair share, and the caches of the process holding "
+      "the most are evicted first (frames are named again later); docs/deploy.md \"Budgets\""));
   DumpOptions dump_options;
   CLI::App* dump = AddDumpCommand(app, &dump_options);
   TopOptions top_options;
@@ -467,6 +473,11 @@ int RunCliUnguarded(int argc, char** argv) {
         else if (name == "--host") config.host = flags_only.host;
         else if (name == "--ring-buffer-kb") config.ring_buffer_kb = flags_only.ring_buffer_kb;
         else if (name == "--cache-dir") config.cache_dir = flags_only.cache_dir;
+        else if (name == "--memory-budget") {
+          Result<uint64_t> bytes = ParseByteSize(memory_budget_flag);
+          if (!bytes) return Error(ErrorCode::kUsage, "--memory-budget: " + bytes.error().message());
+          config.memory_budget = *bytes;
+        }
       }
       config.config_file = agent_flags.config_file;
       if (Status st = ValidateAgentConfig(config); !st) return st.error();

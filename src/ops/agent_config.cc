@@ -1,5 +1,6 @@
 #include "ops/agent_config.h"
 
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -88,6 +89,19 @@ KeySpec Spec(std::string_view key, std::string_view flag, bool reloadable, T Age
   };
 }
 
+// memory-budget: bytes as an integer, or a string with a K/M/G/T suffix (ParseByteSize).
+KeySpec MemoryBudgetSpec() {
+  KeySpec spec = Spec("memory-budget", "--memory-budget", false, &AgentConfig::memory_budget);
+  spec.apply = [](const json& j, AgentConfig* c) -> std::string {
+    if (!j.is_string()) return Parse(j, &c->memory_budget).empty() ? "" : "bytes (an integer or \"192M\")";
+    Result<uint64_t> v = ParseByteSize(j.get<std::string>());
+    if (!v) return "bytes (an integer or \"192M\")";
+    c->memory_budget = *v;
+    return "";
+  };
+  return spec;
+}
+
 // The one table of file keys: order = documentation order; reloadable per the ReloadPlan comment in the header.
 const std::vector<KeySpec>& Specs() {
   static const std::vector<KeySpec>* specs = new std::vector<KeySpec>{
@@ -109,6 +123,7 @@ const std::vector<KeySpec>& Specs() {
       Spec("host", "--host", false, &AgentConfig::host),
       Spec("ring-buffer-kb", "--ring-buffer-kb", false, &AgentConfig::ring_buffer_kb),
       Spec("cache-dir", "--cache-dir", false, &AgentConfig::cache_dir),
+      MemoryBudgetSpec(),
   };
   return *specs;
 }
@@ -307,8 +322,40 @@ Status ValidateAgentConfig(const AgentConfig& c) {
                    std::to_string(c.ring_buffer_kb));
   }
   if (c.cache_dir.empty()) return bad("cache-dir", "--cache-dir", "must not be empty");
+  if (c.memory_budget < kMinMemoryBudget) {
+    return bad("memory-budget", "--memory-budget",
+               "must be at least 4 MiB (4194304 bytes), not " + std::to_string(c.memory_budget));
+  }
   if (c.proc_root.empty()) return Status(Error(ErrorCode::kUsage, "config: proc root must not be empty"));
   return Status::Ok();
+}
+
+Result<uint64_t> ParseByteSize(std::string_view text) {
+  const std::string_view original = text;
+  auto bad = [&](const char* why) {
+    return Error(ErrorCode::kUsage, "\"" + std::string(original) + "\" " + why +
+                                        " (bytes, or a number with a K, M, G or T suffix: 192M)");
+  };
+  uint64_t n = 0;
+  size_t digits = 0;
+  for (; digits < text.size() && text[digits] >= '0' && text[digits] <= '9'; ++digits) {
+    if (n > (std::numeric_limits<uint64_t>::max() - 9) / 10) return bad("is too large");
+    n = n * 10 + static_cast<uint64_t>(text[digits] - '0');
+  }
+  if (digits == 0) return bad("is not a size");
+  std::string unit;
+  for (char ch : text.substr(digits)) unit += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (unit.ends_with("IB")) unit.resize(unit.size() - 2);
+  else if (unit.size() > 1 && unit.ends_with("B")) unit.resize(unit.size() - 1);
+  else if (unit == "B") unit.clear();
+  int shift = 0;
+  if (unit == "K") shift = 10;
+  else if (unit == "M") shift = 20;
+  else if (unit == "G") shift = 30;
+  else if (unit == "T") shift = 40;
+  else if (!unit.empty()) return bad("has an unknown unit");
+  if (shift > 0 && n > (std::numeric_limits<uint64_t>::max() >> shift)) return bad("is too large");
+  return n << shift;
 }
 
 bool IsReloadableKey(std::string_view key) {

@@ -17,6 +17,12 @@
 
 namespace rvbpfd {
 
+// The agent's default memory budget: 192 MiB, a margin of 64 MiB under the shipped units' limit (MemoryMax=256M in
+// deploy/systemd, 256Mi in deploy/kubernetes) for what the budget does not hold (the binary, its libraries, the BPF
+// maps, the sinks' queues, the analysis of a new binary).
+inline constexpr uint64_t kDefaultMemoryBudget = uint64_t{192} << 20;
+inline constexpr uint64_t kMinMemoryBudget = uint64_t{4} << 20;
+
 struct AgentConfig {
   double interval_s = 15;            // --interval: profile period (s), >= 1
   int hz = 19;                       // --hz: CPU samples per second per thread (fleet default), 1..1000
@@ -35,6 +41,7 @@ struct AgentConfig {
   std::string log_format = "json";   // --log-format json|text
   std::string host;                  // --host: host label ("" = gethostname)
   uint32_t ring_buffer_kb = 8192;    // --ring-buffer-kb
+  uint64_t memory_budget = kDefaultMemoryBudget;  // --memory-budget: bytes of the per-process caches (docs/deploy.md)
   std::string cache_dir = "/var/cache/rvbpfd/sites";
   std::string config_file;           // --config FILE (JSON object, keys = the long flag names without "--")
   std::string proc_root = "/proc";   // tests only
@@ -69,7 +76,11 @@ Result<AgentConfig> ApplyConfigFile(const AgentConfig& base, const std::string& 
 // any base gives back `config` (apart from config_file and proc_root). Used to log the effective configuration.
 std::string AgentConfigToJson(const AgentConfig& config);
 
-// Checks ranges and syntax: interval 1..3600 s, hz 1..1000, max-overhead 0..100, stacks, log-format, push-url
+// "192M", "64MiB", "1G", "4096K", "1048576": bytes with an optional K/M/G/T suffix (binary multiples; "B", "iB",
+// "IB" after it and case are ignored). Errors name what is wrong, for the caller's message.
+Result<uint64_t> ParseByteSize(std::string_view text);
+
+// Checks ranges and syntax: memory-budget >= 4 MiB, interval 1..3600 s, hz 1..1000, max-overhead 0..100, stacks, log-format, push-url
 // (http:// or https:// with a host), push-queue 1..65536, output-max-mb 1..2^20, output-service-max-mb 0..2^20,
 // ring-buffer-kb 4..2^20, the include/exclude rules (ProcessFilter syntax), the service pins (ServiceNamePolicy)
 // and metrics-listen (ParseListenAddress). Errors are kUsage and name the
@@ -83,7 +94,7 @@ bool MetricsDisabled(const std::string& metrics_listen);
 //
 // Reloadable without restart: include, exclude, push-url, push-queue, output-dir, output-max-mb,
 // output-service-max-mb, interval, log-format, service-pin and ignore-env-service (these two name the processes
-// found after the reload). Everything else needs a restart: hz, stacks, ring-buffer-kb (BPF programs and maps are sized at start),
+// found after the reload). Everything else needs a restart: hz, stacks, ring-buffer-kb, memory-budget (BPF programs and maps are sized at start),
 // metrics-listen (the socket is bound at start), cache-dir, max-overhead (the overhead budget is set when the
 // probes are attached) and host (the host label is resolved once at start). For those the reload keeps the running
 // value and the agent logs a warning naming each key in needs_restart.

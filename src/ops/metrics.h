@@ -38,6 +38,11 @@ inline constexpr std::string_view kMetricPushQueueLength = "rvbpfd_push_queue_le
 inline constexpr std::string_view kMetricAgentCpuSeconds = "rvbpfd_agent_cpu_seconds_total"; // counter
 inline constexpr std::string_view kMetricAgentRssBytes = "rvbpfd_agent_rss_bytes";           // gauge
 inline constexpr std::string_view kMetricProcessesSkipped = "rvbpfd_processes_skipped_total";  // counter{reason}
+inline constexpr std::string_view kMetricMemoryBudget = "rvbpfd_memory_budget_bytes";    // gauge
+inline constexpr std::string_view kMetricMemoryHeld = "rvbpfd_memory_held_bytes";        // gauge
+inline constexpr std::string_view kMetricMemoryEvictions = "rvbpfd_memory_evictions_total";  // counter
+inline constexpr std::string_view kMetricMemoryEvictedBytes = "rvbpfd_memory_evicted_bytes_total";  // counter
+inline constexpr std::string_view kMetricMemoryRefused = "rvbpfd_memory_refused_total";  // counter
 inline constexpr std::string_view kMetricConfigReloads = "rvbpfd_config_reloads_total";      // counter{result}
 // Values of rvbpfd_dropped_total's "reason" label; the BPF loss counters' reasons (ring_full_events,
 // ring_full_samples) are declared with the counters (include/rvbpfd/counters.h).

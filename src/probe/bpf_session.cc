@@ -296,9 +296,23 @@ BpfSession::~BpfSession() {
   if (maps_skel_) rvbpfd_bpf__destroy(maps_skel_);
 }
 
+namespace {
+uint64_t CoarseMonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+}  // namespace
+
+bool BpfSession::ConsumeTimeUp() {
+  return ++consume_records_ % kConsumeCheckEvery == 0 && CoarseMonotonicNs() > consume_deadline_ns_;
+}
+
 int BpfSession::OnSample(void* ctx, void* data, size_t size) {
   auto* self = static_cast<BpfSession*>(ctx);
-  if (size < sizeof(rv_record)) return 0;  // never produced by our program; ignore rather than misread
+  // After the record is handled: a negative return makes libbpf keep this record consumed and stop (Consume).
+  const int done = self->ConsumeTimeUp() ? -ECANCELED : 0;
+  if (size < sizeof(rv_record)) return done;  // never produced by our program; ignore rather than misread
   rv_record rec;
   std::memcpy(&rec, data, sizeof(rec));
   if (rec.flags & RV_REC_HAS_STACK) {
@@ -318,12 +332,12 @@ int BpfSession::OnSample(void* ctx, void* data, size_t size) {
       // viewed in place.
       const auto* frames = reinterpret_cast<const rv_ruby_frame*>(bytes + fixed);
       self->on_stack_(rec, hdr, std::span<const rv_ruby_frame>(frames, n), has_gvl ? &gvl : nullptr);
-      return 0;
+      return done;
     }
-    if (rec.kind == RV_EV_SAMPLE) return 0;  // nobody wants samples
+    if (rec.kind == RV_EV_SAMPLE) return done;  // nobody wants samples
   }
   self->on_record_(rec);
-  return 0;
+  return done;
 }
 
 Status BpfSession::SetWalkConfig(uint8_t binary, const rv_walk_config& config) {
@@ -622,7 +636,11 @@ Result<bool> BpfSession::Wait(int timeout_ms) {
 }
 
 Result<int> BpfSession::Consume() {
+  consume_deadline_ns_ = CoarseMonotonicNs() + kMaxConsumeNs;
+  consume_records_ = 0;
   const int m = ring_buffer__consume(ring_);
+  // Stopped at the time bound: what was read counts; the ring holds more (callers read again).
+  if (m == -ECANCELED) return static_cast<int>(std::max<uint32_t>(consume_records_, 1));
   if (m < 0) return BpfError("reading the BPF ring buffer", -m);
   return m;
 }

@@ -167,7 +167,8 @@ class BpfSession {
   // bpf/rvbpfd.bpf.c) or for the WakePollOn fd; consumes nothing. True when either woke it: the ring then stays
   // readable until it is consumed.
   Result<bool> Wait(int timeout_ms);
-  // Hands every record the ring holds now to the handlers, without waiting. Returns records consumed.
+  // Hands the records the ring holds now to the handlers, without waiting, for at most kMaxConsumeNs (then the rest
+  // stays for the next call). Returns records consumed.
   Result<int> Consume();
   // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
   // the end of a wait). Not owned; -1 removes it.
@@ -211,6 +212,16 @@ class BpfSession {
   int sampler_load_err_ = 0;            // its result (negative errno), written by sampler_loader_
   Status sampler_status_;
   ring_buffer* ring_ = nullptr;
+  // libbpf's consume reads for as long as BPF refills the ring: on a loaded host (or with records slow to handle, deep
+  // stacks of new frames) one call could last for good, and its caller's timed work (cuts, metrics, signals) with
+  // it. Consume stops after kMaxConsumeNs (checked after every record: one deep stack of new frames can take long to
+  // name); the rest stays in the ring for
+  // the next call.
+  static constexpr uint64_t kMaxConsumeNs = 100'000'000;
+  static constexpr uint32_t kConsumeCheckEvery = 1;
+  uint64_t consume_deadline_ns_ = 0;
+  uint32_t consume_records_ = 0;
+  bool ConsumeTimeUp();
   RecordCallback on_record_;
   StackCallback on_stack_;
   std::vector<bpf_link*> perf_links_;  // owned, one per CPU; each owns its cpu-clock perf event fd

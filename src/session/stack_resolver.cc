@@ -125,7 +125,8 @@ std::optional<int> StackResolver::LineFromSibling(Entry& sibling, const rv_ruby_
   if (frame.pc != 0) {
     if (sibling.lines == nullptr) {
       std::optional<Symbolizer::LineTable> table = symbolizer_.ReadLineTable(frame.cfp_iseq);
-      if (table) {
+      // Not kept when the budget has no room for it without clearing this cache (`sibling` is one of its entries).
+      if (table && Charge(table->bytes(), /*may_clear=*/false)) {
         sibling.lines = std::make_shared<const Symbolizer::LineTable>(std::move(*table));
         cache_bytes_ += sibling.lines->bytes();
         ++line_tables_;
@@ -177,9 +178,9 @@ SharedFrame StackResolver::ResolveFrameNode(const rv_ruby_frame& frame, Node** n
         return e->info;
       }
       slot->node = nullptr;
-      cache_bytes_ -= std::min(cache_bytes_, EntryBytes(*e->info));
+      Uncharge(EntryBytes(*e->info));
       if (e->lines != nullptr && e->lines != NoLineTable() && e->lines.use_count() == 1) {
-        cache_bytes_ -= std::min(cache_bytes_, e->lines->bytes());  // the last entry that shared the table
+        Uncharge(e->lines->bytes());  // the last entry that shared the table
       }
       ForgetMemoNode(n);
       cache_.erase(key);
@@ -211,13 +212,13 @@ SharedFrame StackResolver::ResolveFrameNode(const rv_ruby_frame& frame, Node** n
   // The heads are read before symbolizing: if the object changed in between, the entry fails validation later.
   if (cacheable && have_heads && info->kind != FrameKind::kUnresolved) {
     const size_t bytes = EntryBytes(*info);
-    if (cache_.size() >= kMaxCacheEntries || cache_bytes_ + bytes > kMaxCacheBytes) {
-      cache_.clear();
-      cache_bytes_ = 0;
-      std::fill(front_.begin(), front_.end(), FrontSlot{});
-      for (StackMemo& m : stack_memo_) m = StackMemo{};
-      live_.clear();
-      ++cache_clears_;
+    if (cache_.size() >= kMaxCacheEntries || (account_ == nullptr && cache_bytes_ + bytes > kMaxCacheBytes)) {
+      ClearCache();
+    }
+    // Past the budget (which may clear this cache first to make room): the frame is named, but not cached.
+    if (!Charge(bytes, /*may_clear=*/true)) {
+      ++uncached_;
+      return info;
     }
     auto it = cache_.emplace(key, Entry{info, heads, epoch_, ~uint64_t{0}, std::move(lines)}).first;
     cache_bytes_ += bytes;
@@ -228,6 +229,25 @@ SharedFrame StackResolver::ResolveFrameNode(const rv_ruby_frame& frame, Node** n
     *node_out = &*it;
   }
   return info;
+}
+
+bool StackResolver::Charge(size_t bytes, bool may_clear) {
+  return account_ == nullptr || account_->Charge(bytes, may_clear);
+}
+
+void StackResolver::Uncharge(size_t bytes) {
+  bytes = std::min(cache_bytes_, bytes);
+  cache_bytes_ -= bytes;
+  if (account_ != nullptr) account_->Release(bytes);
+}
+
+void StackResolver::ClearCache() {
+  cache_.clear();
+  Uncharge(cache_bytes_);
+  std::fill(front_.begin(), front_.end(), FrontSlot{});
+  for (StackMemo& m : stack_memo_) m = StackMemo{};
+  live_.clear();
+  ++cache_clears_;
 }
 
 bool StackResolver::MemoValidNow(const StackMemo& memo) const {

@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/memory_budget.h"
 #include "rvbpfd/abi.h"
 #include "stacks/memory_reader.h"
 #include "stacks/ruby_offsets.h"
@@ -103,6 +104,16 @@ class StackResolver {
   // Bytes the cache is charged for now (see kMaxCacheBytes), and how often it was cleared at either bound.
   size_t cache_bytes() const { return cache_bytes_; }
   uint64_t cache_clears() const { return cache_clears_; }
+  // Frames named but not cached because the memory account refused their bytes.
+  uint64_t uncached() const { return uncached_; }
+
+  // Charges the cache's bytes (entries and line tables) to `account` instead of the kMaxCacheBytes bound: an entry
+  // the account refuses is not cached (its frame is still named), a line table it refuses is not kept (lines are read
+  // per pc). Set before the first Resolve; the account's evictor should call ClearCache. Null: kMaxCacheBytes.
+  void set_memory_account(MemoryBudget::Account* account) { account_ = account; }
+  // Drops every cached entry, line table and remembered stack, and releases their bytes: frames are named anew
+  // from the target's memory at their next use. Frames already handed out stay valid for their holders.
+  void ClearCache();
 
  private:
   struct Key {
@@ -206,6 +217,12 @@ class StackResolver {
   Node* ValidSibling(const rv_ruby_frame& frame, const Key& key, Heads* heads, bool* have_heads);
   static size_t SiblingIndex(const Key& key);
   static size_t EntryBytes(const FrameInfo& f) { return kEntryOverheadBytes + f.label.capacity() + f.path.capacity(); }
+  // Adds bytes to account_ (true without one); `may_clear`: the account may clear this cache to make room.
+  bool Charge(size_t bytes, bool may_clear);
+  void Uncharge(size_t bytes);  // cache_bytes_ and account_ less `bytes`
+
+  MemoryBudget::Account* account_ = nullptr;
+  uint64_t uncached_ = 0;
 
   std::unique_ptr<MemoryReader> mem_;
   Symbolizer symbolizer_;

@@ -11,7 +11,9 @@
 #include <sstream>
 
 #include "agent_fakes.h"
+#include "common/label_bound.h"
 #include "session/fake_vm_memory.h"
+#include "stacks/synthetic_objects.h"
 
 namespace rvbpfd {
 namespace {
@@ -82,7 +84,8 @@ class AgentTest : public ::testing::Test {
         return std::make_unique<testing::FakeMemory>(memory_[pid]);
       };
     }
-    env.frame_source = [this](int, const RubyTarget&, const ProbeSet&) {
+    env.frame_source = [this](int pid, const RubyTarget&, const ProbeSet&) -> std::unique_ptr<FrameSource> {
+      if (frame_source_override_) return frame_source_override_(pid);
       return std::make_unique<FakeFrameSource>(&resolve_epochs_);
     };
     env.make_sinks = [this](const AgentConfig&) -> Result<AgentSinks> {
@@ -157,6 +160,7 @@ class AgentTest : public ::testing::Test {
   // the read period set it.
   std::optional<uint64_t> drain_period_ns_ = 0;
   std::map<int, FileFd> exit_fds_;
+  std::function<std::unique_ptr<FrameSource>(int pid)> frame_source_override_;  // null: FakeFrameSource
 };
 
 // The layout a prepared binary reports for the live check: testing::FakeVm's, in the libruby of FakeProc (mapped at
@@ -1006,6 +1010,104 @@ TEST_F(AgentTest, AnExecdProcessWhoseVmIsStillStartingIsCheckedAgainAtTheNextAtt
   agent_->UpdateMetrics();
   EXPECT_NE(metrics_.RenderPrometheus().find("rvbpfd_processes_skipped_total{reason=\"layout\"} 1"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace rvbpfd
+
+namespace rvbpfd {
+namespace {
+
+// Hostile processes against the memory budget: each of three processes has kFrames distinct ISEQ frames whose labels
+// and paths are 4 KB (the symbolizer keeps 1 KiB of each, marked) and samples them 64 deep, a different slice each
+// time. Their frames are named by real StackResolvers over fake memories. With a 4 MiB budget (a share of ~1.3 MiB
+// per process) the caches, ~4.5 MB each unbounded, are evicted, and the bytes they hold together (with the stack
+// tables) never pass the budget.
+class AgentMemoryBudgetTest : public AgentTest {
+ protected:
+  static constexpr size_t kFrames = 2000;
+  static constexpr size_t kText = 4096;
+  static constexpr uint64_t kHeap = 0x100000000;
+
+  void BuildMemory(int pid) {
+    auto off = RubyOffsets::ForVersion(3, 4);
+    ASSERT_TRUE(off.ok());
+    offsets_ = off.value();
+    testing::FakeMemory& m = fake_mem_[pid];
+    m.Map(kHeap, kFrames * (2 * (kText + 48) + 1024));
+    testing::SyntheticObjects objects(&m, kHeap);
+    auto string = [&](const std::string& s) {
+      const uint64_t str = objects.Alloc(24 + s.size() + 1);
+      m.Put64(str, 0x05);  // T_STRING, embedded
+      m.Put64(str + 16, s.size());
+      m.Put(str + 24, s.data(), s.size());
+      return str;
+    };
+    for (size_t i = 0; i < kFrames; ++i) {
+      const std::string n = std::to_string(pid) + "_" + std::to_string(i) + "_";
+      const uint64_t label = string("m" + n + std::string(kText, 'x'));
+      const uint64_t path = string("/srv/p" + n + std::string(kText, 'p'));
+      frames_[pid].push_back(objects.TopIseqFrame(offsets_, label, path));
+    }
+  }
+
+  // What the per-process caches hold now, by their own accounts (not the budget's counter).
+  size_t RealHeld() {
+    size_t total = 0;
+    for (int pid : agent_->watched_pids()) {
+      const WatchedProcess* p = agent_->process(pid);
+      if (p->frames) total += p->frames->cache_bytes();
+      total += p->profile->stack_table().approx_memory_bytes();
+    }
+    return total;
+  }
+
+  std::map<int, testing::FakeMemory> fake_mem_;
+  std::map<int, std::vector<rv_ruby_frame>> frames_;
+  RubyOffsets offsets_;
+};
+
+TEST_F(AgentMemoryBudgetTest, HostileFramesStayWithinTheBudgetAndAreEvicted) {
+  config_.memory_budget = 4u << 20;
+  for (int pid : {10, 11, 20}) BuildMemory(pid);
+  frame_source_override_ = [this](int pid) {
+    return MakeResolverFrameSource(
+        std::make_unique<StackResolver>(std::make_unique<testing::FakeMemory>(fake_mem_[pid]), offsets_, 0));
+  };
+  StartAgent();
+  ASSERT_EQ(agent_->watched_pids(), (std::vector<int>{10, 11, 20}));
+  size_t peak = 0;
+  for (size_t step = 0; step < 120; ++step) {
+    for (int pid : {10, 11, 20}) {
+      std::vector<rv_ruby_frame> stack;
+      for (size_t j = 0; j < 64; ++j) stack.push_back(frames_[pid][(step * 64 + j * 7) % kFrames]);
+      backend_.StackFrames(clock_.mono + 1 * kMs, static_cast<uint32_t>(pid), RV_EV_SAMPLE, 0x1000, stack);
+    }
+    Run(50 * kMs);
+    const size_t held = RealHeld();
+    peak = std::max(peak, held);
+    ASSERT_LE(held, config_.memory_budget) << "at step " << step;
+    ASSERT_LE(agent_->memory_budget().held(), config_.memory_budget);
+  }
+  EXPECT_GT(peak, config_.memory_budget / 4) << "the caches did fill their shares";
+  EXPECT_GT(agent_->memory_budget().evictions(), 0u);
+  agent_->UpdateMetrics();
+  const std::string text = metrics_.RenderPrometheus();
+  EXPECT_NE(text.find("rvbpfd_memory_budget_bytes 4194304"), std::string::npos) << text;
+  EXPECT_NE(text.find("rvbpfd_memory_evictions_total"), std::string::npos);
+  EXPECT_NE(text.find("rvbpfd_memory_held_bytes"), std::string::npos);
+  // Profiles still come, with every frame named as the target names it (evicted frames were named again), cut to
+  // the label bound and marked.
+  for (int pid : {10, 11, 20}) {
+    std::vector<ProfileUpload> cpu = UploadsFor(pid);
+    ASSERT_FALSE(cpu.empty()) << pid;
+    const std::string pb = Gunzip(cpu[0].pprof_gz);
+    EXPECT_NE(pb.find("m" + std::to_string(pid) + "_"), std::string::npos) << pid;
+    EXPECT_NE(pb.find(std::string(kTruncatedMark)), std::string::npos) << pid;
+    for (int other : {10, 11, 20}) {
+      if (other != pid) EXPECT_EQ(pb.find("m" + std::to_string(other) + "_"), std::string::npos) << pid;
+    }
+  }
 }
 
 }  // namespace

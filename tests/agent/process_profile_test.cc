@@ -737,6 +737,23 @@ TEST(ProcessProfile, ByteCapAlsoLimitsTheTable) {
   EXPECT_LT(pp.stack_table().approx_memory_bytes(), (64u << 10) + 4096);
 }
 
+TEST(ProcessProfile, OneDeepStackOfLongLabelsDoesNotPassTheByteCap) {
+  // A hostile recursion: one stack of 2,000 distinct frames with 1 KiB labels (what the symbolizer's bound leaves of
+  // 60 KB names) is ~2 MB; a table capped at 64 KiB must refuse it frame by frame, not finish it.
+  ProcessProfileLimits limits;
+  limits.max_table_bytes = 64 << 10;
+  ProcessProfile pp(kPeriod, limits);
+  std::vector<std::string> labels;
+  for (int i = 0; i < 2000; ++i) labels.push_back("m" + std::to_string(i) + std::string(1000, 'x'));
+  pp.OnSample(1, 1, false, Stack(labels));
+  EXPECT_EQ(pp.stats().stacks_over_cap, 1u);
+  EXPECT_LT(pp.stack_table().approx_memory_bytes(), (64u << 10) + 4096);
+  std::vector<BuiltProfile> built = pp.Cut(10, 0, 10);
+  auto cpu = Get(built, "cpu");
+  ASSERT_TRUE(cpu);
+  EXPECT_EQ(ValueFor(*cpu, {std::string(kStackTableFullFrame)}), 1);
+}
+
 TEST(ProcessProfile, MemoryEstimateFollowsTheHeapAndFallsAfterTheCut) {
   ProcessProfileLimits limits;
   limits.max_table_bytes = 256u << 20;  // no cap in this test

@@ -35,7 +35,8 @@ TEST(AgentConfigTest, AppliesEveryKeyOverTheBase) {
     "push-url": "https://pyroscope.example:4040", "push-queue": 64,
     "metrics-listen": "127.0.0.1:9500", "include": ["comm:ruby", "comm:puma*"], "exclude": ["label:service=batch"],
     "service-pin": ["/system.slice/shop.service=shop", "/kubepods/pod1=billing"], "ignore-env-service": true,
-    "log-format": "text", "host": "node-7", "ring-buffer-kb": 4096, "cache-dir": "/tmp/sites"
+    "log-format": "text", "host": "node-7", "ring-buffer-kb": 4096, "cache-dir": "/tmp/sites",
+    "memory-budget": "96M"
   })", "/etc/rvbpfd/agent.json");
   ASSERT_TRUE(c.ok()) << c.error().message();
   EXPECT_EQ(c->interval_s, 10);
@@ -56,8 +57,9 @@ TEST(AgentConfigTest, AppliesEveryKeyOverTheBase) {
   EXPECT_EQ(c->host, "node-7");
   EXPECT_EQ(c->ring_buffer_kb, 4096u);
   EXPECT_EQ(c->cache_dir, "/tmp/sites");
+  EXPECT_EQ(c->memory_budget, uint64_t{96} << 20);
   EXPECT_TRUE(ValidateAgentConfig(*c).ok());
-  EXPECT_EQ(AgentConfigKeys().size(), 18u);
+  EXPECT_EQ(AgentConfigKeys().size(), 19u);
 }
 
 TEST(AgentConfigTest, AbsentKeysKeepTheBase) {
@@ -331,7 +333,7 @@ TEST(AgentConfigTest, EachKeyIsComparedByPlanReload) {
     "interval": 16, "hz": 20, "stacks": "off", "max-overhead": 6, "output-dir": "/o", "output-max-mb": 2,
     "push-url": "http://x:1", "push-queue": 3, "metrics-listen": "off", "include": ["comm:a"], "exclude": ["comm:b"],
     "output-service-max-mb": 1, "service-pin": ["/a=b"], "ignore-env-service": true,
-    "log-format": "text", "host": "h", "ring-buffer-kb": 16, "cache-dir": "/c"})");
+    "log-format": "text", "host": "h", "ring-buffer-kb": 16, "cache-dir": "/c", "memory-budget": 8388608})");
   ASSERT_TRUE(b.ok());
   ReloadPlan plan = PlanReload(a, *b);
   std::vector<std::string> keys(AgentConfigKeys().begin(), AgentConfigKeys().end());

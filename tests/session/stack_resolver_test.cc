@@ -459,3 +459,41 @@ TEST_F(StackResolverTest, CacheIsBoundedByBytesNotOnlyEntries) {
 
 }  // namespace
 }  // namespace rvbpfd
+
+namespace rvbpfd {
+namespace {
+
+TEST_F(StackResolverTest, AMemoryAccountBoundsTheCacheAndEvictedFramesAreNamedAgain) {
+  // The cache charges its entries to a budget's account instead of kMaxCacheBytes: it never holds more than the
+  // account's share, it is cleared (the account's evictor) or does without when refused, and every frame is named
+  // as the target names it whichever happened.
+  constexpr uint64_t kBig = 0x4000000;
+  constexpr size_t kFrames = 400;
+  mem_->Map(kBig, 0x20000 + kFrames * (2 * kMaxLabelBytes + 1024));
+  next_ = kBig;
+  std::vector<rv_ruby_frame> frames;
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < kFrames; ++i) {
+    labels.push_back("m" + std::to_string(i) + std::string(2 * kMaxLabelBytes, 'L'));
+    frames.push_back(TopIseqFrame(String(labels.back()), String("/app/big.rb")));
+  }
+  MemoryBudget budget(256 << 10);  // ~100 entries of ~2.2 KB
+  std::unique_ptr<MemoryBudget::Account> account = budget.Open();
+  account->set_evictor([this] { resolver_->ClearCache(); });
+  resolver_->set_memory_account(account.get());
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < kFrames; ++i) {
+      const FrameInfo f = resolver_->ResolveFrame(frames[i]);
+      ASSERT_EQ(f.label.substr(0, labels[i].find('L')), labels[i].substr(0, labels[i].find('L'))) << i;
+      ASSERT_TRUE(f.label.ends_with(kTruncatedMark));
+      ASSERT_LE(resolver_->cache_bytes(), budget.budget());
+      ASSERT_EQ(resolver_->cache_bytes(), account->held());
+    }
+  }
+  EXPECT_GT(budget.evictions(), 0u);
+  EXPECT_GT(resolver_->cache_clears(), 0u);
+  EXPECT_GT(resolver_->cache_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace rvbpfd
