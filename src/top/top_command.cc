@@ -46,8 +46,8 @@ class TopSink : public RecordSink {
     state_.OnEvent(event);
     return writer_ ? writer_->Write(event) : Status::Ok();
   }
-  // The names go to the trace (-o); the screen numbers threads as the trace's events do.
   void SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info, uint64_t t_ns) override {
+    state_.SetThreadInfo(ruby_thread, info);
     if (writer_) writer_->SetThreadInfo(ruby_thread, info, t_ns);
   }
   Status Tick(std::chrono::steady_clock::time_point now, uint64_t now_t_ns) override;

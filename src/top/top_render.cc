@@ -31,6 +31,18 @@ std::string ThreadList(const std::vector<uint32_t>& threads) {
 
 std::string Tid(const std::optional<uint32_t>& tid) { return tid ? std::to_string(*tid) : "?"; }
 
+// A thread's name in a column of kNameColumns characters: cut (whole UTF-8 sequences) and padded; "-" when none.
+constexpr size_t kNameColumns = 16;
+std::string NameColumn(const std::string& name) {
+  std::string cell = CutToWidth(name.empty() ? "-" : EscapeControlBytes(name), kNameColumns);
+  size_t cols = 0;
+  for (size_t i = 0; i < cell.size(); ++cols) {
+    const size_t len = Utf8SequenceLength(cell, i);
+    i += len == 0 ? 1 : len;
+  }
+  return cell + std::string(kNameColumns - std::min(cols, kNameColumns), ' ');
+}
+
 std::string HeaderLine(const TopSnapshot& snap) {
   std::string holder = "nobody or not known";
   if (snap.gvl_holder) {
@@ -53,8 +65,8 @@ std::string ThreadRow(const TopThread& t, uint64_t interval_ns) {
   }
   std::string state = t.state;
   if (!t.reason.empty()) state += ":" + EscapeControlBytes(t.reason);
-  return Format("%s%6u %8s  %-14s %4d %4d %5d %5d %5d  %-16s ", t.holds_gvl ? "*" : " ", t.ruby_thread,
-                Tid(t.native_tid).c_str(), state.c_str(), Pct(t.running_ns, interval_ns), Pct(t.gc_ns, interval_ns),
+  return Format("%s%6u %8s  %s  %-14s %4d %4d %5d %5d %5d  %-16s ", t.holds_gvl ? "*" : " ", t.ruby_thread,
+                Tid(t.native_tid).c_str(), NameColumn(t.name).c_str(), state.c_str(), Pct(t.running_ns, interval_ns), Pct(t.gc_ns, interval_ns),
                 Pct(t.gvl_wait_ns, interval_ns), Pct(t.blocked_total_ns(), interval_ns), Pct(t.idle_ns, interval_ns),
                 blocked_by.c_str()) +
          EscapeControlBytes(t.where);
@@ -106,7 +118,7 @@ std::vector<std::string> RenderTop(const TopSnapshot& snap, const TopLayout& lay
   const uint64_t interval_ns = snap.interval_ns();
   std::vector<std::string> head = {
       HeaderLine(snap),
-      "  THREAD      TID  STATE          RUN%  GC% WAIT%  BLK% IDLE%  BLOCKED BY       WHERE"};
+      "  THREAD      TID  NAME              STATE          RUN%  GC% WAIT%  BLK% IDLE%  BLOCKED BY       WHERE"};
   size_t table_rows = layout.max_table_rows;
   size_t thread_rows = snap.threads.size();
   if (layout.height > 0) {
@@ -152,6 +164,7 @@ std::string TopJson(const TopSnapshot& snap) {
     for (const auto& [reason, ns] : t.blocked_ns) blocked[reason] = ns;
     threads.push_back({{"ruby_thread", t.ruby_thread},
                        {"native_tid", t.native_tid ? json(*t.native_tid) : json(nullptr)},
+                       {"name", t.name.empty() ? json(nullptr) : json(t.name)},
                        {"state", t.state},
                        {"reason", t.reason.empty() ? json(nullptr) : json(t.reason)},
                        {"holds_gvl", t.holds_gvl},

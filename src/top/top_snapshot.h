@@ -15,6 +15,7 @@ namespace rvbpfd {
 struct TopThread {
   uint32_t ruby_thread = 0;              // the trace's numbering (main = 1)
   std::optional<uint32_t> native_tid;
+  std::string name;                      // ThreadInfo::DisplayName (Thread#name, else its native name), "" when none
   // What it is doing at the end of the interval: "running", "gc", "gvl_wait", "blocked", "exited" or "unknown".
   std::string state;
   std::string reason;                    // state "blocked": the release reason ("sleep", "io", ...), else ""

@@ -87,11 +87,11 @@ void TopState::OnEvent(const TraceEvent& e) {
   const uint64_t key = TraceThreadKey(e.ruby_thread);
   const uint32_t stack = e.stack.value_or(0);
   if (key != 0) {
-    ThreadInfo& info = threads_[key];
-    if (e.native_tid) info.native_tid = e.native_tid;
-    if (e.event == EventName::kThreadStarted) info.exited = false;
-    if (e.event == EventName::kThreadExited) info.exited = true;
-    if (stack != 0 && (e.event == EventName::kSample || e.event == EventName::kGvlReleased)) info.last_stack = stack;
+    ThreadSeen& seen = threads_[key];
+    if (e.native_tid) seen.native_tid = e.native_tid;
+    if (e.event == EventName::kThreadStarted) seen.exited = false;
+    if (e.event == EventName::kThreadExited) seen.exited = true;
+    if (stack != 0 && (e.event == EventName::kSample || e.event == EventName::kGvlReleased)) seen.last_stack = stack;
   }
   switch (e.event) {
     case EventName::kSample: {
@@ -139,10 +139,17 @@ void TopState::OnSpan(const Span& s) {
   }
 }
 
-TopThread TopState::ThreadRow(uint64_t key, const ThreadInfo& info, uint64_t interval_ns) const {
+void TopState::SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info) { infos_[ruby_thread] = info; }
+
+TopThread TopState::ThreadRow(uint64_t key, const ThreadSeen& info, uint64_t interval_ns) const {
   TopThread row;
   row.ruby_thread = TraceRubyThread(key).value_or(0);
   row.native_tid = info.native_tid;
+  if (auto it = infos_.find(row.ruby_thread); it != infos_.end()) {
+    // Unnamed threads inherit the process's name natively: the main thread's native name is not a thread's name.
+    auto main = infos_.find(1);
+    row.name = it->second.DisplayName(main != infos_.end() ? main->second.native_name : std::nullopt);
+  }
   const ThreadPhase phase = info.exited ? ThreadPhase::kExited : tracker_.phase(key);
   row.state = PhaseState(phase);
   if (phase == ThreadPhase::kBlocked) row.reason = std::string(ReleaseReasonTraceName(tracker_.blocked_reason(key)));
@@ -222,6 +229,9 @@ TopSnapshot TopState::Cut(uint64_t cut_ns) {
 
   // Memory stays that of the live threads: exited ones are forgotten here and in the tracker (which would keep their
   // markers otherwise); no live thread's state is dropped however long it stays blocked.
+  for (const auto& [key, seen] : threads_) {
+    if (seen.exited && key != TraceThreadKey(1)) infos_.erase(TraceRubyThread(key).value_or(0));
+  }
   std::erase_if(threads_, [](const auto& kv) { return kv.second.exited; });
   tracker_.PruneIdle(std::numeric_limits<uint32_t>::max());
   sums_.clear();

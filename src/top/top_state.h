@@ -38,6 +38,8 @@ class TopState {
   bool started() const { return started_; }
   // One event, in time order.
   void OnEvent(const TraceEvent& e);
+  // A thread's names, new or changed (the recorder's ThreadInfoTracker); kept until the thread exits.
+  void SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info);
   // Ends the interval at cut_ns (at or after every event fed; clamped to the latest) and returns it; the next one
   // starts there.
   TopSnapshot Cut(uint64_t cut_ns);
@@ -51,14 +53,14 @@ class TopState {
     uint64_t gvl_wait_ns = 0;
     std::map<std::string, uint64_t> blocked_ns;
   };
-  struct ThreadInfo {
+  struct ThreadSeen {
     std::optional<uint32_t> native_tid;
     uint32_t last_stack = 0;  // its latest stack (sample or release)
     bool exited = false;
   };
   void OnSpan(const Span& s);
   void AddBlockedStack(const std::string& state, uint32_t stack, uint64_t thread, uint64_t ns);
-  TopThread ThreadRow(uint64_t key, const ThreadInfo& info, uint64_t interval_ns) const;
+  TopThread ThreadRow(uint64_t key, const ThreadSeen& seen, uint64_t interval_ns) const;
   std::vector<TopBlocker> Blockers(const AttributionResult& blame) const;
   std::vector<TopBlockedStack> BlockedStacks() const;
   bool InGc(uint32_t stack) const;
@@ -74,7 +76,8 @@ class TopState {
   uint64_t last_event_ns_ = 0;
   uint64_t events_ = 0;
   uint64_t dropped_ = 0;
-  std::map<uint64_t, ThreadInfo> threads_;  // by tracker key
+  std::map<uint64_t, ThreadSeen> threads_;  // by tracker key
+  std::map<uint32_t, ThreadInfo> infos_;    // names by ruby_thread (each bounded where it is read)
   std::map<uint64_t, ThreadSums> sums_;     // this interval, by tracker key
   // This interval's waits and blocked time by (state, stack): ns and the threads.
   std::map<std::pair<std::string, uint32_t>, std::pair<uint64_t, std::map<uint64_t, uint64_t>>> where_;

@@ -60,6 +60,9 @@ def check_snapshot(d, tids):
         w = rows[tids[name]]
         if w["gvl_wait_ns"] < 0.5 * interval:
             p.append(f"{name} waited for the GVL {w['gvl_wait_ns'] / interval:.0%} of the interval (expected >= 50%)")
+    named = {n: rows[tids[n]].get("name") for n in ("cpu", "waiter1", "waiter2", "sleeper")}
+    if any(n != v for n, v in named.items()):
+        p.append(f"threads not shown by their Thread#name: {named}")
     if rows[tids["sleeper"]]["blocked_ns"].get("sleep", 0) <= 0:
         p.append(f"the sleeper shows no time blocked in sleep: {rows[tids['sleeper']]}")
     waits = [t["gvl_wait_ns"] for t in d["threads"]]
@@ -125,15 +128,16 @@ def check_plain(rvbpfd, ruby):
 
 
 def screen_rows(screen):
-    """{native tid: (holder mark, state, run%, wait%)} of the thread rows on a captured screen."""
+    """{native tid: (holder mark, state, run%, wait%, name)} of the thread rows on a captured screen (the workload's
+    thread names are one word each)."""
     rows = {}
     for line in screen.splitlines():
         f = line.split()
         mark = bool(f) and f[0] == "*"
         if mark:
             f = f[1:]
-        if len(f) >= 8 and f[0].isdigit() and f[1].isdigit() and f[3].isdigit():
-            rows[int(f[1])] = (mark, f[2], int(f[3]), int(f[5]))
+        if len(f) >= 9 and f[0].isdigit() and f[1].isdigit() and f[4].isdigit():
+            rows[int(f[1])] = (mark, f[3], int(f[4]), int(f[6]), f[2])
     return rows
 
 
@@ -146,6 +150,10 @@ def screen_problems(rows, tids):
         w = rows.get(tids[name])
         if w is None or w[1] != "gvl_wait" or w[3] < 50:
             p.append(f"{name} is not shown waiting for the GVL: {w}")
+    for name in ("cpu", "waiter1", "waiter2"):
+        r = rows.get(tids[name])
+        if r is not None and r[4] != name:
+            p.append(f"the {name} thread's row does not show its Thread#name: {r}")
     return p
 
 

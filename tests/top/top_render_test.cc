@@ -67,18 +67,19 @@ TEST(TopRenderTest, RowsShowEachStateShareOfTheInterval) {
   const std::string* row = RowOf(lines, 3);
   ASSERT_NE(row, nullptr);
   std::vector<std::string> f = Fields(*row);
-  // THREAD TID STATE RUN% GC% WAIT% BLK% IDLE% ...
-  ASSERT_GE(f.size(), 8u);
-  EXPECT_EQ(f[2], "gvl_wait");
-  EXPECT_EQ(f[3], "2");
-  EXPECT_EQ(f[4], "0");
-  EXPECT_EQ(f[5], "95");
-  EXPECT_EQ(f[6], "0");
-  EXPECT_EQ(f[7], "3");
+  // THREAD TID NAME STATE RUN% GC% WAIT% BLK% IDLE% ...
+  ASSERT_GE(f.size(), 9u);
+  EXPECT_EQ(f[2], "-") << "an unnamed thread";
+  EXPECT_EQ(f[3], "gvl_wait");
+  EXPECT_EQ(f[4], "2");
+  EXPECT_EQ(f[5], "0");
+  EXPECT_EQ(f[6], "95");
+  EXPECT_EQ(f[7], "0");
+  EXPECT_EQ(f[8], "3");
   EXPECT_NE(row->find("IO#read in Pipe#trip (a.rb:3)"), std::string::npos);
   const std::string* sleeper = RowOf(lines, 4);
   ASSERT_NE(sleeper, nullptr);
-  EXPECT_EQ(Fields(*sleeper)[6], "90");
+  EXPECT_EQ(Fields(*sleeper)[7], "90");
   EXPECT_NE(sleeper->find("sleep 90%"), std::string::npos);
 }
 
@@ -159,6 +160,31 @@ TEST(TopRenderTest, TablesShrinkToKeepBothInTheHeight) {
   EXPECT_TRUE(has("  950.0  gvl_wait"));
   EXPECT_TRUE(has("M0"));
   EXPECT_FALSE(has("M1"));
+}
+
+TEST(TopRenderTest, NamesFillTheirColumnCutOnCharacterBoundaries) {
+  TopSnapshot s = Snapshot();
+  s.threads[0].name = "puma srv tp 001";
+  s.threads[1].name = "\xc3\xa9t\xc3\xa9-worker-with-a-long-name";  // 30 characters, two of them two bytes long
+  const std::vector<std::string> lines = RenderTop(s, TopLayout{});
+  const std::string* named = RowOf(lines, s.threads[0].ruby_thread);
+  ASSERT_NE(named, nullptr);
+  EXPECT_NE(named->find(" puma srv tp 001   gvl_wait"), std::string::npos) << *named;
+  const std::string* cut = RowOf(lines, s.threads[1].ruby_thread);
+  ASSERT_NE(cut, nullptr);
+  // 15 characters and a pad fill the 16 columns above; 16 characters of a longer name (18 bytes), then two spaces.
+  EXPECT_NE(cut->find(" \xc3\xa9t\xc3\xa9-worker-with-  "), std::string::npos) << *cut;
+  // The same columns whatever the name: the state starts at one offset in every row (counted in characters).
+  auto state_col = [](const std::string& row, const std::string& state) {
+    const size_t at = row.find(state);
+    size_t cols = 0;
+    for (size_t i = 0; i < at; ++cols) i += (static_cast<unsigned char>(row[i]) & 0xC0) == 0xC0 ? 2 : 1;
+    return cols;
+  };
+  EXPECT_EQ(state_col(*named, "gvl_wait"), state_col(*cut, s.threads[1].state));
+  const nlohmann::json j = nlohmann::json::parse(TopJson(s));
+  EXPECT_EQ(j["threads"][0]["name"], "puma srv tp 001");
+  EXPECT_TRUE(j["threads"][2]["name"].is_null());
 }
 
 TEST(TopRenderTest, TargetTextIsEscaped) {

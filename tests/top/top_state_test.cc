@@ -138,6 +138,34 @@ TEST_F(TopStateTest, ExitedThreadShownOnceThenGone) {
   EXPECT_EQ(Row(second, 5), nullptr);
 }
 
+TEST_F(TopStateTest, RowsCarryTheThreadsNamesUntilTheyExit) {
+  ThreadInfo main_info;
+  main_info.native_name = "ruby";
+  state_.SetThreadInfo(1, main_info);
+  ThreadInfo named;
+  named.name = "cpu";
+  state_.SetThreadInfo(2, named);
+  ThreadInfo inherited;  // an unnamed thread's native name is the process's: not a name
+  inherited.native_name = "ruby";
+  state_.SetThreadInfo(3, inherited);
+  ThreadInfo renamed;
+  renamed.native_name = "short-lived";
+  state_.SetThreadInfo(5, renamed);
+  Feed();
+  const TopSnapshot first = state_.Cut(1000 * kMs);
+  ASSERT_NE(Row(first, 2), nullptr);
+  EXPECT_EQ(Row(first, 2)->name, "cpu");
+  EXPECT_EQ(Row(first, 3)->name, "");
+  EXPECT_EQ(Row(first, 5)->name, "short-lived");
+  // Thread 5 exited in the first interval: its name is forgotten with it, thread 2's is kept.
+  Event(1500 * kMs, 2, EventName::kGvlReleased, burn_, "io");
+  Event(1600 * kMs, 5, EventName::kGvlAcquired);  // a stray event of the old number: no name comes back
+  const TopSnapshot second = state_.Cut(2000 * kMs);
+  EXPECT_EQ(Row(second, 2)->name, "cpu");
+  ASSERT_NE(Row(second, 5), nullptr);
+  EXPECT_EQ(Row(second, 5)->name, "");
+}
+
 TEST_F(TopStateTest, NothingBeforeTheStartIsCounted) {
   StackTable table;
   TopState state(1, "3.3.8", &table);
