@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 RUBIES = ("3.3.8-shared", "3.4.5-static", "3.4.5-shared-yjit")
 # The environment every process of a test Ruby runs with. The YJIT build runs with YJIT enabled (RUBY_YJIT_ENABLE=1 is
@@ -897,6 +898,19 @@ class LineReader:
 
 class RunError(Exception):
     pass
+
+
+def agent_metrics(port):
+    """The agent's Prometheus metrics on 127.0.0.1:port: {"name{labels}": value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, value = line.rpartition(" ")
+        values[key] = float(value)
+    return values
 
 
 def thread_cpu_ticks(pid, tid):

@@ -57,7 +57,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fake_pyroscope  # noqa: E402
@@ -281,15 +280,7 @@ class Agent:
         return None
 
     def metrics(self):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        values = {}
-        for line in text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            key, _, value = line.rpartition(" ")
-            values[key] = float(value)
-        return values
+        return rvlib.agent_metrics(self.metrics_port)
 
     def stop(self):
         if self.p.poll() is None:

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fake_pyroscope  # noqa: E402
@@ -66,18 +65,6 @@ def vm_hwm_kib(pid):
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     return 0
-
-
-def metrics(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        key, _, value = line.rpartition(" ")
-        values[key] = float(value)
-    return values
 
 
 def main():
@@ -151,7 +138,7 @@ def main():
             time.sleep(2)
             if ready_at is None:
                 pushed = {u["labels"].get("pid") for u in fake_pyroscope.load_uploads(recv_dir)}
-                m = metrics(mport)
+                m = rvlib.agent_metrics(mport)
                 if all(str(p.pid) in pushed for p in procs) and (no_budget or
                                                                  m.get("rvbpfd_memory_evictions_total", 0) > 0):
                     ready_at = time.time()
@@ -159,7 +146,7 @@ def main():
                 break
         alive = agent.poll() is None
         peak_mib = vm_hwm_kib(agent.pid) / 1024 if alive else -1
-        m = metrics(mport) if alive else {}
+        m = rvlib.agent_metrics(mport) if alive else {}
         print(f"agent peak RSS (VmHWM) {peak_mib:.1f} MiB; budget {'none' if no_budget else BUDGET_MIB} MiB; "
               f"held {m.get('rvbpfd_memory_held_bytes', -1) / 2**20:.1f} MiB; evictions "
               f"{m.get('rvbpfd_memory_evictions_total')}; samples {m.get('rvbpfd_samples_total')}")

@@ -18,7 +18,8 @@ Checks:
   - stacks at release equal rb_profile_frames: for every thread but the capturing one, its last gvl_released before
     the capture (CLOCK_MONOTONIC, written by the app around RvGolden.capture) carries exactly the captured frames; the
     five blocked request threads are among them and their stacks are 50 to 100 frames deep;
-  - LedgerCruncher.reconcile is named in stacks at release.
+  - LedgerCruncher.reconcile is named in stacks at release;
+  - Puma's pool threads carry their names ("puma srv tp 001"...) in the trace and in inspect's rows.
 The number of <unresolved ...> frames is printed (naming every frame from boot to exit is issue 46 item 4, not this
 test). Launch mode is not covered: a container command starts through unshare and chroot, whose exec rvbpfd does not
 follow yet (issue 46 items 1 and 3). One recording is kept at /tmp/rails.rvtrace for other tools.
@@ -28,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -182,6 +184,24 @@ def stack_problems(trace):
     return p
 
 
+def thread_name_problems(rvbpfd, trace):
+    """Puma names its pool threads "puma srv tp 001".. (Thread#name; Ruby gives the native thread the name too, which
+    is what Debian's stripped ruby3.3 leaves readable): every pool thread carries its name in the trace, and inspect's
+    rows show them."""
+    p = []
+    names = sorted({n for t in trace.threads.values() for n in (t.get("name"), t.get("native_name"))
+                    if isinstance(n, str) and n.startswith("puma srv tp ")})
+    want = [f"puma srv tp {i:03d}" for i in range(1, PUMA_THREADS + 1)]
+    if names != want:
+        p.append(f"pool thread names in the trace: {names}, expected {want}")
+    r = subprocess.run([rvbpfd, "inspect", trace.path], capture_output=True, text=True, timeout=300)
+    shown = sorted(set(n for n in want if f"({n})" in r.stdout))
+    if r.returncode != 0 or shown != want:
+        p.append(f"inspect (exit {r.returncode}) labels {shown} of the pool threads by name; stdout {r.stdout[:1500]}")
+    print(f"  thread names: {len(names)} pool threads named in the trace, {len(shown)} in inspect")
+    return p
+
+
 def main():
     started = time.monotonic()
     args, res, rvbpfd, container, apps = applib.begin(__doc__)
@@ -225,6 +245,8 @@ def main():
             res.check("rails: stacks at release equal rb_profile_frames, requests 50-100 frames deep",
                       golden_problems(run.rv, golden_out))
             res.check("rails: LedgerCruncher.reconcile named in stacks at release", stack_problems(run.rv))
+            res.check("rails: Puma's pool threads by their names in the trace and inspect",
+                      thread_name_problems(rvbpfd, run.rv))
     except (rvlib.RunError, rvlib.Fatal, OSError, http.client.HTTPException) as e:
         res.check("rails: run", [str(e)])
     finally:
