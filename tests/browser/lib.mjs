@@ -87,7 +87,11 @@ export function readTrace(trace) {
     if (o.frame) frames.set(o.frame.id, o.frame);
     else if (o.stack && typeof o.stack === "object") stacks.set(o.stack.id, o.stack.frames);
     else if (o.thread && typeof o.thread === "object") threads.set(o.thread.ruby_thread, o.thread);
-    else if (o.t_ns !== undefined) events.push(o);
+    else if (o.thread_info && typeof o.thread_info === "object") {
+      // A name or namespace tid learnt or changed after the thread line (docs/rvtrace.md): the latest one counts.
+      const t = threads.get(o.thread_info.ruby_thread);
+      for (const k of ["name", "native_name", "ns_tid"]) if (t && k in o.thread_info) t[k] = o.thread_info[k];
+    } else if (o.t_ns !== undefined) events.push(o);
   }
   events.sort((a, b) => a.t_ns - b.t_ns);  // Array.prototype.sort is stable
   const text = (f) => f.label + (f.path ? ` (${f.path}${f.line > 0 ? ":" + f.line : ""})` : f.line > 0 ? ` (line ${f.line})` : "");
@@ -97,7 +101,17 @@ export function readTrace(trace) {
     const st = e.stack !== undefined ? stacks.get(e.stack) : null;
     return st && st.length ? frames.get(st[0]).label : null;
   };
-  return { frames, stacks, events, threads, stackText, leaf };
+  // How rvbpfd's tools label a thread (src/trace/reader.h ThreadLabelWithName): "main" or "Thread #N", then " (NAME)"
+  // with NAME its Thread#name, else its native name unless that is the main thread's (every unnamed thread has it).
+  const threadLabel = (n) => {
+    const t = threads.get(n) || {};
+    const main = [...threads.values()].find((x) => x.main);
+    let name = t.name || "";
+    if (!name && t.native_name && t.native_name !== (main && main.native_name)) name = t.native_name;
+    const base = t.main ? "main" : `Thread #${n}`;
+    return name && !(t.main && name === "main") ? `${base} (${name})` : base;
+  };
+  return { frames, stacks, events, threads, stackText, leaf, threadLabel };
 }
 
 // Zooms the report in `page` onto block `index` of `lane` (a thread lane, or "gvl-owner" with kind "owner") and

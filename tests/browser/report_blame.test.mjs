@@ -33,8 +33,7 @@ function hogOf(trace) {
     if (e.event === "sample" && trace.leaf(e) === HOG) counts.set(e.ruby_thread, (counts.get(e.ruby_thread) || 0) + 1);
   }
   const [thread] = [...counts].sort((a, b) => b[1] - a[1])[0] || [null];
-  const line = trace.threads.get(thread);
-  return { thread, label: line && line.main ? "main" : `Thread #${thread}` };
+  return { thread, label: trace.threadLabel(thread) };
 }
 
 before(async () => {
