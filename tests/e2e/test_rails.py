@@ -18,7 +18,7 @@ Checks:
   - stacks at release equal rb_profile_frames: for every thread but the capturing one, its last gvl_released before
     the capture (CLOCK_MONOTONIC, written by the app around RvGolden.capture) carries exactly the captured frames; the
     five blocked request threads are among them and their stacks are 50 to 100 frames deep;
-  - LedgerCruncher.reconcile is named in stacks at release;
+  - LedgerCruncher.reconcile is named in on-CPU samples;
   - Puma's pool threads carry their names ("puma srv tp 001"...) in the trace and in inspect's rows.
 The number of <unresolved ...> frames is printed (naming every frame from boot to exit is issue 46 item 4, not this
 test). Launch mode is not covered: a container command starts through unshare and chroot, whose exec rvbpfd does not
@@ -27,6 +27,7 @@ follow yet (issue 46 items 1 and 3). One recording is kept at /tmp/rails.rvtrace
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -174,12 +175,16 @@ def golden_problems(trace, golden_path):
 
 def stack_problems(trace):
     p = []
+    # The /cpu action's 20 ms of Ruby rarely ends in a release (a timeslice is 100 ms): its name is asked of the
+    # on-CPU samples (99 Hz, ~400 ms of it), the releases inside it are counted.
     cpu = applib.released_with(trace, "LedgerCruncher.reconcile")
-    if not cpu:
-        p.append("no gvl_released stack names LedgerCruncher.reconcile")
+    sampled = [e for e in trace.named(("sample",)) if "LedgerCruncher.reconcile" in trace.stack_labels(e)]
+    if not sampled:
+        p.append("no on-CPU sample's stack names LedgerCruncher.reconcile")
     req = [len(trace.stack_frames(e)) for e in trace.named(("gvl_released",))
            if any(label.startswith("LedgerController#") for label in trace.stack_labels(e))]
-    print(f"  stacks: {len(cpu)} releases in LedgerCruncher.reconcile; {len(req)} releases inside actions, "
+    print(f"  stacks: {len(sampled)} samples and {len(cpu)} releases in LedgerCruncher.reconcile; "
+          f"{len(req)} releases inside actions, "
           f"{min(req, default=0)}..{max(req, default=0)} frames deep; {applib.census_text(trace)}")
     return p
 
@@ -189,8 +194,9 @@ def thread_name_problems(rvbpfd, trace):
     is what Debian's stripped ruby3.3 leaves readable): every pool thread carries its name in the trace, and inspect's
     rows show them."""
     p = []
+    # The pool's threads (the reaper, "puma srv tp reaper", is not one of them).
     names = sorted({n for t in trace.threads.values() for n in (t.get("name"), t.get("native_name"))
-                    if isinstance(n, str) and n.startswith("puma srv tp ")})
+                    if isinstance(n, str) and re.fullmatch(r"puma srv tp \d{3}", n)})
     want = [f"puma srv tp {i:03d}" for i in range(1, PUMA_THREADS + 1)]
     if names != want:
         p.append(f"pool thread names in the trace: {names}, expected {want}")
@@ -244,7 +250,7 @@ def main():
         if run.rv is not None:
             res.check("rails: stacks at release equal rb_profile_frames, requests 50-100 frames deep",
                       golden_problems(run.rv, golden_out))
-            res.check("rails: LedgerCruncher.reconcile named in stacks at release", stack_problems(run.rv))
+            res.check("rails: LedgerCruncher.reconcile named in on-CPU samples", stack_problems(run.rv))
             res.check("rails: Puma's pool threads by their names in the trace and inspect",
                       thread_name_problems(rvbpfd, run.rv))
     except (rvlib.RunError, rvlib.Fatal, OSError, http.client.HTTPException) as e:
