@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Sets everything up on a fresh Debian 12 machine and runs every test: unit tests, the end-to-end BPF tests against
-# the test Rubies, the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer, then every libFuzzer
-# harness for RVBPFD_FUZZ_SECONDS (default 60) each. Run as root.
+# Sets everything up on a fresh Debian 12 machine and runs every test: builds rvbpfd (and, in build-demo/, in the
+# demo's Release unity configuration, so that a change breaking it fails here), runs the unit tests and the
+# end-to-end BPF tests against the test Rubies and the trixie root, the unit tests again under AddressSanitizer +
+# UndefinedBehaviorSanitizer, then every libFuzzer harness at a fixed number of executions (tools/run-fuzzers.sh).
+# Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
