@@ -900,6 +900,14 @@ class RunError(Exception):
     pass
 
 
+def start_fake_pyroscope(recv_dir, port_file):
+    """tests/e2e/fake_pyroscope.py on a free loopback port (written to port_file), storing what it receives in
+    recv_dir; the caller ends it."""
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "fake_pyroscope.py"), "--port", "0",
+                             "--out-dir", recv_dir, "--port-file", port_file],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
 def agent_metrics(port):
     """The agent's Prometheus metrics on 127.0.0.1:port: {"name{labels}": value}."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:

@@ -455,9 +455,7 @@ def main():
     out_dir = os.path.join(work, "out")
     os.makedirs(recv_dir)
     port_file = os.path.join(work, "port")
-    receiver = subprocess.Popen([sys.executable, os.path.join(rvlib.HERE, "fake_pyroscope.py"), "--port", "0",
-                                 "--out-dir", recv_dir, "--port-file", port_file],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    receiver = rvlib.start_fake_pyroscope(recv_dir, port_file)
     procs = []
     agent = None
     try:

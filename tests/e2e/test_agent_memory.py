@@ -85,9 +85,7 @@ def main():
     recv_dir = os.path.join(work, "recv")
     os.makedirs(recv_dir)
     port_file = os.path.join(work, "port")
-    receiver = subprocess.Popen([sys.executable, os.path.join(rvlib.HERE, "fake_pyroscope.py"), "--port", "0",
-                                 "--out-dir", recv_dir, "--port-file", port_file],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    receiver = rvlib.start_fake_pyroscope(recv_dir, port_file)
     procs, agent = [], None
     try:
         deadline = time.time() + 20
