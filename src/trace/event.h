@@ -71,6 +71,36 @@ struct ThreadInfo {
   std::string DisplayName(const std::optional<std::string>& process_comm) const;
 };
 
+// One process of a recording (docs/rvtrace.md, "Process lines"). A trace holds one process (the header's) unless the
+// recorder followed the target's process tree: then each process the tree became or spawned gets an id, in order of
+// appearance, and its threads say which one they belong to. A pid can hold several processes in turn (exec replaces
+// the image: a new process id, the old one ends).
+inline constexpr uint32_t kRootProcessId = 1;  // the header's process (header.pid, ruby_version, command)
+
+struct ProcessInfo {
+  uint32_t id = kRootProcessId;
+  uint32_t pid = 0;                 // host pid
+  std::optional<uint32_t> parent;   // id of the process it was forked from, or that it replaced by exec
+  std::string cause;                // "fork" (a new process), "exec" (a new image in the same pid); "" for the root
+  uint64_t t_ns = 0;                // when it appeared (ns since origin_ns): the fork, or the exec
+  std::vector<std::string> command; // its argv as /proc/PID/cmdline said when it was first seen; empty: not read
+  std::string ruby_version;         // RUBY_VERSION of its VM; empty when it is not traced
+  std::string build_id;             // hex GNU build-id of its VM binary; empty when not known
+  // Non-empty: the process was not traced, and why ("not Ruby: /bin/sh", "another Ruby binary: ..."). It has no
+  // threads in the trace. Never dropped silently.
+  std::string skipped;
+  bool operator==(const ProcessInfo&) const = default;
+};
+
+// The end of a process (docs/rvtrace.md, "Process lines"): its exit, or its image replaced by exec.
+struct ProcessEnd {
+  uint32_t id = kRootProcessId;
+  uint64_t t_ns = 0;                // ns since origin_ns
+  std::string how;                  // "exit" or "exec"
+  std::optional<int32_t> exit_code; // exit status when known (exit only)
+  bool operator==(const ProcessEnd&) const = default;
+};
+
 struct GvlReading {
   bool held = false;               // somebody held the GVL
   std::optional<uint32_t> holder;  // the holder's ruby_thread, when held by a thread the trace names
@@ -90,6 +120,9 @@ struct TraceEvent {
   uint64_t th = 0;                       // the VM's rb_thread_t * (0: unknown); ThreadIds turns it into ruby_thread
   EventName event = EventName::kTracingStarted;
   Provenance provenance = Provenance::kObserved;
+  // The process (ProcessInfo::id) the event's thread belongs to: the writer puts it on the thread's line (events do
+  // not repeat it; ruby_thread numbers are unique across a trace's processes). kRootProcessId for one-process traces.
+  uint32_t process = kRootProcessId;
   std::string_view source = kSourceDaemon;  // channel; must outlive the event (static or InternSource())
   uint64_t count = 0;                    // events_dropped only: events lost since the previous events_dropped
   // tracing_paused / tracing_resumed / tracing_stopped, and gvl_released (the release-reason vocabulary in

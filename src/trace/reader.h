@@ -22,7 +22,8 @@ namespace rvbpfd {
 
 struct ThreadLine {
   uint32_t ruby_thread = 0;
-  bool main = false;
+  bool main = false;          // its process's main thread
+  uint32_t process = kRootProcessId;  // ProcessInfo::id of the thread's process (the line's "process"; absent: 1)
   // Names and namespace tid: the thread line's, updated by the thread_info lines that follow it (the latest name).
   ThreadInfo info;
   uint32_t renames = 0;  // thread_info lines that changed a name the thread already had
@@ -35,6 +36,10 @@ std::string ThreadLabelWithName(uint32_t ruby_thread, bool main, std::string_vie
 struct TraceFile {
   TraceHeader header;                 // started_at is kept as written; missing optional keys keep their defaults
   std::vector<ThreadLine> threads;    // in file order
+  // Processes of a multi-process trace, in file order (process lines); empty for a trace of one process, whose
+  // process is the header's. ends: the process_end lines.
+  std::vector<ProcessInfo> processes;
+  std::vector<ProcessEnd> process_ends;
   std::vector<TraceEvent> events;     // in file order (samples included); sources are interned (InternSource)
   // Dictionaries by id. Every id an event or stack uses is defined here: the reader rejects a use before its
   // definition (the writer always emits the dictionary line first, so only a corrupt file has one).
