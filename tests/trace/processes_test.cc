@@ -37,7 +37,7 @@ TEST(ProcessLines, ReadEveryKey) {
   EXPECT_EQ(child->pid, 4243u);
   EXPECT_EQ(child->parent, 1u);
   EXPECT_EQ(child->cause, "fork");
-  EXPECT_EQ(child->t_ns, 1400u);
+  EXPECT_EQ(child->t_ns, 1'400'000u);
   EXPECT_EQ(child->command, (std::vector<std::string>{"ruby", "app.rb"}));
   EXPECT_EQ(child->ruby_version, "3.3.8");
   EXPECT_EQ(child->build_id, "ab12");
