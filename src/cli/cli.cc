@@ -22,6 +22,7 @@
 #include "elf/debug_lookup.h"
 #include "elf/elf_file.h"
 #include "export/folded.h"
+#include "export/inspect_views.h"
 #include "export/perfetto.h"
 #include "export/pprof.h"
 #include "export/run_summary.h"
@@ -305,6 +306,10 @@ int RunCliUnguarded(int argc, char** argv) {
   CLI::App* report = app.add_subcommand("report", "Write a self-contained HTML timeline of a trace");
   report->add_option("file", report_file, "The .rvtrace file")->required();
   report->add_option("-o,--output", report_out, "HTML file to write (default: the trace's name with .html)");
+  std::optional<uint32_t> report_process;
+  report->add_option("--process", report_process,
+                     "A trace of several processes: the process to draw (its id in `rvbpfd inspect`; default 1, "
+                     "the launched one)");
   uint64_t max_output_bytes = kDefaultMaxOutputBytes;
   const std::string max_output_help =
       "Stop with exit 14 and remove the output once it passes this size (bytes, or with a K/M/G suffix; 0 = no "
@@ -496,6 +501,15 @@ int RunCliUnguarded(int argc, char** argv) {
   if (inspect->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(inspect_file);
     if (!trace) return Fail(trace.error());
+    if (trace->MultiProcess()) {
+      // Each process's views from its own part (export/inspect_views.h); one process keeps the paths below, which
+      // hand the trace to the model without a copy.
+      Status st;
+      PrintEscaped([&](std::ostream& out) {
+        st = inspect_events ? PrintInspectEvents(*trace, event_filter, out) : PrintInspectSummary(*trace, out);
+      });
+      return st ? 0 : Fail(st.error());
+    }
     if (inspect_events) {
       PrintEscaped([&](std::ostream& out) { PrintInspect(*trace, out, event_filter); });
       Result<Model> model = Model::FromTrace(std::move(trace.value()));
@@ -518,7 +532,7 @@ int RunCliUnguarded(int argc, char** argv) {
       report_out = (dot != std::string::npos && dot + 8 == report_file.size() ? report_file.substr(0, dot)
                                                                                 : report_file) + ".html";
     }
-    Status st = WriteReport(report_file, report_out, max_output_bytes);
+    Status st = WriteReport(report_file, report_out, max_output_bytes, report_process);
     if (!st) return Fail(st.error());
     fprintf(stderr, "rvbpfd: wrote %s\n", EscapeControlBytes(report_out).c_str());
     return 0;
@@ -548,6 +562,11 @@ int RunCliUnguarded(int argc, char** argv) {
   if (stats->parsed()) {
     Result<TraceFile> trace = TraceReader::ReadFile(stats_file);
     if (!trace) return Fail(trace.error());
+    if (trace->MultiProcess()) {
+      Status st;
+      PrintEscaped([&](std::ostream& out) { st = PrintTraceStats(*trace, out); });
+      return st ? 0 : Fail(st.error());
+    }
     PrintEscaped([&](std::ostream& out) {
       PrintStats(*trace, out);
       PrintBlameTotals(*trace, AggregateStacks(*trace), out);
