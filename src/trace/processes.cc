@@ -1,5 +1,6 @@
 #include "trace/processes.h"
 
+#include <cstdint>
 #include <unordered_set>
 
 namespace rvbpfd {
@@ -37,8 +38,16 @@ TraceFile ProcessPart(const TraceFile& whole, const ProcessInfo& p, const std::u
   for (const ThreadLine& t : whole.threads) {
     if (t.process == p.id) part.threads.push_back(t);
   }
+  // The recording's own events concern the process only while it existed: an ended process's part ends with its
+  // last event, not at the end of the recording.
+  const ProcessEnd* end = whole.FindProcessEnd(p.id);
+  const uint64_t from = p.id == kRootProcessId ? 0 : p.t_ns;
+  const uint64_t until = end != nullptr ? end->t_ns : UINT64_MAX;
   for (const TraceEvent& e : whole.events) {
-    if (e.process == p.id || ConcernsEveryProcess(e)) part.events.push_back(e);
+    const bool recording = ConcernsEveryProcess(e);
+    if ((!recording && e.process == p.id) || (recording && e.t_ns >= from && e.t_ns <= until)) {
+      part.events.push_back(e);
+    }
   }
   part.frames = whole.frames;
   part.stacks = whole.stacks;

@@ -16,8 +16,8 @@ struct ProcessTrace {
   std::string label;  // TraceFile::ProcessLabel: "pid 4242 (ruby app.rb)"
   // A one-process trace: the header describes this process (pid, ruby_version, command, build_id; main_thread only
   // for the root, other processes' thread lines say which is main); its threads and events are those of the process
-  // plus the recording's own events (tracing_started/stopped/paused/resumed, events_dropped), which concern every
-  // process; the dictionaries are the whole trace's; the summary keeps the whole trace's figures and only this
+  // plus the recording's own events (tracing_started/stopped/paused/resumed, events_dropped) from when the process
+  // appeared (the root: from the start) to its process_end, if any; the dictionaries are the whole trace's; the summary keeps the whole trace's figures and only this
   // process's threads.
   TraceFile trace;
 };
