@@ -71,6 +71,9 @@ std::vector<ProcessTrace> SplitByProcess(const TraceFile& trace) {
   std::vector<ProcessTrace> parts;
   if (!trace.MultiProcess()) {
     ProcessInfo root = trace.processes.empty() ? ProcessInfo{} : trace.processes.front();
+    if (trace.processes.empty() && trace.header.pid > 0 && trace.header.pid <= UINT32_MAX) {
+      root.pid = static_cast<uint32_t>(trace.header.pid);
+    }
     parts.push_back({.info = root, .label = trace.ProcessLabel(kRootProcessId), .trace = trace});
     return parts;
   }

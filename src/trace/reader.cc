@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -310,21 +311,24 @@ uint32_t GetProcessId(const json& obj) {
   return *id;
 }
 
-bool HasProcess(const TraceFile& file, uint32_t id) {
-  return id == kRootProcessId || file.FindProcess(id) != nullptr;
-}
+// The ids of the process lines read so far (the root is always defined: the header's). A set, so that a file of many
+// process and thread lines is read in linear time.
+using ProcessIds = std::unordered_set<uint32_t>;
+
+bool HasProcess(const ProcessIds& ids, uint32_t id) { return id == kRootProcessId || ids.contains(id); }
 
 // A process line (docs/rvtrace.md, "Process lines"). Only the id is required; optional keys of another type are
-// ignored. A parent is kept only when an earlier line defined it (the writer writes a parent first), so the
-// processes always form a forest, whatever a crafted file says.
-ProcessInfo ParseProcess(const json& obj, const TraceFile& file) {
+// ignored. A parent is kept only when an earlier line defined it or it is the root (the writer writes a parent first),
+// so the processes always form a forest, whatever a crafted file says.
+ProcessInfo ParseProcess(const json& obj, const ProcessIds& ids) {
   if (!obj.is_object()) throw LineError{"\"process\" must be an object"};
   ProcessInfo p;
   p.id = GetProcessId(obj);
   if (auto it = obj.find("pid"); it != obj.end()) p.pid = JsonInteger<uint32_t>(*it).value_or(0);
   if (auto it = obj.find("parent"); it != obj.end()) {
     std::optional<uint32_t> parent = JsonInteger<uint32_t>(*it);
-    if (parent && *parent != p.id && file.FindProcess(*parent) != nullptr) p.parent = parent;
+    // The root has none: with that, a parent defined earlier (or the root) can never close a cycle.
+    if (parent && p.id != kRootProcessId && *parent != p.id && HasProcess(ids, *parent)) p.parent = parent;
   }
   p.cause = BoundedString(obj, "cause");
   if (auto it = obj.find("t_ns"); it != obj.end()) p.t_ns = JsonInteger<uint64_t>(*it).value_or(0);
@@ -343,11 +347,11 @@ ProcessInfo ParseProcess(const json& obj, const TraceFile& file) {
 }
 
 // A process_end line: its process must have been defined (the root always is).
-ProcessEnd ParseProcessEnd(const json& obj, const TraceFile& file) {
+ProcessEnd ParseProcessEnd(const json& obj, const ProcessIds& ids) {
   if (!obj.is_object()) throw LineError{"\"process_end\" must be an object"};
   ProcessEnd end;
   end.id = GetProcessId(obj);
-  if (!HasProcess(file, end.id)) {
+  if (!HasProcess(ids, end.id)) {
     throw LineError{"process_end names process " + std::to_string(end.id) + " before its process line"};
   }
   if (auto it = obj.find("t_ns"); it != obj.end()) end.t_ns = JsonInteger<uint64_t>(*it).value_or(0);
@@ -358,12 +362,12 @@ ProcessEnd ParseProcessEnd(const json& obj, const TraceFile& file) {
 
 // The process a thread line names ("process"; absent: the root). It must be defined by an earlier process line, as
 // a stack's frames must: a thread is never attributed to a process the file does not describe.
-uint32_t ParseThreadProcess(const json& obj, const TraceFile& file) {
+uint32_t ParseThreadProcess(const json& obj, const ProcessIds& ids) {
   auto it = obj.find("process");
   if (it == obj.end() || it->is_null()) return kRootProcessId;
   std::optional<uint32_t> id = JsonInteger<uint32_t>(*it);
   if (!id || *id == 0) throw LineError{"thread \"process\" must be a process id (an integer in 1..4294967295)"};
-  if (!HasProcess(file, *id)) {
+  if (!HasProcess(ids, *id)) {
     throw LineError{"thread names process " + std::to_string(*id) + " before its process line"};
   }
   return *id;
@@ -401,16 +405,21 @@ class ProcessOfEvents {
   std::unordered_map<uint32_t, uint32_t> by_tid_;     // host tid -> process, from the latest event naming both
 };
 
+// The root process as the header describes it (a pid outside 1..UINT32_MAX is not known).
+ProcessInfo RootFromHeader(const TraceHeader& h) {
+  ProcessInfo root;
+  root.pid = h.pid > 0 && h.pid <= UINT32_MAX ? static_cast<uint32_t>(h.pid) : 0;
+  root.command = h.command;
+  root.ruby_version = h.ruby_version;
+  root.build_id = h.build_id;
+  return root;
+}
+
 // A multi-process trace whose root has no process line (a writer that omitted it) gets one from the header, so
 // every consumer finds the root among `processes`.
 void AddRootFromHeader(TraceFile* file) {
   if (file->processes.empty() || file->FindProcess(kRootProcessId) != nullptr) return;
-  ProcessInfo root;
-  root.pid = file->header.pid > 0 && file->header.pid <= UINT32_MAX ? static_cast<uint32_t>(file->header.pid) : 0;
-  root.command = file->header.command;
-  root.ruby_version = file->header.ruby_version;
-  root.build_id = file->header.build_id;
-  file->processes.insert(file->processes.begin(), std::move(root));
+  file->processes.insert(file->processes.begin(), RootFromHeader(file->header));
 }
 
 }  // namespace
@@ -486,12 +495,7 @@ uint32_t TraceFile::ProcessOf(uint32_t ruby_thread) const {
 
 std::string TraceFile::ProcessLabel(uint32_t id) const {
   if (const ProcessInfo* p = FindProcess(id)) return rvbpfd::ProcessLabel(*p);
-  if (id == kRootProcessId) {
-    ProcessInfo root;
-    root.pid = header.pid > 0 && header.pid <= UINT32_MAX ? static_cast<uint32_t>(header.pid) : 0;
-    root.command = header.command;
-    return rvbpfd::ProcessLabel(root);
-  }
+  if (id == kRootProcessId) return rvbpfd::ProcessLabel(RootFromHeader(header));
   return "process " + std::to_string(id);
 }
 
@@ -527,6 +531,7 @@ std::string ThreadLabelWithName(uint32_t ruby_thread, bool main, std::string_vie
 Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& name) {
   TraceFile file;
   ProcessOfEvents process_of;
+  ProcessIds process_ids, ended_ids;
   bool have_header = false;
   bool have_prev_event = false;
   uint64_t prev_t_ns = 0;
@@ -575,7 +580,7 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
         ThreadLine tl;
         tl.ruby_thread = static_cast<uint32_t>(GetUint64(*th, "ruby_thread"));
         if (auto m = th->find("main"); m != th->end() && m->is_boolean()) tl.main = m->get<bool>();
-        tl.process = ParseThreadProcess(*th, file);
+        tl.process = ParseThreadProcess(*th, process_ids);
         process_of.AddThread(tl.ruby_thread, tl.process);
         UpdateThreadInfo(*th, &tl);
         file.threads.push_back(tl);
@@ -599,16 +604,19 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
         auto [it, inserted] = file.stacks.try_emplace(id, ids);
         if (!inserted && it->second != ids) return bad("stack " + std::to_string(id) + " defined twice, differently");
       } else if (auto pr = obj.find("process"); pr != obj.end()) {
-        ProcessInfo p = ParseProcess(*pr, file);
-        if (const ProcessInfo* old = file.FindProcess(p.id)) {
-          if (!(*old == p)) return bad("process " + std::to_string(p.id) + " defined twice, differently");
+        ProcessInfo p = ParseProcess(*pr, process_ids);
+        if (process_ids.contains(p.id)) {
+          if (!(*file.FindProcess(p.id) == p)) {
+            return bad("process " + std::to_string(p.id) + " defined twice, differently");
+          }
         } else {
+          process_ids.insert(p.id);
           file.processes.push_back(std::move(p));
         }
       } else if (auto pe = obj.find("process_end"); pe != obj.end()) {
-        ProcessEnd end = ParseProcessEnd(*pe, file);
+        ProcessEnd end = ParseProcessEnd(*pe, process_ids);
         // A repeated end (a crafted file) keeps the first: a process ends once.
-        if (file.FindProcessEnd(end.id) == nullptr) file.process_ends.push_back(std::move(end));
+        if (ended_ids.insert(end.id).second) file.process_ends.push_back(std::move(end));
       } else if (auto s = obj.find("summary"); s != obj.end()) {
         file.summary = ParseSummary(*s, &file.summary_has_threads);
       } else if (obj.contains("rvtrace")) {

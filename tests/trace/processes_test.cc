@@ -126,7 +126,18 @@ TEST(ProcessLines, RootMadeFromTheHeaderWhenItHasNoLine) {
   EXPECT_EQ(f.processes[0].id, kRootProcessId);
   EXPECT_EQ(f.processes[0].pid, 10u);
   EXPECT_EQ(f.processes[0].command, (std::vector<std::string>{"ruby", "a.rb"}));
-  EXPECT_FALSE(f.processes[1].parent.has_value());  // its parent had no line yet when it was read
+  EXPECT_EQ(f.processes[1].parent, 1u);  // the root always exists, line or not
+}
+
+TEST(ProcessLines, ParentsNeverFormACycle) {
+  // A crafted file: process 2 (parent 1) before the root's line, which names 2 as its parent.
+  const TraceFile f = ParseOk(std::string(kHeader) + R"({"process":{"id":2,"parent":1}}
+{"process":{"id":1,"parent":2}}
+{"process":{"id":3,"parent":3}}
+)");
+  EXPECT_EQ(f.FindProcess(2)->parent, 1u);
+  EXPECT_FALSE(f.FindProcess(1)->parent.has_value());
+  EXPECT_FALSE(f.FindProcess(3)->parent.has_value());
 }
 
 TEST(ProcessLines, HostileInput) {
