@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -59,6 +60,7 @@ struct TraceCommands {
   std::string stats_file;
   CLI::App* report = nullptr;
   std::string report_file, report_out;
+  std::optional<uint32_t> report_process;  // --process: which process of a multi-process trace to draw
   CLI::App* exp = nullptr;
   std::string export_file, export_out;
   bool perfetto = false, speedscope = false, pprof = false, folded = false;

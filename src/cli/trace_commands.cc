@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "common/safe_file.h"
 #include "common/text_escape.h"
+#include "export/inspect_views.h"
 #include "export/perfetto.h"
 #include "export/pprof.h"
 #include "export/run_summary.h"
@@ -34,6 +35,15 @@ Status WriteOutput(const std::string& path, uint64_t max_bytes, const std::funct
 int RunInspect(const TraceCommands& c) {
   Result<TraceFile> trace = TraceReader::ReadFile(c.inspect_file);
   if (!trace) return Fail(trace.error());
+  if (trace->MultiProcess()) {
+    // Each process's views from its own part (export/inspect_views.h); one process keeps the paths below, which
+    // hand the trace to the model without a copy.
+    Status st;
+    PrintEscaped([&](std::ostream& out) {
+      st = c.inspect_events ? PrintInspectEvents(*trace, c.event_filter, out) : PrintInspectSummary(*trace, out);
+    });
+    return st ? 0 : Fail(st.error());
+  }
   if (c.inspect_events) {
     PrintEscaped([&](std::ostream& out) { PrintInspect(*trace, out, c.event_filter); });
     Result<Model> model = Model::FromTrace(std::move(trace.value()));
@@ -54,6 +64,11 @@ int RunInspect(const TraceCommands& c) {
 int RunStats(const TraceCommands& c) {
   Result<TraceFile> trace = TraceReader::ReadFile(c.stats_file);
   if (!trace) return Fail(trace.error());
+  if (trace->MultiProcess()) {
+    Status st;
+    PrintEscaped([&](std::ostream& out) { st = PrintTraceStats(*trace, out); });
+    return st ? 0 : Fail(st.error());
+  }
   PrintEscaped([&](std::ostream& out) {
     PrintStats(*trace, out);
     PrintBlameTotals(*trace, AggregateStacks(*trace), out);
@@ -72,7 +87,7 @@ int RunReport(const TraceCommands& c) {
         (dot != std::string::npos && dot + 8 == c.report_file.size() ? c.report_file.substr(0, dot) : c.report_file) +
         ".html";
   }
-  Status st = WriteReport(c.report_file, report_out, c.max_output_bytes);
+  Status st = WriteReport(c.report_file, report_out, c.max_output_bytes, c.report_process);
   if (!st) return Fail(st.error());
   fprintf(stderr, "rvbpfd: wrote %s\n", EscapeControlBytes(report_out).c_str());
   return 0;
@@ -127,6 +142,9 @@ void AddTraceCommands(CLI::App& app, TraceCommands* c) {
   CLI::App* report = c->report = app.add_subcommand("report", "Write a self-contained HTML timeline of a trace");
   report->add_option("file", c->report_file, "The .rvtrace file")->required();
   report->add_option("-o,--output", c->report_out, "HTML file to write (default: the trace's name with .html)");
+  report->add_option("--process", c->report_process,
+                     "A trace of several processes: the process to draw (its id in `rvbpfd inspect`; default 1, "
+                     "the launched one)");
   c->max_output_bytes = kDefaultMaxOutputBytes;
   const std::string max_output_help =
       "Stop with exit 14 and remove the output once it passes this size (bytes, or with a K/M/G suffix; 0 = no "

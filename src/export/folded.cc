@@ -11,6 +11,7 @@
 
 #include "export/export_util.h"
 #include "export/pprof.h"
+#include "trace/processes.h"
 
 namespace rvbpfd {
 namespace {
@@ -23,12 +24,16 @@ struct FoldedLine {
   std::string_view leaf;
   std::string_view stand_in;
   uint64_t weight = 0;
+  std::string_view root;  // non-empty: a first frame naming the process (a trace of several processes)
 
   size_t Pieces() const {
     const size_t body = frames != nullptr ? 2 * frames->size() - 1 : 1;
-    return leaf.empty() ? body : body + 2;
+    return (leaf.empty() ? body : body + 2) + RootPieces();
   }
+  size_t RootPieces() const { return root.empty() ? 0 : 2; }  // the root, then ';'
   std::string_view Piece(size_t i, const Names& names) const {
+    if (i < RootPieces()) return i == 0 ? root : std::string_view(";");
+    i -= RootPieces();
     const size_t body = frames != nullptr ? 2 * frames->size() - 1 : 1;
     if (i >= body) return i == body ? std::string_view(";") : leaf;
     if (frames == nullptr) return stand_in;
@@ -37,6 +42,8 @@ struct FoldedLine {
   }
   // The frame id piece `i` names; nullopt for separators, the stand-in and the leaf.
   std::optional<uint32_t> FrameAt(size_t i) const {
+    if (i < RootPieces()) return std::nullopt;
+    i -= RootPieces();
     if (frames == nullptr || i >= 2 * frames->size() - 1 || i % 2 == 1) return std::nullopt;
     return (*frames)[frames->size() - 1 - i / 2];
   }
@@ -84,10 +91,14 @@ std::string FoldedFrameName(const std::string& label) {
   return out.empty() ? std::string("?") : out;
 }
 
-Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weight) {
+namespace {
+
+// (stack id, leaf frame to append or "", stand-in frame for no stack) -> weight, summed over threads.
+using PerStack = std::map<std::tuple<uint32_t, std::string, std::string_view>, uint64_t>;
+
+PerStack WeightsByStack(const TraceFile& trace, FoldedWeight weight) {
   const StackProfile agg = AggregateStacks(trace);
-  // (stack id, leaf frame to append or "", stand-in frame for no stack) -> weight, summed over threads.
-  std::map<std::tuple<uint32_t, std::string, std::string_view>, uint64_t> per_stack;
+  PerStack per_stack;
   switch (weight) {
     case FoldedWeight::kCpuSamples:
     case FoldedWeight::kGvlWaitNs:
@@ -118,24 +129,41 @@ Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weig
       }
       break;
   }
+  return per_stack;
+}
+
+}  // namespace
+
+Status ExportFolded(const TraceFile& trace, std::ostream& out, FoldedWeight weight) {
+  // Several processes: each is aggregated apart (its own GVL) and its lines start with a frame naming it.
+  std::vector<std::pair<std::string, PerStack>> parts;
+  if (!trace.MultiProcess()) {
+    parts.emplace_back("", WeightsByStack(trace, weight));
+  } else {
+    for (const ProcessTrace& part : SplitByProcess(trace)) {
+      parts.emplace_back(FoldedFrameName(part.label), WeightsByStack(part.trace, weight));
+    }
+  }
   // Rendered stacks can coincide (same labels, other lines): they are merged, and lines come out sorted. A line is
   // never built whole (a deep stack of long labels is gigabytes): FoldedLine compares and writes them piece by piece.
   std::unordered_map<uint32_t, std::string> names;  // frame id -> FoldedFrameName, one copy per frame
   std::vector<FoldedLine> lines;
-  lines.reserve(per_stack.size());
-  for (const auto& [k, v] : per_stack) {
-    const auto& [stack_id, leaf, stand_in] = k;
-    FoldedLine line{.leaf = leaf, .stand_in = stand_in, .weight = v};
-    const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr;
-    if (frames != nullptr && !frames->empty()) {
-      line.frames = frames;
-      for (uint32_t id : *frames) {
-        if (names.contains(id)) continue;
-        const FrameInfo* f = trace.Frame(id);
-        names.emplace(id, FoldedFrameName(f != nullptr ? f->label : "<unresolved frame " + std::to_string(id) + ">"));
+  for (const auto& [root, per_stack] : parts) {
+    for (const auto& [k, v] : per_stack) {
+      const auto& [stack_id, leaf, stand_in] = k;
+      FoldedLine line{.leaf = leaf, .stand_in = stand_in, .weight = v, .root = root};
+      const std::vector<uint32_t>* frames = stack_id != 0 ? trace.Stack(stack_id) : nullptr;
+      if (frames != nullptr && !frames->empty()) {
+        line.frames = frames;
+        for (uint32_t id : *frames) {
+          if (names.contains(id)) continue;
+          const FrameInfo* f = trace.Frame(id);
+          names.emplace(id,
+                        FoldedFrameName(f != nullptr ? f->label : "<unresolved frame " + std::to_string(id) + ">"));
+        }
       }
+      lines.push_back(line);
     }
-    lines.push_back(line);
   }
   const FoldedLine::Names name_of = [&names](uint32_t id) -> std::string_view { return names.find(id)->second; };
   std::stable_sort(lines.begin(), lines.end(),

@@ -2,7 +2,9 @@
 // one line per distinct stack, frames root first joined by ';', a space, then the weight:
 //   <main>;Foo.run;Integer#times;block in Foo.run;Foo#hot 812
 // Lines are sorted, so equal traces give byte-identical files. Stacks and weights are those of the pprof export
-// (export/pprof.h, AggregateStacks), summed over threads.
+// (export/pprof.h, AggregateStacks), summed over threads. A trace of several processes (docs/rvtrace.md, "Process
+// lines") aggregates each process apart and starts its lines with a frame naming it:
+//   pid 4242 (ruby app.rb);<main>;Foo#hot 12
 #ifndef RVBPFD_SRC_EXPORT_FOLDED_H_
 #define RVBPFD_SRC_EXPORT_FOLDED_H_
 

@@ -4,30 +4,44 @@
 
 #include "export/export_util.h"
 #include "trace/event.h"
+#include "trace/processes.h"
 #include "trace/reader.h"
 
 namespace rvbpfd {
 namespace {
 
+// Where one process's tracks go: its two synthetic JSON pids and, in a trace of several processes, its label
+// (TraceFile::ProcessLabel) and place among them.
+struct PerfettoProcess {
+  int ruby_pid = kPerfettoRubyPid;
+  int native_pid = kPerfettoNativePid;
+  std::string label;  // empty: the trace's only process (the tracks are named as they always were)
+  uint64_t sort_index = 0;
+};
+
 class PerfettoWriter {
  public:
-  PerfettoWriter(const Model& model, ExportSink& sink, PerfettoStacks stacks)
-      : model_(model), stacks_(stacks), sink_(sink), out_(*sink.buffer()) {}
+  PerfettoWriter(const Model& model, ExportSink& sink, PerfettoStacks stacks, PerfettoProcess process, bool* first)
+      : model_(model), stacks_(stacks), process_(std::move(process)), sink_(sink), out_(*sink.buffer()),
+        first_(*first) {}
 
-  void Write() {
+  // The file's opening, naming the root process (`model` is its model).
+  void WriteHead() {
     sink_.Append("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"exporter\":\"rvbpfd\",\"ruby_version\":");
     AppendJsonString(&out_, model_.options().ruby_version);
     sink_.Append(",\"pid\":");
     AppendUint(&out_, static_cast<uint64_t>(model_.options().pid));
     sink_.Append("},\"traceEvents\":[");
+  }
+  void WriteTracks() {
     WriteMetadata();
     WriteOwnerLane();
     WriteGc();
     for (const RubyThread& thread : model_.threads()) WriteThread(thread);
     WriteNative();
     WriteGlobalMarkers();
-    sink_.Append("\n]}\n");
   }
+  void WriteTail() { sink_.Append("\n]}\n"); }
 
  private:
   void BeginEvent(char ph, std::string_view name, int pid, uint64_t tid, uint64_t ts_ns) {
@@ -58,6 +72,13 @@ class PerfettoWriter {
     out_.push_back('}');
     EndEvent();
   }
+  void ProcessSortIndex(int pid, uint64_t index) {
+    BeginEvent('M', "process_sort_index", pid, 0, 0);
+    out_.append(",\"args\":{\"sort_index\":");
+    AppendUint(&out_, index);
+    out_.push_back('}');
+    EndEvent();
+  }
   void SortIndex(int pid, uint64_t tid, uint64_t index) {
     BeginEvent('M', "thread_sort_index", pid, tid, 0);
     out_.append(",\"args\":{\"sort_index\":");
@@ -68,22 +89,31 @@ class PerfettoWriter {
 
   void WriteMetadata() {
     const std::string pid = std::to_string(model_.options().pid);
-    Metadata("process_name", kPerfettoRubyPid, 0, "name", "Ruby threads (pid " + pid + ")");
-    Metadata("process_name", kPerfettoNativePid, 0, "name", "native threads (pid " + pid + ")");
-    Metadata("thread_name", kPerfettoRubyPid, kPerfettoOwnerTid, "name", "GVL owner");
-    SortIndex(kPerfettoRubyPid, kPerfettoOwnerTid, 0);
-    Metadata("thread_name", kPerfettoRubyPid, kPerfettoGcTid, "name", "GC");
-    SortIndex(kPerfettoRubyPid, kPerfettoGcTid, 1);
-    Metadata("thread_name", kPerfettoRubyPid, kPerfettoMarkerTid, "name", "trace markers");
-    SortIndex(kPerfettoRubyPid, kPerfettoMarkerTid, 2);
+    if (process_.label.empty()) {
+      Metadata("process_name", process_.ruby_pid, 0, "name", "Ruby threads (pid " + pid + ")");
+      Metadata("process_name", process_.native_pid, 0, "name", "native threads (pid " + pid + ")");
+    } else {
+      // One pair of process tracks per process, in the trace's order; a process's real pid is in its name (an
+      // exec'd image shares its pid with the image it replaced, so the JSON pids are synthetic).
+      Metadata("process_name", process_.ruby_pid, 0, "name", process_.label + ": Ruby threads");
+      Metadata("process_name", process_.native_pid, 0, "name", process_.label + ": native threads");
+      ProcessSortIndex(process_.ruby_pid, 2 * process_.sort_index);
+      ProcessSortIndex(process_.native_pid, 2 * process_.sort_index + 1);
+    }
+    Metadata("thread_name", process_.ruby_pid, kPerfettoOwnerTid, "name", "GVL owner");
+    SortIndex(process_.ruby_pid, kPerfettoOwnerTid, 0);
+    Metadata("thread_name", process_.ruby_pid, kPerfettoGcTid, "name", "GC");
+    SortIndex(process_.ruby_pid, kPerfettoGcTid, 1);
+    Metadata("thread_name", process_.ruby_pid, kPerfettoMarkerTid, "name", "trace markers");
+    SortIndex(process_.ruby_pid, kPerfettoMarkerTid, 2);
     uint64_t index = 3;
     for (const RubyThread& thread : model_.threads()) {
       const uint64_t tid = kPerfettoThreadTidBase + thread.ruby_thread;
-      Metadata("thread_name", kPerfettoRubyPid, tid, "name", model_.ThreadLabel(thread.ruby_thread));
-      SortIndex(kPerfettoRubyPid, tid, index++);
+      Metadata("thread_name", process_.ruby_pid, tid, "name", model_.ThreadLabel(thread.ruby_thread));
+      SortIndex(process_.ruby_pid, tid, index++);
     }
     for (const NativeThread& n : model_.native_threads()) {
-      Metadata("thread_name", kPerfettoNativePid, n.native_tid, "name", "native " + std::to_string(n.native_tid));
+      Metadata("thread_name", process_.native_pid, n.native_tid, "name", "native " + std::to_string(n.native_tid));
     }
   }
 
@@ -163,7 +193,7 @@ class PerfettoWriter {
       const std::string name = b.kind == OwnerKind::kOwned ? model_.ThreadLabel(*b.owner)
                                : b.kind == OwnerKind::kIdle ? std::string("idle")
                                                             : std::string("unknown");
-      Slice(name, b.provenance, kPerfettoRubyPid, kPerfettoOwnerTid, b.start_ns, b.end_ns);
+      Slice(name, b.provenance, process_.ruby_pid, kPerfettoOwnerTid, b.start_ns, b.end_ns);
       CommonArgs(b.provenance, b.rule);
       if (b.owner) {
         out_.append(",\"ruby_thread\":");
@@ -181,7 +211,7 @@ class PerfettoWriter {
   void WriteGc() {
     for (const GcSpan& gc : model_.gc_spans()) {
       if (sink_.failed()) return;
-      Slice("GC", Provenance::kObserved, kPerfettoRubyPid, kPerfettoGcTid, gc.start_ns, gc.end_ns);
+      Slice("GC", Provenance::kObserved, process_.ruby_pid, kPerfettoGcTid, gc.start_ns, gc.end_ns);
       CommonArgs(Provenance::kObserved, ModelRule::kNone);
       if (gc.ruby_thread) {
         out_.append(",\"ruby_thread\":");
@@ -208,7 +238,7 @@ class PerfettoWriter {
         if (mk.ruby_thread != thread.ruby_thread) continue;
         if (mk.event != EventName::kSleepEnter && mk.event != EventName::kMutexLockEnter) continue;
         BeginEvent('i', mk.event == EventName::kSleepEnter ? "Kernel#sleep" : "Thread::Mutex#lock",
-                   kPerfettoRubyPid, tid, mk.t_ns);
+                   process_.ruby_pid, tid, mk.t_ns);
         out_.append(",\"s\":\"t\",\"cat\":\"probe\",\"args\":{\"provenance\":\"observed\"");
         EventArg("event", mk.event_index);
         out_.append("}");
@@ -218,7 +248,7 @@ class PerfettoWriter {
     for (const StateBlock& b : thread.blocks) {
       if (sink_.failed()) return;
       flush_markers(b.start_ns);
-      Slice(StateBlockLabel(b), b.provenance, kPerfettoRubyPid, tid, b.start_ns, b.end_ns);
+      Slice(StateBlockLabel(b), b.provenance, process_.ruby_pid, tid, b.start_ns, b.end_ns);
       CommonArgs(b.provenance, b.rule);
       out_.append(",\"state\":");
       AppendJsonString(&out_, ThreadStateName(b.state));
@@ -247,7 +277,7 @@ class PerfettoWriter {
     for (const NativeThread& n : model_.native_threads()) {
       for (const NativeSpan& s : n.spans) {
         if (sink_.failed()) return;
-        Slice(model_.ThreadLabel(s.ruby_thread), s.provenance, kPerfettoNativePid, n.native_tid, s.start_ns,
+        Slice(model_.ThreadLabel(s.ruby_thread), s.provenance, process_.native_pid, n.native_tid, s.start_ns,
               s.end_ns);
         CommonArgs(s.provenance, ModelRule::kNone);
         out_.append(",\"ruby_thread\":");
@@ -263,7 +293,7 @@ class PerfettoWriter {
       if (sink_.failed()) return;
       if (mk.event == EventName::kSleepEnter || mk.event == EventName::kMutexLockEnter) continue;
       const TraceEvent& e = model_.events()[mk.event_index];
-      BeginEvent('i', EventNameString(mk.event), kPerfettoRubyPid, kPerfettoMarkerTid, mk.t_ns);
+      BeginEvent('i', EventNameString(mk.event), process_.ruby_pid, kPerfettoMarkerTid, mk.t_ns);
       out_.append(",\"s\":\"g\",\"cat\":\"daemon\",\"args\":{");
       bool comma = false;
       if (mk.event == EventName::kEventsDropped) {
@@ -283,22 +313,66 @@ class PerfettoWriter {
 
   const Model& model_;
   PerfettoStacks stacks_;
+  PerfettoProcess process_;
   ExportSink& sink_;
   std::string& out_;
-  bool first_ = true;
+  bool& first_;  // no event written yet (shared by the writers of one file's processes)
 };
 
 }  // namespace
 
 Status ExportPerfetto(const Model& model, std::ostream& out, PerfettoStacks stacks) {
   ExportSink sink(out);
-  PerfettoWriter(model, sink, stacks).Write();
+  bool first = true;
+  PerfettoWriter w(model, sink, stacks, PerfettoProcess{}, &first);
+  w.WriteHead();
+  w.WriteTracks();
+  w.WriteTail();
   return sink.Finish("Perfetto");
+}
+
+Status ExportPerfetto(const std::vector<PerfettoProcessModel>& processes, std::ostream& out, PerfettoStacks stacks) {
+  if (processes.empty()) return Error(ErrorCode::kBadTrace, "the trace has no traced process to export");
+  ExportSink sink(out);
+  bool first = true;
+  PerfettoWriter(*processes.front().model, sink, stacks, PerfettoProcess{}, &first).WriteHead();
+  for (size_t i = 0; i < processes.size(); ++i) {
+    const PerfettoProcess where{.ruby_pid = static_cast<int>(2 * i + kPerfettoRubyPid),
+                                .native_pid = static_cast<int>(2 * i + kPerfettoNativePid),
+                                .label = processes[i].label,
+                                .sort_index = i};
+    PerfettoWriter(*processes[i].model, sink, stacks, where, &first).WriteTracks();
+  }
+  PerfettoWriter(*processes.front().model, sink, stacks, PerfettoProcess{}, &first).WriteTail();
+  return sink.Finish("Perfetto");
+}
+
+Status ExportPerfetto(const TraceFile& trace, std::ostream& out) {
+  if (!trace.MultiProcess()) {
+    Result<Model> model = Model::FromTrace(trace);
+    if (!model.ok()) return model.error();
+    return ExportPerfetto(*model, out, PerfettoStacks{&trace.frames, &trace.stacks});
+  }
+  // One model per process (each has its own GVL), each process's tracks apart.
+  std::vector<ProcessTrace> parts = SplitByProcess(trace);
+  std::vector<Model> models;
+  models.reserve(parts.size());
+  for (ProcessTrace& part : parts) {
+    part.trace.frames.clear();  // the whole trace's dictionaries serve the args
+    part.trace.stacks.clear();
+    Result<Model> model = Model::FromTrace(std::move(part.trace));
+    if (!model.ok()) return model.error();
+    models.push_back(std::move(model).value());
+  }
+  std::vector<PerfettoProcessModel> processes;
+  for (size_t i = 0; i < parts.size(); ++i) processes.push_back({.label = parts[i].label, .model = &models[i]});
+  return ExportPerfetto(processes, out, PerfettoStacks{&trace.frames, &trace.stacks});
 }
 
 Status ExportPerfetto(const std::string& trace_path, std::ostream& out) {
   Result<TraceFile> trace = TraceReader::ReadFile(trace_path);
   if (!trace.ok()) return trace.error();
+  if (trace->MultiProcess()) return ExportPerfetto(*trace, out);
   // The model takes the events; the stack dictionaries stay here for the args.
   const std::unordered_map<uint32_t, FrameInfo> frames = std::move(trace->frames);
   const std::unordered_map<uint32_t, std::vector<uint32_t>> stacks = std::move(trace->stacks);

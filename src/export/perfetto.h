@@ -44,7 +44,22 @@ struct PerfettoStacks {
 
 // Fails with kIo when the stream fails.
 Status ExportPerfetto(const Model& model, std::ostream& out, PerfettoStacks stacks = {});
-// Reads and models the trace first; errors are also those of Model::FromFile.
+
+// One process of a trace of several (docs/rvtrace.md, "Process lines"): its label ("pid 4242 (ruby app.rb)") and the
+// model of its part (trace/processes.h).
+struct PerfettoProcessModel {
+  std::string label;
+  const Model* model = nullptr;
+};
+// Each process gets its own two process tracks, named "LABEL: Ruby threads" and "LABEL: native threads" (JSON pids
+// 2i+1 and 2i+2, ordered by process_sort_index), holding the layout above; otherData names the first (the root).
+// Fails with kBadTrace for an empty list, kIo when the stream fails.
+Status ExportPerfetto(const std::vector<PerfettoProcessModel>& processes, std::ostream& out,
+                      PerfettoStacks stacks = {});
+// Models the trace first (a trace of several processes: one model per process, as above); errors are also those of
+// Model::FromTrace.
+Status ExportPerfetto(const TraceFile& trace, std::ostream& out);
+// Reads the trace, then as above; errors are also those of TraceReader::ReadFile.
 Status ExportPerfetto(const std::string& trace_path, std::ostream& out);
 
 }  // namespace rvbpfd

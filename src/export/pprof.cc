@@ -14,6 +14,7 @@
 #include "export/pprof_builder.h"
 #include "model/span_tracker.h"
 #include "trace/inspect.h"
+#include "trace/processes.h"
 
 namespace rvbpfd {
 namespace {
@@ -109,32 +110,30 @@ StackProfile AggregateStacks(const TraceFile& trace) {
   return p;
 }
 
-std::string BuildPprofProfile(const TraceFile& trace) {
-  const StackProfile agg = AggregateStacks(trace);
-  PprofBuilder b;
-  // Value order: samples/count, cpu/nanoseconds, gvl_wait/nanoseconds (proto/profile.proto).
-  b.AddSampleType("samples", "count");
-  b.AddSampleType("cpu", "nanoseconds");
-  b.AddSampleType("gvl_wait", "nanoseconds");
-  b.AddSampleType("gvl_blame", "nanoseconds");
-  b.AddSampleType("wall", "nanoseconds");
-  const std::string_view thread_key = "thread";
-  const std::string_view serial_key = "ruby_thread";
-  const std::string_view holder_key = "holder";
-  const std::string_view waiter_key = "waiter";
-  const std::string_view source_key = "blame_source";
-  const std::string_view state_key = "state";
-  const std::string_view reason_key = "reason";
-  const std::string_view provenance_key = "provenance";
-  // Interned before the samples' label values so the string table keeps its order.
-  for (std::string_view k :
-       {thread_key, serial_key, holder_key, waiter_key, source_key, state_key, reason_key, provenance_key}) {
-    b.String(k);
-  }
+namespace {
 
+// Label keys, interned before the samples' label values so the string table keeps its order.
+constexpr std::string_view kThreadKey = "thread";
+constexpr std::string_view kSerialKey = "ruby_thread";
+constexpr std::string_view kHolderKey = "holder";
+constexpr std::string_view kWaiterKey = "waiter";
+constexpr std::string_view kSourceKey = "blame_source";
+constexpr std::string_view kStateKey = "state";
+constexpr std::string_view kReasonKey = "reason";
+constexpr std::string_view kProvenanceKey = "provenance";
+constexpr std::string_view kPidKey = "pid";  // only in a profile of several processes
+
+// Adds the samples of one process's trace (the whole trace when it has one process) to `b`: CPU and GVL wait by
+// (stack, thread), estimated waits, blame and wall clock. With `pid`, every sample also gets the numeric label
+// pid=PID (a trace of several processes). `location_of_frame` caches trace frame id -> location id across calls
+// (the processes of one trace share its frame dictionary).
+void AddTraceSamples(PprofBuilder& b, const TraceFile& trace, const StackProfile& agg, std::optional<int64_t> pid,
+                     std::unordered_map<uint32_t, uint64_t>& location_of_frame) {
+  const std::string_view thread_key = kThreadKey, serial_key = kSerialKey, holder_key = kHolderKey,
+                         waiter_key = kWaiterKey, source_key = kSourceKey, state_key = kStateKey,
+                         reason_key = kReasonKey, provenance_key = kProvenanceKey;
   // Locations are frames (a label at a line), so pprof's line-level views work. Trace frame ids map 1:1 to
   // FrameInfo (the writer interns them), so caching by id only saves hashing the strings again.
-  std::unordered_map<uint32_t, uint64_t> location_of_frame;  // trace frame id -> location id
   auto location_for_frame = [&](uint32_t frame_id) {
     auto it = location_of_frame.find(frame_id);
     if (it != location_of_frame.end()) return it->second;
@@ -148,6 +147,9 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   };
   std::vector<uint64_t> location_ids;
   std::vector<PprofLabel> labels;
+  auto add_pid = [&] {
+    if (pid) labels.push_back(PprofLabel{.key = kPidKey, .num = *pid});
+  };
   // The locations of a stack id, leaf first (as pprof wants); `stand_in` when the stack is unknown or empty.
   auto locations_of = [&](uint32_t stack_id, std::string_view stand_in) {
     location_ids.clear();
@@ -175,6 +177,7 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     labels.clear();
     std::string thread_name;
     add_thread_labels(serial, &thread_name);
+    add_pid();
     // Cannot fail: one value per sample type, ids from Location.
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
@@ -188,6 +191,7 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     std::string thread_name;
     add_thread_labels(serial, &thread_name);
     labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(Provenance::kInferred)});
+    add_pid();
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
 
@@ -209,6 +213,7 @@ std::string BuildPprofProfile(const TraceFile& trace) {
     labels.push_back(PprofLabel{.key = source_key, .str = BlameSourceName(key.source)});
     labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(key.provenance)});
     const int64_t values[] = {0, 0, 0, SaturatingToInt64(ns), 0};
+    add_pid();
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
   for (const auto& [key, ns] : agg.attribution.wall_ns) {
@@ -228,7 +233,47 @@ std::string BuildPprofProfile(const TraceFile& trace) {
       labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(key.provenance)});
     }
     const int64_t values[] = {0, 0, 0, 0, SaturatingToInt64(ns)};
+    add_pid();
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
+  }
+}
+
+}  // namespace
+
+std::string BuildPprofProfile(const TraceFile& trace) {
+  PprofBuilder b;
+  // Value order: samples/count, cpu/nanoseconds, gvl_wait/nanoseconds (proto/profile.proto).
+  b.AddSampleType("samples", "count");
+  b.AddSampleType("cpu", "nanoseconds");
+  b.AddSampleType("gvl_wait", "nanoseconds");
+  b.AddSampleType("gvl_blame", "nanoseconds");
+  b.AddSampleType("wall", "nanoseconds");
+  for (std::string_view k :
+       {kThreadKey, kSerialKey, kHolderKey, kWaiterKey, kSourceKey, kStateKey, kReasonKey, kProvenanceKey}) {
+    b.String(k);
+  }
+  std::unordered_map<uint32_t, uint64_t> location_of_frame;
+  StackProfile agg;
+  std::vector<std::string> process_comments;
+  if (!trace.MultiProcess()) {
+    agg = AggregateStacks(trace);
+    AddTraceSamples(b, trace, agg, std::nullopt, location_of_frame);
+  } else {
+    // Each process is aggregated apart (its own GVL); the comments below add up their counts.
+    b.String(kPidKey);
+    TraceFile header_only;
+    header_only.header = trace.header;
+    agg = AggregateStacks(header_only);  // the period, whatever the parts
+    for (const ProcessTrace& part : SplitByProcess(trace)) {
+      process_comments.push_back("process " + std::to_string(part.info.id) + ": " + part.label + " (label pid)");
+      const StackProfile p = AggregateStacks(part.trace);
+      AddTraceSamples(b, part.trace, p, static_cast<int64_t>(part.info.pid), location_of_frame);
+      agg.period_ns = p.period_ns;
+      agg.period_assumed = p.period_assumed;
+      agg.total_samples += p.total_samples;
+      agg.waits_skipped += p.waits_skipped;
+      agg.total_estimated_gvl_wait_ns += p.total_estimated_gvl_wait_ns;
+    }
   }
 
   b.SetMapping(trace.header.ruby_version.empty() ? "ruby" : "ruby " + trace.header.ruby_version,
@@ -244,6 +289,7 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   b.SetPeriod("cpu", "nanoseconds", static_cast<int64_t>(agg.period_ns));
   b.AddComment("rvbpfd export of pid " + std::to_string(trace.header.pid) + " (" + trace.header.recorder +
                ", ruby " + trace.header.ruby_version + ")");
+  for (const std::string& c : process_comments) b.AddComment(c);
   if (agg.period_assumed && agg.total_samples > 0) {
     b.AddComment("the trace has no sample_hz: " + std::to_string(kDefaultSampleHz) + " Hz assumed");
   }

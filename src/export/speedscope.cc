@@ -9,6 +9,7 @@
 #include "export/export_util.h"
 #include "export/pprof.h"
 #include "trace/inspect.h"
+#include "trace/processes.h"
 
 namespace rvbpfd {
 namespace {
@@ -154,16 +155,38 @@ std::vector<SampledProfile> BuildSampled(const TraceFile& trace, Frames& frames)
   return out;
 }
 
-Status Write(const Model& model, const TraceFile* trace, std::ostream& out) {
+// One process's model and the trace it was built from (nullptr: no sampled profiles). `label` is empty for a trace's
+// only process; in a trace of several, it names the process in every profile name ("pid 4242 (ruby app.rb): main").
+struct SpeedscopeProcess {
+  std::string label;
+  const Model* model = nullptr;
+  const TraceFile* trace = nullptr;
+};
+
+std::string WithProcess(const std::string& label, const std::string& name) {
+  return label.empty() ? name : ProcessThreadLabel(label, name);
+}
+
+// `trace`: the dictionaries every process's stacks are read from (the whole trace's).
+Status Write(const std::vector<SpeedscopeProcess>& processes, const TraceFile* trace, std::ostream& out) {
   // Frames: one per block label, in order of first appearance, then those of the sampled profiles.
   Frames frames;
-  for (const RubyThread& thread : model.threads()) {
-    for (const StateBlock& b : thread.blocks) {
-      if (Exported(b)) frames.Named(StateBlockLabel(b));
+  for (const SpeedscopeProcess& p : processes) {
+    for (const RubyThread& thread : p.model->threads()) {
+      for (const StateBlock& b : thread.blocks) {
+        if (Exported(b)) frames.Named(StateBlockLabel(b));
+      }
     }
   }
-  const std::vector<SampledProfile> sampled =
-      trace != nullptr ? BuildSampled(*trace, frames) : std::vector<SampledProfile>{};
+  std::vector<SampledProfile> sampled;
+  for (const SpeedscopeProcess& p : processes) {
+    if (p.trace == nullptr) continue;
+    for (SampledProfile& profile : BuildSampled(*p.trace, frames)) {
+      profile.name = WithProcess(p.label, profile.name);
+      sampled.push_back(std::move(profile));
+    }
+  }
+  const Model& model = *processes.front().model;
 
   ExportSink sink(out);
   std::string& s = *sink.buffer();
@@ -175,26 +198,28 @@ Status Write(const Model& model, const TraceFile* trace, std::ostream& out) {
   frames.Write(sink);
   s.append("]},\"profiles\":[");
   bool first_profile = true;
-  for (const RubyThread& thread : model.threads()) {
-    s.append(first_profile ? "\n{" : ",\n{");
-    first_profile = false;
-    s.append("\"type\":\"evented\",\"name\":");
-    AppendJsonString(&s, model.ThreadLabel(thread.ruby_thread));
-    s.append(",\"unit\":\"nanoseconds\",\"startValue\":");
-    AppendUint(&s, model.start_ns());
-    s.append(",\"endValue\":");
-    AppendUint(&s, model.end_ns());
-    s.append(",\"events\":[");
-    bool first_event = true;
-    for (const StateBlock& b : thread.blocks) {
-      if (sink.failed()) break;
-      if (!Exported(b)) continue;
-      const size_t frame = frames.Named(StateBlockLabel(b));
-      AppendEvent(&s, 'O', b.start_ns, frame, &first_event);
-      AppendEvent(&s, 'C', b.end_ns, frame, &first_event);
-      sink.MaybeFlush();
+  for (const SpeedscopeProcess& p : processes) {
+    for (const RubyThread& thread : p.model->threads()) {
+      s.append(first_profile ? "\n{" : ",\n{");
+      first_profile = false;
+      s.append("\"type\":\"evented\",\"name\":");
+      AppendJsonString(&s, WithProcess(p.label, p.model->ThreadLabel(thread.ruby_thread)));
+      s.append(",\"unit\":\"nanoseconds\",\"startValue\":");
+      AppendUint(&s, p.model->start_ns());
+      s.append(",\"endValue\":");
+      AppendUint(&s, p.model->end_ns());
+      s.append(",\"events\":[");
+      bool first_event = true;
+      for (const StateBlock& b : thread.blocks) {
+        if (sink.failed()) break;
+        if (!Exported(b)) continue;
+        const size_t frame = frames.Named(StateBlockLabel(b));
+        AppendEvent(&s, 'O', b.start_ns, frame, &first_event);
+        AppendEvent(&s, 'C', b.end_ns, frame, &first_event);
+        sink.MaybeFlush();
+      }
+      s.append("]}");
     }
-    s.append("]}");
   }
   for (const SampledProfile& p : sampled) {
     s.append(first_profile ? "\n{" : ",\n{");
@@ -233,18 +258,40 @@ Status Write(const Model& model, const TraceFile* trace, std::ostream& out) {
 
 }  // namespace
 
-Status ExportSpeedscope(const Model& model, std::ostream& out) { return Write(model, nullptr, out); }
+Status ExportSpeedscope(const Model& model, std::ostream& out) {
+  return Write({SpeedscopeProcess{.model = &model}}, nullptr, out);
+}
 
 Status ExportSpeedscope(const Model& model, const TraceFile& trace, std::ostream& out) {
-  return Write(model, &trace, out);
+  return Write({SpeedscopeProcess{.model = &model, .trace = &trace}}, &trace, out);
+}
+
+Status ExportSpeedscope(const TraceFile& trace, std::ostream& out) {
+  if (!trace.MultiProcess()) {
+    Result<Model> model = Model::FromTrace(trace);
+    if (!model.ok()) return model.error();
+    return ExportSpeedscope(*model, trace, out);
+  }
+  const std::vector<ProcessTrace> parts = SplitByProcess(trace);
+  if (parts.empty()) return Error(ErrorCode::kBadTrace, "the trace has no traced process to export");
+  std::vector<Model> models;
+  models.reserve(parts.size());
+  for (const ProcessTrace& part : parts) {
+    Result<Model> model = Model::FromTrace(part.trace);
+    if (!model.ok()) return model.error();
+    models.push_back(std::move(model).value());
+  }
+  std::vector<SpeedscopeProcess> processes;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    processes.push_back({.label = parts[i].label, .model = &models[i], .trace = &parts[i].trace});
+  }
+  return Write(processes, &trace, out);
 }
 
 Status ExportSpeedscope(const std::string& trace_path, std::ostream& out) {
   Result<TraceFile> trace = TraceReader::ReadFile(trace_path);
   if (!trace.ok()) return trace.error();
-  Result<Model> model = Model::FromTrace(*trace);
-  if (!model.ok()) return model.error();
-  return Write(*model, &*trace, out);
+  return ExportSpeedscope(*trace, out);
 }
 
 }  // namespace rvbpfd

@@ -30,7 +30,12 @@ inline constexpr std::string_view kSpeedscopeSchema = "https://www.speedscope.ap
 Status ExportSpeedscope(const Model& model, std::ostream& out);
 // The evented profiles of `model` and the sampled ones of `trace` (the trace `model` was built from).
 Status ExportSpeedscope(const Model& model, const TraceFile& trace, std::ostream& out);
-// Reads and models the trace first; errors are also those of TraceReader::ReadFile and Model::FromTrace.
+// Models the trace first. A trace of several processes (docs/rvtrace.md, "Process lines") gets one model per process
+// (trace/processes.h): every profile's name starts with the process's label ("pid 4242 (ruby app.rb): main",
+// "pid 4242 (ruby app.rb): GVL blame (...)"), its evented profiles first, process by process, then its sampled ones.
+// Errors are also those of Model::FromTrace.
+Status ExportSpeedscope(const TraceFile& trace, std::ostream& out);
+// Reads the trace, then as above; errors are also those of TraceReader::ReadFile.
 Status ExportSpeedscope(const std::string& trace_path, std::ostream& out);
 
 }  // namespace rvbpfd

@@ -195,7 +195,9 @@ class Model {
   // Builds the model. Events may be in file order: they are stably sorted by t_ns first. Fails with kBadTrace when
   // the trace names a Ruby older than 3.2 (which has no scheduler events, so the trace cannot be genuine).
   static Result<Model> Build(std::vector<TraceEvent> events, const ModelOptions& options);
-  // Takes the header fields from a read trace.
+  // Takes the header fields from a read trace. One model is one process's: its threads share one GVL. A trace of
+  // several processes (TraceFile::MultiProcess) is modelled part by part (trace/processes.h, SplitByProcess), as
+  // every tool does; modelled whole, its processes' threads would seem to contend for one lock.
   static Result<Model> FromTrace(TraceFile trace);
   // Errors are TraceReader::ReadFile's.
   static Result<Model> FromFile(const std::string& path);

@@ -11,6 +11,7 @@
 #include "common/safe_file.h"
 #include "report/report_data.h"
 #include "report/report_ui.h"
+#include "trace/processes.h"
 #include "trace/reader.h"
 
 namespace rvbpfd {
@@ -66,9 +67,39 @@ Status WriteReportHtml(const Model& model, const ReportOptions& options, std::os
   return Status::Ok();
 }
 
-Status WriteReport(const std::string& trace_path, const std::string& out_path, uint64_t max_output_bytes) {
-  Result<TraceFile> trace = TraceReader::ReadFile(trace_path);
-  if (!trace.ok()) return trace.error();
+Result<ReportPart> SelectReportProcess(TraceFile trace, std::optional<uint32_t> process) {
+  if (!trace.MultiProcess()) {
+    if (process && *process != kRootProcessId) {
+      return Error(ErrorCode::kUsage, "--process " + std::to_string(*process) +
+                                          ": the trace has one process (id 1)");
+    }
+    return ReportPart{.trace = std::move(trace)};
+  }
+  std::vector<ProcessTrace> parts = SplitByProcess(trace);
+  std::string ids;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    ids += (ids.empty() ? "" : ", ") + std::to_string(parts[i].info.id);
+  }
+  const uint32_t want = process.value_or(kRootProcessId);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].info.id != want) continue;
+    return ReportPart{.trace = std::move(parts[i].trace),
+                      .title_suffix = " · " + parts[i].label + ", process " + std::to_string(want) + " of " +
+                                      std::to_string(trace.processes.size()) + " (rvbpfd report --process ID: " +
+                                      ids + ")"};
+  }
+  return Error(ErrorCode::kUsage, "--process " + std::to_string(want) +
+                                      ": not a traced process of this trace; its traced processes are " +
+                                      (ids.empty() ? "none" : ids) + " (rvbpfd inspect lists them)");
+}
+
+Status WriteReport(const std::string& trace_path, const std::string& out_path, uint64_t max_output_bytes,
+                   std::optional<uint32_t> process) {
+  Result<TraceFile> whole = TraceReader::ReadFile(trace_path);
+  if (!whole.ok()) return whole.error();
+  Result<ReportPart> part = SelectReportProcess(std::move(whole).value(), process);
+  if (!part.ok()) return part.error();
+  std::optional<TraceFile> trace(std::move(part->trace));
   // The model keeps the events (with their stack ids); the dictionaries they index stay here for the page.
   const std::unordered_map<uint32_t, FrameInfo> frames = std::move(trace->frames);
   const std::unordered_map<uint32_t, std::vector<uint32_t>> stacks = std::move(trace->stacks);
@@ -76,7 +107,7 @@ Status WriteReport(const std::string& trace_path, const std::string& out_path, u
   Result<Model> model = Model::FromTrace(std::move(trace).value());
   if (!model.ok()) return model.error();
   ReportOptions options;
-  options.title = std::filesystem::path(trace_path).filename().string();
+  options.title = std::filesystem::path(trace_path).filename().string() + part->title_suffix;
   options.frames = &frames;
   options.stacks = &stacks;
   options.sample_hz = sample_hz;

@@ -45,8 +45,20 @@ Status WriteReportHtml(const Model& model, const ReportOptions& options, std::os
 // the report to `out_path`. Fails with kOutputUnwritable when `out_path` cannot be created and kIo when writing it
 // fails; a partly written file is removed so a failed run never leaves a report that looks complete. A page past
 // `max_output_bytes` is removed too, with kOutputTooLarge (common/safe_file.h).
+//
+// A trace of several processes (docs/rvtrace.md, "Process lines") is reported one process at a time: `process` (a
+// ProcessInfo::id; default the root) selects it, and the page's title names it ("run.rvtrace · pid 4243 (ruby
+// app.rb), process 2 of 3"). A `process` that is not a traced process of the trace is kUsage, naming those that are.
 Status WriteReport(const std::string& trace_path, const std::string& out_path,
-                   uint64_t max_output_bytes = kDefaultMaxOutputBytes);
+                   uint64_t max_output_bytes = kDefaultMaxOutputBytes, std::optional<uint32_t> process = std::nullopt);
+
+// The part of `trace` a report of `process` draws (see WriteReport) and the title suffix naming it (empty for a trace
+// of one process). Errors: kUsage as above.
+struct ReportPart {
+  TraceFile trace;
+  std::string title_suffix;
+};
+Result<ReportPart> SelectReportProcess(TraceFile trace, std::optional<uint32_t> process);
 
 }  // namespace rvbpfd
 

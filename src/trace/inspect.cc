@@ -46,6 +46,14 @@ uint64_t LastEventNs(const TraceFile& trace) {
   return last;
 }
 
+// The pid of the process an event is about, for the event table of a multi-process trace; "-" for the recording's
+// own events (about no thread), "?" when the process has no pid.
+std::string EventPid(const TraceFile& trace, const TraceEvent& e) {
+  if (!e.ruby_thread && e.source == kSourceDaemon) return "-";
+  const ProcessInfo* p = trace.FindProcess(e.process);
+  return p != nullptr && p->pid != 0 ? std::to_string(p->pid) : "?";
+}
+
 }  // namespace
 
 std::string Pad(std::string_view s, size_t width) {
@@ -73,6 +81,65 @@ std::string RubyThreadLabel(const TraceFile& trace, std::optional<uint32_t> ruby
   return ThreadLabelWithName(*ruby_thread, trace.IsMain(ruby_thread), trace.ThreadName(*ruby_thread));
 }
 
+namespace {
+
+// "12.345 ms-45.600 ms (exit 0)": when a process appeared and how it ended (ms since the origin).
+std::string ProcessLifetime(const TraceFile& trace, const ProcessInfo& p) {
+  std::string out = NsToMs(p.t_ns) + "-";
+  const ProcessEnd* end = trace.FindProcessEnd(p.id);
+  if (end == nullptr) return out + "? (no end recorded)";
+  out += NsToMs(end->t_ns) + " (" + (end->how.empty() ? std::string("ended") : end->how);
+  if (end->exit_code) out += " " + std::to_string(*end->exit_code);
+  return out + ")";
+}
+
+size_t ThreadCount(const TraceFile& trace, uint32_t process) {
+  return std::count_if(trace.threads.begin(), trace.threads.end(),
+                       [&](const ThreadLine& t) { return t.process == process; });
+}
+
+// The per-thread rows of `PrintInspect` for the threads of `process` (all of them when nullopt).
+void PrintThreadRows(const TraceFile& trace, const std::vector<ThreadSummary>& summaries,
+                     std::optional<uint32_t> process, std::ostream& out) {
+  for (const ThreadSummary& t : summaries) {
+    if (process && trace.ProcessOf(t.ruby_thread) != *process) continue;
+    std::string natives;
+    for (uint32_t tid : t.native_tids) {
+      if (!natives.empty()) natives += ',';
+      natives += std::to_string(tid);
+    }
+    out << "  " << ThreadLabelWithName(t.ruby_thread, t.main, trace.ThreadName(t.ruby_thread))
+        << " id=" << t.ruby_thread << " native=" << (natives.empty() ? "-" : natives);
+    if (const ThreadInfo* info = trace.FindThreadInfo(t.ruby_thread); info != nullptr) {
+      if (info->ns_tid) out << " ns_tid=" << *info->ns_tid;
+      if (info->name) out << " name=" << Quoted(*info->name);
+      if (info->native_name) out << " native_name=" << Quoted(*info->native_name);
+    }
+    out << " running=" << FormatMs(t.running_ms) << '\n';
+  }
+}
+
+}  // namespace
+
+void PrintProcesses(const TraceFile& trace, std::ostream& out) {
+  size_t skipped = 0;
+  for (const ProcessInfo& p : trace.processes) skipped += p.skipped.empty() ? 0 : 1;
+  out << "processes: " << trace.processes.size() << " (" << trace.processes.size() - skipped << " traced, "
+      << skipped << " skipped), " << trace.threads.size() << " threads, " << trace.events.size() << " events\n";
+  out << "  " << PadLeft("id", 4) << "  " << Pad("pid", 8) << Pad("parent", 8) << Pad("cause", 7) << Pad("ruby", 8)
+      << PadLeft("threads", 7) << "  " << Pad("lifetime", 36) << "command\n";
+  for (const ProcessInfo& p : trace.processes) {
+    std::string command;
+    for (const std::string& arg : p.command) command += (command.empty() ? "" : " ") + arg;
+    out << "  " << PadLeft(std::to_string(p.id), 4) << "  " << Pad(p.pid ? std::to_string(p.pid) : "-", 8)
+        << Pad(OptionalNumber(p.parent), 8) << Pad(p.cause.empty() ? "-" : p.cause, 7)
+        << Pad(p.ruby_version.empty() ? "-" : p.ruby_version, 8) << PadLeft(std::to_string(ThreadCount(trace, p.id)), 7)
+        << "  " << Pad(ProcessLifetime(trace, p), 36) << (command.empty() ? "-" : Quoted(command));
+    if (!p.skipped.empty()) out << "  skipped: " << p.skipped;
+    out << '\n';
+  }
+}
+
 std::vector<ThreadSummary> ThreadSummaries(const TraceFile& trace) {
   if (trace.summary && trace.summary_has_threads) return trace.summary->threads;
   ThreadAccounting accounting(trace.header.main_thread);
@@ -85,7 +152,11 @@ std::vector<ThreadSummary> ThreadSummaries(const TraceFile& trace) {
 
 void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& filter) {
   constexpr size_t kTimeWidth = 14, kThreadWidth = 13, kNativeWidth = 9, kEventWidth = 18, kCrubyWidth = 39;
-  out << PadLeft("time", kTimeWidth) << "  " << Pad("ruby_thread", kThreadWidth) << Pad("native", kNativeWidth)
+  // Several processes: a pid column says whose thread an event is about (each process has its own "main").
+  const bool by_process = trace.MultiProcess();
+  constexpr size_t kPidWidth = 9;
+  out << PadLeft("time", kTimeWidth) << "  " << (by_process ? Pad("pid", kPidWidth) : "")
+      << Pad("ruby_thread", kThreadWidth) << Pad("native", kNativeWidth)
       << Pad("event", kEventWidth) << Pad("cruby event", kCrubyWidth) << "source\n";
   uint64_t shown = 0;
   for (const TraceEvent& e : trace.events) {
@@ -94,7 +165,8 @@ void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& 
     if ((filter.from_ms && t_ms < *filter.from_ms) || (filter.to_ms && t_ms > *filter.to_ms)) continue;
     if (filter.limit && shown >= *filter.limit) break;
     ++shown;
-    out << PadLeft(NsToMs(e.t_ns), kTimeWidth) << "  " << Pad(RubyThreadLabel(trace, e.ruby_thread), kThreadWidth)
+    out << PadLeft(NsToMs(e.t_ns), kTimeWidth) << "  " << (by_process ? Pad(EventPid(trace, e), kPidWidth) : "")
+        << Pad(RubyThreadLabel(trace, e.ruby_thread), kThreadWidth)
         << Pad(OptionalNumber(e.native_tid), kNativeWidth) << Pad(EventNameString(e.event), kEventWidth)
         << Pad(CrubyLabel(e.event), kCrubyWidth) << (e.source.empty() ? std::string_view("-") : e.source);
     if (e.event == EventName::kEventsDropped) out << "  count=" << e.count;
@@ -117,20 +189,15 @@ void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& 
   out << "threads:";
   if (!trace.summary || !trace.summary_has_threads) out << " (not in the summary: computed from the events)";
   out << '\n';
-  for (const ThreadSummary& t : ThreadSummaries(trace)) {
-    std::string natives;
-    for (uint32_t tid : t.native_tids) {
-      if (!natives.empty()) natives += ',';
-      natives += std::to_string(tid);
+  const std::vector<ThreadSummary> summaries = ThreadSummaries(trace);
+  if (!trace.MultiProcess()) {
+    PrintThreadRows(trace, summaries, std::nullopt, out);
+  } else {
+    for (const ProcessInfo& p : trace.processes) {
+      if (ThreadCount(trace, p.id) == 0) continue;
+      out << " " << trace.ProcessLabel(p.id) << ":\n";
+      PrintThreadRows(trace, summaries, p.id, out);
     }
-    out << "  " << ThreadLabelWithName(t.ruby_thread, t.main, trace.ThreadName(t.ruby_thread))
-        << " id=" << t.ruby_thread << " native=" << (natives.empty() ? "-" : natives);
-    if (const ThreadInfo* info = trace.FindThreadInfo(t.ruby_thread); info != nullptr) {
-      if (info->ns_tid) out << " ns_tid=" << *info->ns_tid;
-      if (info->name) out << " name=" << Quoted(*info->name);
-      if (info->native_name) out << " native_name=" << Quoted(*info->native_name);
-    }
-    out << " running=" << FormatMs(t.running_ms) << '\n';
   }
   PrintCutNotes(trace, out);
 }

@@ -24,9 +24,14 @@ struct EventFilter {
 };
 
 // The event table (time in ms with 3 decimals, Ruby thread, native tid, event, CRuby event, source) followed by a
-// per-thread summary (id, native tids, running ms). With an active filter, a line after the table says how many of
+// per-thread summary (id, native tids, running ms). A multi-process trace gets a pid column in the table and its
+// thread rows grouped under their process's label. With an active filter, a line after the table says how many of
 // the trace's events it showed.
 void PrintInspect(const TraceFile& trace, std::ostream& out, const EventFilter& filter = {});
+// For a multi-process trace (docs/rvtrace.md, "Process lines"): one line of totals, then one row per process (id,
+// pid, parent id, cause, Ruby version, threads, lifetime in ms since the origin and how it ended, command; a skipped
+// process with its reason).
+void PrintProcesses(const TraceFile& trace, std::ostream& out);
 // Counts by event, dropped events (total and number of events_dropped records), ring buffer high-water mark,
 // duration, late (reordered) events.
 void PrintStats(const TraceFile& trace, std::ostream& out);

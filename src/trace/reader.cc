@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -287,6 +288,140 @@ std::vector<uint32_t> ParseStack(const json& obj, const TraceFile& file, uint32_
   return ids;
 }
 
+
+// The most arguments of a process's command kept (each cut as frame labels are): a target chooses its argv, and the
+// label tools show needs the first few.
+constexpr size_t kMaxCommandArgs = 64;
+
+// An optional string of a process or process_end line: a value of another type is ignored (as thread names are),
+// a string is cut as frame labels are.
+std::string BoundedString(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || !it->is_string()) return "";
+  std::string v = it->get<std::string>();
+  BoundLabel(&v);
+  return v;
+}
+
+// The id of a process or process_end line: required, 1 or more (0 names no process).
+uint32_t GetProcessId(const json& obj) {
+  auto it = obj.find("id");
+  std::optional<uint32_t> id = it == obj.end() ? std::nullopt : JsonInteger<uint32_t>(*it);
+  if (!id || *id == 0) throw LineError{"process \"id\" must be an integer in 1..4294967295"};
+  return *id;
+}
+
+// The ids of the process lines read so far (the root is always defined: the header's). A set, so that a file of many
+// process and thread lines is read in linear time.
+using ProcessIds = std::unordered_set<uint32_t>;
+
+bool HasProcess(const ProcessIds& ids, uint32_t id) { return id == kRootProcessId || ids.contains(id); }
+
+// A process line (docs/rvtrace.md, "Process lines"). Only the id is required; optional keys of another type are
+// ignored. A parent is kept only when an earlier line defined it or it is the root (the writer writes a parent first),
+// so the processes always form a forest, whatever a crafted file says.
+ProcessInfo ParseProcess(const json& obj, const ProcessIds& ids) {
+  if (!obj.is_object()) throw LineError{"\"process\" must be an object"};
+  ProcessInfo p;
+  p.id = GetProcessId(obj);
+  if (auto it = obj.find("pid"); it != obj.end()) p.pid = JsonInteger<uint32_t>(*it).value_or(0);
+  if (auto it = obj.find("parent"); it != obj.end()) {
+    std::optional<uint32_t> parent = JsonInteger<uint32_t>(*it);
+    // The root has none: with that, a parent defined earlier (or the root) can never close a cycle.
+    if (parent && p.id != kRootProcessId && *parent != p.id && HasProcess(ids, *parent)) p.parent = parent;
+  }
+  p.cause = BoundedString(obj, "cause");
+  if (auto it = obj.find("t_ns"); it != obj.end()) p.t_ns = JsonInteger<uint64_t>(*it).value_or(0);
+  if (auto it = obj.find("command"); it != obj.end() && it->is_array()) {
+    for (const json& arg : *it) {
+      if (!arg.is_string()) continue;
+      if (p.command.size() == kMaxCommandArgs) break;
+      p.command.push_back(arg.get<std::string>());
+      BoundLabel(&p.command.back());
+    }
+  }
+  p.ruby_version = BoundedString(obj, "ruby_version");
+  p.build_id = BoundedString(obj, "build_id");
+  p.skipped = BoundedString(obj, "skipped");
+  return p;
+}
+
+// A process_end line: its process must have been defined (the root always is).
+ProcessEnd ParseProcessEnd(const json& obj, const ProcessIds& ids) {
+  if (!obj.is_object()) throw LineError{"\"process_end\" must be an object"};
+  ProcessEnd end;
+  end.id = GetProcessId(obj);
+  if (!HasProcess(ids, end.id)) {
+    throw LineError{"process_end names process " + std::to_string(end.id) + " before its process line"};
+  }
+  if (auto it = obj.find("t_ns"); it != obj.end()) end.t_ns = JsonInteger<uint64_t>(*it).value_or(0);
+  end.how = BoundedString(obj, "how");
+  if (auto it = obj.find("exit_code"); it != obj.end()) end.exit_code = JsonInteger<int32_t>(*it);
+  return end;
+}
+
+// The process a thread line names ("process"; absent: the root). It must be defined by an earlier process line, as
+// a stack's frames must: a thread is never attributed to a process the file does not describe.
+uint32_t ParseThreadProcess(const json& obj, const ProcessIds& ids) {
+  auto it = obj.find("process");
+  if (it == obj.end() || it->is_null()) return kRootProcessId;
+  std::optional<uint32_t> id = JsonInteger<uint32_t>(*it);
+  if (!id || *id == 0) throw LineError{"thread \"process\" must be a process id (an integer in 1..4294967295)"};
+  if (!HasProcess(ids, *id)) {
+    throw LineError{"thread names process " + std::to_string(*id) + " before its process line"};
+  }
+  return *id;
+}
+
+// Which process each event belongs to while reading: by its Ruby thread's line, else (an event naming no thread, a
+// GC without its thread) by a native tid seen on an earlier event of a known thread, else the root.
+class ProcessOfEvents {
+ public:
+  void AddThread(uint32_t ruby_thread, uint32_t process) {
+    by_thread_[ruby_thread] = process;
+    several_ = several_ || process != kRootProcessId;
+  }
+  void Assign(TraceEvent* e) {
+    if (!several_) return;  // only the root's threads so far: every event is the root's
+    if (e->ruby_thread) {
+      auto it = by_thread_.find(*e->ruby_thread);
+      if (it == by_thread_.end()) return;
+      e->process = it->second;
+      if (e->native_tid) by_tid_[*e->native_tid] = e->process;
+      return;
+    }
+    for (std::optional<uint32_t> tid : {e->native_tid, e->probe_tid}) {
+      if (!tid) continue;
+      if (auto it = by_tid_.find(*tid); it != by_tid_.end()) {
+        e->process = it->second;
+        return;
+      }
+    }
+  }
+
+ private:
+  bool several_ = false;                              // a thread of another process than the root was seen
+  std::unordered_map<uint32_t, uint32_t> by_thread_;
+  std::unordered_map<uint32_t, uint32_t> by_tid_;     // host tid -> process, from the latest event naming both
+};
+
+// The root process as the header describes it (a pid outside 1..UINT32_MAX is not known).
+ProcessInfo RootFromHeader(const TraceHeader& h) {
+  ProcessInfo root;
+  root.pid = h.pid > 0 && h.pid <= UINT32_MAX ? static_cast<uint32_t>(h.pid) : 0;
+  root.command = h.command;
+  root.ruby_version = h.ruby_version;
+  root.build_id = h.build_id;
+  return root;
+}
+
+// A multi-process trace whose root has no process line (a writer that omitted it) gets one from the header, so
+// every consumer finds the root among `processes`.
+void AddRootFromHeader(TraceFile* file) {
+  if (file->processes.empty() || file->FindProcess(kRootProcessId) != nullptr) return;
+  file->processes.insert(file->processes.begin(), RootFromHeader(file->header));
+}
+
 }  // namespace
 
 const std::vector<uint32_t>* TraceFile::Stack(uint32_t id) const {
@@ -328,11 +463,59 @@ const ThreadInfo* TraceFile::FindThreadInfo(uint32_t ruby_thread) const {
 std::string TraceFile::ThreadName(uint32_t ruby_thread) const {
   const ThreadInfo* info = FindThreadInfo(ruby_thread);
   if (info == nullptr) return "";
+  // The name unnamed threads inherit is their own process's (its main thread's native name).
+  const uint32_t process = ProcessOf(ruby_thread);
   std::optional<std::string> process_comm;
   for (const ThreadLine& t : threads) {
-    if (IsMain(t.ruby_thread)) process_comm = t.info.native_name;
+    if (t.process == process && IsMain(t.ruby_thread)) process_comm = t.info.native_name;
   }
   return info->DisplayName(process_comm);
+}
+
+const ProcessInfo* TraceFile::FindProcess(uint32_t id) const {
+  for (const ProcessInfo& p : processes) {
+    if (p.id == id) return &p;
+  }
+  return nullptr;
+}
+
+const ProcessEnd* TraceFile::FindProcessEnd(uint32_t id) const {
+  for (const ProcessEnd& e : process_ends) {
+    if (e.id == id) return &e;
+  }
+  return nullptr;
+}
+
+uint32_t TraceFile::ProcessOf(uint32_t ruby_thread) const {
+  for (auto it = threads.rbegin(); it != threads.rend(); ++it) {
+    if (it->ruby_thread == ruby_thread) return it->process;
+  }
+  return kRootProcessId;
+}
+
+std::string TraceFile::ProcessLabel(uint32_t id) const {
+  if (const ProcessInfo* p = FindProcess(id)) return rvbpfd::ProcessLabel(*p);
+  if (id == kRootProcessId) return rvbpfd::ProcessLabel(RootFromHeader(header));
+  return "process " + std::to_string(id);
+}
+
+std::string ProcessLabel(const ProcessInfo& process) {
+  std::string label = process.pid != 0 ? "pid " + std::to_string(process.pid) : "process " + std::to_string(process.id);
+  std::string command;
+  for (const std::string& arg : process.command) {
+    if (!command.empty()) command += ' ';
+    command += arg;
+    if (command.size() > kMaxProcessCommandLabelBytes) break;
+  }
+  if (command.empty()) return label;
+  if (command.size() > kMaxProcessCommandLabelBytes) {
+    // Cut on a UTF-8 sequence boundary: never half a character.
+    size_t cut = kMaxProcessCommandLabelBytes;
+    while (cut > 0 && (static_cast<unsigned char>(command[cut]) & 0xC0) == 0x80) --cut;
+    command.resize(cut);
+    command += "\xe2\x80\xa6";
+  }
+  return label + " (" + command + ")";
 }
 
 std::string ThreadLabelWithName(uint32_t ruby_thread, bool main, std::string_view name) {
@@ -347,6 +530,8 @@ std::string ThreadLabelWithName(uint32_t ruby_thread, bool main, std::string_vie
 
 Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& name) {
   TraceFile file;
+  ProcessOfEvents process_of;
+  ProcessIds process_ids, ended_ids;
   bool have_header = false;
   bool have_prev_event = false;
   uint64_t prev_t_ns = 0;
@@ -385,6 +570,7 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
         if (event->stack && !file.stacks.contains(*event->stack)) {
           return bad("event uses stack " + std::to_string(*event->stack) + " before its stack line");
         }
+        process_of.Assign(&*event);
         if (have_prev_event && event->t_ns < prev_t_ns) ++file.out_of_order_events;
         prev_t_ns = event->t_ns;
         have_prev_event = true;
@@ -394,6 +580,8 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
         ThreadLine tl;
         tl.ruby_thread = static_cast<uint32_t>(GetUint64(*th, "ruby_thread"));
         if (auto m = th->find("main"); m != th->end() && m->is_boolean()) tl.main = m->get<bool>();
+        tl.process = ParseThreadProcess(*th, process_ids);
+        process_of.AddThread(tl.ruby_thread, tl.process);
         UpdateThreadInfo(*th, &tl);
         file.threads.push_back(tl);
       } else if (auto ti = obj.find("thread_info"); ti != obj.end()) {
@@ -415,6 +603,20 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
         std::vector<uint32_t> ids = ParseStack(*st, file, &id);
         auto [it, inserted] = file.stacks.try_emplace(id, ids);
         if (!inserted && it->second != ids) return bad("stack " + std::to_string(id) + " defined twice, differently");
+      } else if (auto pr = obj.find("process"); pr != obj.end()) {
+        ProcessInfo p = ParseProcess(*pr, process_ids);
+        if (process_ids.contains(p.id)) {
+          if (!(*file.FindProcess(p.id) == p)) {
+            return bad("process " + std::to_string(p.id) + " defined twice, differently");
+          }
+        } else {
+          process_ids.insert(p.id);
+          file.processes.push_back(std::move(p));
+        }
+      } else if (auto pe = obj.find("process_end"); pe != obj.end()) {
+        ProcessEnd end = ParseProcessEnd(*pe, process_ids);
+        // A repeated end (a crafted file) keeps the first: a process ends once.
+        if (ended_ids.insert(end.id).second) file.process_ends.push_back(std::move(end));
       } else if (auto s = obj.find("summary"); s != obj.end()) {
         file.summary = ParseSummary(*s, &file.summary_has_threads);
       } else if (obj.contains("rvtrace")) {
@@ -431,6 +633,7 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
   if (!have_header) {
     return Error(ErrorCode::kBadTrace, "reading trace " + name + ": no complete header line (empty or cut file)");
   }
+  AddRootFromHeader(&file);
   return file;
 }
 

@@ -33,11 +33,18 @@ struct ThreadLine {
 // repeated for a main thread named "main").
 std::string ThreadLabelWithName(uint32_t ruby_thread, bool main, std::string_view name);
 
+// How tools name a process: "pid 4242 (ruby app.rb)" (its command joined by spaces, cut after
+// kMaxProcessCommandLabelBytes and ended with U+2026), "pid 4242" without a command, "process N" without a pid.
+inline constexpr size_t kMaxProcessCommandLabelBytes = 60;
+std::string ProcessLabel(const ProcessInfo& process);
+
 struct TraceFile {
   TraceHeader header;                 // started_at is kept as written; missing optional keys keep their defaults
   std::vector<ThreadLine> threads;    // in file order
   // Processes of a multi-process trace, in file order (process lines); empty for a trace of one process, whose
-  // process is the header's. ends: the process_end lines.
+  // process is the header's. ends: the process_end lines. The reader guarantees: ids are unique; every thread line's
+  // and process_end's process is defined (or is the root); a parent is an earlier process (no cycles); when there
+  // are process lines the root is among them (made from the header when the file has no line for it).
   std::vector<ProcessInfo> processes;
   std::vector<ProcessEnd> process_ends;
   std::vector<TraceEvent> events;     // in file order (samples included); sources are interned (InternSource)
@@ -58,6 +65,13 @@ struct TraceFile {
   size_t out_of_order_events = 0;     // events whose t_ns is below the previous event's
 
   bool IsMain(std::optional<uint32_t> ruby_thread) const;
+  // Whether the trace holds more than one process (a followed process tree that forked, exec'd or met a skipped
+  // child). Tools label threads with their process only then; a one-process trace reads and renders as before.
+  bool MultiProcess() const { return processes.size() > 1; }
+  const ProcessInfo* FindProcess(uint32_t id) const;        // nullptr: no process line of that id
+  const ProcessEnd* FindProcessEnd(uint32_t id) const;      // nullptr: the process did not end in the trace
+  uint32_t ProcessOf(uint32_t ruby_thread) const;           // its thread line's process; the root when none
+  std::string ProcessLabel(uint32_t id) const;              // ProcessLabel of the process (the root: the header's)
   // The latest names and namespace tid of a thread's line (nullptr: no line for it).
   const ThreadInfo* FindThreadInfo(uint32_t ruby_thread) const;
   // ThreadInfo::DisplayName of the thread, against the main thread's native name; "" when none is known.

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "export/folded.h"
+#include "export/inspect_views.h"
 #include "export/perfetto.h"
 #include "export/pprof.h"
 #include "export/speedscope.h"
@@ -107,6 +108,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ostringstream folded;
     FUZZ_CHECK(ExportFolded(*trace, folded, w).ok());
     CheckFolded(folded.str());
+  }
+
+  if (trace->MultiProcess()) {
+    // A trace of several processes: each tool's per-process path (trace/processes.h). Errors are allowed (a part can
+    // name a Ruby older than 3.2, the root can have no threads); what is written must still be valid.
+    std::ostringstream perfetto, speedscope;
+    if (ExportPerfetto(*trace, perfetto).ok()) FUZZ_CHECK(nlohmann::json::accept(perfetto.str()));
+    if (ExportSpeedscope(*trace, speedscope).ok()) FUZZ_CHECK(nlohmann::json::accept(speedscope.str()));
+    fuzz::NullStream text;
+    (void)PrintInspectSummary(*trace, text);
+    (void)PrintInspectEvents(*trace, EventFilter{}, text);
+    (void)PrintTraceStats(*trace, text);
+    (void)SelectReportProcess(*trace, std::nullopt);
   }
 
   const auto frames = trace->frames;

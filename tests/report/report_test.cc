@@ -19,6 +19,7 @@
 #include "model/model_test_util.h"
 #include "report/report_data.h"
 #include "report/report_ui.h"
+#include "trace/multi_process_trace.h"
 
 namespace rvbpfd {
 namespace {
@@ -837,5 +838,58 @@ TEST_F(WriteReportFile, MissingTraceIsNotAnOutputError) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+// A trace of several processes is reported one process at a time, with that process's own model (its own GVL) and a
+// title naming it.
+namespace multi {
+
+TraceFile MultiProcessTrace() {
+  Result<TraceFile> f = TraceReader::Parse(testing::kMultiProcessTrace, "multi");
+  EXPECT_TRUE(f.ok());
+  return f.ok() ? std::move(f).value() : TraceFile{};
+}
+
+TEST(ReportProcesses, DefaultIsTheRootAndTheTitleNamesTheProcess) {
+  Result<ReportPart> part = SelectReportProcess(MultiProcessTrace(), std::nullopt);
+  ASSERT_TRUE(part.ok()) << part.error().ToString();
+  EXPECT_EQ(part->title_suffix, " · pid 4242 (ruby app.rb), process 1 of 4 (rvbpfd report --process ID: 1, 2, 4)");
+  ASSERT_EQ(part->trace.threads.size(), 1u);
+}
+
+TEST(ReportProcesses, DataOfOneProcessHasOnlyItsThreadsAndOwners) {
+  Result<ReportPart> part = SelectReportProcess(MultiProcessTrace(), 2);
+  ASSERT_TRUE(part.ok()) << part.error().ToString();
+  Result<Model> model = Model::FromTrace(part->trace);
+  ASSERT_TRUE(model.ok());
+  std::string data;
+  AppendReportData(*model, ReportOptions{.title = "t" + part->title_suffix}, &data);
+  const json d = json::parse(data);
+  EXPECT_EQ(d["meta"]["pid"], 4243);
+  std::set<int> ids;
+  for (const json& t : d["threads"]) ids.insert(t["id"].get<int>());
+  EXPECT_EQ(ids, (std::set<int>{2, 3}));
+  // Owners ("ow": Ruby thread + 1, 0 for none) are the child's threads only.
+  for (const json& ow : d["owner"]["ow"]) EXPECT_TRUE(ow == 0 || ow == 3 || ow == 4) << ow;
+  EXPECT_NE(d["meta"]["title"].get<std::string>().find("process 2 of 4"), std::string::npos);
+}
+
+TEST(ReportProcesses, UnknownOrSkippedProcessIsAUsageError) {
+  for (uint32_t id : {3u, 9u}) {
+    Result<ReportPart> part = SelectReportProcess(MultiProcessTrace(), id);
+    ASSERT_FALSE(part.ok());
+    EXPECT_EQ(part.error().code(), ErrorCode::kUsage);
+    EXPECT_NE(part.error().message().find("traced processes are 1, 2, 4"), std::string::npos);
+  }
+  Result<TraceFile> one = TraceReader::Parse(
+      R"({"rvtrace":1,"recorder":"rvbpfd","pid":5})"
+      "\n",
+      "one");
+  ASSERT_TRUE(one.ok());
+  EXPECT_FALSE(SelectReportProcess(*one, 2).ok());
+  Result<ReportPart> root = SelectReportProcess(*one, 1);
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(root->title_suffix, "");
+}
+
+}  // namespace multi
 }  // namespace
 }  // namespace rvbpfd
