@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -239,6 +240,10 @@ int RunCliUnguarded(int argc, char** argv) {
                  "Which events carry the Ruby stack of their thread: release (gvl_released, default), "
                  "release,ready (also wants_gvl), off")
       ->check(StacksValidator());
+  app.add_option("--holder-stacks", rec.holder_stacks,
+                 "A wants_gvl that finds another thread holding the GVL carries the holder's Ruby stack, which GVL "
+                 "blame names the holder's work by whatever --hz is: on (default, with --stacks) or off")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}));
   app.add_option("--hz", rec.hz,
                  "On-CPU sampling frequency of the target's threads, samples per second of CPU time (default 99; "
                  "0: no sampling)")
