@@ -260,8 +260,17 @@ void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from,
     AttributeSampled(out, holder, from, to);
     return;
   }
-  // Before the first contention observation: as if there were none.
-  if (c->t_ns > from) AttributeSampled(out, holder, from, c->t_ns);
+  // Before the first contention observation (a wait queued before the holder took the lock, observed by a later
+  // READY): the holder's samples there, else that observation, the nearest thing seen of what it ran (its release
+  // lies further away, after it).
+  if (c->t_ns > from) {
+    auto [sb, se] = SamplesIn(holder, from, c->t_ns);
+    if (sb != se) {
+      AttributeSampled(out, holder, from, c->t_ns);
+    } else {
+      AttributeObserved(out, holder, from, c->t_ns, c->stack);
+    }
+  }
   for (; c != ce; ++c) {
     // This observation stands for the time up to the holder's next sample; from that sample on, the samples until
     // the next observation (or the end) share it.

@@ -11,7 +11,9 @@
 //         from h's control frames: rv_config.holder_stacks). One at c covers [c, the next observation of h): h's
 //         first on-CPU sample after c, else the next contention observation, else the end of O (source kContention).
 //         So the stack of the release that ends the hold covers only what follows the last other observation, which
-//         is nothing once h was observed in O; what precedes O's first contention observation is attributed as below.
+//         is nothing once h was observed in O. The part of O before its first contention observation (a waiter
+//         queued before h took the lock, its wait observed by a later READY): h's samples there as below, else that
+//         first observation (the nearest one: the release comes after it).
 //       - the rest (no contention observation, or the time from a sample on): h's on-CPU samples inside it, its length
 //         / k ns to each of the k samples (source kSampled); with none, the stack of h's GVL hold that covers it: the
 //         stack of the gvl_released that ended it (kReleaseStack) or, for a hold ended otherwise (exit, a lost

@@ -192,25 +192,40 @@ TEST(Attribution, EveryWaitersObservationOfTheHolderCounts) {
 }
 
 // An observation names one thread: it is never read for another holder's span (a READY can find a thread that was
-// handed the GVL but has not resumed yet), nor for time before it.
-TEST(Attribution, AnObservationOfAnotherThreadOrLaterTimeIsNotUsed) {
+// handed the GVL but has not resumed yet).
+TEST(Attribution, AnObservationOfAnotherThreadIsNotUsed) {
   Feed run;
   HolderAndWaiter(run, /*release_stack=*/9);
   run.Contention(10, kC, 20);
   AttributionResult r = run.Done(70);
   EXPECT_EQ(Blame(r, kB, kA, 9, BlameSource::kReleaseStack), 50u);
   EXPECT_EQ(BlameTotal(r), 50u);
+}
 
-  Feed later;
-  later.Ev(0, EventName::kGvlAcquired, kA);
-  later.Ev(5, EventName::kGvlReleased, kB);
-  later.Ev(10, EventName::kWantsGvl, kB);
-  later.Contention(40, kA, 20);
-  later.Ev(60, EventName::kGvlReleased, kA, 9);
-  later.Ev(60, EventName::kGvlAcquired, kB);
-  AttributionResult l = later.Done(70);
-  EXPECT_EQ(Blame(l, kB, kA, 9, BlameSource::kReleaseStack), 30u);  // [10, 40): nothing observed yet
-  EXPECT_EQ(Blame(l, kB, kA, 20, BlameSource::kContention), 20u);
+// A wait that began before its first observation (queued before the holder took the lock; C's READY at 40 observes
+// A): the time before it goes to A's samples there, else to that observation, never to the release after it.
+TEST(Attribution, BeforeTheFirstObservationTheSamplesThereElseThatObservation) {
+  auto feed = [](Feed& run, bool sampled) {
+    run.Ev(0, EventName::kGvlAcquired, kA);
+    run.Ev(1, EventName::kGvlReleased, kB);
+    run.Ev(2, EventName::kGvlReleased, kC);
+    run.Ev(10, EventName::kWantsGvl, kB);
+    if (sampled) run.Sample(20, kA, 7);
+    run.Ev(40, EventName::kWantsGvl, kC);
+    run.Contention(40, kA, 20);
+    run.Ev(60, EventName::kGvlReleased, kA, 9);
+    run.Ev(60, EventName::kGvlAcquired, kB);
+  };
+  Feed unsampled;
+  feed(unsampled, false);
+  AttributionResult u = unsampled.Done(70);
+  EXPECT_EQ(Blame(u, kB, kA, 20, BlameSource::kContention), 50u);
+  EXPECT_EQ(Blame(u, kB, kA, 9, BlameSource::kReleaseStack), 0u);
+  Feed sampled;
+  feed(sampled, true);
+  AttributionResult s = sampled.Done(70);
+  EXPECT_EQ(Blame(s, kB, kA, 7, BlameSource::kSampled), 30u);
+  EXPECT_EQ(Blame(s, kB, kA, 20, BlameSource::kContention), 20u);
 }
 
 // A GC the holder ran inside an observed stretch is the GC's, as everywhere.
