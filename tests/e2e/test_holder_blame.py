@@ -12,14 +12,19 @@ fleet agent's rate: most holds get no sample). For each:
            nothing at --hz 0, only the sampled holds' share at --hz 19), labelled blame_source=contention for some;
            gvl_blame still sums to gvl_wait;
   inspect: the top blocker is Ledger.crunch.
+The fleet agent (`rvbpfd agent --hz 19 --output-dir`) on the same workload: its pushed gvl_blame profiles, summed over
+the intervals, give Ledger.crunch at least half of all blame (the agent's streaming Attribution, DrainBlame included).
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rvlib  # noqa: E402
+import test_agent  # noqa: E402
+import test_agent_blame  # noqa: E402
 
 WORK = "Ledger.crunch"
 RELEASE = "Pause.rest"
@@ -99,6 +104,58 @@ def check_inspect(out):
         f"top blocker line {first.strip()!r} does not name {WORK}"]
 
 
+def agent_blame(rvbpfd, ruby, work):
+    """Runs holder_work under `rvbpfd agent --hz 19`; returns (problems, {leaf: ns} of its gvl_blame profiles)."""
+    out_dir = os.path.join(work, ruby.name)
+    agent = test_agent.Agent(rvbpfd, ["--output-dir", out_dir, "--interval", str(test_agent.INTERVAL), "--hz", "19",
+                                      "--max-overhead", "0", "--log-format", "json"])
+    proc = None
+    try:
+        env = dict(os.environ)
+        env.update(getattr(ruby, "env", {}))
+        proc = subprocess.Popen([ruby.bin, rvlib.workload_path("holder_work")], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        out = rvlib.LineReader(proc.stdout)
+        if out.wait_for(lambda l: l.startswith("ready"), 30) is None:
+            return [f"holder_work did not start: {proc.stderr.read()[:500]!r}"], {}
+        if agent.wait_log(lambda r: r.get("msg") == "process attached" and r.get("pid") == proc.pid, 15) is None:
+            return [f"the agent did not attach to holder_work (pid {proc.pid}) within 15 s"], {}
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        if out.wait_for(lambda l: l.startswith("done"), 60) is None:
+            return ["holder_work did not finish under the agent"], {}
+        proc.wait(timeout=20)
+        agent.p.send_signal(signal.SIGTERM)
+        agent.p.wait(timeout=30)
+        leaves = {}
+        for (t, _, _), prof in test_agent_blame.profiles_of(out_dir, proc.pid).items():
+            if t != "gvl_blame":
+                continue
+            for smp in prof["samples"]:
+                leaf = smp["stack"][0] if smp["stack"] else "<none>"
+                leaves[leaf] = leaves.get(leaf, 0) + smp["values"][0]
+        return [], leaves
+    except (subprocess.TimeoutExpired, OSError) as e:
+        return [f"agent run: {e}"], {}
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        agent.stop()
+
+
+def check_agent(leaves):
+    total = sum(leaves.values())
+    work = leaves.get(WORK, 0)
+    top = sorted(leaves.items(), key=lambda kv: -kv[1])[:4]
+    print(f"  agent gvl_blame {total / 1e6:.1f} ms, {WORK} {100.0 * work / max(total, 1):.1f}%; top leaves "
+          f"{[(k, round(100.0 * v / max(total, 1), 1)) for k, v in top]}")
+    if total <= 0:
+        return ["the agent pushed no gvl_blame"]
+    return [] if work >= MIN_SHARE * total else [
+        f"{WORK} has {100.0 * work / total:.1f}% of the agent's gvl_blame (want at least {MIN_SHARE:.0%}); top {top}"]
+
+
 def main():
     args, res, rvbpfd, rubies = rvlib.begin(__doc__)
     outdir = rvlib.make_outdir(args, "holder_blame")
@@ -127,6 +184,9 @@ def main():
             res.check(f"inspect {name}: {WORK} the top blocker",
                       [f"exit {p.returncode}: {p.stderr.decode('utf-8', 'replace')[-1000:]}"] if p.returncode != 0
                       else check_inspect(out))
+        problems, leaves = agent_blame(rvbpfd, ruby, os.path.join(outdir, "agent"))
+        res.check(f"agent {ruby.name} holder_work --hz 19: {WORK} has at least {MIN_SHARE:.0%} of the pushed gvl_blame",
+                  problems or check_agent(leaves))
     rvlib.cleanup_outdir(args, outdir)
     res.finish()
 
