@@ -523,6 +523,10 @@ TEST_F(AgentTest, GvlBlameNamesTheMainThreadByItsTidAndTellsSinksItsSampleLabels
 // A contended READY carries the holder and its stack (RV_REC_HAS_HOLDER): without any sample, the pushed gvl_blame
 // names what the holder ran when the wait began (m222), not the stack it released the GVL with (m111).
 TEST_F(AgentTest, GvlBlameNamesTheHolderStackAContendedReadyCarried) {
+  AgentConfig no_stacks = config_;
+  no_stacks.stacks = "off";
+  EXPECT_EQ(Agent::ProbeConfig(no_stacks).holder_stacks, 0u);
+  EXPECT_EQ(Agent::ProbeConfig(config_).holder_stacks, 1u) << "contended READYs carry the holder's stack";
   StartAgent();
   const uint64_t t0 = clock_.mono;
   rv_gvl_reading holder{};
