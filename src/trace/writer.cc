@@ -288,7 +288,7 @@ void TraceWriter::AppendEvent(const TraceEvent& event) {
     AppendDouble(&b, event.overhead_pct);
   }
   if (event.gvl && event.event == EventName::kWantsGvl) {
-    // The holder its READY found (docs/rvtrace.md, "Contention: holder and holder_stack").
+    // The holder its READY found (docs/rvtrace.md, "Contention").
     b.append(",\"holder\":");
     AppendOptionalUint(&b, event.gvl->holder);
     if (event.holder_stack) {
