@@ -26,6 +26,35 @@
  * reading with a larger count is taken as unreadable. */
 #define RV_GVL_MAX_PLAUSIBLE_WAITING (1u << 20)
 
+/* The address of the scheduler state (the base of struct rv_gvl_offsets) of the VM that runs thread `th`, into
+ * *base; 0 on success (a non-null base). */
+RV_WALKER_INLINE int rv_gvl_base(void *ctx, const struct rv_gvl_offsets *g, __u64 vm_ptr, __u64 th, __u64 *base) {
+  *base = 0;
+  if (g->base == RV_GVL_BASE_THREAD_RACTOR) {
+    if (th == 0 || RV_WALKER_READ(ctx, base, 8, th + g->th_ractor) != 0) return -1;
+  } else if (g->base == RV_GVL_BASE_VM) {
+    if (vm_ptr == 0 || RV_WALKER_READ(ctx, base, 8, vm_ptr) != 0) return -1;
+  } else {
+    return -1;
+  }
+  return *base != 0 ? 0 : -1;
+}
+
+/* Reads only the holder of the GVL of the VM that runs thread `th` (rv_read_gvl without the queue): a READY reads
+ * whom its thread waits for. Returns 0 with *holder set (0: nobody holds it), -1 when this binary has no GVL layout
+ * or the holder cannot be read (*holder 0). */
+RV_WALKER_INLINE int rv_read_gvl_holder(void *ctx, const struct rv_gvl_offsets *g, __u64 vm_ptr, __u64 th,
+                                        __u64 *holder) {
+  __u64 base = 0;
+  *holder = 0;
+  if (g->holder == RV_GVL_NO_FIELD || rv_gvl_base(ctx, g, vm_ptr, th, &base) != 0) return -1;
+  if (RV_WALKER_READ(ctx, holder, 8, base + g->holder) != 0) {
+    *holder = 0;
+    return -1;
+  }
+  return 0;
+}
+
 /* Reads the GVL state of the VM that runs thread `th` (rb_thread_t *, already checked against its EC) into *out.
  * vm_ptr: runtime address of ruby_current_vm_ptr (RV_GVL_BASE_VM only). Returns 0 with *out filled, -1 when this
  * binary has no GVL layout or the holder or the count cannot be read (then *out says nothing). */
@@ -39,14 +68,8 @@ RV_WALKER_INLINE int rv_read_gvl(void *ctx, const struct rv_gvl_offsets *g, __u6
   out->nqueued = 0;
   out->flags = 0;
   out->pad = 0;
-  if (g->base == RV_GVL_BASE_THREAD_RACTOR) {
-    if (th == 0 || RV_WALKER_READ(ctx, &base, 8, th + g->th_ractor) != 0) return -1;
-  } else if (g->base == RV_GVL_BASE_VM) {
-    if (vm_ptr == 0 || RV_WALKER_READ(ctx, &base, 8, vm_ptr) != 0) return -1;
-  } else {
-    return -1;
-  }
-  if (base == 0 || g->holder == RV_GVL_NO_FIELD || g->queue == RV_GVL_NO_FIELD ||
+  if (rv_gvl_base(ctx, g, vm_ptr, th, &base) != 0) return -1;
+  if (g->holder == RV_GVL_NO_FIELD || g->queue == RV_GVL_NO_FIELD ||
       g->th_queue_node == RV_GVL_NO_FIELD) {
     return -1;
   }

@@ -255,6 +255,44 @@ static __always_inline void rv_note_ns_tid(__u32 tgid, __u32 ns_tid, __u32 tid, 
   if (!known || *known != tid) bpf_map_update_elem(&ns_tids, &k, &tid, BPF_ANY);
 }
 
+/* A READY of thread th (binary bin, process tgid): when another thread holds the GVL of th's VM, writes the READY as
+ * a struct rv_holder_record with the holder and the holder's stack, walked from holder->ec, and returns 1; returns 0
+ * (nothing written, nothing walked) when the GVL is free or held by th, or the holder cannot be read. The walk is
+ * charged to the target like any stack walk. */
+static __always_inline int rv_output_holder(__u32 bin, __u64 th, __u32 tgid, __u64 ts, __u32 serial, __u32 about_tid,
+                                            __u32 tid, __u16 site, __u32 flags, struct rv_pid_traps *traps,
+                                            struct rv_counters *c) {
+  struct rv_walk_config *wc = bpf_map_lookup_elem(&walk_config, &bin);
+  __u64 holder = 0, vm_ptr = 0, ec = 0;
+  if (!wc || !wc->valid || wc->gvl.base == RV_GVL_BASE_NONE) return 0;
+  if (wc->gvl.base == RV_GVL_BASE_VM) {
+    struct rv_proc_ec *pe = bpf_map_lookup_elem(&proc_ec, &tgid);
+    if (!pe) return 0;
+    vm_ptr = pe->vm_ptr;
+  }
+  if (rv_read_gvl_holder_subprog(&wc->gvl, vm_ptr, th, &holder) != 0 || holder == 0 || holder == th) return 0;
+  __u32 slot = bpf_get_smp_processor_id() * 2; /* the uprobes' slot */
+  struct rv_holder_record *s = bpf_map_lookup_elem(&stack_scratch, &slot);
+  if (!s) return 0;
+  __u64 w0 = bpf_ktime_get_ns();
+  rv_fill_record(&s->rec, ts, th, serial, about_tid, tid, tgid, RV_EV_THREAD_READY, site,
+                 flags | RV_REC_HAS_STACK | RV_REC_HAS_HOLDER);
+  s->holder.holder = holder;
+  s->holder.flags = 0;
+  s->holder.pad = 0;
+  if (bpf_probe_read_user(&ec, sizeof(ec), (const void *)(unsigned long)(holder + wc->thread_ec)) != 0) ec = 0;
+  rv_output_stack(s, sizeof(struct rv_record) + sizeof(struct rv_holder_info) + rv_walk_ec_stack_into(wc, ec, &s->hdr,
+                                                                                                        s->frames),
+                  0);
+  __u64 walk = bpf_ktime_get_ns() - w0; /* the target's time, like the trap: --max-overhead charges it */
+  __sync_fetch_and_add(&traps->stack_ns, walk);
+  if (c) {
+    c->stack_ns += walk;
+    c->holder_stacks++;
+  }
+  return 1;
+}
+
 /* A hit that becomes no record: the trap was paid all the same, so it is counted. */
 static __always_inline int rv_discard(struct rv_counters *c) {
   if (c) c->hits_discarded++;
@@ -401,6 +439,13 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   if (site->event == RV_EV_GC_ENTER) {
     struct rv_native_thread *nt = rv_native_thread_of(tid);
     if (nt) nt->in_gc = 1;
+  }
+
+  /* A READY while another thread holds the GVL: the holder's stack goes with it (rv_holder_record), what the holder
+   * runs when the wait begins. Uncontended READYs only pay the holder read. */
+  if (rv_cfg.holder_stacks && site->event == RV_EV_THREAD_READY && th != 0 &&
+      rv_output_holder(bin, th, tgid, ts, serial, about_tid, tid, (__u16)key, flags, traps, c)) {
+    return 0;
   }
 
   /* Events configured to carry a stack (gvl_released by default): the thread giving up the lock is the one running

@@ -65,4 +65,10 @@ __noinline int rv_read_gvl_subprog(const struct rv_gvl_offsets *g, __u64 vm_ptr,
   return rv_read_gvl((void *)0, g, vm_ptr, th, out);
 }
 
+/* rv_read_gvl_holder(): who holds the GVL of the VM running th, into *holder; 0 on success. */
+__noinline int rv_read_gvl_holder_subprog(const struct rv_gvl_offsets *g, __u64 vm_ptr, __u64 th, __u64 *holder) {
+  if (!g || !holder) return -1;
+  return rv_read_gvl_holder((void *)0, g, vm_ptr, th, holder);
+}
+
 #endif /* RVBPFD_BPF_SUBPROGS_BPF_H_ */

@@ -104,6 +104,9 @@ struct rv_offsets {
 #define RV_REC_IN_GC 0x10u    /* samples: the native thread was between GC_ENTER and GC_EXIT */
 /* samples: an rv_gvl_reading follows the rv_record, before the rv_stack_header (struct rv_sample_record) */
 #define RV_REC_HAS_GVL 0x20u
+/* READY while another thread held the GVL (rv_config.holder_stacks): an rv_holder_info follows the rv_record, then
+ * the rv_stack_header and frames of the HOLDER's stack (struct rv_holder_record), not the waiter's */
+#define RV_REC_HAS_HOLDER 0x40u
 
 /* One ring buffer record: fixed size, written by every probe. */
 struct rv_record {
@@ -213,6 +216,28 @@ struct rv_sample_record {
   struct rv_ruby_frame frames[RV_MAX_STACK_FRAMES];
 };
 
+/* ---- The GVL holder at a contended READY (rv_config.holder_stacks) ---------------------------------------------------
+ * When a thread starts waiting for the GVL (READY) while another thread holds it, the program reads the holder from
+ * the waiting thread's VM (rv_read_gvl_holder, the sampler's layout) and walks the holder's Ruby stack from the
+ * holder's own control frames (holder->ec): what the holder runs at the moment the wait begins. The entry is laid out
+ * as struct rv_holder_record and flagged RV_REC_HAS_STACK | RV_REC_HAS_HOLDER; its stack is the holder's (the
+ * waiter's own READY stack, --stacks=release,ready, is not taken for such a READY). A READY that finds the GVL free,
+ * or held by its own thread, or whose holder cannot be read, is written as before. The holder runs on another CPU
+ * while it is walked: the stack is a snapshot whose oldest frames may be read a moment after its newest (every read
+ * bounded and checked like any walk). */
+struct rv_holder_info {
+  __u64 holder; /* rb_thread_t * of the GVL holder (never 0, never the record's th) */
+  __u32 flags;  /* 0: none defined */
+  __u32 pad;
+};
+
+struct rv_holder_record {
+  struct rv_record rec;
+  struct rv_holder_info holder;
+  struct rv_stack_header hdr;
+  struct rv_ruby_frame frames[RV_MAX_STACK_FRAMES];
+};
+
 /* ---- How a sample finds the execution context (EC) of the thread it interrupted (bpf/ruby_ec.h) -----------------
  * The route is decided per process by userspace (src/stacks/ec_route.cc) from the VM binary and, where ld.so decides
  * the numbers, from the process's memory; BPF only follows it. */
@@ -261,6 +286,10 @@ struct rv_config {
   __u32 cold_gap_ns;
   /* 1: samples carry a reading of the GVL (holder, queue) where the binary's rv_walk_config.gvl says how */
   __u32 gvl_readings;
+  /* 1: a READY that finds another thread holding the GVL carries the holder and its stack (struct rv_holder_record)
+   * where the binary's rv_walk_config.gvl says how to read the holder; never a walk for an uncontended READY */
+  __u32 holder_stacks;
+  __u32 reserved;
 };
 
 /* Byte offsets of the fields of the running kernel's struct task_struct that the programs read (the sampler's thread
@@ -337,7 +366,12 @@ RV_ABI_ASSERT(__builtin_offsetof(struct rv_sample_record, frames) ==
 RV_ABI_ASSERT((RV_GVL_MAX_QUEUED & (RV_GVL_MAX_QUEUED - 1)) == 0, "RV_GVL_MAX_QUEUED is a power of two");
 RV_ABI_ASSERT(sizeof(struct rv_proc_ec) == 48, "rv_proc_ec ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_proc_ec, vm_ptr) == 40, "rv_proc_ec ABI");
-RV_ABI_ASSERT(sizeof(struct rv_config) == 20, "rv_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_config) == 28, "rv_config ABI");
+RV_ABI_ASSERT(sizeof(struct rv_holder_info) == 16, "rv_holder_info ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_holder_record, holder) == 40, "rv_holder_record ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_holder_record, hdr) == 56, "rv_holder_record ABI");
+RV_ABI_ASSERT(__builtin_offsetof(struct rv_holder_record, frames) == 72, "rv_holder_record ABI");
+RV_ABI_ASSERT(sizeof(struct rv_holder_record) <= sizeof(struct rv_sample_record), "a holder entry fits a scratch slot");
 RV_ABI_ASSERT(sizeof(struct rv_kernel_layout) == 16, "rv_kernel_layout ABI");
 RV_ABI_ASSERT(sizeof(struct rv_target) == 24, "rv_target ABI");
 RV_ABI_ASSERT(__builtin_offsetof(struct rv_target, pidns) == 8, "rv_target ABI");

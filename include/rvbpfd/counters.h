@@ -50,7 +50,9 @@
   X(hits_discarded, RV_FOLD_SUM, "not events")                                                                     \
   /* Of probe_hits, the cold ones (rv_config.cold_gap_ns), and those at RV_SITE_SINGLE_STEP sites. */               \
   X(cold_hits, RV_FOLD_SUM, "")                                                                                    \
-  X(stepped_hits, RV_FOLD_SUM, "")
+  X(stepped_hits, RV_FOLD_SUM, "")                                                                                 \
+  /* Of those, READYs that found another thread holding the GVL and carried its stack (rv_config.holder_stacks). */ \
+  X(holder_stacks, RV_FOLD_SUM, "")
 
 /* Time the BPF programs spent in the targets' context walking and writing Ruby stacks, in ns: rv_pid_traps.stack_ns
  * over every target. Nothing follows the label. */

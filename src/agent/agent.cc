@@ -80,6 +80,9 @@ rv_config Agent::ProbeConfig(const AgentConfig& config) {
   if (config.stacks != "off") {
     cfg.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
     if (config.stacks.find("ready") != std::string::npos) cfg.stack_events |= 1u << RV_EV_THREAD_READY;
+    // A contended READY carries the holder's stack (where the binary's GVL layout is known): gvl_blame names the
+    // holder's work whatever --hz is (model/attribution.h).
+    cfg.holder_stacks = 1;
   }
   cfg.sampling = config.hz > 0 ? 1 : 0;
   // Samples read their VM's GVL (where the binary's layout has it), so contention stays visible while the budget
@@ -375,6 +378,8 @@ void Agent::OnStack(const rv_record& r, const rv_stack_header& h, std::span<cons
       return;
     }
     if (gvl != nullptr) item.gvl = GvlReadingFromRecord(*gvl);
+  } else if (r.kind == RV_EV_THREAD_READY && gvl != nullptr) {
+    item.gvl = HolderFromRecord(gvl->holder);  // item.stack is the holder's
   }
   p->gc_epoch.OnRecord(r.kind);
   Enqueue(std::move(item), /*may_release=*/true);
@@ -467,7 +472,13 @@ void Agent::Dispatch(Pending& item) {
     return;
   }
   p->exited_threads.Keep(item.th, /*sample=*/false, item.kind == RV_EV_THREAD_EXITED);
-  p->profile->OnEvent(item.t_ns, item.th, item.kind, item.stack);
+  if (item.kind == RV_EV_THREAD_READY && item.gvl != nullptr) {
+    // A contended READY: its stack is the holder's, a contention observation for blame, not the waiter's own.
+    p->profile->OnEvent(item.t_ns, item.th, item.kind, SharedStack());
+    p->profile->OnContention(item.t_ns, item.gvl->holder_th, item.stack);
+  } else {
+    p->profile->OnEvent(item.t_ns, item.th, item.kind, item.stack);
+  }
   ++p->events;
   ++events_;
 }

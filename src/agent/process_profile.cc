@@ -315,6 +315,13 @@ void ProcessProfile::OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, const S
   Event(ts_ns, th, kind, StackInput{{}, &stack});
 }
 
+void ProcessProfile::OnContention(uint64_t ts_ns, uint64_t holder, const SharedStack& stack) {
+  if (holder == 0 || stack == nullptr || stack->empty()) return;
+  const uint32_t id = InternOrFull(StackInput{{}, &stack});
+  blame_.OnContention(ts_ns, holder, id);
+  if (blame_.kept() >= blame_drain_at_) DrainBlame(ts_ns);
+}
+
 void ProcessProfile::Sample(uint64_t ts_ns, uint64_t th, bool in_gc, const StackInput& frames,
                             const GvlReading* gvl) {
   ++stats_.samples;

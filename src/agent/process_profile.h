@@ -233,6 +233,9 @@ class ProcessProfile {
   // repeated stacks.
   void OnSample(uint64_t ts_ns, uint64_t th, bool in_gc, const SharedStack& stack, const GvlReading* gvl = nullptr);
   void OnEvent(uint64_t ts_ns, uint64_t th, uint32_t kind, const SharedStack& stack);
+  // A READY at ts_ns found thread `holder` holding the GVL, running `stack` (null: none): GVL blame's contention
+  // observation (model/attribution.h). After that READY's OnEvent.
+  void OnContention(uint64_t ts_ns, uint64_t holder, const SharedStack& stack);
   void OnEventsLost();  // events were dropped: spans open now are not counted (their ends are unknown)
   // `th` runs on the process's initial native thread (tid == pid): the main thread, so named in gvl_blame.
   void SetMainThread(uint64_t th) { main_th_ = th; }

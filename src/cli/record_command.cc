@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,10 @@ void AddRecordFlags(CLI::App& app, RecordFlags* flags) {
                  "Which events carry the Ruby stack of their thread: release (gvl_released, default), "
                  "release,ready (also wants_gvl), off")
       ->check(StacksValidator());
+  app.add_option("--holder-stacks", flags->rec.holder_stacks,
+                 "A wants_gvl that finds another thread holding the GVL carries the holder's Ruby stack, which GVL "
+                 "blame names the holder's work by whatever --hz is: on (default, with --stacks) or off")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}));
   app.add_option("--hz", flags->rec.hz,
                  "On-CPU sampling frequency of the target's threads, samples per second of CPU time (default 99; "
                  "0: no sampling)")

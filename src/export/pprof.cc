@@ -97,6 +97,10 @@ StackProfile AggregateStacks(const TraceFile& trace) {
     }
     if (e.event == EventName::kTracingPaused) attribution.OnPause(e.t_ns);
     if (e.event == EventName::kTracingResumed) attribution.OnResume(e.t_ns);
+    OnTraceContention(attribution, e, [&trace](uint32_t id) {
+      const std::vector<uint32_t>* frames = trace.Stack(id);
+      return frames != nullptr && !frames->empty();
+    });
     tracker.OnEvent(TrackerEventOf(e, key, stack_of(e)));
   }
   // Spans still open at the last event end there (waits cut so are not counted as GVL wait: their end is unknown).

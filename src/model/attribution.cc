@@ -9,8 +9,8 @@
 namespace rvbpfd {
 namespace {
 
-constexpr std::string_view kBlameSourceNames[] = {"sampled",  "release_stack", "last_sample",
-                                                  "no_stack", "gvl_free",      "holder_unknown"};
+constexpr std::string_view kBlameSourceNames[] = {"sampled",  "release_stack", "last_sample",   "no_stack",
+                                                  "gvl_free", "holder_unknown", "contention"};
 static_assert(std::size(kBlameSourceNames) == static_cast<size_t>(BlameSource::kCount));
 constexpr std::string_view kWallStateNames[] = {"running", "gc", "gvl_wait", "blocked", "unknown"};
 static_assert(std::size(kWallStateNames) == static_cast<size_t>(WallState::kCount));
@@ -148,15 +148,35 @@ void Attribution::OnSample(uint64_t t_ns, uint64_t thread, uint32_t stack, bool 
   ++kept_;
 }
 
-std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::SamplesIn(uint64_t thread,
-                                                                                      uint64_t from,
-                                                                                      uint64_t to) const {
-  const std::vector<Sample>* found = samples_.find(thread);
+void Attribution::OnContention(uint64_t t_ns, uint64_t holder, uint32_t stack) {
+  if (holder == 0 || stack == 0) return;
+  std::vector<Sample>& v = contentions_[holder];
+  // Events of several waiters may reach here a little out of order (a READY on another CPU): kept sorted.
+  auto at = std::upper_bound(v.begin(), v.end(), t_ns, [](uint64_t t, const Sample& s) { return t < s.t_ns; });
+  v.insert(at, Sample{t_ns, stack, false});
+  ++kept_;
+}
+
+std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::TimesIn(
+    const FlatMap64<std::vector<Sample>>& by_thread, uint64_t thread, uint64_t from, uint64_t to) {
+  const std::vector<Sample>* found = by_thread.find(thread);
   if (found == nullptr || found->empty()) return {nullptr, nullptr};
   const std::vector<Sample>& v = *found;
   auto lo = std::lower_bound(v.begin(), v.end(), from, [](const Sample& s, uint64_t t) { return s.t_ns < t; });
   auto hi = std::lower_bound(lo, v.end(), to, [](const Sample& s, uint64_t t) { return s.t_ns < t; });
   return {v.data() + (lo - v.begin()), v.data() + (hi - v.begin())};
+}
+
+std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::SamplesIn(uint64_t thread,
+                                                                                      uint64_t from,
+                                                                                      uint64_t to) const {
+  return TimesIn(samples_, thread, from, to);
+}
+
+std::pair<const Attribution::Sample*, const Attribution::Sample*> Attribution::ContentionsIn(uint64_t thread,
+                                                                                          uint64_t from,
+                                                                                          uint64_t to) const {
+  return TimesIn(contentions_, thread, from, to);
 }
 
 std::span<const Span> Attribution::GcsIn(uint64_t thread, uint64_t from, uint64_t to) const {
@@ -223,7 +243,7 @@ const Attribution::Hold* Attribution::HoldAt(uint64_t thread, uint64_t t) const 
   return h.end_ns > t ? &h : nullptr;
 }
 
-void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const {
+uint64_t Attribution::AttributeGcs(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const {
   // GC the holder ran inside the overlap: attributed to the GC's stack.
   uint64_t gc_ns = 0;
   for (const Span& g : GcsIn(holder, from, to)) {
@@ -231,6 +251,46 @@ void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from,
     out.Add(g.stack, true, g.stack != 0 ? BlameSource::kLastSample : BlameSource::kNoStack, ns, 0);
     gc_ns += ns;
   }
+  return gc_ns;
+}
+
+void Attribution::AttributeHolder(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const {
+  auto [c, ce] = ContentionsIn(holder, from, to);
+  if (c == ce) {
+    AttributeSampled(out, holder, from, to);
+    return;
+  }
+  // Before the first contention observation (a wait queued before the holder took the lock, observed by a later
+  // READY): the holder's samples there, else that observation, the nearest thing seen of what it ran (its release
+  // lies further away, after it).
+  if (c->t_ns > from) {
+    auto [sb, se] = SamplesIn(holder, from, c->t_ns);
+    if (sb != se) {
+      AttributeSampled(out, holder, from, c->t_ns);
+    } else {
+      AttributeObserved(out, holder, from, c->t_ns, c->stack);
+    }
+  }
+  for (; c != ce; ++c) {
+    // This observation stands for the time up to the holder's next sample; from that sample on, the samples until
+    // the next observation (or the end) share it.
+    const uint64_t end = c + 1 != ce ? (c + 1)->t_ns : to;
+    auto [sb, se] = SamplesIn(holder, c->t_ns, end);
+    const uint64_t observed_to = sb != se ? sb->t_ns : end;
+    if (observed_to > c->t_ns) AttributeObserved(out, holder, c->t_ns, observed_to, c->stack);
+    if (observed_to < end) AttributeSampled(out, holder, observed_to, end);
+  }
+}
+
+void Attribution::AttributeObserved(PartSink& out, uint64_t holder, uint64_t from, uint64_t to,
+                                    uint32_t stack) const {
+  const uint64_t gc_ns = AttributeGcs(out, holder, from, to);
+  const uint64_t rest = to - from - std::min(gc_ns, to - from);
+  if (rest > 0) out.Add(stack, false, BlameSource::kContention, rest, 0);
+}
+
+void Attribution::AttributeSampled(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const {
+  const uint64_t gc_ns = AttributeGcs(out, holder, from, to);
   const uint64_t rest = to - from - std::min(gc_ns, to - from);
   if (rest == 0) return;
   std::vector<uint32_t> stacks;
@@ -672,14 +732,22 @@ void Attribution::DrainBlame(uint64_t keep_from_ns, AttributionResult* into) {
     trim(v, used);
     return used == 0;
   });
+  contentions_.erase_if([&](uint64_t, std::vector<Sample>& v) {
+    const size_t used = v.size();
+    std::erase_if(v, [keep_from_ns](const Sample& s) { return s.t_ns < keep_from_ns; });
+    trim(v, used);
+    return used == 0;
+  });
   holds_.shrink_if_sparse();
   gcs_.shrink_if_sparse();
   samples_.shrink_if_sparse();
+  contentions_.shrink_if_sparse();
   kept_ = blocked_.size() + readings_.size();
   for (const auto& [thread, v] : gcs_) kept_ += v.size();
   for (const auto& [vm, v] : holders_) kept_ += v.size();
   for (const auto& [thread, v] : holds_) kept_ += v.size();
   for (const auto& [thread, v] : samples_) kept_ += v.size();
+  for (const auto& [thread, v] : contentions_) kept_ += v.size();
 }
 
 void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
@@ -695,8 +763,10 @@ void Attribution::RemapStacks(const std::function<uint32_t(uint32_t)>& map) {
   for (auto& [thread, v] : gcs_) {
     for (Span& s : v) remap(s.stack);
   }
-  for (auto& [thread, v] : samples_) {
-    for (Sample& s : v) remap(s.stack);
+  for (auto* by_thread : {&samples_, &contentions_}) {
+    for (auto& [thread, v] : *by_thread) {
+      for (Sample& s : v) remap(s.stack);
+    }
   }
   for (GvlSample& g : readings_) remap(g.stack);
   for (auto& [waiter, ws] : carried_stacks_) remap(ws.stack);
@@ -706,12 +776,13 @@ size_t Attribution::approx_memory_bytes() const {
   size_t n = VectorHeap(waits_) + VectorHeap(blocked_) +
              gcs_.approx_memory_bytes() +
              holders_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint32_t, std::vector<Holder>>)) +
-             holds_.approx_memory_bytes() + samples_.approx_memory_bytes() +
+             holds_.approx_memory_bytes() + samples_.approx_memory_bytes() + contentions_.approx_memory_bytes() +
              lives_.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const uint64_t, Life>));  // tree nodes
   for (const auto& [vm, v] : holders_) n += VectorHeap(v);
   for (const auto& [thread, v] : holds_) n += VectorHeap(v);
   for (const auto& [thread, v] : gcs_) n += VectorHeap(v);
   for (const auto& [thread, v] : samples_) n += VectorHeap(v);
+  for (const auto& [thread, v] : contentions_) n += VectorHeap(v);
   n += VectorHeap(readings_) + reading_counted_.capacity() / 8 +
        seen_.approx_memory_bytes() +
        HashSetHeap(carried_stacks_, sizeof(std::pair<const uint64_t, WaiterStack>), false) + VectorHeap(pauses_);
@@ -732,6 +803,12 @@ GvlSample GvlSampleOf(uint64_t t_ns, uint64_t key, uint32_t stack, bool in_gc, c
   return g;
 }
 
+void OnTraceContention(Attribution& a, const TraceEvent& e, const std::function<bool(uint32_t stack)>& stack_ok) {
+  if (e.event != EventName::kWantsGvl || !e.gvl || !e.gvl->holder || !e.holder_stack) return;
+  if (*e.holder_stack == 0 || (stack_ok && !stack_ok(*e.holder_stack))) return;
+  a.OnContention(e.t_ns, TraceThreadKey(e.gvl->holder), *e.holder_stack);
+}
+
 AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const TraceEvent> events, uint64_t end_ns,
                                  AttributionOptions options, const std::function<bool(uint32_t stack)>& stack_in_gc) {
   Attribution a(options);
@@ -741,6 +818,7 @@ AttributionResult AttributeTrace(std::span<const Span> spans, std::span<const Tr
     a.OnThreadEvent(e.t_ns, key, e.event);
     if (e.event == EventName::kTracingPaused) a.OnPause(e.t_ns);
     if (e.event == EventName::kTracingResumed) a.OnResume(e.t_ns);
+    OnTraceContention(a, e);
     if (e.event != EventName::kSample) continue;
     const uint32_t stack = e.stack.value_or(0);
     a.OnSample(e.t_ns, key, stack, false);

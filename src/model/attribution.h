@@ -4,18 +4,33 @@
 //
 // GVL blame. Each counted GVL wait [s, e) of a waiter on VM v is split over the GVL holder spans (kHolder) of v that
 // overlap it:
-//   - a holder h (another thread) over an overlap O: O is attributed to h. What h was running: its on-CPU samples
-//     inside O, |O| / k ns to each of the k samples (source kSampled); with none, the stack of h's GVL hold that
-//     covers O: the stack of the gvl_released that ended it (kReleaseStack) or, for a hold ended otherwise (exit,
-//     a lost release, a cut) or by a release that carried no stack, the stack of h's latest sample (kLastSample);
-//     else no stack (kNoStack). The part of O in which
-//     h ran a GC is attributed with `gc` set (GC runs on the lock holder and keeps every other thread waiting).
+//   - a holder h (another thread) over an overlap O: O is attributed to h. What h was running is read off the
+//     observations of h inside O, each for the time it stands for:
+//       - contention observations (OnContention): the stack of h that a READY found it running when a thread began
+//         to wait for the GVL h held (the waiter's own, or another waiter's in the same hold; the recorder walks it
+//         from h's control frames: rv_config.holder_stacks). One at c covers [c, the next observation of h): h's
+//         first on-CPU sample after c, else the next contention observation, else the end of O (source kContention).
+//         So the stack of the release that ends the hold covers only what follows the last other observation, which
+//         is nothing once h was observed in O. The part of O before its first contention observation (a waiter
+//         queued before h took the lock, its wait observed by a later READY): h's samples there as below, else that
+//         first observation (the nearest one: the release comes after it).
+//       - the rest (no contention observation, or the time from a sample on): h's on-CPU samples inside it, its length
+//         / k ns to each of the k samples (source kSampled); with none, the stack of h's GVL hold that covers it: the
+//         stack of the gvl_released that ended it (kReleaseStack) or, for a hold ended otherwise (exit, a lost
+//         release, a cut) or by a release that carried no stack, the stack of h's latest sample (kLastSample); else
+//         no stack (kNoStack).
+//     At --hz 19 most holds get no sample, and the release stack names where h gave the lock up (an IO wait, after
+//     its CPU work): the contention observation is what names the work itself, whatever the sampling rate. The part
+//     of O in which h ran a GC is attributed with `gc` set (GC runs on the lock holder and keeps every other thread
+//     waiting).
 //   - nobody held the GVL (holder thread 0): the hand-off between a release and the waiter's acquisition, or the
 //     time the scheduler took to wake the waiter: holder kNoThread, source kGvlFree.
 //   - no holder span covers it (the holder is not known, e.g. one that held the GVL since before tracing began):
 //     holder kNoThread, source kHolderUnknown. Never attributed to a guessed thread.
 // The waiter's own wait is an observed fact (both ends are the VM's events); who held the lock is derived from the
-// last gvl_acquired (holder spans); the holder's stack is sampled or the release's, as `source` says.
+// last gvl_acquired (holder spans); the holder's stack is observed at a READY, sampled or the release's, as `source`
+// says (a contention observation of a thread other than the span's holder, e.g. one handed the GVL that has not
+// resumed yet, is never used for it).
 //
 // Estimated GVL waits while the scheduler probes were paused (--max-overhead; AttributionOptions::estimate_paused).
 // Between tracing_paused and tracing_resumed no wait is observed (its wants_gvl / gvl_acquired sites are detached),
@@ -88,9 +103,10 @@ enum class BlameSource : uint8_t {
   kNoStack,        // the holder is known, what it ran is not
   kGvlFree,        // nobody held the GVL: hand-off / wake-up latency
   kHolderUnknown,  // no holder span covers this part of the wait
+  kContention,     // the holder's stack a READY found it running, up to the holder's next sample (above)
   kCount,
 };
-// "sampled", "release_stack", "last_sample", "no_stack", "gvl_free", "holder_unknown".
+// "sampled", "release_stack", "last_sample", "no_stack", "gvl_free", "holder_unknown", "contention".
 std::string_view BlameSourceName(BlameSource source);
 
 // The label of the frame standing in for a weight whose thread had no known stack.
@@ -239,6 +255,9 @@ class Attribution {
   void OnSpan(const Span& s);
   void OnThreadEvent(uint64_t t_ns, uint64_t thread, EventName event);
   void OnSample(uint64_t t_ns, uint64_t thread, uint32_t stack, bool in_gc);
+  // A READY at t_ns found `holder` holding the GVL, running `stack` (a wants_gvl's holder / holder_stack): a
+  // contention observation (above). Fed in time order with the samples; stack 0 is ignored.
+  void OnContention(uint64_t t_ns, uint64_t holder, uint32_t stack);
   void OnPause(uint64_t t_ns);
   void OnResume(uint64_t t_ns);
   void OnGvlReading(GvlSample reading);
@@ -337,12 +356,21 @@ class Attribution {
   void BlameWaits(AttributionResult& r) const;
   void BlameWait(AttributionResult& r, const Span& w, std::span<const Holder> holders) const;
   void AttributeHolder(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const;
+  // [from, to) of holder by its samples, else its hold's stack (no contention observation there).
+  void AttributeSampled(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const;
+  // [from, to) of holder to one observed stack (kContention), but for the GCs it ran there; the GC ns are returned.
+  void AttributeObserved(PartSink& out, uint64_t holder, uint64_t from, uint64_t to, uint32_t stack) const;
+  // The GCs holder ran inside [from, to), attributed with `gc` set; returns their ns.
+  uint64_t AttributeGcs(PartSink& out, uint64_t holder, uint64_t from, uint64_t to) const;
   // The hold of `thread` with start <= t < end, or null.
   const Hold* HoldAt(uint64_t thread, uint64_t t) const;
   void AttributeWall(AttributionResult& r, uint64_t end_ns) const;
   void AttributeRunning(AttributionResult& r, uint64_t thread, const Hold& hold) const;
-  // The samples of `thread` with from <= t < to.
+  // The samples (or contention observations) of `thread` with from <= t < to.
   std::pair<const Sample*, const Sample*> SamplesIn(uint64_t thread, uint64_t from, uint64_t to) const;
+  std::pair<const Sample*, const Sample*> ContentionsIn(uint64_t thread, uint64_t from, uint64_t to) const;
+  static std::pair<const Sample*, const Sample*> TimesIn(const FlatMap64<std::vector<Sample>>& by_thread,
+                                                         uint64_t thread, uint64_t from, uint64_t to);
   // The GCs `thread` ran that overlap [from, to).
   std::span<const Span> GcsIn(uint64_t thread, uint64_t from, uint64_t to) const;
   // ns of [from, to) inside a GC that `thread` ran.
@@ -356,6 +384,7 @@ class Attribution {
   FlatMap64<std::vector<Hold>> holds_;               // per thread, in time order
   size_t kept_ = 0;  // spans and samples in the containers above
   FlatMap64<std::vector<Sample>> samples_;         // per thread, in time order
+  FlatMap64<std::vector<Sample>> contentions_;     // per holder thread, in time order (in_gc unused)
   std::map<uint64_t, Life> lives_;
   // estimate_paused:
   FlatMap64<Seen> seen_;
@@ -373,6 +402,11 @@ class Attribution {
 // A trace sample's GVL reading (TraceEvent::gvl, ruby_threads) with tracker keys: the sample at t_ns of thread `key`
 // on `stack`, taken while that thread ran a GC when in_gc.
 GvlSample GvlSampleOf(uint64_t t_ns, uint64_t key, uint32_t stack, bool in_gc, const GvlReading& reading);
+
+// Feeds a wants_gvl's contention observation (its `gvl` holder and holder_stack; docs/rvtrace.md) to `a`, when it
+// has one that names a thread and a stack; stack_ok: whether the trace's stack id names a non-empty stack (null: any).
+void OnTraceContention(Attribution& a, const TraceEvent& e,
+                       const std::function<bool(uint32_t stack)>& stack_ok = nullptr);
 
 // A whole trace's attribution from its tracker spans (Model::spans(): the SpanTracker's over these events, stacks
 // as event stack ids) and its events in time order (the samples; every event's time and thread for the lifetimes;

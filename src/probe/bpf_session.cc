@@ -316,22 +316,30 @@ int BpfSession::OnSample(void* ctx, void* data, size_t size) {
   rv_record rec;
   std::memcpy(&rec, data, sizeof(rec));
   if (rec.flags & RV_REC_HAS_STACK) {
-    // A sample's GVL reading sits between the record and the stack header (struct rv_sample_record).
+    // A sample's GVL reading sits between the record and the stack header (struct rv_sample_record), a contended
+    // READY's holder likewise (struct rv_holder_record: the stack is the holder's); the callback gets the holder as
+    // a reading that names it alone.
     const bool has_gvl = rec.kind == RV_EV_SAMPLE && (rec.flags & RV_REC_HAS_GVL) != 0;
-    const size_t gvl_bytes = has_gvl ? sizeof(rv_gvl_reading) : 0;
+    const bool has_holder = rec.kind == RV_EV_THREAD_READY && (rec.flags & RV_REC_HAS_HOLDER) != 0;
+    const size_t gvl_bytes = has_gvl ? sizeof(rv_gvl_reading) : has_holder ? sizeof(rv_holder_info) : 0;
     const size_t fixed = sizeof(rv_record) + gvl_bytes + sizeof(rv_stack_header);
     if (size >= fixed && self->on_stack_) {
       const auto* bytes = static_cast<const uint8_t*>(data);
-      rv_gvl_reading gvl;
+      rv_gvl_reading gvl{};
       if (has_gvl) std::memcpy(&gvl, bytes + sizeof(rv_record), sizeof(gvl));
+      if (has_holder) {
+        rv_holder_info holder;
+        std::memcpy(&holder, bytes + sizeof(rv_record), sizeof(holder));
+        gvl.holder = holder.holder;
+      }
       rv_stack_header hdr;
       std::memcpy(&hdr, bytes + sizeof(rv_record) + gvl_bytes, sizeof(hdr));
       // Trust the entry size over the header's count: never read past what the ring holds.
       const size_t n = std::min<size_t>(hdr.nframes, (size - fixed) / sizeof(rv_ruby_frame));
-      // Ring entries are 8-byte aligned and the frames start at offset 56 (336 after a GVL reading), so they can be
-      // viewed in place.
+      // Ring entries are 8-byte aligned and the frames start at offset 56 (336 after a GVL reading, 72 after a
+      // holder), so they can be viewed in place.
       const auto* frames = reinterpret_cast<const rv_ruby_frame*>(bytes + fixed);
-      self->on_stack_(rec, hdr, std::span<const rv_ruby_frame>(frames, n), has_gvl ? &gvl : nullptr);
+      self->on_stack_(rec, hdr, std::span<const rv_ruby_frame>(frames, n), has_gvl || has_holder ? &gvl : nullptr);
       return done;
     }
     if (rec.kind == RV_EV_SAMPLE) return done;  // nobody wants samples

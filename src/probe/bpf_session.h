@@ -93,7 +93,8 @@ class BpfSession {
  public:
   using RecordCallback = std::function<void(const rv_record&)>;
   // A record that carries a stack (RV_REC_HAS_STACK: gvl_released with --stacks, samples). `frames` points into the
-  // ring buffer and is valid only during the call; `gvl` is a sample's GVL reading (RV_REC_HAS_GVL), else nullptr.
+  // ring buffer and is valid only during the call; `gvl` is a sample's GVL reading (RV_REC_HAS_GVL), or a contended
+  // READY's holder (RV_REC_HAS_HOLDER: only `holder` is set, and the stack is the holder's), else nullptr.
   using StackCallback = std::function<void(const rv_record&, const rv_stack_header&,
                                            std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl)>;
 

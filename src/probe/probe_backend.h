@@ -30,7 +30,8 @@ namespace rvbpfd {
 class ProbeBackend {
  public:
   using RecordHandler = std::function<void(const rv_record&)>;
-  // `gvl`: the GVL reading a sample carried (rv_config.gvl_readings), null when none.
+  // `gvl`: the GVL reading a sample carried (rv_config.gvl_readings), or the holder a contended READY carried
+  // (rv_config.holder_stacks: only `holder` is set, and the stack is the holder's); null when none.
   using StackHandler = std::function<void(const rv_record&, const rv_stack_header&,
                                           std::span<const rv_ruby_frame> frames, const rv_gvl_reading* gvl)>;
 

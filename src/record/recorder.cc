@@ -414,6 +414,9 @@ SessionOptions Recording::SessionOptionsFor(bool stacks_ready, bool gvl_layout) 
     // Samples read the GVL's holder and queue where the binary's layout is known: what keeps contention visible
     // while --max-overhead has the scheduler sites detached (model/attribution.h estimates from it there).
     so.config.gvl_readings = sampling_ && gvl_layout ? 1 : 0;
+    // A contended READY reads the holder with the same layout, and walks its stack: GVL blame's contention-start
+    // observation (model/attribution.h), whatever --hz is.
+    so.config.holder_stacks = stacks_on_ && o_.holder_stacks && gvl_layout ? 1 : 0;
   }
   return so;
 }
@@ -479,6 +482,7 @@ void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std:
     if (gvl != nullptr) e.gvl = GvlReadingFromRecord(*gvl);
   } else {
     e = FromRecord(r, origin_ns_);
+    if (gvl != nullptr && e.event == EventName::kWantsGvl) e.gvl = HolderFromRecord(gvl->holder);  // the holder's stack
   }
   if (!resolver_) {
     // The VM's load address is known once the target has mapped it (launch mode: after exec).
@@ -492,7 +496,9 @@ void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std:
   AppendStackEndMarker(h, &frame_infos_);
   frame_ids_.clear();
   for (const FrameInfo& f : frame_infos_) frame_ids_.push_back(sink_->InternFrame(f));
-  e.stack = sink_->InternStack(frame_ids_);
+  // A contended READY's stack is its GVL holder's.
+  std::optional<uint32_t>& stack = e.event == EventName::kWantsGvl && e.gvl ? e.holder_stack : e.stack;
+  stack = sink_->InternStack(frame_ids_);
   if (e.event == EventName::kGvlReleased) {
     const std::string& fn = r.site < site_functions_.size() ? site_functions_[r.site] : std::string();
     e.reason = std::string(ReleaseReasonTraceName(DeriveReleaseReason(frame_infos_, ClassifyReleaseSite(fn))));

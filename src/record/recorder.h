@@ -43,6 +43,9 @@ struct RecordOptions {
   bool quiet = false;
   std::string stacks = "release";     // --stacks: "release", "release,ready" or "off"
   int hz = 99;                        // --hz: perf_event samples per second of CPU time; 0 = no sampling
+  // --holder-stacks: a wants_gvl that finds another thread holding the GVL carries the holder and its stack (where
+  // the binary's GVL layout is known and stacks are on); what GVL blame names the holder's work by (attribution.h).
+  bool holder_stacks = true;
   // --gc-probes (diagnostic): "auto" = the GC hook-check sites, entry/return of the GC functions only where a binary
   // has none; "fallback" = the function-level GC probes always (src/sites UseGcFunctionProbes).
   std::string gc_probes = "auto";

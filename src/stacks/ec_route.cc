@@ -387,4 +387,11 @@ std::optional<rv_gvl_reading> ReadGvlForThread(MemoryReader& mem, const rv_gvl_o
   return r;
 }
 
+std::optional<uint64_t> ReadGvlHolderForThread(MemoryReader& mem, const rv_gvl_offsets& offsets, uint64_t vm_ptr,
+                                               uint64_t th) {
+  __u64 holder = 0;
+  if (rv_host_read_gvl_holder(&mem, &offsets, vm_ptr, th, &holder) != 0) return std::nullopt;
+  return holder;
+}
+
 }  // namespace rvbpfd

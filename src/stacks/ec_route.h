@@ -110,6 +110,10 @@ EcLookup FindEcForThread(MemoryReader& mem, const rv_proc_ec& proc, const rv_wal
 // or the process gives no reading.
 std::optional<rv_gvl_reading> ReadGvlForThread(MemoryReader& mem, const rv_gvl_offsets& offsets, uint64_t vm_ptr,
                                                uint64_t th);
+// The holder alone, as a READY reads it (bpf/ruby_gvl.h's rv_read_gvl_holder): 0 when nobody holds the GVL, nullopt
+// when the layout or the process gives no reading.
+std::optional<uint64_t> ReadGvlHolderForThread(MemoryReader& mem, const rv_gvl_offsets& offsets, uint64_t vm_ptr,
+                                               uint64_t th);
 
 }  // namespace rvbpfd
 

@@ -22,3 +22,7 @@ int rv_host_ec_from_tls(void *ctx, const struct rv_proc_ec *pe, __u64 tp, __u64 
 int rv_host_read_gvl(void *ctx, const struct rv_gvl_offsets *g, __u64 vm_ptr, __u64 th, struct rv_gvl_reading *out) {
   return rv_read_gvl(ctx, g, vm_ptr, th, out);
 }
+
+int rv_host_read_gvl_holder(void *ctx, const struct rv_gvl_offsets *g, __u64 vm_ptr, __u64 th, __u64 *holder) {
+  return rv_read_gvl_holder(ctx, g, vm_ptr, th, holder);
+}

@@ -21,6 +21,9 @@ int rv_host_ec_from_tls(void *ctx, const struct rv_proc_ec *pe, __u64 tp, __u64 
 /* rv_read_gvl of bpf/ruby_gvl.h, with ctx a MemoryReader*. */
 int rv_host_read_gvl(void *ctx, const struct rv_gvl_offsets *g, __u64 vm_ptr, __u64 th, struct rv_gvl_reading *out);
 
+/* rv_read_gvl_holder of bpf/ruby_gvl.h (the holder a READY reads), with ctx a MemoryReader*. */
+int rv_host_read_gvl_holder(void *ctx, const struct rv_gvl_offsets *g, __u64 vm_ptr, __u64 th, __u64 *holder);
+
 #ifdef __cplusplus
 }
 #endif

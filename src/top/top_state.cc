@@ -105,6 +105,7 @@ void TopState::OnEvent(const TraceEvent& e) {
     case EventName::kTracingResumed: blame_.OnResume(e.t_ns); break;
     default: break;
   }
+  OnTraceContention(blame_, e);  // a wants_gvl's holder stack
   tracker_.OnEvent(TrackerEventOf(e, key, stack));
   blame_.OnThreadEvent(e.t_ns, key, e.event);
 }

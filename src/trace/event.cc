@@ -153,4 +153,11 @@ std::string ThreadInfo::DisplayName(const std::optional<std::string>& process_co
   return "";
 }
 
+std::shared_ptr<GvlReading> HolderFromRecord(uint64_t holder_th) {
+  auto g = std::make_shared<GvlReading>();
+  g->held = true;
+  g->holder_th = holder_th;
+  return g;
+}
+
 }  // namespace rvbpfd

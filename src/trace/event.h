@@ -132,9 +132,13 @@ struct TraceEvent {
   Provenance reason_provenance = Provenance::kObserved;  // gvl_released only: how `reason` was obtained
   std::optional<uint32_t> stack;         // id of a stack dictionary line (trace/stacks.h) written before this event
   double overhead_pct = -1;              // tracing_paused / tracing_resumed only; negative = absent (percent)
-  // sample only: the GVL reading taken with it; null for every other event and for samples without one (a pointer,
-  // so the events that have none, nearly all, copy 16 bytes more and allocate nothing).
+  // sample: the GVL reading taken with it; wants_gvl: the GVL holder its READY found (held, holder / holder_th only;
+  // docs/rvtrace.md `holder`), whose stack is holder_stack; null for every other event, for samples without a reading
+  // and for waits that began uncontended (a pointer, so the events that have none, nearly all, copy 16 bytes more and
+  // allocate nothing).
   std::shared_ptr<GvlReading> gvl;
+  // wants_gvl only: id of the stack line of the GVL holder's Ruby stack when the wait began (with `gvl`).
+  std::optional<uint32_t> holder_stack;
 };
 
 // "gvl_acquired" etc. The result is a static string.
@@ -162,6 +166,8 @@ TraceEvent FromRecord(const rv_record& record, uint64_t origin_ns);
 // A sample's GVL reading as it came from BPF, with the VM's pointers (ThreadIds names them). The count is taken as at
 // least the number of threads listed (the two are read a moment apart, without the VM's lock).
 std::shared_ptr<GvlReading> GvlReadingFromRecord(const rv_gvl_reading& reading);
+// The GVL holder a contended READY found (RV_REC_HAS_HOLDER), as a wants_gvl's `gvl`: held by holder_th.
+std::shared_ptr<GvlReading> HolderFromRecord(uint64_t holder_th);
 
 }  // namespace rvbpfd
 

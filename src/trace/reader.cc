@@ -137,6 +137,21 @@ std::shared_ptr<GvlReading> ParseGvlReading(const json& obj) {
   return g;
 }
 
+// A wants_gvl's contention keys (docs/rvtrace.md): `holder` (a thread id, or null for a holder the trace does not
+// name) and `holder_stack`; either one says the READY found the GVL held.
+void ParseHolder(const json& obj, TraceEvent* e) {
+  auto holder = obj.find("holder");
+  e->holder_stack = GetOptionalUint32(obj, "holder_stack");
+  if (holder == obj.end() && !e->holder_stack) return;
+  auto g = std::make_shared<GvlReading>();
+  g->held = true;
+  if (holder != obj.end() && !holder->is_null()) {
+    g->holder = JsonInteger<uint32_t>(*holder);
+    if (!g->holder) throw LineError{"\"holder\" must be a thread id or null"};
+  }
+  e->gvl = std::move(g);
+}
+
 // Returns nullopt for an event name this version does not know.
 std::optional<TraceEvent> ParseEvent(const json& obj) {
   TraceEvent e;
@@ -173,6 +188,7 @@ std::optional<TraceEvent> ParseEvent(const json& obj) {
   e.stack = GetOptionalUint32(obj, "stack");
   e.overhead_pct = GetDouble(obj, "overhead_pct", -1);
   if (auto g = obj.find("gvl"); g != obj.end() && !g->is_null()) e.gvl = ParseGvlReading(*g);
+  if (e.event == EventName::kWantsGvl) ParseHolder(obj, &e);
   return e;
 }
 
@@ -569,6 +585,9 @@ Result<TraceFile> TraceReader::Parse(std::string_view text, const std::string& n
         }
         if (event->stack && !file.stacks.contains(*event->stack)) {
           return bad("event uses stack " + std::to_string(*event->stack) + " before its stack line");
+        }
+        if (event->holder_stack && !file.stacks.contains(*event->holder_stack)) {
+          return bad("event uses holder stack " + std::to_string(*event->holder_stack) + " before its stack line");
         }
         process_of.Assign(&*event);
         if (have_prev_event && event->t_ns < prev_t_ns) ++file.out_of_order_events;

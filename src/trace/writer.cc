@@ -287,7 +287,15 @@ void TraceWriter::AppendEvent(const TraceEvent& event) {
     b.append(",\"overhead_pct\":");
     AppendDouble(&b, event.overhead_pct);
   }
-  if (event.gvl) {
+  if (event.gvl && event.event == EventName::kWantsGvl) {
+    // The holder its READY found (docs/rvtrace.md, "Contention").
+    b.append(",\"holder\":");
+    AppendOptionalUint(&b, event.gvl->holder);
+    if (event.holder_stack) {
+      b.append(",\"holder_stack\":");
+      AppendUint(&b, *event.holder_stack);
+    }
+  } else if (event.gvl) {
     const GvlReading& g = *event.gvl;
     b.append(g.held ? ",\"gvl\":{\"held\":true,\"holder\":" : ",\"gvl\":{\"held\":false,\"holder\":");
     AppendOptionalUint(&b, g.holder);
@@ -315,6 +323,10 @@ Status TraceWriter::Write(const TraceEvent& event) {
   if (event.stack && stacks_.stack(*event.stack) == nullptr) {
     return Error(ErrorCode::kInternal, "writing trace event to " + path_ + ": stack " +
                                            std::to_string(*event.stack) + " was never interned");
+  }
+  if (event.holder_stack && stacks_.stack(*event.holder_stack) == nullptr) {
+    return Error(ErrorCode::kInternal, "writing trace event to " + path_ + ": holder stack " +
+                                           std::to_string(*event.holder_stack) + " was never interned");
   }
   AppendEvent(event);
   if (buffer_.size() < kFlushBytes) return Status::Ok();

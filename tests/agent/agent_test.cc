@@ -520,6 +520,34 @@ TEST_F(AgentTest, GvlBlameNamesTheMainThreadByItsTidAndTellsSinksItsSampleLabels
   EXPECT_NE(pb.find("sampled"), std::string::npos);
 }
 
+// A contended READY carries the holder and its stack (RV_REC_HAS_HOLDER): without any sample, the pushed gvl_blame
+// names what the holder ran when the wait began (m222), not the stack it released the GVL with (m111).
+TEST_F(AgentTest, GvlBlameNamesTheHolderStackAContendedReadyCarried) {
+  AgentConfig no_stacks = config_;
+  no_stacks.stacks = "off";
+  EXPECT_EQ(Agent::ProbeConfig(no_stacks).holder_stacks, 0u);
+  EXPECT_EQ(Agent::ProbeConfig(config_).holder_stacks, 1u) << "contended READYs carry the holder's stack";
+  StartAgent();
+  const uint64_t t0 = clock_.mono;
+  rv_gvl_reading holder{};
+  holder.holder = 0x1000;
+  backend_.Record(t0 + 1 * kMs, 10, RV_EV_THREAD_RESUMED, 0x1000, 10);
+  backend_.Stack(t0 + 2 * kMs, 10, RV_EV_THREAD_READY, 0x2000, {222}, 0, 11, holder);
+  backend_.Stack(t0 + 32 * kMs, 10, RV_EV_THREAD_SUSPENDED, 0x1000, {111}, 0, 10);
+  backend_.Record(t0 + 32 * kMs, 10, RV_EV_THREAD_RESUMED, 0x2000, 11);
+  Run(2 * kS);
+  std::vector<ProfileUpload> blame = UploadsFor(10, "gvl_blame");
+  ASSERT_EQ(blame.size(), 1u);
+  const std::string pb = Gunzip(blame[0].pprof_gz);
+  EXPECT_NE(pb.find("m222"), std::string::npos);
+  EXPECT_NE(pb.find("contention"), std::string::npos);
+  EXPECT_EQ(pb.find("release_stack"), std::string::npos) << "the release stack covers nothing after the observation";
+  // The READY's stack was the holder's: the waiter's own wait is not placed there.
+  std::vector<ProfileUpload> wait = UploadsFor(10, "gvl_wait");
+  ASSERT_EQ(wait.size(), 1u);
+  EXPECT_EQ(Gunzip(wait[0].pprof_gz).find("m222"), std::string::npos);
+}
+
 TEST_F(AgentTest, ReloadDropsProcessesTheNewRulesExcludeAndPicksUpNewMatches) {
   config_.exclude = {"label:service=billing"};
   StartAgent();

@@ -364,6 +364,36 @@ TEST(ProcessProfile, GvlBlameGoesToWhatTheHolderRanLabelledByHolderAndWaiter) {
   }
 }
 
+// A contended READY's holder stack (Agent::Dispatch feeds it to OnContention): the wait goes to it up to the
+// holder's next sample, not to where the holder later released the GVL.
+TEST(ProcessProfile, GvlBlameGoesToTheHolderStackAContendedReadyFound) {
+  ProcessProfile pp(kPeriod);
+  const auto work = Stack({"Ledger.crunch", "<main>"});
+  const auto rest = Stack({"Kernel#sleep", "Pause.rest", "<main>"});
+  const auto io = Stack({"IO#read", "Io#loop", "<main>"});
+  auto shared = [](const std::vector<FrameInfo>& frames) {
+    auto out = std::make_shared<std::vector<SharedFrame>>();
+    for (const FrameInfo& f : frames) out->push_back(std::make_shared<const FrameInfo>(f));
+    return SharedStack(std::move(out));
+  };
+  pp.SetMainThread(1);
+  pp.OnEvent(0, 1, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(50, 2, RV_EV_THREAD_SUSPENDED, io);
+  pp.OnEvent(100, 2, RV_EV_THREAD_READY, SharedStack());
+  pp.OnContention(100, 1, shared(work));
+  pp.OnContention(200, 0, shared(work));  // no holder: nothing to observe
+  pp.OnSample(3000, 1, false, rest);      // from here the sample stands for the rest
+  pp.OnEvent(4000, 1, RV_EV_THREAD_SUSPENDED, rest);
+  pp.OnEvent(4000, 2, RV_EV_THREAD_RESUMED, kNone);
+  auto p = Get(pp.Cut(5000, 0, 5000), "gvl_blame");
+  ASSERT_TRUE(p);
+  using Key = std::tuple<std::string, std::string, std::string>;
+  EXPECT_EQ(BlameBy(*p, {"Ledger.crunch", "<main>"}), (std::map<Key, int64_t>{{{"main", "Thread #2", "contention"}, 2900}}));
+  EXPECT_EQ(BlameBy(*p, {"Kernel#sleep", "Pause.rest", "<main>"}),
+            (std::map<Key, int64_t>{{{"main", "Thread #2", "sampled"}, 1000}}));
+  EXPECT_EQ(Sum(*p), 3900);
+}
+
 TEST(ProcessProfile, GvlBlameOfAWaitAcrossCutsSumsToTheWholeWait) {
   ProcessProfile pp(kPeriod);
   const auto hog = Stack({"Hog.spin", "<main>"});

@@ -72,7 +72,13 @@ bool WriteThreads34(const std::string& path, bool finish, TraceFormat format = T
   std::vector<TraceEvent> ev;
   ev.push_back(Ev(1000, EventName::kGvlAcquired, 1, kSourceThreadHookSite));
   ev.push_back(Ev(2000, EventName::kThreadStarted, 2, kSourceThreadHookSite));
-  ev.push_back(Ev(2500, EventName::kWantsGvl, 2, kSourceThreadHookSite));
+  // A contended READY: thread 1 holds the GVL, running Worker#run (docs/rvtrace.md, "Contention").
+  TraceEvent wants = Ev(2500, EventName::kWantsGvl, 2, kSourceThreadHookSite);
+  wants.gvl = std::make_shared<GvlReading>();
+  wants.gvl->held = true;
+  wants.gvl->holder = 1;
+  wants.holder_stack = s_hot;
+  ev.push_back(wants);
   ev.push_back(Ev(3000, EventName::kSleepEnter, 1, kSourceProbe));
   TraceEvent rel = Ev(3100, EventName::kGvlReleased, 1, kSourceThreadHookSite);
   rel.stack = s_sleep;

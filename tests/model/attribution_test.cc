@@ -36,6 +36,8 @@ class Feed {
     tracker_.OnSample(thread, stack, false);
     attribution_.OnSample(t, thread, stack, false);
   }
+  // A READY at t found `holder` running `stack` (fed after the READY's own event, as the exporters do).
+  void Contention(uint64_t t, uint64_t holder, uint32_t stack) { attribution_.OnContention(t, holder, stack); }
   // A sample of `thread` on `stack` that read the GVL: held by `holder` (0 with held: a thread the trace does not
   // name), `queued` named in the queue, `waiting` queued in all (default: the named ones).
   void Reading(uint64_t t, uint64_t thread, uint32_t stack, uint64_t holder, std::vector<uint64_t> queued,
@@ -126,6 +128,122 @@ TEST(Attribution, WithoutSamplesTheHoldersReleaseStackIsBlamed) {
   HolderAndWaiter(run, /*release_stack=*/9);
   AttributionResult r = run.Done(70);
   EXPECT_EQ(Blame(r, kB, kA, 9, BlameSource::kReleaseStack), 50u);
+  EXPECT_EQ(BlameTotal(r), 50u);
+}
+
+// A holds from 0; B's READY at 10 finds A running stack 20; A is sampled at 30 on 7 and releases at 60 with 9: the
+// observation stands for [10, 30), the sample for [30, 60), the release stack for nothing.
+TEST(Attribution, AContentionObservationStandsForTheTimeUpToTheHoldersNextSample) {
+  Feed run;
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(5, EventName::kGvlReleased, kB);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Contention(10, kA, 20);
+  run.Sample(30, kA, 7);
+  run.Ev(60, EventName::kGvlReleased, kA, 9);
+  run.Ev(60, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(70);
+  EXPECT_EQ(Blame(r, kB, kA, 20, BlameSource::kContention), 20u);
+  EXPECT_EQ(Blame(r, kB, kA, 7, BlameSource::kSampled), 30u);
+  EXPECT_EQ(Blame(r, kB, kA, 9, BlameSource::kReleaseStack), 0u);
+  EXPECT_EQ(BlameTotal(r), 50u);
+  EXPECT_EQ(BlameSourceName(BlameSource::kContention), "contention");
+}
+
+// Without a sample after it, the observation stands for the whole rest of the hold: where the holder released the
+// lock (after its work) is not what it ran while others waited.
+TEST(Attribution, WithAContentionObservationTheReleaseStackCoversNothingAfterIt) {
+  Feed run;
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(5, EventName::kGvlReleased, kB);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Contention(10, kA, 20);
+  run.Sample(8, kA, 6);  // before the wait: nothing of it
+  run.Ev(60, EventName::kGvlReleased, kA, 9);
+  run.Ev(60, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(70);
+  EXPECT_EQ(Blame(r, kB, kA, 20, BlameSource::kContention), 50u);
+  EXPECT_EQ(BlameTotal(r), 50u);
+}
+
+// Another waiter's READY during the same hold is an observation of the same holder: each stands for its stretch,
+// and a sample between them for the rest of the first stretch.
+TEST(Attribution, EveryWaitersObservationOfTheHolderCounts) {
+  Feed run;
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(1, EventName::kGvlReleased, kB);
+  run.Ev(2, EventName::kGvlReleased, kC);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Contention(10, kA, 20);
+  run.Sample(20, kA, 7);
+  run.Ev(30, EventName::kWantsGvl, kC);
+  run.Contention(30, kA, 21);
+  run.Ev(60, EventName::kGvlReleased, kA, 9);
+  run.Ev(60, EventName::kGvlAcquired, kB);
+  run.Ev(70, EventName::kGvlReleased, kB, 5);
+  run.Ev(70, EventName::kGvlAcquired, kC);
+  AttributionResult r = run.Done(80);
+  EXPECT_EQ(Blame(r, kB, kA, 20, BlameSource::kContention), 10u);
+  EXPECT_EQ(Blame(r, kB, kA, 7, BlameSource::kSampled), 10u);
+  EXPECT_EQ(Blame(r, kB, kA, 21, BlameSource::kContention), 30u);
+  EXPECT_EQ(Blame(r, kC, kA, 21, BlameSource::kContention), 30u);
+  EXPECT_EQ(Blame(r, kC, kB, 5, BlameSource::kReleaseStack), 10u);  // B's hold was not observed: as before
+  EXPECT_EQ(BlameTotal(r), 50u + 40u);
+}
+
+// An observation names one thread: it is never read for another holder's span (a READY can find a thread that was
+// handed the GVL but has not resumed yet).
+TEST(Attribution, AnObservationOfAnotherThreadIsNotUsed) {
+  Feed run;
+  HolderAndWaiter(run, /*release_stack=*/9);
+  run.Contention(10, kC, 20);
+  AttributionResult r = run.Done(70);
+  EXPECT_EQ(Blame(r, kB, kA, 9, BlameSource::kReleaseStack), 50u);
+  EXPECT_EQ(BlameTotal(r), 50u);
+}
+
+// A wait that began before its first observation (queued before the holder took the lock; C's READY at 40 observes
+// A): the time before it goes to A's samples there, else to that observation, never to the release after it.
+TEST(Attribution, BeforeTheFirstObservationTheSamplesThereElseThatObservation) {
+  auto feed = [](Feed& run, bool sampled) {
+    run.Ev(0, EventName::kGvlAcquired, kA);
+    run.Ev(1, EventName::kGvlReleased, kB);
+    run.Ev(2, EventName::kGvlReleased, kC);
+    run.Ev(10, EventName::kWantsGvl, kB);
+    if (sampled) run.Sample(20, kA, 7);
+    run.Ev(40, EventName::kWantsGvl, kC);
+    run.Contention(40, kA, 20);
+    run.Ev(60, EventName::kGvlReleased, kA, 9);
+    run.Ev(60, EventName::kGvlAcquired, kB);
+  };
+  Feed unsampled;
+  feed(unsampled, false);
+  AttributionResult u = unsampled.Done(70);
+  EXPECT_EQ(Blame(u, kB, kA, 20, BlameSource::kContention), 50u);
+  EXPECT_EQ(Blame(u, kB, kA, 9, BlameSource::kReleaseStack), 0u);
+  Feed sampled;
+  feed(sampled, true);
+  AttributionResult s = sampled.Done(70);
+  EXPECT_EQ(Blame(s, kB, kA, 7, BlameSource::kSampled), 30u);
+  EXPECT_EQ(Blame(s, kB, kA, 20, BlameSource::kContention), 20u);
+}
+
+// A GC the holder ran inside an observed stretch is the GC's, as everywhere.
+TEST(Attribution, AGcInsideAnObservedStretchIsBlamedAsGc) {
+  Feed run;
+  run.Ev(0, EventName::kGvlAcquired, kA);
+  run.Ev(5, EventName::kGvlReleased, kB);
+  run.Ev(10, EventName::kWantsGvl, kB);
+  run.Contention(10, kA, 20);
+  run.Ev(20, EventName::kGcEnter, kA);
+  run.Ev(35, EventName::kGcExit, kA);
+  run.Ev(60, EventName::kGvlReleased, kA, 9);
+  run.Ev(60, EventName::kGvlAcquired, kB);
+  AttributionResult r = run.Done(70);
+  EXPECT_EQ(Blame(r, kB, kA, 20, BlameSource::kContention), 35u);
+  uint64_t gc = 0;
+  for (const auto& [k, v] : r.blame_ns) gc += k.gc ? v : 0;
+  EXPECT_EQ(gc, 15u);
   EXPECT_EQ(BlameTotal(r), 50u);
 }
 
@@ -313,6 +431,7 @@ class Intervals {
     tracker_.OnSample(thread, stack, false);
     attribution_.OnSample(t, thread, stack, false);
   }
+  void Contention(uint64_t t, uint64_t holder, uint32_t stack) { attribution_.OnContention(t, holder, stack); }
   // Blames what the interval holds without ending it (as the agent does when its kept spans pile up).
   void Drain() { attribution_.DrainBlame(tracker_.oldest_open_wait_ns(now_), &current_); }
   // Ends the interval at t.
@@ -513,6 +632,42 @@ TEST(Attribution, DrainingKeepsOnlyWhatOpenWaitsNeedAndBlamesAsIfWhole) {
   // Only the open wait's needs are kept: a few spans while every wait is short, B's ~50 hand-offs later.
   EXPECT_LE(kept_before_b, 8u);
   EXPECT_GT(kept_at_end, 100u);
+}
+
+// The agent's drains keep the observations open waits need: drained, the blame is the whole trace's.
+TEST(Attribution, DrainingKeepsTheContentionObservationsOpenWaitsNeed) {
+  auto feed = [](auto& run, auto drain) {
+    run.Ev(0, EventName::kGvlAcquired, kA);
+    run.Ev(1, EventName::kGvlReleased, kB);
+    run.Ev(2, EventName::kGvlReleased, kC);
+    for (uint64_t t = 10; t < 410; t += 40) {
+      // A holds; B waits from t observing A on 20 + t/40; A is sampled once in every second hold; then B holds and
+      // A waits, observing B.
+      run.Ev(t, EventName::kWantsGvl, kB);
+      run.Contention(t, kA, static_cast<uint32_t>(20 + t / 40));
+      drain();
+      if ((t / 40) % 2 == 0) run.Sample(t + 10, kA, 7);
+      run.Ev(t + 20, EventName::kGvlReleased, kA, 9);
+      run.Ev(t + 20, EventName::kGvlAcquired, kB);
+      run.Ev(t + 25, EventName::kWantsGvl, kA);
+      run.Contention(t + 25, kB, 8);
+      drain();
+      run.Ev(t + 40, EventName::kGvlReleased, kB, 9);
+      run.Ev(t + 40, EventName::kGvlAcquired, kA);
+    }
+  };
+  Intervals drained;
+  feed(drained, [&] { drained.Drain(); });
+  drained.Cut(420);
+  Feed whole(AttributionOptions{.blame_cut_waits = true});
+  feed(whole, [] {});
+  const AttributionResult r = whole.Done(420);
+  ASSERT_EQ(drained.done.size(), 1u);
+  EXPECT_EQ(drained.done[0].blame_ns, r.blame_ns);
+  EXPECT_EQ(Blame(r, kB, kA, 20, BlameSource::kContention), 10u);  // sampled at 20: the sample has [20, 30)
+  EXPECT_EQ(Blame(r, kB, kA, 21, BlameSource::kContention), 20u);
+  EXPECT_EQ(Blame(r, kB, kA, 9, BlameSource::kReleaseStack), 0u);
+  EXPECT_EQ(drained.kept(), 0u);
 }
 
 TEST(Attribution, DrainingReusesALiveThreadsMemoryAndGivesBackAnIdleThreadsAndABursts) {

@@ -207,11 +207,13 @@ class FakeProbeBackend : public ProbeBackend {
     queue_.push_back(Queued{Counted(ts, pid, kind, th, tid), false, {}});
   }
   // A sample (or stacked event) whose frames are the given addresses.
-  // `gvl`: the GVL reading the sample carries (RV_REC_HAS_GVL), none by default.
+  // `gvl`: the GVL reading the sample carries (RV_REC_HAS_GVL), or a READY's holder (RV_REC_HAS_HOLDER: only
+  // `holder` counts, and the frames are the holder's), none by default.
   void Stack(uint64_t ts, uint32_t pid, uint16_t kind, uint64_t th, std::vector<uint64_t> addrs,
              uint32_t flags = 0, uint32_t tid = 0, std::optional<rv_gvl_reading> gvl = std::nullopt) {
     rv_record r = Counted(ts, pid, kind, th, tid);
-    r.flags = flags | RV_REC_HAS_STACK | (gvl ? RV_REC_HAS_GVL : 0u);
+    const uint32_t with = kind == RV_EV_THREAD_READY ? RV_REC_HAS_HOLDER : RV_REC_HAS_GVL;
+    r.flags = flags | RV_REC_HAS_STACK | (gvl ? with : 0u);
     std::vector<rv_ruby_frame> frames;
     for (uint64_t a : addrs) {
       rv_ruby_frame f{};

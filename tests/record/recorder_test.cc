@@ -659,9 +659,11 @@ TEST_F(RecorderTest, SpeculativeLoadOnAHelperThreadIsRedoneWhenTheBinaryGivesNoS
   EXPECT_FALSE(opens_[0].on_main_thread);
   EXPECT_EQ(opens_[0].options.config.sampling, 1u);
   EXPECT_NE(opens_[0].options.config.stack_events, 0u);
+  EXPECT_EQ(opens_[0].options.config.holder_stacks, 1u) << "speculated: the binary's GVL layout is known";
   EXPECT_TRUE(opens_[1].on_main_thread);
   EXPECT_EQ(opens_[1].options.config.sampling, 0u);
   EXPECT_EQ(opens_[1].options.config.stack_events, 0u);
+  EXPECT_EQ(opens_[1].options.config.holder_stacks, 0u) << "no stack layout: no holder walk";
   EXPECT_EQ(opens_[1].options.ring_buffer_bytes, 512u * 1024u);
   EXPECT_EQ(fake_.sampling_hz, 0);  // no stacks: no sampling
 }

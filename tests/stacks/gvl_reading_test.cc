@@ -163,6 +163,25 @@ TEST(GvlReading, NoReadingWhenTheVmCannotBeReadOrItsCountIsNoCount) {
   EXPECT_FALSE(vm.Read(1, &no_holder).has_value());
 }
 
+// What a READY reads (rv_read_gvl_holder): the holder alone, whatever the queue holds; nothing when the VM cannot say.
+TEST(GvlReading, TheHolderAloneAsAReadyReadsIt) {
+  FakeVm vm(3);
+  vm.Holder(Th(2));
+  vm.Count(-1);  // a count no reading accepts: the holder read does not look at the queue
+  EXPECT_EQ(ReadGvlHolderForThread(vm.mem(), vm.offsets(), kVmPtr, Th(0)), std::optional<uint64_t>(Th(2)));
+  vm.Holder(0);
+  EXPECT_EQ(ReadGvlHolderForThread(vm.mem(), vm.offsets(), kVmPtr, Th(0)), std::optional<uint64_t>(0));
+  EXPECT_FALSE(ReadGvlHolderForThread(vm.mem(), vm.offsets(), kVmPtr, 0xbad0000).has_value()) << "unreadable th";
+  vm.mem().Put64(Th(0) + vm.offsets().th_ractor, 0);
+  EXPECT_FALSE(ReadGvlHolderForThread(vm.mem(), vm.offsets(), kVmPtr, Th(0)).has_value()) << "no ractor";
+  rv_gvl_offsets none = vm.offsets();
+  none.base = RV_GVL_BASE_NONE;
+  EXPECT_FALSE(ReadGvlHolderForThread(vm.mem(), none, kVmPtr, Th(1)).has_value()) << "no GVL layout";
+  rv_gvl_offsets no_holder = vm.offsets();
+  no_holder.holder = RV_GVL_NO_FIELD;
+  EXPECT_FALSE(ReadGvlHolderForThread(vm.mem(), no_holder, kVmPtr, Th(1)).has_value());
+}
+
 TEST(GvlReading, WithoutACountTheWalkCounts) {
   FakeVm vm(4);
   vm.Holder(Th(3));

@@ -158,6 +158,32 @@ TEST(TraceReader, GvlReadingsAreOptionalAndCheckedWhenPresent) {
   }
 }
 
+TEST(TraceReader, AWantsGvlsHolderKeysAreCheckedAndTheirStackMustComeFirst) {
+  const std::string header = R"({"rvtrace":1,"recorder":"rvbpfd","pid":1,"origin_ns":0})" "\n"
+                             R"({"frame":{"id":1,"label":"Object#crunch","path":"/a.rb","line":1,"kind":"ruby"}})" "\n"
+                             R"({"stack":{"id":1,"frames":[1]}})" "\n";
+  auto wants = [](const std::string& keys) {
+    return R"({"t_ns":1,"ruby_thread":2,"event":"wants_gvl","source":"thread_hook_site","provenance":"observed")" +
+           keys + "}\n";
+  };
+  Result<TraceFile> ok = TraceReader::Parse(header + wants(R"(,"holder":4,"holder_stack":1)"), "t.rvtrace");
+  ASSERT_TRUE(ok.ok()) << ok.error().ToString();
+  ASSERT_NE(ok->events.back().gvl, nullptr);
+  EXPECT_EQ(ok->events.back().gvl->holder, std::optional<uint32_t>(4));
+  EXPECT_EQ(ok->events.back().holder_stack, std::optional<uint32_t>(1));
+  Result<TraceFile> none = TraceReader::Parse(header + wants(""), "t.rvtrace");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->events.back().gvl, nullptr);
+  for (const auto& [keys, expect] : std::vector<std::pair<std::string, std::string>>{
+           {R"(,"holder":"x","holder_stack":1)", "\"holder\" must be a thread id or null"},
+           {R"(,"holder":4,"holder_stack":2)", "holder stack 2 before its stack line"},
+       }) {
+    Result<TraceFile> r = TraceReader::Parse(header + wants(keys), "t.rvtrace");
+    ASSERT_FALSE(r.ok()) << keys;
+    EXPECT_NE(r.error().message().find(expect), std::string::npos) << r.error().message();
+  }
+}
+
 TEST(TraceReader, ReadsAnInProcessRecorderTrace) {
   // Written the way the in-process recorder writes: same header keys, its own recorder name, native_tid of the
   // thread that ran the hook, no probe_tid, a newer event name this version does not know, and no summary.

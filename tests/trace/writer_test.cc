@@ -285,6 +285,56 @@ TEST(TraceWriter, GvlReadingsOfSamplesRoundTripAndOtherEventsHaveNone) {
   EXPECT_EQ(read->summary->gvl_queue_truncated, std::optional<uint64_t>(1));
 }
 
+// A contended wants_gvl carries its holder and the holder's stack (docs/rvtrace.md), read back as the event's `gvl`
+// holder and holder_stack; an uncontended one has neither, and a holder stack that was never interned is refused.
+TEST(TraceWriter, AWantsGvlsHolderAndHolderStackRoundTrip) {
+  ScratchDir dir;
+  const std::string path = dir.File("holder.rvtrace");
+  TraceEvent contended = Ev(10, EventName::kWantsGvl, 2, 5002);
+  contended.gvl = std::make_shared<GvlReading>();
+  contended.gvl->held = true;
+  contended.gvl->holder = 3;
+  TraceEvent unnamed = Ev(20, EventName::kWantsGvl, 2, 5002);
+  unnamed.gvl = std::make_shared<GvlReading>();
+  unnamed.gvl->held = true;  // a holder the trace does not name
+  TraceEvent free_lock = Ev(30, EventName::kWantsGvl, 2, 5002);
+  {
+    Result<TraceWriter> writer = TraceWriter::Create(path, TestHeader());
+    ASSERT_TRUE(writer.ok());
+    const uint32_t frame = writer->InternFrame(FrameInfo{"Object#crunch", "/app.rb", 3, FrameKind::kRuby});
+    const uint32_t stack = writer->InternStack(std::vector<uint32_t>{frame});
+    contended.holder_stack = stack;
+    unnamed.holder_stack = stack;
+    TraceEvent never = contended;
+    never.holder_stack = stack + 100;
+    EXPECT_FALSE(writer->Write(never).ok());
+    for (const TraceEvent* e : {&contended, &unnamed, &free_lock}) ASSERT_TRUE(writer->Write(*e).ok());
+  }
+  const std::string text = ReadAll(path);
+  EXPECT_NE(text.find(R"("holder":3,"holder_stack":)"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"("holder":null,"holder_stack":)"), std::string::npos) << text;
+  EXPECT_EQ(text.find(R"("gvl":)"), std::string::npos) << "a wants_gvl carries no sample reading: " << text;
+  Result<TraceFile> read = TraceReader::ReadFile(path);
+  ASSERT_TRUE(read.ok()) << read.error().ToString();
+  std::vector<const TraceEvent*> waits;
+  for (const TraceEvent& e : read->events) {
+    if (e.event == EventName::kWantsGvl) waits.push_back(&e);
+  }
+  ASSERT_EQ(waits.size(), 3u);
+  ASSERT_NE(waits[0]->gvl, nullptr);
+  EXPECT_TRUE(waits[0]->gvl->held);
+  EXPECT_EQ(waits[0]->gvl->holder, std::optional<uint32_t>(3));
+  EXPECT_EQ(waits[0]->holder_stack, contended.holder_stack);
+  const std::vector<uint32_t>* frames = read->Stack(*waits[0]->holder_stack);
+  ASSERT_NE(frames, nullptr);
+  EXPECT_EQ(read->frames.at(frames->at(0)).label, "Object#crunch");
+  ASSERT_NE(waits[1]->gvl, nullptr);
+  EXPECT_FALSE(waits[1]->gvl->holder.has_value());
+  EXPECT_EQ(waits[1]->holder_stack, contended.holder_stack);
+  EXPECT_EQ(waits[2]->gvl, nullptr);
+  EXPECT_FALSE(waits[2]->holder_stack.has_value());
+}
+
 TEST(TraceWriter, ThreadLineAppearsBeforeFirstEventOfEachThread) {
   ScratchDir dir;
   const std::string path = dir.File("threads.rvtrace");

@@ -647,6 +647,7 @@
     no_stack: () => "what it ran is not known (no sample, no stack)",
     gvl_free: () => "nobody held the GVL: the hand-off, or the scheduler waking the waiter",
     holder_unknown: () => "no thread was seen acquiring the GVL: the holder is not guessed",
+    contention: () => "contention: the holder's stack as a READY found it when a wait began, up to its next sample",
   };
   const HOLDER_TEXT = "derived: the thread of the last gvl_acquired (RESUMED) not yet followed by its release";
   // One or more blamed waits: per holder (heaviest first), the ns it made this thread wait, what it ran (each part
@@ -677,7 +678,7 @@
         const parts = el("ul", { class: "blame-parts" });
         for (const p of [...hd.parts.values()].sort((a, b) => b.ns - a.ns)) {
           const li = el("li", { class: "blame-part", "data-source": p.source, "data-frame": p.frame, "data-ns": String(p.ns) },
-              el("span", { class: "mono" }, p.frame), ` ${dur(p.ns)} · `, el("span", { class: "badge " + (p.source === "sampled" ? "observed" : "derived") }, p.source),
+              el("span", { class: "mono" }, p.frame), ` ${dur(p.ns)} · `, el("span", { class: "badge " + (p.source === "sampled" || p.source === "contention" ? "observed" : "derived") }, p.source),
               " ", SOURCE_TEXT[p.source] ? SOURCE_TEXT[p.source](p) : "", p.gc ? " (the holder was running a GC)" : "");
           if (p.stacks.size) {
             const [heaviest] = [...p.stacks].sort((a, b) => b[1] - a[1])[0];
