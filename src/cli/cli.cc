@@ -46,8 +46,10 @@ constexpr const char* kDescription =
     "rvbpfd: record CRuby's thread scheduler (GVL wants/acquired/released, thread start/exit), GC and\n"
     "Kernel#sleep / Mutex#lock from outside the process, with eBPF uprobes on the VM's own hook sites.\n"
     "\n"
-    "  rvbpfd --pid PID [-o FILE] [--duration SECONDS]   attach to a running Ruby process\n"
-    "  rvbpfd [-o FILE] [--user U] -- COMMAND [ARGS...]  launch a program and record from its first instruction\n"
+    "  rvbpfd --pid PID [-o FILE] [--duration SECONDS]   attach to a running Ruby process (--follow: and its\n"
+    "                                                    descendants, present and future: a forking server)\n"
+    "  rvbpfd [-o FILE] [--user U] -- COMMAND [ARGS...]  launch a program and record from its first instruction,\n"
+    "                                                    with every process it forks or execs (--no-follow: not)\n"
     "                                                    (under sudo: as the user who ran sudo; see --user)\n"
     "  rvbpfd inspect FILE [--events]                    one-screen summary: time by thread and state, who\n"
     "                                                    held the GVL while others waited (--events: event table)\n"
@@ -277,6 +279,13 @@ int RunCliUnguarded(int argc, char** argv) {
                  "SHELL. Default: under sudo, the user who ran sudo (SUDO_UID/SUDO_GID), never root; without sudo, "
                  "rvbpfd's own user. --user root runs it as root. The probes are attached before the command "
                  "starts either way.");
+  bool follow = false, no_follow = false;
+  app.add_flag("--follow", follow,
+               "Attach mode: also record the target's descendants, those it has forked already and those it forks "
+               "or execs while recorded (a Puma cluster: --pid MASTER --follow records every worker), until the "
+               "target exits or --duration ends. Launch mode follows the command's process tree by default");
+  app.add_flag("--no-follow", no_follow,
+               "Launch mode: record the launched process only, not the processes it forks or execs");
   bool no_status = false;
   app.add_flag("--no-status", no_status, "No live status line on stderr");
   app.add_flag("-q,--quiet", rec.quiet, "Only print errors");
@@ -605,8 +614,10 @@ int RunCliUnguarded(int argc, char** argv) {
     fprintf(stderr, "%s\n", app.help().c_str());
     return Fail(Error(ErrorCode::kUsage, "nothing to record: give --pid PID or -- COMMAND [ARGS...]"));
   }
+  if (follow && no_follow) return Fail(Error(ErrorCode::kUsage, "give either --follow or --no-follow, not both"));
   if (Status st = check_cache_dir(); !st) return Fail(st.error());
   rec.command = command;
+  rec.follow = command.empty() ? follow : !no_follow;
   rec.status_line = !no_status && !rec.quiet && isatty(STDERR_FILENO);
   rec.trace_format = trace_format == "jsonl" ? TraceFormat::kJsonl : TraceFormat::kZstd;
   Result<int> r = Record(rec);
