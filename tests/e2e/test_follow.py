@@ -7,8 +7,9 @@
             child's part of the trace); the root's line comes right after tracing_started and each process line
             precedes its threads' lines.
   no-follow the same with --no-follow: today's trace of one process (no process line, no thread of the child).
-  attach    `rvbpfd --pid MASTER --follow` on workloads/follow_attach.rb, which forks its worker after the attach:
-            the worker is process 2 with its two threads, and the recording ends when the master exits.
+  attach    `rvbpfd --pid MASTER --follow` on workloads/follow_attach.rb: the worker it forked before the attach is
+            listed (parent 1, no cause, t_ns 0) with its threads, the worker it forks after the attach is recorded
+            (parent 1, cause fork, its two threads), and the recording ends when the master exits.
   exec      `rvbpfd -- ruby -e 'exec RUBY, follow_exec_target.rb'`: process 1 ends by exec, process 2 (cause exec,
             parent 1, command naming the script) has its own main thread and its other thread, apart from
             process 1's; the `system("/bin/true")` of process 2 is a fork (process 3) whose exec is process 4,
@@ -126,7 +127,7 @@ def check_no_follow(res, rvbpfd, ruby, d):
 
 def check_attach(res, rvbpfd, ruby, d):
     out = os.path.join(d, "attach.rvtrace")
-    name = f"attach --follow {ruby.name}: a worker forked after the attach is recorded"
+    name = f"attach --follow {ruby.name}: the worker there at the attach and one forked after are recorded"
     target = subprocess.Popen([ruby.bin, rvlib.workload_path("follow_attach")], env=env_for(ruby),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     rv_proc = None
@@ -147,7 +148,8 @@ def check_attach(res, rvbpfd, ruby, d):
                 break
         target.stdin.write("go\n")
         target.stdin.flush()
-        worker = int(target.stdout.readline().strip() or 0)
+        pids = target.stdout.readline().split()
+        worker, early = (int(pids[0]), int(pids[1])) if len(pids) == 2 else (0, 0)
         target.wait(TIMEOUT)
         rest = rv_proc.communicate(timeout=TIMEOUT)[1]
         stderr += rest
@@ -162,10 +164,17 @@ def check_attach(res, rvbpfd, ruby, d):
         return
     rv = rvlib.Trace(out)
     probs += list(rv.problems) + order_problems(rv)
-    w = rv.processes.get(2)
-    if not w or w.get("pid") != worker or w.get("parent") != 1 or w.get("cause") != "fork":
-        probs.append(f"process 2 is {w}, expected the worker pid {worker}, parent 1, cause fork")
-    view = rvlib.process_view(rv, 2)
+    by_pid = {pr.get("pid"): pr for pr in rv.processes.values()}
+    e = by_pid.get(early, {})
+    if e.get("parent") != 1 or "cause" in e or e.get("t_ns") != 0 or e.get("ruby_version") != ruby.version:
+        probs.append(f"the early worker (pid {early}, there at the attach) is {e}: expected parent 1, no cause, "
+                     f"t_ns 0, ruby_version {ruby.version}")
+    elif len(rvlib.process_view(rv, e["id"]).threads) != 2:
+        probs.append(f"the early worker's threads: {rvlib.process_view(rv, e['id']).threads}")
+    w = by_pid.get(worker, {})
+    if w.get("parent") != 1 or w.get("cause") != "fork":
+        probs.append(f"the late worker is {w}, expected the worker pid {worker}, parent 1, cause fork")
+    view = rvlib.process_view(rv, w.get("id"))
     mains = [t for t, o in view.threads.items() if o.get("main")]
     if len(view.threads) != 2 or mains != [1]:
         probs.append(f"the worker's threads: {view.threads}, expected its main and one more")

@@ -1,9 +1,17 @@
-# test_follow.py: a parent (the master) that prints "ready", waits for a line on stdin (rvbpfd attached with --follow
-# by then), forks a worker that runs one thread besides its main one and exits, waits for it, prints the worker's
-# pid and exits.
+# test_follow.py: a master that forks an early worker (blocked on a pipe), prints "ready", waits for a line on stdin
+# (rvbpfd attached with --follow by then), lets the early worker run a thread and forks a late worker that runs one
+# thread besides its main one, waits for both, prints "LATE_PID EARLY_PID" and exits.
+r, w = IO.pipe
+early = fork do
+  w.close
+  r.read # until the master closes its end, after the attach
+  Thread.new { x = 0; 50_000.times { x += 1 }; x }.join
+end
+r.close
 $stdout.puts "ready"
 $stdout.flush
 $stdin.gets
+w.close
 worker = fork do
   t = Thread.new do
     x = 0
@@ -14,5 +22,6 @@ worker = fork do
   t.join
 end
 Process.wait(worker)
-$stdout.puts worker
+Process.wait(early)
+$stdout.puts "#{worker} #{early}"
 $stdout.flush
