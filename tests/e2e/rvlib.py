@@ -499,8 +499,8 @@ class Trace:
 
 def process_view(trace, process_id):
     """A Trace with only process `process_id`'s threads and events of a multi-process trace (and the daemon's events
-    without a thread), its ruby_threads renumbered as that process's own recorder numbers them: its main thread 1,
-    the others 2, 3, ... in their order in the trace (the global numbering is the order of first appearance)."""
+    without a thread; for process 1 every event without a thread), its ruby_threads renumbered as that process's own
+    recorder numbers them: its main thread 1, the others 2, 3, ... in the order of their global numbers."""
     view = copy.copy(trace)
     mine = {t: o for t, o in trace.threads.items() if o.get("process", 1) == process_id}
     main = [t for t, o in mine.items() if o.get("main")]
@@ -515,7 +515,7 @@ def process_view(trace, process_id):
     for e in trace.events:
         t = e.get("ruby_thread")
         if t is None:
-            if e.get("source") == "daemon":
+            if e.get("source") == "daemon" or process_id == 1:
                 view.events.append(e)
             continue
         if t in ids:
@@ -647,6 +647,10 @@ def compare_traces(ref, rv, probes=True, pid_namespace=False):
     rvbpfd the host's: native tids must then correspond one to one (the same host tid for every event of one
     namespace tid, and back) instead of being equal."""
     results = {}
+    if rv.processes:
+        # Launch mode follows the process tree: the workload is the launched process (rvref forks to write its file
+        # at exit, and that child is followed too).
+        rv = process_view(rv, 1)
     fmt = list(ref.problems) + [f"rvbpfd trace: {p}" for p in rv.problems]
     if ref.summary.get("events_dropped", 0) or ref.summary.get("unpublished", 0):
         fmt.append(f"the reference itself dropped events ({ref.summary}); ground truth incomplete")
@@ -739,6 +743,8 @@ def compare_traces(ref, rv, probes=True, pid_namespace=False):
 def check_invariants(trace, expect=None, exact_window=True):
     """Invariants of a complete rvbpfd trace of one workload. expect: FIDELITY_WORKLOADS entry or None.
     exact_window: the trace covers only the workload (attach mode), so probe counts are exact."""
+    if trace.processes:
+        trace = process_view(trace, 1)  # the launched process (see compare_traces)
     p = list(trace.problems)
     h = trace.header
     for k, v in (("rvtrace", 1), ("clock", "monotonic")):
