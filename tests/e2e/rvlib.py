@@ -524,6 +524,8 @@ def process_view(trace, process_id):
             view.events.append(e)
     view.header = dict(trace.header)
     view.header["main_thread"] = 1
+    view.processes = {}  # the view is a trace of one process
+    view.process_ends = {}
     return view
 
 
