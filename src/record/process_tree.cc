@@ -229,6 +229,7 @@ void ProcessFollower::OnFork(uint32_t child, uint32_t parent_pid, uint64_t t_ns)
       c->pending_since_ns = parent->pending_since_ns;
       c->exe = parent->exe;
       c->exe_is_ruby = parent->exe_is_ruby;
+      c->comm = parent->comm;
       break;
     case State::kSkipped:
       c->state = State::kSkipped;  // BPF gave it its parent's follow-only flag
