@@ -501,6 +501,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
   struct rv_target *target = bpf_map_lookup_elem(&target_pids, &tgid);
   if (!target) return 0;
   if (!rv_cfg.sampling) return 0;
+  if (target->flags & RV_TARGET_FOLLOW_ONLY) return 0; /* followed for its children only (not the traced VM) */
   struct rv_pid_traps *traps = bpf_map_lookup_elem(&pid_traps, &target->slot);
   if (!traps) return 0; /* never: userspace gives slots below RV_MAX_TARGETS */
   __u64 ts = bpf_ktime_get_ns();
@@ -600,13 +601,42 @@ static __always_inline void rv_output_proc(__u16 kind, __u32 tgid, __u32 tid) {
 
 /* Every exec on the host (the new image is mapped, its dynamic loader has not run yet): the agent inspects the
  * process, several times with backoff, since a dynamically linked ruby maps libruby only after this point. The pid
- * is the host tgid whatever pid namespace the process lives in. */
+ * is the host tgid whatever pid namespace the process lives in.
+ * With rv_config.follow_forks (the recorder) only the execs of targets are reported: the new image keeps its place in
+ * the filter (it may be the traced VM again, whose first events must not be missed; userspace takes out what is not),
+ * loses FOLLOW_ONLY, and forgets what BPF knew of the old image (its EC route, its thread pointers). */
 SEC("raw_tp/sched_process_exec")
 int rv_proc_exec(void *ctx) {
   (void)ctx;
-  if (!rv_cfg.watch_exec) return 0;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
-  rv_output_proc(RV_EV_PROC_EXEC, pid_tgid >> 32, (__u32)pid_tgid);
+  __u32 tgid = pid_tgid >> 32;
+  __u32 tid = (__u32)pid_tgid;
+  if (rv_cfg.watch_exec) {
+    rv_output_proc(RV_EV_PROC_EXEC, tgid, tid);
+    return 0;
+  }
+  if (!rv_cfg.follow_forks) return 0;
+  struct rv_target *target = bpf_map_lookup_elem(&target_pids, &tgid);
+  if (!target) return 0;
+  target->flags &= ~(__u32)RV_TARGET_FOLLOW_ONLY;
+  bpf_map_delete_elem(&proc_ec, &tgid);
+  bpf_map_delete_elem(&native_threads, &tid); /* the execing thread is the leader now: tid == tgid */
+  /* The new image's comm (the base name of the file exec'd), its first 12 bytes in th and serial: what names a
+   * process that is gone before userspace can read its /proc/PID/exe. */
+  char comm[16] = {};
+  bpf_get_current_comm(comm, sizeof(comm));
+  __u32 zero = 0;
+  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
+  struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+  if (!r) {
+    rv_count_drop(c);
+    return 0;
+  }
+  rv_fill_record(r, bpf_ktime_get_ns(), 0, 0, tid, tid, tgid, RV_EV_PROC_EXEC, 0xffff,
+                 RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN);
+  __builtin_memcpy(&r->th, comm, 8);
+  __builtin_memcpy(&r->serial, comm + 8, 4);
+  rv_submit_record(r, c);
   return 0;
 }
 
@@ -626,11 +656,16 @@ int rv_proc_exit(void *ctx) {
 }
 
 /* A new process forked by a watched one (Puma/Unicorn workers are forked from the booted master and never exec):
- * the agent watches it too. Threads (CLONE_THREAD: child pid != tgid) are not processes. Runs in the parent. */
+ * the agent watches it too. Threads (CLONE_THREAD: child pid != tgid) are not processes. Runs in the parent, before
+ * the child can run. With rv_config.follow_forks (the recorder) the child joins the filter here, with its parent's
+ * rv_target (its traps count in its parent's pid_traps slot: the recorder budgets on the totals) and its parent's EC
+ * route (a forked child has its parent's memory layout), so its first event is recorded; userspace learns of it from
+ * the record (serial: the parent's tgid). */
 SEC("raw_tp/sched_process_fork")
 int rv_proc_fork(struct bpf_raw_tracepoint_args *ctx) {
   __u32 parent = bpf_get_current_pid_tgid() >> 32;
-  if (!bpf_map_lookup_elem(&target_pids, &parent)) return 0;
+  struct rv_target *ptarget = bpf_map_lookup_elem(&target_pids, &parent);
+  if (!ptarget) return 0;
   if (rv_kernel.task_pid == 0 || rv_kernel.task_tgid == 0) return 0;
   const __u64 child = ctx->args[1]; /* struct task_struct * */
   __u32 child_pid = 0, child_tgid = 0;
@@ -638,6 +673,26 @@ int rv_proc_fork(struct bpf_raw_tracepoint_args *ctx) {
       bpf_probe_read_kernel(&child_tgid, sizeof(child_tgid), (const void *)(child + rv_kernel.task_tgid)) != 0 ||
       child_pid != child_tgid)
     return 0;
-  rv_output_proc(RV_EV_PROC_FORK, child_tgid, child_pid);
+  if (rv_cfg.follow_forks) {
+    struct rv_target t = *ptarget;
+    bpf_map_update_elem(&target_pids, &child_tgid, &t, BPF_ANY);
+    struct rv_proc_ec *pe = bpf_map_lookup_elem(&proc_ec, &parent);
+    if (pe) {
+      struct rv_proc_ec route = *pe;
+      bpf_map_update_elem(&proc_ec, &child_tgid, &route, BPF_ANY);
+    } else {
+      bpf_map_delete_elem(&proc_ec, &child_tgid); /* a reused pid must not keep another process's route */
+    }
+  }
+  __u32 zero = 0;
+  struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
+  struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
+  if (!r) {
+    rv_count_drop(c);
+    return 0;
+  }
+  rv_fill_record(r, bpf_ktime_get_ns(), 0, parent, child_pid, child_pid, child_tgid, RV_EV_PROC_FORK, 0xffff,
+                 RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN);
+  rv_submit_record(r, c);
   return 0;
 }

@@ -30,10 +30,12 @@ enum rv_event_kind {
   RV_EV_SAMPLE = 32,
   /* Not site events either: process lifecycle records of the fleet agent (tracepoints, loaded only when the daemon
    * asks for them). rv_record.pid is the host tgid; th, serial and site are 0. */
-  RV_EV_PROC_EXEC = 33, /* sched/sched_process_exec, every exec on the host while rv_config.watch_exec is 1 */
+  RV_EV_PROC_EXEC = 33, /* sched/sched_process_exec, every exec on the host while rv_config.watch_exec is 1; with
+                         * rv_config.follow_forks instead, the execs of processes in target_pids, with the
+                         * first 12 bytes of the new comm in th (8) and serial (4), NUL-padded */
   RV_EV_PROC_EXIT = 34, /* sched/sched_process_exit of a group leader whose tgid was in target_pids */
   RV_EV_PROC_FORK = 35, /* sched/sched_process_fork of a new process (not a thread) by a process in target_pids
-                         * (a preforking server's workers never exec); pid is the CHILD's tgid */
+                         * (a preforking server's workers never exec); pid is the CHILD's tgid, serial the parent's */
 };
 
 /* Where the `th` (rb_thread_t *) of a site's event is, at the probed instruction. */
@@ -289,7 +291,11 @@ struct rv_config {
   /* 1: a READY that finds another thread holding the GVL carries the holder and its stack (struct rv_holder_record)
    * where the binary's rv_walk_config.gvl says how to read the holder; never a walk for an uncontended READY */
   __u32 holder_stacks;
-  __u32 reserved;
+  /* 1: the recorder follows its targets' process trees (rvbpfd record's default in launch mode, --follow when
+   * attaching): the fork tracepoint puts a forked child of a target into target_pids itself, with its parent's
+   * rv_target and proc_ec entry, before the child can run (so no event of it is missed), and the exec tracepoint
+   * reports the execs of targets (RV_EV_PROC_EXEC) and forgets their EC route. 0: the agent's behaviour. */
+  __u32 follow_forks;
 };
 
 /* Byte offsets of the fields of the running kernel's struct task_struct that the programs read (the sampler's thread
@@ -318,11 +324,19 @@ struct rv_ns_tid_key {
   __u32 ns_tid; /* the thread's tid in the process's pid namespace (rb_native_thread.tid) */
 };
 
-/* Value of the target_pids map: a process being recorded. Set by userspace when it adds the process, read-only for
- * BPF. */
+/* rv_target.flags */
+enum rv_target_flags {
+  /* A followed process that is not traced (rv_config.follow_forks): not Ruby, or another VM binary. It stays in the
+   * filter only so that its forks and execs are still reported (a shell's child may exec the traced Ruby); samples
+   * skip it. Its forked children inherit the flag; an exec clears it (the new image may be the traced VM). */
+  RV_TARGET_FOLLOW_ONLY = 1,
+};
+
+/* Value of the target_pids map: a process being recorded. Set by userspace when it adds the process; with
+ * rv_config.follow_forks, BPF copies it to a forked child and clears FOLLOW_ONLY at an exec. */
 struct rv_target {
-  __u32 slot;     /* its entry in the pid_traps array, < RV_MAX_TARGETS */
-  __u32 reserved; /* 0 */
+  __u32 slot;  /* its entry in the pid_traps array, < RV_MAX_TARGETS (a forked child shares its parent's) */
+  __u32 flags; /* RV_TARGET_*; 0 when userspace adds a process */
   struct rv_pidns pidns;
 };
 

@@ -105,6 +105,12 @@ void AddRecordFlags(CLI::App& app, RecordFlags* flags) {
                  "SHELL. Default: under sudo, the user who ran sudo (SUDO_UID/SUDO_GID), never root; without sudo, "
                  "rvbpfd's own user. --user root runs it as root. The probes are attached before the command "
                  "starts either way.");
+  app.add_flag("--follow", flags->follow,
+               "Attach mode: also record the target's descendants, those it has forked already and those it forks "
+               "or execs while recorded (a Puma cluster: --pid MASTER --follow records every worker), until the "
+               "target exits or --duration ends. Launch mode follows the command's process tree by default");
+  app.add_flag("--no-follow", flags->no_follow,
+               "Launch mode: record the launched process only, not the processes it forks or execs");
   app.add_flag("--no-status", flags->no_status, "No live status line on stderr");
   app.add_flag("-q,--quiet", flags->rec.quiet, "Only print errors");
 }
@@ -120,7 +126,11 @@ int RunRecord(CLI::App& app, RecordFlags& flags, std::vector<std::string> comman
     fprintf(stderr, "%s\n", app.help().c_str());
     return Fail(Error(ErrorCode::kUsage, "nothing to record: give --pid PID or -- COMMAND [ARGS...]"));
   }
+  if (flags.follow && flags.no_follow) {
+    return Fail(Error(ErrorCode::kUsage, "give either --follow or --no-follow, not both"));
+  }
   if (Status st = flags.CheckCacheDir(); !st) return Fail(st.error());
+  flags.rec.follow = command.empty() ? flags.follow : !flags.no_follow;
   flags.rec.command = std::move(command);
   flags.rec.status_line = !flags.no_status && !flags.rec.quiet && isatty(STDERR_FILENO);
   flags.rec.trace_format = flags.trace_format == "jsonl" ? TraceFormat::kJsonl : TraceFormat::kZstd;

@@ -497,6 +497,20 @@ Status BpfSession::RemovePid(uint32_t pid) {
   return ForgetNamespaceTids(pid);
 }
 
+Status BpfSession::MarkFollowOnly(uint32_t pid) {
+  const int fd = bpf_map__fd(skel_->maps.target_pids);
+  rv_target target;
+  if (bpf_map_lookup_elem(fd, &pid, &target) != 0) {
+    return Error(ErrorCode::kNoSuchProcess, "pid " + std::to_string(pid) + " is not in the BPF pid filter");
+  }
+  target.flags |= RV_TARGET_FOLLOW_ONLY;
+  // BPF_EXIST: a process that exited meanwhile (BPF removed it) is not put back.
+  if (bpf_map_update_elem(fd, &pid, &target, BPF_EXIST) != 0) {
+    return BpfError("marking pid " + std::to_string(pid) + " follow-only in the BPF pid filter", errno);
+  }
+  return Status::Ok();
+}
+
 Status BpfSession::SetProcEc(uint32_t pid, const rv_proc_ec& route) {
   if (bpf_map_update_elem(bpf_map__fd(skel_->maps.proc_ec), &pid, &route, BPF_ANY) != 0) {
     return BpfError("setting the EC route of pid " + std::to_string(pid), errno);

@@ -137,6 +137,9 @@ class BpfSession {
   Status AddPid(uint32_t pid, const rv_pidns& pidns = {}, std::span<const std::pair<uint32_t, uint32_t>> threads = {});
   // Removes it from the filter, with its EC route and its namespace tids.
   Status RemovePid(uint32_t pid);
+  // Marks pid's filter entry RV_TARGET_FOLLOW_ONLY (a followed process that is not traced: its forks and execs are
+  // still reported, nothing else). Fails with kNoSuchProcess when pid is not in the filter (it exited).
+  Status MarkFollowOnly(uint32_t pid);
 
   // Writes the sites into the sites map (assigning the lowest free cookies, their hit counts from zero) and attaches
   // uprobes at their file offsets in `path`.

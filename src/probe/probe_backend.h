@@ -73,6 +73,12 @@ class ProbeBackend {
   virtual Status AddPid(uint32_t pid, const rv_pidns& pidns,
                         std::span<const std::pair<uint32_t, uint32_t>> threads) = 0;
   virtual Status RemovePid(uint32_t pid) = 0;
+  // BpfSession::MarkFollowOnly (the recorder's followed processes that are not traced). Backends without process
+  // following accept it and do nothing.
+  virtual Status MarkFollowOnly(uint32_t pid) {
+    (void)pid;
+    return Status::Ok();
+  }
   virtual Status StartSampling(int hz) = 0;
   virtual Status WatchProcesses() = 0;
   // One attempt of a process's EC route installation (proc_ec map): how its samples find their thread's EC.
@@ -133,6 +139,7 @@ class BpfProbeBackend : public ProbeBackend {
     return session_->AddPid(pid, pidns, threads);
   }
   Status RemovePid(uint32_t pid) override { return session_->RemovePid(pid); }
+  Status MarkFollowOnly(uint32_t pid) override { return session_->MarkFollowOnly(pid); }
   Status StartSampling(int hz) override { return session_->StartSampling(hz); }
   Status WatchProcesses() override { return session_->WatchProcesses(); }
   ProcessEcInstaller::State PollEc(ProcessEcInstaller& installer) override;

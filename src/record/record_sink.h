@@ -34,6 +34,13 @@ class RecordSink {
   virtual Status Write(const TraceEvent& event) = 0;
   // A thread's names or namespace tid, new or changed at t_ns (session/thread_info.h), before its next event.
   virtual void SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info, uint64_t t_ns) = 0;
+  // A followed process's line and its end (TraceWriter::WriteProcess / WriteProcessEnd), in stream order. Sinks that
+  // show one process ignore them.
+  virtual void WriteProcess(const ProcessInfo& process, std::optional<uint32_t> main_ruby_thread) {
+    (void)process;
+    (void)main_ruby_thread;
+  }
+  virtual void WriteProcessEnd(const ProcessEnd& end) { (void)end; }
   // Called from the main loop at least every 20 ms: now_t_ns is "now" in the events' time (ns since the origin).
   virtual Status Tick(std::chrono::steady_clock::time_point now, uint64_t now_t_ns) = 0;
   // The end of the recording (every event was written).
@@ -62,6 +69,10 @@ class TraceFileSink : public RecordSink {
   void SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info, uint64_t t_ns) override {
     writer_.SetThreadInfo(ruby_thread, info, t_ns);
   }
+  void WriteProcess(const ProcessInfo& process, std::optional<uint32_t> main_ruby_thread) override {
+    writer_.WriteProcess(process, main_ruby_thread);
+  }
+  void WriteProcessEnd(const ProcessEnd& end) override { writer_.WriteProcessEnd(end); }
   Status Tick(std::chrono::steady_clock::time_point now, uint64_t) override { return writer_.MaybeFlush(now); }
   Status Finish(const FinishInfo& info) override { return writer_.Finish(info); }
   void Abandon() override { writer_.Abandon(); }

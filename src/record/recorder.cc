@@ -32,6 +32,7 @@
 #include "probe/ec_install.h"
 #include "probe/probe_backend.h"
 #include "record/launch.h"
+#include "record/process_tree.h"
 #include "record/record_sink.h"
 #include "record/recording.h"
 #include "record/release_reason.h"
@@ -222,6 +223,8 @@ class Recording {
   void PollLaunchGate();
   bool LayoutChecked() const;
   Error LaunchGateError(const char* why_unchecked) const;
+  // --follow: the lifecycle tracepoints attached, the follower set up with the root's process line written.
+  Status StartFollowing();
   // The daemon's own events are stamped "now"; everything the probes recorded before now must be in the reorder
   // window first, or those records would arrive after a newer timestamp and be written out of order.
   void DrainRing();
@@ -272,6 +275,8 @@ class Recording {
   GcEpoch gc_epoch_;  // the stack resolver's cache generation
   ExitedThreads exited_threads_;
   std::optional<ThreadIds> thread_ids_;
+  // --follow / launch mode's default: the processes other than the target (record/process_tree.h).
+  std::unique_ptr<ProcessFollower> follower_;
   // Thread names and namespace tids (session/thread_info.h), set up by Run; name_mem_ reads Thread#name.
   bool target_own_pidns_ = false;
   std::unique_ptr<ProcessMemoryReader> name_mem_;
@@ -297,6 +302,8 @@ class Recording {
   // thread structures); only then can its memory be checked against the analysis (LiveLayoutGate), and its events
   // stay in the reorder window until that check has passed.
   bool vm_running_ = false;
+  std::string launch_executable_;  // what the launch execs in the end (LaunchPlan::executable)
+  bool launch_exec_seen_ = false;  // following: the root has exec'd launch_executable_
   std::optional<LiveLayoutGate> launch_gate_;
   std::optional<ProcessMemoryReader> gate_mem_;
 
@@ -344,6 +351,7 @@ Status Recording::FindLaunchTarget() {
   }
   target_.vm_path = plan->vm_path;
   target_.open_path = plan->vm_path;
+  launch_executable_ = plan->executable;
   target_.ruby_version = *version;
   target_.build_id = target_.vm_elf->build_id();
   return Status::Ok();
@@ -405,6 +413,10 @@ SessionOptions Recording::SessionOptionsFor(bool stacks_ready, bool gvl_layout) 
   so.force_single_links = o_.force_single_links;
   so.cache_dir = o_.cache_dir;
   so.config.cold_gap_ns = OverheadBudget::kColdGapNs;
+  if (o_.follow) {
+    so.watch_processes = true;  // the fork/exec/exit tracepoints
+    so.config.follow_forks = 1;
+  }
   if (stacks_ready) {
     if (stacks_on_) {
       so.config.stack_events = 1u << RV_EV_THREAD_SUSPENDED;
@@ -460,8 +472,14 @@ void Recording::SawRecord(uint16_t kind) {
 
 void Recording::OnRecord(const rv_record& r) {
   if (budget_active_ && ++ring_records_ % 64 == 0) CheckBudget();  // cheap records: look at the clock sometimes
+  if (r.kind >= RV_EV_PROC_EXEC && r.kind <= RV_EV_PROC_FORK) {  // only loaded when following
+    if (follower_) follower_->OnProcRecord(r);
+    return;
+  }
   gc_epoch_.OnRecord(r.kind);
-  reorder_.Push(FromRecord(r, origin_ns_));
+  TraceEvent e = FromRecord(r, origin_ns_);
+  if (follower_) e.process = follower_->ProcessOf(r.pid);
+  reorder_.Push(std::move(e));
   SawRecord(r.kind);
 }
 
@@ -484,12 +502,21 @@ void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std:
     e = FromRecord(r, origin_ns_);
     if (gvl != nullptr && e.event == EventName::kWantsGvl) e.gvl = HolderFromRecord(gvl->holder);  // the holder's stack
   }
-  if (!resolver_) {
-    // The VM's load address is known once the target has mapped it (launch mode: after exec).
-    resolver_ = env_.make_stack_resolver(target_.pid, target_.open_path, *stack_setup_);
+  StackResolver* resolver = nullptr;
+  if (follower_) e.process = follower_->ProcessOf(r.pid);
+  if (e.process != kRootProcessId) {
+    // Another process of the tree: its own memory and mappings; nothing for a process that is not traced.
+    resolver = follower_->Resolver(e.process);
+    if (resolver == nullptr) return;
+  } else {
+    if (!resolver_) {
+      // The VM's load address is known once the target has mapped it (launch mode: after exec).
+      resolver_ = env_.make_stack_resolver(target_.pid, target_.open_path, *stack_setup_);
+    }
+    resolver = resolver_.get();
   }
-  resolver_->set_epoch(gc_epoch_.ForStack(gc_unseen_));
-  resolver_->Resolve(frames, &frame_infos_);
+  resolver->set_epoch(gc_epoch_.ForStack(gc_unseen_));
+  resolver->Resolve(frames, &frame_infos_);
   if (r.flags & RV_REC_IN_GC) {
     frame_infos_.insert(frame_infos_.begin(), FrameInfo{std::string(kGcFrameLabel), "", 0, FrameKind::kGc});
   }
@@ -625,6 +652,9 @@ Status Recording::Attach() {
   if (!pidns) return ExitedOr(pidns.error().Wrap("reading the target's pid namespace"));
   if (Status st = backend_->AddPid(static_cast<uint32_t>(target_.pid), pidns->ns, pidns->threads); !st) return st;
   target_own_pidns_ = pidns->own_namespace();
+  if (o_.follow) {
+    if (Status st = StartFollowing(); !st) return st;
+  }
   if (stack_setup_ && sampling_) {
     ec_installer_.emplace(target_.pid, target_.open_path, stack_setup_->ec_route, bin_);
     PollEcRoute();
@@ -643,7 +673,9 @@ Status Recording::Attach() {
   const uint64_t attach_start = MonotonicNs();
   for (auto* list : {&split.low, &split.high}) {
     if (list->empty()) continue;
-    Result<int> g = backend_->AttachGroup(target_.open_path, *list, target_.pid);
+    // Following: for every process mapping the file (a child is in the pid filter before it runs; the kernel's own
+    // pid filter would leave it out).
+    Result<int> g = backend_->AttachGroup(target_.open_path, *list, o_.follow ? -1 : target_.pid);
     if (!g) {
       if (!launch_ && (watch_->Exited() || ProcessGone(target_.pid))) return TargetExitedError(target_.pid);
       return g.error().Wrap("attaching probes");
@@ -687,6 +719,54 @@ Status Recording::Attach() {
         LiveLayoutGate::Unreadable{
             .layout_from_binary = prepared_->sites.analysed_with_symtab && prepared_->sites.offsets_source == "dwarf",
             .read_errno = [pid](uint64_t addr) { return ProcessReadErrno(pid, addr); }});
+  }
+  return Status::Ok();
+}
+
+Status Recording::StartFollowing() {
+  if (Status st = backend_->WatchProcesses(); !st) return st.error().Wrap("following the target's process tree");
+  FollowContext ctx;
+  ctx.vm_open_path = target_.open_path;
+  ctx.ruby_version = target_.ruby_version;
+  ctx.build_id = target_.build_id;
+  ctx.stack_setup = stack_setup_;
+  ctx.sampling = sampling_;
+  ctx.bin = bin_;
+  ctx.quiet = o_.quiet;
+  ctx.own_pidns = target_own_pidns_;
+  ctx.backend = backend_.get();
+  ctx.sink = sink_.get();
+  ctx.make_resolver = [this](int pid) { return env_.make_stack_resolver(pid, target_.open_path, *stack_setup_); };
+  ctx.root_exit_code = [this]() -> std::optional<int> {
+    if (!child_ || !target_exited_) return std::nullopt;
+    if (WIFEXITED(child_status_)) return WEXITSTATUS(child_status_);
+    return std::nullopt;
+  };
+  ctx.origin_ns = origin_ns_;
+  if (launch_) {
+    // The launch's execs: the held child's into the command and, for a #! script, its interpreter's (env) into the
+    // VM's executable. Once the VM ran, or the executable planned has been exec'd, any exec is a new image.
+    ctx.root_launching = [this] {
+      if (vm_running_ || launch_exec_seen_) return false;
+      struct stat now_exe, planned;
+      const std::string exe = "/proc/" + std::to_string(target_.pid) + "/exe";
+      if (stat(exe.c_str(), &now_exe) == 0 && stat(launch_executable_.c_str(), &planned) == 0 &&
+          now_exe.st_dev == planned.st_dev && now_exe.st_ino == planned.st_ino) {
+        launch_exec_seen_ = true;
+      }
+      return true;
+    };
+  }
+  ProcessInfo root;
+  root.pid = static_cast<uint32_t>(target_.pid);
+  root.command = o_.command;
+  root.ruby_version = target_.ruby_version;
+  root.build_id = target_.build_id;
+  follower_ = std::make_unique<ProcessFollower>(std::move(ctx), std::move(root));
+  follower_->WriteRootLine();
+  if (!launch_) {
+    const size_t n = follower_->AdoptDescendants();
+    if (!o_.quiet && n > 0) fprintf(stderr, "rvbpfd: following %zu descendants of pid %d\n", n, target_.pid);
   }
   return Status::Ok();
 }
@@ -786,6 +866,13 @@ void Recording::CheckBudget() {
 Status Recording::WriteReady() {
   Status st = Status::Ok();
   for (TraceEvent& e : ready_) {
+    if (follower_) {
+      follower_->WriteLinesBefore(e.t_ns, e.process);
+      if (e.process != kRootProcessId) {
+        if (st && e.process != 0) st = follower_->Write(e);
+        continue;
+      }
+    }
     if (!exited_threads_.Keep(e.th, e.event == EventName::kSample, e.event == EventName::kThreadExited)) continue;
     thread_ids_->Assign(&e);
     if (std::optional<ThreadInfo> info = thread_info_->Observe(e)) sink_->SetThreadInfo(*e.ruby_thread, *info, e.t_ns);
@@ -796,7 +883,11 @@ Status Recording::WriteReady() {
 }
 
 Status Recording::Run() {
-  thread_ids_.emplace(static_cast<uint32_t>(target_.pid));
+  if (follower_) {
+    thread_ids_.emplace(static_cast<uint32_t>(target_.pid), ThreadIds::kMainThread, follower_->thread_counter());
+  } else {
+    thread_ids_.emplace(static_cast<uint32_t>(target_.pid));
+  }
   ThreadInfoTracker::Sources sources = ProcThreadInfoSources(target_.pid, ProcFs(), target_own_pidns_);
   if (stack_setup_ && stack_setup_->offsets.thread_name != RubyOffsets::kNoThreadName) {
     name_mem_ = std::make_unique<ProcessMemoryReader>(target_.pid);
@@ -834,6 +925,7 @@ Status Recording::Run() {
     }
     CheckCounters();
     PollEcRoute();
+    if (follower_) follower_->Poll(NowT());
     if (launch_gate_) {
       PollLaunchGate();
       if (launch_gate_->state() == LiveLayoutGate::State::kFailed) return LaunchGateError("");
@@ -896,12 +988,15 @@ Status Recording::Run() {
       fflush(stderr);
     }
 
-    if (child_) {
+    if (target_exited_) {
+      // Reaped already: following the rest of the tree.
+    } else if (child_) {
       if (child_->Reap(&child_status_)) target_exited_ = true;
     } else if (watch_->Exited()) {
       target_exited_ = true;
     }
-    if (target_exited_ || stop_now) break;
+    // With the tree followed, the recording goes on while a followed process lives.
+    if ((target_exited_ && (!follower_ || follower_->OthersEnded())) || stop_now) break;
     if (env_.stop_requested->load()) {
       stop_reason_ = "signal";
       break;
@@ -926,6 +1021,7 @@ Result<int> Recording::Finish() {
   }
   reorder_.Drain(&ready_);
   if (Status st = WriteReady(); !st) return st.error().Wrap("writing " + OutputName());
+  if (follower_) follower_->Finish();
   FinishInfo fin;
   fin.end_t_ns = NowT();
   fin.ring_high_water_bytes = seen_.ring_high_water;

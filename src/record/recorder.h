@@ -24,6 +24,9 @@ struct RecordOptions {
   // Launch mode's --user: the command's user (name or uid). "": the sudo invoker under sudo, else rvbpfd's own
   // identity (record/launch DecideLaunchIdentity).
   std::string user;
+  // Follow the target's process tree (record/process_tree.h): launch mode's default (--no-follow turns it off),
+  // attach mode's --follow. Off: the trace of one process, as before.
+  bool follow = false;
   std::string output;                 // empty: rvbpfd-<pid>-<time>.rvtrace in the current directory
   TraceFormat trace_format = TraceFormat::kZstd;  // --trace-format: zstd-compressed or plain JSON Lines
   double duration_s = 0;              // 0: until the target exits or a signal

@@ -4,7 +4,7 @@ namespace rvbpfd {
 
 std::optional<uint32_t> ThreadIds::Known(uint64_t th) const {
   if (th == 0) return std::nullopt;
-  if (th == main_th_) return kMainThread;
+  if (th == main_th_) return main_id_;
   auto it = ids_.find(th);
   if (it == ids_.end()) return std::nullopt;
   return it->second;
@@ -28,7 +28,7 @@ void ThreadIds::Number(TraceEvent* e) {
     // th unknown (a site where DWARF has no th, before this native thread reported one): the process's initial
     // native thread only ever runs the main Ruby thread (it keeps a dedicated native thread even under M:N), so
     // such an event on it is main's. Other native threads can host several Ruby threads: left unknown.
-    if (e->native_tid && *e->native_tid == pid_) e->ruby_thread = kMainThread;
+    if (e->native_tid && *e->native_tid == pid_) e->ruby_thread = main_id_;
     return;
   }
   if (main_th_ == 0 && e->native_tid && *e->native_tid == pid_ && e->event != EventName::kThreadStarted) {
@@ -36,12 +36,13 @@ void ThreadIds::Number(TraceEvent* e) {
     ids_.erase(e->th);  // numbered before it was recognised (a foreign READY with no tid): it is main from now on
   }
   if (e->th == main_th_) {
-    e->ruby_thread = kMainThread;
+    e->ruby_thread = main_id_;
     return;
   }
   auto it = ids_.find(e->th);
   if (it == ids_.end() || e->event == EventName::kThreadStarted) {
-    it = ids_.insert_or_assign(e->th, next_id_++).first;
+    it = ids_.insert_or_assign(e->th, (*next_id_)++).first;
+    ++numbered_;
   }
   e->ruby_thread = it->second;
   if (e->event == EventName::kThreadExited) ids_.erase(it);  // the VM may reuse this pointer for a new thread

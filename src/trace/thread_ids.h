@@ -15,6 +15,7 @@
 #define RVBPFD_SRC_TRACE_THREAD_IDS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 
@@ -26,10 +27,15 @@ class ThreadIds {
  public:
   static constexpr uint32_t kMainThread = 1;
 
-  explicit ThreadIds(uint32_t pid) : pid_(pid) {}
+  explicit ThreadIds(uint32_t pid) : pid_(pid), next_id_(std::make_shared<uint32_t>(2)) {}
+  // One process of several in a trace (the recorder following a process tree): its main thread is `main_id` and its
+  // other threads take their numbers from `next_id`, shared by every process's ThreadIds, so that numbers are unique
+  // across the trace.
+  ThreadIds(uint32_t pid, uint32_t main_id, std::shared_ptr<uint32_t> next_id)
+      : pid_(pid), main_id_(main_id), next_id_(std::move(next_id)) {}
   // Sets event->ruby_thread from event->th (nothing when th is unknown), and names the threads of its GVL reading.
   void Assign(TraceEvent* event);
-  uint32_t threads_seen() const { return next_id_ - 2 + (main_th_ != 0 ? 1 : 0); }
+  uint32_t threads_seen() const { return numbered_ + (main_th_ != 0 ? 1 : 0); }
 
  private:
   void Number(TraceEvent* event);
@@ -38,8 +44,10 @@ class ThreadIds {
   void NameGvl(GvlReading* gvl) const;
 
   uint32_t pid_;
+  uint32_t main_id_ = kMainThread;
   uint64_t main_th_ = 0;
-  uint32_t next_id_ = 2;
+  std::shared_ptr<uint32_t> next_id_;  // the next number a thread other than main gets
+  uint32_t numbered_ = 0;              // threads other than main numbered so far
   std::unordered_map<uint64_t, uint32_t> ids_;  // live rb_thread_t * -> number
 };
 

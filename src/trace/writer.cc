@@ -228,12 +228,77 @@ void TraceWriter::SetThreadInfo(uint32_t ruby_thread, const ThreadInfo& info, ui
   buffer_.append("}}\n");
 }
 
+void TraceWriter::WriteProcess(const ProcessInfo& p, std::optional<uint32_t> main_ruby_thread) {
+  if (finished_) return;
+  if (main_ruby_thread) process_mains_.insert(*main_ruby_thread);  // marked once its thread line is written
+  std::string& b = buffer_;
+  b.append("{\"process\":{\"id\":");
+  AppendUint(&b, p.id);
+  b.append(",\"pid\":");
+  AppendUint(&b, p.pid);
+  if (p.parent) {
+    b.append(",\"parent\":");
+    AppendUint(&b, *p.parent);
+  }
+  if (!p.cause.empty()) {
+    b.append(",\"cause\":");
+    AppendJsonString(&b, p.cause);
+  }
+  b.append(",\"t_ns\":");
+  AppendUint(&b, p.t_ns);
+  if (!p.command.empty()) {
+    b.append(",\"command\":[");
+    for (size_t i = 0; i < p.command.size(); ++i) {
+      if (i > 0) b.push_back(',');
+      AppendJsonString(&b, p.command[i]);
+    }
+    b.push_back(']');
+  }
+  if (!p.ruby_version.empty() && p.skipped.empty()) {
+    b.append(",\"ruby_version\":");
+    AppendJsonString(&b, p.ruby_version);
+  }
+  if (!p.build_id.empty()) {
+    b.append(",\"build_id\":");
+    AppendJsonString(&b, p.build_id);
+  }
+  if (!p.skipped.empty()) {
+    b.append(",\"skipped\":");
+    AppendJsonString(&b, p.skipped);
+  }
+  b.append("}}\n");
+}
+
+void TraceWriter::WriteProcessEnd(const ProcessEnd& e) {
+  if (finished_) return;
+  std::string& b = buffer_;
+  b.append("{\"process_end\":{\"id\":");
+  AppendUint(&b, e.id);
+  b.append(",\"t_ns\":");
+  AppendUint(&b, e.t_ns);
+  b.append(",\"how\":");
+  AppendJsonString(&b, e.how);
+  if (e.exit_code) {
+    b.append(",\"exit_code\":");
+    b.append(std::to_string(*e.exit_code));
+  }
+  b.append("}}\n");
+}
+
 void TraceWriter::AppendEvent(const TraceEvent& event) {
   std::string& b = buffer_;
   if (accounting_.Observe(event)) {
     b.append("{\"thread\":{\"ruby_thread\":");
     AppendUint(&b, *event.ruby_thread);
+    // A followed process's main thread (WriteProcess) is main in the summary too.
+    if (!process_mains_.empty() && process_mains_.contains(*event.ruby_thread)) {
+      accounting_.MarkMain(*event.ruby_thread);
+    }
     b.append(accounting_.IsMain(*event.ruby_thread) ? ",\"main\":true" : ",\"main\":false");
+    if (event.process != kRootProcessId) {
+      b.append(",\"process\":");
+      AppendUint(&b, event.process);
+    }
     ThreadInfoState& ti = thread_infos_[*event.ruby_thread];
     AppendThreadInfoKeys(ti.info);
     ti.written = true;

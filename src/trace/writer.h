@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/error.h"
@@ -99,6 +100,15 @@ class TraceWriter {
   // never interned (the line would be unreadable).
   Status Write(const TraceEvent& event);
 
+  // A process of a trace that follows a process tree (docs/rvtrace.md, "Process lines"): a {"process":...} line,
+  // written where the stream stands now, so the caller writes it before any event of the process's threads and
+  // after the events older than process.t_ns. Keys that are empty or unknown are left out; a skipped process has no
+  // ruby_version. main_ruby_thread: the ruby_thread its main thread has or will have (its thread line then says
+  // "main":true). A trace of one process has no process lines.
+  void WriteProcess(const ProcessInfo& process, std::optional<uint32_t> main_ruby_thread = std::nullopt);
+  // The end of a process: {"process_end":{"id":..,"t_ns":..,"how":"exit"|"exec"[,"exit_code":N]}}, written after
+  // every event of the process.
+  void WriteProcessEnd(const ProcessEnd& end);
   // Returns the id of `frame`, appending its {"frame":...} dictionary line the first time it is seen. The line goes
   // into the same buffer as events, so it reaches the file before any stack or event that uses the id.
   uint32_t InternFrame(const FrameInfo& frame);
@@ -155,6 +165,7 @@ class TraceWriter {
     bool written = false;
   };
   std::unordered_map<uint32_t, ThreadInfoState> thread_infos_;
+  std::unordered_set<uint32_t> process_mains_;  // ruby_threads WriteProcess named main
   void AppendThreadInfoKeys(const ThreadInfo& info);
   StackTable stacks_;
   std::array<uint64_t, kEventNameCount> counts_{};

@@ -19,6 +19,7 @@ printed "rvbpfd: attached", so the attach happens while only the main thread exi
 """
 
 import argparse
+import copy
 import difflib
 import fcntl
 import json
@@ -331,6 +332,9 @@ class Trace:
         self.frames = {}        # frame id -> frame object (dictionary lines, docs/rvtrace.md "Frames and stacks")
         self.stacks = {}        # stack id -> [frame id, ...], leaf first
         self.summary = None
+        self.processes = {}     # process id -> process object (a trace that follows a process tree)
+        self.process_line_index = {}  # process id -> index in file of its process line
+        self.process_ends = {}  # process id -> process_end object
         self.problems = []      # format problems found while reading
         self.lines = 0
         raw, problem = trace_bytes(path)
@@ -370,6 +374,14 @@ class Trace:
                 t = obj["thread"]
                 self.threads[t.get("ruby_thread")] = t
                 self.thread_line_index.setdefault(t.get("ruby_thread"), i)
+                continue
+            if "process" in obj and isinstance(obj["process"], dict):
+                pr = obj["process"]
+                self.processes[pr.get("id")] = pr
+                self.process_line_index.setdefault(pr.get("id"), i)
+                continue
+            if "process_end" in obj and isinstance(obj["process_end"], dict):
+                self.process_ends[obj["process_end"].get("id")] = obj["process_end"]
                 continue
             if "thread_info" in obj and isinstance(obj["thread_info"], dict):
                 # A name or namespace tid learnt or changed after the thread line (docs/rvtrace.md).
@@ -483,6 +495,38 @@ class Trace:
 
     def tracepoint_window(self):
         return (self.tracepoint_start(), self.tracepoint_end())
+
+
+def process_view(trace, process_id):
+    """A Trace with only process `process_id`'s threads and events of a multi-process trace (and the daemon's events
+    without a thread; for process 1 every event without a thread), its ruby_threads renumbered as that process's own
+    recorder numbers them: its main thread 1, the others 2, 3, ... in the order of their global numbers."""
+    view = copy.copy(trace)
+    mine = {t: o for t, o in trace.threads.items() if o.get("process", 1) == process_id}
+    main = [t for t, o in mine.items() if o.get("main")]
+    order = main + sorted(t for t in mine if t not in main)
+    ids = {t: i + 1 for i, t in enumerate(order)}
+    view.threads = {}
+    for t, o in mine.items():
+        o = dict(o)
+        o["ruby_thread"] = ids[t]
+        view.threads[ids[t]] = o
+    view.events = []
+    for e in trace.events:
+        t = e.get("ruby_thread")
+        if t is None:
+            if e.get("source") == "daemon" or process_id == 1:
+                view.events.append(e)
+            continue
+        if t in ids:
+            e = dict(e)
+            e["ruby_thread"] = ids[t]
+            view.events.append(e)
+    view.header = dict(trace.header)
+    view.header["main_thread"] = 1
+    view.processes = {}  # the view is a trace of one process
+    view.process_ends = {}
+    return view
 
 
 def paused_ns(trace):
@@ -605,6 +649,10 @@ def compare_traces(ref, rv, probes=True, pid_namespace=False):
     rvbpfd the host's: native tids must then correspond one to one (the same host tid for every event of one
     namespace tid, and back) instead of being equal."""
     results = {}
+    if rv.processes:
+        # Launch mode follows the process tree: the workload is the launched process (rvref forks to write its file
+        # at exit, and that child is followed too).
+        rv = process_view(rv, 1)
     fmt = list(ref.problems) + [f"rvbpfd trace: {p}" for p in rv.problems]
     if ref.summary.get("events_dropped", 0) or ref.summary.get("unpublished", 0):
         fmt.append(f"the reference itself dropped events ({ref.summary}); ground truth incomplete")
@@ -697,6 +745,8 @@ def compare_traces(ref, rv, probes=True, pid_namespace=False):
 def check_invariants(trace, expect=None, exact_window=True):
     """Invariants of a complete rvbpfd trace of one workload. expect: FIDELITY_WORKLOADS entry or None.
     exact_window: the trace covers only the workload (attach mode), so probe counts are exact."""
+    if trace.processes:
+        trace = process_view(trace, 1)  # the launched process (see compare_traces)
     p = list(trace.problems)
     h = trace.header
     for k, v in (("rvtrace", 1), ("clock", "monotonic")):

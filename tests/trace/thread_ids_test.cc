@@ -110,3 +110,27 @@ TEST(GvlReadingFromRecord, TheCountIsAtLeastTheListAndEmptySlotsAreSkipped) {
 
 }  // namespace
 }  // namespace rvbpfd
+
+namespace rvbpfd {
+namespace {
+
+// Issue 46: the processes of a followed tree number their threads in one sequence, each with its own main thread; a
+// forked child has its parent's rb_thread_t pointers (the same memory layout), which name its own threads.
+TEST(ThreadIdsShared, ProcessesShareOneSequenceWithTheirOwnMains) {
+  auto next = std::make_shared<uint32_t>(2);
+  ThreadIds parent(kPid, ThreadIds::kMainThread, next);
+  EXPECT_EQ(IdOf(parent, EventName::kGvlAcquired, 0xa0, kPid), 1u);
+  EXPECT_EQ(IdOf(parent, EventName::kThreadStarted, 0xb0, std::nullopt), 2u);
+  const uint32_t child_main = (*next)++;  // 3: given when the child appears
+  ThreadIds child(kPid + 10, child_main, next);
+  EXPECT_EQ(IdOf(child, EventName::kGvlAcquired, 0xa0, kPid + 10), 3u);  // the parent's main pointer: its own main
+  EXPECT_EQ(IdOf(child, EventName::kThreadStarted, 0xb0, std::nullopt), 4u);
+  EXPECT_EQ(IdOf(parent, EventName::kThreadStarted, 0xc0, std::nullopt), 5u);
+  EXPECT_EQ(IdOf(parent, EventName::kGvlAcquired, 0xb0, kPid + 1), 2u);
+  EXPECT_EQ(IdOf(child, EventName::kGvlAcquired, 0xb0, kPid + 11), 4u);
+  EXPECT_EQ(parent.threads_seen(), 3u);
+  EXPECT_EQ(child.threads_seen(), 2u);
+}
+
+}  // namespace
+}  // namespace rvbpfd

@@ -620,3 +620,88 @@ TEST(TraceWriter, TraceFileIsMode0600AndReplacesAnOldOne) {
 
 }  // namespace
 }  // namespace rvbpfd
+
+namespace rvbpfd {
+namespace {
+
+// Issue 46: the lines of a trace that follows a process tree, in the exact format its reader parses.
+TEST(TraceWriterProcesses, WritesProcessLinesThreadProcessAndEnds) {
+  ScratchDir dir;
+  const std::string path = dir.File("p.rvtrace");
+  Result<TraceWriter> writer = TraceWriter::Create(path, TestHeader());
+  ASSERT_TRUE(writer.ok()) << writer.error().ToString();
+  ProcessInfo root;
+  root.pid = 31337;
+  root.command = {"ruby", "app.rb"};
+  root.ruby_version = "3.4.5";
+  root.build_id = "ab12";
+  writer->WriteProcess(root, 1);
+  ASSERT_TRUE(writer->Write(Ev(10, EventName::kGvlAcquired, 1, 31337)).ok());
+  ProcessInfo child;
+  child.id = 2;
+  child.pid = 4242;
+  child.parent = 1;
+  child.cause = "fork";
+  child.t_ns = 123;
+  child.command = {"ruby", "app.rb"};
+  child.ruby_version = "3.4.5";
+  writer->WriteProcess(child, 2);
+  TraceEvent e = Ev(130, EventName::kGvlAcquired, 2, 4242);
+  e.process = 2;
+  ASSERT_TRUE(writer->Write(e).ok());
+  TraceEvent w = Ev(140, EventName::kThreadStarted, 3, 4243);
+  w.process = 2;
+  ASSERT_TRUE(writer->Write(w).ok());
+  ProcessInfo skipped;
+  skipped.id = 3;
+  skipped.pid = 4242;
+  skipped.parent = 2;
+  skipped.cause = "exec";
+  skipped.t_ns = 200;
+  skipped.ruby_version = "3.4.5";  // never written for a skipped process
+  skipped.skipped = "not Ruby: /bin/sh";
+  writer->WriteProcessEnd(ProcessEnd{.id = 2, .t_ns = 200, .how = "exec"});
+  writer->WriteProcess(skipped);
+  writer->WriteProcessEnd(ProcessEnd{.id = 3, .t_ns = 300, .how = "exit", .exit_code = 3});
+  ASSERT_TRUE(writer->Finish(FinishInfo{.end_t_ns = 400}).ok());
+
+  std::vector<std::string> lines = Lines(ReadAll(path));
+  std::vector<std::string> want = {
+      R"({"process":{"id":1,"pid":31337,"t_ns":0,"command":["ruby","app.rb"],"ruby_version":"3.4.5","build_id":"ab12"}})",
+      R"({"thread":{"ruby_thread":1,"main":true}})",
+      "",  // the event line
+      R"({"process":{"id":2,"pid":4242,"parent":1,"cause":"fork","t_ns":123,"command":["ruby","app.rb"],"ruby_version":"3.4.5"}})",
+      R"({"thread":{"ruby_thread":2,"main":true,"process":2}})",
+      "",
+      R"({"thread":{"ruby_thread":3,"main":false,"process":2}})",
+      "",
+      R"({"process_end":{"id":2,"t_ns":200,"how":"exec"}})",
+      R"({"process":{"id":3,"pid":4242,"parent":2,"cause":"exec","t_ns":200,"skipped":"not Ruby: /bin/sh"}})",
+      R"({"process_end":{"id":3,"t_ns":300,"how":"exit","exit_code":3}})",
+  };
+  ASSERT_GE(lines.size(), 2 + want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (want[i].empty()) {
+      EXPECT_NE(lines[2 + i].find("\"t_ns\""), std::string::npos) << lines[2 + i];
+      EXPECT_EQ(lines[2 + i].find("\"process"), std::string::npos) << "events do not repeat the process";
+      continue;
+    }
+    EXPECT_EQ(lines[2 + i], want[i]) << "line " << 2 + i;
+  }
+}
+
+TEST(TraceWriterProcesses, OneProcessTraceHasNoProcessKeys) {
+  ScratchDir dir;
+  const std::string path = dir.File("one.rvtrace");
+  Result<TraceWriter> writer = TraceWriter::Create(path, TestHeader());
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE(writer->Write(Ev(10, EventName::kGvlAcquired, 1, 31337)).ok());
+  ASSERT_TRUE(writer->Write(Ev(20, EventName::kThreadStarted, 2, 31338)).ok());
+  ASSERT_TRUE(writer->Finish(FinishInfo{.end_t_ns = 30}).ok());
+  const std::string content = ReadAll(path);
+  EXPECT_EQ(content.find("\"process"), std::string::npos) << content;
+  EXPECT_NE(content.find(R"({"thread":{"ruby_thread":2,"main":false}})"), std::string::npos) << content;
+}
+
+}  // namespace
+}  // namespace rvbpfd
