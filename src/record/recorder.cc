@@ -697,6 +697,14 @@ Status Recording::Attach() {
             target_.pid, EscapeControlBytes(target_.ruby_version).c_str(), EscapeControlBytes(target_.vm_path).c_str(),
             EscapeControlBytes(sites.symbols_source).c_str(), attach_ms, writing.c_str());
   }
+  if (o_.follow && !o_.quiet) {
+    // The probes are on the file, not on a pid (a forked child must trap before userspace could name it): whoever
+    // else runs this VM binary traps too, and BPF discards the hit. Said once, so nobody learns it from a slowdown.
+    fprintf(stderr,
+            "rvbpfd: following the process tree: other processes running %s also trap on the probes while this "
+            "records (their events are discarded; --no-follow: only pid %d traps)\n",
+            EscapeControlBytes(target_.vm_path).c_str(), target_.pid);
+  }
   if (child_) {
     if (!o_.quiet) {
       if (launch_identity_) {
