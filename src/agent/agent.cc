@@ -148,22 +148,7 @@ InspectOutcome Agent::TryWatch(int pid, const char* how, bool vm_may_be_starting
 InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be_starting) {
   const uint64_t inspect_timeouts = inspector_.timed_out();
   Inspection insp = inspector_.Inspect(pid);
-  if (insp.outcome == InspectOutcome::kSkip) {
-    if (inspector_.timed_out() != inspect_timeouts) {
-      ++skipped_timeout_;
-      // Each timeout is logged (it names its pid and cost the scan its bound); refusals while earlier ones are still
-      // stuck cost nothing and are logged once.
-      const bool refused = insp.error && insp.error->message().find("still stuck") != std::string::npos;
-      if (refused && !FirstTimeLogged("inspections stuck")) return insp.outcome;
-      log().Warn("not profiling a process: inspecting it hit the time bound",
-                 {{"pid", pid}, {"reason", insp.error ? insp.error->message() : std::string()}});
-      return insp.outcome;
-    }
-    if (insp.error && FirstTimeLogged(insp.error->message())) {
-      log().Warn("not profiling a Ruby process", {{"pid", pid}, {"reason", insp.error->message()}});
-    }
-    return insp.outcome;
-  }
+  if (insp.outcome == InspectOutcome::kSkip) return LogSkippedInspection(pid, insp, inspect_timeouts);
   if (insp.outcome != InspectOutcome::kRuby) return insp.outcome;
 
   Result<ProcessLabels> labels = insp.labels ? std::move(*insp.labels)
@@ -178,54 +163,12 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
     log().Debug("process excluded by filter", {{"pid", pid}, {"comm", labels->comm}});
     return InspectOutcome::kSkip;
   }
-  bool first_failure = false;
-  const uint64_t prepare_timeouts = probe_sets_.prepare_timeouts();
-  Result<ProbeSetManager::Acquired> acq = probe_sets_.Acquire(pid, insp.target, &first_failure);
-  if (!acq) {
-    if (acq.error().code() == ErrorCode::kNoSuchProcess) return InspectOutcome::kGone;
-    if (probe_sets_.prepare_timeouts() != prepare_timeouts) ++skipped_timeout_;
-    if (first_failure || FirstTimeLogged(acq.error().message())) {
-      log().Warn("cannot probe Ruby binary", {{"pid", pid}, {"comm", labels->comm},
-                                              {"path", insp.target.vm_path},
-                                              {"ruby_version", insp.target.ruby_version},
-                                              {"error", acq.error().message()}});
-    }
-    return InspectOutcome::kSkip;
-  }
-  ProbeSet* set = acq->set;
-  if (acq->newly_attached) {
-    // Preparing a binary read its ELF and DWARF (tens of MB, freed now): give the pages back to the system.
-    malloc_trim(0);
-    log().Info("binary probed", {{"path", set->vm_path},
-                                 {"build_id", set->key.build_id},
-                                 {"ruby_version", set->ruby_version},
-                                 {"sites", static_cast<uint64_t>(set->site_count)},
-                                 {"stacks", set->stacks.has_value()},
-                                 {"attach_ms", set->attach_ms}});
-  }
+  ProbeSet* set = nullptr;
+  if (InspectOutcome o = AcquireProbeSet(pid, insp.target, *labels, &set); o != InspectOutcome::kRuby) return o;
   // The process's memory must match what the analysis of its binary assumed before any of its events count.
-  {
-    std::unique_ptr<MemoryReader> mem = env_.memory ? env_.memory(pid) : std::make_unique<ProcessMemoryReader>(pid);
-    Result<LiveLayoutResult> layout =
-        CheckLiveLayout(pid, insp.target.ns_pid, set->layout,
-                        LoadBiasFromLowestMapping(set->layout.lowest_load_vaddr, insp.target.vm_load_start), *mem,
-                        vm_may_be_starting);
-    if (!layout || *layout == LiveLayoutResult::kNotStarted) {
-      probe_sets_.Release(pid, set);
-      if (!ProcessAlive(config_.proc_root, pid)) return InspectOutcome::kGone;
-      if (layout && vm_may_be_starting) {
-        log().Debug("VM of a process still starting; inspected again later", {{"pid", pid}});
-        return InspectOutcome::kNotRuby;
-      }
-      // A VM still without its main thread at the last look (2 s after its exec, or found by a scan) is refused too.
-      const Error e = layout ? LiveLayoutRefusal(set->layout, pid, NotStartedReason(set->layout)) : layout.error();
-      if (FirstTimeLogged(e.message())) {
-        ++skipped_layout_;
-        log().Warn("not profiling a Ruby process: its memory does not match its binary's analysis",
-                   {{"pid", pid}, {"comm", labels->comm}, {"error", e.message()}});
-      }
-      return InspectOutcome::kSkip;
-    }
+  if (InspectOutcome o = CheckProcessLayout(pid, insp.target, set, *labels, vm_may_be_starting);
+      o != InspectOutcome::kRuby) {
+    return o;
   }
   // Its share of the memory budget: the profile's fixed part is reserved now (the other processes' caches make room,
   // the largest first); with no room even so, it is not profiled.
@@ -257,10 +200,98 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
     return InspectOutcome::kSkip;
   }
   const uint64_t now = env_.clock->MonotonicNs();
+  WatchedProcess& w = registry_.Add(NewWatchedProcess(pid, std::move(labels.value()), std::move(insp.target), set,
+                                                      std::move(memory), table_bytes, pidns->own_namespace(), now));
+  PollEc(w);
+  log().Info("process attached", {{"pid", pid},
+                                  {"comm", w.labels.comm},
+                                  {"ruby_version", w.target.ruby_version},
+                                  {"container_id", w.labels.container_id},
+                                  {"service_name", w.labels.service_name},
+                                  {"vm_path", w.target.vm_path},
+                                  {"found_by", how}});
+  WatchEarlierChildren(pid);
+  return InspectOutcome::kRuby;
+}
+
+InspectOutcome Agent::LogSkippedInspection(int pid, const Inspection& insp, uint64_t inspect_timeouts) {
+  if (inspector_.timed_out() != inspect_timeouts) {
+    ++skipped_timeout_;
+    // Each timeout is logged (it names its pid and cost the scan its bound); refusals while earlier ones are still
+    // stuck cost nothing and are logged once.
+    const bool refused = insp.error && insp.error->message().find("still stuck") != std::string::npos;
+    if (refused && !FirstTimeLogged("inspections stuck")) return insp.outcome;
+    log().Warn("not profiling a process: inspecting it hit the time bound",
+               {{"pid", pid}, {"reason", insp.error ? insp.error->message() : std::string()}});
+    return insp.outcome;
+  }
+  if (insp.error && FirstTimeLogged(insp.error->message())) {
+    log().Warn("not profiling a Ruby process", {{"pid", pid}, {"reason", insp.error->message()}});
+  }
+  return insp.outcome;
+}
+
+InspectOutcome Agent::AcquireProbeSet(int pid, const RubyTarget& target, const ProcessLabels& labels,
+                                      ProbeSet** set) {
+  bool first_failure = false;
+  const uint64_t prepare_timeouts = probe_sets_.prepare_timeouts();
+  Result<ProbeSetManager::Acquired> acq = probe_sets_.Acquire(pid, target, &first_failure);
+  if (!acq) {
+    if (acq.error().code() == ErrorCode::kNoSuchProcess) return InspectOutcome::kGone;
+    if (probe_sets_.prepare_timeouts() != prepare_timeouts) ++skipped_timeout_;
+    if (first_failure || FirstTimeLogged(acq.error().message())) {
+      log().Warn("cannot probe Ruby binary", {{"pid", pid}, {"comm", labels.comm},
+                                              {"path", target.vm_path},
+                                              {"ruby_version", target.ruby_version},
+                                              {"error", acq.error().message()}});
+    }
+    return InspectOutcome::kSkip;
+  }
+  *set = acq->set;
+  if (acq->newly_attached) {
+    // Preparing a binary read its ELF and DWARF (tens of MB, freed now): give the pages back to the system.
+    malloc_trim(0);
+    log().Info("binary probed", {{"path", (*set)->vm_path},
+                                 {"build_id", (*set)->key.build_id},
+                                 {"ruby_version", (*set)->ruby_version},
+                                 {"sites", static_cast<uint64_t>((*set)->site_count)},
+                                 {"stacks", (*set)->stacks.has_value()},
+                                 {"attach_ms", (*set)->attach_ms}});
+  }
+  return InspectOutcome::kRuby;
+}
+
+InspectOutcome Agent::CheckProcessLayout(int pid, const RubyTarget& target, ProbeSet* set,
+                                         const ProcessLabels& labels, bool vm_may_be_starting) {
+  std::unique_ptr<MemoryReader> mem = env_.memory ? env_.memory(pid) : std::make_unique<ProcessMemoryReader>(pid);
+  Result<LiveLayoutResult> layout =
+      CheckLiveLayout(pid, target.ns_pid, set->layout,
+                      LoadBiasFromLowestMapping(set->layout.lowest_load_vaddr, target.vm_load_start), *mem,
+                      vm_may_be_starting);
+  if (layout && *layout != LiveLayoutResult::kNotStarted) return InspectOutcome::kRuby;
+  probe_sets_.Release(pid, set);
+  if (!ProcessAlive(config_.proc_root, pid)) return InspectOutcome::kGone;
+  if (layout && vm_may_be_starting) {
+    log().Debug("VM of a process still starting; inspected again later", {{"pid", pid}});
+    return InspectOutcome::kNotRuby;
+  }
+  // A VM still without its main thread at the last look (2 s after its exec, or found by a scan) is refused too.
+  const Error e = layout ? LiveLayoutRefusal(set->layout, pid, NotStartedReason(set->layout)) : layout.error();
+  if (FirstTimeLogged(e.message())) {
+    ++skipped_layout_;
+    log().Warn("not profiling a Ruby process: its memory does not match its binary's analysis",
+               {{"pid", pid}, {"comm", labels.comm}, {"error", e.message()}});
+  }
+  return InspectOutcome::kSkip;
+}
+
+std::unique_ptr<WatchedProcess> Agent::NewWatchedProcess(int pid, ProcessLabels labels, RubyTarget target,
+                                                         ProbeSet* set, std::unique_ptr<MemoryBudget::Account> memory,
+                                                         size_t table_bytes, bool own_pid_namespace, uint64_t now) {
   auto p = std::make_unique<WatchedProcess>();
   p->pid = pid;
-  p->labels = std::move(labels.value());
-  p->target = std::move(insp.target);
+  p->labels = std::move(labels);
+  p->target = std::move(target);
   // Discovery's parse of the VM binary (tens of MB: MappedFile holds the whole file) is not needed past here: the
   // set's preparation, if this process brought the binary, analysed it already. Kept, it stayed resident for the
   // process's life.
@@ -278,7 +309,7 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
     if (w->frames) w->frames->ClearCache();
     w->profile->ForgetSharedFrames();
   });
-  ThreadInfoTracker::Sources names = ProcThreadInfoSources(pid, ProcFs(config_.proc_root), pidns->own_namespace(),
+  ThreadInfoTracker::Sources names = ProcThreadInfoSources(pid, ProcFs(config_.proc_root), own_pid_namespace,
                                                                 name_reader_);
   if (set->stacks && set->stacks->offsets.thread_name != RubyOffsets::kNoThreadName) {
     std::shared_ptr<MemoryReader> mem =
@@ -300,25 +331,18 @@ InspectOutcome Agent::TryWatchUnguarded(int pid, const char* how, bool vm_may_be
   if (set->stacks && config_.hz > 0) {
     p->ec.emplace(pid, p->target.vm_host_path, set->stacks->ec_route, set->binary, config_.proc_root);
   }
-  WatchedProcess& w = registry_.Add(std::move(p));
-  PollEc(w);
-  log().Info("process attached", {{"pid", pid},
-                                  {"comm", w.labels.comm},
-                                  {"ruby_version", w.target.ruby_version},
-                                  {"container_id", w.labels.container_id},
-                                  {"service_name", w.labels.service_name},
-                                  {"vm_path", w.target.vm_path},
-                                  {"found_by", how}});
+  return p;
+}
+
+void Agent::WatchEarlierChildren(int pid) {
   // Workers it forked before it was in the pid filter had no fork record: look for them now (later forks are
   // reported, since the pid is in the filter from here on). Bounded depth: a fork bomb is not followed forever.
-  if (child_depth_ < kMaxChildDepth) {
-    ++child_depth_;
-    for (int child : ListChildren(config_.proc_root, pid)) {
-      if (registry_.Find(child) == nullptr && !retries_.contains(child)) TryWatch(child, "fork");
-    }
-    --child_depth_;
+  if (child_depth_ >= kMaxChildDepth) return;
+  ++child_depth_;
+  for (int child : ListChildren(config_.proc_root, pid)) {
+    if (registry_.Find(child) == nullptr && !retries_.contains(child)) TryWatch(child, "fork");
   }
-  return InspectOutcome::kRuby;
+  --child_depth_;
 }
 
 void Agent::InspectDue(uint64_t now) {

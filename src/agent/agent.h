@@ -189,6 +189,21 @@ class Agent {
   // No exception escapes: one that does is logged and counted, and the process is skipped.
   InspectOutcome TryWatch(int pid, const char* how, bool vm_may_be_starting = false);
   InspectOutcome TryWatchUnguarded(int pid, const char* how, bool vm_may_be_starting);
+  // TryWatchUnguarded's steps, in its order. Each returns kRuby to go on, else the outcome to return; a step that
+  // fails releases the probe set the earlier ones acquired.
+  // A kSkip inspection: counted as a timeout when it hit the inspector's bound, logged (once per problem).
+  InspectOutcome LogSkippedInspection(int pid, const Inspection& insp, uint64_t inspect_timeouts);
+  // The probe set of the process's VM binary into *set (prepared and attached when it is the first process of it).
+  InspectOutcome AcquireProbeSet(int pid, const RubyTarget& target, const ProcessLabels& labels, ProbeSet** set);
+  // The live layout check (CheckLiveLayout); kNotRuby for a VM still starting that will be inspected again.
+  InspectOutcome CheckProcessLayout(int pid, const RubyTarget& target, ProbeSet* set, const ProcessLabels& labels,
+                                    bool vm_may_be_starting);
+  // The watched process's state: its profile (within its memory account), thread names, exit descriptor, EC route.
+  std::unique_ptr<WatchedProcess> NewWatchedProcess(int pid, ProcessLabels labels, RubyTarget target, ProbeSet* set,
+                                                    std::unique_ptr<MemoryBudget::Account> memory, size_t table_bytes,
+                                                    bool own_pid_namespace, uint64_t now);
+  // Tries the children a newly watched process forked before it was in the pid filter (bounded depth).
+  void WatchEarlierChildren(int pid);
   // True the first time `problem` is seen (then it is logged); remembered as a hash, at most kMaxLoggedProblems of
   // them (then forgotten all at once: a problem may be logged again, memory stays bounded).
   bool FirstTimeLogged(const std::string& problem);

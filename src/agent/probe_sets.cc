@@ -77,6 +77,32 @@ Status ProbeSetManager::AttachSet(ProbeSet& set, const std::string& via_path) {
 
 Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTarget& target, bool* first_failure) {
   if (first_failure) *first_failure = false;
+  Result<BinaryKey> key = KeyOf(target);
+  if (!key) return key.error();
+  if (auto f = failed_.find(*key); f != failed_.end()) {
+    if (std::chrono::steady_clock::now() - f->second.at < kFailedTtl) return f->second.error;
+    failed_.erase(f);  // long enough ago: try again (a fixed analysis, a debug file installed since)
+  }
+
+  if (auto it = sets_.find(*key); it != sets_.end()) {
+    ProbeSet& set = *it->second;
+    if (set.active()) {
+      set.pids.insert(pid);
+      return Acquired{&set, false};
+    }
+    if (Status s = AttachSet(set, target.vm_host_path); !s) return s.error();
+    set.pids.insert(pid);
+    return Acquired{&set, true};
+  }
+
+  Result<PreparedBinary> prepared = PrepareBounded(target, *key, first_failure);
+  if (!prepared) return prepared.error();
+  Result<ProbeSet*> set = AddPrepared(pid, target, *key, std::move(prepared.value()));
+  if (!set) return set.error();
+  return Acquired{*set, true};
+}
+
+Result<BinaryKey> ProbeSetManager::KeyOf(const RubyTarget& target) {
   // The binary's file may lie on a mount that stopped answering since discovery: its stat is bounded too.
   struct StatAnswer {
     int err = 0;
@@ -99,24 +125,12 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
     return Error(err == ENOENT || err == ESRCH ? ErrorCode::kNoSuchProcess : ErrorCode::kIo,
                  ErrnoMessage("stat " + target.vm_host_path, err));
   }
-  BinaryKey key{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), target.build_id,
-                DebugFileIdentity(target.vm_host_path, target.build_id)};
-  if (auto f = failed_.find(key); f != failed_.end()) {
-    if (std::chrono::steady_clock::now() - f->second.at < kFailedTtl) return f->second.error;
-    failed_.erase(f);  // long enough ago: try again (a fixed analysis, a debug file installed since)
-  }
+  return BinaryKey{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), target.build_id,
+                   DebugFileIdentity(target.vm_host_path, target.build_id)};
+}
 
-  if (auto it = sets_.find(key); it != sets_.end()) {
-    ProbeSet& set = *it->second;
-    if (set.active()) {
-      set.pids.insert(pid);
-      return Acquired{&set, false};
-    }
-    if (Status s = AttachSet(set, target.vm_host_path); !s) return s.error();
-    set.pids.insert(pid);
-    return Acquired{&set, true};
-  }
-
+Result<PreparedBinary> ProbeSetManager::PrepareBounded(const RubyTarget& target, const BinaryKey& key,
+                                                       bool* first_failure) {
   DeadlineResult<Result<PreparedBinary>> bounded = RunWithDeadline<Result<PreparedBinary>>(
       prepare_timeout_,
       [prep = preparer_, path = target.vm_host_path, version = target.ruby_version, parsed = target.vm_elf,
@@ -141,7 +155,7 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
     if (first_failure) *first_failure = true;
     return e;
   }
-  Result<PreparedBinary> prepared = std::move(*bounded.value);
+  Result<PreparedBinary>& prepared = *bounded.value;
   if (!prepared) {
     const ErrorCode code = prepared.error().code();
     // The site finder's own time cap (FindSites): counted with the preparations abandoned at the agent's bound.
@@ -152,18 +166,22 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
       RememberFailure(key, prepared.error());
       if (first_failure) *first_failure = true;
     }
-    return prepared.error();
   }
+  return std::move(prepared);
+}
+
+Result<ProbeSet*> ProbeSetManager::AddPrepared(int pid, const RubyTarget& target, const BinaryKey& key,
+                                               PreparedBinary prepared) {
   auto set = std::make_unique<ProbeSet>();
   set->key = key;
   set->vm_path = target.vm_path;
   set->ruby_version = target.ruby_version;
-  set->stacks = prepared->stacks;
-  set->layout = prepared->live_layout;
+  set->stacks = prepared.stacks;
+  set->layout = prepared.live_layout;
   if (attaches_) {
-    std::erase_if(prepared->sites.sites, [this](const ProbeSite& s) { return !attaches_(s.event); });
+    std::erase_if(prepared.sites.sites, [this](const ProbeSite& s) { return !attaches_(s.event); });
   }
-  set->site_count = prepared->sites.sites.size();
+  set->site_count = prepared.sites.sites.size();
   if (!MakeRoom(set->site_count)) {
     return Error(ErrorCode::kBpf, "no BPF slots free for " + target.vm_path + " (" + std::to_string(set->site_count) +
                                       " sites): every probed binary still has processes");
@@ -171,7 +189,7 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
   Result<UniqueFd> fd = OpenBinary(target.vm_host_path, key);
   if (!fd) return fd.error();
   set->file = std::move(fd.value());
-  Result<uint8_t> bin = backend_->AddBinary(prepared->sites.offsets);
+  Result<uint8_t> bin = backend_->AddBinary(prepared.sites.offsets);
   if (!bin) return bin.error();
   set->binary = *bin;
   if (set->stacks) {
@@ -180,12 +198,12 @@ Result<ProbeSetManager::Acquired> ProbeSetManager::Acquire(int pid, const RubyTa
       return s.error();
     }
   }
-  if (Status s = AttachNew(*set, SplitSites(prepared->sites, set->binary), target.vm_path); !s) return s.error();
+  if (Status s = AttachNew(*set, SplitSites(prepared.sites, set->binary), target.vm_path); !s) return s.error();
   set->budget = std::make_unique<OverheadBudget>(max_overhead_pct_, costs_, budget_window_ns_);
   set->pids.insert(pid);
   ProbeSet* raw = set.get();
   sets_.emplace(key, std::move(set));
-  return Acquired{raw, true};
+  return raw;
 }
 
 Status ProbeSetManager::AttachNew(ProbeSet& set, const SplitSiteSpecs& split, const std::string& vm_path) {

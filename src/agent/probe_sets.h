@@ -169,6 +169,15 @@ class ProbeSetManager {
   // Attaches a new set's groups for its split sites; on failure everything it took is released.
   Status AttachNew(ProbeSet& set, const SplitSiteSpecs& split, const std::string& vm_path);
   void RememberFailure(const BinaryKey& key, const Error& e);
+  // Acquire's steps. The key of the target's binary: its identity (a stat bounded in time), build-id and debug file.
+  Result<BinaryKey> KeyOf(const RubyTarget& target);
+  // The binary's preparation (sites, stacks, live layout), bounded by prepare_timeout_. One past the bound or that
+  // threw, and the facts of the file (no symbols, an unsupported version, not a VM), are remembered for the key;
+  // those and a refusal because too many are stuck set *first_failure.
+  Result<PreparedBinary> PrepareBounded(const RubyTarget& target, const BinaryKey& key, bool* first_failure);
+  // A new set for a prepared binary: its BPF binary index, walk configuration and attached groups, with pid as its
+  // first process.
+  Result<ProbeSet*> AddPrepared(int pid, const RubyTarget& target, const BinaryKey& key, PreparedBinary prepared);
 
   ProbeBackend* backend_;
   BinaryPreparer preparer_;

@@ -49,6 +49,114 @@ size_t HeadEnd(const std::string& in) {
   return std::min(crlf, lf);
 }
 
+
+// The response to a complete (or oversized) request head `in`: 431 past max_request_bytes without an end, 400 for a
+// malformed request line, 404 off /metrics, 405 for a method other than GET/HEAD, else the registry's page.
+std::string ResponseTo(const std::string& in, size_t max_request_bytes, MetricsRegistry* registry) {
+  size_t end = HeadEnd(in);
+  if (end == std::string::npos) {
+    return Response(431, "Request Header Fields Too Large", "text/plain; charset=utf-8",
+                    "request head larger than " + std::to_string(max_request_bytes) + " bytes\n", false);
+  }
+  std::string_view head(in.data(), end);
+  std::string_view line = head.substr(0, head.find('\n'));
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  size_t sp1 = line.find(' ');
+  size_t sp2 = sp1 == std::string_view::npos ? std::string_view::npos : line.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos || line.substr(sp2 + 1).substr(0, 5) != "HTTP/") {
+    return Response(400, "Bad Request", "text/plain; charset=utf-8", "malformed request line\n", false);
+  }
+  std::string_view method = line.substr(0, sp1);
+  std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  std::string_view path = target.substr(0, target.find('?'));
+  bool head_only = method == "HEAD";
+  if (path != "/metrics") {
+    return Response(404, "Not Found", "text/plain; charset=utf-8", "not found; try /metrics\n", head_only);
+  }
+  if (method != "GET" && method != "HEAD") {
+    return Response(405, "Method Not Allowed", "text/plain; charset=utf-8", "use GET\n", false,
+                    "Allow: GET, HEAD\r\n");
+  }
+  return Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", registry->RenderPrometheus(), head_only);
+}
+
+// The poll timeout (ms, -1: none) until the earliest connection deadline or the end of an accept pause, at most 60 s.
+int PollTimeoutMs(const std::vector<Connection>& conns, bool accept_paused,
+                  SteadyClock::time_point accept_paused_until) {
+  if (conns.empty() && !accept_paused) return -1;
+  SteadyClock::time_point next = accept_paused ? accept_paused_until : SteadyClock::time_point::max();
+  for (const Connection& c : conns) next = std::min(next, c.deadline);
+  auto wait = std::chrono::ceil<std::chrono::milliseconds>(next - SteadyClock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(wait, 0, 60'000));
+}
+
+// Reads what a connection without a response has sent (never more than max_request_bytes + 1 in all); true once
+// the request head is complete or oversized. Closes the connection when the client went away.
+bool ReadRequest(Connection& c, size_t max_request_bytes) {
+  char buf[4096];
+  size_t room = max_request_bytes + 1 - std::min(c.in.size(), max_request_bytes);
+  ssize_t got = recv(c.fd, buf, std::min(sizeof(buf), room), 0);
+  if (got > 0) {
+    c.in.append(buf, static_cast<size_t>(got));
+    return HeadEnd(c.in) != std::string::npos || c.in.size() > max_request_bytes;
+  }
+  if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    CloseConnection(&c);  // the client went away before finishing its request
+  }
+  return false;
+}
+
+// Sends as much of the response as the socket takes; closes the connection once all of it was sent or the client
+// left.
+void SendResponse(Connection& c) {
+  while (c.out_sent < c.out.size()) {
+    ssize_t sent = send(c.fd, c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
+    if (sent > 0) {
+      c.out_sent += static_cast<size_t>(sent);
+      continue;
+    }
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    CloseConnection(&c);  // EPIPE/ECONNRESET: the client left
+    break;
+  }
+  if (c.fd >= 0 && c.out_sent == c.out.size()) CloseConnection(&c);
+}
+
+// Drops finished connections and those past their deadline (silent or slow clients).
+void DropFinishedConnections(std::vector<Connection>* conns) {
+  SteadyClock::time_point now = SteadyClock::now();
+  for (Connection& c : *conns) {
+    if (c.fd >= 0 && now >= c.deadline) CloseConnection(&c);
+  }
+  conns->erase(std::remove_if(conns->begin(), conns->end(), [](const Connection& c) { return c.fd < 0; }),
+               conns->end());
+}
+
+// Accepts pending connections, a bounded number per round so a connection flood cannot starve the stop signal. When
+// full, the oldest connection goes, so clients that hold slots open cannot lock out a scraper. Out of fds or
+// memory: accepting pauses for 100 ms (*accept_paused_until).
+void AcceptConnections(int listen_fd, const MetricsServerOptions& options, std::vector<Connection>* conns,
+                       SteadyClock::time_point* accept_paused_until) {
+  for (int k = 0; k < 64; ++k) {
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        *accept_paused_until = SteadyClock::now() + std::chrono::milliseconds(100);
+      }
+      break;  // EAGAIN: drained; ECONNABORTED and the like: retry next round
+    }
+    if (conns->size() >= options.max_connections) {
+      CloseConnection(&conns->front());
+      conns->erase(conns->begin());
+    }
+    Connection c;
+    c.fd = fd;
+    c.deadline = SteadyClock::now() + options.connection_timeout;
+    conns->push_back(std::move(c));
+  }
+}
+
 }  // namespace
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen, MetricsRegistry* registry) {
@@ -118,34 +226,7 @@ void MetricsServer::Run() {
 
   // Answers a complete (or oversized) request head: fills c->out.
   auto answer = [&](Connection* c) {
-    size_t end = HeadEnd(c->in);
-    if (end == std::string::npos) {
-      c->out = Response(431, "Request Header Fields Too Large", "text/plain; charset=utf-8",
-                        "request head larger than " + std::to_string(options_.max_request_bytes) + " bytes\n", false);
-    } else {
-      std::string_view head(c->in.data(), end);
-      std::string_view line = head.substr(0, head.find('\n'));
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      size_t sp1 = line.find(' ');
-      size_t sp2 = sp1 == std::string_view::npos ? std::string_view::npos : line.find(' ', sp1 + 1);
-      if (sp2 == std::string_view::npos || line.substr(sp2 + 1).substr(0, 5) != "HTTP/") {
-        c->out = Response(400, "Bad Request", "text/plain; charset=utf-8", "malformed request line\n", false);
-      } else {
-        std::string_view method = line.substr(0, sp1);
-        std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-        std::string_view path = target.substr(0, target.find('?'));
-        bool head_only = method == "HEAD";
-        if (path != "/metrics") {
-          c->out = Response(404, "Not Found", "text/plain; charset=utf-8", "not found; try /metrics\n", head_only);
-        } else if (method != "GET" && method != "HEAD") {
-          c->out = Response(405, "Method Not Allowed", "text/plain; charset=utf-8", "use GET\n", false,
-                            "Allow: GET, HEAD\r\n");
-        } else {
-          c->out = Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", registry_->RenderPrometheus(),
-                            head_only);
-        }
-      }
-    }
+    c->out = ResponseTo(c->in, options_.max_request_bytes, registry_);
     c->out_sent = 0;
     // The response gets its own time budget: a large page to a slow reader is still bounded.
     c->deadline = SteadyClock::now() + options_.connection_timeout;
@@ -159,14 +240,7 @@ void MetricsServer::Run() {
     bool accept_paused = SteadyClock::now() < accept_paused_until;
     fds.push_back({listen_fd_, static_cast<short>(accept_paused ? 0 : POLLIN), 0});
     for (const Connection& c : conns) fds.push_back({c.fd, static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
-    int timeout_ms = -1;
-    if (!conns.empty() || accept_paused) {
-      SteadyClock::time_point next = accept_paused ? accept_paused_until : SteadyClock::time_point::max();
-      for (const Connection& c : conns) next = std::min(next, c.deadline);
-      auto wait = std::chrono::ceil<std::chrono::milliseconds>(next - SteadyClock::now()).count();
-      timeout_ms = static_cast<int>(std::clamp<int64_t>(wait, 0, 60'000));
-    }
-    int n = poll(fds.data(), fds.size(), timeout_ms);
+    int n = poll(fds.data(), fds.size(), PollTimeoutMs(conns, accept_paused, accept_paused_until));
     if (n < 0) {
       if (errno == EINTR) continue;
       break;  // EFAULT/EINVAL/ENOMEM: cannot serve; the agent keeps running without an endpoint
@@ -176,65 +250,13 @@ void MetricsServer::Run() {
     // Serve connections that are ready (fds[2 + i] belongs to conns[i]).
     for (size_t i = 0; i < conns.size(); ++i) {
       Connection& c = conns[i];
-      short rev = fds[2 + i].revents;
-      if (rev == 0) continue;
-      if (c.out.empty()) {
-        char buf[4096];
-        size_t room = options_.max_request_bytes + 1 - std::min(c.in.size(), options_.max_request_bytes);
-        ssize_t got = recv(c.fd, buf, std::min(sizeof(buf), room), 0);
-        if (got > 0) {
-          c.in.append(buf, static_cast<size_t>(got));
-          if (HeadEnd(c.in) != std::string::npos || c.in.size() > options_.max_request_bytes) answer(&c);
-        } else if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          CloseConnection(&c);  // the client went away before finishing its request
-        }
-      }
-      if (c.fd >= 0 && !c.out.empty()) {
-        // Also reached straight after answer(): most responses fit the socket buffer and finish here.
-        while (c.out_sent < c.out.size()) {
-          ssize_t sent = send(c.fd, c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
-          if (sent > 0) {
-            c.out_sent += static_cast<size_t>(sent);
-            continue;
-          }
-          if (sent < 0 && errno == EINTR) continue;
-          if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-          CloseConnection(&c);  // EPIPE/ECONNRESET: the client left
-          break;
-        }
-        if (c.fd >= 0 && c.out_sent == c.out.size()) CloseConnection(&c);
-      }
+      if (fds[2 + i].revents == 0) continue;
+      if (c.out.empty() && ReadRequest(c, options_.max_request_bytes)) answer(&c);
+      // Also reached straight after answer(): most responses fit the socket buffer and finish here.
+      if (c.fd >= 0 && !c.out.empty()) SendResponse(c);
     }
-
-    // Drop finished connections and those past their deadline (silent or slow clients).
-    SteadyClock::time_point now = SteadyClock::now();
-    for (Connection& c : conns) {
-      if (c.fd >= 0 && now >= c.deadline) CloseConnection(&c);
-    }
-    conns.erase(std::remove_if(conns.begin(), conns.end(), [](const Connection& c) { return c.fd < 0; }),
-                conns.end());
-
-    if (fds[1].revents != 0) {
-      // A bounded number per round so a connection flood cannot starve the stop signal.
-      for (int k = 0; k < 64; ++k) {
-        int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            accept_paused_until = SteadyClock::now() + std::chrono::milliseconds(100);
-          }
-          break;  // EAGAIN: drained; ECONNABORTED and the like: retry next round
-        }
-        if (conns.size() >= options_.max_connections) {
-          // Full: the oldest connection goes, so clients that hold slots open cannot lock out a scraper.
-          CloseConnection(&conns.front());
-          conns.erase(conns.begin());
-        }
-        Connection c;
-        c.fd = fd;
-        c.deadline = SteadyClock::now() + options_.connection_timeout;
-        conns.push_back(std::move(c));
-      }
-    }
+    DropFinishedConnections(&conns);
+    if (fds[1].revents != 0) AcceptConnections(listen_fd_, options_, &conns, &accept_paused_until);
   }
   for (Connection& c : conns) CloseConnection(&c);
 }

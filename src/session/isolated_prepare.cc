@@ -119,17 +119,85 @@ Status DecodePrepareAnswer(std::string_view bytes, const std::string& path) {
   return Error(*known, std::string(message));
 }
 
+namespace {
+
+// The child's standard fds on /dev/null, the answer pipe on kAnswerFd and the binary's descriptor (-1: none) on
+// kHandleFd; default signal dispositions and an empty mask (the agent's threads block the daemon's signals and it
+// ignores SIGPIPE: the child starts with neither). Returns 0 or the first posix_spawn error.
+int SetUpChild(SpawnSetup& setup, int answer_fd, int handle_fd) {
+  int rc = 0;
+  rc = rc ? rc : posix_spawn_file_actions_addopen(&setup.actions, 0, "/dev/null", O_RDONLY, 0);
+  rc = rc ? rc : posix_spawn_file_actions_addopen(&setup.actions, 1, "/dev/null", O_WRONLY, 0);
+  rc = rc ? rc : posix_spawn_file_actions_addopen(&setup.actions, 2, "/dev/null", O_WRONLY, 0);
+  rc = rc ? rc : posix_spawn_file_actions_adddup2(&setup.actions, answer_fd, kAnswerFd);
+  if (handle_fd >= 0) rc = rc ? rc : posix_spawn_file_actions_adddup2(&setup.actions, handle_fd, kHandleFd);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  rc = rc ? rc : posix_spawnattr_setsigmask(&setup.attr, &none);
+  rc = rc ? rc : posix_spawnattr_setsigdefault(&setup.attr, &all);
+  rc = rc ? rc : posix_spawnattr_setflags(&setup.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  return rc;
+}
+
+// The child's answer, read until it closes its end (*eof: it exits), the answer passes kMaxAnswerBytes (*too_long)
+// or deadline_ms passes (neither set).
+std::string ReadAnswer(int fd, int64_t deadline_ms, bool* eof, bool* too_long) {
+  std::string answer;
+  while (!*eof && !*too_long) {
+    const int64_t left_ms = deadline_ms - NowMs();
+    if (left_ms <= 0) break;
+    pollfd pfd{fd, POLLIN, 0};
+    const int n = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+    if (n < 0 && errno != EINTR) break;
+    if (n <= 0) continue;
+    char buf[4096];
+    const ssize_t got = read(fd, buf, sizeof(buf));
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) {
+      *eof = true;
+      break;
+    }
+    answer.append(buf, static_cast<size_t>(got));
+    *too_long = answer.size() > kMaxAnswerBytes;
+  }
+  return answer;
+}
+
+// What the child's run came to: its decoded answer, or why there is none to trust (it ran past the deadline, its
+// answer was too long, it did not exit after answering, a signal killed it, it exited without a word).
+Status ChildResult(const std::string& path, const std::string& answer, bool eof, bool too_long, bool killed,
+                   int status, std::chrono::milliseconds timeout) {
+  const std::string ms = std::to_string(timeout.count());
+  if (!eof && !too_long) {
+    return Error(ErrorCode::kIo, "analysing " + path + " in a child process took more than " + ms +
+                                     " ms (its reads stall or its analysis runs away); killed it");
+  }
+  if (too_long) return Malformed(path, "longer than " + std::to_string(kMaxAnswerBytes) + " bytes");
+  if (killed) {
+    return Error(ErrorCode::kIo, "analysing " + path + " in a child process: it answered but did not exit "
+                                 "within " + ms + " ms; killed it");
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return Error(ErrorCode::kInternal, "analysing " + path + " in a child process: it was killed by signal " +
+                                           std::to_string(sig) + " (" + strsignal(sig) + ")");
+  }
+  if (answer.empty()) {
+    return Error(ErrorCode::kInternal, "analysing " + path + " in a child process: it exited with status " +
+                                           std::to_string(WEXITSTATUS(status)) + " without an answer");
+  }
+  return DecodePrepareAnswer(answer, path);
+}
+
+}  // namespace
+
 PrepareChildOutcome WarmBinaryCaches(const PrepareChildRequest& request) {
   PrepareChildOutcome out;
   const std::string& path = request.path;
   auto not_started = [&](const std::string& what, int err) {
     out.state = PrepareChildOutcome::State::kNotStarted;
     out.error = Error(ErrorCode::kIo, ErrnoMessage("starting the analysis child of " + path + ": " + what, err));
-    return out;
-  };
-  auto failed = [&](Error e) {
-    out.state = PrepareChildOutcome::State::kFailed;
-    out.error = std::move(e);
     return out;
   };
   if (request.cache_dir.empty()) {
@@ -148,21 +216,8 @@ PrepareChildOutcome WarmBinaryCaches(const PrepareChildRequest& request) {
     handle_high = FileFd(fcntl(request.handle->get(), F_DUPFD_CLOEXEC, 10));
     if (!handle_high.ok()) return not_started("fcntl(F_DUPFD_CLOEXEC) of the binary's descriptor", errno);
   }
-
   SpawnSetup setup;
-  int rc = 0;
-  rc = rc ? rc : posix_spawn_file_actions_addopen(&setup.actions, 0, "/dev/null", O_RDONLY, 0);
-  rc = rc ? rc : posix_spawn_file_actions_addopen(&setup.actions, 1, "/dev/null", O_WRONLY, 0);
-  rc = rc ? rc : posix_spawn_file_actions_addopen(&setup.actions, 2, "/dev/null", O_WRONLY, 0);
-  rc = rc ? rc : posix_spawn_file_actions_adddup2(&setup.actions, answer_high.get(), kAnswerFd);
-  if (handle_high.ok()) rc = rc ? rc : posix_spawn_file_actions_adddup2(&setup.actions, handle_high.get(), kHandleFd);
-  // The agent's threads block the daemon's signals and it ignores SIGPIPE: the child starts with neither.
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  rc = rc ? rc : posix_spawnattr_setsigmask(&setup.attr, &none);
-  rc = rc ? rc : posix_spawnattr_setsigdefault(&setup.attr, &all);
-  rc = rc ? rc : posix_spawnattr_setflags(&setup.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  int rc = SetUpChild(setup, answer_high.get(), handle_high.ok() ? handle_high.get() : -1);
   if (rc != 0) return not_started("posix_spawn set-up", rc);
 
   std::vector<std::string> args = {request.exe,
@@ -184,51 +239,16 @@ PrepareChildOutcome WarmBinaryCaches(const PrepareChildRequest& request) {
   answer_high.Reset();
   handle_high.Reset();
 
-  // The answer, until the child closes its end (it exits) or the deadline passes.
-  std::string answer;
   bool eof = false, too_long = false;
-  while (!eof && !too_long) {
-    const int64_t left_ms = deadline_ms - NowMs();
-    if (left_ms <= 0) break;
-    pollfd pfd{answer_read.get(), POLLIN, 0};
-    const int n = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
-    if (n < 0 && errno != EINTR) break;
-    if (n <= 0) continue;
-    char buf[4096];
-    const ssize_t got = read(answer_read.get(), buf, sizeof(buf));
-    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (got <= 0) {
-      eof = true;
-      break;
-    }
-    answer.append(buf, static_cast<size_t>(got));
-    too_long = answer.size() > kMaxAnswerBytes;
-  }
+  const std::string answer = ReadAnswer(answer_read.get(), deadline_ms, &eof, &too_long);
   bool killed = false;
   const int status = Reap(pid, eof ? deadline_ms : 0, &killed);
-  const std::string ms = std::to_string(request.timeout.count());
-  if (!eof && !too_long) {
-    return failed(Error(ErrorCode::kIo, "analysing " + path + " in a child process took more than " + ms +
-                                            " ms (its reads stall or its analysis runs away); killed it"));
+  Status result = ChildResult(path, answer, eof, too_long, killed, status, request.timeout);
+  if (!result) {
+    out.state = PrepareChildOutcome::State::kFailed;
+    out.error = result.error();
+    return out;
   }
-  if (too_long) {
-    return failed(Malformed(path, "longer than " + std::to_string(kMaxAnswerBytes) + " bytes"));
-  }
-  if (killed) {
-    return failed(Error(ErrorCode::kIo, "analysing " + path + " in a child process: it answered but did not exit "
-                                        "within " + ms + " ms; killed it"));
-  }
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    return failed(Error(ErrorCode::kInternal, "analysing " + path + " in a child process: it was killed by signal " +
-                                                  std::to_string(sig) + " (" + strsignal(sig) + ")"));
-  }
-  if (answer.empty()) {
-    return failed(Error(ErrorCode::kInternal, "analysing " + path + " in a child process: it exited with status " +
-                                                  std::to_string(WEXITSTATUS(status)) + " without an answer"));
-  }
-  Status decoded = DecodePrepareAnswer(answer, path);
-  if (!decoded) return failed(decoded.error());
   out.state = PrepareChildOutcome::State::kWarmed;
   return out;
 }

@@ -129,87 +129,86 @@ void ApplyDwarfOffset(std::optional<uint32_t> dwarf, uint32_t* field, const char
   *field = *dwarf;
 }
 
-Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, OffsetsReport* report) {
-  OffsetsReport scratch;
-  if (report == nullptr) report = &scratch;
-  Result<RubyOffsets> table = RubyOffsets::ForVersion(major, minor);
-  if (!table.ok()) return table.error();
-  RubyOffsets o = table.value();
-  std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(elf);
-  if (!dwarf) return o;
-  // Struct layouts are looked up in the CU of a function whose file uses them: vm_backtrace.c (frames, iseqs, method
-  // entries) and variable.c (classes).
-  std::optional<ElfSymbol> backtrace = elf.FindSymbol("rb_profile_frames");
-  std::optional<ElfSymbol> variable = elf.FindSymbol("rb_class_path");
-  if (backtrace) {
-    const uint64_t pc = backtrace->value;
-    auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
-    rv_ruby_walk_offsets& w = o.walk;
-    Apply(m("rb_execution_context_struct", "vm_stack"), &w.ec_vm_stack, "ec.vm_stack", report);
-    Apply(m("rb_execution_context_struct", "vm_stack_size"), &w.ec_vm_stack_size, "ec.vm_stack_size", report);
-    Apply(m("rb_execution_context_struct", "cfp"), &w.ec_cfp, "ec.cfp", report);
-    Apply(m("rb_control_frame_struct", "pc"), &w.cfp_pc, "cfp.pc", report);
-    Apply(m("rb_control_frame_struct", "iseq"), &w.cfp_iseq, "cfp.iseq", report);
-    Apply(m("rb_control_frame_struct", "ep"), &w.cfp_ep, "cfp.ep", report);
-    std::optional<uint32_t> jit_return = m("rb_control_frame_struct", "jit_return");
-    Apply(jit_return, &w.cfp_jit_return, "cfp.jit_return", report);
-    // jit_return is the last member in 3.2 - 4.0, so the frame ends one pointer after it.
-    Apply(Add(jit_return, 8), &w.cfp_size, "sizeof(rb_control_frame_t)", report);
-    Apply(m("rb_callable_method_entry_struct", "def"), &w.cme_def, "cme.def", report);
-    o.cme_def = w.cme_def;
-    Apply(m("rb_callable_method_entry_struct", "defined_class"), &o.cme_defined_class, "cme.defined_class", report);
-    Apply(m("rb_method_definition_struct", "original_id"), &o.def_original_id, "def.original_id", report);
-    Apply(m("rb_method_definition_struct", "body"), &o.def_iseqptr, "def.body", report);
-    Apply(m("vm_svar", "cref_or_me"), &w.svar_cref_or_me, "svar.cref_or_me", report);
-    Apply(m("rb_thread_struct", "ec"), &o.thread_ec, "thread.ec", report);
-    Apply(m("rb_thread_struct", "name"), &o.thread_name, "thread.name", report);
-    Apply(m("rb_iseq_struct", "body"), &o.iseq_body, "iseq.body", report);
-    Apply(m("rb_iseq_constant_body", "type"), &o.body_type, "body.type", report);
-    Apply(m("rb_iseq_constant_body", "iseq_size"), &o.body_iseq_size, "body.iseq_size", report);
-    Apply(m("rb_iseq_constant_body", "iseq_encoded"), &o.body_iseq_encoded, "body.iseq_encoded", report);
-    Apply(m("rb_iseq_constant_body", "location"), &o.body_location, "body.location", report);
-    std::optional<uint32_t> insns_info = m("rb_iseq_constant_body", "insns_info");
-    // insns_info = {body, positions, size, succ_index_table} (pointer, pointer, u32 + pad, pointer).
-    Apply(insns_info, &o.body_insns_info_body, "body.insns_info", report);
-    Apply(Add(insns_info, 16), &o.body_insns_info_size, "body.insns_info.size", report);
-    Apply(Add(insns_info, 24), &o.body_succ_index_table, "body.insns_info.succ_index_table",
-          report);
-    Apply(m("rb_iseq_constant_body", "local_iseq"), &o.body_local_iseq, "body.local_iseq", report);
-    Apply(m("rb_iseq_location_struct", "pathobj"), &o.loc_pathobj, "location.pathobj", report);
-    Apply(m("rb_iseq_location_struct", "base_label"), &o.loc_base_label, "location.base_label", report);
-    Apply(m("rb_iseq_location_struct", "label"), &o.loc_label, "location.label", report);
-    Apply(m("rb_iseq_location_struct", "first_lineno"), &o.loc_first_lineno, "location.first_lineno", report);
-  }
+namespace {
+
+// Frames, iseqs, method entries and the thread's ec and name, from the CU of rb_profile_frames (vm_backtrace.c) at
+// `pc`.
+void ApplyFrameOffsets(DwarfInfo& dwarf, uint64_t pc, RubyOffsets& o, OffsetsReport* report) {
+  auto m = [&](const char* s, const char* f) { return dwarf.MemberOffset(pc, s, f); };
+  rv_ruby_walk_offsets& w = o.walk;
+  Apply(m("rb_execution_context_struct", "vm_stack"), &w.ec_vm_stack, "ec.vm_stack", report);
+  Apply(m("rb_execution_context_struct", "vm_stack_size"), &w.ec_vm_stack_size, "ec.vm_stack_size", report);
+  Apply(m("rb_execution_context_struct", "cfp"), &w.ec_cfp, "ec.cfp", report);
+  Apply(m("rb_control_frame_struct", "pc"), &w.cfp_pc, "cfp.pc", report);
+  Apply(m("rb_control_frame_struct", "iseq"), &w.cfp_iseq, "cfp.iseq", report);
+  Apply(m("rb_control_frame_struct", "ep"), &w.cfp_ep, "cfp.ep", report);
+  std::optional<uint32_t> jit_return = m("rb_control_frame_struct", "jit_return");
+  Apply(jit_return, &w.cfp_jit_return, "cfp.jit_return", report);
+  // jit_return is the last member in 3.2 - 4.0, so the frame ends one pointer after it.
+  Apply(Add(jit_return, 8), &w.cfp_size, "sizeof(rb_control_frame_t)", report);
+  Apply(m("rb_callable_method_entry_struct", "def"), &w.cme_def, "cme.def", report);
+  o.cme_def = w.cme_def;
+  Apply(m("rb_callable_method_entry_struct", "defined_class"), &o.cme_defined_class, "cme.defined_class", report);
+  Apply(m("rb_method_definition_struct", "original_id"), &o.def_original_id, "def.original_id", report);
+  Apply(m("rb_method_definition_struct", "body"), &o.def_iseqptr, "def.body", report);
+  Apply(m("vm_svar", "cref_or_me"), &w.svar_cref_or_me, "svar.cref_or_me", report);
+  Apply(m("rb_thread_struct", "ec"), &o.thread_ec, "thread.ec", report);
+  Apply(m("rb_thread_struct", "name"), &o.thread_name, "thread.name", report);
+  Apply(m("rb_iseq_struct", "body"), &o.iseq_body, "iseq.body", report);
+  Apply(m("rb_iseq_constant_body", "type"), &o.body_type, "body.type", report);
+  Apply(m("rb_iseq_constant_body", "iseq_size"), &o.body_iseq_size, "body.iseq_size", report);
+  Apply(m("rb_iseq_constant_body", "iseq_encoded"), &o.body_iseq_encoded, "body.iseq_encoded", report);
+  Apply(m("rb_iseq_constant_body", "location"), &o.body_location, "body.location", report);
+  std::optional<uint32_t> insns_info = m("rb_iseq_constant_body", "insns_info");
+  // insns_info = {body, positions, size, succ_index_table} (pointer, pointer, u32 + pad, pointer).
+  Apply(insns_info, &o.body_insns_info_body, "body.insns_info", report);
+  Apply(Add(insns_info, 16), &o.body_insns_info_size, "body.insns_info.size", report);
+  Apply(Add(insns_info, 24), &o.body_succ_index_table, "body.insns_info.succ_index_table",
+        report);
+  Apply(m("rb_iseq_constant_body", "local_iseq"), &o.body_local_iseq, "body.local_iseq", report);
+  Apply(m("rb_iseq_location_struct", "pathobj"), &o.loc_pathobj, "location.pathobj", report);
+  Apply(m("rb_iseq_location_struct", "base_label"), &o.loc_base_label, "location.base_label", report);
+  Apply(m("rb_iseq_location_struct", "label"), &o.loc_label, "location.label", report);
+  Apply(m("rb_iseq_location_struct", "first_lineno"), &o.loc_first_lineno, "location.first_lineno", report);
+}
+
+// The EC route (ec->thread_ptr, vm->ractor.main_ractor, ractor->threads.running_ec) from the first CU that has all
+// three.
+void ApplyEcRouteOffsets(const ElfFile& elf, DwarfInfo& dwarf, RubyOffsets& o, OffsetsReport* report) {
   // EC route: rb_execution_context_t and rb_vm_t come from vm_core.h, rb_ractor_t from ractor_core.h; vm.c (the CU
   // of rb_current_ec_noinline) includes both, the others are fallbacks for builds that inline it away.
   for (const char* anchor : {"rb_current_ec_noinline", "rb_vm_main_ractor_ec", "rb_profile_frames"}) {
     std::optional<ElfSymbol> fn = elf.FindSymbol(anchor);
     if (!fn || fn->shndx == SHN_UNDEF) continue;
-    std::optional<uint32_t> thread_ptr = dwarf->MemberOffset(fn->value, "rb_execution_context_struct", "thread_ptr");
-    std::optional<uint32_t> main_ractor = dwarf->MemberPathOffset(fn->value, "rb_vm_struct", {"ractor", "main_ractor"});
+    std::optional<uint32_t> thread_ptr = dwarf.MemberOffset(fn->value, "rb_execution_context_struct", "thread_ptr");
+    std::optional<uint32_t> main_ractor = dwarf.MemberPathOffset(fn->value, "rb_vm_struct", {"ractor", "main_ractor"});
     std::optional<uint32_t> running_ec =
-        dwarf->MemberPathOffset(fn->value, "rb_ractor_struct", {"threads", "running_ec"});
+        dwarf.MemberPathOffset(fn->value, "rb_ractor_struct", {"threads", "running_ec"});
     if (!thread_ptr || !main_ractor || !running_ec) continue;
     Apply(thread_ptr, &o.ec_thread_ptr, "ec.thread_ptr", report);
     Apply(main_ractor, &o.vm_main_ractor, "vm.ractor.main_ractor", report);
     Apply(running_ec, &o.ractor_running_ec, "ractor.threads.running_ec", report);
     break;
   }
+}
+
+// The GVL reading (the ractor's scheduler, the thread's queue node) from the first CU that has them.
+void ApplyGvlOffsets(const ElfFile& elf, DwarfInfo& dwarf, RubyOffsets& o, OffsetsReport* report) {
   // The GVL reading: rb_ractor_t's scheduler and rb_thread_t's queue node, from the same CUs as the EC route.
   for (const char* anchor : {"rb_current_ec_noinline", "rb_vm_main_ractor_ec", "rb_profile_frames"}) {
     std::optional<ElfSymbol> fn = elf.FindSymbol(anchor);
     if (!fn || fn->shndx == SHN_UNDEF) continue;
     const uint64_t pc = fn->value;
-    std::optional<uint32_t> th_ractor = dwarf->MemberOffset(pc, "rb_thread_struct", "ractor");
-    std::optional<uint32_t> holder = dwarf->MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "running"});
-    std::optional<uint32_t> queue = dwarf->MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "readyq"});
-    std::optional<uint32_t> node = dwarf->MemberPathOffset(pc, "rb_thread_struct", {"sched", "node", "readyq"});
+    std::optional<uint32_t> th_ractor = dwarf.MemberOffset(pc, "rb_thread_struct", "ractor");
+    std::optional<uint32_t> holder = dwarf.MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "running"});
+    std::optional<uint32_t> queue = dwarf.MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "readyq"});
+    std::optional<uint32_t> node = dwarf.MemberPathOffset(pc, "rb_thread_struct", {"sched", "node", "readyq"});
     if (!th_ractor || !holder || !queue || !node) continue;
     Apply(th_ractor, &o.gvl.th_ractor, "thread.ractor", report);
     Apply(holder, &o.gvl.holder, "ractor.threads.sched.running", report);
     Apply(queue, &o.gvl.queue, "ractor.threads.sched.readyq", report);
     std::optional<uint32_t> count =
-        dwarf->MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "readyq_cnt"});
+        dwarf.MemberPathOffset(pc, "rb_ractor_struct", {"threads", "sched", "readyq_cnt"});
     if (count) {
       Apply(count, &o.gvl.queue_count, "ractor.threads.sched.readyq_cnt", report);
     } else {
@@ -219,12 +218,18 @@ Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, O
     o.gvl.base = RV_GVL_BASE_THREAD_RACTOR;
     break;
   }
+}
+
+// Class names (RClass and its classext or 3.2's shapes) from the CU of rb_class_path (variable.c), for the release
+// lines whose table has a class layout.
+void ApplyClassOffsets(DwarfInfo& dwarf, const std::optional<ElfSymbol>& variable, RubyOffsets& o,
+                       OffsetsReport* report) {
   // Classes, from variable.c's CU: 3.2's shape layout, or 3.3/3.4's classext fields.
   const bool shape_classes = o.klass_ext_inline != 0;
   const bool classext_fields = o.klass_classpath != 0 && o.major * 100 + o.minor < 400;
   if (variable && (shape_classes || classext_fields)) {
     const uint64_t pc = variable->value;
-    auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(pc, s, f); };
+    auto m = [&](const char* s, const char* f) { return dwarf.MemberOffset(pc, s, f); };
     Apply(m("RClass", "super"), &o.klass_super, "RClass.super", report);
     if (shape_classes) {
       // The classext follows RClass {basic, super, m_tbl}; a build with one size pool has RClass.ptr instead, which
@@ -251,6 +256,26 @@ Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, O
             "classext.as.singleton_class.attached_object", report);
     }
   }
+}
+
+}  // namespace
+
+Result<RubyOffsets> OffsetsForBinary(const ElfFile& elf, int major, int minor, OffsetsReport* report) {
+  OffsetsReport scratch;
+  if (report == nullptr) report = &scratch;
+  Result<RubyOffsets> table = RubyOffsets::ForVersion(major, minor);
+  if (!table.ok()) return table.error();
+  RubyOffsets o = table.value();
+  std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(elf);
+  if (!dwarf) return o;
+  // Struct layouts are looked up in the CU of a function whose file uses them: vm_backtrace.c (frames, iseqs, method
+  // entries) and variable.c (classes).
+  std::optional<ElfSymbol> backtrace = elf.FindSymbol("rb_profile_frames");
+  std::optional<ElfSymbol> variable = elf.FindSymbol("rb_class_path");
+  if (backtrace) ApplyFrameOffsets(*dwarf, backtrace->value, o, report);
+  ApplyEcRouteOffsets(elf, *dwarf, o, report);
+  ApplyGvlOffsets(elf, *dwarf, o, report);
+  ApplyClassOffsets(*dwarf, variable, o, report);
   return o;
 }
 

@@ -196,6 +196,125 @@ bool ProcessEnding(const ProcFs& procfs, int pid) {
   return ReadProcFile(procfs, procfs.PidPath(pid, "stat"), &stat) != 0 || stat.empty() || StatSaysExiting(stat);
 }
 
+namespace {
+
+// The target's memory mappings, and its name (target->comm) read after them. kNoSuchProcess when it is gone,
+// kNoPrivilege without the right to read them, kNotRuby when it maps nothing (a zombie or a kernel thread).
+Result<std::vector<MapsEntry>> ReadTargetMaps(const ProcFs& procfs, int pid, RubyTarget* target) {
+  const std::string pid_str = std::to_string(pid);
+  std::string maps_text;
+  if (int err = ReadProcFile(procfs, procfs.PidPath(pid, "maps"), &maps_text); err != 0) {
+    if (err == EACCES || err == EPERM) return PrivilegeError("reading " + procfs.PidPath(pid, "maps"), err);
+    if (err == ENOENT || err == ESRCH) return Error(ErrorCode::kNoSuchProcess, "no process with pid " + pid_str);
+    return Error(ErrorCode::kIo, ErrnoMessage("reading " + procfs.PidPath(pid, "maps"), err));
+  }
+  // Read after the maps, not before: a process caught in exec would otherwise pair its old name with the new
+  // image's mappings. The kernel renames it before the new image runs a single instruction, so mappings that the
+  // new image's loader made (a libruby) imply the name read now is the new one.
+  if (ReadProcFile(procfs, procfs.PidPath(pid, "comm"), &target->comm) == 0) {
+    while (!target->comm.empty() && target->comm.back() == '\n') target->comm.pop_back();
+  }
+  if (maps_text.empty()) {
+    // A zombie or a kernel thread has no mappings.
+    return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target->comm + ") has no memory mappings (exited, a "
+                                      "zombie or a kernel thread)");
+  }
+  return ParseMaps(maps_text);
+}
+
+// Opens the VM file `path` as the target sees it: through its root, else through map_files (which also reaches a
+// deleted file, e.g. after a package upgrade). Sets target->vm_load_start to the lowest mapping of `path`.
+// `must_name`: as OpenThroughDescriptor's; its kNotRuby ends the search like a privilege error does.
+Result<ElfFile> OpenVmFile(const ProcFs& procfs, int pid, const std::vector<MapsEntry>& maps, const std::string& path,
+                           RubyTarget* target, std::span<const std::string_view> must_name = {}) {
+  const MapsEntry* mapping = nullptr;
+  for (const MapsEntry& e : maps) {
+    if (e.path == path && (mapping == nullptr || e.start < mapping->start)) mapping = &e;
+  }
+  if (mapping != nullptr) target->vm_load_start = mapping->start;
+  std::string via_root = procfs.PidPath(pid, "root") + path;
+  Result<ElfFile> elf = Error(ErrorCode::kIo, "not opened");
+  if (mapping == nullptr || !mapping->deleted) {
+    elf = OpenThroughDescriptor(via_root, target, must_name);
+    if (elf.ok() || elf.error().code() == ErrorCode::kNoPrivilege || elf.error().code() == ErrorCode::kNotRuby) {
+      return elf;
+    }
+  }
+  if (mapping != nullptr) {
+    char range[64];
+    std::snprintf(range, sizeof(range), "%" PRIx64 "-%" PRIx64, mapping->start, mapping->end);
+    Result<ElfFile> alt = OpenThroughDescriptor(procfs.PidPath(pid, "map_files/") + range, target, must_name);
+    if (alt.ok() || alt.error().code() == ErrorCode::kNoPrivilege || alt.error().code() == ErrorCode::kNotRuby) {
+      return alt;
+    }
+  }
+  return elf.ok() ? Error(ErrorCode::kIo, "cannot open " + path) : elf.error();
+}
+
+// A static ruby: the main executable itself defines the VM. Its path from the exe link (without " (deleted)"), else
+// the first file mapped from offset 0. Leaves *vm empty when the executable is not a VM; errors only for a privilege
+// refusal.
+Status FindStaticVm(const ProcFs& procfs, int pid, const std::vector<MapsEntry>& maps, RubyTarget* target,
+                    std::optional<ElfFile>* vm) {
+  char exe[4096];
+  std::string exe_path;
+  ssize_t n = readlink(procfs.PidPath(pid, "exe").c_str(), exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe_path.assign(exe, static_cast<size_t>(n));
+    constexpr std::string_view kDeleted = " (deleted)";
+    if (exe_path.size() > kDeleted.size() && exe_path.ends_with(kDeleted)) {
+      exe_path.resize(exe_path.size() - kDeleted.size());
+    }
+  } else if (n < 0 && (errno == EACCES || errno == EPERM)) {
+    return PrivilegeError("reading " + procfs.PidPath(pid, "exe"), errno);
+  } else {
+    for (const MapsEntry& e : maps) {
+      if (!e.path.empty() && e.path[0] == '/' && e.offset == 0) {
+        exe_path = e.path;
+        break;
+      }
+    }
+  }
+  if (exe_path.empty()) return Status::Ok();
+  Result<ElfFile> elf = OpenVmFile(procfs, pid, maps, exe_path, target, kVmSymbols);
+  if (!elf.ok() && elf.error().code() == ErrorCode::kNoPrivilege) return elf.error();
+  if (!elf.ok()) return Status::Ok();
+  bool defines_vm = false;
+  for (std::string_view name : kVmSymbols) {
+    std::optional<ElfSymbol> sym = elf->FindSymbol(name);
+    defines_vm = defines_vm || (sym && sym->shndx != SHN_UNDEF);
+  }
+  if (defines_vm) {
+    target->vm_path = exe_path;
+    target->vm_is_shared_library = false;
+    *vm = std::move(elf.value());
+  }
+  return Status::Ok();
+}
+
+// The VM's ruby_version into target (string and numbers). kNotRuby without a readable "X.Y.Z",
+// kUnsupportedVersion before 3.2.
+Status ReadTargetVersion(const ElfFile& vm, const std::string& pid_str, RubyTarget* target) {
+  std::optional<std::string> version = ReadRubyVersion(vm);
+  int major = 0, minor = 0, teeny = 0;
+  if (!version || std::sscanf(version->c_str(), "%d.%d.%d", &major, &minor, &teeny) != 3) {
+    return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target->comm + "): " + target->vm_path +
+                                          " has no readable ruby_version string; not a CRuby VM we know");
+  }
+  target->ruby_version = *version;
+  target->major = major;
+  target->minor = minor;
+  target->teeny = teeny;
+  if (major < 3 || (major == 3 && minor < 2)) {
+    return Error(ErrorCode::kUnsupportedVersion, "CRuby " + *version +
+                                                     " has no thread scheduler events (they were added in 3.2); use "
+                                                     "Ruby >= 3.2");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   const std::string pid_str = std::to_string(pid);
   struct stat st;
@@ -206,58 +325,14 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
   RubyTarget target;
   target.pid = pid;
   target.ns_pid = ReadNsPid(procfs, pid);
+  Result<std::vector<MapsEntry>> maps = ReadTargetMaps(procfs, pid, &target);
+  if (!maps.ok()) return maps.error();
 
-  std::string maps_text;
-  if (int err = ReadProcFile(procfs, procfs.PidPath(pid, "maps"), &maps_text); err != 0) {
-    if (err == EACCES || err == EPERM) return PrivilegeError("reading " + procfs.PidPath(pid, "maps"), err);
-    if (err == ENOENT || err == ESRCH) return Error(ErrorCode::kNoSuchProcess, "no process with pid " + pid_str);
-    return Error(ErrorCode::kIo, ErrnoMessage("reading " + procfs.PidPath(pid, "maps"), err));
-  }
-  // Read after the maps, not before: a process caught in exec would otherwise pair its old name with the new
-  // image's mappings. The kernel renames it before the new image runs a single instruction, so mappings that the
-  // new image's loader made (a libruby) imply the name read now is the new one.
-  if (ReadProcFile(procfs, procfs.PidPath(pid, "comm"), &target.comm) == 0) {
-    while (!target.comm.empty() && target.comm.back() == '\n') target.comm.pop_back();
-  }
-  if (maps_text.empty()) {
-    // A zombie or a kernel thread has no mappings.
-    return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target.comm + ") has no memory mappings (exited, a "
-                                      "zombie or a kernel thread)");
-  }
-  std::vector<MapsEntry> maps = ParseMaps(maps_text);
-
-  // Opens the VM file as the target sees it: through its root, else through map_files (which also reaches a
-  // deleted file, e.g. after a package upgrade).
-  // `must_name`: as OpenThroughDescriptor's; its kNotRuby ends the search like a privilege error does.
-  auto open_vm = [&](const std::string& path, std::span<const std::string_view> must_name = {}) -> Result<ElfFile> {
-    const MapsEntry* mapping = nullptr;
-    for (const MapsEntry& e : maps) {
-      if (e.path == path && (mapping == nullptr || e.start < mapping->start)) mapping = &e;
-    }
-    if (mapping != nullptr) target.vm_load_start = mapping->start;
-    std::string via_root = procfs.PidPath(pid, "root") + path;
-    Result<ElfFile> elf = Error(ErrorCode::kIo, "not opened");
-    if (mapping == nullptr || !mapping->deleted) {
-      elf = OpenThroughDescriptor(via_root, &target, must_name);
-      if (elf.ok() || elf.error().code() == ErrorCode::kNoPrivilege || elf.error().code() == ErrorCode::kNotRuby) {
-        return elf;
-      }
-    }
-    if (mapping != nullptr) {
-      char range[64];
-      std::snprintf(range, sizeof(range), "%" PRIx64 "-%" PRIx64, mapping->start, mapping->end);
-      Result<ElfFile> alt = OpenThroughDescriptor(procfs.PidPath(pid, "map_files/") + range, &target, must_name);
-      if (alt.ok() || alt.error().code() == ErrorCode::kNoPrivilege || alt.error().code() == ErrorCode::kNotRuby) {
-        return alt;
-      }
-    }
-    return elf.ok() ? Error(ErrorCode::kIo, "cannot open " + path) : elf.error();
-  };
-
+  // The VM: a mapped libruby, else the executable when it defines the VM.
   std::optional<ElfFile> vm;
-  for (const MapsEntry& e : maps) {
+  for (const MapsEntry& e : *maps) {
     if (e.path.empty() || e.path[0] != '/' || !IsLibrubyName(Basename(e.path))) continue;
-    Result<ElfFile> elf = open_vm(e.path);
+    Result<ElfFile> elf = OpenVmFile(procfs, pid, *maps, e.path, &target);
     if (!elf.ok()) return elf.error().Wrap("opening the target's " + e.path);
     target.vm_path = e.path;
     target.vm_is_shared_library = true;
@@ -265,40 +340,7 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
     break;
   }
   if (!vm) {
-    // A static ruby: the main executable itself defines the VM.
-    char exe[4096];
-    std::string exe_path;
-    ssize_t n = readlink(procfs.PidPath(pid, "exe").c_str(), exe, sizeof(exe) - 1);
-    if (n > 0) {
-      exe_path.assign(exe, static_cast<size_t>(n));
-      constexpr std::string_view kDeleted = " (deleted)";
-      if (exe_path.size() > kDeleted.size() && exe_path.ends_with(kDeleted)) exe_path.resize(exe_path.size() - kDeleted.size());
-    } else if (n < 0 && (errno == EACCES || errno == EPERM)) {
-      return PrivilegeError("reading " + procfs.PidPath(pid, "exe"), errno);
-    } else {
-      for (const MapsEntry& e : maps) {
-        if (!e.path.empty() && e.path[0] == '/' && e.offset == 0) {
-          exe_path = e.path;
-          break;
-        }
-      }
-    }
-    if (!exe_path.empty()) {
-      Result<ElfFile> elf = open_vm(exe_path, kVmSymbols);
-      if (!elf.ok() && elf.error().code() == ErrorCode::kNoPrivilege) return elf.error();
-      if (elf.ok()) {
-        bool defines_vm = false;
-        for (std::string_view name : kVmSymbols) {
-          std::optional<ElfSymbol> sym = elf->FindSymbol(name);
-          defines_vm = defines_vm || (sym && sym->shndx != SHN_UNDEF);
-        }
-        if (defines_vm) {
-          target.vm_path = exe_path;
-          target.vm_is_shared_library = false;
-          vm = std::move(elf.value());
-        }
-      }
-    }
+    if (Status s = FindStaticVm(procfs, pid, *maps, &target, &vm); !s) return s.error();
   }
   if (!vm) {
     return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target.comm +
@@ -306,21 +348,7 @@ Result<RubyTarget> DiscoverTarget(int pid, const ProcFs& procfs) {
                                           "ruby_version");
   }
   target.build_id = vm->build_id();
-  std::optional<std::string> version = ReadRubyVersion(*vm);
-  int major = 0, minor = 0, teeny = 0;
-  if (!version || std::sscanf(version->c_str(), "%d.%d.%d", &major, &minor, &teeny) != 3) {
-    return Error(ErrorCode::kNotRuby, "pid " + pid_str + " (" + target.comm + "): " + target.vm_path +
-                                          " has no readable ruby_version string; not a CRuby VM we know");
-  }
-  target.ruby_version = *version;
-  target.major = major;
-  target.minor = minor;
-  target.teeny = teeny;
-  if (major < 3 || (major == 3 && minor < 2)) {
-    return Error(ErrorCode::kUnsupportedVersion, "CRuby " + *version +
-                                                     " has no thread scheduler events (they were added in 3.2); use "
-                                                     "Ruby >= 3.2");
-  }
+  if (Status s = ReadTargetVersion(*vm, pid_str, &target); !s) return s.error();
   target.vm_elf = std::make_shared<ElfFile>(std::move(*vm));
   return target;
 }
