@@ -130,6 +130,9 @@ struct rv_record {
 /* Control frames visited per walk: C frames CRuby skips (IFUNC, dummy) also cost a bpf_loop iteration. */
 #define RV_MAX_STACK_STEPS (2 * RV_MAX_STACK_FRAMES)
 
+/* Slots of the BPF set of frames the daemon was woken for (bpf/ruby_stack.bpf.h, seen_frames): a power of two. */
+#define RV_SEEN_FRAME_SLOTS (1u << 15)
+
 #define RV_STACK_F_TRUNCATED 0x1u /* more frames than RV_MAX_STACK_FRAMES (or steps): the oldest ones are missing */
 #define RV_STACK_F_NO_EC 0x2u     /* th->ec could not be read: no frames */
 

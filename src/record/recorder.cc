@@ -31,6 +31,7 @@
 #include "probe/bpf_session.h"
 #include "probe/ec_install.h"
 #include "probe/probe_backend.h"
+#include "record/exit_hold.h"
 #include "record/launch.h"
 #include "record/record_sink.h"
 #include "record/recording.h"
@@ -220,6 +221,9 @@ class Recording {
   void SawRecord(uint16_t kind);
   void PollEcRoute();
   void PollLaunchGate();
+  // Launch mode's exit hold (record/exit_hold.h): passes signals on, and at the command's exit stop drains the ring
+  // (naming every frame while its memory is there) and lets it go. True when HeldChild may wait for the child.
+  bool ServiceExitHold();
   bool LayoutChecked() const;
   Error LaunchGateError(const char* why_unchecked) const;
   // The daemon's own events are stamped "now"; everything the probes recorded before now must be in the reorder
@@ -262,6 +266,7 @@ class Recording {
   // Open.
   std::unique_ptr<ProbeBackend> backend_;
   std::optional<HeldChild> child_;
+  std::unique_ptr<ExitHold> exit_hold_;  // null: attach mode, or the command could not be seized
   std::optional<StackSetup> stack_setup_;
   uint64_t origin_ns_ = 0;  // monotonic ns of the trace's t = 0
   std::unique_ptr<RecordSink> sink_;
@@ -465,6 +470,7 @@ void Recording::OnRecord(const rv_record& r) {
 void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
                               const rv_gvl_reading* gvl) {
   if (budget_active_) CheckBudget();
+  if (exit_hold_ && exit_hold_->Traced()) exit_hold_->Service();  // naming a burst of stacks must not delay signals
   PollEcRoute();
   SawRecord(r.kind);
   TraceEvent e;
@@ -522,6 +528,16 @@ Status Recording::Open() {
     if (!c) return c.error();
     child_.emplace(std::move(c.value()));
     target_.pid = child_->pid();
+    if (env_.make_ptrace) {
+      Result<std::unique_ptr<ExitHold>> hold = ExitHold::Seize(target_.pid, env_.make_ptrace());
+      if (hold) {
+        exit_hold_ = std::move(hold.value());
+        WakeOnChildStops();
+      } else if (!o_.quiet) {
+        fprintf(stderr, "rvbpfd: note: frames of the command's last milliseconds may stay unnamed: %s\n",
+                hold.error().ToString().c_str());
+      }
+    }
   }
 
   stack_setup_ = prepared_->stacks;
@@ -581,6 +597,15 @@ void Recording::PollLaunchGate() {
     fprintf(stderr, "rvbpfd: note: the command runs as another user and its memory is not readable without "
                     "CAP_SYS_PTRACE: the live layout check is skipped (the layout is the binary's own DWARF)\n");
   }
+}
+
+bool Recording::ServiceExitHold() {
+  if (!exit_hold_ || !exit_hold_->Traced()) return true;
+  if (exit_hold_->Service() == ExitHold::State::kAtExit) {
+    DrainRing();
+    exit_hold_->Release();
+  }
+  return !exit_hold_->Traced();
 }
 
 bool Recording::LayoutChecked() const {
@@ -891,7 +916,7 @@ Status Recording::Run() {
     }
 
     if (child_) {
-      if (child_->Reap(&child_status_)) target_exited_ = true;
+      if (ServiceExitHold() && child_->Reap(&child_status_)) target_exited_ = true;
     } else if (watch_->Exited()) {
       target_exited_ = true;
     }
@@ -911,7 +936,10 @@ Status Recording::Run() {
 Result<int> Recording::Finish() {
   // Drain what the ring still holds, then the final drop count. The budget is over: nothing is reattached now.
   budget_active_ = false;
+  // A command still running (--duration, a signal) is let go at once; one at its exit stop after the drain.
+  if (exit_hold_ && exit_hold_->Service() != ExitHold::State::kAtExit) exit_hold_.reset();
   DrainRing();
+  exit_hold_.reset();
   CheckCounters();
   if (!LayoutChecked()) {
     return Abandon(LaunchGateError(target_exited_                ? "exited"
@@ -1022,6 +1050,7 @@ RecorderEnv SystemRecorderEnv(const std::atomic<bool>* stop_requested) {
     return MakeStackResolver(pid, vm_path, setup);
   };
   env.hand_off_release = HandOffFileRelease;
+  env.make_ptrace = SystemPtraceOps;
   env.stop_requested = stop_requested;
   return env;
 }
