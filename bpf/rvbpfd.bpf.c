@@ -297,6 +297,10 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   }
   __u64 *site_hit = bpf_map_lookup_elem(&site_hits, &key);
   if (site_hit) (*site_hit)++;
+  if (site && (site->flags & RV_SITE_TEARDOWN)) {
+    bpf_send_signal_thread(RV_TEARDOWN_SIGNAL); /* the tracer drains the ring before the VM frees its heap */
+    return rv_discard(c);
+  }
   if (!site || site->event == RV_EV_NONE) return rv_discard(c);
   __u32 bin = site->binary;
   struct rv_offsets *off = bpf_map_lookup_elem(&offsets, &bin);

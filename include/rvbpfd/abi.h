@@ -65,7 +65,14 @@ enum rv_site_flags {
   /* The probed instruction is single-stepped by the kernel (not emulated): each hit takes a second exception, ~7x the
    * cost of an emulated one on a VM (benchmarks/uprobe_cost.cc). Counted apart for the --max-overhead estimate. */
   RV_SITE_SINGLE_STEP = 1,
+  /* The VM's teardown (the entry of ruby_vm_destruct, which frees the heap every frame points into): no event; the
+   * hit raises RV_TEARDOWN_SIGNAL in the thread, whose tracer (launch mode's exit hold, src/record/exit_hold.h)
+   * stops it there until the ring is drained and named, then passes the signal on. Only a recorder that traces the
+   * process attaches such a site. */
+  RV_SITE_TEARDOWN = 2,
 };
+/* SIGURG: ignored by default, so should the tracer be gone the signal changes nothing. */
+#define RV_TEARDOWN_SIGNAL 23
 
 /* One probe site. Indexed by the uprobe's BPF cookie. */
 struct rv_site {

@@ -64,14 +64,14 @@ TraceeStop ClassifyStop(int status) {
   return TraceeStop::kSignal;
 }
 
-Result<std::unique_ptr<ExitHold>> ExitHold::Seize(pid_t pid, std::unique_ptr<PtraceOps> ops) {
+Result<std::unique_ptr<ExitHold>> ExitHold::Seize(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal) {
   if (int err = ops->Seize(pid, PTRACE_O_TRACEEXIT); err != 0) {
     return Error(ErrorCode::kNoPrivilege,
                  ErrnoMessage("holding the launched command at its exit (ptrace seize of pid " + std::to_string(pid) +
                                   ")",
                               err));
   }
-  return std::unique_ptr<ExitHold>(new ExitHold(pid, std::move(ops)));
+  return std::unique_ptr<ExitHold>(new ExitHold(pid, std::move(ops), hold_signal));
 }
 
 void ExitHold::OnStop(int status) {
@@ -86,6 +86,10 @@ void ExitHold::OnStop(int status) {
       ops_->Cont(pid_, 0);
       return;
     case TraceeStop::kSignal:
+      if (hold_signal_ != 0 && (status & 0x7f) == hold_signal_) {
+        state_ = State::kAtTeardown;  // held until Release, which passes the signal on
+        return;
+      }
       ++signals_forwarded_;
       ops_->Cont(pid_, status & 0x7f);  // the signal the tracee was about to take, taken now
       return;
@@ -107,6 +111,12 @@ ExitHold::State ExitHold::Service() {
 }
 
 void ExitHold::Release() {
+  if (state_ == State::kAtTeardown) {
+    ++signals_forwarded_;
+    ops_->Cont(pid_, hold_signal_);
+    state_ = State::kRunning;
+    return;
+  }
   if (state_ != State::kAtExit) return;
   ops_->Detach(pid_, 0);  // ESRCH (killed meanwhile) changes nothing: it is not held any more either way
   state_ = State::kReleased;
@@ -132,6 +142,9 @@ ExitHold::~ExitHold() {
   switch (state_) {
     case State::kAtExit:
       Release();
+      break;
+    case State::kAtTeardown:
+      ops_->Detach(pid_, hold_signal_);
       break;
     case State::kRunning:
       InterruptAndDetach();

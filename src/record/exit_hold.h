@@ -51,6 +51,7 @@ class ExitHold {
   enum class State : uint8_t {
     kRunning,   // traced, running (or in a job-control stop)
     kAtExit,    // held at its exit stop: drain the ring, then Release()
+    kAtTeardown,  // held at the VM's teardown (the hold signal's stop): drain the ring, then Release()
     kReleased,  // detached (after the exit stop, or by the destructor)
     kGone,      // exited without an exit stop (SIGKILL): no longer traced, waiting to be reaped
   };
@@ -60,7 +61,10 @@ class ExitHold {
 
   // Seizes `pid` (rvbpfd's own child, not yet exec'd). Errors (e.g. EPERM without CAP_SYS_PTRACE for a command that
   // runs as another user) are kNoPrivilege: the caller records without the hold.
-  static Result<std::unique_ptr<ExitHold>> Seize(pid_t pid, std::unique_ptr<PtraceOps> ops);
+  // `hold_signal`: a signal whose delivery stop is a hold too (kAtTeardown; 0: none): the VM's teardown probe raises
+  // it (RV_TEARDOWN_SIGNAL) before the VM frees the heap, which comes well before the exit stop. Release passes it
+  // on (ignored by default: a program that traps it gets it as it would untraced).
+  static Result<std::unique_ptr<ExitHold>> Seize(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal = 0);
   ExitHold(const ExitHold&) = delete;
   ExitHold& operator=(const ExitHold&) = delete;
   ~ExitHold();
@@ -68,16 +72,21 @@ class ExitHold {
   // Non-blocking: handles every stop waiting (passes signals on, keeps job-control stops, notes the exit stop) and
   // whether the child exited untraced. Cheap (one or two waitid calls): call it often.
   State Service();
-  // Lets a child held at its exit stop go on (detaches it); nothing in any other state.
+  // Lets a held child go on: at its exit stop it is detached, at the teardown stop continued with the signal (still
+  // traced, for its exit stop); nothing in any other state.
   void Release();
   State state() const { return state_; }
   // Whether waits for the child are ExitHold's (see above).
-  bool Traced() const { return state_ == State::kRunning || state_ == State::kAtExit; }
+  bool Traced() const {
+    return state_ == State::kRunning || state_ == State::kAtExit || state_ == State::kAtTeardown;
+  }
+  bool Held() const { return state_ == State::kAtExit || state_ == State::kAtTeardown; }
   // Signals passed on to the command, for tests and counters.
   uint64_t signals_forwarded() const { return signals_forwarded_; }
 
  private:
-  ExitHold(pid_t pid, std::unique_ptr<PtraceOps> ops) : pid_(pid), ops_(std::move(ops)) {}
+  ExitHold(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal)
+      : pid_(pid), ops_(std::move(ops)), hold_signal_(hold_signal) {}
   // One stop (waitid's si_status of a CLD_TRAPPED child).
   void OnStop(int status);
   // Destructor path for a running tracee: interrupt, wait for a stop (bounded), detach passing a pending signal on.
@@ -85,6 +94,7 @@ class ExitHold {
 
   pid_t pid_;
   std::unique_ptr<PtraceOps> ops_;
+  int hold_signal_ = 0;
   State state_ = State::kRunning;
   uint64_t signals_forwarded_ = 0;
 };

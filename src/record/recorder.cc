@@ -211,6 +211,8 @@ class Recording {
   // Starts the speculative load of the backend on bpf_loader_ (see there).
   void StartBackendLoad();
   Status FindLaunchTarget();
+  // Launch mode: teardown_site_ from the VM binary's symbols (.symtab or .dynsym: ruby_vm_destruct is exported).
+  void FindTeardownSite();
   Status FindAttachTarget();
   Status CheckAttachedLayout();
   // BPF ring callbacks.
@@ -267,6 +269,9 @@ class Recording {
   std::unique_ptr<ProbeBackend> backend_;
   std::optional<HeldChild> child_;
   std::unique_ptr<ExitHold> exit_hold_;  // null: attach mode, or the command could not be seized
+  // Launch mode: the VM's teardown (ruby_vm_destruct's entry) as an RV_SITE_TEARDOWN site, attached with the probes
+  // when the command is held (exit_hold_); nullopt when the binary does not name it.
+  std::optional<SiteSpec> teardown_site_;
   std::optional<StackSetup> stack_setup_;
   uint64_t origin_ns_ = 0;  // monotonic ns of the trace's t = 0
   std::unique_ptr<RecordSink> sink_;
@@ -352,6 +357,14 @@ Status Recording::FindLaunchTarget() {
   target_.ruby_version = *version;
   target_.build_id = target_.vm_elf->build_id();
   return Status::Ok();
+}
+
+void Recording::FindTeardownSite() {
+  std::optional<ElfSymbol> fn = target_.vm_elf->FindSymbol("ruby_vm_destruct");
+  if (!fn || fn->type != STT_FUNC || fn->size == 0) return;
+  std::optional<uint64_t> off = target_.vm_elf->VaddrToFileOffset(fn->value);
+  if (!off) return;
+  teardown_site_ = SiteSpec{*off, rv_site{RV_EV_NONE, RV_LOC_NONE, 0, 0, 0, fn->value, 0, 0, RV_SITE_TEARDOWN, 0}};
 }
 
 Status Recording::FindAttachTarget() {
@@ -450,6 +463,8 @@ Status Recording::Prepare() {
   }
   if (!launch_) {
     if (Status st = CheckAttachedLayout(); !st) return st;
+  } else {
+    FindTeardownSite();
   }
   target_.vm_elf.reset();  // everything the run needs from the file is in prepared_ now: its copy is freed
   return Status::Ok();
@@ -529,7 +544,8 @@ Status Recording::Open() {
     child_.emplace(std::move(c.value()));
     target_.pid = child_->pid();
     if (env_.make_ptrace) {
-      Result<std::unique_ptr<ExitHold>> hold = ExitHold::Seize(target_.pid, env_.make_ptrace());
+      Result<std::unique_ptr<ExitHold>> hold =
+          ExitHold::Seize(target_.pid, env_.make_ptrace(), teardown_site_ ? RV_TEARDOWN_SIGNAL : 0);
       if (hold) {
         exit_hold_ = std::move(hold.value());
         WakeOnChildStops();
@@ -601,7 +617,8 @@ void Recording::PollLaunchGate() {
 
 bool Recording::ServiceExitHold() {
   if (!exit_hold_ || !exit_hold_->Traced()) return true;
-  if (exit_hold_->Service() == ExitHold::State::kAtExit) {
+  exit_hold_->Service();
+  if (exit_hold_->Held()) {
     DrainRing();
     exit_hold_->Release();
   }
@@ -649,6 +666,13 @@ Status Recording::Attach() {
     PollEcRoute();
   }
   SplitSiteSpecs split = SplitSites(sites, bin_);
+  if (exit_hold_ && teardown_site_) {
+    // Among the low-rate sites (one hit per run, never paused); cookies follow split.functions' order.
+    teardown_site_->site.binary = bin_;
+    split.functions.insert(split.functions.begin() + static_cast<std::ptrdiff_t>(split.low.size()),
+                           "ruby_vm_destruct");
+    split.low.push_back(*teardown_site_);
+  }
   // The backend assigns cookies in attach order (low group, then high group), starting at 0 for this session.
   site_functions_ = split.functions;
   // Attach mode: the VM is mapped already, so the stack resolver (tens of ms for a large static ruby's symbol table)
@@ -937,7 +961,7 @@ Result<int> Recording::Finish() {
   // Drain what the ring still holds, then the final drop count. The budget is over: nothing is reattached now.
   budget_active_ = false;
   // A command still running (--duration, a signal) is let go at once; one at its exit stop after the drain.
-  if (exit_hold_ && exit_hold_->Service() != ExitHold::State::kAtExit) exit_hold_.reset();
+  if (exit_hold_ && (exit_hold_->Service(), !exit_hold_->Held())) exit_hold_.reset();
   DrainRing();
   exit_hold_.reset();
   CheckCounters();

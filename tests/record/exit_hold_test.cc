@@ -156,6 +156,43 @@ TEST(ExitHoldTest, HoldsTheExitStopUntilRelease) {
   EXPECT_EQ(s.calls.size(), 2u);  // released once only
 }
 
+TEST(ExitHoldTest, HoldsTheTeardownSignalThenPassesItOnAndStaysTraced) {
+  FakePtrace::Script s;
+  Result<std::unique_ptr<ExitHold>> r = ExitHold::Seize(kPid, std::make_unique<FakePtrace>(&s), SIGURG);
+  ASSERT_TRUE(r.ok());
+  std::unique_ptr<ExitHold> h = std::move(r.value());
+  s.stops = {SignalStop(SIGURG)};
+  EXPECT_EQ(h->Service(), ExitHold::State::kAtTeardown);
+  EXPECT_TRUE(h->Held());
+  EXPECT_EQ(s.calls.size(), 1u);  // held: not continued yet
+  h->Release();
+  EXPECT_EQ(s.calls.back(), "cont " + std::to_string(SIGURG));  // as it would get it untraced (ignored by default)
+  EXPECT_EQ(h->state(), ExitHold::State::kRunning);
+  s.stops = {EventStop(PTRACE_EVENT_EXIT, SIGTRAP)};  // the exit stop still comes
+  EXPECT_EQ(h->Service(), ExitHold::State::kAtExit);
+  h->Release();
+  EXPECT_EQ(s.calls.back(), "detach 0");
+}
+
+TEST(ExitHoldTest, WithoutAHoldSignalThatSignalIsPassedOn) {
+  FakePtrace::Script s;
+  std::unique_ptr<ExitHold> h = Seized(&s);
+  s.stops = {SignalStop(SIGURG)};
+  EXPECT_EQ(h->Service(), ExitHold::State::kRunning);
+  EXPECT_EQ(s.calls.back(), "cont " + std::to_string(SIGURG));
+}
+
+TEST(ExitHoldTest, DestructorAtTeardownDetachesWithTheSignal) {
+  FakePtrace::Script s;
+  Result<std::unique_ptr<ExitHold>> r = ExitHold::Seize(kPid, std::make_unique<FakePtrace>(&s), SIGURG);
+  ASSERT_TRUE(r.ok());
+  std::unique_ptr<ExitHold> h = std::move(r.value());
+  s.stops = {SignalStop(SIGURG)};
+  h->Service();
+  h.reset();
+  EXPECT_EQ(s.calls.back(), "detach " + std::to_string(SIGURG));
+}
+
 TEST(ExitHoldTest, AnExitWithoutExitStopIsLeftToTheReaper) {
   FakePtrace::Script s;
   std::unique_ptr<ExitHold> h = Seized(&s);
