@@ -116,6 +116,14 @@ struct {
   __type(value, __u64);
 } drop_count SEC(".maps");
 
+/* Launch mode's held process (rvbpfd/abi.h struct rv_held), written by userspace (the pid) and by stack output. */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct rv_held);
+} held SEC(".maps");
+
 /* Counts one lost event in c (when there is one) and in drop_count. */
 static __always_inline void rv_count_drop(struct rv_counters *c) {
   __u32 zero = 0;
@@ -219,6 +227,10 @@ static __always_inline void rv_output_stack(void *s, __u32 size, int is_sample, 
     if (!is_sample) rv_count_drop(c);
     else if (c) c->samples_dropped++;
     return;
+  }
+  if (fresh) {
+    struct rv_held *h = bpf_map_lookup_elem(&held, &zero);
+    if (h) h->fresh_end = bpf_ringbuf_query(&events, BPF_RB_PROD_POS);
   }
   if (c) {
     if (is_sample) c->samples++;
@@ -406,6 +418,11 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   if (site->event == RV_EV_GC_ENTER) {
     struct rv_native_thread *nt = rv_native_thread_of(tid);
     if (nt) nt->in_gc = 1;
+    /* The held process waits, before this GC can free anything, until the daemon has named the stacks with new
+     * frames already in the ring (rv_held). Only its main thread is traced: a GC run by another thread is not held. */
+    struct rv_held *h = bpf_map_lookup_elem(&held, &zero);
+    if (h && h->pid == tgid && tid == tgid && bpf_ringbuf_query(&events, BPF_RB_CONS_POS) < h->fresh_end)
+      bpf_send_signal_thread(RV_TEARDOWN_SIGNAL);
   }
 
   /* Events configured to carry a stack (gvl_released by default): the thread giving up the lock is the one running

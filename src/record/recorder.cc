@@ -672,6 +672,7 @@ Status Recording::Attach() {
     split.functions.insert(split.functions.begin() + static_cast<std::ptrdiff_t>(split.low.size()),
                            "ruby_vm_destruct");
     split.low.push_back(*teardown_site_);
+    if (Status st = backend_->SetHeldPid(static_cast<uint32_t>(target_.pid)); !st) return st;
   }
   // The backend assigns cookies in attach order (low group, then high group), starting at 0 for this session.
   site_functions_ = split.functions;
