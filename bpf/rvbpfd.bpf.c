@@ -116,6 +116,14 @@ struct {
   __type(value, __u64);
 } drop_count SEC(".maps");
 
+/* Launch mode's held process (rvbpfd/abi.h struct rv_held), written by userspace (the pid) and by stack output. */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct rv_held);
+} held SEC(".maps");
+
 /* Counts one lost event in c (when there is one) and in drop_count. */
 static __always_inline void rv_count_drop(struct rv_counters *c) {
   __u32 zero = 0;
@@ -206,18 +214,23 @@ static __always_inline void rv_submit_record(struct rv_record *r, struct rv_coun
 
 /* Submits a stack entry (record [+ GVL reading] + header + frames, `size` bytes) from the scratch slot `s`. Events
  * count in events/dropped like single records; samples in their own counters, so a lost sample is never reported as a
- * lost event. */
-static __always_inline void rv_output_stack(void *s, __u32 size, int is_sample) {
+ * lost event. `fresh`: the stack holds a frame the daemon has not been woken for (seen_frames): wake it now. */
+static __always_inline void rv_output_stack(void *s, __u32 size, int is_sample, __u32 fresh) {
   __u32 zero = 0;
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
   __u64 ring = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
   if (size > sizeof(struct rv_sample_record)) size = sizeof(struct rv_sample_record);
-  /* Same wakeup rule as single records (rv_submit_record): only when the ring is a quarter full. */
-  if (bpf_ringbuf_output(&events, s, size, avail + size >= ring / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP) != 0) {
+  /* Same wakeup rule as single records (rv_submit_record), and at once for a stack with a new frame. */
+  __u64 wake = fresh || avail + size >= ring / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+  if (bpf_ringbuf_output(&events, s, size, wake) != 0) {
     if (!is_sample) rv_count_drop(c);
     else if (c) c->samples_dropped++;
     return;
+  }
+  if (fresh) {
+    struct rv_held *h = bpf_map_lookup_elem(&held, &zero);
+    if (h) h->fresh_end = bpf_ringbuf_query(&events, BPF_RB_PROD_POS);
   }
   if (c) {
     if (is_sample) c->samples++;
@@ -334,6 +347,15 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   }
   __u64 *site_hit = bpf_map_lookup_elem(&site_hits, &key);
   if (site_hit) (*site_hit)++;
+  if (site && (site->flags & RV_SITE_TEARDOWN)) {
+    /* Only the held process (rvbpfd's traced child) gets the signal: the tracer takes it off and drains the ring
+     * before the VM frees its heap. A followed child or another process mapping the binary is not traced, so the
+     * signal would reach it (and a handler it installed) for nothing. */
+    struct rv_held *teardown_held = bpf_map_lookup_elem(&held, &zero);
+    if (teardown_held && teardown_held->pid == (__u32)(bpf_get_current_pid_tgid() >> 32))
+      bpf_send_signal_thread(RV_TEARDOWN_SIGNAL);
+    return rv_discard(c);
+  }
   if (!site || site->event == RV_EV_NONE) return rv_discard(c);
   __u32 bin = site->binary;
   struct rv_offsets *off = bpf_map_lookup_elem(&offsets, &bin);
@@ -439,6 +461,11 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   if (site->event == RV_EV_GC_ENTER) {
     struct rv_native_thread *nt = rv_native_thread_of(tid);
     if (nt) nt->in_gc = 1;
+    /* The held process waits, before this GC can free anything, until the daemon has named the stacks with new
+     * frames already in the ring (rv_held). Only its main thread is traced: a GC run by another thread is not held. */
+    struct rv_held *h = bpf_map_lookup_elem(&held, &zero);
+    if (h && h->pid == tgid && tid == tgid && bpf_ringbuf_query(&events, BPF_RB_CONS_POS) < h->fresh_end)
+      bpf_send_signal_thread(RV_TEARDOWN_SIGNAL);
   }
 
   /* A READY while another thread holds the GVL: the holder's stack goes with it (rv_holder_record), what the holder
@@ -457,7 +484,9 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
     if (wc && wc->valid && s) {
       rv_fill_record(&s->rec, ts, th, serial, about_tid, tid, tgid, site->event, (__u16)key, flags | RV_REC_HAS_STACK);
       __u64 w0 = bpf_ktime_get_ns();
-      rv_output_stack(s, rv_walk_thread_stack(wc, th, s), 0);
+      __u32 fresh = 0;
+      __u32 size = rv_walk_thread_stack(wc, th, s, &fresh);
+      rv_output_stack(s, size, 0, fresh);
       __u64 walk = bpf_ktime_get_ns() - w0; /* the target's time, like the trap: --max-overhead charges it */
       __sync_fetch_and_add(&traps->stack_ns, walk);
       if (c) c->stack_ns += walk;
@@ -564,14 +593,16 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
       if (s->gvl.flags & (RV_GVL_F_QUEUE_TRUNCATED | RV_GVL_F_QUEUE_UNREADABLE)) c->gvl_queue_truncated++;
     }
     rv_fill_record(&s->rec, ts, th, 0, tid, tid, tgid, RV_EV_SAMPLE, 0xffff, flags | RV_REC_HAS_GVL);
-    rv_output_stack(s,
-                    sizeof(struct rv_record) + sizeof(struct rv_gvl_reading) +
-                        rv_walk_ec_stack_into(wc, ec, &s->hdr, s->frames),
-                    1);
+    __u32 fresh = 0;
+    __u32 size = sizeof(struct rv_record) + sizeof(struct rv_gvl_reading) +
+                 rv_walk_ec_stack_into(wc, ec, &s->hdr, s->frames, &fresh);
+    rv_output_stack(s, size, 1, fresh);
   } else {
     struct rv_stack_record *plain = (struct rv_stack_record *)s; /* no reading: the entry is a plain stack record */
     rv_fill_record(&plain->rec, ts, th, 0, tid, tid, tgid, RV_EV_SAMPLE, 0xffff, flags);
-    rv_output_stack(plain, rv_walk_ec_stack(wc, ec, plain), 1);
+    __u32 fresh = 0;
+    __u32 size = rv_walk_ec_stack(wc, ec, plain, &fresh);
+    rv_output_stack(plain, size, 1, fresh);
   }
   /* The whole sample ran in the target's context (an interrupt of it): --max-overhead charges it. */
   __u64 spent = bpf_ktime_get_ns() - ts;

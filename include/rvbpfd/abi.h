@@ -67,7 +67,25 @@ enum rv_site_flags {
   /* The probed instruction is single-stepped by the kernel (not emulated): each hit takes a second exception, ~7x the
    * cost of an emulated one on a VM (benchmarks/uprobe_cost.cc). Counted apart for the --max-overhead estimate. */
   RV_SITE_SINGLE_STEP = 1,
+  /* The VM's teardown (the entry of ruby_vm_destruct, which frees the heap every frame points into): no event; the
+   * hit raises RV_TEARDOWN_SIGNAL in the thread, whose tracer (launch mode's exit hold, src/record/exit_hold.h)
+   * stops it there until the ring is drained and named, then passes the signal on. Only a recorder that traces the
+   * process attaches such a site. */
+  RV_SITE_TEARDOWN = 2,
 };
+/* SIGURG: ignored by default, so should the tracer be gone the signal changes nothing. */
+#define RV_TEARDOWN_SIGNAL 23
+
+/* The process a launch-mode recorder holds (the `held` map's one value, bpf/rvbpfd.bpf.c): at each of its GC_ENTER
+ * hits, while the daemon has not consumed the ring past the last stack with a new frame (fresh_end), the thread is
+ * stopped the same way (RV_TEARDOWN_SIGNAL) until it has: no GC frees an iseq a recorded stack names before the
+ * daemon names it. pid 0: none. */
+struct rv_held {
+  __u64 fresh_end; /* ring producer position after the last entry submitted with a new frame (any process) */
+  __u32 pid;       /* host tgid of the held process, 0: none */
+  __u32 pad;
+};
+RV_ABI_ASSERT(sizeof(struct rv_held) == 16, "rv_held ABI");
 
 /* One probe site. Indexed by the uprobe's BPF cookie. */
 struct rv_site {
@@ -134,6 +152,9 @@ struct rv_record {
 #define RV_MAX_STACK_FRAMES 4096
 /* Control frames visited per walk: C frames CRuby skips (IFUNC, dummy) also cost a bpf_loop iteration. */
 #define RV_MAX_STACK_STEPS (2 * RV_MAX_STACK_FRAMES)
+
+/* Slots of the BPF set of frames the daemon was woken for (bpf/ruby_stack.bpf.h, seen_frames): a power of two. */
+#define RV_SEEN_FRAME_SLOTS (1u << 15)
 
 #define RV_STACK_F_TRUNCATED 0x1u /* more frames than RV_MAX_STACK_FRAMES (or steps): the oldest ones are missing */
 #define RV_STACK_F_NO_EC 0x2u     /* th->ec could not be read: no frames */

@@ -639,6 +639,15 @@ Status BpfSession::AttachGroup(SiteGroup& group) {
   return Status::Ok();
 }
 
+Status BpfSession::SetHeldPid(uint32_t pid) {
+  const uint32_t key = 0;
+  const rv_held value{0, pid, 0};
+  if (bpf_map_update_elem(bpf_map__fd(maps_skel_->maps.held), &key, &value, BPF_ANY) != 0) {
+    return BpfError("setting the held process (held map)", errno);
+  }
+  return Status::Ok();
+}
+
 Result<int> BpfSession::Poll(int timeout_ms) {
   // BPF wakes the epoll only when the ring is a quarter full, so the wait is mostly a timed sleep and the records are
   // taken by Consume, which reads whatever is there without waiting for a wakeup.

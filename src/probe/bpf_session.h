@@ -177,6 +177,8 @@ class BpfSession {
   // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
   // the end of a wait). Not owned; -1 removes it.
   void WakePollOn(int fd) { wake_fd_ = fd; }
+  // ProbeBackend::SetHeldPid.
+  Status SetHeldPid(uint32_t pid);
   // Folds the per-CPU counters (each as include/rvbpfd/counters.h says: a sum or a maximum).
   rv_counters ReadCounters() const;
   // Events lost to a full ring so far (ReadCounters().dropped, counted apart): read from the drop_count map's shared

@@ -96,6 +96,9 @@ class ProbeBackend {
   // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
   // the end of a wait). Not owned; -1 removes it.
   virtual void WakePollOn(int fd) = 0;
+  // Launch mode's exit hold (record/exit_hold.h): the process whose GCs wait for the daemon to name the stacks with
+  // new frames it has not read yet (rvbpfd/abi.h rv_held); 0: none. A backend without it does nothing.
+  virtual Status SetHeldPid(uint32_t /*pid*/) { return Status::Ok(); }
   // Folds the per-CPU counters (each as include/rvbpfd/counters.h says: a sum or a maximum).
   virtual rv_counters ReadCounters() const = 0;
   // Events lost to a full ring so far (ReadCounters().dropped): what a loop checks at every poll, cheaper there.
@@ -146,6 +149,7 @@ class BpfProbeBackend : public ProbeBackend {
   Result<bool> Wait(int timeout_ms) override { return session_->Wait(timeout_ms); }
   Result<int> Consume() override { return session_->Consume(); }
   void WakePollOn(int fd) override { session_->WakePollOn(fd); }
+  Status SetHeldPid(uint32_t pid) override { return session_->SetHeldPid(pid); }
   rv_counters ReadCounters() const override { return session_->ReadCounters(); }
   uint64_t EventsDropped() const override { return session_->EventsDropped(); }
   std::vector<uint64_t> ReadSiteHits() const override { return session_->ReadSiteHits(); }

@@ -31,6 +31,7 @@
 #include "probe/bpf_session.h"
 #include "probe/ec_install.h"
 #include "probe/probe_backend.h"
+#include "record/exit_hold.h"
 #include "record/launch.h"
 #include "record/process_tree.h"
 #include "record/record_sink.h"
@@ -211,6 +212,8 @@ class Recording {
   // Starts the speculative load of the backend on bpf_loader_ (see there).
   void StartBackendLoad();
   Status FindLaunchTarget();
+  // Launch mode: teardown_site_ from the VM binary's symbols (.symtab or .dynsym: ruby_vm_destruct is exported).
+  void FindTeardownSite();
   Status FindAttachTarget();
   Status CheckAttachedLayout();
   // BPF ring callbacks.
@@ -221,6 +224,9 @@ class Recording {
   void SawRecord(uint16_t kind);
   void PollEcRoute();
   void PollLaunchGate();
+  // Launch mode's exit hold (record/exit_hold.h): passes signals on, and at the command's exit stop drains the ring
+  // (naming every frame while its memory is there) and lets it go. True when HeldChild may wait for the child.
+  bool ServiceExitHold();
   bool LayoutChecked() const;
   Error LaunchGateError(const char* why_unchecked) const;
   // --follow: the lifecycle tracepoints attached, the follower set up with the root's process line written.
@@ -265,6 +271,10 @@ class Recording {
   // Open.
   std::unique_ptr<ProbeBackend> backend_;
   std::optional<HeldChild> child_;
+  std::unique_ptr<ExitHold> exit_hold_;  // null: attach mode, or the command could not be seized
+  // Launch mode: the VM's teardown (ruby_vm_destruct's entry) as an RV_SITE_TEARDOWN site, attached with the probes
+  // when the command is held (exit_hold_); nullopt when the binary does not name it.
+  std::optional<SiteSpec> teardown_site_;
   std::optional<StackSetup> stack_setup_;
   uint64_t origin_ns_ = 0;  // monotonic ns of the trace's t = 0
   std::unique_ptr<RecordSink> sink_;
@@ -355,6 +365,14 @@ Status Recording::FindLaunchTarget() {
   target_.ruby_version = *version;
   target_.build_id = target_.vm_elf->build_id();
   return Status::Ok();
+}
+
+void Recording::FindTeardownSite() {
+  std::optional<ElfSymbol> fn = target_.vm_elf->FindSymbol("ruby_vm_destruct");
+  if (!fn || fn->type != STT_FUNC || fn->size == 0) return;
+  std::optional<uint64_t> off = target_.vm_elf->VaddrToFileOffset(fn->value);
+  if (!off) return;
+  teardown_site_ = SiteSpec{*off, rv_site{RV_EV_NONE, RV_LOC_NONE, 0, 0, 0, fn->value, 0, 0, RV_SITE_TEARDOWN, 0}};
 }
 
 Status Recording::FindAttachTarget() {
@@ -460,6 +478,8 @@ Status Recording::Prepare() {
   }
   if (!launch_) {
     if (Status st = CheckAttachedLayout(); !st) return st;
+  } else {
+    FindTeardownSite();
   }
   target_.vm_elf.reset();  // everything the run needs from the file is in prepared_ now: its copy is freed
   return Status::Ok();
@@ -486,6 +506,7 @@ void Recording::OnRecord(const rv_record& r) {
 void Recording::OnStackRecord(const rv_record& r, const rv_stack_header& h, std::span<const rv_ruby_frame> frames,
                               const rv_gvl_reading* gvl) {
   if (budget_active_) CheckBudget();
+  if (exit_hold_ && exit_hold_->Traced()) exit_hold_->Service();  // naming a burst of stacks must not delay signals
   PollEcRoute();
   SawRecord(r.kind);
   TraceEvent e;
@@ -555,6 +576,17 @@ Status Recording::Open() {
     if (!c) return c.error();
     child_.emplace(std::move(c.value()));
     target_.pid = child_->pid();
+    if (env_.make_ptrace) {
+      Result<std::unique_ptr<ExitHold>> hold =
+          ExitHold::Seize(target_.pid, env_.make_ptrace(), teardown_site_ ? RV_TEARDOWN_SIGNAL : 0);
+      if (hold) {
+        exit_hold_ = std::move(hold.value());
+        WakeOnChildStops();
+      } else if (!o_.quiet) {
+        fprintf(stderr, "rvbpfd: note: frames of the command's last milliseconds may stay unnamed: %s\n",
+                hold.error().ToString().c_str());
+      }
+    }
   }
 
   stack_setup_ = prepared_->stacks;
@@ -616,6 +648,16 @@ void Recording::PollLaunchGate() {
   }
 }
 
+bool Recording::ServiceExitHold() {
+  if (!exit_hold_ || !exit_hold_->Traced()) return true;
+  exit_hold_->Service();
+  if (exit_hold_->Held()) {
+    DrainRing();
+    exit_hold_->Release();
+  }
+  return !exit_hold_->Traced();
+}
+
 bool Recording::LayoutChecked() const {
   return !launch_gate_ || launch_gate_->state() == LiveLayoutGate::State::kPassed ||
          launch_gate_->state() == LiveLayoutGate::State::kSkipped;
@@ -660,6 +702,14 @@ Status Recording::Attach() {
     PollEcRoute();
   }
   SplitSiteSpecs split = SplitSites(sites, bin_);
+  if (exit_hold_ && teardown_site_) {
+    // Among the low-rate sites (one hit per run, never paused); cookies follow split.functions' order.
+    teardown_site_->site.binary = bin_;
+    split.functions.insert(split.functions.begin() + static_cast<std::ptrdiff_t>(split.low.size()),
+                           "ruby_vm_destruct");
+    split.low.push_back(*teardown_site_);
+    if (Status st = backend_->SetHeldPid(static_cast<uint32_t>(target_.pid)); !st) return st;
+  }
   // The backend assigns cookies in attach order (low group, then high group), starting at 0 for this session.
   site_functions_ = split.functions;
   // Attach mode: the VM is mapped already, so the stack resolver (tens of ms for a large static ruby's symbol table)
@@ -999,7 +1049,7 @@ Status Recording::Run() {
     if (target_exited_) {
       // Reaped already: following the rest of the tree.
     } else if (child_) {
-      if (child_->Reap(&child_status_)) target_exited_ = true;
+      if (ServiceExitHold() && child_->Reap(&child_status_)) target_exited_ = true;
     } else if (watch_->Exited()) {
       target_exited_ = true;
     }
@@ -1020,7 +1070,10 @@ Status Recording::Run() {
 Result<int> Recording::Finish() {
   // Drain what the ring still holds, then the final drop count. The budget is over: nothing is reattached now.
   budget_active_ = false;
+  // A command still running (--duration, a signal) is let go at once; one at its exit stop after the drain.
+  if (exit_hold_ && (exit_hold_->Service(), !exit_hold_->Held())) exit_hold_.reset();
   DrainRing();
+  exit_hold_.reset();
   CheckCounters();
   if (!LayoutChecked()) {
     return Abandon(LaunchGateError(target_exited_                ? "exited"
@@ -1132,6 +1185,7 @@ RecorderEnv SystemRecorderEnv(const std::atomic<bool>* stop_requested) {
     return MakeStackResolver(pid, vm_path, setup);
   };
   env.hand_off_release = HandOffFileRelease;
+  env.make_ptrace = SystemPtraceOps;
   env.stop_requested = stop_requested;
   return env;
 }

@@ -16,6 +16,7 @@
 #include "elf/elf_file.h"
 #include "probe/bpf_session.h"
 #include "probe/probe_backend.h"
+#include "record/exit_hold.h"
 #include "record/record_sink.h"
 #include "record/recorder.h"
 #include "session/vm_binary.h"
@@ -40,6 +41,9 @@ struct RecorderEnv {
   // Hands the release of the probes of a target that has exited to a child process (common/release_in_child.h);
   // false when it could not, and the recording releases them itself.
   std::function<bool()> hand_off_release;
+  // Launch mode: the ptrace calls that hold the command at its exit until its frames are named (record/exit_hold.h);
+  // null: no hold.
+  std::function<std::unique_ptr<PtraceOps>()> make_ptrace;
   // Set when the recording should end cleanly (Record's SIGINT/SIGTERM handler, RequestStop). Never null.
   const std::atomic<bool>* stop_requested = nullptr;
 };
