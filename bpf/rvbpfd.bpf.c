@@ -294,9 +294,10 @@ static __always_inline int rv_output_holder(__u32 bin, __u64 th, __u32 tgid, __u
   s->holder.flags = 0;
   s->holder.pad = 0;
   if (bpf_probe_read_user(&ec, sizeof(ec), (const void *)(unsigned long)(holder + wc->thread_ec)) != 0) ec = 0;
-  rv_output_stack(s, sizeof(struct rv_record) + sizeof(struct rv_holder_info) + rv_walk_ec_stack_into(wc, ec, &s->hdr,
-                                                                                                        s->frames),
-                  0);
+  __u32 fresh = 0; /* a holder frame not seen before wakes the daemon like any other stack's */
+  const __u32 size = sizeof(struct rv_record) + sizeof(struct rv_holder_info) +
+                     rv_walk_ec_stack_into(wc, ec, &s->hdr, s->frames, &fresh);
+  rv_output_stack(s, size, 0, fresh);
   __u64 walk = bpf_ktime_get_ns() - w0; /* the target's time, like the trap: --max-overhead charges it */
   __sync_fetch_and_add(&traps->stack_ns, walk);
   if (c) {
