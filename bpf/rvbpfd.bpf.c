@@ -462,11 +462,9 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   if (site->event == RV_EV_GC_ENTER) {
     struct rv_native_thread *nt = rv_native_thread_of(tid);
     if (nt) nt->in_gc = 1;
-    /* The held process waits, before this GC can free anything, until the daemon has named the stacks with new
-     * frames already in the ring (rv_held). Only its main thread is traced: a GC run by another thread is not held. */
-    struct rv_held *h = bpf_map_lookup_elem(&held, &zero);
-    if (h && h->pid == tgid && tid == tgid && bpf_ringbuf_query(&events, BPF_RB_CONS_POS) < h->fresh_end)
-      bpf_send_signal_thread(RV_TEARDOWN_SIGNAL);
+    /* No hold at GC: holding the launched command here (a signal its tracer takes off) ended some recordings
+     * early in testing (the recorder took the command for exited at a boot-time GC; not understood yet), so only
+     * the exit and the VM's teardown hold it. */
   }
 
   /* A READY while another thread holds the GVL: the holder's stack goes with it (rv_holder_record), what the holder
