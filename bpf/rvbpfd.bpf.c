@@ -228,10 +228,6 @@ static __always_inline void rv_output_stack(void *s, __u32 size, int is_sample, 
     else if (c) c->samples_dropped++;
     return;
   }
-  if (fresh) {
-    struct rv_held *h = bpf_map_lookup_elem(&held, &zero);
-    if (h) h->fresh_end = bpf_ringbuf_query(&events, BPF_RB_PROD_POS);
-  }
   if (c) {
     if (is_sample) c->samples++;
     else c->events++;

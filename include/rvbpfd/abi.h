@@ -77,9 +77,8 @@ enum rv_site_flags {
 #define RV_TEARDOWN_SIGNAL 23
 
 /* The process a launch-mode recorder holds (the `held` map's one value, bpf/rvbpfd.bpf.c): the only process the
- * teardown site signals (RV_TEARDOWN_SIGNAL). fresh_end is kept for a hold at GC_ENTER while the daemon has not
- * consumed the ring past the last stack with a new frame; that hold is off (docs/design.md, "Not at a GC"). pid 0:
- * none. */
+ * teardown site signals (RV_TEARDOWN_SIGNAL). pid 0: none. fresh_end is not written while the hold at GC_ENTER it
+ * served is off (docs/design.md, "Not at a GC"). */
 struct rv_held {
   __u64 fresh_end; /* ring producer position after the last entry submitted with a new frame (any process) */
   __u32 pid;       /* host tgid of the held process, 0: none */
