@@ -11,10 +11,16 @@ mount namespaces in the trixie root) is observed at once by three rvbpfd instanc
 while 8 keep-alive loopback clients send test_rails' mix (~20 ms of pure-Ruby work in LedgerCruncher.reconcile, queries,
 sleeps, a contended Mutex). test_rails.py checks the recorder at --hz 19.
 
-Checks: in each recorder's `export --pprof` and in the agent's gvl_blame profiles of the app's pid (summed over its
-intervals), LedgerCruncher.reconcile is in the stacks of at least half of all gvl_blame: a hold that got no sample is
-charged to what the holder ran when the waiter arrived, not to IO#wait_readable where it later released the lock.
+Checks:
+  - in each recorder's `export --pprof` and in the agent's gvl_blame profiles of the app's pid (summed over its
+    intervals), LedgerCruncher.reconcile is in the stacks of at least half of all gvl_blame: a hold that got no sample
+    is charged to what the holder ran when the waiter arrived, not to IO#wait_readable where it later released the lock;
+  - one reason per release (issue 47 item 2): every row of `inspect`'s top blocked stacks (--hz 99 trace) has the
+    reason the trace's gvl_released events of that stack carry, and Puma's reactor thread (NIO::Selector#select <
+    Puma::Reactor#select_loop) is listed as io, whose releases all say io;
+  - compact traces (issue 47 item 4): each recorder's .rvtrace, boot included, takes at most 60 bytes per event.
 """
+import re
 import http.client
 import os
 import signal
@@ -32,6 +38,11 @@ import test_rails  # noqa: E402
 SERVICE = "rvbpfd-rails-blame"
 ACTION = "LedgerCruncher.reconcile"
 RECORDER_HZ = (0, 99)
+MAX_BYTES_PER_EVENT = 60
+REACTOR = ("NIO::Selector#select", "Puma::Reactor#select_loop")
+# inspect's reason names -> the trace's (src/trace/release_reason.cc: "sleep" is written, "sleeping" shown).
+TRACE_REASON = {"sleeping": "sleep", "waiting_mutex": "mutex"}
+BLOCKED_ROW = re.compile(r"^  (\S+)\s+([\d.]+) ms\s+\d+ threads?\s+(.*)$")
 
 
 def attach_recorder(rvbpfd, app, hz, cache):
@@ -65,6 +76,55 @@ def recorder_problems(rvbpfd, hz, path):
     total = sum(s["values"][i] for s in prof["samples"])
     action = sum(s["values"][i] for s in prof["samples"] if ACTION in s["stack"])
     return share_problems(f"recorder --hz {hz}", total, action)
+
+
+def size_problems(hz, path):
+    trace = rvlib.Trace(path)
+    size, events = os.path.getsize(path), len(trace.events)
+    print(f"  --hz {hz}: {size} bytes, {events} events: {size / max(events, 1):.1f} bytes per event")
+    return [] if events > 0 and size <= MAX_BYTES_PER_EVENT * events else [
+        f"--hz {hz}: {size} bytes for {events} events (want at most {MAX_BYTES_PER_EVENT} bytes per event)"]
+
+
+def reason_problems(rvbpfd, path):
+    """inspect's top blocked stacks against the reasons of the trace's gvl_released events of the same stacks."""
+    p = subprocess.run([rvbpfd, "inspect", path], capture_output=True, timeout=120)
+    out = p.stdout.decode("utf-8", "replace")
+    if p.returncode != 0:
+        return [f"inspect exited {p.returncode}: {p.stderr.decode('utf-8', 'replace')[-1000:]}"]
+    lines = out.splitlines()
+    try:
+        start = next(i for i, l in enumerate(lines) if l.startswith("top blocked stacks"))
+    except StopIteration:
+        return [f"inspect has no top blocked stacks section:\n{out[-2000:]}"]
+    trace = rvlib.Trace(path)
+    by_prefix = {}
+    for e in trace.named(("gvl_released",)):
+        labels = trace.stack_labels(e)
+        by_prefix.setdefault(tuple(labels[:2]), set()).add(e.get("reason"))
+    problems, rows = [], 0
+    reactor = None
+    for line in lines[start + 1:]:
+        m = BLOCKED_ROW.match(line)
+        if not m:
+            break
+        rows += 1
+        shown, where = m.group(1), tuple(m.group(3).split(" < "))
+        want = TRACE_REASON.get(shown, shown)
+        got = by_prefix.get(where, set())
+        if want not in got:
+            problems.append(f"inspect lists {' < '.join(where)} as {shown}; the trace's releases there say "
+                            f"{sorted(str(r) for r in got) or 'nothing (no such stack)'}")
+        if where == REACTOR:
+            reactor = shown
+    print(f"  inspect: {rows} blocked stacks compared with the trace's reasons; the reactor thread: {reactor}")
+    if rows == 0:
+        problems.append("inspect's top blocked stacks section has no rows")
+    if reactor != "io":
+        problems.append(f"Puma's reactor ({' < '.join(REACTOR)}) is listed as {reactor!r}, not io")
+    if by_prefix.get(REACTOR, {"io"}) != {"io"}:
+        problems.append(f"the reactor's releases say {sorted(map(str, by_prefix[REACTOR]))}, not only io")
+    return problems
 
 
 def agent_problems(out_dir, pid):
@@ -118,6 +178,11 @@ def run(rvbpfd, container, apps, res):
             problems = [f"rvbpfd --hz {hz} exited {rc}: {err.text()[-2000:]}"] if rc != 0 else []
             res.check(f"rails_blame: recorder --hz {hz}: {ACTION} has at least half of gvl_blame",
                       problems or recorder_problems(rvbpfd, hz, out))
+            res.check(f"rails_blame: recorder --hz {hz}: at most {MAX_BYTES_PER_EVENT} bytes per event",
+                      problems or size_problems(hz, out))
+            if hz == RECORDER_HZ[-1]:
+                res.check("rails_blame: inspect's blocked stacks carry the trace's reasons; the reactor is io",
+                          problems or reason_problems(rvbpfd, out))
         agent.p.send_signal(signal.SIGTERM)
         agent.p.wait(timeout=30)
         res.check(f"rails_blame: agent --hz 19: {ACTION} has at least half of the pushed gvl_blame",
