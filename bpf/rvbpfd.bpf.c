@@ -228,6 +228,10 @@ static __always_inline void rv_output_stack(void *s, __u32 size, int is_sample, 
     else if (c) c->samples_dropped++;
     return;
   }
+  if (fresh) {
+    struct rv_held *h = bpf_map_lookup_elem(&held, &zero);
+    if (h) h->fresh_end = bpf_ringbuf_query(&events, BPF_RB_PROD_POS);
+  }
   if (c) {
     if (is_sample) c->samples++;
     else c->events++;
@@ -458,9 +462,11 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   if (site->event == RV_EV_GC_ENTER) {
     struct rv_native_thread *nt = rv_native_thread_of(tid);
     if (nt) nt->in_gc = 1;
-    /* No hold at GC: holding the launched command here (a signal its tracer takes off) ended some recordings
-     * early in testing (the recorder took the command for exited at a boot-time GC; not understood yet), so only
-     * the exit and the VM's teardown hold it. */
+    /* The held process waits, before this GC can free anything, until the daemon has named the stacks with new
+     * frames already in the ring (rv_held). Only its main thread is traced: a GC run by another thread is not held. */
+    struct rv_held *h = bpf_map_lookup_elem(&held, &zero);
+    if (h && h->pid == tgid && tid == tgid && bpf_ringbuf_query(&events, BPF_RB_CONS_POS) < h->fresh_end)
+      bpf_send_signal_thread(RV_TEARDOWN_SIGNAL);
   }
 
   /* A READY while another thread holds the GVL: the holder's stack goes with it (rv_holder_record), what the holder

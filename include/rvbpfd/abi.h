@@ -76,9 +76,10 @@ enum rv_site_flags {
 /* SIGURG: ignored by default, so should the tracer be gone the signal changes nothing. */
 #define RV_TEARDOWN_SIGNAL 23
 
-/* The process a launch-mode recorder holds (the `held` map's one value, bpf/rvbpfd.bpf.c): the only process the
- * teardown site signals (RV_TEARDOWN_SIGNAL). pid 0: none. fresh_end is not written while the hold at GC_ENTER it
- * served is off (docs/design.md, "Not at a GC"). */
+/* The process a launch-mode recorder holds (the `held` map's one value, bpf/rvbpfd.bpf.c): at each of its GC_ENTER
+ * hits, while the daemon has not consumed the ring past the last stack with a new frame (fresh_end), the thread is
+ * stopped the same way (RV_TEARDOWN_SIGNAL) until it has: no GC frees an iseq a recorded stack names before the
+ * daemon names it. pid 0: none. */
 struct rv_held {
   __u64 fresh_end; /* ring producer position after the last entry submitted with a new frame (any process) */
   __u32 pid;       /* host tgid of the held process, 0: none */

@@ -43,6 +43,15 @@ void IgnoreSignal(int) {}
 
 bool IsJobControlStop(int sig) { return sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU; }
 
+// Whether an exit peek (waitid WEXITED | WNOWAIT) saw the child end. For a traced child the kernel reports a pending
+// ptrace stop to that call too (CLD_TRAPPED: "ptrace'd stopped tasks regardless of options"), so si_pid alone does
+// not say it exited: a stop that arrives between Service's stop wait and its peek would pass for an exit, and the
+// reaper's waitpid would then take that stop for the exit status (the command then looked exited while it ran on).
+bool PeekSawExit(const siginfo_t& info, pid_t pid) {
+  return info.si_pid == pid &&
+         (info.si_code == CLD_EXITED || info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED);
+}
+
 }  // namespace
 
 std::unique_ptr<PtraceOps> SystemPtraceOps() { return std::make_unique<SystemPtrace>(); }
@@ -105,7 +114,7 @@ ExitHold::State ExitHold::Service() {
   if (state_ == State::kRunning) {
     // Gone without an exit stop (SIGKILL): peek, leaving the zombie to HeldChild::Reap.
     siginfo_t info;
-    if (ops_->WaitNoHang(pid_, WEXITED | WNOWAIT, &info) == 0 && info.si_pid == pid_) state_ = State::kGone;
+    if (ops_->WaitNoHang(pid_, WEXITED | WNOWAIT, &info) == 0 && PeekSawExit(info, pid_)) state_ = State::kGone;
   }
   return state_;
 }
@@ -133,7 +142,7 @@ void ExitHold::InterruptAndDetach() {
       return;
     }
     siginfo_t exited;
-    if (ops_->WaitNoHang(pid_, WEXITED | WNOWAIT, &exited) == 0 && exited.si_pid == pid_) return;
+    if (ops_->WaitNoHang(pid_, WEXITED | WNOWAIT, &exited) == 0 && PeekSawExit(exited, pid_)) return;
     ops_->SleepNs(1'000'000);
   }
 }

@@ -7,12 +7,8 @@ frees or takes away early:
     and the process's exit, which used to come before the daemon had read its last records;
   - a chain of 30 files, each loaded by the previous one's require_relative, each releasing the GVL in its top-level
     code (a 2 ms sleep and a File.read) before it loads the next.
-Each recording has no `<unresolved ...>` frame in any stack taken in its last TAIL_NS (the exit and the VM's
-teardown, where the launched command is held until its stacks are named), and has stacks at all (the chain: every
-file's `<top (required)>` frame is named, with its path). The counts (stacks, unresolved) are printed per case.
-Rule BOOT_GC_BEFORE_DRAIN (a known gap, counted and printed, not failed): earlier stacks can still hold frames of a
-file's iseq that a boot-time GC freed before the daemon, woken at once, read the stack: the hold at GC that closed
-this is off (docs/design.md, "Not at a GC"); it shows on a loaded machine.
+Each recording has no `<unresolved ...>` frame in any stack, and has stacks at all (the chain: every file's
+`<top (required)>` frame is named, with its path). The counts (stacks, unresolved) are printed per case.
 Rule LINE_OF_EVAL_ISEQ (a known gap, counted and printed, not failed): on 3.3.8, in some runs the two frames of the
 iseq RubyGems evals a gemspec into (under Kernel#eval, Gem::Specification#initialize) are `<unresolved line ...>`:
 their label and path read fine from the same live iseq, and only Symbolizer::LineNumber refuses the pc. That is the
@@ -27,8 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rvlib  # noqa: E402
 
 CHAIN_FILES = 30
-TAIL_NS = 100_000_000  # the recording's last 100 ms: what the exit and teardown holds name
-BOOT_RULE = "BOOT_GC_BEFORE_DRAIN"
 
 
 def write_chain(d):
@@ -56,40 +50,31 @@ LINE_RULE = "LINE_OF_EVAL_ISEQ"
 
 
 def unresolved(t):
-    """(stacks used by events, unresolved frame occurrences in the stacks of the last TAIL_NS, distinct labels of
-    those, occurrences of `<unresolved line` frames (rule LINE_OF_EVAL_ISEQ), unresolved occurrences in earlier
-    stacks (rule BOOT_GC_BEFORE_DRAIN))."""
-    times = [e["t_ns"] for e in t.events if isinstance(e.get("t_ns"), int)]
-    tail_from = max(times, default=0) - TAIL_NS
-    tail_stacks = {e["stack"] for e in t.events if "stack" in e and e.get("t_ns", 0) >= tail_from}
+    """(stacks used by events, unresolved frame occurrences in them, distinct unresolved labels, occurrences of
+    `<unresolved line` frames, which rule LINE_OF_EVAL_ISEQ counts apart)."""
     used = {e["stack"] for e in t.events if "stack" in e}
-    count = line_only = early = 0
+    count = line_only = 0
     labels = set()
     for sid in used:
         for fid in t.stacks.get(sid, []):
             label = t.frames.get(fid, {}).get("label", "")
             if label.startswith("<unresolved line "):
                 line_only += 1
-            elif label.startswith("<unresolved") and sid in tail_stacks:
+            elif label.startswith("<unresolved"):
                 count += 1
                 labels.add(label)
-            elif label.startswith("<unresolved"):
-                early += 1
-    return len(used), count, labels, line_only, early
+    return len(used), count, labels, line_only
 
 
 def check_case(name, t, extra=None):
     p = list(t.problems)
-    nstacks, count, labels, line_only, early = unresolved(t)
-    print(f"  {name}: {nstacks} stacks, {count} unresolved frames in the last {TAIL_NS // 1_000_000} ms "
-          f"({len(labels)} distinct)" +
-          (f"; {early} earlier ({BOOT_RULE})" if early else "") +
+    nstacks, count, labels, line_only = unresolved(t)
+    print(f"  {name}: {nstacks} stacks, {count} unresolved frames ({len(labels)} distinct)" +
           (f"; {line_only} <unresolved line frames ({LINE_RULE})" if line_only else ""))
     if nstacks == 0:
         p.append("no stacks recorded at all")
     if count:
-        p.append(f"{count} <unresolved frames in the stacks of the last {TAIL_NS // 1_000_000} ms, e.g. "
-                 f"{sorted(labels)[:5]}")
+        p.append(f"{count} <unresolved frames in {nstacks} stacks, e.g. {sorted(labels)[:5]}")
     if extra:
         p += extra(t)
     return p

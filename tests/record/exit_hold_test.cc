@@ -31,6 +31,9 @@ class FakePtrace : public PtraceOps {
     int interrupt_error = 0;
     std::deque<Report> stops;  // consumed by WSTOPPED waits, in order
     bool exited = false;       // WEXITED | WNOWAIT peeks see it (never consumed)
+    // Stops that arrive right after a WSTOPPED wait found none (before the next call): the race between Service's
+    // stop wait and its exit peek.
+    std::deque<Report> arrive_after_empty_wait;
     std::vector<std::string> calls;
     uint64_t slept_ns = 0;
     // Stops that appear when PTRACE_INTERRUPT is sent (the interrupt's own stop, or a pending signal's).
@@ -63,7 +66,11 @@ class FakePtrace : public PtraceOps {
     *info = siginfo_t{};
     if (options & WSTOPPED) {
       EXPECT_FALSE(options & WEXITED) << "a stop wait must never reap the child";
-      if (s_->stops.empty()) return 0;
+      if (s_->stops.empty()) {
+        for (const Report& r : s_->arrive_after_empty_wait) s_->stops.push_back(r);
+        s_->arrive_after_empty_wait.clear();
+        return 0;
+      }
       info->si_pid = pid;
       info->si_code = s_->stops.front().code;
       info->si_status = s_->stops.front().status;
@@ -71,6 +78,14 @@ class FakePtrace : public PtraceOps {
       return 0;
     }
     EXPECT_TRUE(options & WNOWAIT) << "an exit wait must only peek";
+    // As the kernel does for its tracer: a pending ptrace stop is reported to an exit wait too (not consumed here,
+    // as WNOWAIT leaves it).
+    if (!s_->stops.empty()) {
+      info->si_pid = pid;
+      info->si_code = s_->stops.front().code;
+      info->si_status = s_->stops.front().status;
+      return 0;
+    }
     if (s_->exited) {
       info->si_pid = pid;
       info->si_code = CLD_KILLED;
@@ -201,6 +216,39 @@ TEST(ExitHoldTest, AnExitWithoutExitStopIsLeftToTheReaper) {
   EXPECT_FALSE(h->Traced());
   h.reset();
   EXPECT_EQ(s.calls.size(), 1u);  // nothing to detach
+}
+
+// The race that ended launch recordings early at a held GC: a stop (here the hold signal's; any signal's does the
+// same) arrives after Service's stop wait found nothing; the exit peek then reports that stop, which must not pass
+// for an exit (the reaper's waitpid would take the stop for the exit status). The next Service handles the stop.
+TEST(ExitHoldTest, AStopBetweenTheWaitsIsNotAnExit) {
+  FakePtrace::Script s;
+  Result<std::unique_ptr<ExitHold>> r = ExitHold::Seize(kPid, std::make_unique<FakePtrace>(&s), SIGURG);
+  ASSERT_TRUE(r.ok());
+  std::unique_ptr<ExitHold> h = std::move(r.value());
+  s.arrive_after_empty_wait = {SignalStop(SIGURG)};
+  EXPECT_EQ(h->Service(), ExitHold::State::kRunning);
+  EXPECT_TRUE(h->Traced());
+  EXPECT_EQ(h->Service(), ExitHold::State::kAtTeardown);
+  h->Release();
+  EXPECT_EQ(h->state(), ExitHold::State::kRunning);
+  s.arrive_after_empty_wait = {SignalStop(SIGVTALRM)};
+  EXPECT_EQ(h->Service(), ExitHold::State::kRunning);
+  EXPECT_EQ(h->Service(), ExitHold::State::kRunning);
+  EXPECT_EQ(h->signals_forwarded(), 2u);  // the hold signal on Release, SIGVTALRM at once
+  EXPECT_EQ(s.calls.back(), "cont " + std::to_string(SIGVTALRM));
+}
+
+// The destructor's wait for an interrupted command: the interrupt's stop, arriving after the first stop wait and so
+// seen first by the exit peek, is no exit; the command is detached from that stop, not left stopped.
+TEST(ExitHoldTest, DestructorDoesNotTakeTheInterruptStopForAnExit) {
+  FakePtrace::Script s;
+  std::unique_ptr<ExitHold> h = Seized(&s);
+  s.arrive_after_empty_wait = {EventStop(PTRACE_EVENT_STOP, SIGTRAP)};
+  h.reset();
+  ASSERT_GE(s.calls.size(), 3u);
+  EXPECT_EQ(s.calls[1], "interrupt");
+  EXPECT_EQ(s.calls.back(), "detach 0");
 }
 
 TEST(ExitHoldTest, DestructorLetsGoOfACommandHeldAtExit) {
