@@ -17,8 +17,11 @@
 /* Frames whose records have woken the daemon: a direct-mapped set of tags of (process, kind, CME or iseq, cfp iseq),
  * RV_SEEN_FRAME_SLOTS of them (256 KiB). A stack holding a frame whose tag is not in its slot is submitted with a
  * wakeup, so the daemon names that frame at once, while the objects it points to are alive: a file's top-level iseq
- * is garbage as soon as the file is loaded, and the daemon otherwise reads the ring only every 20 ms. The pc is not
- * part of the tag (a new line of a named method needs no wakeup). Races between CPUs and collisions only cost an
+ * is garbage as soon as the file is loaded, and the daemon otherwise reads the ring only every 20 ms. A caller frame's
+ * pc is part of its tag, the leaf's is not: a caller's pc is a call site (a few per method, so few extra wakeups),
+ * and it tells a new iseq apart from a freed one whose slot it took (the same address, but its bytecode, where pc
+ * points, lies elsewhere: without it, a file's top-level iseq allocated where an earlier file's had been was never
+ * new, and was freed before the daemon's next poll named it); a leaf's pc is any instruction a sample hit. Races between CPUs and collisions only cost an
  * extra wakeup; a slot holds a tag only once a record carrying it went to the ring with a wakeup (or was dropped,
  * after which a later record with that frame waits for the daemon's next poll, <= 20 ms). Userspace may zero the set
  * (every frame new again). One array lookup (inlined) and a
@@ -41,18 +44,21 @@ struct rv_stack_loop {
   __u32 fresh; /* 1 once a frame not in seen_frames was walked: submit with a wakeup */
 };
 
-/* The seen_frames tag of a frame of process tgid (never 0, the empty slot's value): a 64-bit mix of its identity. */
-static __always_inline __u64 rv_frame_tag(__u64 tgid, const struct rv_ruby_frame *f) {
-  __u64 x = f->addr ^ (f->cfp_iseq * 0x9e3779b97f4a7c15ull) ^ (tgid << 40) ^ ((__u64)f->kind << 32);
+/* The seen_frames tag of a frame of process tgid (never 0, the empty slot's value): a 64-bit mix of its identity;
+ * `pc`: the frame's pc for a caller frame, 0 for the leaf (see seen_frames). */
+static __always_inline __u64 rv_frame_tag(__u64 tgid, const struct rv_ruby_frame *f, __u64 pc) {
+  __u64 x = f->addr ^ (f->cfp_iseq * 0x9e3779b97f4a7c15ull) ^ (tgid << 40) ^ ((__u64)f->kind << 32) ^
+            (pc * 0xd6e8feb86659fd93ull);
   x ^= x >> 31;
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 29;
   return x | 1;
 }
 
-/* Marks the walk fresh when frame f's tag is not in its seen_frames slot, and puts it there. */
-static __always_inline void rv_note_frame_seen(struct rv_stack_loop *c, const struct rv_ruby_frame *f) {
-  __u64 tag = rv_frame_tag(c->tgid, f);
+/* Marks the walk fresh when frame f's tag is not in its seen_frames slot, and puts it there; leaf: f is the stack's
+ * first (innermost) frame. */
+static __always_inline void rv_note_frame_seen(struct rv_stack_loop *c, const struct rv_ruby_frame *f, int leaf) {
+  __u64 tag = rv_frame_tag(c->tgid, f, leaf ? 0 : f->pc);
   __u32 slot = (__u32)(tag >> 40) & (RV_SEEN_FRAME_SLOTS - 1);
   __u64 *seen = bpf_map_lookup_elem(&seen_frames, &slot);
   if (seen && *seen != tag) {
@@ -79,7 +85,7 @@ static long rv_stack_step_cb(__u64 index, void *data) {
   if (n >= RV_MAX_STACK_FRAMES) return 1; /* a frame that does not fit: truncated */
   c->frames[n & (RV_MAX_STACK_FRAMES - 1)] = frame;
   c->hdr->nframes = n + 1;
-  rv_note_frame_seen(c, &frame);
+  rv_note_frame_seen(c, &frame, n == 0);
   return 0;
 }
 

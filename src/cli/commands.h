@@ -39,6 +39,7 @@ struct RecordFlags {
   bool no_status = false;
   bool follow = false;     // --follow (attach mode: the target's descendants too)
   bool no_follow = false;  // --no-follow (launch mode: the launched process only)
+  std::string hold = "on";  // --hold on|off (RecordOptions::hold)
   CLI::Option* cache_dir_opt = nullptr;
   DebugLookupConfig debug_lookup;
   // An explicit --cache-dir others could write is refused (exit 13); the default one is then only not used.

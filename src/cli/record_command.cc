@@ -111,6 +111,11 @@ void AddRecordFlags(CLI::App& app, RecordFlags* flags) {
                "target exits or --duration ends. Launch mode follows the command's process tree by default");
   app.add_flag("--no-follow", flags->no_follow,
                "Launch mode: record the launched process only, not the processes it forks or execs");
+  app.add_option("--hold", flags->hold,
+                 "Trace the target's main thread with ptrace and hold it a few ms where its last frames would "
+                 "otherwise go unnamed (its exit, its VM's teardown, a GC while rvbpfd is behind): on (default; a "
+                 "debugger cannot attach to it while it is recorded) or off")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_flag("--no-status", flags->no_status, "No live status line on stderr");
   app.add_flag("-q,--quiet", flags->rec.quiet, "Only print errors");
 }
@@ -131,6 +136,7 @@ int RunRecord(CLI::App& app, RecordFlags& flags, std::vector<std::string> comman
   }
   if (Status st = flags.CheckCacheDir(); !st) return Fail(st.error());
   flags.rec.follow = command.empty() ? flags.follow : !flags.no_follow;
+  flags.rec.hold = flags.hold == "on";
   flags.rec.command = std::move(command);
   flags.rec.status_line = !flags.no_status && !flags.rec.quiet && isatty(STDERR_FILENO);
   flags.rec.trace_format = flags.trace_format == "jsonl" ? TraceFormat::kJsonl : TraceFormat::kZstd;

@@ -73,14 +73,16 @@ TraceeStop ClassifyStop(int status) {
   return TraceeStop::kSignal;
 }
 
-Result<std::unique_ptr<ExitHold>> ExitHold::Seize(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal) {
+Result<std::unique_ptr<ExitHold>> ExitHold::Seize(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal,
+                                                  bool own_child) {
   if (int err = ops->Seize(pid, PTRACE_O_TRACEEXIT); err != 0) {
     return Error(ErrorCode::kNoPrivilege,
-                 ErrnoMessage("holding the launched command at its exit (ptrace seize of pid " + std::to_string(pid) +
-                                  ")",
-                              err));
+                 ErrnoMessage(std::string(own_child ? "holding the launched command" : "holding the target") +
+                                  " at its exit (ptrace seize of pid " + std::to_string(pid) + ")",
+                              err) +
+                     (err == EPERM && !own_child ? " (traced by a debugger already, or ptrace is restricted)" : ""));
   }
-  return std::unique_ptr<ExitHold>(new ExitHold(pid, std::move(ops), hold_signal));
+  return std::unique_ptr<ExitHold>(new ExitHold(pid, std::move(ops), hold_signal, own_child));
 }
 
 void ExitHold::OnStop(int status) {
@@ -114,7 +116,11 @@ ExitHold::State ExitHold::Service() {
   if (state_ == State::kRunning) {
     // Gone without an exit stop (SIGKILL): peek, leaving the zombie to HeldChild::Reap.
     siginfo_t info;
-    if (ops_->WaitNoHang(pid_, WEXITED | WNOWAIT, &info) == 0 && PeekSawExit(info, pid_)) state_ = State::kGone;
+    if (ops_->WaitNoHang(pid_, WEXITED | WNOWAIT, &info) == 0 && PeekSawExit(info, pid_)) {
+      state_ = State::kGone;
+      // Not rvbpfd's child: the tracer's wait lets the kernel hand the zombie to its parent.
+      if (!own_child_) ops_->WaitNoHang(pid_, WEXITED, &info);
+    }
   }
   return state_;
 }

@@ -1,5 +1,5 @@
-// Launch mode: hold rvbpfd's own launched command at its exit until its last records are read and their frames
-// named. The frames of a stack are named from the target's memory (session/stack_resolver.h); records of a process's
+// Hold the recorded process at its exit (and, on request, at its VM's teardown and its GCs) until its last records
+// are read and their frames named: launch mode's command, and attach mode's target (--hold, on by default). The frames of a stack are named from the target's memory (session/stack_resolver.h); records of a process's
 // last milliseconds are still in the BPF ring when it exits, and once its memory is gone they can never be named.
 //
 // How: the launched child is seized with ptrace (PTRACE_SEIZE, before it execs, with PTRACE_O_TRACEEXIT only). Its
@@ -11,9 +11,14 @@
 // Release, the destructor (a running tracee is interrupted first, bounded), and the kernel itself should rvbpfd die.
 // A process killed with SIGKILL (or by another thread's exit_group) makes no exit stop: nothing is held then.
 //
-// Waiting: Service() consumes only stop notifications (waitid WSTOPPED), never an exit, so HeldChild::Reap stays the
-// one that reaps the child. While traced, HeldChild::Reap must not run (its waitpid would take ptrace stops for an
-// exit): the recorder asks Traced() first.
+// Waiting: Service() consumes only stop notifications (waitid WSTOPPED), never a child's exit, so HeldChild::Reap
+// stays the one that reaps rvbpfd's own child. While traced, HeldChild::Reap must not run (its waitpid would take
+// ptrace stops for an exit): the recorder asks Traced() first. A tracee that is not rvbpfd's child (attach mode) and
+// ends without an exit stop (SIGKILL) is a zombie its tracer must wait for before its own parent can: Service does
+// that wait (the kernel then hands it to its parent), or the parent would wait for rvbpfd's exit.
+//
+// Attach mode's target is seized while it runs (PTRACE_SEIZE stops nothing); a target traced already (a debugger,
+// strace) cannot be seized (EPERM) and is recorded without the hold.
 //
 // Threading: every call from the thread that seized (ptrace requests must come from the tracer thread).
 #ifndef RVBPFD_SRC_RECORD_EXIT_HOLD_H_
@@ -64,7 +69,9 @@ class ExitHold {
   // `hold_signal`: a signal whose delivery stop is a hold too (kAtTeardown; 0: none): the VM's teardown probe raises
   // it (RV_TEARDOWN_SIGNAL) before the VM frees the heap, which comes well before the exit stop. Release passes it
   // on (ignored by default: a program that traps it gets it as it would untraced).
-  static Result<std::unique_ptr<ExitHold>> Seize(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal = 0);
+  // `own_child`: `pid` is rvbpfd's child (launch mode), reaped by its HeldChild; false: another process's (attach).
+  static Result<std::unique_ptr<ExitHold>> Seize(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal = 0,
+                                                 bool own_child = true);
   ExitHold(const ExitHold&) = delete;
   ExitHold& operator=(const ExitHold&) = delete;
   ~ExitHold();
@@ -85,8 +92,8 @@ class ExitHold {
   uint64_t signals_forwarded() const { return signals_forwarded_; }
 
  private:
-  ExitHold(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal)
-      : pid_(pid), ops_(std::move(ops)), hold_signal_(hold_signal) {}
+  ExitHold(pid_t pid, std::unique_ptr<PtraceOps> ops, int hold_signal, bool own_child)
+      : pid_(pid), ops_(std::move(ops)), hold_signal_(hold_signal), own_child_(own_child) {}
   // One stop (waitid's si_status of a CLD_TRAPPED child).
   void OnStop(int status);
   // Destructor path for a running tracee: interrupt, wait for a stop (bounded), detach passing a pending signal on.
@@ -95,6 +102,7 @@ class ExitHold {
   pid_t pid_;
   std::unique_ptr<PtraceOps> ops_;
   int hold_signal_ = 0;
+  bool own_child_ = true;
   State state_ = State::kRunning;
   uint64_t signals_forwarded_ = 0;
 };

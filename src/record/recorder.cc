@@ -212,8 +212,10 @@ class Recording {
   // Starts the speculative load of the backend on bpf_loader_ (see there).
   void StartBackendLoad();
   Status FindLaunchTarget();
-  // Launch mode: teardown_site_ from the VM binary's symbols (.symtab or .dynsym: ruby_vm_destruct is exported).
+  // --hold: teardown_site_ from the VM binary's symbols (.symtab or .dynsym: ruby_vm_destruct is exported).
   void FindTeardownSite();
+  // --hold: seizes the target (exit_hold_); a target that cannot be seized is recorded without the hold (a note).
+  void SeizeForHold();
   Status FindAttachTarget();
   Status CheckAttachedLayout();
   // BPF ring callbacks.
@@ -271,9 +273,9 @@ class Recording {
   // Open.
   std::unique_ptr<ProbeBackend> backend_;
   std::optional<HeldChild> child_;
-  std::unique_ptr<ExitHold> exit_hold_;  // null: attach mode, or the command could not be seized
-  // Launch mode: the VM's teardown (ruby_vm_destruct's entry) as an RV_SITE_TEARDOWN site, attached with the probes
-  // when the command is held (exit_hold_); nullopt when the binary does not name it.
+  std::unique_ptr<ExitHold> exit_hold_;  // null: --hold off, or the target could not be seized
+  // --hold: the VM's teardown (ruby_vm_destruct's entry) as an RV_SITE_TEARDOWN site, attached with the probes when
+  // the target is held (exit_hold_); nullopt when the binary does not name it.
   std::optional<SiteSpec> teardown_site_;
   std::optional<StackSetup> stack_setup_;
   uint64_t origin_ns_ = 0;  // monotonic ns of the trace's t = 0
@@ -365,6 +367,21 @@ Status Recording::FindLaunchTarget() {
   target_.ruby_version = *version;
   target_.build_id = target_.vm_elf->build_id();
   return Status::Ok();
+}
+
+void Recording::SeizeForHold() {
+  if (!env_.make_ptrace) return;
+  Result<std::unique_ptr<ExitHold>> hold =
+      ExitHold::Seize(target_.pid, env_.make_ptrace(), teardown_site_ ? RV_TEARDOWN_SIGNAL : 0, launch_);
+  if (!hold) {
+    if (!o_.quiet) {
+      fprintf(stderr, "rvbpfd: note: frames of the %s's last milliseconds may stay unnamed: %s\n",
+              launch_ ? "command" : "target", hold.error().ToString().c_str());
+    }
+    return;
+  }
+  exit_hold_ = std::move(hold.value());
+  WakeOnChildStops();
 }
 
 void Recording::FindTeardownSite() {
@@ -478,9 +495,8 @@ Status Recording::Prepare() {
   }
   if (!launch_) {
     if (Status st = CheckAttachedLayout(); !st) return st;
-  } else {
-    FindTeardownSite();
   }
+  if (o_.hold) FindTeardownSite();
   target_.vm_elf.reset();  // everything the run needs from the file is in prepared_ now: its copy is freed
   return Status::Ok();
 }
@@ -576,18 +592,8 @@ Status Recording::Open() {
     if (!c) return c.error();
     child_.emplace(std::move(c.value()));
     target_.pid = child_->pid();
-    if (env_.make_ptrace) {
-      Result<std::unique_ptr<ExitHold>> hold =
-          ExitHold::Seize(target_.pid, env_.make_ptrace(), teardown_site_ ? RV_TEARDOWN_SIGNAL : 0);
-      if (hold) {
-        exit_hold_ = std::move(hold.value());
-        WakeOnChildStops();
-      } else if (!o_.quiet) {
-        fprintf(stderr, "rvbpfd: note: frames of the command's last milliseconds may stay unnamed: %s\n",
-                hold.error().ToString().c_str());
-      }
-    }
   }
+  if (o_.hold) SeizeForHold();
 
   stack_setup_ = prepared_->stacks;
   if (prepared_->stacks_error) {
@@ -746,6 +752,11 @@ Status Recording::Attach() {
             sites.sites.size(), backend_->uses_multi_links() ? "multi-uprobe links" : "one link per site",
             target_.pid, EscapeControlBytes(target_.ruby_version).c_str(), EscapeControlBytes(target_.vm_path).c_str(),
             EscapeControlBytes(sites.symbols_source).c_str(), attach_ms, writing.c_str());
+  }
+  if (exit_hold_ && !launch_ && !o_.quiet) {
+    // Someone else's process is traced now: said once, with the way out, so a debugger's EPERM has an explanation.
+    fprintf(stderr, "rvbpfd: note: pid %d is traced with ptrace while recorded, and held for a few ms at its exit "
+            "and at GCs to name its frames; a debugger cannot attach to it meanwhile (--hold off)\n", target_.pid);
   }
   if (o_.follow && !o_.quiet) {
     // The probes are on the file, not on a pid (a forked child must trap before userspace could name it): whoever
@@ -1050,8 +1061,9 @@ Status Recording::Run() {
       // Reaped already: following the rest of the tree.
     } else if (child_) {
       if (ServiceExitHold() && child_->Reap(&child_status_)) target_exited_ = true;
-    } else if (watch_->Exited()) {
-      target_exited_ = true;
+    } else {
+      ServiceExitHold();  // attach mode: held at its exit, it is released (detached) here and then exits
+      if (watch_->Exited()) target_exited_ = true;
     }
     // With the tree followed, the recording goes on while a followed process lives.
     if ((target_exited_ && (!follower_ || follower_->OthersEnded())) || stop_now) break;

@@ -49,6 +49,11 @@ struct RecordOptions {
   // --holder-stacks: a wants_gvl that finds another thread holding the GVL carries the holder and its stack (where
   // the binary's GVL layout is known and stacks are on); what GVL blame names the holder's work by (attribution.h).
   bool holder_stacks = true;
+  // --hold: trace the target's main thread with ptrace and hold it for the few ms the daemon needs to name pending
+  // stacks at its exit, its VM's teardown and a GC that would come before the daemon read a stack with new frames
+  // (record/exit_hold.h). Launch mode's command and attach mode's target alike; off: frames of the last
+  // milliseconds and of iseqs freed early may stay unnamed, and a debugger can attach meanwhile.
+  bool hold = true;
   // --gc-probes (diagnostic): "auto" = the GC hook-check sites, entry/return of the GC functions only where a binary
   // has none; "fallback" = the function-level GC probes always (src/sites UseGcFunctionProbes).
   std::string gc_probes = "auto";

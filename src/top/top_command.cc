@@ -122,6 +122,8 @@ Result<int> RunTop(TopOptions o) {
     o.record.quiet = true;  // the screen is the output: no messages over it
   }
   o.record.status_line = false;
+  // A live view names frames as they come: no ptrace hold of the target (a debugger can still attach to it).
+  o.record.hold = false;
   // Record stops cleanly on SIGINT and SIGTERM; a closed terminal or Ctrl-\ must not leave it raw either.
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;

@@ -7,6 +7,8 @@ frees or takes away early:
     and the process's exit, which used to come before the daemon had read its last records;
   - a chain of 30 files, each loaded by the previous one's require_relative, each releasing the GVL in its top-level
     code (a 2 ms sleep and a File.read) before it loads the next.
+The chain once more in attach mode (`rvbpfd --pid`, attached while a gate script waits before its first
+require_relative): the target is held too (--hold's default, the note on stderr says so), at GCs and at its exit.
 Each recording has no `<unresolved ...>` frame in any stack, and has stacks at all (the chain: every file's
 `<top (required)>` frame is named, with its path). The counts (stacks, unresolved) are printed per case.
 Rule LINE_OF_EVAL_ISEQ (a known gap, counted and printed, not failed): on 3.3.8, in some runs the two frames of the
@@ -44,6 +46,46 @@ def record(rvbpfd, ruby, args, out):
     if p.returncode != 0:
         return None, [f"rvbpfd exited {p.returncode}: {p.stderr.strip()[-1500:]}"]
     return rvlib.Trace(out), []
+
+
+def record_attached(rvbpfd, ruby, gate, out):
+    """The gate script under `rvbpfd --pid`: attached while it waits, then let go; (trace, problems)."""
+    env = dict(os.environ)
+    for k in ("RUBYOPT", "RUBY_YJIT_ENABLE", "RVREF_OUT"):
+        env.pop(k, None)
+    env.update(ruby.env)
+    target = subprocess.Popen([ruby.bin, gate], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    rv = None
+    try:
+        out_lines = rvlib.LineReader(target.stdout)
+        if out_lines.wait_for(lambda l: l == "ready", 60) is None:
+            return None, [f"the gate script never printed ready: {target.stderr.read()[-500:]!r}"]
+        rv = subprocess.Popen([rvbpfd, "--pid", str(target.pid), "-o", out, "--hz", "99"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        err = rvlib.LineReader(rv.stderr)
+        if err.wait_for(lambda l: l.startswith("rvbpfd: attached"), 60) is None:
+            return None, [f"rvbpfd did not attach (exit {rv.poll()}): {err.text()[-1500:]}"]
+        target.stdin.write(b"go\n")
+        target.stdin.flush()
+        rc = target.wait(60)
+        rv_rc = rv.wait(60)
+        err.t.join(5)
+        problems = [] if rc == 0 else [f"the target exited {rc}"]
+        if rv_rc != 0:
+            return None, problems + [f"rvbpfd exited {rv_rc}: {err.text()[-1500:]}"]
+        if "is traced with ptrace while recorded" not in err.text():
+            problems.append(f"no hold note on rvbpfd's stderr (the target was not held): {err.text()[-800:]}")
+        t = rvlib.Trace(out)
+        t.problems = t.problems + problems
+        return t, []
+    except subprocess.TimeoutExpired as e:
+        return None, [f"timed out: {e}"]
+    finally:
+        for p in (target, rv):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 LINE_RULE = "LINE_OF_EVAL_ISEQ"
@@ -100,6 +142,9 @@ def main():
     os.makedirs(chain_dir)
     os.chmod(chain_dir, 0o755)
     first = write_chain(chain_dir)
+    gate = os.path.join(chain_dir, "gate.rb")
+    with open(gate, "w") as f:
+        f.write('$stdout.puts "ready"\n$stdout.flush\n$stdin.gets\nrequire_relative "f00"\n')
     cases = [("ruby -e 1", ["-e", "1"], None), ("ruby -e 'p 1'", ["-e", "p 1"], None),
              (f"{CHAIN_FILES}-file require_relative chain", [first], chain_named(chain_dir))]
     for ruby in rubies:
@@ -109,6 +154,11 @@ def main():
             if t is not None:
                 problems = check_case(name, t, extra)
             res.check(f"{ruby.name}: {name}: every frame named (launch, --hz 99, stacks at release)", problems)
+        out = os.path.join(work, f"{ruby.name}-attach.rvtrace")
+        t, problems = record_attached(rvbpfd, ruby, gate, out)
+        if t is not None:
+            problems = check_case(f"attached: {CHAIN_FILES}-file chain", t, chain_named(chain_dir))
+        res.check(f"{ruby.name}: attached, {CHAIN_FILES}-file chain: every frame named (--pid, held)", problems)
     res.finish(work, args.keep)
 
 

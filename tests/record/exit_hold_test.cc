@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <deque>
 #include <string>
 #include <vector>
@@ -77,7 +78,10 @@ class FakePtrace : public PtraceOps {
       s_->stops.pop_front();
       return 0;
     }
-    EXPECT_TRUE(options & WNOWAIT) << "an exit wait must only peek";
+    if (!(options & WNOWAIT)) {
+      EXPECT_TRUE(s_->exited) << "an exit wait that consumes may only come after an exit was seen";
+      s_->calls.push_back("wait exit");
+    }
     // As the kernel does for its tracer: a pending ptrace stop is reported to an exit wait too (not consumed here,
     // as WNOWAIT leaves it).
     if (!s_->stops.empty()) {
@@ -249,6 +253,24 @@ TEST(ExitHoldTest, DestructorDoesNotTakeTheInterruptStopForAnExit) {
   ASSERT_GE(s.calls.size(), 3u);
   EXPECT_EQ(s.calls[1], "interrupt");
   EXPECT_EQ(s.calls.back(), "detach 0");
+}
+
+// Attach mode's tracee is not rvbpfd's child: killed without an exit stop, its zombie is waited for once, so that
+// the kernel hands it to its own parent (who would otherwise wait until rvbpfd exits); rvbpfd's own child is left
+// to HeldChild::Reap.
+TEST(ExitHoldTest, AnotherProcessKilledIsHandedBackToItsParent) {
+  FakePtrace::Script s;
+  Result<std::unique_ptr<ExitHold>> r = ExitHold::Seize(kPid, std::make_unique<FakePtrace>(&s), 0, false);
+  ASSERT_TRUE(r.ok());
+  std::unique_ptr<ExitHold> h = std::move(r.value());
+  EXPECT_EQ(h->Service(), ExitHold::State::kRunning);
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "wait exit"), 0);
+  s.exited = true;
+  EXPECT_EQ(h->Service(), ExitHold::State::kGone);
+  EXPECT_EQ(h->Service(), ExitHold::State::kGone);
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "wait exit"), 1);
+  h.reset();
+  EXPECT_EQ(s.calls.back(), "wait exit");  // nothing to detach after
 }
 
 TEST(ExitHoldTest, DestructorLetsGoOfACommandHeldAtExit) {
