@@ -619,7 +619,7 @@ int rv_sample(struct bpf_perf_event_data *ctx) {
  * tracepoints on sched_process_exec / sched_process_exit: attaching needs no tracefs (often not mounted on hosts
  * and never inside a DaemonSet's container), and both run in the context of the task concerned, so
  * bpf_get_current_pid_tgid() is all they read. */
-static __always_inline void rv_output_proc(__u16 kind, __u32 tgid, __u32 tid) {
+static __always_inline void rv_output_proc(__u16 kind, __u32 tgid, __u32 tid, __u32 serial, __u32 flags) {
   __u32 zero = 0;
   struct rv_counters *c = bpf_map_lookup_elem(&counters, &zero);
   struct rv_record *r = bpf_ringbuf_reserve(&events, sizeof(*r), 0);
@@ -627,7 +627,8 @@ static __always_inline void rv_output_proc(__u16 kind, __u32 tgid, __u32 tid) {
     rv_count_drop(c); /* the agent rescans /proc after any drop, so a lost exec is found late, not never */
     return;
   }
-  rv_fill_record(r, bpf_ktime_get_ns(), 0, 0, tid, tid, tgid, kind, 0xffff, RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN);
+  rv_fill_record(r, bpf_ktime_get_ns(), 0, serial, tid, tid, tgid, kind, 0xffff,
+                 RV_REC_TH_UNKNOWN | RV_REC_SERIAL_UNKNOWN | flags);
   rv_submit_record(r, c);
 }
 
@@ -644,7 +645,7 @@ int rv_proc_exec(void *ctx) {
   __u32 tgid = pid_tgid >> 32;
   __u32 tid = (__u32)pid_tgid;
   if (rv_cfg.watch_exec) {
-    rv_output_proc(RV_EV_PROC_EXEC, tgid, tid);
+    rv_output_proc(RV_EV_PROC_EXEC, tgid, tid, 0, 0);
     return 0;
   }
   if (!rv_cfg.follow_forks) return 0;
@@ -673,7 +674,9 @@ int rv_proc_exec(void *ctx) {
 }
 
 /* Exit of a watched process: only its group leader (pid == tgid) reports, and the pid leaves the filter here so no
- * sample or event of the dying process is recorded after its exit record. */
+ * sample or event of the dying process is recorded after its exit record. The leader's exit_code (do_exit sets it
+ * before this tracepoint; for exit_group and a fatal signal every thread gets the group's) goes in serial: the wait
+ * status its parent will see. */
 SEC("raw_tp/sched_process_exit")
 int rv_proc_exit(void *ctx) {
   (void)ctx;
@@ -683,7 +686,16 @@ int rv_proc_exit(void *ctx) {
   if (tgid != tid || !bpf_map_lookup_elem(&target_pids, &tgid)) return 0;
   bpf_map_delete_elem(&target_pids, &tgid);
   bpf_map_delete_elem(&proc_ec, &tgid); /* a reused pid must not inherit this process's EC route */
-  rv_output_proc(RV_EV_PROC_EXIT, tgid, tid);
+  __u32 status = 0, flags = 0;
+  if (rv_kernel.task_exit_code != 0) {
+    int code = 0;
+    const __u64 task = bpf_get_current_task();
+    if (bpf_probe_read_kernel(&code, sizeof(code), (const void *)(task + rv_kernel.task_exit_code)) == 0) {
+      status = (__u32)code;
+      flags = RV_REC_EXIT_STATUS;
+    }
+  }
+  rv_output_proc(RV_EV_PROC_EXIT, tgid, tid, status, flags);
   return 0;
 }
 

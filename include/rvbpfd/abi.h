@@ -33,7 +33,9 @@ enum rv_event_kind {
   RV_EV_PROC_EXEC = 33, /* sched/sched_process_exec, every exec on the host while rv_config.watch_exec is 1; with
                          * rv_config.follow_forks instead, the execs of processes in target_pids, with the
                          * first 12 bytes of the new comm in th (8) and serial (4), NUL-padded */
-  RV_EV_PROC_EXIT = 34, /* sched/sched_process_exit of a group leader whose tgid was in target_pids */
+  RV_EV_PROC_EXIT = 34, /* sched/sched_process_exit of a group leader whose tgid was in target_pids; flagged
+                         * RV_REC_EXIT_STATUS, serial is the leader's task_struct.exit_code (a wait status:
+                         * exit code << 8, or the terminating signal) */
   RV_EV_PROC_FORK = 35, /* sched/sched_process_fork of a new process (not a thread) by a process in target_pids
                          * (a preforking server's workers never exec); pid is the CHILD's tgid, serial the parent's */
 };
@@ -127,6 +129,8 @@ struct rv_offsets {
 /* READY while another thread held the GVL (rv_config.holder_stacks): an rv_holder_info follows the rv_record, then
  * the rv_stack_header and frames of the HOLDER's stack (struct rv_holder_record), not the waiter's */
 #define RV_REC_HAS_HOLDER 0x40u
+/* RV_EV_PROC_EXIT: serial holds the exiting leader's wait status (rv_kernel.task_exit_code known) */
+#define RV_REC_EXIT_STATUS 0x80u
 
 /* One ring buffer record: fixed size, written by every probe. */
 struct rv_record {
@@ -328,7 +332,7 @@ struct rv_kernel_layout {
   __u32 task_pid;    /* task_struct.pid (pid_t, 4 bytes) */
   __u32 task_tgid;   /* task_struct.tgid (pid_t, 4 bytes) */
   __u32 task_fsbase; /* task_struct.thread.fsbase (unsigned long, 8 bytes): the user thread pointer on x86-64 */
-  __u32 reserved;
+  __u32 task_exit_code; /* task_struct.exit_code (int, 4 bytes): set before sched_process_exit fires */
 };
 
 /* A target's pid namespace, for bpf_get_ns_current_pid_tgid: the nsfs inode of /proc/PID/ns/pid and its device as

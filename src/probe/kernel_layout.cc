@@ -17,7 +17,7 @@ namespace rvbpfd {
 namespace {
 
 // Bump when the meaning of a field changes, so old entries are recomputed rather than misread.
-constexpr int kKernelLayoutCacheFormat = 1;
+constexpr int kKernelLayoutCacheFormat = 2;  // 2: task_exit_code
 // task_struct is 3-14 KiB on the kernels we know; an offset beyond this is not a task_struct field.
 constexpr uint32_t kMaxTaskOffset = 64u << 10;
 // Anonymous structs and unions nest a few levels at most (CONFIG_RANDSTRUCT adds one).
@@ -103,6 +103,9 @@ Result<rv_kernel_layout> KernelLayoutFromBtf(const btf* kernel_btf) {
   if (!Plausible(layout.task_pid, 4) || !Plausible(layout.task_tgid, 4) || !Plausible(layout.task_fsbase, 8)) {
     return Error(ErrorCode::kBpf, "the kernel's BTF puts task_struct's pid, tgid or thread.fsbase out of range");
   }
+  // Optional: without it a followed process's exit status is not known (0: BPF does not read it).
+  Result<uint32_t> exit_code = IntegerField(kernel_btf, task, "task_struct", "exit_code", 4);
+  if (exit_code.ok() && Plausible(*exit_code, 4)) layout.task_exit_code = *exit_code;
   return layout;
 }
 
@@ -139,7 +142,8 @@ std::string KernelLayoutCacheEntry(const rv_kernel_layout& layout, const std::st
                               {"build_id", build_id},
                               {"task_pid", layout.task_pid},
                               {"task_tgid", layout.task_tgid},
-                              {"task_fsbase", layout.task_fsbase}};
+                              {"task_fsbase", layout.task_fsbase},
+                              {"task_exit_code", layout.task_exit_code}};
   return DumpJson(doc, 1) + "\n";
 }
 
@@ -162,6 +166,10 @@ Result<rv_kernel_layout> ParseKernelLayoutCacheEntry(const std::string& text, co
   layout.task_pid = *pid;
   layout.task_tgid = *tgid;
   layout.task_fsbase = *fsbase;
+  // 0: the kernel has none (the status is then not read); anything else must be a plausible int offset.
+  const std::optional<uint32_t> exit_code = u32_at("task_exit_code");
+  if (!exit_code || (*exit_code != 0 && !Plausible(*exit_code, 4))) return bad("task_exit_code is missing or misplaced");
+  layout.task_exit_code = *exit_code;
   return layout;
 }
 

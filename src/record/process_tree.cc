@@ -202,7 +202,10 @@ void ProcessFollower::OnProcRecord(const rv_record& r) {
       break;
     }
     case RV_EV_PROC_EXIT:
-      if (auto it = live_by_pid_.find(r.pid); it != live_by_pid_.end()) End(*ById(it->second), t, "exit");
+      if (auto it = live_by_pid_.find(r.pid); it != live_by_pid_.end()) {
+        End(*ById(it->second), t, "exit",
+            (r.flags & RV_REC_EXIT_STATUS) ? std::optional<int>(static_cast<int>(r.serial)) : std::nullopt);
+      }
       break;
     default:
       break;
@@ -272,7 +275,7 @@ void ProcessFollower::InspectExe(Followed& p) {
   }
 }
 
-void ProcessFollower::End(Followed& p, uint64_t t_ns, const char* how) {
+void ProcessFollower::End(Followed& p, uint64_t t_ns, const char* how, std::optional<int> wait_status) {
   if (p.ended) return;
   if (p.state == State::kPending) DecidePending(p, /*exited=*/true);
   p.ended = true;
@@ -280,7 +283,9 @@ void ProcessFollower::End(Followed& p, uint64_t t_ns, const char* how) {
     live_by_pid_.erase(it);
   }
   if (cache_pid_ == p.info.pid) cache_pid_ = 0;
-  QueueLine(Line{t_ns, p.info.id, ProcessEnd{.id = p.info.id, .t_ns = t_ns, .how = how}});
+  ProcessEnd end{.id = p.info.id, .t_ns = t_ns, .how = how};
+  if (wait_status) SetExitStatus(&end, *wait_status);
+  QueueLine(Line{t_ns, p.info.id, std::move(end)});
   // Its stacks were all resolved as their records arrived: the image's symbolization state goes with it.
   p.resolver.reset();
   p.ec.reset();
@@ -399,7 +404,14 @@ void ProcessFollower::WriteLinesThrough(uint64_t t_ns, uint32_t id) {
 void ProcessFollower::WriteLine(const Line& line) {
   if (line.end) {
     ProcessEnd end = *line.end;
-    if (end.id == kRootProcessId && end.how == "exit" && ctx_.root_exit_code) end.exit_code = ctx_.root_exit_code();
+    // The root's reaped status (launch mode) is the one its parent saw: it wins over the exit record's.
+    if (end.id == kRootProcessId && end.how == "exit" && ctx_.root_wait_status) {
+      if (std::optional<int> status = ctx_.root_wait_status()) {
+        end.exit_code.reset();
+        end.signal.reset();
+        SetExitStatus(&end, *status);
+      }
+    }
     ctx_.sink->WriteProcessEnd(end);
     return;
   }

@@ -56,8 +56,8 @@ struct FollowContext {
   RecordSink* sink = nullptr;
   // The stack resolver of process `pid` (RecorderEnv::make_stack_resolver): its memory, its mappings.
   std::function<std::unique_ptr<StackResolver>(int pid)> make_resolver;
-  // The exit status of the root process once known (launch mode: the command reaped), else nullopt.
-  std::function<std::optional<int>()> root_exit_code;
+  // The wait status of the root process once known (launch mode: the command reaped), else nullopt.
+  std::function<std::optional<int>()> root_wait_status;
   // Launch mode: true while the root is still being launched (rvbpfd's held child, then `env` or another #!
   // interpreter on the way to the VM): its execs until the VM runs are the launch itself, not new images. Null: never.
   std::function<bool()> root_launching;
@@ -144,7 +144,8 @@ class ProcessFollower {
   void OnFork(uint32_t child, uint32_t parent, uint64_t t_ns);
   // comm: the new image's comm as BPF read it at the exec (at most 12 bytes).
   void OnExec(uint32_t pid, uint64_t t_ns, const std::string& comm);
-  void End(Followed& p, uint64_t t_ns, const char* how);
+  // wait_status: the kernel's exit status of an exit (RV_EV_PROC_EXIT's), when known.
+  void End(Followed& p, uint64_t t_ns, const char* how, std::optional<int> wait_status = std::nullopt);
   void MakeTraced(Followed& p);
   void MakeSkipped(Followed& p, std::string why);
   void DecidePending(Followed& p, bool exited);

@@ -806,10 +806,9 @@ Status Recording::StartFollowing() {
   ctx.backend = backend_.get();
   ctx.sink = sink_.get();
   ctx.make_resolver = [this](int pid) { return env_.make_stack_resolver(pid, target_.open_path, *stack_setup_); };
-  ctx.root_exit_code = [this]() -> std::optional<int> {
+  ctx.root_wait_status = [this]() -> std::optional<int> {
     if (!child_ || !target_exited_) return std::nullopt;
-    if (WIFEXITED(child_status_)) return WEXITSTATUS(child_status_);
-    return std::nullopt;
+    return child_status_;
   };
   ctx.origin_ns = origin_ns_;
   if (launch_) {

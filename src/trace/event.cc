@@ -160,4 +160,13 @@ std::shared_ptr<GvlReading> HolderFromRecord(uint64_t holder_th) {
   return g;
 }
 
+void SetExitStatus(ProcessEnd* end, int wait_status) {
+  const int sig = wait_status & 0x7f;
+  if (sig == 0) {
+    end->exit_code = (wait_status >> 8) & 0xff;
+  } else if (sig != 0x7f) {  // 0x7f: a stopped child's status, not an end
+    end->signal = sig;
+  }
+}
+
 }  // namespace rvbpfd

@@ -98,8 +98,12 @@ struct ProcessEnd {
   uint64_t t_ns = 0;                // ns since origin_ns
   std::string how;                  // "exit" or "exec"
   std::optional<int32_t> exit_code; // exit status when known (exit only)
+  std::optional<int32_t> signal;    // the signal that ended it, when known (exit only; then no exit_code)
   bool operator==(const ProcessEnd&) const = default;
 };
+// Sets exit_code or signal of *end from a wait status (the kernel's exit_code: code << 8, or the signal number, with
+// 0x80 for a core dump). A status that is neither (a stop) sets nothing.
+void SetExitStatus(ProcessEnd* end, int wait_status);
 
 struct GvlReading {
   bool held = false;               // somebody held the GVL

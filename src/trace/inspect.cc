@@ -83,13 +83,15 @@ std::string RubyThreadLabel(const TraceFile& trace, std::optional<uint32_t> ruby
 
 namespace {
 
-// "12.345 ms-45.600 ms (exit 0)": when a process appeared and how it ended (ms since the origin).
+// "12.345 ms-45.600 ms (exit 0)", "(exit by signal 9)": when a process appeared and how it ended (ms since the
+// origin).
 std::string ProcessLifetime(const TraceFile& trace, const ProcessInfo& p) {
   std::string out = NsToMs(p.t_ns) + "-";
   const ProcessEnd* end = trace.FindProcessEnd(p.id);
   if (end == nullptr) return out + "? (no end recorded)";
   out += NsToMs(end->t_ns) + " (" + (end->how.empty() ? std::string("ended") : end->how);
   if (end->exit_code) out += " " + std::to_string(*end->exit_code);
+  if (end->signal) out += " by signal " + std::to_string(*end->signal);
   return out + ")";
 }
 

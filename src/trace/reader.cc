@@ -373,6 +373,7 @@ ProcessEnd ParseProcessEnd(const json& obj, const ProcessIds& ids) {
   if (auto it = obj.find("t_ns"); it != obj.end()) end.t_ns = JsonInteger<uint64_t>(*it).value_or(0);
   end.how = BoundedString(obj, "how");
   if (auto it = obj.find("exit_code"); it != obj.end()) end.exit_code = JsonInteger<int32_t>(*it);
+  if (auto it = obj.find("signal"); it != obj.end()) end.signal = JsonInteger<int32_t>(*it);
   return end;
 }
 

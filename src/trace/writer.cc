@@ -282,6 +282,10 @@ void TraceWriter::WriteProcessEnd(const ProcessEnd& e) {
     b.append(",\"exit_code\":");
     b.append(std::to_string(*e.exit_code));
   }
+  if (e.signal) {
+    b.append(",\"signal\":");
+    b.append(std::to_string(*e.signal));
+  }
   b.append("}}\n");
 }
 

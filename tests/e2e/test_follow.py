@@ -4,8 +4,9 @@
   fork      `rvbpfd -- ruby workloads/follow_fork.rb`: the forked child (two threads contending for the GVL) records
             itself with the in-process reference; in rvbpfd's trace it is process 2 (pid = the child's, parent 1,
             cause fork) and its threads' events are identical to the reference's (rvlib.compare_traces on the
-            child's part of the trace); the root's line comes right after tracing_started and each process line
-            precedes its threads' lines.
+            child's part of the trace), and its process_end has the child's exit status (exit_code 3, which BPF
+            reads at its exit); the root's line comes right after tracing_started and each process line precedes
+            its threads' lines.
   no-follow the same with --no-follow: today's trace of one process (no process line, no thread of the child).
   attach    `rvbpfd --pid MASTER --follow` on workloads/follow_attach.rb: the worker it forked before the attach is
             listed (parent 1, no cause, t_ns 0) with its threads, the worker it forks after the attach is recorded
@@ -80,8 +81,10 @@ def check_fork(res, rvbpfd, ruby, d):
         got = {k: child.get(k) for k in want}
         if got != want:
             probs.append(f"process 2 is {child}, expected {want}")
-        if 2 not in rv.process_ends or rv.process_ends[2].get("how") != "exit":
-            probs.append(f"process 2 has no process_end exit: {rv.process_ends.get(2)}")
+        end = rv.process_ends.get(2, {})
+        if end.get("how") != "exit" or end.get("exit_code") != 3 or "signal" in end:
+            probs.append(f"process 2's process_end is {end or None}, expected an exit with exit_code 3 (the child's "
+                         f"`exit 3`, read by BPF at its exit)")
     root = rv.processes.get(1, {})
     if root.get("pid") != rv.header.get("pid") or "parent" in root or "cause" in root:
         probs.append(f"root process line {root} (header pid {rv.header.get('pid')})")

@@ -21,10 +21,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(layout->task_pid != 0 && layout->task_pid % 4 == 0 && layout->task_pid < (64u << 10));
     FUZZ_CHECK(layout->task_tgid != 0 && layout->task_tgid % 4 == 0 && layout->task_tgid < (64u << 10));
     FUZZ_CHECK(layout->task_fsbase != 0 && layout->task_fsbase % 8 == 0 && layout->task_fsbase < (64u << 10));
+    FUZZ_CHECK(layout->task_exit_code % 4 == 0 && layout->task_exit_code < (64u << 10));
     Result<rv_kernel_layout> back = ParseKernelLayoutCacheEntry(KernelLayoutCacheEntry(*layout, build_id), build_id);
     FUZZ_CHECK(back.ok());
     FUZZ_CHECK(back->task_pid == layout->task_pid && back->task_tgid == layout->task_tgid &&
-               back->task_fsbase == layout->task_fsbase);
+               back->task_fsbase == layout->task_fsbase && back->task_exit_code == layout->task_exit_code);
   }
   return 0;
 }

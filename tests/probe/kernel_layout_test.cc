@@ -27,6 +27,7 @@ struct FakeKernelBtf {
   uint32_t fsbase_size = 8;
   bool with_thread = true;
   bool with_task = true;
+  bool with_exit_code = false;  // task_struct.exit_code (int, at 1800)
 
   btf* Build() const {
     btf* b = btf__new_empty();
@@ -47,6 +48,7 @@ struct FakeKernelBtf {
       btf__add_struct(b, "task_struct", 3264);
       btf__add_field(b, "state", u64, 0, 0);
       btf__add_field(b, nullptr, anon, 16 * 8, 0);
+      if (with_exit_code) btf__add_field(b, "exit_code", i32, 1800 * 8, 0);
       if (with_thread) btf__add_field(b, "thread", thread, 2048 * 8, 0);
     }
     return b;
@@ -61,7 +63,18 @@ TEST(KernelLayoutFromBtf, FindsFieldsThroughTypedefsModifiersAndAnonymousMembers
   EXPECT_EQ(layout->task_pid, 20u);
   EXPECT_EQ(layout->task_tgid, 24u);
   EXPECT_EQ(layout->task_fsbase, 2088u);
-  EXPECT_EQ(layout->reserved, 0u);
+  EXPECT_EQ(layout->task_exit_code, 0u);  // optional: not in this BTF, so BPF does not read it
+}
+
+TEST(KernelLayoutFromBtf, FindsTheExitCodeWhenTheKernelHasIt) {
+  FakeKernelBtf shape;
+  shape.with_exit_code = true;
+  btf* b = shape.Build();
+  Result<rv_kernel_layout> layout = KernelLayoutFromBtf(b);
+  btf__free(b);
+  ASSERT_TRUE(layout.ok()) << layout.error().message();
+  EXPECT_EQ(layout->task_exit_code, 1800u);
+  EXPECT_EQ(layout->task_fsbase, 2088u);
 }
 
 TEST(KernelLayoutFromBtf, RefusesMistypedOrMissingFields) {
@@ -132,28 +145,41 @@ TEST(KernelBuildIdFromNotes, HostileOrMissingNotesGiveNone) {
 }
 
 TEST(KernelLayoutCacheEntry, RoundTripsAndRefusesEntriesNotOfThisKernelOrOutOfRange) {
-  const rv_kernel_layout layout{.task_pid = 1264, .task_tgid = 1268, .task_fsbase = 3088, .reserved = 0};
+  const rv_kernel_layout layout{.task_pid = 1264, .task_tgid = 1268, .task_fsbase = 3088, .task_exit_code = 1800};
   const std::string entry = KernelLayoutCacheEntry(layout, "abc123");
   Result<rv_kernel_layout> back = ParseKernelLayoutCacheEntry(entry, "abc123");
   ASSERT_TRUE(back.ok()) << back.error().message();
   EXPECT_EQ(back->task_pid, 1264u);
   EXPECT_EQ(back->task_tgid, 1268u);
   EXPECT_EQ(back->task_fsbase, 3088u);
+  EXPECT_EQ(back->task_exit_code, 1800u);
   EXPECT_FALSE(ParseKernelLayoutCacheEntry(entry, "abc124").ok());
+  const rv_kernel_layout without{.task_pid = 1264, .task_tgid = 1268, .task_fsbase = 3088, .task_exit_code = 0};
+  Result<rv_kernel_layout> back0 = ParseKernelLayoutCacheEntry(KernelLayoutCacheEntry(without, "abc123"), "abc123");
+  ASSERT_TRUE(back0.ok()) << back0.error().message();
+  EXPECT_EQ(back0->task_exit_code, 0u);
+#define RV_ENTRY(pid, tgid, fsbase, exit_code)                                                      \
+  "{\"format\":2,\"build_id\":\"abc123\",\"task_pid\":" pid ",\"task_tgid\":" tgid ",\"task_fsbase\":" fsbase \
+  ",\"task_exit_code\":" exit_code "}"
   const char* hostile[] = {
       "",
       "[]",
-      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":1264,\"task_tgid\":1268}",
+      "{\"format\":2,\"build_id\":\"abc123\",\"task_pid\":1264,\"task_tgid\":1268}",
       "{\"format\":2,\"build_id\":\"abc123\",\"task_pid\":1264,\"task_tgid\":1268,\"task_fsbase\":3088}",
-      "{\"format\":1,\"build_id\":7,\"task_pid\":1264,\"task_tgid\":1268,\"task_fsbase\":3088}",
-      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":1266,\"task_tgid\":1268,\"task_fsbase\":3088}",
-      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":1264,\"task_tgid\":1268,\"task_fsbase\":3084}",
-      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":0,\"task_tgid\":1268,\"task_fsbase\":3088}",
-      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":1264,\"task_tgid\":1268,\"task_fsbase\":65536}",
-      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":-4,\"task_tgid\":1268,\"task_fsbase\":3088}",
-      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":1264.0,\"task_tgid\":1268,\"task_fsbase\":3088}",
-      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":4294967300,\"task_tgid\":1268,\"task_fsbase\":3088}",
+      "{\"format\":1,\"build_id\":\"abc123\",\"task_pid\":1264,\"task_tgid\":1268,\"task_fsbase\":3088}",
+      "{\"format\":2,\"build_id\":7,\"task_pid\":1264,\"task_tgid\":1268,\"task_fsbase\":3088,\"task_exit_code\":0}",
+      RV_ENTRY("1266", "1268", "3088", "1800"),
+      RV_ENTRY("1264", "1268", "3084", "1800"),
+      RV_ENTRY("0", "1268", "3088", "1800"),
+      RV_ENTRY("1264", "1268", "65536", "1800"),
+      RV_ENTRY("-4", "1268", "3088", "1800"),
+      RV_ENTRY("1264.0", "1268", "3088", "1800"),
+      RV_ENTRY("4294967300", "1268", "3088", "1800"),
+      RV_ENTRY("1264", "1268", "3088", "1801"),
+      RV_ENTRY("1264", "1268", "3088", "65536"),
+      RV_ENTRY("1264", "1268", "3088", "-4"),
   };
+#undef RV_ENTRY
   for (const char* text : hostile) {
     Result<rv_kernel_layout> parsed = ParseKernelLayoutCacheEntry(text, "abc123");
     EXPECT_FALSE(parsed.ok()) << text;

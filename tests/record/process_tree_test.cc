@@ -40,7 +40,8 @@ class LineSink : public RecordSink {
   }
   void WriteProcessEnd(const ProcessEnd& e) override {
     lines.push_back("end " + std::to_string(e.id) + " " + e.how + " t=" + std::to_string(e.t_ns) +
-                    (e.exit_code ? " code=" + std::to_string(*e.exit_code) : ""));
+                    (e.exit_code ? " code=" + std::to_string(*e.exit_code) : "") +
+                    (e.signal ? " signal=" + std::to_string(*e.signal) : ""));
   }
   Status Tick(std::chrono::steady_clock::time_point, uint64_t) override { return Status::Ok(); }
   Status Finish(const FinishInfo&) override { return Status::Ok(); }
@@ -68,6 +69,14 @@ rv_record ProcRecord(uint16_t kind, uint32_t pid, uint64_t t_ns, uint32_t parent
   return r;
 }
 
+// An exit record carrying the leader's wait status (BPF read task_struct.exit_code).
+rv_record ExitRecord(uint32_t pid, uint64_t t_ns, uint32_t wait_status) {
+  rv_record r = ProcRecord(RV_EV_PROC_EXIT, pid, t_ns);
+  r.serial = wait_status;
+  r.flags |= RV_REC_EXIT_STATUS;
+  return r;
+}
+
 TraceEvent Event(uint64_t t_ns, uint32_t process, uint32_t tid, uint64_t th) {
   TraceEvent e;
   e.t_ns = t_ns;
@@ -88,7 +97,7 @@ class ProcessFollowerTest : public ::testing::Test {
     ctx.quiet = true;
     ctx.backend = &backend_;
     ctx.sink = &sink_;
-    ctx.root_exit_code = [] { return std::optional<int>(7); };
+    ctx.root_wait_status = [] { return std::optional<int>(7 << 8); };  // reaped: exit(7)
     ctx.origin_ns = kOrigin;
     ProcessInfo root;
     root.pid = kRoot;
@@ -114,15 +123,16 @@ TEST_F(ProcessFollowerTest, ForkedChildIsTracedWithItsOwnMainAndEndsAfterItsEven
   TraceEvent e = Event(150, child, kChild, 0xa0);
   f.WriteLinesBefore(e.t_ns, e.process);
   ASSERT_TRUE(f.Write(e).ok());
-  f.OnProcRecord(ProcRecord(RV_EV_PROC_EXIT, kChild, 200));
+  f.OnProcRecord(ExitRecord(kChild, 200, 3 << 8));  // exit(3)
   EXPECT_TRUE(f.OthersEnded());
-  f.OnProcRecord(ProcRecord(RV_EV_PROC_EXIT, kRoot, 300));
+  // The root's exit record says exit(0); its reaped status (7) is the one its parent saw, and wins.
+  f.OnProcRecord(ExitRecord(kRoot, 300, 0));
   f.Finish();
   const std::vector<std::string> want = {
       "process 1 pid=5000001 parent=- cause= t=0 main=1 ruby=3.3.8",
       "process 2 pid=5000002 parent=1 cause=fork t=100 main=2 ruby=3.3.8",
       "event t=150 thread=2 process=2",
-      "end 2 exit t=200",
+      "end 2 exit t=200 code=3",
       "end 1 exit t=300 code=7",
   };
   EXPECT_EQ(sink_.lines, want);
@@ -134,7 +144,7 @@ TEST_F(ProcessFollowerTest, ExecEndsTheProcessAndANonRubyImageIsSkippedAndNamed)
   f.OnProcRecord(ProcRecord(RV_EV_PROC_EXEC, kChild, 120, 0, "true"));
   // (No record of it: a record would prove it runs the traced VM.)
   EXPECT_FALSE(f.OthersEnded());
-  f.OnProcRecord(ProcRecord(RV_EV_PROC_EXIT, kChild, 130));
+  f.OnProcRecord(ExitRecord(kChild, 130, 9));  // killed by SIGKILL
   EXPECT_TRUE(f.OthersEnded());
   f.Finish();
   const std::vector<std::string> want = {
@@ -142,7 +152,7 @@ TEST_F(ProcessFollowerTest, ExecEndsTheProcessAndANonRubyImageIsSkippedAndNamed)
       "end 2 exec t=120",
       "process 3 pid=5000002 parent=2 cause=exec t=120 main=- skipped=not Ruby (exited before it could be "
       "inspected): true",
-      "end 3 exit t=130",
+      "end 3 exit t=130 signal=9",
   };
   EXPECT_EQ(sink_.lines, want);
 }

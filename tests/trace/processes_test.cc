@@ -53,6 +53,26 @@ TEST(ProcessLines, ReadEveryKey) {
   EXPECT_EQ(f.unknown_lines, 0u);
 }
 
+TEST(ProcessLines, AnEndBySignalReadsBackAndWaitStatusesSplit) {
+  const TraceFile f = ParseOk(std::string(kHeader) +
+                              R"({"process":{"id":1,"pid":10}})" "\n"
+                              R"({"process":{"id":2,"pid":11,"parent":1,"cause":"fork"}})" "\n"
+                              R"({"process_end":{"id":2,"t_ns":5,"how":"exit","signal":9}})" "\n");
+  ASSERT_NE(f.FindProcessEnd(2), nullptr);
+  EXPECT_EQ(f.FindProcessEnd(2)->signal, 9);
+  EXPECT_FALSE(f.FindProcessEnd(2)->exit_code.has_value());
+  ProcessEnd exited, killed, dumped, stopped;
+  SetExitStatus(&exited, 3 << 8);
+  SetExitStatus(&killed, 15);
+  SetExitStatus(&dumped, 0x80 | 11);  // SIGSEGV with a core
+  SetExitStatus(&stopped, (19 << 8) | 0x7f);
+  EXPECT_EQ(exited.exit_code, 3);
+  EXPECT_FALSE(exited.signal.has_value());
+  EXPECT_EQ(killed.signal, 15);
+  EXPECT_EQ(dumped.signal, 11);
+  EXPECT_FALSE(stopped.exit_code.has_value() || stopped.signal.has_value());
+}
+
 TEST(ProcessLines, ThreadsAndEventsKnowTheirProcess) {
   const TraceFile f = ParseOk(kMultiProcessTrace);
   EXPECT_EQ(f.ProcessOf(1), 1u);

@@ -1,6 +1,6 @@
 # test_follow.py: a parent that forks a child which records itself with the in-process reference (rvref, loaded in
-# the child only, writing ARGV[0]) while two threads contend for the GVL, then exits. The parent only waits.
-# Prints the child's pid on stdout.
+# the child only, writing ARGV[0]) while two threads contend for the GVL, then exits with status 3. The parent only
+# waits, and exits 0 when the child's status was 3. Prints the child's pid on stdout.
 child = fork do
   ENV["RVREF_OUT"] = ARGV[0]
   ENV["RVREF_PROBES"] = "1"
@@ -15,8 +15,9 @@ child = fork do
   end
   threads = 2.times.map { Thread.new(&spin) }
   threads.each(&:join)
+  exit 3
 end
 $stdout.puts child
 $stdout.flush
 Process.wait(child)
-exit($?.exitstatus)
+exit($?.exitstatus == 3 ? 0 : 1)
