@@ -26,15 +26,23 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets) {
   }
   const int v = major * 100 + minor;
   if (v == 303 || v == 304) {
-    // From the 3.3/3.4 sources (vm_core.h, ractor_core.h, thread_sync.c, rtypeddata.h; x86_64): the ractor's
-    // threads block ends where threads.sched (288, the GVL table's) begins. tests/dump checks each against the test
-    // Rubies' DWARF. Not in the table yet (DWARF only): th->status, name, locking_mutex, join_list and the ractor
-    // list's vmlr_node, whose offsets depend on structs before them (rb_thread_sched_item, the native lock).
+    // From the 3.3/3.4 sources (vm_core.h, ractor_core.h, thread_sync.c, rtypeddata.h; x86_64, glibc's 40-byte
+    // pthread_mutex_t for the native locks): the ractor's threads block ends where threads.sched (288, the GVL
+    // table's) begins; the thread's status, locking_mutex, join_list and name come after its rb_thread_sched_item
+    // (56, 144 bytes) and the fields 3.4 added before join_list and name. tests/dump checks each against the test
+    // Rubies' DWARF; Debian trixie's stripped libruby-3.3 (rb_thread_main's threads.main at 0x188 agrees) is
+    // checked end to end by tests/e2e/test_dump.py.
     l.vm_ractor_set = 8;
     l.vm_ractor_cnt = 24;
     l.ractor_threads_set = 256;
     l.ractor_threads_cnt = 272;
+    l.ractor_vmlr_node = 432;
     l.th_lt_node = 0;
+    l.th_status_bit = 240 * 8;
+    l.th_locking_mutex = 344;
+    l.th_join_list = v == 303 ? 360 : 376;
+    if (l.th_name == DumpLayout::kNoField) l.th_name = v == 303 ? 432 : 448;
+    l.th_self = 8 * 2;  // after lt_node (two pointers)
     l.th_ractor = 24;
     l.ec_fiber_ptr = 40;
     l.mutex_fiber = 0;
@@ -83,6 +91,7 @@ Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor,
       Apply(m("rb_ractor_struct", {"threads", "set"}), &l.ractor_threads_set, "ractor.threads.set", &l);
       Apply(m("rb_ractor_struct", {"threads", "cnt"}), &l.ractor_threads_cnt, "ractor.threads.cnt", &l);
       Apply(m("rb_thread_struct", {"lt_node"}), &l.th_lt_node, "thread.lt_node", &l);
+      Apply(m("rb_thread_struct", {"self"}), &l.th_self, "thread.self", &l);
       Apply(m("rb_thread_struct", {"ractor"}), &l.th_ractor, "thread.ractor", &l);
       Apply(m("rb_thread_struct", {"nt"}), &l.th_nt, "thread.nt", &l);
       Apply(m("rb_thread_struct", {"ec"}), &l.th_ec, "thread.ec", &l);

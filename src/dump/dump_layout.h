@@ -34,6 +34,7 @@ struct DumpLayout {
   uint32_t ractor_threads_cnt = kNoField;  // threads.cnt (unsigned int)
   // rb_thread_t
   uint32_t th_lt_node = kNoField;        // its node in ractor->threads.set
+  uint32_t th_self = kNoField;           // VALUE: its Thread object (typed data of type "VM/thread" whose data is it)
   uint32_t th_ractor = kNoField;         // rb_ractor_t *
   uint32_t th_nt = kNoField;             // struct rb_native_thread *
   uint32_t th_ec = kNoField;             // rb_execution_context_t *

@@ -1,7 +1,9 @@
 #include "dump/dump_reader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <map>
 #include <utility>
 
@@ -16,6 +18,12 @@ constexpr uint64_t kRubyTMask = 0x1f;   // T_MASK
 constexpr uint64_t kLowestObject = 0x1000;
 
 bool Known(uint32_t field) { return field != kNo; }
+
+std::string HexValue(uint64_t v) {
+  char buf[24];
+  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 // A VALUE that can be a heap object: aligned and above the special constants.
 bool HeapObject(uint64_t v) { return v >= kLowestObject && (v & 7) == 0; }
@@ -45,7 +53,8 @@ Result<std::vector<uint64_t>> ReadRactors(MemoryReader& mem, const DumpLayout& l
   uint64_t vm = 0, main_ractor = 0;
   if (roots.vm_ptr_addr != 0) {
     if (!mem.ReadValue(roots.vm_ptr_addr, &vm) || vm == 0) {
-      return Error(ErrorCode::kNoSymbols, "reading ruby_current_vm_ptr failed (or it is NULL: the VM is not set up)");
+      return Error(ErrorCode::kNoSymbols,
+                   "reading " + roots.vm_ptr_source + " failed (or it is NULL: the VM is not set up)");
     }
     if (!mem.ReadValue(vm + l.vm_main_ractor, &main_ractor) || main_ractor == 0) {
       return Error(ErrorCode::kNoSymbols, "reading the VM's main ractor (vm->ractor.main_ractor) failed: the VM is "
@@ -218,30 +227,70 @@ void ReadGvl(MemoryReader& mem, const DumpLayout& l, uint64_t vm_ptr_addr, const
 
 }  // namespace
 
-std::optional<uint64_t> ReadMutexOwnerFiber(MemoryReader& mem, const DumpLayout& l, uint64_t obj) {
-  if (!HeapObject(obj) || !Known(l.typed_type) || !Known(l.typed_data) || !Known(l.mutex_fiber)) return std::nullopt;
-  uint64_t flags = 0, type = 0, tflag = 0;
+std::optional<uint64_t> TypedDataOf(MemoryReader& mem, const DumpLayout& l, uint64_t obj, std::string_view type) {
+  if (!HeapObject(obj) || !Known(l.typed_type) || !Known(l.typed_data)) return std::nullopt;
+  uint64_t flags = 0, type_ptr = 0, tflag = 0;
   if (!mem.ReadValue(obj, &flags) || (flags & kRubyTMask) != kRubyTData) return std::nullopt;
-  if (!mem.ReadValue(obj + l.typed_type, &type)) return std::nullopt;
+  if (!mem.ReadValue(obj + l.typed_type, &type_ptr)) return std::nullopt;
   // 3.3/3.4 keep "typed, embedded" in typed_flag (1, | 2); later versions in the low bits of the type pointer.
   if (Known(l.typed_flag)) {
     if (!mem.ReadValue(obj + l.typed_flag, &tflag)) return std::nullopt;
   } else {
-    tflag = type & 3;
+    tflag = type_ptr & 3;
   }
   if ((tflag & 1) == 0 || tflag > 3) return std::nullopt;
+  // rb_data_type_t starts with wrap_struct_name: compared with its NUL.
   uint64_t name_ptr = 0;
-  char name[8] = {};
-  if (!mem.ReadValue(type & ~uint64_t{3}, &name_ptr) || !mem.Read(name_ptr, name, sizeof(name)) ||
-      std::memcmp(name, "mutex", 6) != 0) {
+  char name[32] = {};
+  if (type.size() >= sizeof(name) || !mem.ReadValue(type_ptr & ~uint64_t{3}, &name_ptr) ||
+      !mem.Read(name_ptr, name, type.size() + 1) || std::string_view(name, type.size() + 1) != std::string(type) + '\0') {
     return std::nullopt;
   }
   uint64_t data = obj + l.typed_data;
   if ((tflag & 2) == 0 && (!mem.ReadValue(obj + l.typed_data, &data) || data == 0)) return std::nullopt;
+  return data;
+}
+
+std::optional<uint64_t> ReadMutexOwnerFiber(MemoryReader& mem, const DumpLayout& l, uint64_t obj) {
+  if (!Known(l.mutex_fiber)) return std::nullopt;
+  std::optional<uint64_t> data = TypedDataOf(mem, l, obj, "mutex");
   uint64_t fiber = 0;
-  if (!mem.ReadValue(data + l.mutex_fiber, &fiber)) return std::nullopt;
+  if (!data || !mem.ReadValue(*data + l.mutex_fiber, &fiber)) return std::nullopt;
   return fiber;
 }
+
+std::optional<std::string> ThreadObjectMismatch(MemoryReader& mem, const DumpLayout& l, uint64_t th) {
+  if (!Known(l.th_self)) return std::nullopt;
+  uint64_t self = 0;
+  if (!mem.ReadValue(th + l.th_self, &self)) return "its self field is unreadable";
+  std::optional<uint64_t> data = TypedDataOf(mem, l, self, "VM/thread");
+  if (!data) return "its self (" + HexValue(self) + ") is not a Thread object";
+  if (*data != th) return "its Thread object (" + HexValue(self) + ") belongs to another thread";
+  return std::nullopt;
+}
+
+namespace {
+
+// The type check of where the reading started: the main ractor's first thread (its main thread) must be a Ruby
+// thread, its `self` a Thread object whose data is that thread. A VM pointer recovered from code (not exported) must
+// also show at least that one thread.
+Status CheckMainThread(MemoryReader& mem, const DumpLayout& l, const VmRoots& roots,
+                       const std::vector<ListedThread>& listed) {
+  const std::string root = roots.vm_ptr_addr != 0 ? roots.vm_ptr_source : "ruby_single_main_ractor";
+  if (listed.empty()) {
+    if (!roots.vm_ptr_from_code) return Status::Ok();
+    return Error(ErrorCode::kNoSymbols, "the main ractor read through " + root + " lists no thread: it does not "
+                                        "look like the VM, refusing to guess");
+  }
+  if (std::optional<std::string> why = ThreadObjectMismatch(mem, l, listed.front().th)) {
+    return Error(ErrorCode::kNoSymbols, "the first thread of the main ractor read through " + root +
+                                            " is not a Ruby thread (" + *why + "): it does not hold the VM of the "
+                                            "layout this binary was analysed for");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, const VmRoots& roots,
                                      const DumpReadHooks& hooks) {
@@ -249,6 +298,9 @@ Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, con
   for (int attempt = 1; attempt <= kMaxDumpAttempts; attempt++) {
     Result<std::vector<ListedThread>> before = ReadThreadList(mem, l, roots);
     if (!before) return before.error();
+    if (attempt == 1) {
+      if (Status s = CheckMainThread(mem, l, roots, *before); !s.ok()) return s.error();
+    }
     snap = DumpSnapshot{};
     snap.attempts = attempt;
     for (size_t i = 0; i < before->size(); i++) {

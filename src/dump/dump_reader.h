@@ -14,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dump/dump_layout.h"
@@ -94,6 +95,10 @@ inline constexpr size_t kMaxJoinersPerThread = 1024;
 struct VmRoots {
   uint64_t vm_ptr_addr = 0;
   uint64_t main_ractor_ptr_addr = 0;
+  // What vm_ptr_addr is, for messages: the exported symbol, or the global a function's code reads
+  // (dump/dump_vm_route.h). from_code: not exported, so what it holds must pass the main thread's type check.
+  std::string vm_ptr_source = "ruby_current_vm_ptr";
+  bool vm_ptr_from_code = false;
 };
 
 // Reads every thread of the VM. Errors: kNoSymbols when the VM pointer, the main ractor or a thread list does not
@@ -101,6 +106,14 @@ struct VmRoots {
 // caller (ns_tid is filled, native_tid = ns_tid).
 Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& layout, const VmRoots& roots,
                                      const DumpReadHooks& hooks);
+
+// The data pointer of the typed-data object `obj` (a heap T_DATA object, typed, whose rb_data_type_t is named `type`;
+// for an embedded one, the address of its data inside the object). nullopt when it is not one, or unreadable.
+std::optional<uint64_t> TypedDataOf(MemoryReader& mem, const DumpLayout& layout, uint64_t obj, std::string_view type);
+
+// Why the rb_thread_t at `th` is not a Ruby thread: its `self` is not a "VM/thread" object whose data is `th`.
+// nullopt when it is one, or when the layout does not know where `self` is.
+std::optional<std::string> ThreadObjectMismatch(MemoryReader& mem, const DumpLayout& layout, uint64_t th);
 
 // The owning fiber of the Thread::Mutex object `obj`, checked: a heap T_DATA object of the typed-data kind whose type
 // is named "mutex". nullopt when it is not one, or unreadable; 0 when the Mutex is unlocked.

@@ -42,6 +42,7 @@ TEST_P(DumpLayoutTableTest, TableEqualsDwarfAndDwarfGivesEveryField) {
       {"ractor_threads_set", &DumpLayout::ractor_threads_set},
       {"ractor_threads_cnt", &DumpLayout::ractor_threads_cnt},
       {"th_lt_node", &DumpLayout::th_lt_node},             {"th_ractor", &DumpLayout::th_ractor},
+      {"th_self", &DumpLayout::th_self},
       {"th_nt", &DumpLayout::th_nt},                       {"th_ec", &DumpLayout::th_ec},
       {"th_status_bit", &DumpLayout::th_status_bit},       {"th_locking_mutex", &DumpLayout::th_locking_mutex},
       {"th_join_list", &DumpLayout::th_join_list},         {"th_name", &DumpLayout::th_name},

@@ -224,5 +224,51 @@ TEST_F(DumpReaderTest, ANullVmIsAnError) {
   EXPECT_EQ(s.error().code(), ErrorCode::kNoSymbols);
 }
 
+// A VM pointer recovered from code is type-checked: the main thread's self must be a "VM/thread" object whose data
+// is that thread; anything else (another object, another thread's, a non-object, no thread at all) is refused.
+TEST_F(DumpReaderTest, TheMainThreadMustBeARubyThreadObject) {
+  DumpLayout l = Layout();
+  l.th_self = 8;
+  constexpr uint64_t kSelf = 0x60000, kThreadType = 0x61000, kThreadName = 0x62000;
+  mem_.Map(kSelf, 40);
+  mem_.Put64(kSelf, 0x0c);  // T_DATA
+  mem_.Put64(kSelf + l.typed_type, kThreadType);
+  mem_.Put64(kSelf + l.typed_flag, 1);
+  mem_.Put64(kSelf + l.typed_data, kThreads[0]);
+  mem_.Map(kThreadType, 8);
+  mem_.Put64(kThreadType, kThreadName);
+  mem_.Map(kThreadName, 16);
+  mem_.Put(kThreadName, "VM/thread\0\0\0\0\0\0", 16);
+  mem_.Put64(kThreads[0] + l.th_self, kSelf);
+  VmRoots roots{kVmPtr, 0};
+  roots.vm_ptr_from_code = true;
+  roots.vm_ptr_source = "the global f reads";
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, l, roots, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  EXPECT_EQ(s->threads.size(), 3u);
+
+  auto refused = [&](const std::string& why) {
+    Result<DumpSnapshot> r = ReadRubyThreads(mem_, l, roots, hooks_);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.error().code(), ErrorCode::kNoSymbols) << why;
+    EXPECT_NE(r.error().message().find("the global f reads"), std::string::npos) << r.error().message();
+  };
+  mem_.Put64(kSelf + l.typed_data, kThreads[1]);
+  refused("another thread's object");
+  mem_.Put64(kSelf + l.typed_data, kThreads[0]);
+  mem_.Put64(kThreads[0] + l.th_self, kMutex);
+  refused("a Mutex");
+  mem_.Put64(kThreads[0] + l.th_self, 0x08);
+  refused("nil");
+  mem_.Put64(kThreads[0] + l.th_self, kSelf);
+  mem_.Put(kThreadName, "VM/threadX", 10);
+  refused("a type of another name");
+  mem_.Put(kThreadName, "VM/thread\0", 10);
+  Link({});
+  refused("no thread");
+  roots.vm_ptr_from_code = false;  // an exported pointer: an empty list is read as such
+  EXPECT_TRUE(ReadRubyThreads(mem_, l, roots, hooks_).ok());
+}
+
 }  // namespace
 }  // namespace rvbpfd
