@@ -22,6 +22,12 @@ names itself and records CRuby's own frames (tests/golden's RvGolden.capture) on
   - `dump --core` of the kernel's core of a Ruby process that crashed (Process.kill(:SEGV, $$): CRuby's [BUG] report,
     then abort; RLIMIT_CORE unlimited, kernel.core_pattern pointed at the test's directory and restored after): the
     sleeping thread blocked in Kernel#sleep by name, the main thread's stack with Process.kill under <main>.
+  - in a container: the same workload under Debian trixie's own ruby3.3 (stripped libruby-3.3 that hides
+    ruby_current_vm_ptr) in a pid + mount namespace chrooted into tools/make-trixie-root.sh's root, with the root's
+    build of tests/golden: the same checks (frames, states, reasons, owners, one deadlock, the target keeps running,
+    the text), ns_tid being Thread#native_thread_id and native_tid the host's; the notes say the VM was found through
+    ruby_vm_at_exit's code. Skipped (SKIP line) when the root is not built. No core of it (its NT_FILE paths are the
+    container's).
 Needs root or ptrace access to a child (no BPF), and gcore (Debian's gdb) for the core part.
 """
 import json
@@ -79,23 +85,28 @@ def golden_frames(gout, name):
     raise rvlib.RunError(f"{name}.json has no thread named {name}")
 
 
-def check_json(d, gout, pid, ruby):
+def check_json(d, gout, pid, ruby, in_container=False):
+    """Problems of one settled `dump --json`. In a container the golden capture's tids (Thread#native_thread_id) are
+    the pid namespace's: they must equal the dump's ns_tid, and its native_tid must be another (the host's)."""
     p = []
+    tid_key = "ns_tid" if in_container else "native_tid"
     if d.get("pid") != pid or d.get("ruby_version") != ruby.version:
         p.append(f"pid/ruby_version {d.get('pid')}/{d.get('ruby_version')}, expected {pid}/{ruby.version}")
     by_name = {t.get("name"): t for t in d["threads"]}
     if sorted(n for n in by_name if n) != sorted(EXPECTED):
         p.append(f"thread names {sorted(str(n) for n in by_name)}, expected {sorted(EXPECTED)}")
         return p
-    tids = {}
+    tids = {}  # host tids
     for name, (leaf, state, reason, kind) in EXPECTED.items():
         t = by_name[name]
         want, tid = golden_frames(gout, name)
-        tids[name] = tid
+        tids[name] = t["native_tid"]
         got = t["frames"]
         where = f"thread {name}"
-        if t["native_tid"] != tid:
-            p.append(f"{where}: native_tid {t['native_tid']}, Thread#native_thread_id {tid}")
+        if t[tid_key] != tid:
+            p.append(f"{where}: {tid_key} {t[tid_key]}, Thread#native_thread_id {tid}")
+        if in_container and t["native_tid"] == t["ns_tid"]:
+            p.append(f"{where}: native_tid {t['native_tid']} equals its ns_tid: not translated to the host's")
         if name == "cpu":
             # Its leaf is its own method, captured at the loop's line (JIT code: 0, as rb_profile_frames says).
             leaf_ok = got and want and got[0]["path"] == want[0]["path"] and (
@@ -243,6 +254,47 @@ def check_crash_core(rvbpfd, ruby, outdir):
             os.unlink(c)
 
 
+def check_stuck(rvbpfd, ruby, pid, gout, in_container=False):
+    """Dumps the stuck workload (pid: its host pid) until it settles and checks the JSON, that the target keeps
+    running, and the text output. Returns (problems, the settled dump or None)."""
+    p = []
+    deadline = time.monotonic() + DUMP_SETTLE_S
+    d, attempts, rc, stderr = None, 0, 0, ""
+    while time.monotonic() < deadline:
+        attempts += 1
+        rc, stdout, stderr = run_dump(rvbpfd, pid)
+        if rc != 0:
+            break
+        d = json.loads(stdout)
+        if settled(d):
+            break
+        time.sleep(0.5)
+    if rc != 0:
+        return [f"rvbpfd dump --json exited {rc}: {stderr.strip()}"], None
+    print(f"  {ruby.name}: {attempts} dump(s) until settled; reading attempts {d.get('attempts')}, "
+          f"notes {d.get('notes')}")
+    p += check_json(d, gout, pid, ruby, in_container)
+    cpu_tid = next((t["native_tid"] for t in d["threads"] if t.get("name") == "cpu"), None)
+    if cpu_tid:
+        before = rvlib.thread_cpu_ticks(pid, cpu_tid)
+        rc2, text, stderr2 = run_dump(rvbpfd, pid, json_out=False)
+        time.sleep(1.0)
+        after = rvlib.thread_cpu_ticks(pid, cpu_tid)
+        if after <= before:
+            p.append(f"the cpu thread stopped counting: {before} -> {after} ticks across a dump")
+        if rvlib.process_state(pid) in ("T", "t"):
+            p.append("the target is stopped after the dump")
+        if rc2 != 0:
+            p.append(f"rvbpfd dump (text) exited {rc2}: {stderr2.strip()}")
+        dead = [l for l in text.splitlines() if l.startswith("  thread ")]
+        if "DEADLOCK among 2 threads:" not in text or not any('"lock_a"' in l for l in dead) or \
+                not any('"lock_b"' in l for l in dead):
+            p.append(f"the text output does not name the deadlock of lock_a and lock_b:\n{text[:3000]}")
+        if "Worker.crunch" not in text:
+            p.append(f"the text output does not name the cpu thread's method Worker.crunch:\n{text[:3000]}")
+    return p, d
+
+
 def check_ruby(rvbpfd, ruby, args, outdir):
     p = []
     gdir = rvlib.build_golden(args.build_dir, args.source_dir, ruby)
@@ -262,40 +314,10 @@ def check_ruby(rvbpfd, ruby, args, outdir):
             err.seek(0)
             return [f"the workload never printed 'ready': {err.read()[-2000:]!r}"]
         pid = target.pid
-        deadline = time.monotonic() + DUMP_SETTLE_S
-        d, attempts, rc, stderr = None, 0, 0, ""
-        while time.monotonic() < deadline:
-            attempts += 1
-            rc, stdout, stderr = run_dump(rvbpfd, pid)
-            if rc != 0:
-                break
-            d = json.loads(stdout)
-            if settled(d):
-                break
-            time.sleep(0.5)
-        if rc != 0:
-            return [f"rvbpfd dump --json exited {rc}: {stderr.strip()}"]
-        print(f"  {ruby.name}: {attempts} dump(s) until settled; reading attempts {d.get('attempts')}, "
-              f"notes {d.get('notes')}")
-        p += check_json(d, gout, pid, ruby)
-        cpu_tid = next((t["native_tid"] for t in d["threads"] if t.get("name") == "cpu"), None)
-        if cpu_tid:
-            before = rvlib.thread_cpu_ticks(pid, cpu_tid)
-            rc2, text, stderr2 = run_dump(rvbpfd, pid, json_out=False)
-            time.sleep(1.0)
-            after = rvlib.thread_cpu_ticks(pid, cpu_tid)
-            if after <= before:
-                p.append(f"the cpu thread stopped counting: {before} -> {after} ticks across a dump")
-            if rvlib.process_state(pid) in ("T", "t"):
-                p.append("the target is stopped after the dump")
-            if rc2 != 0:
-                p.append(f"rvbpfd dump (text) exited {rc2}: {stderr2.strip()}")
-            dead = [l for l in text.splitlines() if l.startswith("  thread ")]
-            if "DEADLOCK among 2 threads:" not in text or not any('"lock_a"' in l for l in dead) or \
-                    not any('"lock_b"' in l for l in dead):
-                p.append(f"the text output does not name the deadlock of lock_a and lock_b:\n{text[:3000]}")
-            if "Worker.crunch" not in text:
-                p.append(f"the text output does not name the cpu thread's method Worker.crunch:\n{text[:3000]}")
+        q, d = check_stuck(rvbpfd, ruby, pid, gout)
+        p += q
+        if d is None:
+            return p
         if target.poll() is not None:
             p.append(f"the target exited ({target.returncode}) during the test")
         elif shutil.which("gcore") is None:
@@ -307,6 +329,43 @@ def check_ruby(rvbpfd, ruby, args, outdir):
         target.wait()
         err.close()
     return p
+
+
+class DebianRuby:
+    """Debian trixie's own ruby3.3 (stripped libruby-3.3, no ruby_current_vm_ptr export) as its root sees it."""
+    name, version, bin, env, yjit, shared = "debian-ruby3.3", "3.3.8", "/usr/bin/ruby3.3", {}, False, True
+
+
+def check_container(rvbpfd, root, outdir):
+    """The stuck workload under Debian's ruby3.3 in its own pid + mount namespace chrooted into the trixie root (as
+    test_container.py runs it), with the root's own build of tests/golden (/opt/rvbpfd/rvgolden): the same checks
+    as on the test Rubies, the golden tids being the namespace's (the dump's ns_tid)."""
+    ruby = DebianRuby()
+    container = rvlib.Container(root)
+    gout = os.path.join(container.workdir, "golden")
+    os.makedirs(gout, mode=0o777, exist_ok=True)
+    env = container.environment()
+    env.update({"RVGOLDEN_DIR": "/opt/rvbpfd/rvgolden", "RVGOLDEN_OUT": container.inside(gout)})
+    err = open(os.path.join(outdir, f"{ruby.name}.stderr"), "w+b")
+    target = subprocess.Popen(container.wrap([ruby.bin, container.workload("dump_stuck")]),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env)
+    try:
+        out = rvlib.LineReader(target.stdout)
+        if out.wait_for(lambda l: l == "ready", 60.0) is None:
+            err.seek(0)
+            return [f"the workload never printed 'ready': {err.read()[-2000:]!r}"]
+        pid = container.host_pid(target)
+        if pid is None:
+            return [f"cannot find the host pid of the workload under unshare (pid {target.pid})"]
+        p, d = check_stuck(rvbpfd, ruby, pid, gout, in_container=True)
+        if d is not None and not any("ruby_vm_at_exit" in n for n in d.get("notes", [])):
+            p.append(f"the notes do not say the VM was found through ruby_vm_at_exit's code: {d.get('notes')}")
+        return p
+    finally:
+        target.kill()
+        target.wait()
+        err.close()
+        container.cleanup()
 
 
 def check_errors(rvbpfd):
@@ -353,6 +412,17 @@ def main():
         except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
             problems = [f"{type(e).__name__}: {e}"]
         res.check(f"dump --core {ruby.name}: the kernel's core of a crashed process", problems)
+    try:
+        root = rvlib.trixie_root(args.source_dir)
+    except rvlib.Fatal as e:
+        print(f"SKIP dump of Debian's ruby3.3 in a container: {e}")
+        root = None
+    if root is not None:
+        try:
+            problems = check_container(rvbpfd, root, outdir)
+        except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            problems = [f"{type(e).__name__}: {e}"]
+        res.check("dump debian-ruby3.3 (stripped, hidden VM pointer) in a container: stuck workload", problems)
     res.finish(outdir, args.keep)
 
 
