@@ -18,6 +18,7 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets) {
   l.ec_cfp = offsets.walk.ec_cfp;
   l.ec_thread_ptr = offsets.ec_thread_ptr;
   l.gvl = offsets.gvl;
+  if (offsets.walk.cfp_size != 0) l.cfp_size = offsets.walk.cfp_size;
   rv_offsets th{};
   uint32_t main_serial = 0;
   if (TableOffsets(major, minor, &th, &main_serial)) {
@@ -51,6 +52,13 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets) {
     l.typed_data = 32;
     l.waiting_next = 0;
     l.waiting_thread = 8;
+    l.cfp_self = 24;  // pc, sp, iseq, self
+    l.waiter_th = 8;  // self, th, fiber, node
+    l.waiter_node = 24;
+    l.queue_waitq = 0;
+    l.szqueue_pushq = 40;  // after the rb_queue (36 bytes) and num_waiting_push
+    l.condvar_waitq = 0;
+    l.monitor_mutex = 16;  // count, owner, mutex (ext/monitor/monitor.c; no DWARF of it in the VM binary)
   }
   return l;
 }
@@ -102,6 +110,7 @@ Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor,
       Apply(m("rb_execution_context_struct", {"cfp"}), &l.ec_cfp, "ec.cfp", &l);
       Apply(m("rb_execution_context_struct", {"fiber_ptr"}), &l.ec_fiber_ptr, "ec.fiber_ptr", &l);
       Apply(m("rb_execution_context_struct", {"thread_ptr"}), &l.ec_thread_ptr, "ec.thread_ptr", &l);
+      Apply(m("rb_control_frame_struct", {"self"}), &l.cfp_self, "cfp.self", &l);
     }
     if (thread != 0) {
       auto m = [&](const char* s, const char* f) { return dwarf->MemberOffset(thread, s, f); };
@@ -112,6 +121,11 @@ Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor,
       Apply(m("RTypedData", "data"), &l.typed_data, "RTypedData.data", &l);
       Apply(m("rb_waiting_list", "next"), &l.waiting_next, "waiting_list.next", &l);
       Apply(m("rb_waiting_list", "thread"), &l.waiting_thread, "waiting_list.thread", &l);
+      Apply(m("sync_waiter", "th"), &l.waiter_th, "sync_waiter.th", &l);
+      Apply(m("sync_waiter", "node"), &l.waiter_node, "sync_waiter.node", &l);
+      Apply(m("rb_queue", "waitq"), &l.queue_waitq, "queue.waitq", &l);
+      Apply(m("rb_szqueue", "pushq"), &l.szqueue_pushq, "szqueue.pushq", &l);
+      Apply(m("rb_condvar", "waitq"), &l.condvar_waitq, "condvar.waitq", &l);
     }
   }
   if (l.ractor_threads_set == DumpLayout::kNoField || l.th_lt_node == DumpLayout::kNoField ||

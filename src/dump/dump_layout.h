@@ -57,6 +57,17 @@ struct DumpLayout {
   // struct rb_waiting_list (next, thread, fiber)
   uint32_t waiting_next = kNoField;
   uint32_t waiting_thread = kNoField;
+  // rb_control_frame_t: the frame's receiver (the Queue in Queue#pop, the ConditionVariable in #wait...)
+  uint32_t cfp_self = kNoField;
+  uint32_t cfp_size = kNoField;  // bytes from one control frame to its caller's
+  // thread_sync.c's waiter (struct sync_waiter, on the waiting thread's C stack) and what links it
+  uint32_t waiter_th = kNoField;      // rb_thread_t *
+  uint32_t waiter_node = kNoField;    // its ccan_list_node in the waitq it waits in
+  uint32_t queue_waitq = kNoField;    // struct rb_queue.waitq: the threads waiting to pop
+  uint32_t szqueue_pushq = kNoField;  // struct rb_szqueue.pushq: the threads waiting to push
+  uint32_t condvar_waitq = kNoField;  // struct rb_condvar.waitq
+  // ext/monitor's struct rb_monitor (count, owner, mutex): the Mutex a Monitor locks (its owner is the Monitor's)
+  uint32_t monitor_mutex = kNoField;
   // The GVL (holder and queue), as the sampler reads it.
   rv_gvl_offsets gvl{};
 

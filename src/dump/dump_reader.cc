@@ -28,6 +28,39 @@ std::string HexValue(uint64_t v) {
 // A VALUE that can be a heap object: aligned and above the special constants.
 bool HeapObject(uint64_t v) { return v >= kLowestObject && (v & 7) == 0; }
 
+// The header of a typed-data object: the address of its type's name and its data pointer (the address of its data
+// inside the object, for an embedded one). nullopt when `obj` is not a heap T_DATA object of the typed kind.
+struct TypedHeader {
+  uint64_t name_ptr = 0;
+  uint64_t data = 0;
+};
+std::optional<TypedHeader> ReadTypedHeader(MemoryReader& mem, const DumpLayout& l, uint64_t obj) {
+  if (!HeapObject(obj) || !Known(l.typed_type) || !Known(l.typed_data)) return std::nullopt;
+  uint64_t flags = 0, type_ptr = 0, tflag = 0;
+  if (!mem.ReadValue(obj, &flags) || (flags & kRubyTMask) != kRubyTData) return std::nullopt;
+  if (!mem.ReadValue(obj + l.typed_type, &type_ptr)) return std::nullopt;
+  // 3.3/3.4 keep "typed, embedded" in typed_flag (1, | 2); later versions in the low bits of the type pointer.
+  if (Known(l.typed_flag)) {
+    if (!mem.ReadValue(obj + l.typed_flag, &tflag)) return std::nullopt;
+  } else {
+    tflag = type_ptr & 3;
+  }
+  if ((tflag & 1) == 0 || tflag > 3) return std::nullopt;
+  TypedHeader h;
+  // rb_data_type_t starts with wrap_struct_name.
+  if (!mem.ReadValue(type_ptr & ~uint64_t{3}, &h.name_ptr)) return std::nullopt;
+  h.data = obj + l.typed_data;
+  if ((tflag & 2) == 0 && (!mem.ReadValue(obj + l.typed_data, &h.data) || h.data == 0)) return std::nullopt;
+  return h;
+}
+
+// Whether the C string at name_ptr is `type` (compared with its NUL).
+bool TypeNameIs(MemoryReader& mem, uint64_t name_ptr, std::string_view type) {
+  char name[32] = {};
+  if (type.size() >= sizeof(name) || !mem.Read(name_ptr, name, type.size() + 1)) return false;
+  return name[type.size()] == '\0' && std::string_view(name, type.size()) == type;
+}
+
 struct ListedThread {
   uint64_t ractor = 0;
   uint64_t th = 0;
@@ -143,6 +176,72 @@ std::vector<uint64_t> ReadJoiners(MemoryReader& mem, const DumpLayout& l, uint64
   return out;
 }
 
+// The typed-data types a thread can wait on that the dump lists with their waiters.
+constexpr std::string_view kWaitTypes[] = {"queue", "sized_queue", "condvar", "monitor"};
+// Top frames searched for one (the leaf is the blocking method, or Mutex#sleep under ConditionVariable#wait, itself
+// under Monitor#wait_for_cond).
+constexpr size_t kWaitFrames = 4;
+
+// The first of the thread's top control frames (at most `frames` of them) whose receiver is of a kWaitTypes type.
+void FindWaitObject(MemoryReader& mem, const DumpLayout& l, uint64_t ec, size_t frames, DumpedThread* t) {
+  if (!Known(l.cfp_self) || !Known(l.cfp_size) || !Known(l.ec_cfp) || ec == 0) return;
+  uint64_t cfp = 0;
+  if (!mem.ReadValue(ec + l.ec_cfp, &cfp) || cfp == 0) return;
+  for (size_t i = 0; i < std::min(frames, kWaitFrames); i++, cfp += l.cfp_size) {
+    uint64_t self = 0;
+    if (!mem.ReadValue(cfp + l.cfp_self, &self)) return;
+    std::optional<TypedHeader> h = ReadTypedHeader(mem, l, self);
+    if (!h) continue;
+    for (std::string_view type : kWaitTypes) {
+      if (!TypeNameIs(mem, h->name_ptr, type)) continue;
+      t->wait_object = self;
+      t->wait_type = std::string(type);
+      t->wait_data = h->data;
+      return;
+    }
+  }
+}
+
+// The threads (rb_thread_t *) of the sync_waiter list at `head`, in list order; false when it could not be read
+// whole (a waiter's thread that cannot be read is skipped, not an error).
+bool ReadWaiters(MemoryReader& mem, const DumpLayout& l, uint64_t head, std::vector<uint64_t>* out) {
+  std::vector<uint64_t> nodes;
+  if (!ListNodes(mem, head, kMaxDumpThreads, &nodes)) return false;
+  for (uint64_t n : nodes) {
+    uint64_t th = 0;
+    if (mem.ReadValue(n - l.waiter_node + l.waiter_th, &th) && th != 0) out->push_back(th);
+  }
+  return true;
+}
+
+// Each distinct object the threads wait on, with its wait lists (queues, condvars) or its Mutex's owner (monitors).
+void ReadWaitObjects(MemoryReader& mem, const DumpLayout& l, DumpSnapshot* snap) {
+  const bool lists = Known(l.waiter_th) && Known(l.waiter_node);
+  for (const DumpedThread& t : snap->threads) {
+    if (t.wait_object == 0) continue;
+    auto& objs = snap->wait_objects;
+    if (std::any_of(objs.begin(), objs.end(), [&](const WaitObject& o) { return o.object == t.wait_object; })) {
+      continue;
+    }
+    WaitObject o{.object = t.wait_object, .type = t.wait_type};
+    if (t.wait_type == "monitor") {
+      if (Known(l.monitor_mutex) && mem.ReadValue(t.wait_data + l.monitor_mutex, &o.monitor_mutex)) {
+        o.owner_fiber = ReadMutexOwnerFiber(mem, l, o.monitor_mutex).value_or(0);
+      }
+    } else if (!lists) {
+      o.lists_complete = false;
+    } else {
+      const uint32_t waitq = t.wait_type == "condvar" ? l.condvar_waitq : l.queue_waitq;
+      if (!Known(waitq) || !ReadWaiters(mem, l, t.wait_data + waitq, &o.waiters)) o.lists_complete = false;
+      if (t.wait_type == "sized_queue" &&
+          (!Known(l.szqueue_pushq) || !ReadWaiters(mem, l, t.wait_data + l.szqueue_pushq, &o.push_waiters))) {
+        o.lists_complete = false;
+      }
+    }
+    objs.push_back(std::move(o));
+  }
+}
+
 // One thread's own part of the reading; its stack is taken again while it moves (kMaxThreadRereads).
 DumpedThread ReadThread(MemoryReader& mem, const DumpLayout& l, uint64_t th, const DumpReadHooks& hooks) {
   DumpedThread t;
@@ -186,6 +285,9 @@ DumpedThread ReadThread(MemoryReader& mem, const DumpLayout& l, uint64_t th, con
     }
   }
   t.joined_by = ReadJoiners(mem, l, th);
+  if (!t.status || t.status == RubyThreadStatus::kStopped || t.status == RubyThreadStatus::kStoppedForever) {
+    FindWaitObject(mem, l, ec, t.frames.size(), &t);
+  }
   return t;
 }
 
@@ -227,28 +329,11 @@ void ReadGvl(MemoryReader& mem, const DumpLayout& l, uint64_t vm_ptr_addr, const
 
 }  // namespace
 
+
 std::optional<uint64_t> TypedDataOf(MemoryReader& mem, const DumpLayout& l, uint64_t obj, std::string_view type) {
-  if (!HeapObject(obj) || !Known(l.typed_type) || !Known(l.typed_data)) return std::nullopt;
-  uint64_t flags = 0, type_ptr = 0, tflag = 0;
-  if (!mem.ReadValue(obj, &flags) || (flags & kRubyTMask) != kRubyTData) return std::nullopt;
-  if (!mem.ReadValue(obj + l.typed_type, &type_ptr)) return std::nullopt;
-  // 3.3/3.4 keep "typed, embedded" in typed_flag (1, | 2); later versions in the low bits of the type pointer.
-  if (Known(l.typed_flag)) {
-    if (!mem.ReadValue(obj + l.typed_flag, &tflag)) return std::nullopt;
-  } else {
-    tflag = type_ptr & 3;
-  }
-  if ((tflag & 1) == 0 || tflag > 3) return std::nullopt;
-  // rb_data_type_t starts with wrap_struct_name: compared with its NUL.
-  uint64_t name_ptr = 0;
-  char name[32] = {};
-  if (type.size() >= sizeof(name) || !mem.ReadValue(type_ptr & ~uint64_t{3}, &name_ptr) ||
-      !mem.Read(name_ptr, name, type.size() + 1) || std::string_view(name, type.size() + 1) != std::string(type) + '\0') {
-    return std::nullopt;
-  }
-  uint64_t data = obj + l.typed_data;
-  if ((tflag & 2) == 0 && (!mem.ReadValue(obj + l.typed_data, &data) || data == 0)) return std::nullopt;
-  return data;
+  std::optional<TypedHeader> h = ReadTypedHeader(mem, l, obj);
+  if (!h || !TypeNameIs(mem, h->name_ptr, type)) return std::nullopt;
+  return h->data;
 }
 
 std::optional<uint64_t> ReadMutexOwnerFiber(MemoryReader& mem, const DumpLayout& l, uint64_t obj) {
@@ -309,6 +394,7 @@ Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, con
       snap.threads.push_back(std::move(t));
     }
     ReadGvl(mem, l, roots.vm_ptr_addr, *before, &snap);
+    ReadWaitObjects(mem, l, &snap);
     Result<std::vector<ListedThread>> after = ReadThreadList(mem, l, roots);
     snap.torn = !after || *after != *before;
     if (!snap.torn) break;

@@ -25,9 +25,12 @@ namespace rvbpfd {
 
 // What a thread waits for, as a dump reports it (docs/dump.md, "waiting_for").
 struct WaitingFor {
-  std::string kind;                      // "mutex", "queue", "condvar", "join", "io", "sleep", "process_wait"
+  std::string kind;  // "mutex", "monitor", "queue", "condvar", "join", "io", "sleep", "process_wait"
   std::optional<size_t> owner;           // index (DumpSnapshot::threads) of the thread it waits for
-  uint64_t object = 0;                   // the Mutex object (VALUE) for "mutex"; 0 otherwise
+  uint64_t object = 0;                   // what it waits on (VALUE): the Mutex, Queue, SizedQueue, ConditionVariable
+                                         // or Monitor; 0 unknown or none
+  std::string object_type;               // "Thread::Mutex", "Thread::Queue", ... (its CRuby type; "" with no object)
+  std::optional<std::string> operation;  // "queue": "pop" or "push" (the wait list it is in)
   std::optional<int> fd;                 // "io": the descriptor its system call waits on
   std::optional<std::string> fd_target;  // "io": what /proc/PID/fd/N names ("pipe:[123]", a path, "socket:[..]")
 };
@@ -49,11 +52,27 @@ struct DumpedThread {
   uint64_t locking_mutex = 0;     // the Thread::Mutex (VALUE) it sleeps to lock; 0 none
   uint64_t mutex_owner_fiber = 0; // that Mutex's owning fiber (0: unlocked or unreadable)
   std::vector<uint64_t> joined_by;  // rb_thread_t * of the threads in Thread#join / #value on this one
+  // The Queue, SizedQueue, ConditionVariable or Monitor (VALUE) that is the receiver of one of its top frames (0:
+  // none), its typed-data type name ("queue", "sized_queue", "condvar", "monitor") and data pointer.
+  uint64_t wait_object = 0;
+  std::string wait_type;
+  uint64_t wait_data = 0;
 
   // Derived (DeriveStates, dump/dump_analysis.h).
   std::string state;                    // "running", "holding_gvl", "waiting_gvl", "blocked", "runnable", "exited"
   std::optional<std::string> reason;    // the release-reason trace name ("sleep", "mutex", "io", ...)
   std::optional<WaitingFor> waiting_for;
+};
+
+// A Queue, SizedQueue, ConditionVariable or Monitor some thread waits on, with its wait lists as the VM keeps them.
+struct WaitObject {
+  uint64_t object = 0;  // VALUE
+  std::string type;     // typed-data type name: "queue", "sized_queue", "condvar", "monitor"
+  std::vector<uint64_t> waiters;       // rb_thread_t *, list order: waiting to pop (queues), to be signalled (condvar)
+  std::vector<uint64_t> push_waiters;  // sized_queue: waiting to push
+  bool lists_complete = true;          // false: a list was unreadable or longer than kMaxDumpThreads
+  uint64_t monitor_mutex = 0;          // monitor: the Mutex it locks (VALUE; 0 unreadable)
+  uint64_t owner_fiber = 0;            // monitor: that Mutex's owning fiber (0: not owned or unreadable)
 };
 
 struct DumpSnapshot {
@@ -66,6 +85,7 @@ struct DumpSnapshot {
   // Cycles of threads each waiting for the next (a Mutex it owns, a thread it joins): indexes, each cycle starting at
   // its lowest native tid.
   std::vector<std::vector<size_t>> deadlocks;
+  std::vector<WaitObject> wait_objects;  // each one once, in the order of their first waiting thread
   int attempts = 0;     // whole readings taken (more than one: the thread list changed under the first)
   bool torn = false;    // the thread list still changed during the last attempt
   std::vector<std::string> notes;  // what could not be read, one line each

@@ -51,6 +51,9 @@ TEST_P(DumpLayoutTableTest, TableEqualsDwarfAndDwarfGivesEveryField) {
       {"mutex_fiber", &DumpLayout::mutex_fiber},           {"typed_type", &DumpLayout::typed_type},
       {"typed_flag", &DumpLayout::typed_flag},             {"typed_data", &DumpLayout::typed_data},
       {"waiting_next", &DumpLayout::waiting_next},         {"waiting_thread", &DumpLayout::waiting_thread},
+      {"cfp_self", &DumpLayout::cfp_self},                 {"waiter_th", &DumpLayout::waiter_th},
+      {"waiter_node", &DumpLayout::waiter_node},           {"queue_waitq", &DumpLayout::queue_waitq},
+      {"szqueue_pushq", &DumpLayout::szqueue_pushq},       {"condvar_waitq", &DumpLayout::condvar_waitq},
   };
   for (const auto& [name, field] : fields) {
     EXPECT_NE((*l).*field, DumpLayout::kNoField) << c.ruby << ": DWARF gives no " << name;

@@ -270,5 +270,70 @@ TEST_F(DumpReaderTest, TheMainThreadMustBeARubyThreadObject) {
   EXPECT_TRUE(ReadRubyThreads(mem_, l, roots, hooks_).ok());
 }
 
+// A blocked thread whose second frame's receiver is a SizedQueue: the queue is found through its control frames
+// and read with its two wait lists (sync_waiter nodes naming threads). A type of another name, or a list that breaks,
+// is not taken for one / is marked incomplete.
+TEST_F(DumpReaderTest, AQueueAThreadWaitsOnIsReadWithItsWaitLists) {
+  DumpLayout l = Layout();
+  l.cfp_self = 24;
+  l.cfp_size = 56;
+  l.waiter_th = 8;
+  l.waiter_node = 24;
+  l.queue_waitq = 0;
+  l.szqueue_pushq = 40;
+  constexpr uint64_t kCfp = 0x70000, kQueue = 0x71000, kType = 0x72000, kName = 0x72100, kWaiters = 0x73000;
+  mem_.Put64(Ec(1) + l.ec_cfp, kCfp);
+  mem_.Map(kCfp, 2 * 56);
+  mem_.Put64(kCfp + l.cfp_self, 0x08);             // the leaf's receiver: nil
+  mem_.Put64(kCfp + 56 + l.cfp_self, kQueue);      // its caller's: the queue
+  mem_.Map(kQueue, 32 + 64);
+  mem_.Put64(kQueue, 0x0c);  // T_DATA
+  mem_.Put64(kQueue + l.typed_type, kType);
+  mem_.Put64(kQueue + l.typed_flag, 3);            // typed, embedded: the rb_szqueue at +32
+  mem_.Map(kType, 8);
+  mem_.Put64(kType, kName);
+  mem_.Map(kName, 16);
+  mem_.Put(kName, "sized_queue\0", 12);
+  const uint64_t data = kQueue + l.typed_data;
+  // waitq: thread 3's waiter; pushq: thread 2's.
+  mem_.Map(kWaiters, 0x200);
+  auto link = [&](uint64_t head, uint64_t waiter, uint64_t th) {
+    mem_.Put64(waiter + l.waiter_th, th);
+    mem_.Put64(head, waiter + l.waiter_node);
+    mem_.Put64(waiter + l.waiter_node, head);
+  };
+  link(data + l.queue_waitq, kWaiters, kThreads[2]);
+  link(data + l.szqueue_pushq, kWaiters + 0x100, kThreads[1]);
+  hooks_.stack = [](uint64_t) {
+    StackReading r;
+    r.frames = {FrameInfo{"Thread::SizedQueue#push", "<internal:thread_sync>", 63, FrameKind::kRuby},
+                FrameInfo{"x", "/x.rb", 1, FrameKind::kRuby}};
+    return r;
+  };
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  EXPECT_EQ(s->threads[1].wait_object, kQueue);
+  EXPECT_EQ(s->threads[1].wait_type, "sized_queue");
+  EXPECT_EQ(s->threads[2].wait_object, 0u) << "a runnable thread is not searched";
+  ASSERT_EQ(s->wait_objects.size(), 1u);
+  const WaitObject& q = s->wait_objects[0];
+  EXPECT_EQ(q.object, kQueue);
+  EXPECT_EQ(q.waiters, (std::vector<uint64_t>{kThreads[2]}));
+  EXPECT_EQ(q.push_waiters, (std::vector<uint64_t>{kThreads[1]}));
+  EXPECT_TRUE(q.lists_complete);
+
+  mem_.Put64(kWaiters + 0x100 + l.waiter_node, 0x123000);  // the push list runs into unmapped memory
+  s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  ASSERT_EQ(s->wait_objects.size(), 1u);
+  EXPECT_FALSE(s->wait_objects[0].lists_complete);
+
+  mem_.Put(kName, "sized_queuX\0", 12);
+  s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  EXPECT_EQ(s->threads[1].wait_object, 0u);
+  EXPECT_TRUE(s->wait_objects.empty());
+}
+
 }  // namespace
 }  // namespace rvbpfd

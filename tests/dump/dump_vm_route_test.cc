@@ -21,7 +21,8 @@ Disassembler MakeDisassembler() {
 
 TEST(FindVmPointerInCodeTest, TheTestRubiesGiveTheExportedSymbol) {
   int checked = 0;
-  for (const char* ruby : {"3.3.8-shared/lib/libruby.so.3.3", "3.4.5-static/bin/ruby", "3.4.5-shared-yjit/lib/libruby.so.3.4"}) {
+  for (const char* ruby :
+       {"3.3.8-shared/lib/libruby.so.3.3", "3.4.5-static/bin/ruby", "3.4.5-shared-yjit/lib/libruby.so.3.4"}) {
     const std::string name(ruby);
     const std::string dir = testing::TestRuby(name.substr(0, name.find('/')));
     if (dir.empty()) continue;

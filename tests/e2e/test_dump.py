@@ -2,17 +2,22 @@
 """`rvbpfd dump --pid PID [--json]` (docs/dump.md) on a stuck process, per test Ruby.
 
 workloads/dump_stuck.rb: two threads (lock_a, lock_b) lock two Mutexes in opposite order, "cpu" counts in
-Worker.crunch forever, "pipe" reads a pipe nobody writes, "queue" pops an empty Queue, the main thread sleeps. Each
-names itself and records CRuby's own frames (tests/golden's RvGolden.capture) on the line where it blocks. Then:
+Worker.crunch forever, "pipe" reads a pipe nobody writes, "queue" pops an empty Queue, "szq" pushes to a full
+SizedQueue, "cv" waits on a ConditionVariable, "mon" waits to enter a Monitor the main thread holds, the main thread
+sleeps. Each names itself and records CRuby's own frames (tests/golden's RvGolden.capture) on the line where it
+blocks. Then:
   - `dump --json` (taken again, up to DUMP_SETTLE_S, until every thread shows the state it is stuck in) lists the six
     threads by name, each with its frames equal to the golden ones below the leaf (label, path, line: the golden
     capture's leaf is RvGolden.capture, the dump's the blocking call; the cpu thread's leaf is Worker.crunch in both,
     at the loop's line, 0 under YJIT) and the expected leaf,
     state, reason and waiting_for kind; each lock thread waits for a Mutex owned by the other (owner_native_tid);
     `deadlocks` is exactly one cycle, the two lock threads; the cpu thread holds the GVL; native tids are the
-    threads' (Thread#native_thread_id, from the golden capture); the pipe thread's io names a pipe;
+    threads' (Thread#native_thread_id, from the golden capture); the pipe thread's io names a pipe; the queue, szq,
+    cv and mon threads' waiting_for names the object Ruby's inspect names (type; pop / push), the Monitor's owner is
+    the main thread, and `waited_on` lists each of the four with its waiter (the SizedQueue's as a push waiter);
   - the target keeps running: the cpu thread's CPU time grows after the dump and the process is not stopped;
-  - the text output names the deadlock (both lock threads on DEADLOCK lines) and Worker.crunch;
+  - the text output names the deadlock (both lock threads on DEADLOCK lines), the SizedQueue's push waiter and
+    Worker.crunch;
   - exit statuses: 3 for a pid that does not exist, 4 for a process that is not Ruby;
   - `dump --core` of a `gcore` core of the same process (gdb's gcore) gives what the live dump gave: the same
     threads (names, native tids), frames (the cpu thread's leaf may stand on another line), states, reasons,
@@ -51,7 +56,15 @@ EXPECTED = {
     "cpu": ("Worker.crunch", "running", None, None),
     "pipe": ("IO#read", "blocked", "io", "io"),
     "queue": ("Thread::Queue#pop", "blocked", "queue", "queue"),
+    "szq": ("Thread::SizedQueue#push", "blocked", "queue", "queue"),
+    "cv": ("Thread::Mutex#sleep", "blocked", "condition_variable", "condvar"),
+    "mon": ("Monitor#synchronize", "blocked", "mutex", "monitor"),
 }
+# Frames the dump has above the golden capture's beyond the leaf (ConditionVariable#wait calls Mutex#sleep).
+EXTRA_TOP = {"cv": ["Thread::ConditionVariable#wait"]}
+# name -> (waiting_for's object_type, operation) of the threads waiting on a queue, condvar or monitor.
+WAITED = {"queue": ("Thread::Queue", "pop"), "szq": ("Thread::SizedQueue", "push"),
+          "cv": ("Thread::ConditionVariable", None), "mon": ("Monitor", None)}
 
 
 def run_dump(rvbpfd, pid, json_out=True):
@@ -113,8 +126,11 @@ def check_json(d, gout, pid, ruby, in_container=False):
                 got[0]["line"] == want[0]["line"] or (ruby.yjit and got[0]["line"] == 0))
             if not leaf_ok or got[1:] != want[1:]:
                 p.append(f"{where}: frames differ from rb_profile_frames:\n  dump   {got}\n  golden {want}")
-        elif got[1:] != want:
-            p.append(f"{where}: frames below the leaf differ from rb_profile_frames:\n  dump   {got}\n  golden {want}")
+        else:
+            extra = EXTRA_TOP.get(name, [])
+            if [f["label"] for f in got[1:1 + len(extra)]] != extra or got[1 + len(extra):] != want:
+                p.append(f"{where}: frames below the leaf{' and ' + str(extra) if extra else ''} differ from "
+                         f"rb_profile_frames:\n  dump   {got}\n  golden {want}")
         if not got or got[0]["label"] != leaf:
             p.append(f"{where}: leaf {got[:1]}, expected {leaf}")
         if (t["state"], t["reason"]) != (state, reason):
@@ -131,11 +147,42 @@ def check_json(d, gout, pid, ruby, in_container=False):
     want_cycle = sorted([tids["lock_a"], tids["lock_b"]])
     if [sorted(c) for c in d["deadlocks"]] != [want_cycle]:
         p.append(f"deadlocks {d['deadlocks']}, expected exactly one: {want_cycle}")
+    p += check_waited_on(d, gout, by_name, tids)
     pipe = by_name["pipe"]["waiting_for"] or {}
     if not str(pipe.get("fd_target", "")).startswith("pipe:"):
         p.append(f"the pipe thread's io names no pipe: {pipe}")
     if d["gvl"]["holder_native_tid"] != tids["cpu"]:
         p.append(f"GVL holder {d['gvl']['holder_native_tid']}, expected the cpu thread {tids['cpu']}")
+    return p
+
+
+def check_waited_on(d, gout, by_name, tids):
+    """The Queue, SizedQueue, ConditionVariable and Monitor waiters: each thread's waiting_for names the object Ruby
+    names (its inspect address), with its type and operation; the Monitor's owner is the main thread; "waited_on"
+    lists each object once with its waiters."""
+    p = []
+    with open(os.path.join(gout, "objects.json")) as f:
+        objects = {k: int(v, 16) for k, v in json.load(f).items()}
+    for name, (otype, op) in WAITED.items():
+        w = by_name[name]["waiting_for"] or {}
+        if int(w.get("object", "0"), 16) != objects[name] or w.get("object_type") != otype or \
+                w.get("operation") != op:
+            p.append(f"thread {name}: waiting_for {w}, expected {otype} 0x{objects[name]:x}, operation {op}")
+    mon = by_name["mon"]["waiting_for"] or {}
+    if mon.get("owner_native_tid") != tids["main"]:
+        p.append(f"the mon thread waits for a Monitor owned by {mon.get('owner_native_tid')}, expected main's "
+                 f"{tids['main']}")
+    listed = {int(o["object"], 16): o for o in d.get("waited_on", [])}
+    want = {objects["queue"]: ("Thread::Queue", "waiters_native_tids", "queue"),
+            objects["szq"]: ("Thread::SizedQueue", "push_waiters_native_tids", "szq"),
+            objects["cv"]: ("Thread::ConditionVariable", "waiters_native_tids", "cv"),
+            objects["mon"]: ("Monitor", "waiters_native_tids", "mon")}
+    for addr, (otype, key, name) in want.items():
+        o = listed.get(addr)
+        if o is None or o["type"] != otype or o.get(key) != [tids[name]]:
+            p.append(f"waited_on: {otype} 0x{addr:x} is {o}, expected {key} [{tids[name]}] ({name})")
+    if listed.get(objects["mon"], {}).get("owner_native_tid") != tids["main"]:
+        p.append(f"waited_on: the Monitor's owner is not the main thread: {listed.get(objects['mon'])}")
     return p
 
 
@@ -161,7 +208,7 @@ def compare_core(live, core, pid):
         if fa[1:] != fb[1:] or leaf_a != leaf_b or (name != "cpu" and fa[:1] != fb[:1]):
             p.append(f"{where}: frames differ from the live dump's:\n  core {fb}\n  live {fa}")
         wa, wb = a["waiting_for"] or {}, b["waiting_for"] or {}
-        for k in ("kind", "owner_native_tid", "mutex", "fd"):
+        for k in ("kind", "owner_native_tid", "mutex", "fd", "object", "object_type", "operation"):
             if wa.get(k) != wb.get(k):
                 p.append(f"{where}: waiting_for.{k} {wb.get(k)}, live {wa.get(k)}")
     if sorted(sorted(c) for c in core["deadlocks"]) != sorted(sorted(c) for c in live["deadlocks"]) or \
@@ -290,6 +337,9 @@ def check_stuck(rvbpfd, ruby, pid, gout, in_container=False):
         if "DEADLOCK among 2 threads:" not in text or not any('"lock_a"' in l for l in dead) or \
                 not any('"lock_b"' in l for l in dead):
             p.append(f"the text output does not name the deadlock of lock_a and lock_b:\n{text[:3000]}")
+        if not any(l.startswith("  Thread::SizedQueue ") and 'waiting to push: thread' in l and '"szq"' in l
+                   for l in text.splitlines()):
+            p.append(f"the text output does not list the SizedQueue's push waiter szq:\n{text[:3000]}")
         if "Worker.crunch" not in text:
             p.append(f"the text output does not name the cpu thread's method Worker.crunch:\n{text[:3000]}")
     return p, d
@@ -406,7 +456,7 @@ def main():
             problems = check_ruby(rvbpfd, ruby, args, outdir)
         except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
             problems = [f"{type(e).__name__}: {e}"]
-        res.check(f"dump {ruby.name}: stuck workload (deadlock, cpu, pipe, queue, sleep)", problems)
+        res.check(f"dump {ruby.name}: stuck workload (deadlock, cpu, pipe, queues, condvar, monitor, sleep)", problems)
         try:
             problems = check_crash_core(rvbpfd, ruby, outdir)
         except (rvlib.RunError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
