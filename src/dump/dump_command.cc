@@ -16,6 +16,7 @@
 #include "dump/dump_core.h"
 #include "dump/dump_layout.h"
 #include "dump/dump_output.h"
+#include "dump/dump_page_cache.h"
 #include "dump/dump_vm_route.h"
 #include "ops/file_read.h"
 #include "session/stack_resolver.h"
@@ -169,13 +170,16 @@ Result<DumpVm> PrepareDumpVm(ElfFile& vm, const DumpVmIdentity& id, const std::s
 }
 
 Result<DumpSnapshot> ReadDumpThreads(const DumpVm& vm, MemoryReader& mem) {
-  StackResolver resolver(std::make_unique<BorrowedMemoryReader>(mem), vm.setup.offsets, vm.global_symbols,
+  // Stacks are walked and named through a page cache emptied before each one (dump/dump_page_cache.h).
+  PageCachedReader pages(mem);
+  StackResolver resolver(std::make_unique<BorrowedMemoryReader>(pages), vm.setup.offsets, vm.global_symbols,
                          vm.roots.vm_ptr_addr);
   Symbolizer strings(&mem, vm.setup.offsets, vm.global_symbols);
   const rv_ruby_walk_offsets walk = vm.setup.offsets.walk;
   DumpReadHooks hooks;
   hooks.stack = [&](uint64_t ec) {
-    WalkResult w = WalkRubyStack(mem, walk, ec, WalkLimits{kMaxDumpFrames, 1 << 20});
+    pages.Clear();
+    WalkResult w = WalkRubyStack(pages, walk, ec, WalkLimits{kMaxDumpFrames, 1 << 20});
     StackReading s;
     resolver.Resolve(w.frames, &s.frames);
     s.complete = w.complete;
