@@ -6,9 +6,9 @@ Target (issue 48): under 1 s for 100 threads of 100 frames, no measurable slowdo
 
 The target: THREADS threads (default 100), each DEPTH frames deep (default 100: Queue#pop, DEPTH - 2 frames of a
 recursive Ruby method, its block) blocked in Queue#pop on one empty Queue, and one thread counting in a Ruby loop.
-  dump    RUNS dumps (default 9) of `rvbpfd dump --pid P --json`, one after the other; reports the first (a cold
-          start: the VM binary's stack layout computed, no --cache-dir) and the median and range of the others (wall
-          time, fork to reap). Each dump's JSON is checked: THREADS + 2 threads, every worker DEPTH frames deep, the
+  dump    RUNS dumps (default 9) of `rvbpfd dump --pid P --json` with a --cache-dir of its own, one after the
+          other; reports the first (cold: the VM binary's stack and dump layouts computed, from DWARF when it has
+          some) and the median and range of the others (warm: both from the cache) (wall time, fork to reap). Each dump's JSON is checked: THREADS + 2 threads, every worker DEPTH frames deep, the
           Queue listing THREADS waiters.
   target  the counting thread's rate (iterations/s, read from the target over a pipe) in WINDOW-second windows,
           ROUNDS of each kind, interleaved: idle; with dumps of the target back to back; and with dumps of a twin
@@ -22,9 +22,11 @@ Usage: sudo benchmarks/dump_cost.py --rvbpfd build/rvbpfd --ruby /var/cache/rvbp
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 TARGET_S = 1.0
@@ -47,9 +49,13 @@ end
 """
 
 
+CACHE_DIR = tempfile.mkdtemp(prefix="rvbpfd-dump-cost-")
+
+
 def dump_once(rvbpfd, pid):
     start = time.monotonic()
-    p = subprocess.run([rvbpfd, "dump", "--pid", str(pid), "--json"], capture_output=True, text=True)
+    p = subprocess.run([rvbpfd, "dump", "--cache-dir", CACHE_DIR, "--pid", str(pid), "--json"], capture_output=True,
+                       text=True)
     elapsed = time.monotonic() - start
     if p.returncode != 0:
         sys.exit(f"rvbpfd dump exited {p.returncode}: {p.stderr.strip()}")
@@ -112,8 +118,8 @@ def main():
             check(d, a.threads, a.depth)
             times.append(elapsed)
         warm = times[1:] or times
-        print(f"dump of {a.threads} threads x {a.depth} frames ({d['ruby_version']}): first {times[0] * 1000:.0f} ms, "
-              f"then median {statistics.median(warm) * 1000:.0f} ms ({min(warm) * 1000:.0f}-{max(warm) * 1000:.0f}), "
+        print(f"dump of {a.threads} threads x {a.depth} frames ({d['ruby_version']}): first (cold) "
+              f"{times[0] * 1000:.0f} ms, then (warm) median {statistics.median(warm) * 1000:.0f} ms ({min(warm) * 1000:.0f}-{max(warm) * 1000:.0f}), "
               f"target {TARGET_S * 1000:.0f} ms")
         idle, busy, control = [], [], []
         for _ in range(a.rounds):
@@ -132,6 +138,7 @@ def main():
         for p in (target, twin):
             p.kill()
             p.wait()
+        shutil.rmtree(CACHE_DIR, ignore_errors=True)
 
 
 if __name__ == "__main__":

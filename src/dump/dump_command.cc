@@ -142,7 +142,7 @@ Result<DumpVm> PrepareDumpVm(ElfFile& vm, const DumpVmIdentity& id, const std::s
   const std::string sha = cache_dir.empty() ? "" : ContentSha256Of(vm, cache_dir);
   Result<StackSetup> setup = PrepareStacks(vm, id.ruby_version, sha, cache_dir);
   if (!setup) return setup.error().Wrap("the VM binary's stack layout");
-  Result<DumpLayout> layout = DumpLayoutForBinary(vm, id.major, id.minor, setup->offsets);
+  Result<DumpLayout> layout = DumpLayoutForBinary(vm, id.major, id.minor, setup->offsets, sha, cache_dir);
   if (!layout) return layout.error();
   DumpVm out{std::move(setup.value()), std::move(layout.value())};
   const uint64_t bias = LoadBiasFromLowestMapping(out.setup.lowest_load_vaddr, id.load_start);

@@ -4,6 +4,13 @@
 
 #include <memory>
 #include <optional>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "common/cache_file.h"
+#include "common/json_dump.h"
+#include "common/json_read.h"
 
 #include "sites/dwarf_info.h"
 #include "sites/sites.h"
@@ -78,9 +85,86 @@ uint64_t AnchorPc(const ElfFile& elf, std::initializer_list<const char*> names) 
   return 0;
 }
 
+// Every offset of DumpLayout but the GVL's (the walker's, cached with it), by its name in the cache entry.
+constexpr std::pair<const char*, uint32_t DumpLayout::*> kFields[] = {
+    {"vm_main_ractor", &DumpLayout::vm_main_ractor},     {"vm_ractor_set", &DumpLayout::vm_ractor_set},
+    {"vm_ractor_cnt", &DumpLayout::vm_ractor_cnt},       {"ractor_vmlr_node", &DumpLayout::ractor_vmlr_node},
+    {"ractor_threads_set", &DumpLayout::ractor_threads_set},
+    {"ractor_threads_cnt", &DumpLayout::ractor_threads_cnt},
+    {"th_lt_node", &DumpLayout::th_lt_node},             {"th_self", &DumpLayout::th_self},
+    {"th_ractor", &DumpLayout::th_ractor},               {"th_nt", &DumpLayout::th_nt},
+    {"th_ec", &DumpLayout::th_ec},                       {"th_status_bit", &DumpLayout::th_status_bit},
+    {"th_locking_mutex", &DumpLayout::th_locking_mutex}, {"th_join_list", &DumpLayout::th_join_list},
+    {"th_name", &DumpLayout::th_name},                   {"nt_tid", &DumpLayout::nt_tid},
+    {"ec_cfp", &DumpLayout::ec_cfp},                     {"ec_fiber_ptr", &DumpLayout::ec_fiber_ptr},
+    {"ec_thread_ptr", &DumpLayout::ec_thread_ptr},       {"mutex_fiber", &DumpLayout::mutex_fiber},
+    {"typed_type", &DumpLayout::typed_type},             {"typed_flag", &DumpLayout::typed_flag},
+    {"typed_data", &DumpLayout::typed_data},             {"waiting_next", &DumpLayout::waiting_next},
+    {"waiting_thread", &DumpLayout::waiting_thread},     {"cfp_self", &DumpLayout::cfp_self},
+    {"cfp_size", &DumpLayout::cfp_size},                 {"waiter_th", &DumpLayout::waiter_th},
+    {"waiter_node", &DumpLayout::waiter_node},           {"queue_waitq", &DumpLayout::queue_waitq},
+    {"szqueue_pushq", &DumpLayout::szqueue_pushq},       {"condvar_waitq", &DumpLayout::condvar_waitq},
+    {"monitor_mutex", &DumpLayout::monitor_mutex},
+};
+constexpr int kDumpCacheFormat = 1;
+constexpr uint64_t kMaxDumpEntryBytes = 16384;
+
+// The thread list's offsets are what a dump cannot go without.
+Status CheckThreadListFields(const DumpLayout& l, int major, int minor) {
+  if (l.ractor_threads_set == DumpLayout::kNoField || l.th_lt_node == DumpLayout::kNoField ||
+      l.th_nt == DumpLayout::kNoField || l.nt_tid == DumpLayout::kNoField || l.th_ec == DumpLayout::kNoField ||
+      l.vm_main_ractor == DumpLayout::kNoField) {
+    return Error(ErrorCode::kUnsupportedVersion,
+                 "no thread-list offsets for CRuby " + std::to_string(major) + "." + std::to_string(minor) +
+                     " (built in for 3.3 and 3.4; other versions need the VM binary's DWARF: install its debug "
+                     "symbols)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
-Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor, const RubyOffsets& offsets) {
+std::string DumpLayoutCacheEntry(const DumpLayout& l, int major, int minor, const std::string& content_sha256) {
+  nlohmann::json fields = nlohmann::json::object();
+  for (const auto& [name, field] : kFields) fields[name] = l.*field;
+  nlohmann::json doc = {{"format", kDumpCacheFormat}, {"content_sha256", content_sha256}, {"major", major},
+                        {"minor", minor},             {"layout", std::move(fields)}};
+  return DumpJson(doc, 1) + "\n";
+}
+
+Result<DumpLayout> ParseDumpLayoutCacheEntry(const std::string& text, const std::string& content_sha256, int major,
+                                             int minor, const RubyOffsets& offsets) {
+  auto bad = [](const std::string& why) { return Error(ErrorCode::kIo, "dump layout cache: " + why); };
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return bad("not a JSON object");
+  auto int_at = [&](const char* key) -> std::optional<int64_t> {
+    auto it = doc.find(key);
+    return it == doc.end() ? std::nullopt : JsonInteger<int64_t>(*it);
+  };
+  if (int_at("format") != kDumpCacheFormat) return bad("format version differs");
+  auto sha = doc.find("content_sha256");
+  if (sha == doc.end() || !sha->is_string() || sha->get<std::string>() != content_sha256) {
+    return bad("entry of other content");
+  }
+  if (int_at("major") != major || int_at("minor") != minor) return bad("entry of another Ruby version");
+  auto fields = doc.find("layout");
+  if (fields == doc.end() || !fields->is_object()) return bad("no layout object");
+  DumpLayout l = DumpLayoutTable(major, minor, offsets);  // the GVL's offsets
+  for (const auto& [name, field] : kFields) {
+    auto it = fields->find(name);
+    std::optional<uint32_t> v = it == fields->end() ? std::nullopt : JsonInteger<uint32_t>(*it);
+    if (!v || (*v >= kMaxDumpLayoutOffset && *v != DumpLayout::kNoField)) {
+      return bad(std::string("field ") + name + " is missing or out of range");
+    }
+    l.*field = *v;
+  }
+  if (Status s = CheckThreadListFields(l, major, minor); !s.ok()) return bad("no thread-list offsets");
+  return l;
+}
+
+namespace {
+
+Result<DumpLayout> ComputeDumpLayout(const ElfFile& elf, int major, int minor, const RubyOffsets& offsets) {
   DumpLayout l = DumpLayoutTable(major, minor, offsets);
   std::unique_ptr<DwarfInfo> dwarf = DwarfInfo::Open(elf);
   if (dwarf) {
@@ -128,15 +212,35 @@ Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor,
       Apply(m("rb_condvar", "waitq"), &l.condvar_waitq, "condvar.waitq", &l);
     }
   }
-  if (l.ractor_threads_set == DumpLayout::kNoField || l.th_lt_node == DumpLayout::kNoField ||
-      l.th_nt == DumpLayout::kNoField || l.nt_tid == DumpLayout::kNoField || l.th_ec == DumpLayout::kNoField ||
-      l.vm_main_ractor == DumpLayout::kNoField) {
-    return Error(ErrorCode::kUnsupportedVersion,
-                 "no thread-list offsets for CRuby " + std::to_string(major) + "." + std::to_string(minor) +
-                     " (built in for 3.3 and 3.4; other versions need the VM binary's DWARF: install its debug "
-                     "symbols)");
-  }
+  if (Status s = CheckThreadListFields(l, major, minor); !s.ok()) return s.error();
   return l;
+}
+
+}  // namespace
+
+Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor, const RubyOffsets& offsets,
+                                       const std::string& content_sha256, const std::string& cache_dir) {
+  // As the stack layout's cache (stacks/offsets_cache.h): only a layout DWARF gave is cached, looked up only while
+  // the binary (or its debug file) has DWARF.
+  const bool cacheable = !cache_dir.empty() && !content_sha256.empty() &&
+                         elf.dwarf_file().FindSection(".debug_info").has_value();
+  const std::string path = cache_dir + "/" + content_sha256 + ".dump.json";
+  if (cacheable) {
+    if (std::optional<std::string> text = ReadCacheFile(path, kMaxDumpEntryBytes)) {
+      if (Result<DumpLayout> cached = ParseDumpLayoutCacheEntry(*text, content_sha256, major, minor, offsets)) {
+        return cached;
+      }
+    }
+  }
+  Result<DumpLayout> computed = ComputeDumpLayout(elf, major, minor, offsets);
+  if (computed && cacheable && !computed->report.dwarf_fields.empty()) {
+    try {
+      WriteCacheFile(cache_dir, path, DumpLayoutCacheEntry(*computed, major, minor, content_sha256));
+    } catch (const std::exception&) {
+      // Only allocation can throw here; the layout itself is still good.
+    }
+  }
+  return computed;
 }
 
 }  // namespace rvbpfd

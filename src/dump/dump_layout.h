@@ -84,7 +84,19 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets);
 
 // DumpLayoutTable overridden by the VM binary's DWARF, when it has some. kUnsupportedVersion when neither gives the
 // thread list (the ractor's threads.set and the thread's lt_node, nt and tid): nothing could be dumped.
-Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor, const RubyOffsets& offsets);
+// Reading DWARF inflates the binary's debug sections (~150 ms for a 3.3 libruby, most of a dump's time), so a layout
+// DWARF gave is cached like the stack layout (stacks/offsets_cache.h) under `<cache_dir>/<content_sha256>.dump.json`;
+// cache_dir or content_sha256 "": no cache.
+Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor, const RubyOffsets& offsets,
+                                       const std::string& content_sha256 = "", const std::string& cache_dir = "");
+
+// The cache entry's text and its reader (tests). The reader checks the format, the key, the version, every field
+// (an offset below kMaxDumpLayoutOffset or kNoField) and the thread-list fields; the GVL's offsets come from
+// `offsets`.
+inline constexpr uint32_t kMaxDumpLayoutOffset = 1u << 16;
+std::string DumpLayoutCacheEntry(const DumpLayout& layout, int major, int minor, const std::string& content_sha256);
+Result<DumpLayout> ParseDumpLayoutCacheEntry(const std::string& text, const std::string& content_sha256, int major,
+                                             int minor, const RubyOffsets& offsets);
 
 }  // namespace rvbpfd
 

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "elf/elf_fixtures.h"
 #include "sites/sites.h"
 
@@ -81,6 +83,43 @@ INSTANTIATE_TEST_SUITE_P(TestRubies, DumpLayoutTableTest,
                            std::erase_if(n, [](char ch) { return ch == '.' || ch == '-'; });
                            return "Ruby" + n;
                          });
+
+// The layout DWARF gave is cached under <cache_dir>/<key>.dump.json: the second call is served from the entry (a
+// marked field comes back), an entry out of range or of another key is recomputed, and every field round-trips.
+TEST(DumpLayoutCacheTest, TheDwarfLayoutIsCachedAndABadEntryRecomputed) {
+  const std::string dir = testing::TestRuby("3.3.8-shared");
+  if (dir.empty()) GTEST_SKIP() << "test Ruby 3.3.8-shared not built (tools/build-test-rubies.sh)";
+  Result<ElfFile> elf = ElfFile::Open(dir + "/lib/libruby.so.3.3");
+  ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+  Result<RubyOffsets> off = OffsetsForBinary(*elf, 3, 3, nullptr);
+  ASSERT_TRUE(off.ok());
+  testing::TempDir tmp;
+  const std::string cache = tmp.Join("cache"), key = "k1", entry = cache + "/k1.dump.json";
+  auto text = [](Result<DumpLayout> l) { return l ? DumpLayoutCacheEntry(l.value(), 3, 3, "x") : std::string(); };
+  Result<DumpLayout> fresh = DumpLayoutForBinary(*elf, 3, 3, *off);
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_FALSE(fresh->report.dwarf_fields.empty());
+  EXPECT_EQ(text(DumpLayoutForBinary(*elf, 3, 3, *off, key, cache)), text(fresh));
+  ASSERT_TRUE(testing::FileExists(entry));
+
+  nlohmann::json doc = nlohmann::json::parse(testing::ReadFile(entry));
+  doc["layout"]["th_name"] = 4242;
+  testing::WriteFile(entry, doc.dump());
+  Result<DumpLayout> marked = DumpLayoutForBinary(*elf, 3, 3, *off, key, cache);
+  ASSERT_TRUE(marked.ok());
+  EXPECT_EQ(marked->th_name, 4242u);
+  marked->th_name = fresh->th_name;
+  EXPECT_EQ(text(marked), text(fresh)) << "a field other than the mark did not round-trip";
+  EXPECT_EQ(marked->gvl.holder, fresh->gvl.holder);
+
+  doc["layout"]["th_name"] = 70000;
+  testing::WriteFile(entry, doc.dump());
+  EXPECT_EQ(text(DumpLayoutForBinary(*elf, 3, 3, *off, key, cache)), text(fresh));
+  EXPECT_FALSE(ParseDumpLayoutCacheEntry(testing::ReadFile(entry), "k2", 3, 3, *off).ok()) << "another key";
+  EXPECT_FALSE(ParseDumpLayoutCacheEntry(testing::ReadFile(entry), key, 3, 4, *off).ok()) << "another version";
+  doc["layout"].erase("th_nt");
+  EXPECT_FALSE(ParseDumpLayoutCacheEntry(doc.dump(), key, 3, 3, *off).ok()) << "a missing field";
+}
 
 }  // namespace
 }  // namespace rvbpfd
