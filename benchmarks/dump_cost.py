@@ -8,7 +8,8 @@ The target: THREADS threads (default 100), each DEPTH frames deep (default 100: 
 recursive Ruby method, its block) blocked in Queue#pop on one empty Queue, and one thread counting in a Ruby loop.
   dump    RUNS dumps (default 9) of `rvbpfd dump --pid P --json` with a --cache-dir of its own, one after the
           other; reports the first (cold: the VM binary's stack and dump layouts computed, from DWARF when it has
-          some) and the median and range of the others (warm: both from the cache) (wall time, fork to reap). Each dump's JSON is checked: THREADS + 2 threads, every worker DEPTH frames deep, the
+          some) and the median and range of the others (warm: both from the cache): wall time, fork to reap, and
+          the dump process's CPU time (user + system), which depends less on what else the machine runs. Each dump's JSON is checked: THREADS + 2 threads, every worker DEPTH frames deep, the
           Queue listing THREADS waiters.
   target  the counting thread's rate (iterations/s, read from the target over a pipe) in WINDOW-second windows,
           ROUNDS of each kind, interleaved: idle; with dumps of the target back to back; and with dumps of a twin
@@ -22,6 +23,7 @@ Usage: sudo benchmarks/dump_cost.py --rvbpfd build/rvbpfd --ruby /var/cache/rvbp
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -52,11 +54,17 @@ end
 CACHE_DIR = tempfile.mkdtemp(prefix="rvbpfd-dump-cost-")
 
 
+CPU_S = []  # the CPU time (user + system) of each dump process
+
+
 def dump_once(rvbpfd, pid):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    p = subprocess.run([rvbpfd, "dump", "--cache-dir", CACHE_DIR, "--pid", str(pid), "--json"], capture_output=True,
+    p = subprocess.run([rvbpfd, "--cache-dir", CACHE_DIR, "dump", "--pid", str(pid), "--json"], capture_output=True,
                        text=True)
     elapsed = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU_S.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     if p.returncode != 0:
         sys.exit(f"rvbpfd dump exited {p.returncode}: {p.stderr.strip()}")
     return elapsed, json.loads(p.stdout)
@@ -120,7 +128,8 @@ def main():
         warm = times[1:] or times
         print(f"dump of {a.threads} threads x {a.depth} frames ({d['ruby_version']}): first (cold) "
               f"{times[0] * 1000:.0f} ms, then (warm) median {statistics.median(warm) * 1000:.0f} ms ({min(warm) * 1000:.0f}-{max(warm) * 1000:.0f}), "
-              f"target {TARGET_S * 1000:.0f} ms")
+              f"target {TARGET_S * 1000:.0f} ms; CPU time first {CPU_S[0] * 1000:.0f} ms, then median "
+              f"{statistics.median(CPU_S[1:] or CPU_S) * 1000:.0f} ms")
         idle, busy, control = [], [], []
         for _ in range(a.rounds):
             idle.append(rate(target, a.window))
