@@ -202,11 +202,14 @@ void FindWaitObject(MemoryReader& mem, const DumpLayout& l, uint64_t ec, size_t 
   }
 }
 
-// The threads (rb_thread_t *) of the sync_waiter list at `head`, in list order; false when it could not be read
-// whole (a waiter's thread that cannot be read is skipped, not an error).
-bool ReadWaiters(MemoryReader& mem, const DumpLayout& l, uint64_t head, std::vector<uint64_t>* out) {
+// The threads (rb_thread_t *) of the sync_waiter list at `head`, in list order, reading at most *budget nodes (and
+// taking those read from it); false when it could not be read whole within that (a waiter's thread that cannot be
+// read is skipped, not an error).
+bool ReadWaiters(MemoryReader& mem, const DumpLayout& l, uint64_t head, size_t* budget, std::vector<uint64_t>* out) {
   std::vector<uint64_t> nodes;
-  if (!ListNodes(mem, head, kMaxDumpThreads, &nodes)) return false;
+  const bool whole = ListNodes(mem, head, *budget, &nodes);
+  *budget -= std::min(*budget, nodes.size());
+  if (!whole) return false;
   for (uint64_t n : nodes) {
     uint64_t th = 0;
     if (mem.ReadValue(n - l.waiter_node + l.waiter_th, &th) && th != 0) out->push_back(th);
@@ -217,6 +220,10 @@ bool ReadWaiters(MemoryReader& mem, const DumpLayout& l, uint64_t head, std::vec
 // Each distinct object the threads wait on, with its wait lists (queues, condvars) or its Mutex's owner (monitors).
 void ReadWaitObjects(MemoryReader& mem, const DumpLayout& l, DumpSnapshot* snap) {
   const bool lists = Known(l.waiter_th) && Known(l.waiter_node);
+  // A thread waits in one list at a time: all lists together hold at most every thread (a few more for threads
+  // that began to wait during the reading). The bound keeps lists a hostile process links in circles from costing
+  // more than that.
+  size_t budget = snap->threads.size() + 64;
   for (const DumpedThread& t : snap->threads) {
     if (t.wait_object == 0) continue;
     auto& objs = snap->wait_objects;
@@ -232,9 +239,10 @@ void ReadWaitObjects(MemoryReader& mem, const DumpLayout& l, DumpSnapshot* snap)
       o.lists_complete = false;
     } else {
       const uint32_t waitq = t.wait_type == "condvar" ? l.condvar_waitq : l.queue_waitq;
-      if (!Known(waitq) || !ReadWaiters(mem, l, t.wait_data + waitq, &o.waiters)) o.lists_complete = false;
-      if (t.wait_type == "sized_queue" &&
-          (!Known(l.szqueue_pushq) || !ReadWaiters(mem, l, t.wait_data + l.szqueue_pushq, &o.push_waiters))) {
+      if (!Known(waitq) || !ReadWaiters(mem, l, t.wait_data + waitq, &budget, &o.waiters)) o.lists_complete = false;
+      if (t.wait_type == "sized_queue" && (!Known(l.szqueue_pushq) ||
+                                           !ReadWaiters(mem, l, t.wait_data + l.szqueue_pushq, &budget,
+                                                        &o.push_waiters))) {
         o.lists_complete = false;
       }
     }

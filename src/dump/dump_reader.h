@@ -70,7 +70,8 @@ struct WaitObject {
   std::string type;     // typed-data type name: "queue", "sized_queue", "condvar", "monitor"
   std::vector<uint64_t> waiters;       // rb_thread_t *, list order: waiting to pop (queues), to be signalled (condvar)
   std::vector<uint64_t> push_waiters;  // sized_queue: waiting to push
-  bool lists_complete = true;          // false: a list was unreadable or longer than kMaxDumpThreads
+  bool lists_complete = true;          // false: a list was unreadable, or all lists were longer than the threads
+                                       // + 64 (each thread waits in one at a time)
   uint64_t monitor_mutex = 0;          // monitor: the Mutex it locks (VALUE; 0 unreadable)
   uint64_t owner_fiber = 0;            // monitor: that Mutex's owning fiber (0: not owned or unreadable)
 };

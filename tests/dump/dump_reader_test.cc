@@ -328,6 +328,14 @@ TEST_F(DumpReaderTest, AQueueAThreadWaitsOnIsReadWithItsWaitLists) {
   ASSERT_EQ(s->wait_objects.size(), 1u);
   EXPECT_FALSE(s->wait_objects[0].lists_complete);
 
+  // A list linked in a circle that never returns to its head: cut at the threads + 64 nodes, marked incomplete.
+  mem_.Put64(kWaiters + 0x100 + l.waiter_node, kWaiters + 0x100 + l.waiter_node);
+  s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  ASSERT_EQ(s->wait_objects.size(), 1u);
+  EXPECT_FALSE(s->wait_objects[0].lists_complete);
+  EXPECT_EQ(s->wait_objects[0].waiters, (std::vector<uint64_t>{kThreads[2]}));
+
   mem_.Put(kName, "sized_queuX\0", 12);
   s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
   ASSERT_TRUE(s.ok()) << s.error().ToString();
