@@ -31,8 +31,10 @@ blocks. Then:
     ruby_current_vm_ptr) in a pid + mount namespace chrooted into tools/make-trixie-root.sh's root, with the root's
     build of tests/golden: the same checks (frames, states, reasons, owners, one deadlock, the target keeps running,
     the text), ns_tid being Thread#native_thread_id and native_tid the host's; the notes say the VM was found through
-    ruby_vm_at_exit's code. Skipped (SKIP line) when the root is not built. No core of it (its NT_FILE paths are the
-    container's).
+    ruby_vm_at_exit's code; and `dump --core` of a gcore core of it, with the root's libruby given (--libruby: the
+    core names the container's path), gives what the live dump gave, in the namespace's tids (but io descriptors:
+    gcore names the threads' registers by host tid; the notes say so). Skipped (SKIP line) when the root is not
+    built.
 Needs root or ptrace access to a child (no BPF), and gcore (Debian's gdb) for the core part.
 """
 import json
@@ -186,7 +188,7 @@ def check_waited_on(d, gout, by_name, tids):
     return p
 
 
-def compare_core(live, core, pid):
+def compare_core(live, core, pid, skip_waiting=()):
     """Problems where `dump --core --json` of a gcore core differs from the live dump of the same stuck process."""
     p = []
     if core.get("pid") != pid or core.get("ruby_version") != live.get("ruby_version"):
@@ -209,6 +211,8 @@ def compare_core(live, core, pid):
             p.append(f"{where}: frames differ from the live dump's:\n  core {fb}\n  live {fa}")
         wa, wb = a["waiting_for"] or {}, b["waiting_for"] or {}
         for k in ("kind", "owner_native_tid", "mutex", "fd", "object", "object_type", "operation"):
+            if k in skip_waiting:
+                continue
             if wa.get(k) != wb.get(k):
                 p.append(f"{where}: waiting_for.{k} {wb.get(k)}, live {wa.get(k)}")
     if sorted(sorted(c) for c in core["deadlocks"]) != sorted(sorted(c) for c in live["deadlocks"]) or \
@@ -408,14 +412,61 @@ def check_container(rvbpfd, root, outdir):
         if pid is None:
             return [f"cannot find the host pid of the workload under unshare (pid {target.pid})"]
         p, d = check_stuck(rvbpfd, ruby, pid, gout, in_container=True)
-        if d is not None and not any("ruby_vm_at_exit" in n for n in d.get("notes", [])):
+        if d is None:
+            return p
+        if not any("ruby_vm_at_exit" in n for n in d.get("notes", [])):
             p.append(f"the notes do not say the VM was found through ruby_vm_at_exit's code: {d.get('notes')}")
+        if target.poll() is not None:
+            p.append(f"the target exited ({target.returncode}) during the test")
+        elif shutil.which("gcore") is not None:
+            p += check_container_core(rvbpfd, root, d, pid, outdir)
         return p
     finally:
         target.kill()
         target.wait()
         err.close()
         container.cleanup()
+
+
+def in_namespace(live):
+    """The live dump with every host tid replaced by its pid namespace's (as a core of the process gives them)."""
+    ns = {t["native_tid"]: t["ns_tid"] for t in live["threads"]}
+    d = json.loads(json.dumps(live))
+    for t in d["threads"]:
+        t["native_tid"] = t["ns_tid"]
+        w = t.get("waiting_for") or {}
+        if w.get("owner_native_tid") is not None:
+            w["owner_native_tid"] = ns.get(w["owner_native_tid"])
+    d["deadlocks"] = [[ns.get(x) for x in c] for c in d["deadlocks"]]
+    holder = d["gvl"]["holder_native_tid"]
+    d["gvl"]["holder_native_tid"] = ns.get(holder) if holder is not None else None
+    return d
+
+
+def check_container_core(rvbpfd, root, live, pid, outdir):
+    """A gcore core of the container's process, dumped with the root's libruby given (--libruby: the core names the
+    container's path): what the live dump gave, in the namespace's tids (the tids the VM recorded)."""
+    prefix = os.path.join(outdir, "debian.core")
+    r = subprocess.run(["gcore", "-o", prefix, str(pid)], capture_output=True, text=True, timeout=300)
+    core = f"{prefix}.{pid}"
+    try:
+        if r.returncode != 0 or not os.path.exists(core):
+            return [f"gcore failed ({r.returncode}): {r.stderr[-1000:]}"]
+        libruby = os.path.join(root, "usr/lib/x86_64-linux-gnu/libruby-3.3.so.3.3")
+        j = subprocess.run([rvbpfd, "dump", "--core", core, "--libruby", libruby, "--json"], capture_output=True,
+                           text=True, timeout=120)
+        if j.returncode != 0:
+            return [f"rvbpfd dump --core --libruby (container) exited {j.returncode}: {j.stderr.strip()}"]
+        d = json.loads(j.stdout)
+        # gcore, run on the host, names the threads' NT_PRSTATUS notes by host tid, the VM by the namespace's: no
+        # thread's registers can be matched (the notes say so), so no io descriptor comes from them.
+        p = compare_core(in_namespace(live), d, pid, skip_waiting=("fd",))
+        if not any("NT_PRSTATUS" in n for n in d.get("notes", [])):
+            p.append(f"the notes do not say the threads' NT_PRSTATUS notes were not found: {d.get('notes')}")
+        return [f"container {x}" for x in p]
+    finally:
+        if os.path.exists(core):
+            os.unlink(core)
 
 
 def check_errors(rvbpfd):
