@@ -356,6 +356,7 @@ std::optional<std::string> ThreadObjectMismatch(MemoryReader& mem, const DumpLay
   if (!Known(l.th_self)) return std::nullopt;
   uint64_t self = 0;
   if (!mem.ReadValue(th + l.th_self, &self)) return "its self field is unreadable";
+  if (self == 0) return "it has no Thread object yet: the VM is still starting, or this is not the VM";
   std::optional<uint64_t> data = TypedDataOf(mem, l, self, "VM/thread");
   if (!data) return "its self (" + HexValue(self) + ") is not a Thread object";
   if (*data != th) return "its Thread object (" + HexValue(self) + ") belongs to another thread";
