@@ -33,7 +33,38 @@ std::string KindOf(ReleaseReason r) {
   }
 }
 
+// The Queue, SizedQueue, ConditionVariable or Monitor a blocked thread waits on, where its stack's receiver is one
+// that agrees with its release reason: a queue for "queue" (pop or push: the wait list it is in), a condvar for
+// "condvar", a Monitor whose own Mutex it sleeps to lock for "mutex" (then "monitor", owned as that Mutex is).
+void AttachWaitObject(const DumpedThread& t, const std::map<uint64_t, const WaitObject*>& objects, WaitingFor* w) {
+  auto it = objects.find(t.wait_object);
+  if (t.wait_object == 0 || it == objects.end()) return;
+  const WaitObject& o = *it->second;
+  const bool queue = o.type == "queue" || o.type == "sized_queue";
+  if (w->kind == "queue" && queue) {
+    if (std::find(o.push_waiters.begin(), o.push_waiters.end(), t.th) != o.push_waiters.end()) {
+      w->operation = "push";
+    } else if (std::find(o.waiters.begin(), o.waiters.end(), t.th) != o.waiters.end()) {
+      w->operation = "pop";
+    }
+  } else if (w->kind == "mutex" && o.type == "monitor" && o.monitor_mutex != 0 && o.monitor_mutex == t.locking_mutex) {
+    w->kind = "monitor";
+  } else if (!(w->kind == "condvar" && o.type == "condvar")) {
+    return;
+  }
+  w->object = o.object;
+  w->object_type = WaitObjectClass(o.type);
+}
+
 }  // namespace
+
+const char* WaitObjectClass(std::string_view type) {
+  if (type == "queue") return "Thread::Queue";
+  if (type == "sized_queue") return "Thread::SizedQueue";
+  if (type == "condvar") return "Thread::ConditionVariable";
+  if (type == "monitor") return "Monitor";
+  return "?";
+}
 
 std::vector<std::vector<size_t>> FindWaitCycles(const std::vector<std::optional<size_t>>& waits_for) {
   const size_t n = waits_for.size();
@@ -74,6 +105,8 @@ void DeriveStates(DumpSnapshot* snap) {
       if (auto it = by_th.find(j); it != by_th.end()) joins[it->second] = i;
     }
   }
+  std::map<uint64_t, const WaitObject*> objects;
+  for (const WaitObject& o : snap->wait_objects) objects[o.object] = &o;
   std::vector<std::optional<size_t>> waits_for(snap->threads.size());
   for (size_t i = 0; i < snap->threads.size(); i++) {
     DumpedThread& t = snap->threads[i];
@@ -89,16 +122,20 @@ void DeriveStates(DumpSnapshot* snap) {
     w.kind = KindOf(r);
     w.owner.reset();
     w.object = 0;
+    w.object_type.clear();
+    w.operation.reset();
     if (t.locking_mutex != 0) {
-      // Sleeping to lock a Mutex (Mutex#lock, #synchronize, or re-locking after ConditionVariable#wait).
+      // Sleeping to lock a Mutex (Mutex#lock, #synchronize, re-locking after ConditionVariable#wait, or a Monitor's).
       w.kind = "mutex";
       w.object = t.locking_mutex;
+      w.object_type = "Thread::Mutex";
       if (auto it = by_fiber.find(t.mutex_owner_fiber); t.mutex_owner_fiber != 0 && it != by_fiber.end()) {
         w.owner = it->second;
       }
     } else if (r == ReleaseReason::kJoin) {
       if (auto it = joins.find(i); it != joins.end()) w.owner = it->second;
     }
+    AttachWaitObject(t, objects, &w);
     if (w.kind != "io") {
       w.fd.reset();
       w.fd_target.reset();
@@ -107,7 +144,8 @@ void DeriveStates(DumpSnapshot* snap) {
       t.waiting_for.reset();
     } else {
       t.waiting_for = std::move(w);
-      if (t.state == "blocked" && (t.waiting_for->kind == "mutex" || t.waiting_for->kind == "join")) {
+      if (t.state == "blocked" && (t.waiting_for->kind == "mutex" || t.waiting_for->kind == "monitor" ||
+                                   t.waiting_for->kind == "join")) {
         waits_for[i] = t.waiting_for->owner;
       }
     }

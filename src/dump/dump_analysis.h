@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "dump/dump_reader.h"
@@ -19,8 +20,13 @@ namespace rvbpfd {
 //   blocked      gave the GVL up to wait (th->status stopped: sleep, a Mutex, a queue, IO, join...)
 //   runnable     none of these at the instant it was read (between two of them)
 //   exited       its block returned; the VM has not removed it yet
-// A waiting_for already set (the caller's io facts) keeps its fd and target.
+// A waiting_for already set (the caller's io facts) keeps its fd and target. A thread waiting on one of the
+// snapshot's wait_objects gets it as waiting_for's object (a Monitor's waiter: kind "monitor", owned as its Mutex).
 void DeriveStates(DumpSnapshot* snap);
+
+// The class a wait object's typed-data type name stands for ("queue": "Thread::Queue", "sized_queue",
+// "condvar", "monitor"; "?" for another). Instances of a subclass have their base's type.
+const char* WaitObjectClass(std::string_view type);
 
 // The cycles of a graph in which each node waits for at most one other (waits_for[i]): each cycle once, as node
 // indexes in wait order (each waits for the next, the last for the first), starting at its lowest index; cycles

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <charconv>
 #include <map>
 #include <memory>
@@ -15,6 +16,8 @@
 #include "dump/dump_core.h"
 #include "dump/dump_layout.h"
 #include "dump/dump_output.h"
+#include "dump/dump_page_cache.h"
+#include "dump/dump_vm_route.h"
 #include "ops/file_read.h"
 #include "session/stack_resolver.h"
 #include "session/vm_binary.h"
@@ -31,6 +34,12 @@ namespace {
 constexpr size_t kMaxProcFileBytes = 4096;
 // Frames per thread: far beyond any real stack (CRuby's default VM stack holds ~10,000 frames at most).
 constexpr uint32_t kMaxDumpFrames = 16384;
+
+std::string HexAddr(uint64_t v) {
+  char buf[24];
+  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 bool ParseHex(std::string_view s, uint64_t* out) {
   if (s.substr(0, 2) == "0x") s.remove_prefix(2);
@@ -133,41 +142,56 @@ Result<DumpVm> PrepareDumpVm(ElfFile& vm, const DumpVmIdentity& id, const std::s
   const std::string sha = cache_dir.empty() ? "" : ContentSha256Of(vm, cache_dir);
   Result<StackSetup> setup = PrepareStacks(vm, id.ruby_version, sha, cache_dir);
   if (!setup) return setup.error().Wrap("the VM binary's stack layout");
-  Result<DumpLayout> layout = DumpLayoutForBinary(vm, id.major, id.minor, setup->offsets);
+  Result<DumpLayout> layout = DumpLayoutForBinary(vm, id.major, id.minor, setup->offsets, sha, cache_dir);
   if (!layout) return layout.error();
   DumpVm out{std::move(setup.value()), std::move(layout.value())};
   const uint64_t bias = LoadBiasFromLowestMapping(out.setup.lowest_load_vaddr, id.load_start);
   out.roots.vm_ptr_addr = out.setup.current_vm_ptr_vaddr != 0 ? out.setup.current_vm_ptr_vaddr + bias : 0;
   if (out.roots.vm_ptr_addr == 0) {
-    // A build that does not export ruby_current_vm_ptr (Debian's libruby): the main ractor from rb_thread_main.
+    // A build that does not export ruby_current_vm_ptr (Debian's libruby-3.3): the global ruby_vm_at_exit reads,
+    // else the main ractor from rb_thread_main.
     Result<Disassembler> dis = Disassembler::Create();
-    std::optional<MainThreadRoute> route;
-    if (dis) route = FindMainThreadRoute(vm, *dis);
-    if (!route) {
-      return Error(ErrorCode::kNoSymbols, id.path + " exports no ruby_current_vm_ptr and its rb_thread_main does "
-                                          "not name the main ractor: cannot find the VM");
+    if (!dis) return dis.error().Wrap("disassembling " + id.path);
+    if (std::optional<uint64_t> g = FindVmPointerInCode(vm, *dis)) {
+      out.roots.vm_ptr_addr = *g + bias;
+      out.roots.vm_ptr_from_code = true;
+      out.roots.vm_ptr_source = "ruby_current_vm_ptr (not exported: the global " + std::string(kVmPointerReader) +
+                                " reads, at " + HexAddr(*g) + ")";
+    } else if (std::optional<MainThreadRoute> route = FindMainThreadRoute(vm, *dis)) {
+      out.roots.main_ractor_ptr_addr = route->main_ractor_vaddr + bias;
+    } else {
+      return Error(ErrorCode::kNoSymbols, id.path + " exports no ruby_current_vm_ptr, its " + kVmPointerReader +
+                                              " reads no single global and its rb_thread_main does not name the "
+                                              "main ractor: cannot find the VM");
     }
-    out.roots.main_ractor_ptr_addr = route->main_ractor_vaddr + bias;
   }
   out.global_symbols = out.setup.global_symbols_vaddr != 0 ? out.setup.global_symbols_vaddr + bias : 0;
   return out;
 }
 
 Result<DumpSnapshot> ReadDumpThreads(const DumpVm& vm, MemoryReader& mem) {
-  StackResolver resolver(std::make_unique<BorrowedMemoryReader>(mem), vm.setup.offsets, vm.global_symbols,
+  // Stacks are walked and named through a page cache emptied before each one (dump/dump_page_cache.h).
+  PageCachedReader pages(mem);
+  StackResolver resolver(std::make_unique<BorrowedMemoryReader>(pages), vm.setup.offsets, vm.global_symbols,
                          vm.roots.vm_ptr_addr);
   Symbolizer strings(&mem, vm.setup.offsets, vm.global_symbols);
   const rv_ruby_walk_offsets walk = vm.setup.offsets.walk;
   DumpReadHooks hooks;
   hooks.stack = [&](uint64_t ec) {
-    WalkResult w = WalkRubyStack(mem, walk, ec, WalkLimits{kMaxDumpFrames, 1 << 20});
+    pages.Clear();
+    WalkResult w = WalkRubyStack(pages, walk, ec, WalkLimits{kMaxDumpFrames, 1 << 20});
     StackReading s;
     resolver.Resolve(w.frames, &s.frames);
     s.complete = w.complete;
     return s;
   };
   hooks.string = [&](uint64_t value) { return strings.ReadString(value); };
-  return ReadRubyThreads(mem, vm.layout, vm.roots, hooks);
+  Result<DumpSnapshot> snap = ReadRubyThreads(mem, vm.layout, vm.roots, hooks);
+  if (snap && vm.roots.vm_ptr_from_code) {
+    snap->notes.push_back("the VM was found through " + vm.roots.vm_ptr_source +
+                          "; its main thread's Thread object was checked");
+  }
+  return snap;
 }
 
 void WriteDump(const DumpSnapshot& snap, bool json, std::ostream& out) {

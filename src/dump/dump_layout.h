@@ -34,6 +34,7 @@ struct DumpLayout {
   uint32_t ractor_threads_cnt = kNoField;  // threads.cnt (unsigned int)
   // rb_thread_t
   uint32_t th_lt_node = kNoField;        // its node in ractor->threads.set
+  uint32_t th_self = kNoField;           // VALUE: its Thread object (typed data of type "VM/thread" whose data is it)
   uint32_t th_ractor = kNoField;         // rb_ractor_t *
   uint32_t th_nt = kNoField;             // struct rb_native_thread *
   uint32_t th_ec = kNoField;             // rb_execution_context_t *
@@ -56,6 +57,17 @@ struct DumpLayout {
   // struct rb_waiting_list (next, thread, fiber)
   uint32_t waiting_next = kNoField;
   uint32_t waiting_thread = kNoField;
+  // rb_control_frame_t: the frame's receiver (the Queue in Queue#pop, the ConditionVariable in #wait...)
+  uint32_t cfp_self = kNoField;
+  uint32_t cfp_size = kNoField;  // bytes from one control frame to its caller's
+  // thread_sync.c's waiter (struct sync_waiter, on the waiting thread's C stack) and what links it
+  uint32_t waiter_th = kNoField;      // rb_thread_t *
+  uint32_t waiter_node = kNoField;    // its ccan_list_node in the waitq it waits in
+  uint32_t queue_waitq = kNoField;    // struct rb_queue.waitq: the threads waiting to pop
+  uint32_t szqueue_pushq = kNoField;  // struct rb_szqueue.pushq: the threads waiting to push
+  uint32_t condvar_waitq = kNoField;  // struct rb_condvar.waitq
+  // ext/monitor's struct rb_monitor (count, owner, mutex): the Mutex a Monitor locks (its owner is the Monitor's)
+  uint32_t monitor_mutex = kNoField;
   // The GVL (holder and queue), as the sampler reads it.
   rv_gvl_offsets gvl{};
 
@@ -72,7 +84,19 @@ DumpLayout DumpLayoutTable(int major, int minor, const RubyOffsets& offsets);
 
 // DumpLayoutTable overridden by the VM binary's DWARF, when it has some. kUnsupportedVersion when neither gives the
 // thread list (the ractor's threads.set and the thread's lt_node, nt and tid): nothing could be dumped.
-Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor, const RubyOffsets& offsets);
+// Reading DWARF inflates the binary's debug sections (~150 ms for a 3.3 libruby, most of a dump's time), so a layout
+// DWARF gave is cached like the stack layout (stacks/offsets_cache.h) under `<cache_dir>/<content_sha256>.dump.json`;
+// cache_dir or content_sha256 "": no cache.
+Result<DumpLayout> DumpLayoutForBinary(const ElfFile& elf, int major, int minor, const RubyOffsets& offsets,
+                                       const std::string& content_sha256 = "", const std::string& cache_dir = "");
+
+// The cache entry's text and its reader (tests). The reader checks the format, the key, the version, every field
+// (an offset below kMaxDumpLayoutOffset or kNoField) and the thread-list fields; the GVL's offsets come from
+// `offsets`.
+inline constexpr uint32_t kMaxDumpLayoutOffset = 1u << 16;
+std::string DumpLayoutCacheEntry(const DumpLayout& layout, int major, int minor, const std::string& content_sha256);
+Result<DumpLayout> ParseDumpLayoutCacheEntry(const std::string& text, const std::string& content_sha256, int major,
+                                             int minor, const RubyOffsets& offsets);
 
 }  // namespace rvbpfd
 

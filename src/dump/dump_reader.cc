@@ -1,7 +1,9 @@
 #include "dump/dump_reader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <map>
 #include <utility>
 
@@ -17,8 +19,47 @@ constexpr uint64_t kLowestObject = 0x1000;
 
 bool Known(uint32_t field) { return field != kNo; }
 
+std::string HexValue(uint64_t v) {
+  char buf[24];
+  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 // A VALUE that can be a heap object: aligned and above the special constants.
 bool HeapObject(uint64_t v) { return v >= kLowestObject && (v & 7) == 0; }
+
+// The header of a typed-data object: the address of its type's name and its data pointer (the address of its data
+// inside the object, for an embedded one). nullopt when `obj` is not a heap T_DATA object of the typed kind.
+struct TypedHeader {
+  uint64_t name_ptr = 0;
+  uint64_t data = 0;
+};
+std::optional<TypedHeader> ReadTypedHeader(MemoryReader& mem, const DumpLayout& l, uint64_t obj) {
+  if (!HeapObject(obj) || !Known(l.typed_type) || !Known(l.typed_data)) return std::nullopt;
+  uint64_t flags = 0, type_ptr = 0, tflag = 0;
+  if (!mem.ReadValue(obj, &flags) || (flags & kRubyTMask) != kRubyTData) return std::nullopt;
+  if (!mem.ReadValue(obj + l.typed_type, &type_ptr)) return std::nullopt;
+  // 3.3/3.4 keep "typed, embedded" in typed_flag (1, | 2); later versions in the low bits of the type pointer.
+  if (Known(l.typed_flag)) {
+    if (!mem.ReadValue(obj + l.typed_flag, &tflag)) return std::nullopt;
+  } else {
+    tflag = type_ptr & 3;
+  }
+  if ((tflag & 1) == 0 || tflag > 3) return std::nullopt;
+  TypedHeader h;
+  // rb_data_type_t starts with wrap_struct_name.
+  if (!mem.ReadValue(type_ptr & ~uint64_t{3}, &h.name_ptr)) return std::nullopt;
+  h.data = obj + l.typed_data;
+  if ((tflag & 2) == 0 && (!mem.ReadValue(obj + l.typed_data, &h.data) || h.data == 0)) return std::nullopt;
+  return h;
+}
+
+// Whether the C string at name_ptr is `type` (compared with its NUL).
+bool TypeNameIs(MemoryReader& mem, uint64_t name_ptr, std::string_view type) {
+  char name[32] = {};
+  if (type.size() >= sizeof(name) || !mem.Read(name_ptr, name, type.size() + 1)) return false;
+  return name[type.size()] == '\0' && std::string_view(name, type.size()) == type;
+}
 
 struct ListedThread {
   uint64_t ractor = 0;
@@ -45,7 +86,8 @@ Result<std::vector<uint64_t>> ReadRactors(MemoryReader& mem, const DumpLayout& l
   uint64_t vm = 0, main_ractor = 0;
   if (roots.vm_ptr_addr != 0) {
     if (!mem.ReadValue(roots.vm_ptr_addr, &vm) || vm == 0) {
-      return Error(ErrorCode::kNoSymbols, "reading ruby_current_vm_ptr failed (or it is NULL: the VM is not set up)");
+      return Error(ErrorCode::kNoSymbols,
+                   "reading " + roots.vm_ptr_source + " failed (or it is NULL: the VM is not set up)");
     }
     if (!mem.ReadValue(vm + l.vm_main_ractor, &main_ractor) || main_ractor == 0) {
       return Error(ErrorCode::kNoSymbols, "reading the VM's main ractor (vm->ractor.main_ractor) failed: the VM is "
@@ -134,6 +176,80 @@ std::vector<uint64_t> ReadJoiners(MemoryReader& mem, const DumpLayout& l, uint64
   return out;
 }
 
+// The typed-data types a thread can wait on that the dump lists with their waiters.
+constexpr std::string_view kWaitTypes[] = {"queue", "sized_queue", "condvar", "monitor"};
+// Top frames searched for one (the leaf is the blocking method, or Mutex#sleep under ConditionVariable#wait, itself
+// under Monitor#wait_for_cond).
+constexpr size_t kWaitFrames = 4;
+
+// The first of the thread's top control frames (at most `frames` of them) whose receiver is of a kWaitTypes type.
+void FindWaitObject(MemoryReader& mem, const DumpLayout& l, uint64_t ec, size_t frames, DumpedThread* t) {
+  if (!Known(l.cfp_self) || !Known(l.cfp_size) || !Known(l.ec_cfp) || ec == 0) return;
+  uint64_t cfp = 0;
+  if (!mem.ReadValue(ec + l.ec_cfp, &cfp) || cfp == 0) return;
+  for (size_t i = 0; i < std::min(frames, kWaitFrames); i++, cfp += l.cfp_size) {
+    uint64_t self = 0;
+    if (!mem.ReadValue(cfp + l.cfp_self, &self)) return;
+    std::optional<TypedHeader> h = ReadTypedHeader(mem, l, self);
+    if (!h) continue;
+    for (std::string_view type : kWaitTypes) {
+      if (!TypeNameIs(mem, h->name_ptr, type)) continue;
+      t->wait_object = self;
+      t->wait_type = std::string(type);
+      t->wait_data = h->data;
+      return;
+    }
+  }
+}
+
+// The threads (rb_thread_t *) of the sync_waiter list at `head`, in list order, reading at most *budget nodes (and
+// taking those read from it); false when it could not be read whole within that (a waiter's thread that cannot be
+// read is skipped, not an error).
+bool ReadWaiters(MemoryReader& mem, const DumpLayout& l, uint64_t head, size_t* budget, std::vector<uint64_t>* out) {
+  std::vector<uint64_t> nodes;
+  const bool whole = ListNodes(mem, head, *budget, &nodes);
+  *budget -= std::min(*budget, nodes.size());
+  if (!whole) return false;
+  for (uint64_t n : nodes) {
+    uint64_t th = 0;
+    if (mem.ReadValue(n - l.waiter_node + l.waiter_th, &th) && th != 0) out->push_back(th);
+  }
+  return true;
+}
+
+// Each distinct object the threads wait on, with its wait lists (queues, condvars) or its Mutex's owner (monitors).
+void ReadWaitObjects(MemoryReader& mem, const DumpLayout& l, DumpSnapshot* snap) {
+  const bool lists = Known(l.waiter_th) && Known(l.waiter_node);
+  // A thread waits in one list at a time: all lists together hold at most every thread (a few more for threads
+  // that began to wait during the reading). The bound keeps lists a hostile process links in circles from costing
+  // more than that.
+  size_t budget = snap->threads.size() + 64;
+  for (const DumpedThread& t : snap->threads) {
+    if (t.wait_object == 0) continue;
+    auto& objs = snap->wait_objects;
+    if (std::any_of(objs.begin(), objs.end(), [&](const WaitObject& o) { return o.object == t.wait_object; })) {
+      continue;
+    }
+    WaitObject o{.object = t.wait_object, .type = t.wait_type};
+    if (t.wait_type == "monitor") {
+      if (Known(l.monitor_mutex) && mem.ReadValue(t.wait_data + l.monitor_mutex, &o.monitor_mutex)) {
+        o.owner_fiber = ReadMutexOwnerFiber(mem, l, o.monitor_mutex).value_or(0);
+      }
+    } else if (!lists) {
+      o.lists_complete = false;
+    } else {
+      const uint32_t waitq = t.wait_type == "condvar" ? l.condvar_waitq : l.queue_waitq;
+      if (!Known(waitq) || !ReadWaiters(mem, l, t.wait_data + waitq, &budget, &o.waiters)) o.lists_complete = false;
+      if (t.wait_type == "sized_queue" && (!Known(l.szqueue_pushq) ||
+                                           !ReadWaiters(mem, l, t.wait_data + l.szqueue_pushq, &budget,
+                                                        &o.push_waiters))) {
+        o.lists_complete = false;
+      }
+    }
+    objs.push_back(std::move(o));
+  }
+}
+
 // One thread's own part of the reading; its stack is taken again while it moves (kMaxThreadRereads).
 DumpedThread ReadThread(MemoryReader& mem, const DumpLayout& l, uint64_t th, const DumpReadHooks& hooks) {
   DumpedThread t;
@@ -177,6 +293,9 @@ DumpedThread ReadThread(MemoryReader& mem, const DumpLayout& l, uint64_t th, con
     }
   }
   t.joined_by = ReadJoiners(mem, l, th);
+  if (!t.status || t.status == RubyThreadStatus::kStopped || t.status == RubyThreadStatus::kStoppedForever) {
+    FindWaitObject(mem, l, ec, t.frames.size(), &t);
+  }
   return t;
 }
 
@@ -218,30 +337,54 @@ void ReadGvl(MemoryReader& mem, const DumpLayout& l, uint64_t vm_ptr_addr, const
 
 }  // namespace
 
+
+std::optional<uint64_t> TypedDataOf(MemoryReader& mem, const DumpLayout& l, uint64_t obj, std::string_view type) {
+  std::optional<TypedHeader> h = ReadTypedHeader(mem, l, obj);
+  if (!h || !TypeNameIs(mem, h->name_ptr, type)) return std::nullopt;
+  return h->data;
+}
+
 std::optional<uint64_t> ReadMutexOwnerFiber(MemoryReader& mem, const DumpLayout& l, uint64_t obj) {
-  if (!HeapObject(obj) || !Known(l.typed_type) || !Known(l.typed_data) || !Known(l.mutex_fiber)) return std::nullopt;
-  uint64_t flags = 0, type = 0, tflag = 0;
-  if (!mem.ReadValue(obj, &flags) || (flags & kRubyTMask) != kRubyTData) return std::nullopt;
-  if (!mem.ReadValue(obj + l.typed_type, &type)) return std::nullopt;
-  // 3.3/3.4 keep "typed, embedded" in typed_flag (1, | 2); later versions in the low bits of the type pointer.
-  if (Known(l.typed_flag)) {
-    if (!mem.ReadValue(obj + l.typed_flag, &tflag)) return std::nullopt;
-  } else {
-    tflag = type & 3;
-  }
-  if ((tflag & 1) == 0 || tflag > 3) return std::nullopt;
-  uint64_t name_ptr = 0;
-  char name[8] = {};
-  if (!mem.ReadValue(type & ~uint64_t{3}, &name_ptr) || !mem.Read(name_ptr, name, sizeof(name)) ||
-      std::memcmp(name, "mutex", 6) != 0) {
-    return std::nullopt;
-  }
-  uint64_t data = obj + l.typed_data;
-  if ((tflag & 2) == 0 && (!mem.ReadValue(obj + l.typed_data, &data) || data == 0)) return std::nullopt;
+  if (!Known(l.mutex_fiber)) return std::nullopt;
+  std::optional<uint64_t> data = TypedDataOf(mem, l, obj, "mutex");
   uint64_t fiber = 0;
-  if (!mem.ReadValue(data + l.mutex_fiber, &fiber)) return std::nullopt;
+  if (!data || !mem.ReadValue(*data + l.mutex_fiber, &fiber)) return std::nullopt;
   return fiber;
 }
+
+std::optional<std::string> ThreadObjectMismatch(MemoryReader& mem, const DumpLayout& l, uint64_t th) {
+  if (!Known(l.th_self)) return std::nullopt;
+  uint64_t self = 0;
+  if (!mem.ReadValue(th + l.th_self, &self)) return "its self field is unreadable";
+  if (self == 0) return "it has no Thread object yet: the VM is still starting, or this is not the VM";
+  std::optional<uint64_t> data = TypedDataOf(mem, l, self, "VM/thread");
+  if (!data) return "its self (" + HexValue(self) + ") is not a Thread object";
+  if (*data != th) return "its Thread object (" + HexValue(self) + ") belongs to another thread";
+  return std::nullopt;
+}
+
+namespace {
+
+// The type check of where the reading started: the main ractor's first thread (its main thread) must be a Ruby
+// thread, its `self` a Thread object whose data is that thread. A VM pointer recovered from code (not exported) must
+// also show at least that one thread.
+Status CheckMainThread(MemoryReader& mem, const DumpLayout& l, const VmRoots& roots,
+                       const std::vector<ListedThread>& listed) {
+  const std::string root = roots.vm_ptr_addr != 0 ? roots.vm_ptr_source : "ruby_single_main_ractor";
+  if (listed.empty()) {
+    if (!roots.vm_ptr_from_code) return Status::Ok();
+    return Error(ErrorCode::kNoSymbols, "the main ractor read through " + root + " lists no thread: it does not "
+                                        "look like the VM, refusing to guess");
+  }
+  if (std::optional<std::string> why = ThreadObjectMismatch(mem, l, listed.front().th)) {
+    return Error(ErrorCode::kNoSymbols, "the first thread of the main ractor read through " + root +
+                                            " is not a Ruby thread (" + *why + "): it does not hold the VM of the "
+                                            "layout this binary was analysed for");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, const VmRoots& roots,
                                      const DumpReadHooks& hooks) {
@@ -249,6 +392,9 @@ Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, con
   for (int attempt = 1; attempt <= kMaxDumpAttempts; attempt++) {
     Result<std::vector<ListedThread>> before = ReadThreadList(mem, l, roots);
     if (!before) return before.error();
+    if (attempt == 1) {
+      if (Status s = CheckMainThread(mem, l, roots, *before); !s.ok()) return s.error();
+    }
     snap = DumpSnapshot{};
     snap.attempts = attempt;
     for (size_t i = 0; i < before->size(); i++) {
@@ -257,6 +403,7 @@ Result<DumpSnapshot> ReadRubyThreads(MemoryReader& mem, const DumpLayout& l, con
       snap.threads.push_back(std::move(t));
     }
     ReadGvl(mem, l, roots.vm_ptr_addr, *before, &snap);
+    ReadWaitObjects(mem, l, &snap);
     Result<std::vector<ListedThread>> after = ReadThreadList(mem, l, roots);
     snap.torn = !after || *after != *before;
     if (!snap.torn) break;

@@ -127,5 +127,65 @@ TEST(DeriveStatesTest, JoinCycleIsADeadlockToo) {
   EXPECT_EQ(s.deadlocks, (std::vector<std::vector<size_t>>{{1, 2}, {5, 6}}));
 }
 
+// Queue, SizedQueue, ConditionVariable and Monitor waiters: the object a thread's stack waits on is its waiting_for's
+// when it agrees with the release reason; a queue waiter's operation is the list it is in; a Monitor's waiter waits
+// for its owner (its Mutex's), which can make a deadlock.
+TEST(DeriveStatesTest, QueueCondvarAndMonitorWaitersGetTheirObject) {
+  DumpSnapshot s;
+  const auto kStop = RubyThreadStatus::kStoppedForever;
+  const FrameInfo pop{"Thread::Queue#pop", "<internal:thread_sync>", 18, FrameKind::kRuby};
+  const FrameInfo push{"Thread::SizedQueue#push", "<internal:thread_sync>", 63, FrameKind::kRuby};
+  s.threads.push_back(Thread(1, 0x1000, {pop, R("a")}, kStop));
+  s.threads.push_back(Thread(2, 0x2000, {push, R("b")}, kStop));
+  s.threads.push_back(
+      Thread(3, 0x3000, {C("Thread::Mutex#sleep"), C("Thread::ConditionVariable#wait"), R("c")}, kStop));
+  s.threads.push_back(Thread(4, 0x4000, {C("Monitor#synchronize"), R("d")}, kStop));
+  s.threads.push_back(Thread(5, 0x5000, {C("Monitor#enter"), R("e")}, kStop));
+  s.threads.push_back(Thread(6, 0x6000, {C("Kernel#sleep"), R("f")}, kStop));  // its top receiver a queue: no matter
+  s.threads[0].wait_object = 0xa0;
+  s.threads[1].wait_object = 0xb0;
+  s.threads[2].wait_object = 0xc0;
+  s.threads[3].wait_object = 0xd0;
+  s.threads[3].locking_mutex = 0xd8;
+  s.threads[3].mutex_owner_fiber = s.threads[4].fiber;
+  s.threads[4].wait_object = 0xe0;
+  s.threads[4].locking_mutex = 0xe8;
+  s.threads[4].mutex_owner_fiber = s.threads[3].fiber;
+  s.threads[5].wait_object = 0xa0;
+  s.wait_objects = {
+      WaitObject{.object = 0xa0, .type = "queue", .waiters = {0x1000}},
+      WaitObject{.object = 0xb0, .type = "sized_queue", .waiters = {}, .push_waiters = {0x2000}},
+      WaitObject{.object = 0xc0, .type = "condvar", .waiters = {0x3000}},
+      WaitObject{.object = 0xd0, .type = "monitor", .monitor_mutex = 0xd8, .owner_fiber = s.threads[4].fiber},
+      WaitObject{.object = 0xe0, .type = "monitor", .monitor_mutex = 0xe8, .owner_fiber = s.threads[3].fiber},
+  };
+  DeriveStates(&s);
+  auto w = [&](size_t i) { return s.threads[i].waiting_for.value_or(WaitingFor{}); };
+  EXPECT_EQ(w(0).kind, "queue");
+  EXPECT_EQ(w(0).object, 0xa0u);
+  EXPECT_EQ(w(0).object_type, "Thread::Queue");
+  EXPECT_EQ(w(0).operation, "pop");
+  EXPECT_EQ(w(1).kind, "queue");
+  EXPECT_EQ(w(1).object_type, "Thread::SizedQueue");
+  EXPECT_EQ(w(1).operation, "push");
+  EXPECT_EQ(w(2).kind, "condvar");
+  EXPECT_EQ(w(2).object, 0xc0u);
+  EXPECT_EQ(w(2).object_type, "Thread::ConditionVariable");
+  EXPECT_EQ(w(3).kind, "monitor");
+  EXPECT_EQ(w(3).object, 0xd0u);
+  EXPECT_EQ(w(3).owner, 4u);
+  EXPECT_EQ(w(4).kind, "monitor");
+  EXPECT_EQ(w(4).owner, 3u);
+  EXPECT_EQ(w(5).kind, "sleep");
+  EXPECT_EQ(w(5).object, 0u);
+  EXPECT_EQ(s.deadlocks, (std::vector<std::vector<size_t>>{{3, 4}}));
+  // A Monitor whose Mutex is not the one the thread sleeps to lock: a plain Mutex wait.
+  s.wait_objects[3].monitor_mutex = 0x99;
+  DeriveStates(&s);
+  EXPECT_EQ(w(3).kind, "mutex");
+  EXPECT_EQ(w(3).object, 0xd8u);
+  EXPECT_EQ(w(3).object_type, "Thread::Mutex");
+}
+
 }  // namespace
 }  // namespace rvbpfd

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "elf/elf_fixtures.h"
 #include "sites/sites.h"
 
@@ -42,6 +44,7 @@ TEST_P(DumpLayoutTableTest, TableEqualsDwarfAndDwarfGivesEveryField) {
       {"ractor_threads_set", &DumpLayout::ractor_threads_set},
       {"ractor_threads_cnt", &DumpLayout::ractor_threads_cnt},
       {"th_lt_node", &DumpLayout::th_lt_node},             {"th_ractor", &DumpLayout::th_ractor},
+      {"th_self", &DumpLayout::th_self},
       {"th_nt", &DumpLayout::th_nt},                       {"th_ec", &DumpLayout::th_ec},
       {"th_status_bit", &DumpLayout::th_status_bit},       {"th_locking_mutex", &DumpLayout::th_locking_mutex},
       {"th_join_list", &DumpLayout::th_join_list},         {"th_name", &DumpLayout::th_name},
@@ -50,6 +53,9 @@ TEST_P(DumpLayoutTableTest, TableEqualsDwarfAndDwarfGivesEveryField) {
       {"mutex_fiber", &DumpLayout::mutex_fiber},           {"typed_type", &DumpLayout::typed_type},
       {"typed_flag", &DumpLayout::typed_flag},             {"typed_data", &DumpLayout::typed_data},
       {"waiting_next", &DumpLayout::waiting_next},         {"waiting_thread", &DumpLayout::waiting_thread},
+      {"cfp_self", &DumpLayout::cfp_self},                 {"waiter_th", &DumpLayout::waiter_th},
+      {"waiter_node", &DumpLayout::waiter_node},           {"queue_waitq", &DumpLayout::queue_waitq},
+      {"szqueue_pushq", &DumpLayout::szqueue_pushq},       {"condvar_waitq", &DumpLayout::condvar_waitq},
   };
   for (const auto& [name, field] : fields) {
     EXPECT_NE((*l).*field, DumpLayout::kNoField) << c.ruby << ": DWARF gives no " << name;
@@ -77,6 +83,43 @@ INSTANTIATE_TEST_SUITE_P(TestRubies, DumpLayoutTableTest,
                            std::erase_if(n, [](char ch) { return ch == '.' || ch == '-'; });
                            return "Ruby" + n;
                          });
+
+// The layout DWARF gave is cached under <cache_dir>/<key>.dump.json: the second call is served from the entry (a
+// marked field comes back), an entry out of range or of another key is recomputed, and every field round-trips.
+TEST(DumpLayoutCacheTest, TheDwarfLayoutIsCachedAndABadEntryRecomputed) {
+  const std::string dir = testing::TestRuby("3.3.8-shared");
+  if (dir.empty()) GTEST_SKIP() << "test Ruby 3.3.8-shared not built (tools/build-test-rubies.sh)";
+  Result<ElfFile> elf = ElfFile::Open(dir + "/lib/libruby.so.3.3");
+  ASSERT_TRUE(elf.ok()) << elf.error().ToString();
+  Result<RubyOffsets> off = OffsetsForBinary(*elf, 3, 3, nullptr);
+  ASSERT_TRUE(off.ok());
+  testing::TempDir tmp;
+  const std::string cache = tmp.Join("cache"), key = "k1", entry = cache + "/k1.dump.json";
+  auto text = [](Result<DumpLayout> l) { return l ? DumpLayoutCacheEntry(l.value(), 3, 3, "x") : std::string(); };
+  Result<DumpLayout> fresh = DumpLayoutForBinary(*elf, 3, 3, *off);
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_FALSE(fresh->report.dwarf_fields.empty());
+  EXPECT_EQ(text(DumpLayoutForBinary(*elf, 3, 3, *off, key, cache)), text(fresh));
+  ASSERT_TRUE(testing::FileExists(entry));
+
+  nlohmann::json doc = nlohmann::json::parse(testing::ReadFile(entry));
+  doc["layout"]["th_name"] = 4242;
+  testing::WriteFile(entry, doc.dump());
+  Result<DumpLayout> marked = DumpLayoutForBinary(*elf, 3, 3, *off, key, cache);
+  ASSERT_TRUE(marked.ok());
+  EXPECT_EQ(marked->th_name, 4242u);
+  marked->th_name = fresh->th_name;
+  EXPECT_EQ(text(marked), text(fresh)) << "a field other than the mark did not round-trip";
+  EXPECT_EQ(marked->gvl.holder, fresh->gvl.holder);
+
+  doc["layout"]["th_name"] = 70000;
+  testing::WriteFile(entry, doc.dump());
+  EXPECT_EQ(text(DumpLayoutForBinary(*elf, 3, 3, *off, key, cache)), text(fresh));
+  EXPECT_FALSE(ParseDumpLayoutCacheEntry(testing::ReadFile(entry), "k2", 3, 3, *off).ok()) << "another key";
+  EXPECT_FALSE(ParseDumpLayoutCacheEntry(testing::ReadFile(entry), key, 3, 4, *off).ok()) << "another version";
+  doc["layout"].erase("th_nt");
+  EXPECT_FALSE(ParseDumpLayoutCacheEntry(doc.dump(), key, 3, 3, *off).ok()) << "a missing field";
+}
 
 }  // namespace
 }  // namespace rvbpfd

@@ -92,5 +92,39 @@ TEST(DumpTextTest, NamesTheDeadlockAndEachThreadsStack) {
   EXPECT_NE(text.find("thread 1 \"main-ish\" (tid 4242): blocked (sleep)"), std::string::npos) << text;
 }
 
+// The objects waited on, with their waiters in list order, in JSON and text; and each waiter's own line.
+TEST(DumpOutputTest, WaitedOnQueuesCondvarsAndMonitors) {
+  DumpSnapshot s = Snapshot();
+  const FrameInfo pop{"Thread::Queue#pop", "<internal:thread_sync>", 18, FrameKind::kRuby};
+  s.threads[0].frames = {pop, R("<main>", 40)};
+  s.threads[0].wait_object = 0x5100;
+  s.wait_objects = {WaitObject{.object = 0x5100, .type = "sized_queue", .waiters = {0x1000, 0x9999},
+                               .push_waiters = {}},
+                    WaitObject{.object = 0x5200, .type = "monitor", .owner_fiber = s.threads[3].fiber}};
+  DeriveStates(&s);
+  const nlohmann::json j = DumpToJson(s);
+  const nlohmann::json& w = j["threads"][0]["waiting_for"];
+  EXPECT_EQ(w["kind"], "queue");
+  EXPECT_EQ(w["object"], "0x5100");
+  EXPECT_EQ(w["object_type"], "Thread::SizedQueue");
+  EXPECT_EQ(w["operation"], "pop");
+  ASSERT_EQ(j["waited_on"].size(), 2u);
+  EXPECT_EQ(j["waited_on"][0]["type"], "Thread::SizedQueue");
+  EXPECT_EQ(j["waited_on"][0]["waiters_native_tids"], (nlohmann::json{4242}));
+  EXPECT_EQ(j["waited_on"][0]["push_waiters_native_tids"], nlohmann::json::array());
+  EXPECT_EQ(j["waited_on"][0]["unlisted_waiters"], 1);
+  EXPECT_EQ(j["waited_on"][1]["type"], "Monitor");
+  EXPECT_EQ(j["waited_on"][1]["owner_native_tid"], 4245);
+  std::ostringstream out;
+  PrintDumpText(s, out);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("Waited on:\n  Thread::SizedQueue 0x5100: 1 waiting to pop: thread 1 \"main-ish\" (tid 4242); "
+                      "0 waiting to push; 1 not among the threads\n"
+                      "  Monitor 0x5200 owned by thread 4 (tid 4245); 0 waiting to enter\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("blocked (queue), waiting to pop Thread::SizedQueue 0x5100\n"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace rvbpfd

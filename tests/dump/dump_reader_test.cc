@@ -224,5 +224,124 @@ TEST_F(DumpReaderTest, ANullVmIsAnError) {
   EXPECT_EQ(s.error().code(), ErrorCode::kNoSymbols);
 }
 
+// A VM pointer recovered from code is type-checked: the main thread's self must be a "VM/thread" object whose data
+// is that thread; anything else (another object, another thread's, a non-object, no thread at all) is refused.
+TEST_F(DumpReaderTest, TheMainThreadMustBeARubyThreadObject) {
+  DumpLayout l = Layout();
+  l.th_self = 8;
+  constexpr uint64_t kSelf = 0x60000, kThreadType = 0x61000, kThreadName = 0x62000;
+  mem_.Map(kSelf, 40);
+  mem_.Put64(kSelf, 0x0c);  // T_DATA
+  mem_.Put64(kSelf + l.typed_type, kThreadType);
+  mem_.Put64(kSelf + l.typed_flag, 1);
+  mem_.Put64(kSelf + l.typed_data, kThreads[0]);
+  mem_.Map(kThreadType, 8);
+  mem_.Put64(kThreadType, kThreadName);
+  mem_.Map(kThreadName, 16);
+  mem_.Put(kThreadName, "VM/thread\0\0\0\0\0\0", 16);
+  mem_.Put64(kThreads[0] + l.th_self, kSelf);
+  VmRoots roots{kVmPtr, 0};
+  roots.vm_ptr_from_code = true;
+  roots.vm_ptr_source = "the global f reads";
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, l, roots, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  EXPECT_EQ(s->threads.size(), 3u);
+
+  auto refused = [&](const std::string& why) {
+    Result<DumpSnapshot> r = ReadRubyThreads(mem_, l, roots, hooks_);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.error().code(), ErrorCode::kNoSymbols) << why;
+    EXPECT_NE(r.error().message().find("the global f reads"), std::string::npos) << r.error().message();
+  };
+  mem_.Put64(kSelf + l.typed_data, kThreads[1]);
+  refused("another thread's object");
+  mem_.Put64(kSelf + l.typed_data, kThreads[0]);
+  mem_.Put64(kThreads[0] + l.th_self, kMutex);
+  refused("a Mutex");
+  mem_.Put64(kThreads[0] + l.th_self, 0x08);
+  refused("nil");
+  mem_.Put64(kThreads[0] + l.th_self, kSelf);
+  mem_.Put(kThreadName, "VM/threadX", 10);
+  refused("a type of another name");
+  mem_.Put(kThreadName, "VM/thread\0", 10);
+  Link({});
+  refused("no thread");
+  roots.vm_ptr_from_code = false;  // an exported pointer: an empty list is read as such
+  EXPECT_TRUE(ReadRubyThreads(mem_, l, roots, hooks_).ok());
+}
+
+// A blocked thread whose second frame's receiver is a SizedQueue: the queue is found through its control frames
+// and read with its two wait lists (sync_waiter nodes naming threads). A type of another name, or a list that breaks,
+// is not taken for one / is marked incomplete.
+TEST_F(DumpReaderTest, AQueueAThreadWaitsOnIsReadWithItsWaitLists) {
+  DumpLayout l = Layout();
+  l.cfp_self = 24;
+  l.cfp_size = 56;
+  l.waiter_th = 8;
+  l.waiter_node = 24;
+  l.queue_waitq = 0;
+  l.szqueue_pushq = 40;
+  constexpr uint64_t kCfp = 0x70000, kQueue = 0x71000, kType = 0x72000, kName = 0x72100, kWaiters = 0x73000;
+  mem_.Put64(Ec(1) + l.ec_cfp, kCfp);
+  mem_.Map(kCfp, 2 * 56);
+  mem_.Put64(kCfp + l.cfp_self, 0x08);             // the leaf's receiver: nil
+  mem_.Put64(kCfp + 56 + l.cfp_self, kQueue);      // its caller's: the queue
+  mem_.Map(kQueue, 32 + 64);
+  mem_.Put64(kQueue, 0x0c);  // T_DATA
+  mem_.Put64(kQueue + l.typed_type, kType);
+  mem_.Put64(kQueue + l.typed_flag, 3);            // typed, embedded: the rb_szqueue at +32
+  mem_.Map(kType, 8);
+  mem_.Put64(kType, kName);
+  mem_.Map(kName, 16);
+  mem_.Put(kName, "sized_queue\0", 12);
+  const uint64_t data = kQueue + l.typed_data;
+  // waitq: thread 3's waiter; pushq: thread 2's.
+  mem_.Map(kWaiters, 0x200);
+  auto link = [&](uint64_t head, uint64_t waiter, uint64_t th) {
+    mem_.Put64(waiter + l.waiter_th, th);
+    mem_.Put64(head, waiter + l.waiter_node);
+    mem_.Put64(waiter + l.waiter_node, head);
+  };
+  link(data + l.queue_waitq, kWaiters, kThreads[2]);
+  link(data + l.szqueue_pushq, kWaiters + 0x100, kThreads[1]);
+  hooks_.stack = [](uint64_t) {
+    StackReading r;
+    r.frames = {FrameInfo{"Thread::SizedQueue#push", "<internal:thread_sync>", 63, FrameKind::kRuby},
+                FrameInfo{"x", "/x.rb", 1, FrameKind::kRuby}};
+    return r;
+  };
+  Result<DumpSnapshot> s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  EXPECT_EQ(s->threads[1].wait_object, kQueue);
+  EXPECT_EQ(s->threads[1].wait_type, "sized_queue");
+  EXPECT_EQ(s->threads[2].wait_object, 0u) << "a runnable thread is not searched";
+  ASSERT_EQ(s->wait_objects.size(), 1u);
+  const WaitObject& q = s->wait_objects[0];
+  EXPECT_EQ(q.object, kQueue);
+  EXPECT_EQ(q.waiters, (std::vector<uint64_t>{kThreads[2]}));
+  EXPECT_EQ(q.push_waiters, (std::vector<uint64_t>{kThreads[1]}));
+  EXPECT_TRUE(q.lists_complete);
+
+  mem_.Put64(kWaiters + 0x100 + l.waiter_node, 0x123000);  // the push list runs into unmapped memory
+  s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  ASSERT_EQ(s->wait_objects.size(), 1u);
+  EXPECT_FALSE(s->wait_objects[0].lists_complete);
+
+  // A list linked in a circle that never returns to its head: cut at the threads + 64 nodes, marked incomplete.
+  mem_.Put64(kWaiters + 0x100 + l.waiter_node, kWaiters + 0x100 + l.waiter_node);
+  s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  ASSERT_EQ(s->wait_objects.size(), 1u);
+  EXPECT_FALSE(s->wait_objects[0].lists_complete);
+  EXPECT_EQ(s->wait_objects[0].waiters, (std::vector<uint64_t>{kThreads[2]}));
+
+  mem_.Put(kName, "sized_queuX\0", 12);
+  s = ReadRubyThreads(mem_, l, VmRoots{kVmPtr, 0}, hooks_);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  EXPECT_EQ(s->threads[1].wait_object, 0u);
+  EXPECT_TRUE(s->wait_objects.empty());
+}
+
 }  // namespace
 }  // namespace rvbpfd
