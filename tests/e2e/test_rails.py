@@ -227,6 +227,50 @@ def thread_name_problems(rvbpfd, trace):
     return p
 
 
+# Issue 47 item 3: every action the load and the golden phase requested, as model/endpoint.h names it.
+ACTIONS = tuple(f"LedgerController#{a}" for a in ("health", "cpu", "db", "nap", "locked", "hold", "golden"))
+
+
+def endpoint_problems(rvbpfd, trace):
+    """The endpoint label of the pprof export holds the controller actions (rule rails_action) and nothing else that
+    is named; /cpu's action has on-CPU samples and caused GVL blame; inspect's endpoints section lists every action."""
+    prof, problem = rvlib.export_pprof(rvbpfd, trace.path, trace.path + ".endpoints.pb.gz")
+    if problem:
+        return [problem]
+    types = [t for t, _ in prof["sample_types"]]
+    cpu, blame, wall = types.index("samples"), types.index("gvl_blame"), types.index("wall")
+    by = {}
+    p = []
+    for s in prof["samples"]:
+        e = s["labels"].get("endpoint")
+        if not isinstance(e, str):
+            p.append(f"a sample without an endpoint label: {s['stack'][:3]} {s['labels']}")
+            break
+        if e != "-" and s["labels"].get("endpoint_rule") != "rails_action":
+            p.append(f"endpoint {e} with rule {s['labels'].get('endpoint_rule')!r}, expected rails_action")
+        row = by.setdefault(e, [0, 0, 0])
+        row[0] += s["values"][cpu]
+        row[1] += s["values"][blame]
+        row[2] += s["values"][wall]
+    named = sorted(e for e in by if e != "-")
+    print("  endpoints: " + ", ".join(f"{e} {by[e][0]} samples, {by[e][1] / 1e6:.0f} ms blamed, "
+                                      f"{by[e][2] / 1e6:.0f} ms wall" for e in named))
+    if named != sorted(ACTIONS):
+        p.append(f"endpoint labels {named}, expected the controller actions {sorted(ACTIONS)}")
+    if by.get("LedgerController#cpu", [0, 0, 0])[0] == 0 or by.get("LedgerController#cpu", [0, 0, 0])[1] == 0:
+        p.append(f"LedgerController#cpu has {by.get('LedgerController#cpu')} (samples, blame ns, wall ns): want on-CPU "
+                 f"samples and GVL blame")
+    r = subprocess.run([rvbpfd, "inspect", trace.path], capture_output=True, text=True, timeout=300)
+    section = r.stdout[r.stdout.find("endpoints (derived"):].split("\n\n")[0] if "endpoints (derived" in r.stdout else ""
+    lines = section.splitlines()
+    header = next((i for i, line in enumerate(lines) if "blocked by reason" in line), len(lines))
+    rows = {line.split()[0] for line in lines[header + 1:] if line.startswith("  ") and line.split()}
+    missing = [a for a in ACTIONS if a not in rows]
+    if r.returncode != 0 or missing or "-" not in rows:
+        p.append(f"inspect (exit {r.returncode}) endpoints section lacks {missing} (or '-'): {section[:1500]!r}")
+    return p
+
+
 def main():
     started = time.monotonic()
     args, res, rvbpfd, container, apps = applib.begin(__doc__)
@@ -275,6 +319,8 @@ def main():
                       blame_problems(rvbpfd, run.rv))
             res.check("rails: Puma's pool threads by their names in the trace and inspect",
                       thread_name_problems(rvbpfd, run.rv))
+            res.check("rails: endpoints are the controller actions in the pprof export and inspect (issue 47 item 3)",
+                      endpoint_problems(rvbpfd, run.rv))
     except (rvlib.RunError, rvlib.Fatal, OSError, http.client.HTTPException) as e:
         res.check("rails: run", [str(e)])
     finally:
