@@ -136,7 +136,9 @@ Endpoint DeriveEndpoint(std::span<const FrameInfo> frames) {
   return DeriveEndpoint(std::span<const FrameInfo* const>(ptrs));
 }
 
-TraceEndpoints::TraceEndpoints(const TraceFile& trace) : trace_(trace) {
+TraceEndpoints::TraceEndpoints(const std::unordered_map<uint32_t, FrameInfo>& frames,
+                               const std::unordered_map<uint32_t, std::vector<uint32_t>>& stacks)
+    : frames_(frames), stacks_(stacks) {
   endpoints_.emplace_back();
   ids_.emplace(std::string(kNoEndpoint), 0);
 }
@@ -145,9 +147,12 @@ uint32_t TraceEndpoints::Of(uint32_t stack_id) {
   if (stack_id == 0) return 0;
   if (auto it = of_stack_.find(stack_id); it != of_stack_.end()) return it->second;
   uint32_t id = 0;
-  if (const std::vector<uint32_t>* frames = trace_.Stack(stack_id); frames != nullptr && !frames->empty()) {
+  if (auto stack = stacks_.find(stack_id); stack != stacks_.end() && !stack->second.empty()) {
     scratch_.clear();
-    for (uint32_t f : *frames) scratch_.push_back(trace_.Frame(f));
+    for (uint32_t f : stack->second) {
+      auto frame = frames_.find(f);
+      scratch_.push_back(frame != frames_.end() ? &frame->second : nullptr);
+    }
     Endpoint e = DeriveEndpoint(std::span<const FrameInfo* const>(scratch_));
     auto [it, fresh] = ids_.emplace(e.name, static_cast<uint32_t>(endpoints_.size()));
     if (fresh) endpoints_.push_back(std::move(e));

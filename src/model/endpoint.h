@@ -59,10 +59,13 @@ Endpoint DeriveEndpoint(std::span<const FrameInfo* const> frames);
 Endpoint DeriveEndpoint(std::span<const FrameInfo> frames);
 
 // The endpoints of a trace's stacks, each derived once on first use. Ids are dense from 0; id 0 is always "-".
-// Not thread-safe; the TraceFile must outlive the table.
+// Not thread-safe; the trace (or the dictionaries) must outlive the table.
 class TraceEndpoints {
  public:
-  explicit TraceEndpoints(const TraceFile& trace);
+  explicit TraceEndpoints(const TraceFile& trace) : TraceEndpoints(trace.frames, trace.stacks) {}
+  // A trace's frame and stack dictionaries (TraceFile::frames, stacks).
+  TraceEndpoints(const std::unordered_map<uint32_t, FrameInfo>& frames,
+                 const std::unordered_map<uint32_t, std::vector<uint32_t>>& stacks);
   // The endpoint id of stack `stack_id` (0, an unknown id or an empty stack: 0).
   uint32_t Of(uint32_t stack_id);
   const Endpoint& endpoint(uint32_t id) const { return endpoints_[id < endpoints_.size() ? id : 0]; }
@@ -70,7 +73,8 @@ class TraceEndpoints {
   size_t size() const { return endpoints_.size(); }
 
  private:
-  const TraceFile& trace_;
+  const std::unordered_map<uint32_t, FrameInfo>& frames_;
+  const std::unordered_map<uint32_t, std::vector<uint32_t>>& stacks_;
   std::vector<Endpoint> endpoints_;
   std::unordered_map<std::string, uint32_t> ids_;  // by name
   std::unordered_map<uint32_t, uint32_t> of_stack_;
