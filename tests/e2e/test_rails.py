@@ -271,6 +271,25 @@ def endpoint_problems(rvbpfd, trace):
     return p
 
 
+def report_endpoint_problems(rvbpfd, trace, source_dir, build_dir):
+    """The report of the recording renders in headless Chromium with the endpoint filter working: tests/browser/
+    report_endpoints.test.mjs on this trace (the actions offered, both flame graphs filtered, the card, the dimming).
+    Needs node, playwright-core and chromium (tools/install-browser-deps.sh): missing, the check fails saying so."""
+    node = shutil.which("node")
+    if node is None:
+        return ["node not found: run tools/install-browser-deps.sh (the report's endpoint filter is checked in Chromium)"]
+    out_dir = os.path.join(os.path.abspath(build_dir), "rails-report-endpoints")
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, RVBPFD_BIN=rvbpfd, RVBPFD_BUILD_DIR=out_dir, RVBPFD_ENDPOINTS_TRACE=trace.path,
+               RVBPFD_ENDPOINTS_EXPECT=",".join(sorted(ACTIONS, key=lambda a: a != "LedgerController#cpu")))
+    t0 = time.monotonic()
+    r = subprocess.run([node, "--test", os.path.join(source_dir, "tests/browser/report_endpoints.test.mjs")],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=source_dir)
+    print(f"  report endpoint filter in Chromium: exit {r.returncode} in {time.monotonic() - t0:.1f} s "
+          f"(screenshot {out_dir}/report-endpoints-screenshot.png)")
+    return [] if r.returncode == 0 else [f"report_endpoints.test.mjs exit {r.returncode}:\n{r.stdout[-3000:]}{r.stderr[-1500:]}"]
+
+
 def main():
     started = time.monotonic()
     args, res, rvbpfd, container, apps = applib.begin(__doc__)
@@ -321,6 +340,8 @@ def main():
                       thread_name_problems(rvbpfd, run.rv))
             res.check("rails: endpoints are the controller actions in the pprof export and inspect (issue 47 item 3)",
                       endpoint_problems(rvbpfd, run.rv))
+            res.check("rails: the report renders in Chromium with the endpoint filter working (issue 47 item 3)",
+                      report_endpoint_problems(rvbpfd, run.rv, args.source_dir, args.build_dir))
     except (rvlib.RunError, rvlib.Fatal, OSError, http.client.HTTPException) as e:
         res.check("rails: run", [str(e)])
     finally:
