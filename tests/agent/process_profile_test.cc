@@ -397,6 +397,33 @@ TEST(ProcessProfile, EverySampleCarriesItsStacksEndpoint) {
   EXPECT_EQ(by_endpoint("gvl_blame"), (std::map<std::string, int64_t>{{"LedgerController#cpu", 3900}}));
 }
 
+// The endpoint label's values per interval are bounded: past kMaxEndpoints distinct ones, "(other endpoints)"; the
+// next interval names its own again.
+TEST(ProcessProfile, EndpointsPastTheCapShareOneLabel) {
+  ProcessProfile pp(kPeriod);
+  const size_t n = ProcessProfile::kMaxEndpoints + 10;
+  auto action_stack = [](size_t k) {
+    return Stack({"Api" + std::to_string(k) + "Controller#show", "AbstractController::Base#process_action"});
+  };
+  for (size_t k = 0; k < n; ++k) pp.OnSample(100 + k, 1, false, action_stack(k));
+  auto endpoints = [&](uint64_t cut) {
+    std::map<std::string, int64_t> out;
+    const auto p = Get(pp.Cut(cut, 1'700'000'000'000'000'000, 1000), "cpu");
+    if (!p) return out;
+    for (const DecodedSample& s : p->samples) out[s.str_labels.at("endpoint")] += s.values[0];
+    return out;
+  };
+  const auto first = endpoints(10'000);
+  EXPECT_EQ(first.size(), ProcessProfile::kMaxEndpoints + 1);
+  EXPECT_EQ(first.at(std::string(ProcessProfile::kOtherEndpoints)), 10);
+  EXPECT_EQ(first.at("Api0Controller#show"), 1);
+  // The next interval starts over: its first endpoints are named.
+  for (size_t k = n - 5; k < n; ++k) pp.OnSample(20'000 + k, 1, false, action_stack(k));
+  const auto second = endpoints(30'000);
+  EXPECT_EQ(second.size(), 5u);
+  EXPECT_EQ(second.count(std::string(ProcessProfile::kOtherEndpoints)), 0u);
+}
+
 // A contended READY's holder stack (Agent::Dispatch feeds it to OnContention): the wait goes to it up to the
 // holder's next sample, not to where the holder later released the GVL.
 TEST(ProcessProfile, GvlBlameGoesToTheHolderStackAContendedReadyFound) {
