@@ -1,7 +1,5 @@
 #include "agent/process_profile.h"
 
-#include "model/endpoint.h"
-
 #include <algorithm>
 #include <functional>
 
@@ -9,6 +7,7 @@
 #include "export/export_util.h"
 #include "export/pprof.h"
 #include "export/pprof_builder.h"
+#include "model/endpoint.h"
 #include "rvbpfd/abi.h"
 #include "target/pid_namespace.h"
 #include "trace/reader.h"

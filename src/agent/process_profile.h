@@ -17,8 +17,7 @@
 //     GC; "[GVL not held]" for hand-off time nobody held it, "[holder unknown]" where no holder was seen acquiring.
 //     Labelled holder and waiter (thread names, below), blame_source (sampled, release_stack, last_sample,
 //     no_stack, gvl_free, holder_unknown) and provenance ("derived": an observed wait), and endpoint: the holder's
-//     stack's (below). Its total equals gvl_wait's
-//     in every interval.
+//     stack's (below). Its total equals gvl_wait's in every interval.
 //   - Paused windows (the budget detached the scheduler sites): the samples' GVL readings (OnSample's `gvl`: who held
 //     the lock, who was queued) estimate the waits the pause hid, by model/attribution.h's streaming estimate (the
 //     rules of `rvbpfd export --pprof` on a budgeted recording): in gvl_wait at the waiter's stack and in gvl_blame
@@ -40,10 +39,10 @@
 // Every sample of every profile is labelled `endpoint`: its stack's (model/endpoint.h; the Rails action, job class or
 // Sinatra route, "-" for none), derived once per stack and interval. An application has a bounded set of actions and
 // jobs, so the label's cardinality is bounded by the application, and by kMaxEndpoints per interval (past it,
-// "(other endpoints)"). Profiles other than gvl_blame carry no other pprof labels: the process labels (host, pid, ...) travel with the upload
-// (src/sink), and a per-thread label would multiply both the profile size and, in Pyroscope which turns sample
-// labels into series labels, the series cardinality by the thread count. Per-thread views are what `rvbpfd record`
-// is for. gvl_blame's question is which thread starves which, so it names them: "main" (the thread the agent saw on
+// "(other endpoints)"). Profiles other than gvl_blame carry no other pprof labels: the process labels (host, pid,
+// ...) travel with the upload (src/sink), and a per-thread label would multiply both the profile size and, in
+// Pyroscope which turns sample labels into series labels, the series cardinality by the thread count. Per-thread
+// views are what `rvbpfd record` is for. gvl_blame's question is which thread starves which, so it names them: "main" (the thread the agent saw on
 // the process's initial native thread, SetMainThread) or "Thread #N", N numbered per process from 2 in the order
 // threads first appear in a gvl_blame profile, kept while the thread lives (a thread_started at a reused thread
 // pointer gets a new number; more than kMaxThreadNames numbered threads start the numbering over). Its series are at
@@ -267,7 +266,7 @@ class ProcessProfile {
   // in cache between its records.
   static constexpr size_t kBlameDrainMin = 256;
   static constexpr size_t kMaxThreadNames = 4096;  // numbered threads before the numbering starts over
-  // Distinct endpoints named per stack table (a bound on the `endpoint` label's series per process); the rest are
+  // Distinct endpoints named per interval (a bound on the `endpoint` label's series per process); the rest are
   // labelled kOtherEndpoints.
   static constexpr size_t kMaxEndpoints = 256;
   static constexpr std::string_view kOtherEndpoints = "(other endpoints)";

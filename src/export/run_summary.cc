@@ -61,8 +61,8 @@ std::string SourceShares(const std::map<std::string_view, uint64_t>& by_source, 
 }
 
 // The endpoints section: per endpoint (model/endpoint.h) its threads' time running (GC included), waiting for the
-// GVL, blocked (and by which reasons, idle apart), and the GVL wait it caused to others (blame on its holders'
-// stacks). Printed only when some stack names an endpoint.
+// GVL, blocked (its top three reasons, idle included), and the GVL wait it caused to others (blame on its holders'
+// stacks); the heaviest kSummaryEndpoints, then "-". Printed only when some stack names an endpoint.
 void PrintEndpoints(const TraceFile& trace, const AttributionResult& a, std::ostream& out) {
   struct Row {
     uint64_t running_ns = 0, gvl_wait_ns = 0, blocked_ns = 0, blamed_ns = 0;
@@ -94,7 +94,8 @@ void PrintEndpoints(const TraceFile& trace, const AttributionResult& a, std::ost
     width = std::max(width, std::min<size_t>(endpoints.endpoint(v[i].first).name.size() + 2, 60));
   }
   constexpr size_t kNumWidth = 10;
-  out << "\nendpoints (derived from the stacks: Rails action, job class, Sinatra route; '-' outside\n  any; ms; blamed: the GVL wait others had while it held the lock):\n  "
+  out << "\nendpoints (derived from the stacks: Rails action, job class, Sinatra route; '-' outside\n  any; ms; "
+         "blamed: the GVL wait others had while it held the lock):\n  "
       << Pad("endpoint", width) << PadLeft("running", kNumWidth) << PadLeft("gvl_wait", kNumWidth)
       << PadLeft("blocked", kNumWidth) << PadLeft("blamed", kNumWidth) << "  blocked by reason\n";
   auto row = [&](std::string_view name, const Row& r) {

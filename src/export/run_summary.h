@@ -25,8 +25,8 @@ inline constexpr size_t kStatsHolders = 10;
 // running, gc, gvl_wait, blocked, unknown) and native tids; total GVL contention; the top blockers (holder thread,
 // its method = the leaf frame of the blamed stacks, share of all GVL waiting, how the stacks were known); the top
 // blocked stacks by release reason; per endpoint (model/endpoint.h, when any stack names one) its time running,
-// waiting for the GVL, blocked (by reason) and the GVL wait it caused to others; dropped events and tracing pauses. `agg` is AggregateStacks(trace), `model` the
-// Model of the same trace.
+// waiting for the GVL, blocked (by reason) and the GVL wait it caused to others; dropped events and tracing pauses.
+// `agg` is AggregateStacks(trace), `model` the Model of the same trace.
 void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Model& model, std::ostream& out);
 
 // For `rvbpfd stats`: GVL blame totals by holder thread (ns others waited while it held the lock, share, its top

@@ -582,7 +582,11 @@ TEST(ProcessProfile, WaitsInAPausedWindowAreEstimatedFromGvlReadingsAndLabelledI
   EXPECT_EQ(blame->samples[0].values.at(0), 3900);
   EXPECT_EQ(blame->samples[0].str_labels,
             (std::map<std::string, std::string>{
-                {"holder", "main"}, {"waiter", "Thread #2"}, {"blame_source", "sampled"}, {"provenance", "inferred"}, {"endpoint", "-"}}));
+                {"holder", "main"},
+                {"waiter", "Thread #2"},
+                {"blame_source", "sampled"},
+                {"provenance", "inferred"},
+                {"endpoint", "-"}}));
   EXPECT_EQ(TotalOf(built, "gvl_blame"), 3900u);
   EXPECT_EQ(TotalOf(built, "gvl_wait"), 3900u);
   for (const auto* p : {&*wait, &*blame}) {

@@ -267,7 +267,8 @@ def endpoint_problems(rvbpfd, trace):
         p.append(f"LedgerController#cpu has {by.get('LedgerController#cpu')} (samples, blame ns, wall ns): want on-CPU "
                  f"samples and GVL blame")
     r = subprocess.run([rvbpfd, "inspect", trace.path], capture_output=True, text=True, timeout=300)
-    section = r.stdout[r.stdout.find("endpoints (derived"):].split("\n\n")[0] if "endpoints (derived" in r.stdout else ""
+    at = r.stdout.find("endpoints (derived")
+    section = r.stdout[at:].split("\n\n")[0] if at >= 0 else ""
     lines = section.splitlines()
     header = next((i for i, line in enumerate(lines) if "blocked by reason" in line), len(lines))
     rows = {line.split()[0] for line in lines[header + 1:] if line.startswith("  ") and line.split()}
@@ -283,7 +284,8 @@ def report_endpoint_problems(rvbpfd, trace, source_dir, build_dir):
     Needs node, playwright-core and chromium (tools/install-browser-deps.sh): missing, the check fails saying so."""
     node = shutil.which("node")
     if node is None:
-        return ["node not found: run tools/install-browser-deps.sh (the report's endpoint filter is checked in Chromium)"]
+        return ["node not found: run tools/install-browser-deps.sh (the report's endpoint filter is checked in "
+                "Chromium)"]
     out_dir = os.path.join(os.path.abspath(build_dir), "rails-report-endpoints")
     os.makedirs(out_dir, exist_ok=True)
     env = dict(os.environ, RVBPFD_BIN=rvbpfd, RVBPFD_BUILD_DIR=out_dir, RVBPFD_ENDPOINTS_TRACE=trace.path,
@@ -293,7 +295,9 @@ def report_endpoint_problems(rvbpfd, trace, source_dir, build_dir):
                        capture_output=True, text=True, timeout=600, env=env, cwd=source_dir)
     print(f"  report endpoint filter in Chromium: exit {r.returncode} in {time.monotonic() - t0:.1f} s "
           f"(screenshot {out_dir}/report-endpoints-screenshot.png)")
-    return [] if r.returncode == 0 else [f"report_endpoints.test.mjs exit {r.returncode}:\n{r.stdout[-3000:]}{r.stderr[-1500:]}"]
+    if r.returncode == 0:
+        return []
+    return [f"report_endpoints.test.mjs exit {r.returncode}:\n{r.stdout[-3000:]}{r.stderr[-1500:]}"]
 
 
 class AgentEndpoints:

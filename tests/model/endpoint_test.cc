@@ -52,7 +52,8 @@ TEST(EndpointTest, NoActionFrameIsNoEndpoint) {
 TEST(EndpointTest, RailsActionCalledThroughSend) {
   // A plain ActionController::Metal: process_action calls the action through a send C frame.
   std::vector<FrameInfo> s = {Cfunc("Kernel#sleep"), Ruby("Api::PingController#show"), Cfunc("Kernel#send"),
-                              Ruby("AbstractController::Base#process_action"), Ruby("AbstractController::Base#process")};
+                              Ruby("AbstractController::Base#process_action"),
+                              Ruby("AbstractController::Base#process")};
   EXPECT_EQ(DeriveEndpoint(s), (Endpoint{"Api::PingController#show", EndpointRule::kRailsAction}));
   // A block of the action called by the dispatch is not the action (the stack is cut below it: no endpoint).
   s = {Ruby("block in Api::PingController#show"), Ruby("AbstractController::Base#process_action")};
