@@ -7,6 +7,7 @@
 #include "export/export_util.h"
 #include "export/pprof.h"
 #include "export/pprof_builder.h"
+#include "model/endpoint.h"
 #include "rvbpfd/abi.h"
 #include "target/pid_namespace.h"
 #include "trace/reader.h"
@@ -35,6 +36,8 @@ constexpr std::string_view kWaiterLabel = "waiter";
 constexpr std::string_view kSourceLabel = "blame_source";
 // gvl_blame's, and gvl_wait's estimated samples': how the ns were known (ProvenanceString).
 constexpr std::string_view kProvenanceLabel = "provenance";
+// Every sample's: its stack's endpoint (model/endpoint.h).
+constexpr std::string_view kEndpointLabel = "endpoint";
 
 const FrameInfo& GcFrame() {
   static const FrameInfo* const kFrame = new FrameInfo{std::string(kGcFrameLabel), "", 0, FrameKind::kGc};
@@ -243,6 +246,39 @@ void ProcessProfile::NewTable() {
   }
   table_ = std::move(next);
   special_ = s;
+  ForgetEndpoints();  // stack ids start over
+}
+
+void ProcessProfile::ForgetEndpoints() {
+  std::vector<uint32_t>().swap(endpoint_of_stack_);
+  endpoint_names_.assign(1, std::string(kNoEndpoint));
+  endpoint_names_.shrink_to_fit();
+  std::unordered_map<std::string, uint32_t>().swap(endpoint_ids_);
+}
+
+std::string_view ProcessProfile::EndpointOf(uint32_t stack) {
+  if (stack == 0) return endpoint_names_[0];
+  if (stack >= endpoint_of_stack_.size()) endpoint_of_stack_.resize(stack + 1, 0);
+  uint32_t& slot = endpoint_of_stack_[stack];
+  if (slot == 0) {
+    std::vector<const FrameInfo*> frames;
+    for (uint32_t f : table_->stack(stack)) frames.push_back(&table_->frame(f));
+    Endpoint e = DeriveEndpoint(std::span<const FrameInfo* const>(frames));
+    uint32_t index = 0;
+    if (e.rule != EndpointRule::kNone) {
+      if (auto it = endpoint_ids_.find(e.name); it != endpoint_ids_.end()) {
+        index = it->second;
+      } else if (endpoint_names_.size() <= kMaxEndpoints) {
+        index = static_cast<uint32_t>(endpoint_names_.size());
+        endpoint_ids_.emplace(e.name, index);
+        endpoint_names_.push_back(std::move(e.name));
+      } else {
+        index = kOtherEndpointsIndex;
+      }
+    }
+    slot = index + 1;
+  }
+  return slot - 1 == kOtherEndpointsIndex ? kOtherEndpoints : std::string_view(endpoint_names_[slot - 1]);
 }
 
 uint32_t ProcessProfile::InternOrFull(const StackInput& frames) {
@@ -440,13 +476,16 @@ std::string ProcessProfile::BuildOne(std::string_view type, const std::vector<ui
       if (loc == 0) loc = b.Location(table_->frame(f));
       locations.push_back(loc);
     }
+    const std::string_view endpoint = EndpointOf(stack);
     // Cannot fail: the value count matches the sample types and the ids come from Location.
     if (v > 0) {
       const int64_t values[] = {SaturatingToInt64(v), SaturatingToInt64(v * sample_period_ns_)};
-      (void)b.AddSample(std::span<const uint64_t>(locations), std::span<const int64_t>(values, cpu ? 2 : 1));
+      const PprofLabel labels[] = {{.key = kEndpointLabel, .str = endpoint}};
+      (void)b.AddSample(std::span<const uint64_t>(locations), std::span<const int64_t>(values, cpu ? 2 : 1), labels);
     }
     if (guessed > 0) {
-      const PprofLabel labels[] = {{.key = kProvenanceLabel, .str = ProvenanceString(Provenance::kInferred)}};
+      const PprofLabel labels[] = {{.key = kProvenanceLabel, .str = ProvenanceString(Provenance::kInferred)},
+                                   {.key = kEndpointLabel, .str = endpoint}};
       const int64_t values[] = {SaturatingToInt64(guessed)};
       (void)b.AddSample(std::span<const uint64_t>(locations), values, labels);
     }
@@ -497,6 +536,7 @@ std::string ProcessProfile::BuildBlame(int64_t interval_start_unix_ns, int64_t d
                                                           : special_.no_stack;
     }
     if (key.gc) stack = GcStack(key.stack);
+    const std::string_view endpoint = EndpointOf(key.stack);  // the holder's: blame its endpoint caused
     locations.clear();
     for (uint32_t f : table_->stack(stack)) {
       uint64_t& loc = location_of_frame[f];
@@ -507,7 +547,8 @@ std::string ProcessProfile::BuildBlame(int64_t interval_start_unix_ns, int64_t d
     const PprofLabel labels[] = {{.key = kHolderLabel, .str = holder},
                                  {.key = kWaiterLabel, .str = waiter},
                                  {.key = kSourceLabel, .str = BlameSourceName(key.source)},
-                                 {.key = kProvenanceLabel, .str = ProvenanceString(key.provenance)}};
+                                 {.key = kProvenanceLabel, .str = ProvenanceString(key.provenance)},
+                                 {.key = kEndpointLabel, .str = endpoint}};
     const int64_t values[] = {SaturatingToInt64(ns)};
     // Cannot fail: one value for the one sample type, ids from Location.
     (void)b.AddSample(std::span<const uint64_t>(locations), values, labels);
@@ -594,6 +635,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
     }
     std::vector<std::string> label_names;
     if (k.inferred != nullptr && estimated) label_names.emplace_back(kProvenanceLabel);
+    label_names.emplace_back(kEndpointLabel);
     out.push_back(
         BuiltProfile{std::string(k.type), std::move(gz.value()), raw.size(), k.total, std::move(label_names)});
   }
@@ -605,7 +647,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
     if (gz.ok()) {
       out.push_back(BuiltProfile{"gvl_blame", std::move(gz.value()), raw.size(), blamed,
                                  {std::string(kHolderLabel), std::string(kWaiterLabel), std::string(kSourceLabel),
-                                  std::string(kProvenanceLabel)}});
+                                  std::string(kProvenanceLabel), std::string(kEndpointLabel)}});
     } else {
       ++stats_.build_failures;
     }
@@ -623,6 +665,7 @@ std::vector<BuiltProfile> ProcessProfile::Cut(uint64_t cut_ns, int64_t interval_
     }
   }
   exited_threads_.clear();
+  ForgetEndpoints();  // derived again per interval: only the stacks an interval uses cost memory
   stats_.threads_pruned += tracker_.PruneIdle(limits_.idle_cuts_before_prune);
   if (table_->approx_memory_bytes() > limits_.reset_above_bytes) {
     NewTable();
@@ -639,7 +682,9 @@ size_t ProcessProfile::approx_memory_bytes() const {
          HashSetHeap(thread_numbers_, sizeof(std::pair<const uint64_t, uint32_t>), false) +
          HashSetHeap(thread_infos_, sizeof(std::pair<const uint64_t, ThreadInfo>), false) +
          thread_infos_.size() * 2 * kMaxTaskCommBytes +
-         VectorHeap(exited_threads_) +
+         VectorHeap(exited_threads_) + VectorHeap(endpoint_of_stack_) + VectorHeap(endpoint_names_) +
+         HashSetHeap(endpoint_ids_, sizeof(std::pair<const std::string, uint32_t>), false) +
+         (endpoint_names_.size() * 2) * kMaxEndpointBytes +
          interval_blame_.blame_ns.size() * HeapChunk(4 * sizeof(void*) + sizeof(std::pair<const BlameKey, uint64_t>));
 }
 

@@ -16,8 +16,8 @@
 //     hold's release (or of its latest sample, for a hold still open at a cut), under the GC frame while it ran a
 //     GC; "[GVL not held]" for hand-off time nobody held it, "[holder unknown]" where no holder was seen acquiring.
 //     Labelled holder and waiter (thread names, below), blame_source (sampled, release_stack, last_sample,
-//     no_stack, gvl_free, holder_unknown) and provenance ("derived": an observed wait). Its total equals gvl_wait's
-//     in every interval.
+//     no_stack, gvl_free, holder_unknown) and provenance ("derived": an observed wait), and endpoint: the holder's
+//     stack's (below). Its total equals gvl_wait's in every interval.
 //   - Paused windows (the budget detached the scheduler sites): the samples' GVL readings (OnSample's `gvl`: who held
 //     the lock, who was queued) estimate the waits the pause hid, by model/attribution.h's streaming estimate (the
 //     rules of `rvbpfd export --pprof` on a budgeted recording): in gvl_wait at the waiter's stack and in gvl_blame
@@ -36,10 +36,13 @@
 // point, waits, holds and GC alike (the tracker's rule): their ends may belong to different spans. Samples are
 // unaffected.
 //
-// Profiles other than gvl_blame carry no pprof labels: the process labels (host, pid, ...) travel with the upload
-// (src/sink), and a per-thread label would multiply both the profile size and, in Pyroscope which turns sample
-// labels into series labels, the series cardinality by the thread count. Per-thread views are what `rvbpfd record`
-// is for. gvl_blame's question is which thread starves which, so it names them: "main" (the thread the agent saw on
+// Every sample of every profile is labelled `endpoint`: its stack's (model/endpoint.h; the Rails action, job class or
+// Sinatra route, "-" for none), derived once per stack and interval. An application has a bounded set of actions and
+// jobs, so the label's cardinality is bounded by the application, and by kMaxEndpoints per interval (past it,
+// "(other endpoints)"). Profiles other than gvl_blame carry no other pprof labels: the process labels (host, pid,
+// ...) travel with the upload (src/sink), and a per-thread label would multiply both the profile size and, in
+// Pyroscope which turns sample labels into series labels, the series cardinality by the thread count. Per-thread
+// views are what `rvbpfd record` is for. gvl_blame's question is which thread starves which, so it names them: "main" (the thread the agent saw on
 // the process's initial native thread, SetMainThread) or "Thread #N", N numbered per process from 2 in the order
 // threads first appear in a gvl_blame profile, kept while the thread lives (a thread_started at a reused thread
 // pointer gets a new number; more than kMaxThreadNames numbered threads start the numbering over). Its series are at
@@ -263,6 +266,10 @@ class ProcessProfile {
   // in cache between its records.
   static constexpr size_t kBlameDrainMin = 256;
   static constexpr size_t kMaxThreadNames = 4096;  // numbered threads before the numbering starts over
+  // Distinct endpoints named per interval (a bound on the `endpoint` label's series per process); the rest are
+  // labelled kOtherEndpoints.
+  static constexpr size_t kMaxEndpoints = 256;
+  static constexpr std::string_view kOtherEndpoints = "(other endpoints)";
 
  private:
   struct Weights {
@@ -304,6 +311,10 @@ class ProcessProfile {
   void DrainBlame(uint64_t now_ns);  // between cuts, when the attribution keeps too much
   // "main", "Thread #N" (numbered on first use), "-" for 0.
   std::string ThreadName(uint64_t th);
+  // The endpoint of a stack of table_ (model/endpoint.h), derived on its first use in an interval; past
+  // kMaxEndpoints distinct ones in an interval, kOtherEndpoints.
+  std::string_view EndpointOf(uint32_t stack);
+  void ForgetEndpoints();  // at each cut and new table
 
   uint64_t sample_period_ns_;
   ProcessProfileLimits limits_;
@@ -325,6 +336,12 @@ class ProcessProfile {
   uint64_t interval_discarded_gcs_ = 0;
   uint64_t interval_over_cap_ = 0;
   ProcessProfileStats stats_;
+  // EndpointOf's memo: stack id -> endpoint index + 1 (0: not derived yet); the names, [0] is "-"; names -> index.
+  static constexpr uint32_t kOtherEndpointsIndex = UINT32_MAX - 1;
+  static constexpr size_t kMaxEndpointBytes = 64;  // a typical name's heap, for approx_memory_bytes
+  std::vector<uint32_t> endpoint_of_stack_;
+  std::vector<std::string> endpoint_names_;
+  std::unordered_map<std::string, uint32_t> endpoint_ids_;
 };
 
 }  // namespace rvbpfd

@@ -1,8 +1,11 @@
 #include "export/perfetto.h"
 
+#include <memory>
+
 #include <string_view>
 
 #include "export/export_util.h"
+#include "model/endpoint.h"
 #include "trace/event.h"
 #include "trace/processes.h"
 #include "trace/reader.h"
@@ -23,7 +26,11 @@ class PerfettoWriter {
  public:
   PerfettoWriter(const Model& model, ExportSink& sink, PerfettoStacks stacks, PerfettoProcess process, bool* first)
       : model_(model), stacks_(stacks), process_(std::move(process)), sink_(sink), out_(*sink.buffer()),
-        first_(*first) {}
+        first_(*first) {
+    if (stacks_.frames != nullptr && stacks_.stacks != nullptr) {
+      endpoints_ = std::make_unique<TraceEndpoints>(*stacks_.frames, *stacks_.stacks);
+    }
+  }
 
   // The file's opening, naming the root process (`model` is its model).
   void WriteHead() {
@@ -143,7 +150,37 @@ class PerfettoWriter {
       AppendJsonString(&out_, ProvenanceString(e.reason_provenance));
     }
     StackArg(e);
+    if (e.stack) EndpointArg(EndpointOf(*e.stack));
     out_.push_back('}');
+  }
+
+  // The endpoint (model/endpoint.h) of a stack id; null when the trace has no stacks.
+  const Endpoint* EndpointOf(uint32_t stack) {
+    if (!endpoints_) return nullptr;
+    return &endpoints_->OfStack(stack);
+  }
+  // ,"endpoint":"LedgerController#cpu","endpoint_rule":"rails_action" (derived; "-" and no rule for none).
+  void EndpointArg(const Endpoint* e) {
+    if (e == nullptr) return;
+    out_.append(",\"endpoint\":");
+    AppendJsonString(&out_, e->name);
+    if (e->rule != EndpointRule::kNone) {
+      out_.append(",\"endpoint_rule\":");
+      AppendJsonString(&out_, EndpointRuleName(e->rule));
+    }
+  }
+  // The endpoint of a thread's block: its opening event's stack's, else its closing event's, else the thread's
+  // latest one before it (a GVL wait is the endpoint the thread released the lock in); updates `latest`.
+  const Endpoint* BlockEndpoint(EventRef opened_by, EventRef closed_by, const Endpoint*& latest) {
+    for (EventRef ref : {opened_by, closed_by}) {
+      if (!ref) continue;
+      const TraceEvent& e = model_.events()[*ref];
+      if (e.stack && *e.stack != 0) {
+        latest = EndpointOf(*e.stack);
+        return latest;
+      }
+    }
+    return latest != nullptr || !endpoints_ ? latest : &endpoints_->endpoint(0);
   }
 
   // ,"stack":["Integer#times (<internal:numeric>:237)", ...] leaf first; nothing when the trace has no stacks.
@@ -245,6 +282,7 @@ class PerfettoWriter {
         EndEvent();
       }
     };
+    const Endpoint* latest = nullptr;  // the thread's endpoint as of its latest event with a stack
     for (const StateBlock& b : thread.blocks) {
       if (sink_.failed()) return;
       flush_markers(b.start_ns);
@@ -264,6 +302,7 @@ class PerfettoWriter {
         out_.append(",\"repeated_transitions\":");
         AppendUint(&out_, b.repeats);
       }
+      EndpointArg(BlockEndpoint(b.opened_by, b.closed_by, latest));
       EventArg("opened_by", b.opened_by);
       EventArg("closed_by", b.closed_by);
       EventArg("ready_while_running", b.ready_while_running);
@@ -313,6 +352,7 @@ class PerfettoWriter {
 
   const Model& model_;
   PerfettoStacks stacks_;
+  std::unique_ptr<TraceEndpoints> endpoints_;  // the stacks' endpoints (model/endpoint.h); null without stacks
   PerfettoProcess process_;
   ExportSink& sink_;
   std::string& out_;

@@ -11,7 +11,10 @@
 // decimals (ns precision). Each slice's args carry the block's provenance, the rule that derived it, and the CRuby
 // events that opened and closed it; its category ("cat") is the provenance, so derived blocks can be filtered. When
 // the trace recorded stacks, an opening/closing event's arg also carries its stack (leaf first, "label (path:line)")
-// and, for gvl_released, the derived release reason.
+// and, for gvl_released, the derived release reason, and the endpoint of that stack (model/endpoint.h: "endpoint" and,
+// when a rule named one, "endpoint_rule"; derived). A thread's slice also carries the endpoint it belongs to: its
+// opening event's stack's, else its closing event's, else the thread's latest one before it (a GVL wait: the
+// endpoint the thread released the lock in); "-" when none is known.
 #ifndef RVBPFD_SRC_EXPORT_PERFETTO_H_
 #define RVBPFD_SRC_EXPORT_PERFETTO_H_
 

@@ -12,6 +12,7 @@
 
 #include "export/export_util.h"
 #include "export/pprof_builder.h"
+#include "model/endpoint.h"
 #include "model/span_tracker.h"
 #include "trace/inspect.h"
 #include "trace/processes.h"
@@ -126,6 +127,9 @@ constexpr std::string_view kStateKey = "state";
 constexpr std::string_view kReasonKey = "reason";
 constexpr std::string_view kProvenanceKey = "provenance";
 constexpr std::string_view kPidKey = "pid";  // only in a profile of several processes
+// The sample's stack's endpoint (model/endpoint.h; "-" for none) and the rule that derived it (none: no label).
+constexpr std::string_view kEndpointKey = "endpoint";
+constexpr std::string_view kEndpointRuleKey = "endpoint_rule";
 
 // Adds the samples of one process's trace (the whole trace when it has one process) to `b`: CPU and GVL wait by
 // (stack, thread), estimated waits, blame and wall clock. With `pid`, every sample also gets the numeric label
@@ -151,8 +155,17 @@ void AddTraceSamples(PprofBuilder& b, const TraceFile& trace, const StackProfile
   };
   std::vector<uint64_t> location_ids;
   std::vector<PprofLabel> labels;
+  TraceEndpoints endpoints(trace);
+  // Every sample's last labels: its pid (several processes) and its stack's endpoint.
   auto add_pid = [&] {
     if (pid) labels.push_back(PprofLabel{.key = kPidKey, .num = *pid});
+  };
+  auto add_endpoint = [&](uint32_t stack_id) {
+    const Endpoint& e = endpoints.OfStack(stack_id);
+    labels.push_back(PprofLabel{.key = kEndpointKey, .str = e.name});
+    if (e.rule != EndpointRule::kNone) {
+      labels.push_back(PprofLabel{.key = kEndpointRuleKey, .str = EndpointRuleName(e.rule)});
+    }
   };
   // The locations of a stack id, leaf first (as pprof wants); `stand_in` when the stack is unknown or empty.
   auto locations_of = [&](uint32_t stack_id, std::string_view stand_in) {
@@ -181,6 +194,7 @@ void AddTraceSamples(PprofBuilder& b, const TraceFile& trace, const StackProfile
     labels.clear();
     std::string thread_name;
     add_thread_labels(serial, &thread_name);
+    add_endpoint(stack_id);
     add_pid();
     // Cannot fail: one value per sample type, ids from Location.
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
@@ -195,6 +209,7 @@ void AddTraceSamples(PprofBuilder& b, const TraceFile& trace, const StackProfile
     std::string thread_name;
     add_thread_labels(serial, &thread_name);
     labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(Provenance::kInferred)});
+    add_endpoint(stack_id);
     add_pid();
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
@@ -217,6 +232,7 @@ void AddTraceSamples(PprofBuilder& b, const TraceFile& trace, const StackProfile
     labels.push_back(PprofLabel{.key = source_key, .str = BlameSourceName(key.source)});
     labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(key.provenance)});
     const int64_t values[] = {0, 0, 0, SaturatingToInt64(ns), 0};
+    add_endpoint(key.stack);  // the holder's: the blame its endpoint caused to others
     add_pid();
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
@@ -237,6 +253,7 @@ void AddTraceSamples(PprofBuilder& b, const TraceFile& trace, const StackProfile
       labels.push_back(PprofLabel{.key = provenance_key, .str = ProvenanceString(key.provenance)});
     }
     const int64_t values[] = {0, 0, 0, 0, SaturatingToInt64(ns)};
+    add_endpoint(key.stack);
     add_pid();
     (void)b.AddSample(std::span<const uint64_t>(location_ids), values, labels);
   }
@@ -253,7 +270,8 @@ std::string BuildPprofProfile(const TraceFile& trace) {
   b.AddSampleType("gvl_blame", "nanoseconds");
   b.AddSampleType("wall", "nanoseconds");
   for (std::string_view k :
-       {kThreadKey, kSerialKey, kHolderKey, kWaiterKey, kSourceKey, kStateKey, kReasonKey, kProvenanceKey}) {
+       {kThreadKey, kSerialKey, kHolderKey, kWaiterKey, kSourceKey, kStateKey, kReasonKey, kProvenanceKey,
+        kEndpointKey, kEndpointRuleKey}) {
     b.String(k);
   }
   std::unordered_map<uint32_t, uint64_t> location_of_frame;

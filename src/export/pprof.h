@@ -16,7 +16,10 @@
 //     the samples' GVL readings), labelled provenance "inferred" (observed waits: "observed"; their blame: "derived").
 //   - Wall clock: each thread's lifetime by state (label "state": running, gc, gvl_wait, blocked, unknown; blocked
 //     time also has a "reason" label) at the stack it was attributed to.
-// Samples and waits are aggregated per (stack, Ruby thread); each pprof sample is labelled with the thread. A trace
+// Samples and waits are aggregated per (stack, Ruby thread); each pprof sample is labelled with the thread. Every
+// sample is also labelled `endpoint`, its stack's (model/endpoint.h: the Rails action, job class or Sinatra
+// route, "-" for none; for blame the holder's stack's), and `endpoint_rule`, the rule that derived it, when it
+// names one. A trace
 // of several processes (docs/rvtrace.md, "Process lines") is aggregated process by process (each has its own GVL)
 // into one profile whose samples are also labelled pid (numeric, the process's host pid). The
 // Profile message is encoded by PprofBuilder (export/pprof_builder.h), which the fleet agent's profiles share.

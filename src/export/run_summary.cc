@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/blockers.h"
+#include "model/endpoint.h"
 #include "trace/inspect.h"
 
 namespace rvbpfd {
@@ -57,6 +58,63 @@ std::string SourceShares(const std::map<std::string_view, uint64_t>& by_source, 
     out += std::string(s) + " " + Pct(ns, total);
   }
   return out;
+}
+
+// The endpoints section: per endpoint (model/endpoint.h) its threads' time running (GC included), waiting for the
+// GVL, blocked (its top three reasons, idle included), and the GVL wait it caused to others (blame on its holders'
+// stacks); the heaviest kSummaryEndpoints, then "-". Printed only when some stack names an endpoint.
+void PrintEndpoints(const TraceFile& trace, const AttributionResult& a, std::ostream& out) {
+  struct Row {
+    uint64_t running_ns = 0, gvl_wait_ns = 0, blocked_ns = 0, blamed_ns = 0;
+    std::map<ReleaseReason, uint64_t> blocked_by_reason;
+  };
+  TraceEndpoints endpoints(trace);
+  std::map<uint32_t, Row> rows;  // by endpoint id
+  for (const auto& [key, ns] : a.wall_ns) {
+    Row& r = rows[endpoints.Of(key.stack)];
+    if (key.state == WallState::kRunning || key.state == WallState::kGc) r.running_ns += ns;
+    if (key.state == WallState::kGvlWait) r.gvl_wait_ns += ns;
+    if (key.state == WallState::kBlocked) {
+      r.blocked_ns += ns;
+      r.blocked_by_reason[key.reason] += ns;
+    }
+  }
+  for (const auto& [key, ns] : a.blame_ns) rows[endpoints.Of(key.stack)].blamed_ns += ns;
+  if (endpoints.size() <= 1) return;  // nothing named: no section
+  std::vector<std::pair<uint32_t, Row>> v;
+  for (auto& [id, r] : rows) {
+    if (id != 0) v.emplace_back(id, std::move(r));
+  }
+  std::stable_sort(v.begin(), v.end(), [](const auto& x, const auto& y) {
+    return x.second.running_ns + x.second.gvl_wait_ns + x.second.blamed_ns >
+           y.second.running_ns + y.second.gvl_wait_ns + y.second.blamed_ns;
+  });
+  size_t width = 24;
+  for (size_t i = 0; i < v.size() && i < kSummaryEndpoints; ++i) {
+    width = std::max(width, std::min<size_t>(endpoints.endpoint(v[i].first).name.size() + 2, 60));
+  }
+  constexpr size_t kNumWidth = 10;
+  out << "\nendpoints (derived from the stacks: Rails action, job class, Sinatra route; '-' outside\n  any; ms; "
+         "blamed: the GVL wait others had while it held the lock):\n  "
+      << Pad("endpoint", width) << PadLeft("running", kNumWidth) << PadLeft("gvl_wait", kNumWidth)
+      << PadLeft("blocked", kNumWidth) << PadLeft("blamed", kNumWidth) << "  blocked by reason\n";
+  auto row = [&](std::string_view name, const Row& r) {
+    std::vector<std::pair<uint64_t, ReleaseReason>> reasons;
+    for (const auto& [reason, ns] : r.blocked_by_reason) reasons.emplace_back(ns, reason);
+    std::stable_sort(reasons.begin(), reasons.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::string by;
+    for (size_t i = 0; i < reasons.size() && i < 3; ++i) {
+      by += (by.empty() ? "" : ", ") + std::string(ReleaseReasonName(reasons[i].second)) + " " + Ms(reasons[i].first);
+    }
+    out << "  " << Pad(name, width) << PadLeft(Ms(r.running_ns), kNumWidth) << PadLeft(Ms(r.gvl_wait_ns), kNumWidth)
+        << PadLeft(Ms(r.blocked_ns), kNumWidth) << PadLeft(Ms(r.blamed_ns), kNumWidth) << "  "
+        << (by.empty() ? "-" : by) << '\n';
+  };
+  for (size_t i = 0; i < v.size() && i < kSummaryEndpoints; ++i) row(endpoints.endpoint(v[i].first).name, v[i].second);
+  if (v.size() > kSummaryEndpoints) {
+    out << "  ... " << v.size() - kSummaryEndpoints << " more endpoints (rvbpfd export --pprof, label endpoint)\n";
+  }
+  row(kNoEndpoint, rows[0]);
 }
 
 }  // namespace
@@ -187,6 +245,8 @@ void PrintRunSummary(const TraceFile& trace, const StackProfile& agg, const Mode
     out << "idle (waiting for work, not contention): " << Ms(idle.ns) << " ms in " << idle.threads.size()
         << (idle.threads.size() == 1 ? " thread" : " threads") << ", not among the blocked stacks\n";
   }
+
+  PrintEndpoints(trace, a, out);
 
   uint64_t dropped = 0, paused_ns = 0;
   size_t drop_records = 0, pauses = 0;

@@ -11,6 +11,7 @@
 
 #include "model/attribution.h"
 #include "model/blockers.h"
+#include "model/endpoint.h"
 
 #include "trace/event.h"
 #include "trace/stacks.h"
@@ -141,6 +142,8 @@ class DataWriter {
       }
       stack_index_.emplace(*e.stack, stacks_.size());
       stacks_.push_back(std::move(frames));
+      if (!endpoints_) endpoints_.emplace(*options_.frames, *options_.stacks);
+      stack_endpoint_.push_back(endpoints_->Of(*e.stack));
     }
   }
   uint64_t StackPlusOne(const TraceEvent& e) const { return e.stack ? StackIdPlusOne(*e.stack) : 0; }
@@ -592,6 +595,7 @@ class DataWriter {
     Column("k", frames_, [](const FrameInfo* f) { return Idx(f->kind); });
     out_.append("},\"stacks\":{");
     Column("n", stacks_, [](const std::vector<uint32_t>& st) { return st.size(); }, false);
+    Column("e", stack_endpoint_, [](uint32_t e) { return e; });
     out_.append(",\"f\":[");
     bool first = true;
     for (const std::vector<uint32_t>& st : stacks_) {
@@ -602,6 +606,19 @@ class DataWriter {
       }
     }
     out_.append("]}");
+    // The endpoints the stacks' "e" index (model/endpoint.h; [0] is "-"), with the rule that named each.
+    out_.append(",\"endpoints\":[");
+    const size_t n = endpoints_ ? endpoints_->size() : 1;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (i > 0) out_.push_back(',');
+      Str(endpoints_ ? std::string_view(endpoints_->endpoint(i).name) : kNoEndpoint);
+    }
+    out_.append("],\"endpoint_rules\":[");
+    for (uint32_t i = 0; i < n; ++i) {
+      if (i > 0) out_.push_back(',');
+      Str(EndpointRuleName(endpoints_ ? endpoints_->endpoint(i).rule : EndpointRule::kNone));
+    }
+    out_.push_back(']');
   }
 
   const Model& model_;
@@ -616,6 +633,8 @@ class DataWriter {
   std::unordered_map<std::string_view, uint64_t> reason_index_;
   std::unordered_map<uint32_t, uint32_t> stack_index_;  // trace stack id -> index in stacks_
   std::vector<std::vector<uint32_t>> stacks_;           // frame indexes (into frames_), leaf first
+  std::optional<TraceEndpoints> endpoints_;             // the stacks' endpoints, derived once per stack
+  std::vector<uint32_t> stack_endpoint_;                // index in stacks_ -> endpoint id
   std::unordered_map<uint32_t, uint32_t> frame_index_;  // trace frame id -> index in frames_
   std::vector<const FrameInfo*> frames_;
   std::unordered_map<std::string_view, uint64_t> path_index_;

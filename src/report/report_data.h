@@ -8,7 +8,8 @@
 //    "owner":{columns},"gc":{columns},"unknown":{columns},"native":[{"tid","threads","spans":{columns}}],
 //    "markers":{columns},"events":{columns},"extra":[[event index,{"count","reason","overhead_pct"}]],
 //    "blame":{"total_ns","waits":{columns},"segs":{columns},"parts":{columns},"flame":{columns},"blockers":[..]},
-//    "reasons":[release reasons],"paths":[frame paths],"frames":{columns},"stacks":{"n":[..],"f":[..]}}
+//    "reasons":[release reasons],"paths":[frame paths],"frames":{columns},"stacks":{"n":[..],"e":[..],"f":[..]},
+//    "endpoints":[names],"endpoint_rules":[rule names]}
 // A column is an array with one value per row. Columns of times and event references are delta-encoded (each
 // value is the difference to the previous row's; the first is absolute) because consecutive values are close and
 // short numbers parse faster. Times are ns since the trace's origin_ns. Optional values are stored as value + 1
@@ -20,6 +21,8 @@
 // densely in order of first use, with only their frames. Stack k is frames "f"[sum of "n"[0..k) ...] (leaf first);
 // frame j is "frames"."l"[j] (label), "paths"["frames"."p"[j]], "frames"."ln"[j] (0: none) and
 // names.frame_kind["frames"."k"[j]]. The "sk", "rr" and "rp" columns are absent when no event needs them.
+// Stack k's endpoint (model/endpoint.h: the Rails action, job class or Sinatra route it is in; derived) is
+// "endpoints"["stacks"."e"[k]], named by the rule "endpoint_rules"["stacks"."e"[k]]; "endpoints"[0] is "-" (none).
 //
 // "blame" is model/attribution.h's GVL blame of every counted wait (AttributeTrace over the model's spans; the page
 // only draws it). total_ns: all counted waits' ns; estimated_ns: the GVL wait estimated from the samples' GVL

@@ -511,8 +511,9 @@ TEST_F(AgentTest, GvlBlameNamesTheMainThreadByItsTidAndTellsSinksItsSampleLabels
   Run(2 * kS);
   std::vector<ProfileUpload> blame = UploadsFor(10, "gvl_blame");
   ASSERT_EQ(blame.size(), 1u);
-  EXPECT_EQ(blame[0].sample_label_names, (std::vector<std::string>{"holder", "waiter", "blame_source", "provenance"}));
-  EXPECT_EQ(UploadsFor(10, "cpu").at(0).sample_label_names, std::vector<std::string>{});
+  EXPECT_EQ(blame[0].sample_label_names,
+            (std::vector<std::string>{"holder", "waiter", "blame_source", "provenance", "endpoint"}));
+  EXPECT_EQ(UploadsFor(10, "cpu").at(0).sample_label_names, std::vector<std::string>{"endpoint"});
   const std::string pb = Gunzip(blame[0].pprof_gz);
   EXPECT_NE(pb.find("m111"), std::string::npos);
   EXPECT_NE(pb.find("main"), std::string::npos);       // the holder

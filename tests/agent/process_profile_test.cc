@@ -13,6 +13,7 @@
 
 #include "export/pprof.h"
 #include "export/pprof_test_util.h"
+#include "model/rails_stacks.h"
 #include "rvbpfd/abi.h"
 
 namespace rvbpfd {
@@ -120,9 +121,10 @@ TEST(ProcessProfile, CpuSamplesCountOnceAndOnePeriodWithTheGcFrameOnTop) {
   EXPECT_EQ(ValueFor(*p, {kNoStack}), 1);
   EXPECT_EQ(Sum(*p, 0), 9);
   EXPECT_EQ(Sum(*p, 1), static_cast<int64_t>(9 * kPeriod));
-  // No labels: process labels travel with the upload, threads are not split out.
+  // No labels but the endpoint ("-": none of these stacks is in a request or job): process labels travel with the
+  // upload, threads are not split out.
   for (const DecodedSample& s : p->samples) {
-    EXPECT_TRUE(s.str_labels.empty());
+    EXPECT_EQ(s.str_labels, (std::map<std::string, std::string>{{"endpoint", "-"}}));
     EXPECT_TRUE(s.num_labels.empty());
   }
   // The GC frame is the recorder's: label, no path, no line.
@@ -360,8 +362,66 @@ TEST(ProcessProfile, GvlBlameGoesToWhatTheHolderRanLabelledByHolderAndWaiter) {
   EXPECT_EQ(Sum(*p), 3900 + 1000 + 2000 + 1500 + 500);
   EXPECT_EQ(TotalOf(built, "gvl_blame"), TotalOf(built, "gvl_wait"));
   for (const BuiltProfile& b : built) {
-    EXPECT_EQ(b.sample_label_names.empty(), b.profile_type != "gvl_blame") << b.profile_type;
+    EXPECT_EQ(b.sample_label_names.size(), b.profile_type != "gvl_blame" ? 1u : 5u) << b.profile_type;
+    EXPECT_EQ(b.sample_label_names.back(), "endpoint") << b.profile_type;
   }
+}
+
+// Every profile's samples carry their stack's endpoint (model/endpoint.h): a Rails action's, "-" outside requests;
+// gvl_blame the holder's, gvl_wait the waiter's.
+TEST(ProcessProfile, EverySampleCarriesItsStacksEndpoint) {
+  ProcessProfile pp(kPeriod);
+  const auto cpu = rails_stacks::kRailsCpu, nap = rails_stacks::kRailsNap, idle = rails_stacks::kPumaIdle;
+  pp.OnEvent(0, 1, RV_EV_THREAD_RESUMED, kNone);
+  pp.OnEvent(50, 2, RV_EV_THREAD_SUSPENDED, nap);
+  pp.OnEvent(100, 2, RV_EV_THREAD_READY, kNone);
+  pp.OnSample(1000, 1, false, cpu);
+  pp.OnSample(1100, 3, false, idle);
+  pp.OnEvent(4000, 1, RV_EV_THREAD_SUSPENDED, cpu);
+  pp.OnEvent(4000, 2, RV_EV_THREAD_RESUMED, kNone);
+  const auto built = pp.Cut(5000, 1'700'000'000'000'000'000, 5000);
+  auto by_endpoint = [&](std::string_view type) {
+    std::map<std::string, int64_t> out;
+    auto p = Get(built, type);
+    if (!p) return out;
+    for (const DecodedSample& s : p->samples) {
+      const auto e = s.str_labels.find("endpoint");
+      out[e == s.str_labels.end() ? "(none)" : e->second] += s.values.back();
+    }
+    return out;
+  };
+  EXPECT_EQ(by_endpoint("cpu"),
+            (std::map<std::string, int64_t>{{"-", static_cast<int64_t>(kPeriod)},
+                                            {"LedgerController#cpu", static_cast<int64_t>(kPeriod)}}));
+  EXPECT_EQ(by_endpoint("gvl_wait"), (std::map<std::string, int64_t>{{"LedgerController#nap", 3900}}));
+  EXPECT_EQ(by_endpoint("gvl_blame"), (std::map<std::string, int64_t>{{"LedgerController#cpu", 3900}}));
+}
+
+// The endpoint label's values per interval are bounded: past kMaxEndpoints distinct ones, "(other endpoints)"; the
+// next interval names its own again.
+TEST(ProcessProfile, EndpointsPastTheCapShareOneLabel) {
+  ProcessProfile pp(kPeriod);
+  const size_t n = ProcessProfile::kMaxEndpoints + 10;
+  auto action_stack = [](size_t k) {
+    return Stack({"Api" + std::to_string(k) + "Controller#show", "AbstractController::Base#process_action"});
+  };
+  for (size_t k = 0; k < n; ++k) pp.OnSample(100 + k, 1, false, action_stack(k));
+  auto endpoints = [&](uint64_t cut) {
+    std::map<std::string, int64_t> out;
+    const auto p = Get(pp.Cut(cut, 1'700'000'000'000'000'000, 1000), "cpu");
+    if (!p) return out;
+    for (const DecodedSample& s : p->samples) out[s.str_labels.at("endpoint")] += s.values[0];
+    return out;
+  };
+  const auto first = endpoints(10'000);
+  EXPECT_EQ(first.size(), ProcessProfile::kMaxEndpoints + 1);
+  EXPECT_EQ(first.at(std::string(ProcessProfile::kOtherEndpoints)), 10);
+  EXPECT_EQ(first.at("Api0Controller#show"), 1);
+  // The next interval starts over: its first endpoints are named.
+  for (size_t k = n - 5; k < n; ++k) pp.OnSample(20'000 + k, 1, false, action_stack(k));
+  const auto second = endpoints(30'000);
+  EXPECT_EQ(second.size(), 5u);
+  EXPECT_EQ(second.count(std::string(ProcessProfile::kOtherEndpoints)), 0u);
 }
 
 // A contended READY's holder stack (Agent::Dispatch feeds it to OnContention): the wait goes to it up to the
@@ -513,7 +573,8 @@ TEST(ProcessProfile, WaitsInAPausedWindowAreEstimatedFromGvlReadingsAndLabelledI
   ASSERT_EQ(wait->samples.size(), 1u);
   EXPECT_EQ(wait->samples[0].frames, (std::vector<std::string>{"IO#read", "Io#loop", "<main>"}));
   EXPECT_EQ(wait->samples[0].values.at(0), 3900);
-  EXPECT_EQ(wait->samples[0].str_labels, (std::map<std::string, std::string>{{"provenance", "inferred"}}));
+  EXPECT_EQ(wait->samples[0].str_labels,
+            (std::map<std::string, std::string>{{"provenance", "inferred"}, {"endpoint", "-"}}));
   auto blame = Get(built, "gvl_blame");
   ASSERT_TRUE(blame);
   ASSERT_EQ(blame->samples.size(), 1u);
@@ -521,7 +582,11 @@ TEST(ProcessProfile, WaitsInAPausedWindowAreEstimatedFromGvlReadingsAndLabelledI
   EXPECT_EQ(blame->samples[0].values.at(0), 3900);
   EXPECT_EQ(blame->samples[0].str_labels,
             (std::map<std::string, std::string>{
-                {"holder", "main"}, {"waiter", "Thread #2"}, {"blame_source", "sampled"}, {"provenance", "inferred"}}));
+                {"holder", "main"},
+                {"waiter", "Thread #2"},
+                {"blame_source", "sampled"},
+                {"provenance", "inferred"},
+                {"endpoint", "-"}}));
   EXPECT_EQ(TotalOf(built, "gvl_blame"), 3900u);
   EXPECT_EQ(TotalOf(built, "gvl_wait"), 3900u);
   for (const auto* p : {&*wait, &*blame}) {
@@ -533,7 +598,7 @@ TEST(ProcessProfile, WaitsInAPausedWindowAreEstimatedFromGvlReadingsAndLabelledI
   }
   for (const BuiltProfile& b : built) {
     if (b.profile_type == "gvl_wait") {
-      EXPECT_EQ(b.sample_label_names, (std::vector<std::string>{"provenance"}));
+      EXPECT_EQ(b.sample_label_names, (std::vector<std::string>{"provenance", "endpoint"}));
     }
   }
 }
@@ -572,7 +637,7 @@ TEST(ProcessProfile, WithoutPausesReadingsChangeNothingAndBlameIsDerived) {
   for (const DecodedSample& smp : blame->samples) EXPECT_EQ(smp.str_labels.at("provenance"), "derived");
   auto wait = Get(with, "gvl_wait");
   ASSERT_TRUE(wait);
-  for (const DecodedSample& smp : wait->samples) EXPECT_TRUE(smp.str_labels.empty());
+  for (const DecodedSample& smp : wait->samples) EXPECT_FALSE(smp.str_labels.contains("provenance"));
 }
 
 TEST(ProcessProfile, BlameThreadNamesStayWhileTheThreadLivesAndAReusedPointerGetsANewOne) {

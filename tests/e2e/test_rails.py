@@ -24,7 +24,12 @@ Checks:
     so blame names the CPU action, not IO#wait_readable where its thread later gave the lock up (issue 47 item 1);
   - Puma's pool threads carry their names ("puma srv tp 001"...) in the trace and in inspect's rows.
   - every frame of every stack is named, the boot's and the shutdown's included (no `<unresolved` frame; issue 46
-    item 4: the attached target is held by --hold's default at GCs and at its exit).
+    item 4: the attached target is held by --hold's default at GCs and at its exit);
+  - endpoints (issue 47 item 3; model/endpoint.h): the pprof export's `endpoint` label names exactly the
+    LedgerController actions requested (rule rails_action), inspect's endpoints section lists each; `rvbpfd agent`,
+    run beside the recording (selected by RVBPF_SERVICE, 2 s intervals), labels its profiles with the MIX's actions;
+    the report of the recording renders in headless Chromium with its endpoint filter working
+    (tests/browser/report_endpoints.test.mjs, ~15 s).
 Launch mode is not covered: a container command starts through unshare and chroot, whose exec rvbpfd does not
 follow yet (issue 46 items 1 and 3). One recording is kept at /tmp/rails.rvtrace for other tools.
 """
@@ -41,6 +46,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import applib  # noqa: E402
+import pprof_decode  # noqa: E402
 import rvlib  # noqa: E402
 
 PUMA_THREADS = 8
@@ -227,10 +233,143 @@ def thread_name_problems(rvbpfd, trace):
     return p
 
 
+# Issue 47 item 3: every action the load and the golden phase requested, as model/endpoint.h names it.
+ACTIONS = tuple(f"LedgerController#{a}" for a in ("health", "cpu", "db", "nap", "locked", "hold", "golden"))
+
+
+def endpoint_problems(rvbpfd, trace):
+    """The endpoint label of the pprof export holds the controller actions (rule rails_action) and nothing else that
+    is named; /cpu's action has on-CPU samples and caused GVL blame; inspect's endpoints section lists every action."""
+    prof, problem = rvlib.export_pprof(rvbpfd, trace.path, trace.path + ".endpoints.pb.gz")
+    if problem:
+        return [problem]
+    types = [t for t, _ in prof["sample_types"]]
+    cpu, blame, wall = types.index("samples"), types.index("gvl_blame"), types.index("wall")
+    by = {}
+    p = []
+    for s in prof["samples"]:
+        e = s["labels"].get("endpoint")
+        if not isinstance(e, str):
+            p.append(f"a sample without an endpoint label: {s['stack'][:3]} {s['labels']}")
+            break
+        if e != "-" and s["labels"].get("endpoint_rule") != "rails_action":
+            p.append(f"endpoint {e} with rule {s['labels'].get('endpoint_rule')!r}, expected rails_action")
+        row = by.setdefault(e, [0, 0, 0])
+        row[0] += s["values"][cpu]
+        row[1] += s["values"][blame]
+        row[2] += s["values"][wall]
+    named = sorted(e for e in by if e != "-")
+    print("  endpoints: " + ", ".join(f"{e} {by[e][0]} samples, {by[e][1] / 1e6:.0f} ms blamed, "
+                                      f"{by[e][2] / 1e6:.0f} ms wall" for e in named))
+    if named != sorted(ACTIONS):
+        p.append(f"endpoint labels {named}, expected the controller actions {sorted(ACTIONS)}")
+    if by.get("LedgerController#cpu", [0, 0, 0])[0] == 0 or by.get("LedgerController#cpu", [0, 0, 0])[1] == 0:
+        p.append(f"LedgerController#cpu has {by.get('LedgerController#cpu')} (samples, blame ns, wall ns): want on-CPU "
+                 f"samples and GVL blame")
+    r = subprocess.run([rvbpfd, "inspect", trace.path], capture_output=True, text=True, timeout=300)
+    at = r.stdout.find("endpoints (derived")
+    section = r.stdout[at:].split("\n\n")[0] if at >= 0 else ""
+    lines = section.splitlines()
+    header = next((i for i, line in enumerate(lines) if "blocked by reason" in line), len(lines))
+    rows = {line.split()[0] for line in lines[header + 1:] if line.startswith("  ") and line.split()}
+    missing = [a for a in ACTIONS if a not in rows]
+    if r.returncode != 0 or missing or "-" not in rows:
+        p.append(f"inspect (exit {r.returncode}) endpoints section lacks {missing} (or '-'): {section[:1500]!r}")
+    return p
+
+
+def report_endpoint_problems(rvbpfd, trace, source_dir, build_dir):
+    """The report of the recording renders in headless Chromium with the endpoint filter working: tests/browser/
+    report_endpoints.test.mjs on this trace (the actions offered, both flame graphs filtered, the card, the dimming).
+    Needs node, playwright-core and chromium (tools/install-browser-deps.sh): missing, the check fails saying so."""
+    node = shutil.which("node")
+    if node is None:
+        return ["node not found: run tools/install-browser-deps.sh (the report's endpoint filter is checked in "
+                "Chromium)"]
+    out_dir = os.path.join(os.path.abspath(build_dir), "rails-report-endpoints")
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, RVBPFD_BIN=rvbpfd, RVBPFD_BUILD_DIR=out_dir, RVBPFD_ENDPOINTS_TRACE=trace.path,
+               RVBPFD_ENDPOINTS_EXPECT=",".join(sorted(ACTIONS, key=lambda a: a != "LedgerController#cpu")))
+    t0 = time.monotonic()
+    r = subprocess.run([node, "--test", os.path.join(source_dir, "tests/browser/report_endpoints.test.mjs")],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=source_dir)
+    print(f"  report endpoint filter in Chromium: exit {r.returncode} in {time.monotonic() - t0:.1f} s "
+          f"(screenshot {out_dir}/report-endpoints-screenshot.png)")
+    if r.returncode == 0:
+        return []
+    return [f"report_endpoints.test.mjs exit {r.returncode}:\n{r.stdout[-3000:]}{r.stderr[-1500:]}"]
+
+
+class AgentEndpoints:
+    """`rvbpfd agent` (the fleet mode) on the host beside the recording, selecting the Rails process by its service
+    name (RVBPF_SERVICE), writing its profiles every 2 s: their `endpoint` labels hold the controller actions. Its
+    failures are its own check's, never the rest of the test's."""
+    SERVICE = f"e2e-rails-{os.getpid()}"
+
+    def __init__(self, rvbpfd, workdir):
+        import test_agent  # noqa: E402 (the agent harness, beside this file)
+        self.out_dir = os.path.join(workdir, "agent-out")
+        self.problems, self.agent = [], None
+        try:
+            self.agent = test_agent.Agent(rvbpfd, ["--interval", "2", "--hz", "49", "--output-dir", self.out_dir,
+                                                   "--cache-dir", os.path.join(workdir, "agent-cache"),
+                                                   "--metrics-listen", "off", "--include",
+                                                   f"label:service={self.SERVICE}"])
+        except (rvlib.Fatal, OSError) as e:
+            self.problems.append(f"the agent did not start: {e}")
+
+    def wait_attached(self, pid):
+        if self.agent is None:
+            return
+        if self.agent.wait_log(lambda r: r.get("msg") == "process attached" and r.get("pid") == pid, 60) is None:
+            self.problems.append(f"the agent never attached to pid {pid}: {self.agent.records()[-5:]}")
+
+    def endpoint_problems(self, pid):
+        """Waits (up to 20 s) for profiles of `pid` naming the MIX's actions; every named endpoint is an action."""
+        if self.problems or self.agent is None:
+            return self.problems
+        want = {"LedgerController#cpu", "LedgerController#db", "LedgerController#nap", "LedgerController#locked"}
+        deadline, seen, cpu_seen = time.time() + 20, {}, set()
+        while time.time() < deadline:
+            seen, cpu_seen = {}, set()
+            for root_dir, _, names in os.walk(self.out_dir):
+                for n in names:
+                    if f"-{pid}-" not in n:
+                        continue
+                    try:
+                        with open(os.path.join(root_dir, n), "rb") as f:
+                            prof = pprof_decode.decode(f.read())
+                    except (OSError, ValueError):
+                        continue  # being written
+                    for smp in prof["samples"]:
+                        e = smp["labels"].get("endpoint")
+                        seen.setdefault(e, set()).add(n.split("-")[0])
+                        if n.startswith("cpu-"):
+                            cpu_seen.add(e)
+            if want <= set(seen) and "LedgerController#cpu" in cpu_seen:
+                break
+            time.sleep(1)
+        named = sorted(e for e in seen if e not in ("-", None))
+        print(f"  agent endpoints: " + ", ".join(f"{e} ({'/'.join(sorted(seen[e]))})" for e in named))
+        p = []
+        if None in seen:
+            p.append("agent profile samples without an endpoint label")
+        if not want <= set(seen) or "LedgerController#cpu" not in cpu_seen:
+            p.append(f"the agent's profiles name endpoints {named} (cpu: {sorted(e for e in cpu_seen if e)}), want "
+                     f"{sorted(want)}, LedgerController#cpu in cpu")
+        if any(e not in ACTIONS and e != "(other endpoints)" for e in named):
+            p.append(f"named endpoints that are not the application's actions: {named}")
+        return p
+
+    def stop(self):
+        if self.agent is not None:
+            self.agent.stop()
+
+
 def main():
     started = time.monotonic()
     args, res, rvbpfd, container, apps = applib.begin(__doc__)
-    app = None
+    app = agent = None
     try:
         port = rvlib.free_port()
         golden_out = os.path.join(container.workdir, "golden.json")
@@ -239,9 +378,12 @@ def main():
                           f"{apps}/rails_app/puma.rb", f"{apps}/rails_app/config.ru"],
                          {"RAILS_ENV": "production", "RACK_ENV": "production",
                           "LEDGER_DB": container.inside(container.workdir) + "/ledger.sqlite3",
-                          "RVGOLDEN_DIR": applib.RVGOLDEN_DIR, "RVGOLDEN_OUT": container.inside(golden_out)})
+                          "RVGOLDEN_DIR": applib.RVGOLDEN_DIR, "RVGOLDEN_OUT": container.inside(golden_out),
+                          "RVBPF_SERVICE": AgentEndpoints.SERVICE})
         app.start()
+        agent = AgentEndpoints(rvbpfd, container.workdir)
         app.attach(rvbpfd, ("--cache-dir", os.path.join(container.workdir, "cache"), "--hz", "19"))
+        agent.wait_attached(app.host_pid)
         app.go()
         t_boot = time.monotonic()
         if not applib.wait_port(port, app.proc, 90):
@@ -257,6 +399,9 @@ def main():
         res.check(f"rails: every request answered 200 ({CLIENTS} keep-alive clients x {REQUESTS_PER_CLIENT}, "
                   f"then {len(BLOCKED) + 1} golden-phase requests)",
                   ([] if status == 200 else [f"/health: {status} {body[:200]}"]) + errors)
+        res.check("rails: the fleet agent's profiles are labelled endpoint, the controller actions (issue 47 item 3)",
+                  agent.endpoint_problems(app.host_pid))
+        agent.stop()
         os.kill(app.host_pid, signal.SIGTERM)
         if app.out.wait_for(lambda l: l == "done", 60) is None:
             raise rvlib.RunError(f"puma did not stop within 60 s of SIGTERM; {app.stderr()}")
@@ -275,9 +420,15 @@ def main():
                       blame_problems(rvbpfd, run.rv))
             res.check("rails: Puma's pool threads by their names in the trace and inspect",
                       thread_name_problems(rvbpfd, run.rv))
+            res.check("rails: endpoints are the controller actions in the pprof export and inspect (issue 47 item 3)",
+                      endpoint_problems(rvbpfd, run.rv))
+            res.check("rails: the report renders in Chromium with the endpoint filter working (issue 47 item 3)",
+                      report_endpoint_problems(rvbpfd, run.rv, args.source_dir, args.build_dir))
     except (rvlib.RunError, rvlib.Fatal, OSError, http.client.HTTPException) as e:
         res.check("rails: run", [str(e)])
     finally:
+        if agent is not None:
+            agent.stop()
         if app is not None:
             app.close()
         container.cleanup(args.keep)

@@ -15,6 +15,7 @@ Checks:
     one to one with the host's) and rvbpfd's trace holds the invariants;
   - the job's frames are named in stacks at release: LedgerPostingJob#perform in the stacks of releases in Kernel#sleep
     and in Mutex#synchronize, under Sidekiq's processor (Sidekiq::Processor#process).
+  - the endpoint (issue 47 item 3): the pprof export's and inspect's only named endpoint is LedgerPostingJob.
 Every frame of every stack is named, boot and exit included (no `<unresolved` frame: issue 46 item 4).
 """
 import os
@@ -77,6 +78,30 @@ def job_problems(trace):
     return p + applib.unresolved_problems(trace)
 
 
+def endpoint_problems(rvbpfd, trace):
+    """Issue 47 item 3 (model/endpoint.h, rule sidekiq_job): the pprof export labels the job's samples, waits and
+    blame endpoint=LedgerPostingJob, and names no other endpoint; inspect's endpoints section lists it."""
+    prof, problem = rvlib.export_pprof(rvbpfd, trace.path, trace.path + ".endpoints.pb.gz")
+    if problem:
+        return [problem]
+    wall = [t for t, _ in prof["sample_types"]].index("wall")
+    by, rules = {}, set()
+    for smp in prof["samples"]:
+        e = smp["labels"].get("endpoint")
+        by[e] = by.get(e, 0) + smp["values"][wall]
+        if e not in ("-", None):
+            rules.add(smp["labels"].get("endpoint_rule"))
+    print(f"  endpoints: " + ", ".join(f"{e} {ns / 1e6:.0f} ms wall" for e, ns in sorted(by.items(), key=str)))
+    p = []
+    if sorted(e for e in by if e != "-") != ["LedgerPostingJob"] or rules != {"sidekiq_job"} or not by.get(
+            "LedgerPostingJob"):
+        p.append(f"endpoints {sorted(by, key=str)} with rules {rules}: want LedgerPostingJob (sidekiq_job) alone")
+    r = subprocess.run([rvbpfd, "inspect", trace.path], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 or "\n  LedgerPostingJob " not in r.stdout:
+        p.append(f"inspect (exit {r.returncode}) has no endpoint row LedgerPostingJob: {r.stdout[-1500:]}")
+    return p
+
+
 def main():
     started = time.monotonic()
     args, res, rvbpfd, container, apps = applib.begin(__doc__)
@@ -102,6 +127,8 @@ def main():
                   applib.event_problems(run))
         if run.rv is not None:
             res.check(f"sidekiq: {JOB} named in stacks at release; every frame named", job_problems(run.rv))
+            res.check("sidekiq: the job's endpoint is LedgerPostingJob in the pprof export and inspect (issue 47 "
+                      "item 3)", endpoint_problems(rvbpfd, run.rv))
     except (rvlib.RunError, rvlib.Fatal, OSError) as e:
         res.check("sidekiq: run", [str(e)])
     finally:

@@ -223,6 +223,54 @@ TEST(PerfettoExport, ReleasedBlocksCarryTheStackAndDerivedReasonOfTheirEvent) {
   rmdir(dir);
 }
 
+TEST(PerfettoExport, ThreadSlicesCarryTheirEndpoint) {
+  char dir[] = "/tmp/rvperfetto-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/e.rvtrace";
+  {
+    TraceHeader header;
+    header.pid = 42;
+    header.ruby_version = "3.3.8";
+    Result<TraceWriter> w = TraceWriter::Create(path, header);
+    ASSERT_TRUE(w.ok()) << w.error().ToString();
+    // Leaf first: Kernel#sleep in a Rails action under its dispatch.
+    std::vector<uint32_t> frames;
+    for (const FrameInfo& f : {FrameInfo{"Kernel#sleep", "<cfunc>", 0, FrameKind::kCfunc},
+                               FrameInfo{"LedgerController#nap", "/app/application.rb", 102, FrameKind::kRuby},
+                               FrameInfo{"AbstractController::Base#process_action", "/gems/base.rb", 226,
+                                         FrameKind::kRuby}}) {
+      frames.push_back(w->InternFrame(f));
+    }
+    const uint32_t stack = w->InternStack(frames);
+    TraceEvent e;
+    e.ruby_thread = 1;
+    e.native_tid = 42;
+    e.source = kSourceThreadHookSite;
+    for (auto [t, name] : {std::pair{1000, EventName::kGvlAcquired}, std::pair{5000, EventName::kGvlReleased},
+                           std::pair{6000, EventName::kWantsGvl}, std::pair{7000, EventName::kGvlAcquired}}) {
+      e.t_ns = t;
+      e.event = name;
+      e.stack = name == EventName::kGvlReleased ? std::optional<uint32_t>(stack) : std::nullopt;
+      ASSERT_TRUE(w->Write(e).ok());
+    }
+    ASSERT_TRUE(w->Finish(FinishInfo{9000, 0, 0, "duration"}).ok());
+  }
+  std::ostringstream out;
+  ASSERT_TRUE(ExportPerfetto(path, out).ok());
+  const json doc = json::parse(out.str());
+  std::map<uint64_t, json> by_start;  // the thread's slices' args by start ns
+  for (const json& e : EventsOn(doc, kPerfettoRubyPid, kPerfettoThreadTidBase + 1, "X")) by_start[Ns(e["ts"])] = e;
+  // Running until the release in the action, blocked in it, then waiting for the GVL to go on with it.
+  for (uint64_t start : {1000u, 5000u, 6000u}) {
+    ASSERT_TRUE(by_start.contains(start)) << out.str();
+    EXPECT_EQ(by_start[start]["args"]["endpoint"], "LedgerController#nap") << start;
+    EXPECT_EQ(by_start[start]["args"]["endpoint_rule"], "rails_action") << start;
+  }
+  EXPECT_EQ(by_start[5000]["args"]["opened_by"]["endpoint"], "LedgerController#nap");
+  std::remove(path.c_str());
+  rmdir(dir);
+}
+
 TEST(PerfettoExport, MissingTraceFileFails) {
   std::ostringstream out;
   const Status status = ExportPerfetto(std::string("/nonexistent/rvbpfd/x.rvtrace"), out);

@@ -338,6 +338,44 @@ TEST(PprofExport, LargeValuesAndIdsEncodeAsMultiByteVarints) {
   EXPECT_EQ(ValueFor(p, {"m0", "<main>"}, 0), 5017);
 }
 
+TEST(PprofExport, EverySampleCarriesItsStacksEndpoint) {
+  SyntheticTrace t(100);
+  // Root first: a Rails action under its dispatch, and a thread outside any request.
+  const uint32_t action = t.Stack({"Puma::Server#process_client", "AbstractController::Base#process_action",
+                                   "ActionController::BasicImplicitRender#send_action", "LedgerController#cpu",
+                                   "LedgerCruncher.reconcile"});
+  const uint32_t waiting = t.Stack({"Puma::Server#process_client", "AbstractController::Base#process_action",
+                                    "ActionController::BasicImplicitRender#send_action", "LedgerController#db"});
+  const uint32_t idle = t.Stack({"Puma::ThreadPool#spawn_thread", "Thread::ConditionVariable#wait"});
+  // Thread 1 holds the GVL in the action (sampled) while thread 2 waits for it from another action.
+  t.Event(100, EventName::kGvlAcquired, 1);
+  t.Event(200, EventName::kGvlReleased, 2, waiting);
+  t.Event(300, EventName::kWantsGvl, 2);
+  t.Event(400, EventName::kSample, 1, action);
+  t.Event(900, EventName::kGvlReleased, 1, action);
+  t.Event(900, EventName::kGvlAcquired, 2);
+  t.Event(950, EventName::kSample, 3, idle);
+  const DecodedProfile p = DecodeProfile(BuildPprofProfile(t.Finish(1000)));
+  ASSERT_TRUE(p.errors.empty()) << p.errors.front();
+  std::map<std::string, int64_t> cpu, wait, blame;
+  for (const DecodedSample& s : p.samples) {
+    ASSERT_TRUE(s.str_labels.contains("endpoint")) << s.frames.front();
+    const std::string endpoint = s.str_labels.at("endpoint");
+    // The rule travels with every named endpoint, and with none of the others.
+    EXPECT_EQ(s.str_labels.contains("endpoint_rule"), endpoint != "-") << endpoint;
+    if (endpoint != "-") EXPECT_EQ(s.str_labels.at("endpoint_rule"), "rails_action");
+    cpu[endpoint] += s.values[0];
+    wait[endpoint] += s.values[2];
+    blame[endpoint] += s.values[3];
+  }
+  EXPECT_EQ(cpu, (std::map<std::string, int64_t>{{"-", 1}, {"LedgerController#cpu", 1}, {"LedgerController#db", 0}}));
+  // The wait is the waiter's endpoint's; its blame the holder's (what the holder's endpoint caused to others).
+  EXPECT_EQ(wait["LedgerController#db"], 600);
+  EXPECT_EQ(wait["LedgerController#cpu"], 0);
+  EXPECT_EQ(blame["LedgerController#cpu"], 600);
+  EXPECT_EQ(blame["LedgerController#db"], 0);
+}
+
 TEST(PprofExport, SamplesWithoutStacksGoToTheNoStackFrame) {
   SyntheticTrace t(100);
   t.Event(10, EventName::kSample, 1);

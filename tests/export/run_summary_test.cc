@@ -180,6 +180,41 @@ TEST(RunSummary, WaitsEstimatedWhilePausedAreNamedAsSuchAndCountInTheShares) {
   EXPECT_NE(o.blame.find("30.0 ms more estimated while tracing was paused (inferred)"), std::string::npos) << o.blame;
 }
 
+TEST(RunSummary, EndpointsSectionSumsEachEndpointsStatesAndTheBlameItCaused) {
+  SyntheticTrace t(99);
+  // Root first: two Rails actions and a thread outside any request.
+  const uint32_t cpu = t.Stack({"Puma::Server#process_client", "AbstractController::Base#process_action",
+                                "LedgerController#cpu", "LedgerCruncher.reconcile"});
+  const uint32_t nap = t.Stack({"Puma::Server#process_client", "AbstractController::Base#process_action",
+                                "LedgerController#nap", "Kernel#sleep"});
+  const uint32_t loop = t.Stack({"Puma::Reactor#select_loop", "IO.select"});
+  // Thread 2 runs the cpu action 0-9 ms (sampled); thread 3 released in the nap action at 0 and waits 1-9 ms for the
+  // GVL; thread 4 is blocked in IO.select from 0 on.
+  t.Event(0, EventName::kGvlAcquired, 2);
+  t.Released(0, 3, nap, "sleep");
+  t.Released(0, 4, loop, "io");
+  t.Event(1 * kMs, EventName::kWantsGvl, 3);
+  for (int i = 2; i <= 8; ++i) t.Event(i * kMs, EventName::kSample, 2, cpu);
+  t.Event(9 * kMs, EventName::kGvlReleased, 2, cpu);
+  t.Event(9 * kMs, EventName::kGvlAcquired, 3);
+  t.Event(10 * kMs, EventName::kGvlReleased, 3, nap);
+  const std::vector<std::string> lines = Lines(Render(t.Finish(10 * kMs)).summary);
+  size_t at = 0;
+  while (at < lines.size() && lines[at].rfind("endpoints (derived", 0) != 0) ++at;
+  ASSERT_LT(at + 5, lines.size()) << Render(t.Finish(10 * kMs)).summary;
+  // Columns: running, gvl_wait, blocked, blamed (the wait others had while it held the lock), reasons.
+  EXPECT_EQ(lines[at + 3].substr(0, 2 + 24), "  LedgerController#cpu    ");
+  EXPECT_NE(lines[at + 3].find("9.0       0.0       1.0       8.0  unknown 1.0"), std::string::npos) << lines[at + 3];
+  EXPECT_EQ(lines[at + 4].substr(0, 22), "  LedgerController#nap");
+  EXPECT_NE(lines[at + 4].find("1.0       8.0       1.0       0.0  sleeping 1.0"), std::string::npos) << lines[at + 4];
+  EXPECT_EQ(lines[at + 5].substr(0, 3), "  -");
+  EXPECT_NE(lines[at + 5].find("io 10.0"), std::string::npos) << lines[at + 5];
+}
+
+TEST(RunSummary, NoEndpointsSectionWhenNoStackNamesOne) {
+  EXPECT_EQ(Render(HogTrace()).summary.find("endpoints"), std::string::npos);
+}
+
 TEST(RunSummary, ThreadRowsAreTheWallClockByStateSummingToTheLifetime) {
   const TraceFile trace = HogTrace();
   const std::vector<std::string> lines = Lines(Render(trace).summary);

@@ -65,6 +65,13 @@
   events.rr = D.events.rr ? minusOne(D.events.rr) : null;
   events.rp = D.events.rp ? Uint8Array.from(D.events.rp) : null;
   const stackOfEvent = (ei) => (events.sk && ei >= 0 && ei < events.n ? events.sk[ei] : -1);
+  // Endpoints (model/endpoint.h, derived by rvbpfd from each stack: the Rails action, job class or Sinatra route it is
+  // in); ENDPOINTS[0] is "-" (none). endpointSel: the endpoint filter's choice, -1 for all.
+  const ENDPOINTS = D.endpoints || ["-"], ENDPOINT_RULES = D.endpoint_rules || ["none"];
+  const stackEndpoint = STK.e ? Int32Array.from(STK.e) : null;
+  const endpointOfStack = (s) => (stackEndpoint && s >= 0 && s < stackEndpoint.length ? stackEndpoint[s] : 0);
+  let endpointSel = -1;
+  const endpointNote = () => (endpointSel >= 0 ? ` in endpoint ${ENDPOINTS[endpointSel]}` : "");
   // The release reason a gvl_released carries ({reason, prov}), or null.
   function releaseReasonOf(ei) {
     if (!events.rr || ei < 0 || ei >= events.n || events.rr[ei] < 0) return null;
@@ -82,6 +89,17 @@
       st: Uint8Array.from(b.st), rs: Uint8Array.from(b.rs), pv: Uint8Array.from(b.pv), ru: Uint8Array.from(b.ru),
       o: refs(b.o), c: refs(b.c), nt: minusOne(b.nt), rp: ints(b.rp), rw: minusOne(b.rw), markers: [] });
   });
+  // Each block's endpoint, as rvbpfd's Perfetto export gives it: its opening event's stack's, else its closing
+  // event's, else the thread's latest before it (a GVL wait: the endpoint the thread released the lock in).
+  for (const t of threads) {
+    t.ep = new Int32Array(t.n);
+    let latest = 0;
+    for (let i = 0; i < t.n; i++) {
+      const so = stackOfEvent(t.o[i]), sc = stackOfEvent(t.c[i]);
+      if (so >= 0) latest = endpointOfStack(so); else if (sc >= 0) latest = endpointOfStack(sc);
+      t.ep[i] = latest;
+    }
+  }
   const threadById = new Map(threads.map((t) => [t.id, t]));
   const owner = Object.assign(spans(D.owner), { k: Uint8Array.from(D.owner.k), ow: minusOne(D.owner.ow),
     pv: Uint8Array.from(D.owner.pv), ru: Uint8Array.from(D.owner.ru), en: Uint8Array.from(D.owner.en),
@@ -301,7 +319,8 @@
       const color = blockColor(t, i);
       if (!color) { ctx.fillStyle = "#e9ecf0"; ctx.fillRect(x0, top + h / 2, x1 - x0, 1); return; }
       const prov = t.pv[i];
-      ctx.globalAlpha = prov === PROV.inferred ? 0.4 : 1;
+      // The endpoint filter dims the blocks of every other endpoint.
+      ctx.globalAlpha = (prov === PROV.inferred ? 0.4 : 1) * (endpointSel >= 0 && t.ep[i] !== endpointSel ? 0.15 : 1);
       ctx.fillStyle = color; ctx.fillRect(x0, top, x1 - x0, h);
       if (t.st[i] === S.unknown) { ctx.fillStyle = HATCH_UNKNOWN; ctx.fillRect(x0, top, x1 - x0, h); }
       else if (prov === PROV.derived && x1 - x0 >= 3) {
@@ -526,6 +545,7 @@
 
   function showCard(h) {
     const card = $("card");
+    card.dataset.endpoint = "";
     const i = h.index, rows = [];
     const row = (k, ...v) => rows.push(el("tr", null, el("td", null, k), el("td", null, ...v)));
     let prov = "observed", rule = "", opened = -1, closed = -1, sp = spanOf(h);
@@ -541,6 +561,11 @@
       if (t.nt[i] >= 0) row("native thread", String(D.tids[t.nt[i]]));
       if (t.rp[i] > 0) row("repeats", `${t.rp[i]} repeated transition(s) absorbed into this block`);
       if (t.rw[i] >= 0) row("READY while running", eventCell(t.rw[i]));
+      if (ENDPOINTS.length > 1) {
+        card.dataset.endpoint = ENDPOINTS[t.ep[i]];
+        row("endpoint", el("span", { class: "mono" }, ENDPOINTS[t.ep[i]]),
+            el("div", null, t.ep[i] > 0 ? `derived from the stack (rule ${ENDPOINT_RULES[t.ep[i]]})` : "in no request or job"));
+      }
     } else if (h.kind === "owner") {
       prov = N.prov[owner.pv[i]]; rule = N.rule[owner.ru[i]]; opened = owner.o[i]; closed = owner.c[i];
       row("owner", N.owner_kind[owner.k[i]] === "owned" ? threadLabel(owner.ow[i]) : N.owner_kind[owner.k[i]]);
@@ -957,6 +982,7 @@
       for (const [g, list] of cfg.groups) {
         if (sel !== "all" && g !== sel) continue;
         for (const { s, stand, top, root, w } of list) {
+          if (endpointSel >= 0 && endpointOfStack(s) !== endpointSel) continue;  // the endpoint filter
           r.n += w;
           let cur = r;
           if (root) { cur = child(cur, root, -1); cur.n += w; }
@@ -1070,6 +1096,7 @@
       $s("select").value = String(sel);
       root = build(); zoom = root; draw();
     }
+    function refilter() { root = build(); zoom = root; draw(); }
     fcanvas.addEventListener("mousemove", (ev) => {
       const q = hitAt(ev);
       if (!q) { ftip.hidden = true; return; }
@@ -1107,7 +1134,7 @@
       return [...m].map(([label, v]) => ({ label, [cfg.valueName]: v })).sort((a, b) => b[cfg.valueName] - a[cfg.valueName]);
     }
     return {
-      draw, select, zoomTo, selfByLabel,
+      draw, select, zoomTo, selfByLabel, refilter,
       // Test hooks: the drawn frames, in canvas coordinates ({x0, x1, row, label, path, <valueName>, self, caller}).
       rects: () => rects.map((q) => ({ x0: q.x0, x1: q.x1, row: q.row, label: labelOf(q.node), caller: q.caller,
                                        path: q.node.frame >= 0 ? PATHS[FR.p[q.node.frame]] : "",
@@ -1136,7 +1163,7 @@
       valueName: "samples",
       fmt: (v) => `${v} samples`,
       lines: (v) => (M.sample_hz ? [`≈ ${dur(v * 1e9 / M.sample_hz)} on CPU`] : []),
-      info: (total, what) => `${total} CPU samples of ${what}` +
+      info: (total, what) => `${total} CPU samples of ${what}` + endpointNote() +
           (M.sample_hz ? ` at ${M.sample_hz} Hz (≈ ${dur(total * 1e9 / M.sample_hz)} on CPU)` : ""),
     });
   })();
@@ -1215,7 +1242,7 @@
       ids: BLAME_IDS,
       groups, groupLabel: (h) => (h >= 0 ? threadLabel(h) : "nobody / not known"), allLabel: "all holders",
       valueName: "ns", fmt: (v) => dur(v) + " waited", lines: () => [],
-      info: (total, what) => `${dur(total)} other threads waited for the GVL while ${what} held it` +
+      info: (total, what) => `${dur(total)} other threads waited for the GVL while ${what} held it` + endpointNote() +
         (what === "all holders" ? estimatedNote : ""),
     });
     // The top blockers, as `inspect` prints them (model/blockers.h groups them; the page only shows them): the
@@ -1242,6 +1269,25 @@
   })();
   window.addEventListener("resize", () => { if (flame) flame.draw(); if (blameFlame) blameFlame.draw(); });
 
+  // The endpoint filter (toolbar): one endpoint's blocks stand out on the timeline (the others are dimmed), and the
+  // flame graphs keep only the samples and the blame of its stacks. Shown when some stack names an endpoint.
+  function setEndpoint(v) {
+    endpointSel = v === "all" || v === undefined ? -1 : Number(v);
+    $("endpoint").value = endpointSel < 0 ? "all" : String(endpointSel);
+    document.body.dataset.endpoint = endpointSel < 0 ? "" : ENDPOINTS[endpointSel];
+    if (flame) flame.refilter();
+    if (blameFlame) blameFlame.refilter();
+    requestDraw();
+  }
+  if (ENDPOINTS.length > 1) {
+    const order = ENDPOINTS.map((_, i) => i).filter((i) => i > 0).sort((a, b) => (ENDPOINTS[a] < ENDPOINTS[b] ? -1 : 1));
+    $("endpoint").replaceChildren(el("option", { value: "all" }, "all endpoints"),
+        ...order.map((i) => el("option", { value: String(i), title: "derived: rule " + ENDPOINT_RULES[i] }, ENDPOINTS[i])),
+        el("option", { value: "0", title: "stacks in no request or job" }, "- (none)"));
+    $("endpoint").addEventListener("change", (ev) => setEndpoint(ev.target.value));
+    $("endpoint-box").hidden = false;
+  }
+
   // ---- hooks for tests -------------------------------------------------------------------------------------------
   window.rvReport = {
     data: { threads, owner, gc, unknown, natives, markers, events, names: N, meta: M, tids: D.tids, blameTotal: blame.total,
@@ -1263,6 +1309,10 @@
     blameOf: (thread, s, e) => blame.waitsIn(thread, s, e).map(blame.ofWait),
     stackOf: (i) => { const s = stackOfEvent(i); return s < 0 ? null : Array.from(stackFrames.subarray(stackOff[s], stackOff[s + 1]), frameText); },
     releaseReason: releaseReasonOf,
+    // The endpoint filter: the endpoints ([0] is "-"), choosing one by name (null: all), and a block's endpoint.
+    endpoints: () => ENDPOINTS.slice(),
+    setEndpoint: (name) => setEndpoint(name === null ? "all" : String(ENDPOINTS.indexOf(name))),
+    blockEndpoint: (thread, i) => { const t = threadById.get(thread); return t && i >= 0 && i < t.n ? ENDPOINTS[t.ep[i]] : null; },
   };
 
   resize();
