@@ -79,13 +79,17 @@ class App:
     end (after the caller made it stop), for rvbpfd to exit and for the reference's file, and reads both traces.
     close() kills whatever is left (the container's init dies with unshare, and the namespace with it)."""
 
-    def __init__(self, container, name, script, args, env):
+    def __init__(self, container, name, script, args, env, rvref=True):
+        """rvref=False: the reference is not loaded at start (its directory stays on the load path, for a process
+        that loads it later itself, as test_cluster's Puma workers do)."""
         self.container, self.name = container, name
-        self.ref_out = os.path.join(container.workdir, f"{name}.ref.rvtrace")
+        self.ref_out = os.path.join(container.workdir, f"{name}.ref.rvtrace") if rvref else None
         self.rv_out = os.path.join(container.workdir, f"{name}.rvbpfd.rvtrace")
-        self.cmd = container.wrap([RUBY, "-I", RVREF_DIR, "-rrvref", script, *args])
-        self.env = {**container.environment(), "RVREF_OUT": container.inside(container.workdir) + f"/{name}.ref.rvtrace",
-                    "RVREF_PROBES": "1", **env}
+        self.cmd = container.wrap([RUBY, "-I", RVREF_DIR, *(["-rrvref"] if rvref else []), script, *args])
+        self.env = {**container.environment(), **env}
+        if rvref:
+            self.env.update({"RVREF_OUT": container.inside(container.workdir) + f"/{name}.ref.rvtrace",
+                             "RVREF_PROBES": "1"})
         self.proc = self.rv = self.out = self.rv_err = None
         self.err_path = os.path.join(container.workdir, f"{name}.stderr")
         self.err_file = None
@@ -144,6 +148,8 @@ class App:
             run.rv = rvlib.Trace(self.rv_out)
         else:
             run.problems.append(f"rvbpfd wrote no trace at {self.rv_out}")
+        if self.ref_out is None:
+            return run
         deadline = time.monotonic() + 30
         while not os.path.exists(self.ref_out) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -158,6 +164,27 @@ class App:
         rvlib._kill(self.proc)
         if self.err_file:
             self.err_file.close()
+
+
+def children(pid):
+    """The host pids of the children of process pid's main thread ([] when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def ns_pid(host_pid):
+    """The pid of host_pid in its own (innermost) pid namespace, or None when it is gone."""
+    try:
+        with open(f"/proc/{host_pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 # Rule MUTEX_LOCK_WORKER: rvbpfd's mutex_lock_enter is the entry of do_mutex_lock (docs/rvtrace.md), the worker of
@@ -205,6 +232,17 @@ def probe_problems(ref, rv):
             problems += [f"Ruby thread #{c + 1}: rvbpfd's {e['event']} at {rvlib.fmt_rel(e, lo)} is not in the "
                          f"reference" for e in rest if e["event"] != "mutex_lock_enter"][:5]
     return problems, extra
+
+
+def view_event_problems(ref, view, same_ids=True):
+    """One process's part of a trace (rvlib.process_view) against the reference that process wrote: rvlib's comparison
+    (namespace tids one to one; same_ids as there) and the probes by rule MUTEX_LOCK_WORKER."""
+    problems = []
+    for check, probs in rvlib.compare_traces(ref, view, probes=False, pid_namespace=True, same_ids=same_ids).items():
+        problems += [f"[{check}] {x}" for x in probs]
+    probs, extra = probe_problems(ref, view)
+    problems += [f"[Kernel#sleep / Mutex#lock probes per thread, rule MUTEX_LOCK_WORKER] {x}" for x in probs]
+    return problems
 
 
 def event_problems(run):
