@@ -39,4 +39,22 @@ std::vector<ProfileUpload> MakeUploads(const std::string& host, const WatchedPro
   return out;
 }
 
+std::string_view ProcessRole(const ProcessRegistry& registry, const WatchedProcess& p) {
+  const int parent = p.labels.parent_pid;
+  if (parent > 0 && parent != p.pid && registry.Find(parent) != nullptr) return kRoleWorker;
+  for (const auto& [pid, other] : registry.all()) {
+    if (pid != p.pid && other->labels.parent_pid == p.pid) return kRoleMaster;
+  }
+  return {};
+}
+
+void AddProcessTreeLabels(const ProcessRegistry& registry, const WatchedProcess& p,
+                          std::vector<ProfileUpload>* uploads) {
+  const std::string_view role = ProcessRole(registry, p);
+  for (ProfileUpload& u : *uploads) {
+    if (p.labels.parent_pid > 0) u.labels["parent_pid"] = std::to_string(p.labels.parent_pid);
+    if (!role.empty()) u.labels["process_role"] = std::string(role);
+  }
+}
+
 }  // namespace rvbpfd

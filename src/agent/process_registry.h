@@ -93,11 +93,31 @@ class ProcessRegistry {
     return out;
   }
   std::map<int, std::unique_ptr<WatchedProcess>>& all() { return procs_; }
+  const std::map<int, std::unique_ptr<WatchedProcess>>& all() const { return procs_; }
+  const WatchedProcess* Find(int pid) const {
+    WatchedProcess* const* found = index_.find(static_cast<uint32_t>(pid));
+    return found == nullptr ? nullptr : *found;
+  }
 
  private:
   std::map<int, std::unique_ptr<WatchedProcess>> procs_;  // ordered by pid: deterministic cuts, logs and tests
   FlatMap64<WatchedProcess*> index_;                       // the same processes by pid, for Find
 };
+
+// A process's place among the processes the agent profiles (docs/deploy.md "Labels"), derived from parent pids
+// (ProcessLabels::parent_pid, read at discovery), not reported by the process:
+//   kRoleWorker  its parent is a process the agent profiles (a forked worker of a Puma, Unicorn or Pitchfork master,
+//                a Resque child...);
+//   kRoleMaster  not a worker, and a process the agent profiles has it as parent;
+//   ""           neither (a process on its own), or its parent is unknown.
+// `p` need not be in the registry (a finished process is removed before its last cut). O(processes profiled).
+inline constexpr std::string_view kRoleMaster = "master";
+inline constexpr std::string_view kRoleWorker = "worker";
+std::string_view ProcessRole(const ProcessRegistry& registry, const WatchedProcess& p);
+
+// Adds the process tree's labels to each of p's uploads: parent_pid (when known) and process_role (when not "").
+void AddProcessTreeLabels(const ProcessRegistry& registry, const WatchedProcess& p,
+                          std::vector<ProfileUpload>* uploads);
 
 }  // namespace rvbpfd
 

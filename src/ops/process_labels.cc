@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <limits>
 
 #include "ops/file_read.h"
 #include "ops/log.h"
@@ -47,6 +49,22 @@ bool UsableServiceName(std::string_view v) {
 }
 
 }  // namespace
+
+int ParentPidFromStat(std::string_view text) {
+  const size_t close = text.rfind(')');
+  if (close == std::string_view::npos) return 0;
+  std::string_view rest = text.substr(close + 1);  // " S 1234 ..."
+  if (rest.size() < 4 || rest[0] != ' ' || rest[2] != ' ') return 0;
+  rest.remove_prefix(3);
+  int64_t pid = 0;
+  size_t digits = 0;
+  for (; digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9'; ++digits) {
+    pid = pid * 10 + (rest[digits] - '0');
+    if (pid > std::numeric_limits<int>::max()) return 0;
+  }
+  if (digits == 0 || (digits < rest.size() && rest[digits] != ' ' && rest[digits] != '\n')) return 0;
+  return static_cast<int>(pid);
+}
 
 std::string ParseCgroupPath(std::string_view text) {
   std::string_view chosen;
@@ -156,6 +174,11 @@ Result<ProcessLabels> ReadProcessLabels(const std::string& proc_root, int pid) {
     labels.cgroup = ParseCgroupPath(cgroup.data);
     labels.container_id = ContainerIdFromCgroup(labels.cgroup);
   }
+
+  // The parent: a missing or malformed stat leaves it unknown (0), as a missing cgroup file leaves the cgroup empty.
+  SmallFile stat_file = ReadSmallFile(dir + "/stat", kMaxStatFileBytes);
+  if (stat_file.err == ESRCH) return gone("stat", stat_file.err);
+  if (stat_file.err == 0 && !stat_file.truncated) labels.parent_pid = ParentPidFromStat(stat_file.data);
 
   // environ needs ptrace read access (CAP_SYS_PTRACE for other users' processes); without it, or for a zombie,
   // the service name is the command name.

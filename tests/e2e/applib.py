@@ -175,6 +175,15 @@ def children(pid):
         return []
 
 
+def parent_pid(pid):
+    """The parent's pid of process pid (/proc/PID/stat), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def ns_pid(host_pid):
     """The pid of host_pid in its own (innermost) pid namespace, or None when it is gone."""
     try:

@@ -110,6 +110,40 @@ TEST(ReadProcessLabelsTest, ReadsAllLabelsOfAContainerProcess) {
   EXPECT_EQ(l->service_name_source, kServiceFromEnvironment);  // the process's own claim, said so
 }
 
+TEST(ParentPidFromStatTest, ReadsTheFieldAfterTheLastParenthesis) {
+  EXPECT_EQ(ParentPidFromStat("4243 (ruby3.3) S 4242 4242 1 0 -1 4194560 2200 0 0 0\n"), 4242);
+  // comm is the process's choice: spaces and parentheses in it do not shift the fields.
+  EXPECT_EQ(ParentPidFromStat("77 (puma: cluster worker 0: 7) S 7 7 1 0\n"), 7);
+  EXPECT_EQ(ParentPidFromStat("77 (a) S 9 (b) R 1 1\n"), 1);  // the comm "a) S 9 (b" cannot fake a parent
+  EXPECT_EQ(ParentPidFromStat("1 (init) S 0 1 1 0\n"), 0);       // pid 1's parent is 0: unknown
+  EXPECT_EQ(ParentPidFromStat("12 (x) S 5"), 5);
+}
+
+TEST(ParentPidFromStatTest, MalformedTextIsUnknown) {
+  EXPECT_EQ(ParentPidFromStat(""), 0);
+  EXPECT_EQ(ParentPidFromStat("12 x S 5 5\n"), 0);                   // no parenthesis
+  EXPECT_EQ(ParentPidFromStat("12 (x)S 5 5\n"), 0);                  // no space before the state
+  EXPECT_EQ(ParentPidFromStat("12 (x) S -5 5\n"), 0);                // not a positive number
+  EXPECT_EQ(ParentPidFromStat("12 (x) S 5x 5\n"), 0);
+  EXPECT_EQ(ParentPidFromStat("12 (x) S 99999999999999999999 5\n"), 0);  // past int
+  EXPECT_EQ(ParentPidFromStat("12 (x) S "), 0);
+}
+
+TEST(ReadProcessLabelsTest, ReadsTheParentFromStatAndToleratesItsAbsence) {
+  FakeProc proc;
+  proc.Write(4243, "comm", "puma\n");
+  proc.Write(4243, "cgroup", "0::/\n");
+  proc.Write(4243, "stat", "4243 (puma: cluster w) S 4242 4242 1 0 -1\n");
+  Result<ProcessLabels> l = ReadProcessLabels(proc.root(), 4243);
+  ASSERT_TRUE(l.ok()) << l.error().message();
+  EXPECT_EQ(l->parent_pid, 4242);
+  proc.Write(4244, "comm", "puma\n");
+  proc.Write(4244, "cgroup", "0::/\n");
+  l = ReadProcessLabels(proc.root(), 4244);  // no stat file: unknown, not an error
+  ASSERT_TRUE(l.ok()) << l.error().message();
+  EXPECT_EQ(l->parent_pid, 0);
+}
+
 ProcessLabels Labels(std::string cgroup, std::string service, std::string_view source) {
   ProcessLabels l;
   l.comm = "ruby";
@@ -263,6 +297,7 @@ TEST(ReadProcessLabelsTest, ReadsTheRealProcOfThisProcess) {
   EXPECT_EQ(l->comm.find('\n'), std::string::npos);
   EXPECT_FALSE(l->service_name.empty());
   EXPECT_EQ(l->cgroup.empty(), false);
+  EXPECT_EQ(l->parent_pid, static_cast<int>(getppid()));
 }
 
 }  // namespace

@@ -10,6 +10,8 @@ preload_app!
 # The test stops a worker to have the master fork a new one: the master checks its workers every second (default 5).
 worker_check_interval 1
 silence_fork_callback_warning
+# A worker that does not stop within 4 s of SIGTERM is killed (default 30): see test_cluster's rule REFORKED_SHUTDOWN.
+worker_shutdown_timeout 4
 
 on_worker_boot do |index|
   dir = ENV["RVREF_WORKER_DIR"]
