@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agent/agent_env.h"
@@ -56,7 +57,8 @@ struct WatchedProcess {
 };
 
 // Upload labels of a process: host, pid, command, ruby_version, container_id (only when non-empty), service_name,
-// service_name_source (ProcessLabels: environment, comm or cgroup).
+// service_name_source (ProcessLabels: environment, comm or cgroup). The process tree's labels need the registry:
+// AddProcessTreeLabels, below.
 std::map<std::string, std::string> UploadLabels(const std::string& host, const WatchedProcess& p);
 
 // One ProfileUpload per built profile; from/until in Unix seconds, each rounded to the nearest second (until > from).

@@ -14,7 +14,7 @@ cluster gracefully.
           (Launch mode itself cannot start this command: its root, unshare, is not Ruby, and rvbpfd plans a launch
           from the launched executable's VM.)
   attach  the cluster is started alone; once both workers have booted, `rvbpfd --pid MASTER --follow` attaches; then
-          worker 0 gets SIGTERM, and the master forks a new worker 0 after the attach.
+          the first worker that booted gets SIGTERM, and the master forks its replacement after the attach.
 
 Checks, in each mode:
   - processes: the master (its host pid, traced, with its Ruby version) and, as the master's children in the trace
@@ -138,7 +138,7 @@ def run_attach(rvbpfd, container, apps, res, rv_args):
     c.app.go()
     c.wait_booted(WORKERS)
     c.app.attach(rvbpfd, ("--follow", *rv_args))
-    os.kill(c.workers[0][2], signal.SIGTERM)  # the master forks a new worker 0 after the attach
+    os.kill(c.workers[0][2], signal.SIGTERM)  # the first worker that booted: the master forks its replacement
     c.wait_booted(WORKERS + 1)
     serve(c, res)
     return c, c.stop()
@@ -302,8 +302,8 @@ def agent_problems(master, parent, workers, uploads):
             p.append(f"pid {pid}: no upload labelled with its process_role")
         print(f"  agent: pid {pid}: {len(mine)} uploads, (parent_pid, process_role) {sorted(set(got), key=str)}, "
               f"types {sorted({u['type'] for u in mine})}")
-    crunch = [w for w in workers if any(u["type"] == "cpu" and any(
-        "LedgerCruncher.reconcile" in s["stack"] for s in u["pprof"]["samples"]) for u in test_agent.by_pid(uploads, w))]
+    cpu = [u for w in workers for u in test_agent.by_pid(uploads, w) if u["type"] == "cpu"]
+    crunch = [u for u in cpu if any("LedgerCruncher.reconcile" in s["stack"] for s in u["pprof"]["samples"])]
     if not crunch:
         p.append("no worker's cpu profile names LedgerCruncher.reconcile")
     return p

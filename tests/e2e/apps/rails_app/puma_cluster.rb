@@ -2,15 +2,15 @@
 # that loaded the app (preload_app!); threads and bind come from the command line.
 # Each worker loads the in-process reference recorder itself (rvref, from the -I path) before its server starts, with
 # its own output file RVREF_WORKER_DIR/worker-INDEX-PID.ref.rvtrace: the master does not load it (a recorder loaded
-# there would be inherited by both workers and write one file from each), and a worker writes its file when it
-# exits normally (SIGTERM from the master, or to the worker itself, which the master then forks again).
+# there would be inherited by the workers, each writing its file over the master's), and a worker writes its file
+# when it exits normally (SIGTERM from the master, or to the worker itself, which the master then forks again).
 raise_exception_on_sigterm false
 workers 2
 preload_app!
 # The test stops a worker to have the master fork a new one: the master checks its workers every second (default 5).
 worker_check_interval 1
 silence_fork_callback_warning
-# A worker that does not stop within 4 s of SIGTERM is killed (default 30): see test_cluster's rule REFORKED_SHUTDOWN.
+# A worker that does not stop within 4 s of SIGTERM is killed (default 30): test_cluster's rule WORKER_SHUTDOWN_HANG.
 worker_shutdown_timeout 4
 
 on_worker_boot do |index|
