@@ -39,11 +39,22 @@ std::vector<ProfileUpload> MakeUploads(const std::string& host, const WatchedPro
   return out;
 }
 
+namespace {
+
+// Whether `parent` is the process `child` was forked from: the pid `child` names as its parent, and started no later
+// (a process that reused the pid of an exited parent started after the child). Unknown start times never match.
+bool IsParentOf(const ProcessLabels& parent, const ProcessLabels& child) {
+  return child.parent_pid > 0 && parent.pid == child.parent_pid && parent.pid != child.pid &&
+         parent.start_ticks > 0 && child.start_ticks > 0 && parent.start_ticks <= child.start_ticks;
+}
+
+}  // namespace
+
 std::string_view ProcessRole(const ProcessRegistry& registry, const WatchedProcess& p) {
-  const int parent = p.labels.parent_pid;
-  if (parent > 0 && parent != p.pid && registry.Find(parent) != nullptr) return kRoleWorker;
+  const WatchedProcess* parent = p.labels.parent_pid > 0 ? registry.Find(p.labels.parent_pid) : nullptr;
+  if (parent != nullptr && IsParentOf(parent->labels, p.labels)) return kRoleWorker;
   for (const auto& [pid, other] : registry.all()) {
-    if (pid != p.pid && other->labels.parent_pid == p.pid) return kRoleMaster;
+    if (IsParentOf(p.labels, other->labels)) return kRoleMaster;
   }
   return {};
 }

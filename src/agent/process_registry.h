@@ -106,8 +106,9 @@ class ProcessRegistry {
   FlatMap64<WatchedProcess*> index_;                       // the same processes by pid, for Find
 };
 
-// A process's place among the processes the agent profiles (docs/deploy.md "Labels"), derived from parent pids
-// (ProcessLabels::parent_pid, read at discovery), not reported by the process:
+// A process's place among the processes the agent profiles (docs/deploy.md "Forking servers"), derived from parent
+// pids and start times (ProcessLabels, read at discovery), not reported by the process. A process is the parent of
+// another when the other names its pid as parent and it started no later (not a later process reusing the pid):
 //   kRoleWorker  its parent is a process the agent profiles (a forked worker of a Puma, Unicorn or Pitchfork master,
 //                a Resque child...);
 //   kRoleMaster  not a worker, and a process the agent profiles has it as parent;

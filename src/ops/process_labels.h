@@ -28,6 +28,9 @@ struct ProcessLabels {
   // The parent's host pid (/proc/PID/stat, field 4) when the labels were read (the agent: at discovery); 0 when
   // unknown. A process whose parent exits is re-parented (to init or a subreaper): the value is not updated.
   int parent_pid = 0;
+  // When it started, in clock ticks since boot (/proc/PID/stat, field 22); 0 when unknown. A parent always started
+  // before its children: what tells a parent from a later process that reused its pid.
+  uint64_t start_ticks = 0;
 
   bool operator==(const ProcessLabels&) const = default;
 };
@@ -65,10 +68,14 @@ inline constexpr size_t kMaxServiceNameBytes = 255;    // longer RVBPF_SERVICE/O
 // not an error: the service name then falls back to comm. A missing cgroup file (kernel without cgroups) gives "".
 Result<ProcessLabels> ReadProcessLabels(const std::string& proc_root, int pid);
 
-// The parent pid in /proc/PID/stat text ("PID (COMM) STATE PPID ..."): the number after the state that follows the
-// LAST ')' (comm is the process's choice and may hold spaces and parentheses); 0 when the text is not of that form
-// or the number is not a positive int.
-int ParentPidFromStat(std::string_view stat_text);
+// Fields of /proc/PID/stat text ("PID (COMM) STATE PPID ... STARTTIME ..."), counted after its LAST ')' (comm is the
+// process's choice and may hold spaces and parentheses). Each is 0 when the text is not of that form or the field is
+// not a positive decimal number of its type.
+struct ProcStat {
+  int parent_pid = 0;        // field 4
+  uint64_t start_ticks = 0;  // field 22
+};
+ProcStat ParseProcStat(std::string_view stat_text);
 
 // The cgroup path of /proc/PID/cgroup text: the v2 line "0::/path", else the path of the first v1 line; "" when none.
 // A trailing " (deleted)" (a removed cgroup) is dropped.

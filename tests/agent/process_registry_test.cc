@@ -2,17 +2,20 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 namespace rvbpfd {
 namespace {
 
-std::unique_ptr<WatchedProcess> Proc(int pid, int parent_pid) {
+// A process with its parent's pid, started at `start_ticks` (by default after its parent: later pids, later starts).
+std::unique_ptr<WatchedProcess> Proc(int pid, int parent_pid, uint64_t start_ticks = 0) {
   auto p = std::make_unique<WatchedProcess>();
   p->pid = pid;
   p->labels.pid = pid;
   p->labels.parent_pid = parent_pid;
+  p->labels.start_ticks = start_ticks != 0 ? start_ticks : static_cast<uint64_t>(pid);
   return p;
 }
 
@@ -52,6 +55,20 @@ TEST(ProcessRoleTest, AWorkerThatForksStaysAWorkerAndAnUnknownParentIsNoRole) {
   EXPECT_EQ(ProcessRole(r, mold), kRoleWorker);
   WatchedProcess& unknown = r.Add(Proc(300, 0));
   EXPECT_EQ(ProcessRole(r, unknown), "");
+}
+
+TEST(ProcessRoleTest, APidReusedAfterTheParentExitedIsNotTheParent) {
+  ProcessRegistry r;
+  // Worker 101 of master 100 (started at tick 50); the master exited and a new process got pid 100 at tick 900.
+  WatchedProcess& worker = r.Add(Proc(101, 100, 50));
+  WatchedProcess& newcomer = r.Add(Proc(100, 1, 900));
+  EXPECT_EQ(ProcessRole(r, worker), "");
+  EXPECT_EQ(ProcessRole(r, newcomer), "");
+  // Unknown start times prove nothing either.
+  WatchedProcess& unknown_child = r.Add(Proc(201, 200, 0));
+  unknown_child.labels.start_ticks = 0;
+  r.Add(Proc(200, 1, 10));
+  EXPECT_EQ(ProcessRole(r, unknown_child), "");
 }
 
 TEST(AddProcessTreeLabelsTest, LabelsEveryUploadOfTheProcess) {

@@ -8,6 +8,7 @@ line), so rvbpfd attaches from the host while only the main thread exists and re
 namespace is made: 127.0.0.1 inside the container is the host's loopback, where the tests' clients and redis-server
 meet the application.
 """
+import copy
 import os
 import shutil
 import signal
@@ -243,15 +244,58 @@ def probe_problems(ref, rv):
     return problems, extra
 
 
-def view_event_problems(ref, view, same_ids=True):
+def from_first_event(view):
+    """view whose window starts at its first event (rule ATTACH_ADOPTION in test_cluster.py): for a process that was
+    already running when rvbpfd attached with --follow, recorded from its adoption on."""
+    first = min((e["abs"] for e in view.events if e.get("ruby_thread") is not None and isinstance(e.get("abs"), int)),
+                default=None)
+    if first is None:
+        return view
+    lo, hi = view.window()
+    out = copy.copy(view)
+    out.window = lambda: (max(lo, first), hi)
+    return out
+
+
+def view_event_problems(ref, view):
     """One process's part of a trace (rvlib.process_view) against the reference that process wrote: rvlib's comparison
-    (namespace tids one to one; same_ids as there) and the probes by rule MUTEX_LOCK_WORKER."""
+    (namespace tids one to one) with the threads paired by rb_thread_t (by_reference_ids), and the probes by rule
+    MUTEX_LOCK_WORKER."""
+    view = by_reference_ids(ref, view)
     problems = []
-    for check, probs in rvlib.compare_traces(ref, view, probes=False, pid_namespace=True, same_ids=same_ids).items():
+    for check, probs in rvlib.compare_traces(ref, view, probes=False, pid_namespace=True).items():
         problems += [f"[{check}] {x}" for x in probs]
     probs, extra = probe_problems(ref, view)
     problems += [f"[Kernel#sleep / Mutex#lock probes per thread, rule MUTEX_LOCK_WORKER] {x}" for x in probs]
     return problems
+
+
+def by_reference_ids(ref, view):
+    """view with its threads numbered as the reference numbers them, for a reference loaded after the process's
+    threads started (it numbers threads as it first sees them; rvbpfd from the fork or the attach). Threads are paired
+    by their rb_thread_t: the reference's thread lines name it (`th`), rvbpfd's events carry it. A thread without a
+    counterpart gets a number the reference does not use (the comparison then reports it)."""
+    ref_of_th = {}
+    for t, o in ref.threads.items():
+        try:
+            ref_of_th.setdefault(int(o.get("th"), 16), t)
+        except (TypeError, ValueError):
+            pass
+    th_of = {}
+    for e in view.events:
+        if e.get("ruby_thread") is not None and isinstance(e.get("th"), str):
+            th_of.setdefault(e["ruby_thread"], int(e["th"], 16))
+    ids, spare = {}, max((t for t in ref.threads if isinstance(t, int)), default=0) + 1
+    for t in sorted(view.threads):
+        r = ref_of_th.get(th_of.get(t))
+        if r is None or r in ids.values():
+            r, spare = spare, spare + 1
+        ids[t] = r
+    out = copy.copy(view)
+    out.threads = {ids[t]: {**o, "ruby_thread": ids[t]} for t, o in view.threads.items()}
+    out.events = [{**e, "ruby_thread": ids[e["ruby_thread"]]} if e.get("ruby_thread") in ids else e
+                  for e in view.events]
+    return out
 
 
 def event_problems(run):

@@ -643,15 +643,11 @@ def diff_sequences(label, ref_seq, rv_seq, lo, context=4, max_lines=60):
     return out
 
 
-def compare_traces(ref, rv, probes=True, pid_namespace=False, same_ids=True):
+def compare_traces(ref, rv, probes=True, pid_namespace=False):
     """Fidelity comparison over the intersection of the two windows. Returns a dict check-name -> problems.
     pid_namespace: the target ran in its own pid namespace, so the reference records the tids it sees there and
     rvbpfd the host's: native tids must then correspond one to one (the same host tid for every event of one
-    namespace tid, and back) instead of being equal.
-    same_ids=False: the reference was loaded after threads other than main had started (it numbers threads as it
-    first sees them, rvbpfd from the process's start or the attach), so only the number of threads must agree;
-    threads are still paired by their first appearance in the window, and every per-thread check below (events,
-    native tids) holds each pair to being the same thread."""
+    namespace tid, and back) instead of being equal."""
     results = {}
     if rv.processes:
         # Launch mode follows the process tree: the workload is the launched process (rvref forks to write its file
@@ -684,7 +680,7 @@ def compare_traces(ref, rv, probes=True, pid_namespace=False, same_ids=True):
     ref_by_c = {c: t for t, c in ref_ids.items()}
     rv_by_c = {c: t for t, c in rv_ids.items()}
     mism = [(ref_by_c[c], rv_by_c.get(c)) for c in sorted(ref_by_c) if rv_by_c.get(c) != ref_by_c[c]]
-    if mism and same_ids:
+    if mism:
         idp.append("ruby_thread ids differ from the in-process recorder's (reference id -> rvbpfd id, by order of "
                    "first appearance): " + ", ".join(f"{a}->{b}" for a, b in mism[:20]))
     rv_main = [t for t, o in rv.threads.items() if o.get("main")]

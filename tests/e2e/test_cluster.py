@@ -25,7 +25,7 @@ Checks, in each mode:
     LedgerController# frames and hold no <unresolved frame, and its releases in Kernel#sleep under LedgerController#nap
     are 50 to 100 frames deep;
   - per worker, scheduler, GC and probe events identical to that worker's own reference per thread (rvlib's
-    comparison on the worker's part of the trace, threads paired by first appearance since the reference loads after
+    comparison on the worker's part of the trace, threads paired by rb_thread_t since the reference loads after
     Puma's first worker thread; namespace tids one to one; probes by rule MUTEX_LOCK_WORKER); a worker that Puma
     killed at shutdown wrote none (rule WORKER_SHUTDOWN_HANG); in boot mode the master's part holds rvbpfd's trace
     invariants.
@@ -56,14 +56,19 @@ WORKERS = 2
 DEPTH = (50, 100)
 AGENT_SERVICE = "e2e-cluster"
 # Rule WORKER_SHUTDOWN_HANG: a Puma 6.6 worker under Debian's ruby 3.3 sometimes never finishes its graceful shutdown:
-# its server thread releases the GVL in IO#close of its wakeup pipe (Puma::Server#handle_servers) and never returns,
-# and the master SIGKILLs it after worker_shutdown_timeout (4 s in puma_cluster.rb), before rvref can write its file.
-# Seen without rvbpfd (4 of 7 workers forked by the master's loop, after a worker's exit or on SIGTTIN) and with it
-# (about 1 in 10 workers forked at boot). Such a worker is recognised in rvbpfd's trace by threads that never exited
-# (a normal exit ends every thread but main); each other worker must have written its reference, and at least one
-# worker per run is compared.
+# its server thread waits forever in IO#close of its wakeup pipe (Puma::Server#handle_servers; rb_io_close waiting in
+# rb_mutex_sleep for a thread it believes blocked on that fd), and the master SIGKILLs it after
+# worker_shutdown_timeout, before rvref can write its file. Seen without rvbpfd (4 of 7 workers forked by the
+# master's loop, after a worker's exit or on SIGTTIN) and with it (4 of 16 workers forked at boot). So puma_cluster.rb
+# has each worker exit through its main thread (SystemExit: the at_exit handlers run) one second after its pool's
+# threads are gone, and a worker killed all the same is recognised in rvbpfd's trace by threads that never exited:
+# each other worker must have written its reference, and at least one worker per run is compared.
 WORKER_SHUTDOWN_HANG_RULE = ("WORKER_SHUTDOWN_HANG: a Puma worker can hang in IO#close at shutdown (seen without "
                              "rvbpfd) and be killed by its master before its reference is written")
+# Rule ATTACH_ADOPTION: a worker already running when rvbpfd attaches with --follow is found by a /proc walk after
+# the recording started and recorded from then on (its process line says t_ns 0: the trace does not say when its
+# recording began). Measured here: the reference had 3 scheduler events of such a worker in the first 40 ms of the
+# common window that rvbpfd has not. Such a worker is compared from its first event in rvbpfd's trace.
 BOOTED = re.compile(r"- Worker (\d+) \(PID: (\d+)\) booted")
 
 
@@ -138,6 +143,9 @@ def run_attach(rvbpfd, container, apps, res, rv_args):
     c.app.go()
     c.wait_booted(WORKERS)
     c.app.attach(rvbpfd, ("--follow", *rv_args))
+    # Not at the attach itself: the stopped worker's part of the trace is compared from the attach on, and a stop
+    # racing the attach leaves the two recorders' windows starting in the middle of its shutdown.
+    time.sleep(1)
     os.kill(c.workers[0][2], signal.SIGTERM)  # the first worker that booted: the master forks its replacement
     c.wait_booted(WORKERS + 1)
     serve(c, res)
@@ -237,9 +245,12 @@ def reference_problems(c, rv, worker_ids):
         pid = worker_ids.get(host_of.get(nspid))
         if pid is None:
             continue
-        # Ids cannot agree: Puma starts its "wrkr check" thread before on_worker_boot loads the reference.
+        # Puma starts its "wrkr check" thread before on_worker_boot loads the reference: threads are paired by
+        # rb_thread_t (applib.by_reference_ids).
         view = rvlib.process_view(rv, pid)
-        probs = applib.view_event_problems(rvlib.Trace(path), view, same_ids=False)
+        if "cause" not in rv.processes[pid]:
+            view = applib.from_first_event(view)  # rule ATTACH_ADOPTION
+        probs = applib.view_event_problems(rvlib.Trace(path), view)
         p += [f"worker (namespace pid {nspid}): {x}" for x in probs]
     print(f"  references: {len(found)} workers compared")
     if c.mode == "boot":
