@@ -245,8 +245,9 @@ def probe_problems(ref, rv):
 
 
 def from_first_event(view):
-    """view whose window starts at its first event (rule ATTACH_ADOPTION in test_cluster.py): for a process that was
-    already running when rvbpfd attached with --follow, recorded from its adoption on."""
+    """view whose window starts at its first event of a Ruby thread (test_cluster's rule ATTACH_ADOPTION: a process
+    already running at an attach with --follow is recorded from some time after the attach, which the trace does not
+    say)."""
     first = min((e["abs"] for e in view.events if e.get("ruby_thread") is not None and isinstance(e.get("abs"), int)),
                 default=None)
     if first is None:
