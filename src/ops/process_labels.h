@@ -60,7 +60,7 @@ void ApplyServiceNamePolicy(const ServiceNamePolicy& policy, ProcessLabels* labe
 // Caps on what is read from /proc/PID (bytes).
 inline constexpr size_t kMaxEnvironBytes = 1 << 20;    // a larger environment is searched in its first 1 MiB only
 inline constexpr size_t kMaxCgroupFileBytes = 64 * 1024;
-inline constexpr size_t kMaxStatFileBytes = 4096;     // /proc/PID/stat: comm is at most 64 bytes, 52 numbers
+inline constexpr size_t kMaxStatFileBytes = 4096;     // /proc/PID/stat: comm and 50 numbers, about 1 KiB at most
 inline constexpr size_t kMaxServiceNameBytes = 255;    // longer RVBPF_SERVICE/OTEL_SERVICE_NAME values are ignored
 
 // Errors: kNoSuchProcess when /proc/PID (or its comm/cgroup) is gone (ENOENT/ESRCH: the process exited), kIo for
