@@ -111,9 +111,9 @@ class Cluster:
         raise rvlib.RunError(f"{len(self.workers)} of {count} workers booted within {timeout} s; {self.app.stderr()}")
 
     def stop(self):
-        self.t_stop = time.monotonic()
         """SIGTERM to the master: it stops its workers and exits 0 from its signal handler (Puma's cluster mode), so
         serve.rb's "done" is never printed; App.finish waits for the exit."""
+        self.t_stop = time.monotonic()
         os.kill(self.app.host_pid, signal.SIGTERM)
         return self.app.finish(60)
 
@@ -145,8 +145,8 @@ def run_attach(rvbpfd, container, apps, res, rv_args):
     c.app.go()
     c.wait_booted(WORKERS)
     c.app.attach(rvbpfd, ("--follow", *rv_args))
-    # Not at the attach itself: the stopped worker's part of the trace is compared from the attach on, and a stop
-    # racing the attach leaves the two recorders' windows starting in the middle of its shutdown.
+    # A second after the attach: a worker there at the attach is recorded only from its adoption on (rule
+    # ATTACH_ADOPTION), and a stop racing that would leave only the end of its shutdown to compare.
     time.sleep(1)
     os.kill(c.workers[0][2], signal.SIGTERM)  # the first worker that booted: the master forks its replacement
     c.wait_booted(WORKERS + 1)
