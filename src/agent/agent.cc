@@ -550,7 +550,9 @@ std::vector<ProfileUpload> Agent::CutProcess(WatchedProcess& p, uint64_t cut_ns)
   p.interval_start_ns = cut_ns;
   if (built.empty()) return {};
   profiles_built_ += built.size();
-  return MakeUploads(host_, p, std::move(built), UnixNs(start), UnixNs(cut_ns));
+  std::vector<ProfileUpload> uploads = MakeUploads(host_, p, std::move(built), UnixNs(start), UnixNs(cut_ns));
+  AddProcessTreeLabels(registry_, p, &uploads);
+  return uploads;
 }
 
 void Agent::SubmitUploads(std::vector<ProfileUpload> uploads) {

@@ -39,4 +39,33 @@ std::vector<ProfileUpload> MakeUploads(const std::string& host, const WatchedPro
   return out;
 }
 
+namespace {
+
+// Whether `parent` is the process `child` was forked from: the pid `child` names as its parent, and started no later
+// (a process that reused the pid of an exited parent started after the child). Unknown start times never match.
+bool IsParentOf(const ProcessLabels& parent, const ProcessLabels& child) {
+  return child.parent_pid > 0 && parent.pid == child.parent_pid && parent.pid != child.pid &&
+         parent.start_ticks > 0 && child.start_ticks > 0 && parent.start_ticks <= child.start_ticks;
+}
+
+}  // namespace
+
+std::string_view ProcessRole(const ProcessRegistry& registry, const WatchedProcess& p) {
+  const WatchedProcess* parent = p.labels.parent_pid > 0 ? registry.Find(p.labels.parent_pid) : nullptr;
+  if (parent != nullptr && IsParentOf(parent->labels, p.labels)) return kRoleWorker;
+  for (const auto& [pid, other] : registry.all()) {
+    if (IsParentOf(p.labels, other->labels)) return kRoleMaster;
+  }
+  return {};
+}
+
+void AddProcessTreeLabels(const ProcessRegistry& registry, const WatchedProcess& p,
+                          std::vector<ProfileUpload>* uploads) {
+  const std::string_view role = ProcessRole(registry, p);
+  for (ProfileUpload& u : *uploads) {
+    if (p.labels.parent_pid > 0) u.labels["parent_pid"] = std::to_string(p.labels.parent_pid);
+    if (!role.empty()) u.labels["process_role"] = std::string(role);
+  }
+}
+
 }  // namespace rvbpfd

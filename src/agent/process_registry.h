@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agent/agent_env.h"
@@ -56,7 +57,8 @@ struct WatchedProcess {
 };
 
 // Upload labels of a process: host, pid, command, ruby_version, container_id (only when non-empty), service_name,
-// service_name_source (ProcessLabels: environment, comm or cgroup).
+// service_name_source (ProcessLabels: environment, comm or cgroup). The process tree's labels need the registry:
+// AddProcessTreeLabels, below.
 std::map<std::string, std::string> UploadLabels(const std::string& host, const WatchedProcess& p);
 
 // One ProfileUpload per built profile; from/until in Unix seconds, each rounded to the nearest second (until > from).
@@ -93,11 +95,32 @@ class ProcessRegistry {
     return out;
   }
   std::map<int, std::unique_ptr<WatchedProcess>>& all() { return procs_; }
+  const std::map<int, std::unique_ptr<WatchedProcess>>& all() const { return procs_; }
+  const WatchedProcess* Find(int pid) const {
+    WatchedProcess* const* found = index_.find(static_cast<uint32_t>(pid));
+    return found == nullptr ? nullptr : *found;
+  }
 
  private:
   std::map<int, std::unique_ptr<WatchedProcess>> procs_;  // ordered by pid: deterministic cuts, logs and tests
   FlatMap64<WatchedProcess*> index_;                       // the same processes by pid, for Find
 };
+
+// A process's place among the processes the agent profiles (docs/deploy.md "Forking servers"), derived from parent
+// pids and start times (ProcessLabels, read at discovery), not reported by the process. A process is the parent of
+// another when the other names its pid as parent and it started no later (not a later process reusing the pid):
+//   kRoleWorker  its parent is a process the agent profiles (a forked worker of a Puma, Unicorn or Pitchfork master,
+//                a Resque child...);
+//   kRoleMaster  not a worker, and a process the agent profiles has it as parent;
+//   ""           neither (a process on its own), or its parent is unknown.
+// `p` need not be in the registry (a finished process is removed before its last cut). O(processes profiled).
+inline constexpr std::string_view kRoleMaster = "master";
+inline constexpr std::string_view kRoleWorker = "worker";
+std::string_view ProcessRole(const ProcessRegistry& registry, const WatchedProcess& p);
+
+// Adds the process tree's labels to each of p's uploads: parent_pid (when known) and process_role (when not "").
+void AddProcessTreeLabels(const ProcessRegistry& registry, const WatchedProcess& p,
+                          std::vector<ProfileUpload>* uploads);
 
 }  // namespace rvbpfd
 

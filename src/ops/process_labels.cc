@@ -2,7 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "ops/file_read.h"
 #include "ops/log.h"
@@ -46,7 +50,42 @@ bool UsableServiceName(std::string_view v) {
   return IsValidUtf8(v);
 }
 
+// The positive decimal number `field` is, or 0 (not all digits, or past `max`).
+uint64_t PositiveField(std::string_view field, uint64_t max) {
+  if (field.empty() || field.size() > 20) return 0;
+  uint64_t v = 0;
+  for (char c : field) {
+    if (c < '0' || c > '9') return 0;
+    const uint64_t digit = static_cast<uint64_t>(c - '0');
+    if (v > (max - digit) / 10) return 0;
+    v = v * 10 + digit;
+  }
+  return v;
+}
+
 }  // namespace
+
+ProcStat ParseProcStat(std::string_view text) {
+  ProcStat st;
+  const size_t close = text.rfind(')');
+  if (close == std::string_view::npos) return st;
+  std::string_view rest = text.substr(close + 1);
+  if (rest.empty() || rest[0] != ' ') return st;
+  rest.remove_prefix(1);
+  while (!rest.empty() && rest.back() == '\n') rest.remove_suffix(1);
+  // Fields from 3 (the state) on, split at single spaces as the kernel writes them.
+  std::vector<std::string_view> fields;
+  for (size_t i = 0; fields.size() < 20 && i <= rest.size();) {
+    const size_t sp = std::min(rest.find(' ', i), rest.size());
+    fields.push_back(rest.substr(i, sp - i));
+    i = sp + 1;
+  }
+  if (fields.size() > 1) {
+    st.parent_pid = static_cast<int>(PositiveField(fields[1], std::numeric_limits<int>::max()));  // field 4
+  }
+  if (fields.size() > 19) st.start_ticks = PositiveField(fields[19], UINT64_MAX);  // field 22
+  return st;
+}
 
 std::string ParseCgroupPath(std::string_view text) {
   std::string_view chosen;
@@ -155,6 +194,15 @@ Result<ProcessLabels> ReadProcessLabels(const std::string& proc_root, int pid) {
   } else {
     labels.cgroup = ParseCgroupPath(cgroup.data);
     labels.container_id = ContainerIdFromCgroup(labels.cgroup);
+  }
+
+  // The parent: a missing or malformed stat leaves it unknown (0), as a missing cgroup file leaves the cgroup empty.
+  SmallFile stat_file = ReadSmallFile(dir + "/stat", kMaxStatFileBytes);
+  if (stat_file.err == ESRCH) return gone("stat", stat_file.err);
+  if (stat_file.err == 0 && !stat_file.truncated) {
+    const ProcStat st = ParseProcStat(stat_file.data);
+    labels.parent_pid = st.parent_pid;
+    labels.start_ticks = st.start_ticks;
   }
 
   // environ needs ptrace read access (CAP_SYS_PTRACE for other users' processes); without it, or for a zombie,

@@ -25,6 +25,12 @@ struct ProcessLabels {
   // Who named the service (the upload label service_name_source): kServiceFromEnvironment (the process's own claim,
   // which any process can make for any name), kServiceFromComm, or kServiceFromCgroup (the operator's pin).
   std::string service_name_source;
+  // The parent's host pid (/proc/PID/stat, field 4) when the labels were read (the agent: at discovery); 0 when
+  // unknown. A process whose parent exits is re-parented (to init or a subreaper): the value is not updated.
+  int parent_pid = 0;
+  // When it started, in clock ticks since boot (/proc/PID/stat, field 22); 0 when unknown. A parent always started
+  // before its children: what tells a parent from a later process that reused its pid.
+  uint64_t start_ticks = 0;
 
   bool operator==(const ProcessLabels&) const = default;
 };
@@ -54,12 +60,22 @@ void ApplyServiceNamePolicy(const ServiceNamePolicy& policy, ProcessLabels* labe
 // Caps on what is read from /proc/PID (bytes).
 inline constexpr size_t kMaxEnvironBytes = 1 << 20;    // a larger environment is searched in its first 1 MiB only
 inline constexpr size_t kMaxCgroupFileBytes = 64 * 1024;
+inline constexpr size_t kMaxStatFileBytes = 4096;     // /proc/PID/stat: comm and 50 numbers, about 1 KiB at most
 inline constexpr size_t kMaxServiceNameBytes = 255;    // longer RVBPF_SERVICE/OTEL_SERVICE_NAME values are ignored
 
 // Errors: kNoSuchProcess when /proc/PID (or its comm/cgroup) is gone (ENOENT/ESRCH: the process exited), kIo for
 // other failures of comm or cgroup. An unreadable environ (EACCES without CAP_SYS_PTRACE, or a zombie's empty one) is
 // not an error: the service name then falls back to comm. A missing cgroup file (kernel without cgroups) gives "".
 Result<ProcessLabels> ReadProcessLabels(const std::string& proc_root, int pid);
+
+// Fields of /proc/PID/stat text ("PID (COMM) STATE PPID ... STARTTIME ..."), counted after its LAST ')' (comm is the
+// process's choice and may hold spaces and parentheses). Each is 0 when the text is not of that form or the field is
+// not a positive decimal number of its type.
+struct ProcStat {
+  int parent_pid = 0;        // field 4
+  uint64_t start_ticks = 0;  // field 22
+};
+ProcStat ParseProcStat(std::string_view stat_text);
 
 // The cgroup path of /proc/PID/cgroup text: the v2 line "0::/path", else the path of the first v1 line; "" when none.
 // A trailing " (deleted)" (a removed cgroup) is dropped.

@@ -296,6 +296,7 @@ TEST_F(AgentTest, EachIntervalCutsLabelledProfilesOfEveryProcess) {
   ASSERT_EQ(a.size(), 1u);
   EXPECT_EQ(a[0].labels, (std::map<std::string, std::string>{{"host", "testhost"},
                                                              {"pid", "10"},
+                                                             {"parent_pid", "1"},  // the fake stat's
                                                              {"command", "ruby"},
                                                              {"ruby_version", "3.3.8"},
                                                              {"service_name", "ruby"},

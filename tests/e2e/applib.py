@@ -8,6 +8,7 @@ line), so rvbpfd attaches from the host while only the main thread exists and re
 namespace is made: 127.0.0.1 inside the container is the host's loopback, where the tests' clients and redis-server
 meet the application.
 """
+import copy
 import os
 import shutil
 import signal
@@ -79,13 +80,17 @@ class App:
     end (after the caller made it stop), for rvbpfd to exit and for the reference's file, and reads both traces.
     close() kills whatever is left (the container's init dies with unshare, and the namespace with it)."""
 
-    def __init__(self, container, name, script, args, env):
+    def __init__(self, container, name, script, args, env, rvref=True):
+        """rvref=False: the reference is not loaded at start (its directory stays on the load path, for a process
+        that loads it later itself, as test_cluster's Puma workers do)."""
         self.container, self.name = container, name
-        self.ref_out = os.path.join(container.workdir, f"{name}.ref.rvtrace")
+        self.ref_out = os.path.join(container.workdir, f"{name}.ref.rvtrace") if rvref else None
         self.rv_out = os.path.join(container.workdir, f"{name}.rvbpfd.rvtrace")
-        self.cmd = container.wrap([RUBY, "-I", RVREF_DIR, "-rrvref", script, *args])
-        self.env = {**container.environment(), "RVREF_OUT": container.inside(container.workdir) + f"/{name}.ref.rvtrace",
-                    "RVREF_PROBES": "1", **env}
+        self.cmd = container.wrap([RUBY, "-I", RVREF_DIR, *(["-rrvref"] if rvref else []), script, *args])
+        self.env = {**container.environment(), **env}
+        if rvref:
+            self.env.update({"RVREF_OUT": container.inside(container.workdir) + f"/{name}.ref.rvtrace",
+                             "RVREF_PROBES": "1"})
         self.proc = self.rv = self.out = self.rv_err = None
         self.err_path = os.path.join(container.workdir, f"{name}.stderr")
         self.err_file = None
@@ -144,6 +149,8 @@ class App:
             run.rv = rvlib.Trace(self.rv_out)
         else:
             run.problems.append(f"rvbpfd wrote no trace at {self.rv_out}")
+        if self.ref_out is None:
+            return run
         deadline = time.monotonic() + 30
         while not os.path.exists(self.ref_out) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -158,6 +165,36 @@ class App:
         rvlib._kill(self.proc)
         if self.err_file:
             self.err_file.close()
+
+
+def children(pid):
+    """The host pids of the children of process pid's main thread ([] when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def parent_pid(pid):
+    """The parent's pid of process pid (/proc/PID/stat), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ns_pid(host_pid):
+    """The pid of host_pid in its own (innermost) pid namespace, or None when it is gone."""
+    try:
+        with open(f"/proc/{host_pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 # Rule MUTEX_LOCK_WORKER: rvbpfd's mutex_lock_enter is the entry of do_mutex_lock (docs/rvtrace.md), the worker of
@@ -205,6 +242,61 @@ def probe_problems(ref, rv):
             problems += [f"Ruby thread #{c + 1}: rvbpfd's {e['event']} at {rvlib.fmt_rel(e, lo)} is not in the "
                          f"reference" for e in rest if e["event"] != "mutex_lock_enter"][:5]
     return problems, extra
+
+
+def from_first_event(view):
+    """view whose window starts at its first event of a Ruby thread (test_cluster's rule ATTACH_ADOPTION: a process
+    already running at an attach with --follow is recorded from some time after the attach, which the trace does not
+    say)."""
+    first = min((e["abs"] for e in view.events if e.get("ruby_thread") is not None and isinstance(e.get("abs"), int)),
+                default=None)
+    if first is None:
+        return view
+    lo, hi = view.window()
+    out = copy.copy(view)
+    out.window = lambda: (max(lo, first), hi)
+    return out
+
+
+def view_event_problems(ref, view):
+    """One process's part of a trace (rvlib.process_view) against the reference that process wrote: rvlib's comparison
+    (namespace tids one to one) with the threads paired by rb_thread_t (by_reference_ids), and the probes by rule
+    MUTEX_LOCK_WORKER."""
+    view = by_reference_ids(ref, view)
+    problems = []
+    for check, probs in rvlib.compare_traces(ref, view, probes=False, pid_namespace=True).items():
+        problems += [f"[{check}] {x}" for x in probs]
+    probs, extra = probe_problems(ref, view)
+    problems += [f"[Kernel#sleep / Mutex#lock probes per thread, rule MUTEX_LOCK_WORKER] {x}" for x in probs]
+    return problems
+
+
+def by_reference_ids(ref, view):
+    """view with its threads numbered as the reference numbers them, for a reference loaded after the process's
+    threads started (it numbers threads as it first sees them; rvbpfd from the fork or the attach). Threads are paired
+    by their rb_thread_t: the reference's thread lines name it (`th`), rvbpfd's events carry it. A thread without a
+    counterpart gets a number the reference does not use (the comparison then reports it)."""
+    ref_of_th = {}
+    for t, o in ref.threads.items():
+        try:
+            ref_of_th.setdefault(int(o.get("th"), 16), t)
+        except (TypeError, ValueError):
+            pass
+    th_of = {}
+    for e in view.events:
+        if e.get("ruby_thread") is not None and isinstance(e.get("th"), str):
+            th_of.setdefault(e["ruby_thread"], int(e["th"], 16))
+    ids, spare = {}, max((t for t in ref.threads if isinstance(t, int)), default=0) + 1
+    for t in sorted(view.threads):
+        r = ref_of_th.get(th_of.get(t))
+        if r is None or r in ids.values():
+            r, spare = spare, spare + 1
+        ids[t] = r
+    out = copy.copy(view)
+    out.threads = {ids[t]: {**o, "ruby_thread": ids[t]} for t, o in view.threads.items()}
+    out.events = [{**e, "ruby_thread": ids[e["ruby_thread"]]} if e.get("ruby_thread") in ids else e
+                  for e in view.events]
+    return out
 
 
 def event_problems(run):

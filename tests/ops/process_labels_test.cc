@@ -110,6 +110,61 @@ TEST(ReadProcessLabelsTest, ReadsAllLabelsOfAContainerProcess) {
   EXPECT_EQ(l->service_name_source, kServiceFromEnvironment);  // the process's own claim, said so
 }
 
+// A stat line as the kernel writes it: pid, (comm), state, ppid, 16 fields, starttime, then the rest.
+std::string StatLine(const std::string& comm, const std::string& ppid, const std::string& start) {
+  return "77 (" + comm + ") S " + ppid + " 77 1 0 -1 4194560 2200 0 0 0 5 3 0 0 20 0 2 0 " + start +
+         " 12345 678 18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 17 1 0 0\n";
+}
+
+TEST(ParseProcStatTest, ReadsTheFieldsAfterTheLastParenthesis) {
+  ProcStat st = ParseProcStat(StatLine("ruby3.3", "4242", "987654"));
+  EXPECT_EQ(st.parent_pid, 4242);
+  EXPECT_EQ(st.start_ticks, 987654u);
+  // comm is the process's choice: spaces and parentheses in it do not shift the fields.
+  st = ParseProcStat(StatLine("puma: cluster (w) 0", "7", "11"));
+  EXPECT_EQ(st.parent_pid, 7);
+  EXPECT_EQ(st.start_ticks, 11u);
+  st = ParseProcStat(StatLine("a) S 9 (b", "1", "12"));  // the comm "a) S 9 (b" cannot fake a parent
+  EXPECT_EQ(st.parent_pid, 1);
+  EXPECT_EQ(st.start_ticks, 12u);
+  EXPECT_EQ(ParseProcStat(StatLine("init", "0", "1")).parent_pid, 0);  // pid 1's parent is 0: unknown
+  st = ParseProcStat("12 (x) S 5");  // cut short: the parent, no start time
+  EXPECT_EQ(st.parent_pid, 5);
+  EXPECT_EQ(st.start_ticks, 0u);
+}
+
+TEST(ParseProcStatTest, MalformedFieldsAreUnknown) {
+  EXPECT_EQ(ParseProcStat("").parent_pid, 0);
+  EXPECT_EQ(ParseProcStat("12 x S 5 5\n").parent_pid, 0);   // no parenthesis
+  EXPECT_EQ(ParseProcStat("12 (x)S 5 5\n").parent_pid, 0);  // no space after it
+  EXPECT_EQ(ParseProcStat(StatLine("x", "-5", "1")).parent_pid, 0);
+  EXPECT_EQ(ParseProcStat(StatLine("x", "5x", "1")).parent_pid, 0);
+  EXPECT_EQ(ParseProcStat(StatLine("x", "2147483648", "1")).parent_pid, 0);  // past int
+  EXPECT_EQ(ParseProcStat(StatLine("x", "2147483647", "1")).parent_pid, 2147483647);
+  EXPECT_EQ(ParseProcStat(StatLine("x", "5", "99999999999999999999")).start_ticks, 0u);  // past uint64
+  EXPECT_EQ(ParseProcStat(StatLine("x", "5", "")).start_ticks, 0u);
+  ProcStat st = ParseProcStat(StatLine("x", "5", "+7"));
+  EXPECT_EQ(st.parent_pid, 5);
+  EXPECT_EQ(st.start_ticks, 0u);
+}
+
+TEST(ReadProcessLabelsTest, ReadsTheParentFromStatAndToleratesItsAbsence) {
+  FakeProc proc;
+  proc.Write(4243, "comm", "puma\n");
+  proc.Write(4243, "cgroup", "0::/\n");
+  proc.Write(4243, "stat", StatLine("puma: cluster w", "4242", "5150"));
+  Result<ProcessLabels> l = ReadProcessLabels(proc.root(), 4243);
+  ASSERT_TRUE(l.ok()) << l.error().message();
+  EXPECT_EQ(l->parent_pid, 4242);
+  EXPECT_EQ(l->start_ticks, 5150u);
+  proc.Write(4244, "comm", "puma\n");
+  proc.Write(4244, "cgroup", "0::/\n");
+  l = ReadProcessLabels(proc.root(), 4244);  // no stat file: unknown, not an error
+  ASSERT_TRUE(l.ok()) << l.error().message();
+  EXPECT_EQ(l->parent_pid, 0);
+  EXPECT_EQ(l->start_ticks, 0u);
+}
+
 ProcessLabels Labels(std::string cgroup, std::string service, std::string_view source) {
   ProcessLabels l;
   l.comm = "ruby";
@@ -263,6 +318,8 @@ TEST(ReadProcessLabelsTest, ReadsTheRealProcOfThisProcess) {
   EXPECT_EQ(l->comm.find('\n'), std::string::npos);
   EXPECT_FALSE(l->service_name.empty());
   EXPECT_EQ(l->cgroup.empty(), false);
+  EXPECT_EQ(l->parent_pid, static_cast<int>(getppid()));
+  EXPECT_GT(l->start_ticks, 0u);
 }
 
 }  // namespace
