@@ -28,8 +28,9 @@ namespace {
 // sites must locate th (a 3.2 binary without DWARF is refused, no longer cached as all "current"). 9: a 3.2 binary
 // without DWARF is analysed (th at STARTED/RESUMED from the code, its GC checks, thread_start_func_1/2 named).
 // 10: keyed by the binary's and the debug file's SHA-256 (debug_sha256; entries of 9 could hold a result computed with
-// a debug file a tenant planted, under the binary's hash alone).
-constexpr int kCacheFormat = 10;
+// a debug file a tenant planted, under the binary's hash alone). 11: rb_thread_main's route found behind an endbr64
+// (Debian's -fcf-protection builds: entries of 10 have no main_ractor_vaddr for them, so no live layout check).
+constexpr int kCacheFormat = 11;
 // A cache value that is not what its field holds (thrown by Int, reported as a corrupt cache).
 struct BadValue {
   std::string what;

@@ -165,6 +165,8 @@ std::optional<MainThreadRoute> FindMainThreadRoute(const ElfFile& vm, Disassembl
   bool shape = true;
   dis.DecodeRange(vm.BytesAt(fn->value, fn->size), fn->value, [&](const cs_insn& insn) {
     if (insn.id == X86_INS_RET) return false;
+    // A build with -fcf-protection (Debian's) starts every exported function with endbr64: no part of the shape.
+    if (global == 0 && insn.id == X86_INS_ENDBR64) return true;
     const cs_x86& x = insn.detail->x86;
     const bool mov_rax = insn.id == X86_INS_MOV && x.op_count == 2 && x.operands[0].type == X86_OP_REG &&
                          x.operands[0].reg == X86_REG_RAX && x.operands[1].type == X86_OP_MEM &&
