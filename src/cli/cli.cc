@@ -118,7 +118,9 @@ int RunCliUnguarded(int argc, char** argv) {
   if (std::optional<int> status = Parse(app, args)) return *status;
 
   ConfigureDebugLookup(record.debug_lookup);
-  if (dump->parsed()) return cli::RunDumpCommand(std::move(dump_options), record);
+  if (dump->parsed()) {
+    return cli::RunDumpCommand(std::move(dump_options), record, dump->get_option("--cache-dir")->count() > 0);
+  }
   if (top->parsed()) return cli::RunTopCommand(std::move(top_options), record);
   if (agent.app->parsed()) return cli::RunAgentCommand(agent);
   if (int status = 0; cli::RunTraceCommand(trace_commands, &status)) return status;

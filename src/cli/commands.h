@@ -96,7 +96,8 @@ int RunAgentCommand(const AgentCommand& command);
 // dump and top (src/dump, src/top run them).
 CLI::App* AddDumpCommand(CLI::App& app, DumpOptions* options);
 CLI::App* AddTopCommand(CLI::App& app, TopOptions* options);
-int RunDumpCommand(DumpOptions options, const RecordFlags& flags);
+// own_cache_dir: `dump --cache-dir` was given (it wins over the global one).
+int RunDumpCommand(DumpOptions options, const RecordFlags& flags, bool own_cache_dir);
 int RunTopCommand(TopOptions options, const RecordFlags& flags);
 
 }  // namespace rvbpfd::cli

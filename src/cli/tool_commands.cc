@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "common/cache_file.h"
 #include "common/deadline.h"
 #include "common/text_escape.h"
 #include "elf/elf_file.h"
@@ -121,9 +122,14 @@ CLI::App* AddTopCommand(CLI::App& app, TopOptions* options) {
   return top;
 }
 
-int RunDumpCommand(DumpOptions options, const RecordFlags& flags) {
-  if (Status st = flags.CheckCacheDir(); !st) return Fail(st.error());
-  options.cache_dir = flags.rec.cache_dir;  // the global --cache-dir, as parsed
+int RunDumpCommand(DumpOptions options, const RecordFlags& flags, bool own_cache_dir) {
+  if (own_cache_dir) {
+    // Root trusts an analysis it finds there as it trusts its own: the same ownership and mode checks (exit 13).
+    if (Status st = CheckCacheDir(options.cache_dir); !st) return Fail(st.error());
+  } else {
+    if (Status st = flags.CheckCacheDir(); !st) return Fail(st.error());
+    options.cache_dir = flags.rec.cache_dir;  // the global --cache-dir, as parsed
+  }
   Status st = RunDump(options, std::cout);
   return st ? 0 : Fail(st.error());
 }

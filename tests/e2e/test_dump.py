@@ -69,8 +69,9 @@ WAITED = {"queue": ("Thread::Queue", "pop"), "szq": ("Thread::SizedQueue", "push
           "cv": ("Thread::ConditionVariable", None), "mon": ("Monitor", None)}
 
 
-def run_dump(rvbpfd, pid, json_out=True):
-    cmd = [rvbpfd, "dump", "--pid", str(pid)] + (["--json"] if json_out else [])
+def run_dump(rvbpfd, pid, json_out=True, cache_dir=None):
+    cmd = [rvbpfd, "dump", "--pid", str(pid)] + (["--json"] if json_out else []) + \
+        (["--cache-dir", cache_dir] if cache_dir else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     return p.returncode, p.stdout, p.stderr
 
@@ -328,7 +329,11 @@ def check_stuck(rvbpfd, ruby, pid, gout, in_container=False):
     cpu_tid = next((t["native_tid"] for t in d["threads"] if t.get("name") == "cpu"), None)
     if cpu_tid:
         before = rvlib.thread_cpu_ticks(pid, cpu_tid)
-        rc2, text, stderr2 = run_dump(rvbpfd, pid, json_out=False)
+        own_cache = tempfile.mkdtemp(prefix="rvbpfd-dump-cache-")  # root's, 0700: passes the cache checks
+        rc2, text, stderr2 = run_dump(rvbpfd, pid, json_out=False, cache_dir=own_cache)
+        if not os.listdir(own_cache):  # the binary's content hash at least; a DWARF-derived layout too
+            p.append(f"`dump --cache-dir {own_cache}` left no cache entry there (the global cache was used)")
+        shutil.rmtree(own_cache, ignore_errors=True)
         time.sleep(1.0)
         after = rvlib.thread_cpu_ticks(pid, cpu_tid)
         if after <= before:
