@@ -9,6 +9,8 @@
 //     dispatch, two actions) and a thread outside any request; no root, no Ruby;
 //   - RVBPFD_ENDPOINTS_TRACE=FILE and RVBPFD_ENDPOINTS_EXPECT=A,B,...: on a recording (tests/e2e/test_rails.py runs it
 //     on its Rails recording), expecting at least those endpoints.
+// Either way every thread lane is labelled as rvbpfd's tools label the thread (Thread#name included), and with
+// RVBPFD_EXPECT_THREAD_NAME=TEXT (default "puma srv tp") some lane's label holds that text.
 //
 //   RVBPFD_BIN=build/rvbpfd RVBPFD_BUILD_DIR=build node --test tests/browser/report_endpoints.test.mjs
 //
@@ -63,7 +65,11 @@ function writeTrace(file) {
                   gvl_acquired: "RUBY_INTERNAL_THREAD_EVENT_RESUMED", gvl_released: "RUBY_INTERNAL_THREAD_EVENT_SUSPENDED",
                   thread_exited: "RUBY_INTERNAL_THREAD_EVENT_EXITED" };
   const ev = (t, event, th, extra = {}) => {
-    if (th !== null && !defined.thread.has(th)) { defined.thread.add(th); push({ thread: { ruby_thread: th, main: th === 1 } }); }
+    if (th !== null && !defined.thread.has(th)) {
+      defined.thread.add(th);
+      // Pool threads named as Puma names them (Thread#name): the lanes must carry the names.
+      push({ thread: { ruby_thread: th, main: th === 1, ...(th > 1 ? { name: `puma srv tp 00${th - 1}` } : {}) } });
+    }
     if (extra.stack !== undefined) useStack(extra.stack);
     const tid = th === null ? null : 700 + th;
     const source = event === "sample" ? "perf_event" : th === null ? "daemon" : "thread_hook_site";
@@ -150,6 +156,17 @@ async function choose(label) {
                                 blameLabels: [...new Set(window.rvReport.blameFlame.rects().map((r) => r.label))],
                                 body: document.body.dataset.endpoint }));
 }
+
+test("every thread lane carries the thread's label, its Thread#name included", async () => {
+  const labels = await page.$$eval(".lane-label", (ls) => ls.map((l) => l.dataset.lane + "\t" + l.firstChild.textContent));
+  const byLane = new Map(labels.map((s) => s.split("\t")));
+  for (const n of trace.threads.keys()) {
+    const want = trace.threadLabel(n);
+    assert.equal(byLane.get("thread-" + n), want, `lane of Ruby thread ${n}`);
+  }
+  const name = process.env.RVBPFD_EXPECT_THREAD_NAME || "puma srv tp";
+  assert.ok([...byLane.values()].some((l) => l.includes(name)), `no lane label holds "${name}": ${[...byLane.values()]}`);
+});
 
 test("the toolbar offers every endpoint derived from the stacks, and '-'", async () => {
   assert.deepEqual(pageErrors, []);

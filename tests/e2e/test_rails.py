@@ -280,7 +280,8 @@ def endpoint_problems(rvbpfd, trace):
 
 def report_endpoint_problems(rvbpfd, trace, source_dir, build_dir):
     """The report of the recording renders in headless Chromium with the endpoint filter working: tests/browser/
-    report_endpoints.test.mjs on this trace (the actions offered, both flame graphs filtered, the card, the dimming).
+    report_endpoints.test.mjs on this trace (the actions offered, both flame graphs filtered, the card, the dimming, and
+    Puma's thread names on the thread lanes).
     Needs node, playwright-core and chromium (tools/install-browser-deps.sh): missing, the check fails saying so."""
     node = shutil.which("node")
     if node is None:

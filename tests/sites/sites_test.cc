@@ -556,9 +556,9 @@ TEST_F(FixtureTest, CorruptOrOutOfRangeCacheIsIgnoredAndRewritten) {
   ASSERT_NE(at, std::string::npos) << out_of_range;
   out_of_range.replace(at, 10, "\"event\": 99");
   std::string stale_format = good_json;
-  at = stale_format.find("\"format\": 10");
+  at = stale_format.find("\"format\": 11");
   ASSERT_NE(at, std::string::npos);
-  stale_format.replace(at, 12, "\"format\": 9");  // the previous format: recomputed
+  stale_format.replace(at, 12, "\"format\": 10");  // the previous format: recomputed
   std::string huge_offset = good_json;
   at = huge_offset.find("\"th_serial\": 200");
   ASSERT_NE(at, std::string::npos);
