@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""GVL blame on the real Rails app whatever the sampling rate: two recorders and the fleet agent on one run (issue 47
+"""GVL blame on the real Rails app whatever the sampling rate: two recorders and two fleet agents on one run (issue 47
 item 1).
 
 The Rails app of test_rails.py (tests/e2e/apps/rails_app on Debian's Puma and ruby3.3, thread pool of 8, in new pid and
 mount namespaces in the trixie root) is observed at once by three rvbpfd instances attached before its boot:
   - `rvbpfd --pid --hz 0`  (no on-CPU samples: blame comes only from the holder stacks that contended READYs carry),
   - `rvbpfd --pid --hz 99`,
-  - `rvbpfd agent --hz 19` (the agent's default rate; --max-overhead 0 so that no wait is estimated instead of seen;
-    --include label:service=... so it profiles only this app),
+  - `rvbpfd agent` at --hz 19 (its default rate) and 99: two agents (the agent has no --hz 0: it always samples;
+    --max-overhead 0 so that no wait is estimated instead of seen; --include label:service=... so each profiles
+    only this app),
 while 8 keep-alive loopback clients send test_rails' mix (~20 ms of pure-Ruby work in LedgerCruncher.reconcile, queries,
 sleeps, a contended Mutex). test_rails.py checks the recorder at --hz 19.
 
 Checks:
-  - in each recorder's `export --pprof` and in the agent's gvl_blame profiles of the app's pid (summed over its
+  - in each recorder's `export --pprof` and in each agent's gvl_blame profiles of the app's pid (summed over its
     intervals), LedgerCruncher.reconcile is in the stacks of at least half of all gvl_blame: a hold that got no sample
     is charged to what the holder ran when the waiter arrived, not to IO#wait_readable where it later released the lock;
   - one reason per release (issue 47 item 2): every row of `inspect`'s top blocked stacks (--hz 99 trace) has the
@@ -38,6 +39,7 @@ import test_rails  # noqa: E402
 SERVICE = "rvbpfd-rails-blame"
 ACTION = "LedgerCruncher.reconcile"
 RECORDER_HZ = (0, 99)
+AGENT_HZ = (19, 99)
 MAX_BYTES_PER_EVENT = 60
 REACTOR = ("NIO::Selector#select", "Puma::Reactor#select_loop")
 # inspect's reason names -> the trace's (src/trace/release_reason.cc: "sleep" is written, "sleeping" shown).
@@ -127,7 +129,7 @@ def reason_problems(rvbpfd, path):
     return problems
 
 
-def agent_problems(out_dir, pid):
+def agent_problems(out_dir, pid, hz):
     total = action = 0
     for (t, _, _), prof in test_agent_blame.profiles_of(out_dir, pid).items():
         if t != "gvl_blame":
@@ -136,31 +138,34 @@ def agent_problems(out_dir, pid):
             total += s["values"][0]
             if ACTION in s["stack"]:
                 action += s["values"][0]
-    return share_problems("agent --hz 19", total, action)
+    return share_problems(f"agent --hz {hz}", total, action)
 
 
 def run(rvbpfd, container, apps, res):
     port = rvlib.free_port()
     cache = os.path.join(container.workdir, "cache")
-    agent_dir = os.path.join(container.workdir, "agent")
+    agent_dir = os.path.join(container.workdir, "agent")  # one subdirectory per agent
     app = applib.App(container, "rails", f"{apps}/rails_app/serve.rb",
                      ["-t", f"{test_rails.PUMA_THREADS}:{test_rails.PUMA_THREADS}", "-b", f"tcp://127.0.0.1:{port}",
                       "-C", f"{apps}/rails_app/puma.rb", f"{apps}/rails_app/config.ru"],
                      {"RAILS_ENV": "production", "RACK_ENV": "production", "RVBPF_SERVICE": SERVICE,
                       "LEDGER_DB": container.inside(container.workdir) + "/ledger.sqlite3"})
-    recorders, agent = [], None
+    recorders, agents = [], []
     try:
         app.start()
         # One at a time: the first analyses the VM binary into the shared cache, the others find it there.
         for hz in RECORDER_HZ:
             recorders.append((hz, *attach_recorder(rvbpfd, app, hz, cache)))
-        agent = test_agent.Agent(rvbpfd, ["--output-dir", agent_dir, "--interval", str(test_agent.INTERVAL),
-                                          "--hz", "19", "--max-overhead", "0", "--include", f"label:service={SERVICE}",
-                                          "--cache-dir", cache, "--metrics-listen", "127.0.0.1:0",
-                                          "--log-format", "json"])
-        if agent.wait_log(lambda r: r.get("msg") == "process attached" and r.get("pid") == app.host_pid, 60) is None:
-            raise rvlib.RunError(f"the agent did not attach to Puma (host pid {app.host_pid}) within 60 s: "
-                                 + "\n".join(agent.log.lines[-10:]))
+        for hz in AGENT_HZ:
+            agent = test_agent.Agent(rvbpfd, ["--output-dir", os.path.join(agent_dir, str(hz)), "--interval",
+                                              str(test_agent.INTERVAL), "--hz", str(hz), "--max-overhead", "0",
+                                              "--include", f"label:service={SERVICE}", "--cache-dir", cache,
+                                              "--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+            agents.append((hz, agent))
+            if agent.wait_log(lambda r: r.get("msg") == "process attached" and r.get("pid") == app.host_pid,
+                              60) is None:
+                raise rvlib.RunError(f"the agent --hz {hz} did not attach to Puma (host pid {app.host_pid}) within "
+                                     f"60 s: " + "\n".join(agent.log.lines[-10:]))
         app.go()
         if not applib.wait_port(port, app.proc, 90):
             raise rvlib.RunError(f"puma did not listen on 127.0.0.1:{port} within 90 s; {app.stderr()}")
@@ -183,14 +188,16 @@ def run(rvbpfd, container, apps, res):
             if hz == RECORDER_HZ[-1]:
                 res.check("rails_blame: inspect's blocked stacks carry the trace's reasons; the reactor is io",
                           problems or reason_problems(rvbpfd, out))
-        agent.p.send_signal(signal.SIGTERM)
-        agent.p.wait(timeout=30)
-        res.check(f"rails_blame: agent --hz 19: {ACTION} has at least half of the pushed gvl_blame",
-                  agent_problems(agent_dir, app.host_pid))
+        for hz, agent in agents:
+            agent.p.send_signal(signal.SIGTERM)
+        for hz, agent in agents:
+            agent.p.wait(timeout=30)
+            res.check(f"rails_blame: agent --hz {hz}: {ACTION} has at least half of the pushed gvl_blame",
+                      agent_problems(os.path.join(agent_dir, str(hz)), app.host_pid, hz))
     finally:
         for _, p, _, _ in recorders:
             applib.terminate(p)
-        if agent is not None:
+        for _, agent in agents:
             agent.stop()
         app.close()
 
