@@ -21,11 +21,12 @@
  * pc is part of its tag, the leaf's is not: a caller's pc is a call site (a few per method, so few extra wakeups),
  * and it tells a new iseq apart from a freed one whose slot it took (the same address, but its bytecode, where pc
  * points, lies elsewhere: without it, a file's top-level iseq allocated where an earlier file's had been was never
- * new, and was freed before the daemon's next poll named it); a leaf's pc is any instruction a sample hit. Races between CPUs and collisions only cost an
- * extra wakeup; a slot holds a tag only once a record carrying it went to the ring with a wakeup (or was dropped,
- * after which a later record with that frame waits for the daemon's next poll, <= 20 ms). Userspace may zero the set
- * (every frame new again). One array lookup (inlined) and a
- * compare per frame, next to the walk's ~5 user-memory reads per frame; written only when a frame is new. */
+ * new, and was freed before the daemon's next poll named it); a leaf's pc is any instruction a sample hit (limit: a
+ * new iseq in a freed one's slot, seen first as a sample's leaf, is taken for seen). Races between CPUs and
+ * collisions only cost an extra wakeup; a slot holds a tag only once a record carrying it went to the ring with a
+ * wakeup (or was dropped, after which a later record with that frame waits for the daemon's next poll, <= 20 ms).
+ * Userspace may zero the set (every frame new again). One array lookup (inlined) and a compare per frame, next to
+ * the walk's ~5 user-memory reads per frame; written only when a frame is new. */
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
   __uint(max_entries, RV_SEEN_FRAME_SLOTS);

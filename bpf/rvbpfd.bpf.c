@@ -349,8 +349,8 @@ static __always_inline int rv_handle(struct pt_regs *ctx) {
   __u64 *site_hit = bpf_map_lookup_elem(&site_hits, &key);
   if (site_hit) (*site_hit)++;
   if (site && (site->flags & RV_SITE_TEARDOWN)) {
-    /* Only the held process (rvbpfd's traced child) gets the signal: the tracer takes it off and drains the ring
-     * before the VM frees its heap. A followed child or another process mapping the binary is not traced, so the
+    /* Only the held process (the one rvbpfd traces, --hold) gets the signal: the tracer takes it off and drains the
+     * ring before the VM frees its heap. A followed child or another process mapping the binary is not traced, so the
      * signal would reach it (and a handler it installed) for nothing. */
     struct rv_held *teardown_held = bpf_map_lookup_elem(&held, &zero);
     if (teardown_held && teardown_held->pid == (__u32)(bpf_get_current_pid_tgid() >> 32))

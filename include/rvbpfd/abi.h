@@ -70,7 +70,7 @@ enum rv_site_flags {
    * cost of an emulated one on a VM (benchmarks/uprobe_cost.cc). Counted apart for the --max-overhead estimate. */
   RV_SITE_SINGLE_STEP = 1,
   /* The VM's teardown (the entry of ruby_vm_destruct, which frees the heap every frame points into): no event; the
-   * hit raises RV_TEARDOWN_SIGNAL in the thread, whose tracer (launch mode's exit hold, src/record/exit_hold.h)
+   * hit raises RV_TEARDOWN_SIGNAL in the thread, whose tracer (the recorder's hold, src/record/exit_hold.h)
    * stops it there until the ring is drained and named, then passes the signal on. Only a recorder that traces the
    * process attaches such a site. */
   RV_SITE_TEARDOWN = 2,
@@ -78,7 +78,8 @@ enum rv_site_flags {
 /* SIGURG: ignored by default, so should the tracer be gone the signal changes nothing. */
 #define RV_TEARDOWN_SIGNAL 23
 
-/* The process a launch-mode recorder holds (the `held` map's one value, bpf/rvbpfd.bpf.c): at each of its GC_ENTER
+/* The process a recorder holds (--hold, launch or attach mode; the `held` map's one value, bpf/rvbpfd.bpf.c), set
+ * while it is traced and cleared before it is let go: at each of its GC_ENTER
  * hits, while the daemon has not consumed the ring past the last stack with a new frame (fresh_end), the thread is
  * stopped the same way (RV_TEARDOWN_SIGNAL) until it has: no GC frees an iseq a recorded stack names before the
  * daemon names it. pid 0: none. */

@@ -42,11 +42,11 @@
 // "(other endpoints)"). Profiles other than gvl_blame carry no other pprof labels: the process labels (host, pid,
 // ...) travel with the upload (src/sink), and a per-thread label would multiply both the profile size and, in
 // Pyroscope which turns sample labels into series labels, the series cardinality by the thread count. Per-thread
-// views are what `rvbpfd record` is for. gvl_blame's question is which thread starves which, so it names them: "main" (the thread the agent saw on
-// the process's initial native thread, SetMainThread) or "Thread #N", N numbered per process from 2 in the order
-// threads first appear in a gvl_blame profile, kept while the thread lives (a thread_started at a reused thread
-// pointer gets a new number; more than kMaxThreadNames numbered threads start the numbering over). Its series are at
-// most (threads that held) x (threads that waited) x sources per process.
+// views are what `rvbpfd record` is for. gvl_blame's question is which thread starves which, so it names them:
+// "main" (the thread the agent saw on the process's initial native thread, SetMainThread) or "Thread #N", N numbered
+// per process from 2 in the order threads first appear in a gvl_blame profile, kept while the thread lives (a
+// thread_started at a reused thread pointer gets a new number; more than kMaxThreadNames numbered threads start the
+// numbering over). Its series are at most (threads that held) x (threads that waited) x sources per process.
 //
 // Bounded memory: stacks and frames are interned in a per-process table capped by ProcessProfileLimits (distinct
 // stacks and estimated bytes). Once full, a new stack is attributed to a "[stack table full]" frame (counted in
@@ -242,8 +242,8 @@ class ProcessProfile {
   void OnEventsLost();  // events were dropped: spans open now are not counted (their ends are unknown)
   // `th` runs on the process's initial native thread (tid == pid): the main thread, so named in gvl_blame.
   void SetMainThread(uint64_t th) { main_th_ = th; }
-  // What is now known of thread `th` (session/thread_info.h): its labels become "Thread #N (NAME)" (ThreadLabelWithName,
-  // trace/reader.h). Parts not set are kept.
+  // What is now known of thread `th` (session/thread_info.h): its labels become "Thread #N (NAME)"
+  // (ThreadLabelWithName, trace/reader.h). Parts not set are kept.
   void SetThreadInfo(uint64_t th, const ThreadInfo& info);
   // Budget pauses: spans open at either point are not counted; the waits in between are estimated (above).
   void OnTracingPaused(uint64_t ts_ns);

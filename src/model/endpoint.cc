@@ -140,7 +140,16 @@ TraceEndpoints::TraceEndpoints(const std::unordered_map<uint32_t, FrameInfo>& fr
                                const std::unordered_map<uint32_t, std::vector<uint32_t>>& stacks)
     : frames_(frames), stacks_(stacks) {
   endpoints_.emplace_back();
-  ids_.emplace(std::string(kNoEndpoint), 0);
+  ids_.emplace(Key(endpoints_.back()), 0);
+}
+
+// One id per (name, rule): a class named by two rules (a job performed both through Sidekiq and through ActiveJob)
+// keeps each rule with its stacks.
+std::string TraceEndpoints::Key(const Endpoint& e) {
+  std::string key = e.name;
+  key += '\0';
+  key += static_cast<char>('0' + static_cast<int>(e.rule));
+  return key;
 }
 
 uint32_t TraceEndpoints::Of(uint32_t stack_id) {
@@ -154,7 +163,7 @@ uint32_t TraceEndpoints::Of(uint32_t stack_id) {
       scratch_.push_back(frame != frames_.end() ? &frame->second : nullptr);
     }
     Endpoint e = DeriveEndpoint(std::span<const FrameInfo* const>(scratch_));
-    auto [it, fresh] = ids_.emplace(e.name, static_cast<uint32_t>(endpoints_.size()));
+    auto [it, fresh] = ids_.emplace(Key(e), static_cast<uint32_t>(endpoints_.size()));
     if (fresh) endpoints_.push_back(std::move(e));
     id = it->second;
   }

@@ -58,7 +58,8 @@ struct Endpoint {
 Endpoint DeriveEndpoint(std::span<const FrameInfo* const> frames);
 Endpoint DeriveEndpoint(std::span<const FrameInfo> frames);
 
-// The endpoints of a trace's stacks, each derived once on first use. Ids are dense from 0; id 0 is always "-".
+// The endpoints of a trace's stacks, each derived once on first use, one id per (name, rule). Ids are dense from 0;
+// id 0 is always "-".
 // Not thread-safe; the trace (or the dictionaries) must outlive the table.
 class TraceEndpoints {
  public:
@@ -76,7 +77,8 @@ class TraceEndpoints {
   const std::unordered_map<uint32_t, FrameInfo>& frames_;
   const std::unordered_map<uint32_t, std::vector<uint32_t>>& stacks_;
   std::vector<Endpoint> endpoints_;
-  std::unordered_map<std::string, uint32_t> ids_;  // by name
+  static std::string Key(const Endpoint& e);
+  std::unordered_map<std::string, uint32_t> ids_;  // by Key: name and rule
   std::unordered_map<uint32_t, uint32_t> of_stack_;
   std::vector<const FrameInfo*> scratch_;
 };

@@ -96,7 +96,7 @@ class ProbeBackend {
   // Poll also ends its wait as soon as `fd` is readable (the target's pidfd: its exit is seen at once rather than at
   // the end of a wait). Not owned; -1 removes it.
   virtual void WakePollOn(int fd) = 0;
-  // Launch mode's exit hold (record/exit_hold.h): the process whose GCs wait for the daemon to name the stacks with
+  // The recorder's hold (--hold; record/exit_hold.h): the process whose GCs wait for the daemon to name the stacks with
   // new frames it has not read yet (rvbpfd/abi.h rv_held); 0: none. A backend without it does nothing.
   virtual Status SetHeldPid(uint32_t /*pid*/) { return Status::Ok(); }
   // Folds the per-CPU counters (each as include/rvbpfd/counters.h says: a sum or a maximum).

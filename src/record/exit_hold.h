@@ -1,8 +1,10 @@
 // Hold the recorded process at its exit (and, on request, at its VM's teardown and its GCs) until its last records
-// are read and their frames named: launch mode's command, and attach mode's target (--hold, on by default). The frames of a stack are named from the target's memory (session/stack_resolver.h); records of a process's
-// last milliseconds are still in the BPF ring when it exits, and once its memory is gone they can never be named.
+// are read and their frames named: launch mode's command, and attach mode's target (--hold, on by default). The
+// frames of a stack are named from the target's memory (session/stack_resolver.h); records of a process's last
+// milliseconds are still in the BPF ring when it exits, and once its memory is gone they can never be named.
 //
-// How: the launched child is seized with ptrace (PTRACE_SEIZE, before it execs, with PTRACE_O_TRACEEXIT only). Its
+// How: the launched child is seized with ptrace before it execs (an attached target once the probes are loaded;
+// PTRACE_SEIZE stops nothing), with PTRACE_O_TRACEEXIT only. Its
 // main thread then stops once, early in its exit (the kernel's PTRACE_EVENT_EXIT stop: registers and memory still
 // there, other threads already told to die); the recorder drains the ring, naming every frame, and Release() detaches,
 // which lets the exit go on. Nothing else changes for the command: no exec, fork or clone is traced (its children are

@@ -216,6 +216,8 @@ class Recording {
   void FindTeardownSite();
   // --hold: seizes the target (exit_hold_); a target that cannot be seized is recorded without the hold (a note).
   void SeizeForHold();
+  // Lets the held target go for good: BPF's held pid cleared (no GC or teardown signal after), then detached.
+  void ReleaseHold();
   Status FindAttachTarget();
   Status CheckAttachedLayout();
   // BPF ring callbacks.
@@ -226,7 +228,7 @@ class Recording {
   void SawRecord(uint16_t kind);
   void PollEcRoute();
   void PollLaunchGate();
-  // Launch mode's exit hold (record/exit_hold.h): passes signals on, and at the command's exit stop drains the ring
+  // The hold (record/exit_hold.h; both modes): passes signals on, and at the target's exit stop drains the ring
   // (naming every frame while its memory is there) and lets it go. True when HeldChild may wait for the child.
   bool ServiceExitHold();
   bool LayoutChecked() const;
@@ -367,6 +369,12 @@ Status Recording::FindLaunchTarget() {
   target_.ruby_version = *version;
   target_.build_id = target_.vm_elf->build_id();
   return Status::Ok();
+}
+
+void Recording::ReleaseHold() {
+  if (!exit_hold_) return;
+  if (teardown_site_) backend_->SetHeldPid(0);  // a failure leaves a pid no probe of this session signals for long
+  exit_hold_.reset();
 }
 
 void Recording::SeizeForHold() {
@@ -1081,10 +1089,11 @@ Status Recording::Run() {
 Result<int> Recording::Finish() {
   // Drain what the ring still holds, then the final drop count. The budget is over: nothing is reattached now.
   budget_active_ = false;
-  // A command still running (--duration, a signal) is let go at once; one at its exit stop after the drain.
-  if (exit_hold_ && (exit_hold_->Service(), !exit_hold_->Held())) exit_hold_.reset();
+  // A command still running (--duration, a signal) is let go at once; one at its exit stop after the drain. BPF
+  // stops naming it first: its GC and teardown hits must not signal a process nobody traces any more.
+  if (exit_hold_ && (exit_hold_->Service(), !exit_hold_->Held())) ReleaseHold();
   DrainRing();
-  exit_hold_.reset();
+  ReleaseHold();
   CheckCounters();
   if (!LayoutChecked()) {
     return Abandon(LaunchGateError(target_exited_                ? "exited"

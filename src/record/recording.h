@@ -41,8 +41,8 @@ struct RecorderEnv {
   // Hands the release of the probes of a target that has exited to a child process (common/release_in_child.h);
   // false when it could not, and the recording releases them itself.
   std::function<bool()> hand_off_release;
-  // Launch mode: the ptrace calls that hold the command at its exit until its frames are named (record/exit_hold.h);
-  // null: no hold.
+  // The ptrace calls that hold the recorded process (launched or attached, --hold) at its exit until its frames are
+  // named (record/exit_hold.h); null: no hold.
   std::function<std::unique_ptr<PtraceOps>()> make_ptrace;
   // Set when the recording should end cleanly (Record's SIGINT/SIGTERM handler, RequestStop). Never null.
   const std::atomic<bool>* stop_requested = nullptr;

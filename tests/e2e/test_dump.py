@@ -423,7 +423,9 @@ def check_container(rvbpfd, root, outdir):
             p.append(f"the notes do not say the VM was found through ruby_vm_at_exit's code: {d.get('notes')}")
         if target.poll() is not None:
             p.append(f"the target exited ({target.returncode}) during the test")
-        elif shutil.which("gcore") is not None:
+        elif shutil.which("gcore") is None:
+            p.append("gcore (Debian's gdb) is not installed: tools/install-deps.sh installs it")
+        else:
             p += check_container_core(rvbpfd, root, d, pid, outdir)
         return p
     finally:

@@ -47,10 +47,12 @@ TRACE_REASON = {"sleeping": "sleep", "waiting_mutex": "mutex"}
 BLOCKED_ROW = re.compile(r"^  (\S+)\s+([\d.]+) ms\s+\d+ threads?\s+(.*)$")
 
 
-def attach_recorder(rvbpfd, app, hz, cache):
-    """`rvbpfd --pid` at `hz`, once it printed "attached"; returns (Popen, LineReader, trace path)."""
+def attach_recorder(rvbpfd, app, hz, cache, hold):
+    """`rvbpfd --pid` at `hz`, once it printed "attached"; returns (Popen, LineReader, trace path). One process is
+    traced by one tracer at most: only the first recorder holds it (--hold)."""
     out = os.path.join(app.container.workdir, f"rails-hz{hz}.rvtrace")
-    p = subprocess.Popen([rvbpfd, "--pid", str(app.host_pid), "-o", out, "--hz", str(hz), "--cache-dir", cache],
+    p = subprocess.Popen([rvbpfd, "--pid", str(app.host_pid), "-o", out, "--hz", str(hz), "--cache-dir", cache,
+                          "--hold", "on" if hold else "off"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = rvlib.LineReader(p.stderr)
     line = err.wait_for(lambda l: l.startswith("rvbpfd: attached"), 90)
@@ -155,7 +157,7 @@ def run(rvbpfd, container, apps, res):
         app.start()
         # One at a time: the first analyses the VM binary into the shared cache, the others find it there.
         for hz in RECORDER_HZ:
-            recorders.append((hz, *attach_recorder(rvbpfd, app, hz, cache)))
+            recorders.append((hz, *attach_recorder(rvbpfd, app, hz, cache, hold=not recorders)))
         for hz in AGENT_HZ:
             agent = test_agent.Agent(rvbpfd, ["--output-dir", os.path.join(agent_dir, str(hz)), "--interval",
                                               str(test_agent.INTERVAL), "--hz", str(hz), "--max-overhead", "0",

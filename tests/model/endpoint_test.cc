@@ -149,6 +149,28 @@ TEST(EndpointTest, TraceEndpointsDeriveOncePerStack) {
   EXPECT_EQ(e.size(), 2u);
 }
 
+// A class named by two rules (performed through Sidekiq and through ActiveJob) keeps each rule with its own stacks.
+TEST(EndpointTest, TraceEndpointsKeepEachRuleOfOneName) {
+  TraceFile t;
+  uint32_t id = 1;
+  auto add_stack = [&](uint32_t stack_id, const std::vector<FrameInfo>& frames) {
+    std::vector<uint32_t> ids;
+    for (const FrameInfo& f : frames) {
+      t.frames.emplace(id, f);
+      ids.push_back(id++);
+    }
+    t.stacks.emplace(stack_id, ids);
+  };
+  add_stack(1, SidekiqStack({Ruby("InvoiceJob#perform")}));
+  add_stack(2, {Ruby("InvoiceJob#perform"), Ruby("ActiveJob::Execution#_perform_job"), Ruby("Runner#run")});
+  TraceEndpoints e(t);
+  const Endpoint sidekiq = e.OfStack(1);  // copies: a new id may move the table
+  const Endpoint active = e.OfStack(2);
+  EXPECT_EQ(sidekiq, (Endpoint{"InvoiceJob", EndpointRule::kSidekiqJob}));
+  EXPECT_EQ(active, (Endpoint{"InvoiceJob", EndpointRule::kActiveJob}));
+  EXPECT_NE(e.Of(1), e.Of(2));
+}
+
 TEST(EndpointTest, RuleNames) {
   EXPECT_EQ(EndpointRuleName(EndpointRule::kRailsAction), "rails_action");
   EXPECT_EQ(EndpointRuleName(EndpointRule::kSinatraRoute), "sinatra_route");
