@@ -6,6 +6,7 @@
 
 #include "common/text_escape.h"
 #include "common/utf8.h"
+#include "model/endpoint.h"
 
 namespace rvbpfd {
 namespace {
@@ -69,7 +70,7 @@ std::string ThreadRow(const TopThread& t, uint64_t interval_ns) {
                 Tid(t.native_tid).c_str(), NameColumn(t.name).c_str(), state.c_str(), Pct(t.running_ns, interval_ns), Pct(t.gc_ns, interval_ns),
                 Pct(t.gvl_wait_ns, interval_ns), Pct(t.blocked_total_ns(), interval_ns), Pct(t.idle_ns, interval_ns),
                 blocked_by.c_str()) +
-         EscapeControlBytes(t.where);
+         EscapeControlBytes(t.where) + (t.endpoint != kNoEndpoint ? "  @ " + EscapeControlBytes(t.endpoint) : "");
 }
 
 std::vector<std::string> BlockerLines(const TopSnapshot& snap, size_t rows) {
@@ -173,7 +174,8 @@ std::string TopJson(const TopSnapshot& snap) {
                        {"gvl_wait_ns", t.gvl_wait_ns},
                        {"blocked_ns", blocked},
                        {"idle_ns", t.idle_ns},
-                       {"where", t.where}});
+                       {"where", t.where},
+                       {"endpoint", t.endpoint}});
   }
   j["threads"] = threads;
   json blockers = json::array();

@@ -28,6 +28,9 @@ struct TopThread {
   std::vector<std::pair<std::string, uint64_t>> blocked_ns;
   uint64_t idle_ns = 0;
   std::string where;                     // its latest known Ruby method (StackWhere), "" when none
+  // The endpoint of that latest stack (model/endpoint.h: the Rails action or job it works for, derived), "-" when
+  // no rule names one.
+  std::string endpoint = "-";
 
   uint64_t blocked_total_ns() const {
     uint64_t n = 0;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/blockers.h"
+#include "model/endpoint.h"
 #include "trace/release_reason.h"
 
 namespace rvbpfd {
@@ -54,6 +55,15 @@ std::string StackWhere(const StackTable& stacks, uint32_t stack) {
     if (call == nullptr) call = f;
   }
   return call != nullptr ? FrameWhere(*call) : "";
+}
+
+std::string StackEndpoint(const StackTable& stacks, uint32_t stack) {
+  const std::vector<uint32_t>* ids = stack != 0 ? stacks.stack(stack) : nullptr;
+  if (ids == nullptr) return std::string(kNoEndpoint);
+  std::vector<const FrameInfo*> frames;
+  frames.reserve(ids->size());
+  for (uint32_t id : *ids) frames.push_back(stacks.frame(id));  // an unknown frame (null) matches no rule
+  return DeriveEndpoint(std::span<const FrameInfo* const>(frames)).name;
 }
 
 TopState::TopState(int pid, std::string ruby_version, const StackTable* stacks)
@@ -167,6 +177,7 @@ TopThread TopState::ThreadRow(uint64_t key, const ThreadSeen& info, uint64_t int
   const uint64_t known = row.running_ns + row.gc_ns + row.gvl_wait_ns + row.blocked_total_ns();
   row.idle_ns = interval_ns > known ? interval_ns - known : 0;
   row.where = StackWhere(*stacks_, info.last_stack);
+  row.endpoint = StackEndpoint(*stacks_, info.last_stack);
   return row;
 }
 

@@ -27,6 +27,8 @@ namespace rvbpfd {
 // library function it was in, "Kernel#sleep in Worker#nap (app.rb:12)", or the leaf's label when it has no program
 // frame; "" for an unknown stack. Labels and paths are as the target gave them (the renderer escapes them).
 std::string StackWhere(const StackTable& stacks, uint32_t stack);
+// The endpoint (model/endpoint.h) of a stack of `stacks`: "-" for none or an unknown stack.
+std::string StackEndpoint(const StackTable& stacks, uint32_t stack);
 
 class TopState {
  public:

@@ -212,7 +212,21 @@ TEST(TopRenderTest, JsonObject) {
   EXPECT_EQ(j["blockers"][0]["method"], "TopBusy.burn");
   EXPECT_EQ(j["blockers"][0]["holders"], nlohmann::json::array({2}));
   EXPECT_EQ(j["blocked_stacks"][0]["threads"], nlohmann::json::array({3}));
+  EXPECT_EQ(j["threads"][0]["endpoint"], "-");
   EXPECT_EQ(TopJson(s).find('\n'), std::string::npos);
+}
+
+TEST(TopRenderTest, ARowNamesItsEndpointAfterWhere) {
+  TopSnapshot s = Snapshot();
+  s.threads[0].endpoint = "LedgerController#cpu";
+  const std::vector<std::string> lines = RenderTop(s, TopLayout{});
+  const std::string* row = RowOf(lines, s.threads[0].ruby_thread);
+  ASSERT_NE(row, nullptr);
+  EXPECT_NE(row->find("@ LedgerController#cpu"), std::string::npos) << *row;
+  const std::string* other = RowOf(lines, s.threads[1].ruby_thread);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->find(" @ "), std::string::npos) << "no endpoint: nothing shown";
+  EXPECT_EQ(nlohmann::json::parse(TopJson(s))["threads"][0]["endpoint"], "LedgerController#cpu");
 }
 
 }  // namespace

@@ -194,5 +194,30 @@ TEST(StackWhereTest, NamesTheProgramMethodAndTheLibraryCall) {
   EXPECT_EQ(StackWhere(t, 999), "");
 }
 
+// A thread's row names the endpoint of its latest stack (the Rails action it serves), "-" outside any.
+TEST_F(TopStateTest, RowsNameTheEndpointOfTheLatestStack) {
+  state_.Start(0);
+  const uint32_t action = Stack({{"Kernel#sleep", "<cfunc>", 0, FrameKind::kCfunc},
+                                 {"LedgerController#nap", "/app/application.rb", 102, FrameKind::kRuby},
+                                 {"ActionController::BasicImplicitRender#send_action",
+                                  "/gems/actionpack/lib/action_controller/metal/basic_implicit_render.rb", 8,
+                                  FrameKind::kRuby},
+                                 {"AbstractController::Base#process_action",
+                                  "/gems/actionpack/lib/abstract_controller/base.rb", 226, FrameKind::kRuby}});
+  const uint32_t idle = Stack({{"Thread::ConditionVariable#wait", "<cfunc>", 0, FrameKind::kCfunc},
+                               {"Puma::ThreadPool#spawn_thread", "/gems/puma/thread_pool.rb", 167, FrameKind::kRuby}});
+  Event(1 * kMs, 2, EventName::kGvlAcquired);
+  Event(2 * kMs, 2, EventName::kGvlReleased, action, "sleep");
+  Event(3 * kMs, 3, EventName::kGvlAcquired);
+  Event(4 * kMs, 3, EventName::kGvlReleased, idle, "idle");
+  const TopSnapshot s = state_.Cut(10 * kMs);
+  ASSERT_NE(Row(s, 2), nullptr);
+  ASSERT_NE(Row(s, 3), nullptr);
+  EXPECT_EQ(Row(s, 2)->endpoint, "LedgerController#nap");
+  EXPECT_EQ(Row(s, 3)->endpoint, "-");
+  EXPECT_EQ(StackEndpoint(table_, 0), "-");
+  EXPECT_EQ(StackEndpoint(table_, 999), "-");
+}
+
 }  // namespace
 }  // namespace rvbpfd
