@@ -7,7 +7,8 @@ Complete recording (no budget):
     target is counted once, before BPF can discard it);
   - a shared libruby (3.3.8-shared, 3.4.5-shared-yjit): hits_discarded >= 50,000 (rb_mutex_lock entered from
     rb_mutex_synchronize by every IO#write, which the Mutex#lock site excludes by caller); 3.4.5-static inlines
-    rb_mutex_lock there: hits_discarded == 0;
+    rb_mutex_lock there: hits_discarded is 0, or 1 for the VM's teardown site (attached while the target is held,
+    --hold's default; its hit raises the hold signal and makes no record);
   - no mutex_lock_enter event comes from those writes (the workload never calls Mutex#lock);
   - cold_hits (traps with none on their CPU in the 50 us before) is at least 1 (the first trap) and at most
     probe_hits.
@@ -36,6 +37,7 @@ PAUSABLE = ("wants_gvl", "gvl_acquired", "gvl_released", "gc_enter", "gc_exit", 
 DAEMON = ("tracing_started", "tracing_stopped", "events_dropped", "tracing_paused", "tracing_resumed", "sample")
 TRAP_US = 1.5  # rvbpfd's default --probe-cost-us (its probes sit on instructions the kernel emulates)
 WRITES = 50_000  # flood's default round trips
+TEARDOWN_HITS = 1  # ruby_vm_destruct, once per VM
 LONG_ROUND_TRIPS = 500_000
 
 
@@ -70,8 +72,10 @@ def main():
             discarded = run.rv.summary.get("hits_discarded", -1)
             if ruby.shared and discarded < WRITES:
                 problems.append(f"hits_discarded {discarded} < {WRITES}: every IO#write enters rb_mutex_lock")
-            if not ruby.shared and discarded != 0:
-                problems.append(f"hits_discarded {discarded} != 0 (rb_mutex_lock is inlined into rb_mutex_synchronize)")
+            # The one other hit that makes no record: the VM's teardown site (--hold's default), once, at the exit.
+            if not ruby.shared and discarded not in (0, TEARDOWN_HITS):
+                problems.append(f"hits_discarded {discarded} is neither 0 nor {TEARDOWN_HITS} (rb_mutex_lock is "
+                                f"inlined into rb_mutex_synchronize; only the VM teardown site's hit makes no record)")
             locks = len(run.rv.named(("mutex_lock_enter",)))
             if locks:
                 problems.append(f"{locks} mutex_lock_enter events from a workload that never calls Mutex#lock")

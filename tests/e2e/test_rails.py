@@ -24,7 +24,8 @@ Checks:
     so blame names the CPU action, not IO#wait_readable where its thread later gave the lock up (issue 47 item 1);
   - Puma's pool threads carry their names ("puma srv tp 001"...) in the trace and in inspect's rows.
   - every frame of every stack is named, the boot's and the shutdown's included (no `<unresolved` frame; issue 46
-    item 4: the attached target is held by --hold's default at GCs and at its exit);
+    item 4: the attached target is held by --hold's default at its main thread's GCs and at its exit), up to rule
+    NON_MAIN_GC_NOT_HELD (applib.py);
   - endpoints (issue 47 item 3; model/endpoint.h): the pprof export's `endpoint` label names exactly the
     LedgerController actions requested (rule rails_action), inspect's endpoints section lists each; `rvbpfd agent`,
     run beside the recording (selected by RVBPF_SERVICE, 2 s intervals), labels its profiles with the MIX's actions;

@@ -16,7 +16,8 @@ Checks:
   - the job's frames are named in stacks at release: LedgerPostingJob#perform in the stacks of releases in Kernel#sleep
     and in Mutex#synchronize, under Sidekiq's processor (Sidekiq::Processor#process).
   - the endpoint (issue 47 item 3): the pprof export's and inspect's only named endpoint is LedgerPostingJob.
-Every frame of every stack is named, boot and exit included (no `<unresolved` frame: issue 46 item 4).
+Every frame of every stack is named, boot and exit included (no `<unresolved` frame: issue 46 item 4), up to rule
+NON_MAIN_GC_NOT_HELD (applib.py).
 """
 import os
 import socket
