@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/hex.h"
 #include "common/json_dump.h"
 #include "common/text_escape.h"
 #include "dump/dump_analysis.h"
@@ -34,12 +35,6 @@ namespace {
 constexpr size_t kMaxProcFileBytes = 4096;
 // Frames per thread: far beyond any real stack (CRuby's default VM stack holds ~10,000 frames at most).
 constexpr uint32_t kMaxDumpFrames = 16384;
-
-std::string HexAddr(uint64_t v) {
-  char buf[24];
-  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 bool ParseHex(std::string_view s, uint64_t* out) {
   if (s.substr(0, 2) == "0x") s.remove_prefix(2);
@@ -156,7 +151,7 @@ Result<DumpVm> PrepareDumpVm(ElfFile& vm, const DumpVmIdentity& id, const std::s
       out.roots.vm_ptr_addr = *g + bias;
       out.roots.vm_ptr_from_code = true;
       out.roots.vm_ptr_source = "ruby_current_vm_ptr (not exported: the global " + std::string(kVmPointerReader) +
-                                " reads, at " + HexAddr(*g) + ")";
+                                " reads, at " + Hex(*g) + ")";
     } else if (std::optional<MainThreadRoute> route = FindMainThreadRoute(vm, *dis)) {
       out.roots.main_ractor_ptr_addr = route->main_ractor_vaddr + bias;
     } else {

@@ -7,6 +7,7 @@
 #include <map>
 #include <utility>
 
+#include "common/hex.h"
 #include "stacks/ec_route.h"
 
 namespace rvbpfd {
@@ -18,12 +19,6 @@ constexpr uint64_t kRubyTMask = 0x1f;   // T_MASK
 constexpr uint64_t kLowestObject = 0x1000;
 
 bool Known(uint32_t field) { return field != kNo; }
-
-std::string HexValue(uint64_t v) {
-  char buf[24];
-  snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 // A VALUE that can be a heap object: aligned and above the special constants.
 bool HeapObject(uint64_t v) { return v >= kLowestObject && (v & 7) == 0; }
@@ -358,8 +353,8 @@ std::optional<std::string> ThreadObjectMismatch(MemoryReader& mem, const DumpLay
   if (!mem.ReadValue(th + l.th_self, &self)) return "its self field is unreadable";
   if (self == 0) return "it has no Thread object yet: the VM is still starting, or this is not the VM";
   std::optional<uint64_t> data = TypedDataOf(mem, l, self, "VM/thread");
-  if (!data) return "its self (" + HexValue(self) + ") is not a Thread object";
-  if (*data != th) return "its Thread object (" + HexValue(self) + ") belongs to another thread";
+  if (!data) return "its self (" + Hex(self) + ") is not a Thread object";
+  if (*data != th) return "its Thread object (" + Hex(self) + ") belongs to another thread";
   return std::nullopt;
 }
 
